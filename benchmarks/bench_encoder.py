@@ -1,0 +1,173 @@
+"""Encoder speed: our BertModel vs transformers.BertModel on the same weights, same process.
+
+Usage:
+    python benchmarks/bench_encoder.py                       # embedded MiniLM, CPU fp32
+    python benchmarks/bench_encoder.py --seq-lens 32 128 --batch-size 32 --repeats 10
+    python benchmarks/bench_encoder.py --device cuda --dtype bf16
+
+For each sequence length and mode (inference = forward under no_grad; train =
+forward + backward of the summed outputs) both models run alternately, several
+rounds, and the median time of each is reported as sequences/s with the ratio
+ours / reference. Batches are full length (no padding), so both models do the
+same arithmetic. Peak memory is measured per (model, mode, length) in a forked
+child process: the growth of its max resident set (CPU) or
+torch.cuda.max_memory_allocated (CUDA). Nothing here is asserted; it prints a
+Markdown table for the README.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from minbert.pretrained import load_pretrained, resolve_model_dir  # noqa: E402
+
+
+def build_models(model_dir: str | None, device: str, dtype: torch.dtype):
+    import transformers  # reference only
+
+    ours, _ = load_pretrained(model_dir)
+    d = resolve_model_dir(model_dir)
+    ref = transformers.BertModel.from_pretrained(str(d), attn_implementation="sdpa")
+    ours.to(device=device, dtype=dtype)
+    ref.to(device=device, dtype=dtype)
+    return ours, ref
+
+
+def make_batch(vocab: int, batch: int, seq: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1000, vocab, (batch, seq), generator=g)
+    ids[:, 0] = 101
+    ids[:, -1] = 102
+    return {
+        "input_ids": ids.to(device),
+        "attention_mask": torch.ones(batch, seq, dtype=torch.long, device=device),
+        "token_type_ids": torch.zeros(batch, seq, dtype=torch.long, device=device),
+    }
+
+
+def step_fn(model: torch.nn.Module, batch: dict, mode: str, is_ref: bool):
+    def run():
+        if mode == "infer":
+            with torch.no_grad():
+                out = model(**batch)
+        else:
+            out = model(**batch)
+        h = out.last_hidden_state if is_ref else out["last_hidden_state"]
+        p = out.pooler_output if is_ref else out["pooler_output"]
+        if mode == "train":
+            (h.float().sum() + p.float().sum()).backward()
+    return run
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_pair(fns: dict, device: str, warmup: int, repeats: int, iters: int) -> dict[str, float]:
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    times = {k: [] for k in fns}
+    for _ in range(repeats):  # alternate so both see the same machine state
+        for k, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                fn()
+            sync(device)
+            times[k].append((time.perf_counter() - t0) / iters)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _peak_child(q, which, mode, seq, args):
+    torch.set_num_threads(args.threads)
+    dtype = DTYPES[args.dtype]
+    ours, ref = build_models(args.model, args.device, dtype)
+    model, is_ref = (ref, True) if which == "ref" else (ours, False)
+    del ours, ref
+    if mode == "infer":
+        model.eval()
+    batch = make_batch(model.config.vocab_size, args.batch_size, seq, args.device)
+    fn = step_fn(model, batch, mode, is_ref)
+    if args.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        fn(); sync(args.device)
+        q.put((torch.cuda.max_memory_allocated() - base) / 2**20)
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        fn()
+        q.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+
+
+def peak_mib(which: str, mode: str, seq: int, args) -> float:
+    ctx = mp.get_context("fork" if not args.device.startswith("cuda") else "spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_peak_child, args=(q, which, mode, seq, args))
+    p.start()
+    v = q.get()
+    p.join()
+    return v
+
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default=None, help="checkpoint dir (default: embedded MiniLM)")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", choices=list(DTYPES), default="fp32")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--seq-lens", type=int, nargs="+", default=[32, 128])
+    ap.add_argument("--modes", nargs="+", choices=["infer", "train"], default=["infer", "train"])
+    ap.add_argument("--threads", type=int, default=os.cpu_count())
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--iters", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
+    args = ap.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    ours, ref = build_models(args.model, args.device, DTYPES[args.dtype])
+    print(f"# torch {torch.__version__}, device {args.device}, {args.dtype}, threads {torch.get_num_threads()}, "
+          f"batch {args.batch_size}, layers {ours.config.num_hidden_layers}, hidden {ours.config.hidden_size}")
+    print("| mode | seq len | ours seq/s | transformers seq/s | ratio | ours peak MiB | transformers peak MiB |")
+    print("|---|---|---|---|---|---|---|")
+    for mode in args.modes:
+        for m in (ours, ref):
+            m.train(mode == "train")
+            if mode == "train":  # dropout off so both do identical work and stay comparable
+                for mod in m.modules():
+                    if isinstance(mod, torch.nn.Dropout):
+                        mod.p = 0.0
+                ours.set_attn_implementation("sdpa")
+        for seq in args.seq_lens:
+            batch = make_batch(ours.config.vocab_size, args.batch_size, seq, args.device)
+            t = time_pair({"ours": step_fn(ours, batch, mode, False), "ref": step_fn(ref, batch, mode, True)},
+                          args.device, args.warmup, args.repeats, args.iters)
+            ours.zero_grad(set_to_none=True)
+            ref.zero_grad(set_to_none=True)
+            so, sr = args.batch_size / t["ours"], args.batch_size / t["ref"]
+            if args.no_memory:
+                mo = mr = float("nan")
+            else:
+                mo, mr = peak_mib("ours", mode, seq, args), peak_mib("ref", mode, seq, args)
+            print(f"| {mode} | {seq} | {so:.1f} | {sr:.1f} | {so / sr:.2f} | {mo:.0f} | {mr:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,288 @@
+"""A hand-written BERT encoder (Devlin et al., 2019): embeddings, post-LN layers, pooler.
+
+Usage:
+    from minbert.pretrained import load_pretrained
+    model, tok = load_pretrained()            # the embedded all-MiniLM-L6-v2
+    out = model(**tok(["a sentence", "another one"]))
+    out["last_hidden_state"]                  # (B, T, H)
+    out["pooler_output"]                      # (B, H)
+
+This module is only the encoder: it knows nothing of tasks or losses.
+
+Parameter names follow Hugging Face's ``BertModel`` so checkpoints load as they
+are. One exception, for speed: each layer's query/key/value projections are
+stored as one fused ``qkv`` Linear (one matmul instead of three). Hooks split it
+into HF's ``query``/``key``/``value`` entries in ``state_dict()`` and fuse them
+again in ``load_state_dict()``, so saved checkpoints are plain HF BERT weights.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from minbert.config import BertConfig
+
+
+def _activation(name: str):
+    if name == "gelu":
+        return F.gelu  # exact (erf) GELU, as BERT and HF's "gelu"
+    if name in ("gelu_new", "gelu_pytorch_tanh"):
+        return lambda x: F.gelu(x, approximate="tanh")
+    if name == "relu":
+        return F.relu
+    raise ValueError(f"unknown activation {name!r}")
+
+
+class BertEmbeddings(nn.Module):
+    """word + position + token-type embeddings, then LayerNorm and dropout."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size,
+                                            padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.max_positions = config.max_position_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        # inputs_embeds are *word* embeddings (HF semantics): objectives that perturb
+        # the input (SMART, RIFT) perturb these, positions and types are added here.
+        if inputs_embeds is None:
+            if input_ids is None:
+                raise ValueError("pass input_ids or inputs_embeds")
+            inputs_embeds = self.word_embeddings(input_ids)  # (B, T, H)
+        B, T, _ = inputs_embeds.shape
+        if T > self.max_positions:
+            raise ValueError(f"sequence length {T} exceeds max_position_embeddings {self.max_positions}")
+        if token_type_ids is None:
+            token_type_ids = torch.zeros((B, T), dtype=torch.long, device=inputs_embeds.device)
+        pos = self.position_embeddings.weight[:T]  # (T, H), broadcast over B
+        x = inputs_embeds + self.token_type_embeddings(token_type_ids) + pos
+        return self.dropout(self.LayerNorm(x))
+
+
+class BertSelfAttention(nn.Module):
+    """Multi-head self-attention with a fused QKV projection.
+
+    ``attn_implementation="sdpa"`` calls ``F.scaled_dot_product_attention``;
+    ``"math"`` writes the same computation out (softmax(QKᵀ/√d + mask) V) and is
+    the readable reference; tests check the two agree.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.n_head = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.hidden_size = config.hidden_size
+        self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.impl = config.attn_implementation
+        self._register_state_dict_hook(_split_qkv)
+        self._register_load_state_dict_pre_hook(_fuse_qkv, with_module=True)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        B, T, H = x.shape
+        qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3, nh, hs)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs)
+        p = self.dropout_p if self.training else 0.0
+        if self.impl == "sdpa":
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        else:
+            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, T, T)
+            if mask is not None:
+                att = att + mask
+            att = F.dropout(att.softmax(dim=-1), p=p, training=self.training)
+            y = att @ v  # (B, nh, T, hs)
+        return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
+
+
+def _split_qkv(module: nn.Module, state_dict: dict, prefix: str, local_metadata) -> None:
+    """state_dict hook: write the fused projection as HF's query/key/value entries."""
+    for kind in ("weight", "bias"):
+        fused = state_dict.pop(prefix + "qkv." + kind)
+        for name, part in zip(("query", "key", "value"), fused.chunk(3, dim=0)):
+            # clone: safetensors refuses tensors that share storage
+            state_dict[f"{prefix}{name}.{kind}"] = part.clone() if not part.requires_grad else part
+
+
+def _fuse_qkv(module: nn.Module, state_dict: dict, prefix: str, local_metadata, strict,
+              missing_keys, unexpected_keys, error_msgs) -> None:
+    """load_state_dict pre-hook: accept HF's query/key/value and fuse them into qkv."""
+    for kind in ("weight", "bias"):
+        names = [f"{prefix}{n}.{kind}" for n in ("query", "key", "value")]
+        if all(n in state_dict for n in names):
+            parts = [state_dict.pop(n) for n in names]
+            if len({tuple(p.shape) for p in parts}) != 1:
+                error_msgs.append(f"{prefix}: query/key/value {kind} shapes differ: {[tuple(p.shape) for p in parts]}")
+                continue
+            state_dict[prefix + "qkv." + kind] = torch.cat(parts, dim=0)
+
+
+class BertSelfOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)  # post-LN
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        return self.output(self.self(x, mask), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = _activation(config.hidden_act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.dense(x))  # (B, T, I)
+
+
+class BertOutput(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.dropout(self.dense(h)) + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        a = self.attention(x, mask)
+        return self.output(self.intermediate(a), a)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList([BertLayer(config) for _ in range(config.num_hidden_layers)])
+        self.gradient_checkpointing = config.gradient_checkpointing
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None,
+                output_hidden_states: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        hidden = [x] if output_hidden_states else []
+        for layer in self.layer:
+            if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+                x = checkpoint(layer, x, mask, use_reentrant=False)
+            else:
+                x = layer(x, mask)
+            if output_hidden_states:
+                hidden.append(x)
+        return x, hidden
+
+
+class BertPooler(nn.Module):
+    """tanh(W h_[CLS] + b): BERT's next-sentence-prediction pooler."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(h[:, 0]))  # (B, H)
+
+
+def extended_attention_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(B, T) with 1 = real token -> additive (B, 1, 1, T) mask: 0 where attended, dtype-min at padding."""
+    m = attention_mask[:, None, None, :].to(dtype)
+    return (1.0 - m) * torch.finfo(dtype).min
+
+
+class BertModel(nn.Module):
+    """The BERT encoder. Returns a dict, the CS224N starter's contract:
+
+    ``last_hidden_state`` (B, T, H), ``pooler_output`` (B, H) (absent without a pooler),
+    and on request ``embedding_output`` (B, T, H) and ``hidden_states`` (L+1 tensors).
+    """
+
+    def __init__(self, config: BertConfig, add_pooling_layer: bool = True):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config) if add_pooling_layer else None
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None:
+                with torch.no_grad():
+                    module.weight[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embeddings.word_embeddings
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Word embeddings only, (B, T, H): what ``inputs_embeds`` expects."""
+        return self.embeddings.word_embeddings(input_ids)
+
+    def set_attn_implementation(self, impl: str) -> None:
+        self.config.attn_implementation = impl
+        for layer in self.encoder.layer:
+            layer.attention.self.impl = impl
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        token_type_ids: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_embeddings: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        emb = self.embeddings(input_ids, token_type_ids, inputs_embeds)  # (B, T, H)
+        mask = None
+        if attention_mask is not None:
+            # On CPU a batch without padding skips the mask: SDPA then takes its
+            # unmasked fast path. On CUDA we never ask (it would sync the device).
+            if emb.device.type != "cpu" or not bool(attention_mask.all()):
+                mask = extended_attention_mask(attention_mask, emb.dtype)
+        h, hidden = self.encoder(emb, mask, output_hidden_states)
+        out = {"last_hidden_state": h}
+        if self.pooler is not None:
+            out["pooler_output"] = self.pooler(h)
+        if output_embeddings:
+            out["embedding_output"] = emb
+        if output_hidden_states:
+            out["hidden_states"] = hidden
+        return out

@@ -1,0 +1,233 @@
+"""Hand-written AdamW, as the CS224N minBERT project specifies it.
+
+This is the optimizer the multitask trainer fine-tunes BERT with. It follows
+the AdamW of the original BERT code and of HF ``transformers`` (CS224N's
+``optimizer.py``), not ``torch.optim.AdamW``; the two differ only in where
+``eps`` enters (see below).
+
+Usage::
+
+    opt = AdamW(model.parameters(), lr=2e-5, weight_decay=0.01)
+    loss.backward(); opt.step(); opt.zero_grad()
+
+The update of one parameter ``p`` with gradient ``g`` at step ``t`` (1-based)::
+
+    p   <- p * (1 - lr * weight_decay)              # decoupled weight decay
+    m   <- beta1 * m + (1 - beta1) * g
+    v   <- beta2 * v + (1 - beta2) * g**2
+    a_t  = lr * sqrt(1 - beta2**t) / (1 - beta1**t)  # if correct_bias, else lr
+    p   <- p - a_t * m / (sqrt(v) + eps)
+
+Weight decay uses the parameter from before the Adam update and is scaled by
+``lr``, exactly as ``torch.optim.AdamW`` does it.
+
+Why ``eps`` sits where it does: folding both bias corrections into the scalar
+``a_t`` (Kingma & Ba, end of section 2) saves two tensor divisions per step,
+but leaves ``eps`` added to the *uncorrected* ``sqrt(v)``. Written with the
+bias-corrected moments ``m_hat = m / (1 - beta1**t)`` and
+``v_hat = v / (1 - beta2**t)``, the step is::
+
+    lr * m_hat / (sqrt(v_hat) + eps / sqrt(1 - beta2**t))
+
+whereas ``torch.optim.AdamW`` takes ``lr * m_hat / (sqrt(v_hat) + eps)``.
+Ours therefore damps early steps a little more (at ``t = 1`` with
+``beta2 = 0.999`` the effective eps is ``~31.6 * eps``); as ``eps -> 0`` the
+two coincide. The default ``eps = 1e-6`` is the one BERT used.
+
+State per parameter: ``step`` (0-dim int64 CPU tensor), ``exp_avg`` (m) and
+``exp_avg_sq`` (v), all tensors, so ``state_dict()`` can be saved with
+``torch.save`` and read back with ``torch.load(..., weights_only=True)``.
+
+``foreach=True`` runs the same arithmetic through ``torch._foreach_*`` ops
+(one kernel launch per op for a whole list of tensors on CUDA); on CPU it
+gives bit-identical results to the per-parameter loop.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import torch
+from torch.optim import Optimizer
+
+__all__ = ["AdamW", "adamw_bias_corrected_step_size"]
+
+
+def adamw_bias_corrected_step_size(lr: float, beta1: float, beta2: float, step: int) -> float:
+    """Scalar step size ``lr * sqrt(1 - beta2**step) / (1 - beta1**step)``.
+
+    Both Adam bias corrections folded into one number, so the tensor update
+    is ``p -= step_size * m / (sqrt(v) + eps)``. ``step`` counts from 1.
+    """
+    if step < 1:
+        raise ValueError(f"step counts from 1, got {step}")
+    return lr * math.sqrt(1.0 - beta2**step) / (1.0 - beta1**step)
+
+
+class AdamW(Optimizer):
+    """AdamW with decoupled weight decay and CS224N/HF-style bias correction.
+
+    Args:
+        params: parameters or parameter groups to optimize.
+        lr: learning rate (>= 0).
+        betas: decay rates ``(beta1, beta2)`` of the first and second moment
+            averages, each in [0, 1).
+        eps: added to ``sqrt(v)`` in the denominator (>= 0); see the module
+            docstring for how this differs from ``torch.optim.AdamW``.
+        weight_decay: decoupled weight decay coefficient (>= 0), scaled by lr.
+        correct_bias: apply Adam's bias correction (BERT turned it off).
+        foreach: use the ``torch._foreach_*`` fast path; same numbers.
+    """
+
+    def __init__(
+        self,
+        params: Iterable[torch.Tensor] | Iterable[dict[str, Any]],
+        lr: float = 1e-3,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        correct_bias: bool = True,
+        foreach: bool = False,
+    ) -> None:
+        _check_hyperparameters(lr, betas, eps, weight_decay)
+        defaults = dict(
+            lr=lr,
+            betas=tuple(betas),
+            eps=eps,
+            weight_decay=weight_decay,
+            correct_bias=correct_bias,
+            foreach=foreach,
+        )
+        super().__init__(params, defaults)
+        # Groups given as dicts may override the defaults; check those too.
+        for group in self.param_groups:
+            _check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"])
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        for group in self.param_groups:
+            group.setdefault("correct_bias", True)
+            group.setdefault("foreach", False)
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
+        """Take one optimization step; ``closure`` re-evaluates the loss if given."""
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+
+        for group in self.param_groups:
+            params, grads, exp_avgs, exp_avg_sqs, step_sizes = [], [], [], [], []
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                if p.grad.is_sparse:
+                    raise RuntimeError("AdamW does not support sparse gradients")
+                state = self.state[p]
+                if len(state) == 0:
+                    # step lives on the CPU: reading it never syncs a GPU.
+                    state["step"] = torch.zeros((), dtype=torch.int64)
+                    state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                    state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                state["step"] += 1
+                t = int(state["step"])
+                if group["correct_bias"]:
+                    step_size = adamw_bias_corrected_step_size(group["lr"], beta1, beta2, t)
+                else:
+                    step_size = group["lr"]
+                params.append(p)
+                grads.append(p.grad)
+                exp_avgs.append(state["exp_avg"])
+                exp_avg_sqs.append(state["exp_avg_sq"])
+                step_sizes.append(step_size)
+
+            if not params:
+                continue
+            update = _foreach_update if group["foreach"] else _loop_update
+            update(
+                params,
+                grads,
+                exp_avgs,
+                exp_avg_sqs,
+                step_sizes,
+                beta1=beta1,
+                beta2=beta2,
+                eps=group["eps"],
+                decay=group["lr"] * group["weight_decay"],
+            )
+        return loss
+
+
+def _check_hyperparameters(
+    lr: float, betas: tuple[float, float], eps: float, weight_decay: float
+) -> None:
+    if not lr >= 0.0:  # written so that NaN fails too
+        raise ValueError(f"Invalid learning rate: {lr} (must be >= 0)")
+    if len(betas) != 2:
+        raise ValueError(f"betas must be a pair (beta1, beta2), got {betas!r}")
+    for i, beta in enumerate(betas):
+        if not 0.0 <= beta < 1.0:
+            raise ValueError(f"Invalid beta{i + 1}: {beta} (must be in [0, 1))")
+    if not eps >= 0.0:
+        raise ValueError(f"Invalid eps: {eps} (must be >= 0)")
+    if not weight_decay >= 0.0:
+        raise ValueError(f"Invalid weight_decay: {weight_decay} (must be >= 0)")
+
+
+def _loop_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    step_sizes: list[float],
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    decay: float,
+) -> None:
+    """The reference path: one parameter at a time, in place."""
+    for p, g, m, v, step_size in zip(params, grads, exp_avgs, exp_avg_sqs, step_sizes):
+        if decay != 0.0:
+            p.mul_(1.0 - decay)
+        m.mul_(beta1).add_(g, alpha=1.0 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        denom = v.sqrt().add_(eps)
+        p.addcdiv_(m, denom, value=-step_size)
+
+
+def _foreach_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    step_sizes: list[float],
+    *,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    decay: float,
+) -> None:
+    """The same arithmetic as ``_loop_update``, op by op over tensor lists."""
+    # _foreach_* kernels want one device and dtype per list.
+    buckets: dict[tuple[torch.device, torch.dtype], list[int]] = {}
+    for i, p in enumerate(params):
+        buckets.setdefault((p.device, p.dtype), []).append(i)
+    for idx in buckets.values():
+        ps = [params[i] for i in idx]
+        gs = [grads[i] for i in idx]
+        ms = [exp_avgs[i] for i in idx]
+        vs = [exp_avg_sqs[i] for i in idx]
+        if decay != 0.0:
+            torch._foreach_mul_(ps, 1.0 - decay)
+        torch._foreach_mul_(ms, beta1)
+        torch._foreach_add_(ms, gs, alpha=1.0 - beta1)
+        torch._foreach_mul_(vs, beta2)
+        torch._foreach_addcmul_(vs, gs, gs, value=1.0 - beta2)
+        denoms = torch._foreach_sqrt(vs)
+        torch._foreach_add_(denoms, eps)
+        torch._foreach_addcdiv_(ps, ms, denoms, [-step_sizes[i] for i in idx])

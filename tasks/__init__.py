@@ -1,0 +1,1 @@
+"""Everything multitask: data, schedules, model heads, objectives, training and evaluation."""

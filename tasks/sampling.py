@@ -1,0 +1,186 @@
+"""Multitask schedules (which task's batch comes next) and per-task loss weights.
+
+Three schedules over the per-task batches of one epoch:
+  sequential   all batches of the first task, then the next task, ... (the CS224N starter)
+  round_robin  one batch of each task in turn; a task that runs out drops out
+  even         every task's batches, one batch size, shuffled together: the
+               paper's "even batching" (minbert-downstream-generalization §4.2)
+Per-task batches are length-bucketed (tasks.data.length_bucketed_batches) and
+every plan is a pure function of (seed, epoch), so ``--resume`` rebuilds the
+same plan and skips the steps already done.
+
+Usage:
+    sched = MultitaskSchedule({"sst": sst.lengths, "para": para.lengths}, 32, "even", seed=0)
+    for step, (task, indices) in enumerate(sched.epoch_plan(epoch)):
+        batch = datasets[task].collate(indices)
+        loss = LossWeights.paper().get(task) * task_loss(batch)
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+import torch
+
+from tasks.data import length_bucketed_batches
+
+SCHEDULES = ("sequential", "round_robin", "even")
+
+
+def _generator(*key: object) -> torch.Generator:
+    """A torch.Generator seeded from ``key`` through a stable hash.
+
+    Python's hash() of a str changes between processes, and seed+epoch
+    arithmetic makes (seed 0, epoch 1) collide with (seed 1, epoch 0); sha256
+    of the key's repr has neither problem.
+    """
+    digest = hashlib.sha256(repr(key).encode()).digest()
+    g = torch.Generator()
+    g.manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+    return g
+
+
+class MultitaskSchedule:
+    """The batches of every task for one epoch, in the order a schedule gives them.
+
+    ``task_lengths`` maps each task to its per-example lengths (a dataset's
+    ``.lengths``); task order is the dict's order. ``max_examples_per_epoch``
+    caps a task's examples per epoch: each epoch draws a fresh seeded random
+    subset of that size (so a CPU run can use a slice of Quora and still see
+    different pairs each epoch); None or a missing task means all examples.
+    ``bucket=False`` gives plain random batches.
+    """
+
+    def __init__(
+        self,
+        task_lengths: dict[str, list[int]],
+        batch_size: int | dict[str, int],
+        schedule: str = "even",
+        seed: int = 0,
+        max_examples_per_epoch: dict[str, int | None] | None = None,
+        bucket: bool = True,
+        bucket_batches: int = 50,
+    ) -> None:
+        if schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
+        if not task_lengths:
+            raise ValueError("a schedule needs at least one task")
+        empty = [t for t, lengths in task_lengths.items() if len(lengths) == 0]
+        if empty:
+            raise ValueError(f"task(s) {empty} have no examples; leave them out of the schedule")
+        tasks = list(task_lengths)
+        if isinstance(batch_size, int):
+            batch_sizes = {t: batch_size for t in tasks}
+        else:
+            unknown = set(batch_size) - set(tasks)
+            missing = set(tasks) - set(batch_size)
+            if unknown or missing:
+                raise ValueError(
+                    f"batch_size keys must be the tasks {tasks}: unknown {sorted(unknown)}, missing {sorted(missing)}"
+                )
+            batch_sizes = dict(batch_size)
+        bad = {t: b for t, b in batch_sizes.items() if b < 1}
+        if bad:
+            raise ValueError(f"batch sizes must be positive, got {bad}")
+        if schedule == "even" and len(set(batch_sizes.values())) > 1:
+            # §4.2 splits each task into batches of equal size; with unequal sizes
+            # a step would no longer weigh the same number of examples per task.
+            raise ValueError(f"even batching (paper §4.2) uses one batch size for all tasks, got {batch_sizes}")
+        caps = dict(max_examples_per_epoch or {})
+        unknown = set(caps) - set(tasks)
+        if unknown:
+            raise ValueError(f"max_examples_per_epoch names unknown task(s) {sorted(unknown)}; tasks are {tasks}")
+        bad = {t: c for t, c in caps.items() if c is not None and c < 1}
+        if bad:
+            raise ValueError(f"max_examples_per_epoch values must be positive or None, got {bad}")
+
+        self.tasks = tasks
+        self.task_lengths = {t: list(lengths) for t, lengths in task_lengths.items()}
+        self.batch_sizes = batch_sizes
+        self.schedule = schedule
+        self.seed = seed
+        # A cap at or above the task size is no cap at all.
+        self.caps = {t: c for t, c in caps.items() if c is not None and c < len(task_lengths[t])}
+        self.bucket_batches = bucket_batches if bucket else 1
+        if self.bucket_batches < 1:
+            raise ValueError(f"bucket_batches must be at least 1, got {bucket_batches}")
+
+    def examples_per_epoch(self, task: str) -> int:
+        """How many of ``task``'s examples one epoch uses (its cap, or all)."""
+        return self.caps.get(task, len(self.task_lengths[task]))
+
+    def steps_per_epoch(self, epoch: int = 0) -> int:
+        """Number of batches in ``epoch``'s plan (the same for every epoch; the argument is for symmetry)."""
+        return sum(-(-self.examples_per_epoch(t) // self.batch_sizes[t]) for t in self.tasks)
+
+    def task_batches(self, task: str, epoch: int) -> list[list[int]]:
+        """``task``'s batches for ``epoch`` (indices into its dataset), before interleaving.
+
+        Seeded per (seed, epoch, task) so adding or dropping another task does
+        not change this task's batches.
+        """
+        g = _generator("task", self.seed, epoch, task)
+        lengths = self.task_lengths[task]
+        if task in self.caps:
+            subset = torch.randperm(len(lengths), generator=g)[: self.caps[task]].tolist()
+        else:
+            subset = list(range(len(lengths)))
+        batches = length_bucketed_batches(
+            [lengths[i] for i in subset], self.batch_sizes[task], True, g, self.bucket_batches
+        )
+        return [[subset[j] for j in b] for b in batches]
+
+    def epoch_plan(self, epoch: int) -> list[tuple[str, list[int]]]:
+        """(task, indices) for every step of ``epoch``; a pure function of (seed, epoch).
+
+        No global RNG is touched, so ``plan[k:]`` after a resume equals the
+        rest of the interrupted epoch.
+        """
+        per_task = {t: self.task_batches(t, epoch) for t in self.tasks}
+        if self.schedule == "sequential":
+            return [(t, b) for t in self.tasks for b in per_task[t]]
+        if self.schedule == "round_robin":
+            rounds = max(len(bs) for bs in per_task.values())
+            return [(t, per_task[t][r]) for r in range(rounds) for t in self.tasks if r < len(per_task[t])]
+        # even (§4.2): shuffle at the batch level across all tasks.
+        steps = [(t, b) for t in self.tasks for b in per_task[t]]
+        order = torch.randperm(len(steps), generator=_generator("order", self.seed, epoch)).tolist()
+        return [steps[i] for i in order]
+
+
+@dataclass
+class LossWeights:
+    """Per-task loss multipliers; the trainer sums weight * loss over the tasks of a step.
+
+    ``LossWeights.paper()`` is §4.2 "loss rescaling": Quora is ~25x larger
+    than SST or STS, so its loss is multiplied by 0.1 to keep its pull on the
+    shared encoder comparable while still seeing all its data. Tasks other
+    than sst/para/sts (e.g. "nli", "cfimdb") take their weight from ``extra``
+    and default to 1.0.
+    """
+
+    sst: float = 1.0
+    para: float = 1.0
+    sts: float = 1.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        weights = {"sst": self.sst, "para": self.para, "sts": self.sts, **self.extra}
+        bad = {t: w for t, w in weights.items() if not w >= 0.0}
+        if bad:
+            raise ValueError(f"loss weights must be non-negative numbers, got {bad}")
+        clash = {"sst", "para", "sts"} & set(self.extra)
+        if clash:
+            raise ValueError(f"set {sorted(clash)} through the named fields, not extra")
+
+    @classmethod
+    def paper(cls) -> LossWeights:
+        """The §4.2 loss rescaling: paraphrase 0.1, the others 1.0."""
+        return cls(para=0.1)
+
+    def get(self, task: str) -> float:
+        """The weight of ``task`` (1.0 for a task never mentioned)."""
+        if task in ("sst", "para", "sts"):
+            return getattr(self, task)
+        return self.extra.get(task, 1.0)
