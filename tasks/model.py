@@ -1,0 +1,225 @@
+"""MultitaskBert: one BERT encoder, task heads for SST, paraphrase and STS.
+
+Usage:
+    encoder, tok = load_pretrained()
+    model = MultitaskBert(encoder, ModelConfig(arch="b1"))
+    out = model("sst", batch)              # TaskOutput: logits (B, 5), features
+    loss = model.task_loss("sst", out, batch)
+    preds = model.predict("sst", out)      # class ids
+
+Architectures (paper: ../shared/papers/minbert-downstream-generalization.txt):
+- ``baseline`` (§4.1): SST = dropout + linear on the pooled [CLS]; paraphrase =
+  Siamese, each sentence -> linear (32) -> dot product -> sigmoid (BCE);
+  STS = Siamese, linear (32) per sentence -> 5 × cosine (MSE).
+- ``b1`` (§4.3, Figure 1): two shared FCN layers (H -> F -> F, ReLU) used by all
+  tasks and concatenated with each task's own FCN layer (H -> F, ReLU);
+  SST: [shared, own] -> ReLU MLP -> 5 logits; paraphrase (structural change):
+  element-wise products of the two sentences' shared and own features,
+  concatenated with the raw [CLS] embeddings, -> ReLU MLP -> logit;
+  STS: Siamese on [shared, own], 5 × cosine. F = ``fcn_size`` (paper: 256).
+  The paper's figure is not in our copy of the text; this follows its prose.
+- ``pair_encoding="cross"``: paraphrase and STS read both sentences in one
+  sequence ([CLS] a [SEP] b [SEP], token types 0/1) and score the pooled output
+  (paraphrase: logit; STS: 5 × sigmoid). Not in the paper; public project repos
+  report it as the largest single gain on STS.
+
+Heads own their task loss (cross-entropy, BCE with logits, MSE). Objectives that
+need more get it through explicit arguments: ``inputs_embeds`` to start from
+(perturbed) word embeddings, ``transform`` to change the pooled embedding
+between encoder and head (Match-Tuning), and ``embed`` for extra passes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minbert.bert import BertModel
+
+TASKS = ("sst", "para", "sts")
+ARCHS = ("baseline", "b1")
+PAIR_ENCODINGS = ("siamese", "cross")
+POOLINGS = ("pooler", "cls", "mean")
+NUM_SST_CLASSES = 5
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "baseline"
+    pair_encoding: str = "siamese"
+    pooling: str = "pooler"  # "pooler" = tanh(W h_CLS) as the paper; "cls" raw h_CLS; "mean" over real tokens
+    fcn_size: int = 256
+    baseline_proj_size: int = 32  # §4.1: the Siamese intermediate embedding
+    head_dropout: float = 0.3  # §4.1: 0.3 on task linear layers; B1 uses none
+    sts_scale: float = 5.0
+
+    def __post_init__(self) -> None:
+        for name, value, allowed in (("arch", self.arch, ARCHS), ("pair_encoding", self.pair_encoding, PAIR_ENCODINGS),
+                                     ("pooling", self.pooling, POOLINGS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if not 0.0 <= self.head_dropout < 1.0:
+            raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout}")
+        if self.fcn_size < 1 or self.baseline_proj_size < 1:
+            raise ValueError("fcn_size and baseline_proj_size must be positive")
+
+
+@dataclass
+class TaskOutput:
+    """What a head computed: ``logits`` and the intermediate features objectives use.
+
+    logits: SST (B, 5); paraphrase (B,) logit; STS (B,) predicted score in [0, 5].
+    features: "pooled" (B, H) for one-sequence inputs, "pooled_1"/"pooled_2" for
+    Siamese pairs; "head_input" (B, D) for SST and cross pairs (what SCL/KNN use);
+    "sts_1"/"sts_2" (B, D) the STS embeddings whose cosine is the score (MNR uses them).
+    """
+
+    logits: torch.Tensor
+    features: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _mlp(sizes: list[int], dropout: float) -> nn.Sequential:
+    """Linear layers with ReLU between them (none after the last), dropout before each linear."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class MultitaskBert(nn.Module):
+    def __init__(self, encoder: BertModel, config: ModelConfig):
+        super().__init__()
+        self.encoder = encoder
+        self.config = config
+        H, Fs, P, p = encoder.config.hidden_size, config.fcn_size, config.baseline_proj_size, config.head_dropout
+        if config.pooling == "pooler" and encoder.pooler is None:
+            raise ValueError("pooling='pooler' needs an encoder with a pooler")
+        cross = config.pair_encoding == "cross"
+        if config.arch == "baseline":
+            self.sst_head = _mlp([H, NUM_SST_CLASSES], p)
+            self.para_head = _mlp([H, 1], p) if cross else _mlp([H, P], p)
+            self.sts_head = _mlp([H, 1], p) if cross else _mlp([H, P], p)
+        else:
+            self.shared = nn.Sequential(_mlp([H, Fs, Fs], p), nn.ReLU())
+            self.sst_own = nn.Sequential(_mlp([H, Fs], p), nn.ReLU())
+            self.para_own = nn.Sequential(_mlp([H, Fs], p), nn.ReLU())
+            self.sts_own = nn.Sequential(_mlp([H, Fs], p), nn.ReLU())
+            self.sst_head = _mlp([2 * Fs, Fs, NUM_SST_CLASSES], p)
+            # cross: [shared, own] of the pair sequence; Siamese: products of both + both raw embeddings
+            self.para_head = _mlp([2 * Fs, Fs, 1], p) if cross else _mlp([2 * Fs + 2 * H, Fs, 1], p)
+            self.sts_head = _mlp([2 * Fs, Fs, 1], p) if cross else nn.Identity()
+        self._init_heads()
+
+    def _init_heads(self) -> None:
+        std = self.encoder.config.initializer_range
+        for name, m in self.named_modules():
+            if isinstance(m, nn.Linear) and not name.startswith("encoder."):
+                nn.init.normal_(m.weight, std=std)
+                nn.init.zeros_(m.bias)
+
+    # ---- encoding ---------------------------------------------------------------
+
+    def embed(self, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+              token_type_ids: torch.Tensor | None = None,
+              inputs_embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """The sentence embedding (B, H) the heads read, per ``config.pooling``."""
+        out = self.encoder(input_ids=None if inputs_embeds is not None else input_ids,
+                           attention_mask=attention_mask, token_type_ids=token_type_ids,
+                           inputs_embeds=inputs_embeds)
+        if self.config.pooling == "pooler":
+            return out["pooler_output"]
+        h = out["last_hidden_state"]  # (B, T, H)
+        if self.config.pooling == "cls":
+            return h[:, 0]
+        m = attention_mask.unsqueeze(-1).to(h.dtype)  # (B, T, 1)
+        return (h * m).sum(1) / m.sum(1).clamp_min(1.0)
+
+    def _embed_side(self, batch: dict, suffix: str, inputs_embeds: dict | None) -> torch.Tensor:
+        return self.embed(batch["input_ids" + suffix], batch["attention_mask" + suffix],
+                          batch.get("token_type_ids" + suffix),
+                          None if inputs_embeds is None else inputs_embeds.get(suffix))
+
+    def _features(self, task: str, e: torch.Tensor) -> torch.Tensor:
+        """B1's [shared, task-own] features (B, 2F); the baseline has none."""
+        own = {"sst": self.sst_own, "para": self.para_own, "sts": self.sts_own}[task]
+        return torch.cat([self.shared(e), own(e)], dim=-1)
+
+    # ---- heads ------------------------------------------------------------------
+
+    def forward(self, task: str, batch: dict, inputs_embeds: dict[str, torch.Tensor] | None = None,
+                transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TaskOutput:
+        """Run ``task``'s head on a collated batch.
+
+        inputs_embeds: word embeddings to start from, keyed by the batch's key
+        suffix ("" for one sequence, "_1"/"_2" for Siamese sides).
+        transform: applied to each pooled embedding (B, H) before the head.
+        """
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; tasks are {TASKS}")
+        t = transform or (lambda e: e)
+        cfg = self.config
+        if task == "sst" or (cfg.pair_encoding == "cross" and "input_ids" in batch):
+            e = t(self._embed_side(batch, "", inputs_embeds))  # (B, H)
+            x = e if cfg.arch == "baseline" else self._features(task, e)
+            head = {"sst": self.sst_head, "para": self.para_head, "sts": self.sts_head}[task]
+            z = head(x)
+            if task == "sst":
+                logits = z
+            elif task == "para":
+                logits = z.squeeze(-1)
+            else:
+                logits = cfg.sts_scale * torch.sigmoid(z.squeeze(-1))
+            return TaskOutput(logits, {"pooled": e, "head_input": x})
+        if "input_ids_1" not in batch:
+            raise ValueError(f"{task}: pair_encoding={cfg.pair_encoding!r} but the batch has keys {sorted(batch)}")
+        e1 = t(self._embed_side(batch, "_1", inputs_embeds))
+        e2 = t(self._embed_side(batch, "_2", inputs_embeds))
+        feats = {"pooled_1": e1, "pooled_2": e2}
+        if task == "para":
+            if cfg.arch == "baseline":
+                u, v = self.para_head(e1), self.para_head(e2)  # (B, P)
+                logits = (u * v).sum(-1)
+            else:
+                f1, f2 = self._features("para", e1), self._features("para", e2)  # (B, 2F)
+                x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
+                logits = self.para_head(x).squeeze(-1)
+                feats["head_input"] = x
+            return TaskOutput(logits, feats)
+        u, v = self.sts_embeddings(e1), self.sts_embeddings(e2)
+        feats.update(sts_1=u, sts_2=v)
+        return TaskOutput(cfg.sts_scale * F.cosine_similarity(u, v, dim=-1), feats)
+
+    def sts_embeddings(self, e: torch.Tensor) -> torch.Tensor:
+        """The Siamese STS embedding of pooled sentences (B, D): what cosine/MNR compare."""
+        if self.config.pair_encoding == "cross":
+            raise ValueError("sts_embeddings needs pair_encoding='siamese'")
+        return self.sts_head(e) if self.config.arch == "baseline" else self._features("sts", e)
+
+    # ---- losses and predictions ---------------------------------------------------
+
+    def task_loss(self, task: str, out: TaskOutput, batch: dict, reduction: str = "mean") -> torch.Tensor:
+        y = batch["labels"]
+        if task == "sst":
+            return F.cross_entropy(out.logits.float(), y.long(), reduction=reduction)
+        if task == "para":
+            return F.binary_cross_entropy_with_logits(out.logits.float(), y.float(), reduction=reduction)
+        return F.mse_loss(out.logits.float(), y.float(), reduction=reduction)
+
+    @staticmethod
+    def predict(task: str, out: TaskOutput) -> torch.Tensor:
+        if task == "sst":
+            return out.logits.argmax(-1)
+        if task == "para":
+            return (out.logits > 0).long()
+        return out.logits
+
+    def head_parameters(self) -> list[nn.Parameter]:
+        return [p for n, p in self.named_parameters() if not n.startswith("encoder.")]
