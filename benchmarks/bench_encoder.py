@@ -11,8 +11,9 @@ rounds, and the median time of each is reported as sequences/s with the ratio
 ours / reference. Batches are full length (no padding), so both models do the
 same arithmetic. ``--compile`` adds a row for our encoder under torch.compile
 (the reference stays eager). Peak memory is measured per (model, mode, length) in a
-fresh child process holding only that model: the growth of its max resident set
-over one step (CPU), or torch.cuda.max_memory_allocated over one step (CUDA). Nothing here is asserted; it prints a
+fresh child process holding only that model: on CPU the growth of the child's
+max resident set from before the model is built to after one step (weights,
+gradients and activations), on CUDA the child's torch.cuda.max_memory_allocated. Nothing here is asserted; it prints a
 Markdown table for the README.
 """
 
@@ -101,6 +102,7 @@ def _peak_child(q, which, mode, seq, args):
     from minbert.config import BertConfig
 
     d = resolve_model_dir(args.model)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # after imports, before the model
     if which == "ref":
         import transformers
         model = transformers.BertModel(transformers.BertConfig.from_pretrained(str(d)))
@@ -111,12 +113,9 @@ def _peak_child(q, which, mode, seq, args):
     batch = make_batch(model.config.vocab_size, args.batch_size, seq, args.device)
     fn = step_fn(model, batch, mode, which == "ref")
     if args.device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
-        base = torch.cuda.memory_allocated()
         fn(); sync(args.device)
-        q.put((torch.cuda.max_memory_allocated() - base) / 2**20)
+        q.put(torch.cuda.max_memory_allocated() / 2**20)  # the child allocated nothing else
     else:
-        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
         fn()
         q.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
 
