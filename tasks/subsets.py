@@ -1,0 +1,90 @@
+"""Training-set perturbations for the robustness evaluations the papers report.
+
+Usage:
+    few = few_shot(examples, n=100, seed=0)                        # N examples, class-stratified
+    noisy, flipped = label_noise(examples, rate=0.1, num_classes=5, seed=0)
+    skewed = minority(examples, label=0, keep=0.1, seed=0)         # keep 10% of class 0
+
+Every function is deterministic in its seed (an explicit generator, never the
+global RNG) and hits the requested count exactly: rates are turned into counts
+with round(), and tests check the counts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections import defaultdict
+from collections.abc import Sequence
+
+import torch
+
+from tasks.data import Example
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def few_shot(examples: Sequence[Example], n: int, seed: int) -> list[Example]:
+    """``n`` training examples drawn without replacement, stratified by label for classes.
+
+    Classification labels (ints) get per-class quotas proportional to the class
+    frequencies (largest remainders), so rare classes are not lost by chance;
+    float labels (STS) are drawn uniformly. ``n`` ≥ len(examples) returns all.
+    """
+    if n <= 0:
+        raise ValueError(f"few-shot size must be positive, got {n}")
+    if n >= len(examples):
+        return list(examples)
+    g = _gen(seed)
+    if not all(isinstance(e.label, int) for e in examples):
+        idx = torch.randperm(len(examples), generator=g)[:n].sort().values
+        return [examples[i] for i in idx.tolist()]
+    by_class: dict[int, list[int]] = defaultdict(list)
+    for i, e in enumerate(examples):
+        by_class[e.label].append(i)
+    classes = sorted(by_class)
+    exact = {c: n * len(by_class[c]) / len(examples) for c in classes}
+    quota = {c: int(exact[c]) for c in classes}
+    for c in sorted(classes, key=lambda c: exact[c] - quota[c], reverse=True)[: n - sum(quota.values())]:
+        quota[c] += 1
+    chosen: list[int] = []
+    for c in classes:
+        pool = by_class[c]
+        pick = torch.randperm(len(pool), generator=g)[: quota[c]].tolist()
+        chosen.extend(pool[i] for i in pick)
+    return [examples[i] for i in sorted(chosen)]
+
+
+def label_noise(examples: Sequence[Example], rate: float, num_classes: int, seed: int
+                ) -> tuple[list[Example], list[int]]:
+    """Flip exactly round(rate · N) labels, each to a different class chosen uniformly.
+
+    Returns the new examples and the indices that were flipped.
+    """
+    if not 0.0 <= rate <= 1.0:
+        raise ValueError(f"label-noise rate must be in [0, 1], got {rate}")
+    if num_classes < 2:
+        raise ValueError("label noise needs at least two classes")
+    g = _gen(seed)
+    k = round(rate * len(examples))
+    flip = torch.randperm(len(examples), generator=g)[:k].sort().values.tolist()
+    out = list(examples)
+    for i in flip:
+        y = int(out[i].label)
+        offset = int(torch.randint(1, num_classes, (1,), generator=g))
+        out[i] = dataclasses.replace(out[i], label=(y + offset) % num_classes)
+    return out, flip
+
+
+def minority(examples: Sequence[Example], label: int, keep: float, seed: int) -> list[Example]:
+    """Keep round(keep · n_label) examples of class ``label`` and every other example."""
+    if not 0.0 <= keep <= 1.0:
+        raise ValueError(f"minority keep rate must be in [0, 1], got {keep}")
+    of_class = [i for i, e in enumerate(examples) if e.label == label]
+    if not of_class:
+        raise ValueError(f"no training example has label {label}")
+    g = _gen(seed)
+    k = round(keep * len(of_class))
+    kept = {of_class[i] for i in torch.randperm(len(of_class), generator=g)[:k].tolist()}
+    return [e for i, e in enumerate(examples) if e.label != label or i in kept]
