@@ -12,6 +12,7 @@ An objective is an ``nn.Module`` subclass of :class:`Objective` with:
 - ``Config``: a dataclass of its hyper-parameters; every field becomes a CLI flag
   ``--<name>-<field>`` and ``weight`` always exists (the factor on its terms);
 - ``tasks``: the tasks it applies to (``"nli"`` is the NLI triplet stream);
+- ``needs_siamese``: True when it reads per-sentence pair features;
 - ``task_loss_scale``: the factor it puts on the head's own loss for those tasks
   (e.g. 1 - λ for SCL's (1 - λ)·CE + λ·L_SCL); 1.0 for additive objectives;
 - ``forward(model, task, batch, out) -> dict[str, Tensor]``: unweighted loss terms;
@@ -43,6 +44,9 @@ class Objective(nn.Module):
     name: ClassVar[str] = ""
     Config: ClassVar[type] = ObjectiveConfig
     tasks: ClassVar[tuple[str, ...]] = ()
+    # True when the objective reads Siamese features (sts_1/sts_2, pooled_1/2): the
+    # CLI refuses it with --pair-encoding cross before any work starts.
+    needs_siamese: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -1,0 +1,193 @@
+"""Multiple negatives ranking (MNR) loss: in-batch softmax over scaled cosine similarities.
+
+Paper: Henderson et al. 2017, "Efficient natural language response suggestion
+for Smart Reply"; used as in ../shared/papers/minbert-downstream-generalization.txt
+§4.4 (L_MNR and its STS variant L_MNR-weighted) and §4.2 (AllNLI triplets
+trained "purely with MNR loss" through the STS head).
+
+For anchors a_i and positives b_i (i = 1..K), optionally hard negatives n_i::
+
+    L = -1/K Σ_i w_i · log( e^{s·cos(a_i, b_i)} / (Σ_j e^{s·cos(a_i, b_j)} + Σ_j e^{s·cos(a_i, n_j)}) )
+
+with scale s = 20 (temperature 0.05, sentence-transformers' default) and w_i = 1.
+Every other positive (and every hard negative) of the batch is a negative for a_i;
+hard negatives are extra columns of the similarity matrix.
+
+STS variant (§4.4, L_MNR-weighted): STS pairs are not all positives, so pair i
+is weighted by w_i = e^{label_i} / Σ_{j=0..5} e^j (label in [0, 5]) and the
+weighted terms are averaged over the K pairs, exactly the paper's equation.
+Note this is *not* normalized by Σ_i w_i: a batch of dissimilar pairs (all
+labels near 0) contributes almost nothing instead of being pulled together at
+full strength; with all labels equal to l the loss is the plain one times
+e^l / Σ_j e^j.
+
+Inputs (one objective, three task streams):
+- ``sts``: the head's Siamese STS embeddings ``out.features["sts_1"/"sts_2"]``
+  (the vectors whose cosine is the prediction); label weighting on by default.
+- ``nli``: triplets (_1 anchor, _2 entailed positive, _3 contradiction) encoded
+  here through the STS head (``model.sts_embeddings(model.embed(...))``), the
+  hard negative used when present and ``hard_negatives`` is on.
+- ``para`` (opt-in, ``para_positives``): the pairs labelled paraphrase in the
+  batch, on the pooled sentence embeddings; skipped with fewer than 2 positives.
+
+Related losses: sentence-transformers ``MultipleNegativesRankingLoss`` (this,
+unweighted, equals its default query_to_doc form; tests check it),
+``CachedMultipleNegativesRankingLoss`` (same loss, larger batches), SimCSE
+(``simcse.py``: MNR between two dropout views of the same sentences), SCL.
+
+Usage:
+    loss = mnr_loss(anchors, positives, negatives=hard_negs, scale=20.0)
+    objs = build_objectives({"mnr": {"para_positives": True}}, model)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.objectives import Objective
+
+MNR_TASKS = ("sts", "nli", "para")
+# Σ_{j=0..5} e^j: the §4.4 normaliser of the STS label weights.
+_STS_WEIGHT_NORM = sum(math.exp(j) for j in range(6))
+
+
+def mnr_loss(a: torch.Tensor, b: torch.Tensor,
+             negatives: torch.Tensor | Sequence[torch.Tensor] | None = None,
+             scale: float = 20.0, weights: torch.Tensor | None = None) -> torch.Tensor:
+    """MNR loss of anchors ``a`` (K, D) against positives ``b`` (K, D).
+
+    negatives: hard negatives, one (K, D) tensor or a sequence of them; each
+    adds K columns to the similarity matrix (negative j is a candidate for
+    every anchor, as in sentence-transformers).
+    scale: multiplies the cosine similarities (1 / temperature).
+    weights: (K,) per-pair factors; the result is mean_i(w_i · ℓ_i), so ones
+    give the plain loss.
+    Computed in float32 whatever the embeddings' dtype (logits up to ±scale).
+    """
+    if a.dim() != 2 or a.shape != b.shape:
+        raise ValueError(f"mnr_loss expects anchors and positives of equal shape (K, D), got {tuple(a.shape)} "
+                         f"and {tuple(b.shape)}")
+    if negatives is None:
+        negs: list[torch.Tensor] = []
+    elif isinstance(negatives, torch.Tensor):
+        negs = [negatives]
+    else:
+        negs = list(negatives)
+    for n in negs:
+        if n.dim() != 2 or n.shape[1] != a.shape[1]:
+            raise ValueError(f"hard negatives must be (N, {a.shape[1]}), got {tuple(n.shape)}")
+    candidates = torch.cat([b, *negs], dim=0).float()  # (K·(1+N), D): positives first, then each negative column
+    sim = F.normalize(a.float(), dim=-1) @ F.normalize(candidates, dim=-1).T  # (K, K·(1+N)) cosine
+    target = torch.arange(a.shape[0], device=a.device)  # anchor i's positive is column i
+    per_pair = F.cross_entropy(scale * sim, target, reduction="none")  # (K,)
+    if weights is None:
+        return per_pair.mean()
+    if weights.shape != per_pair.shape:
+        raise ValueError(f"weights must be ({a.shape[0]},), got {tuple(weights.shape)}")
+    return (weights.to(per_pair.dtype) * per_pair).mean()
+
+
+def sts_label_weights(labels: torch.Tensor) -> torch.Tensor:
+    """§4.4 weights of STS pairs: e^{label} / Σ_{j=0..5} e^j (label 5 -> 0.634, label 0 -> 0.004)."""
+    return torch.exp(labels.float()) / _STS_WEIGHT_NORM
+
+
+@dataclass
+class MNRConfig:
+    """Options of the "mnr" objective (CLI: ``--mnr-<field>``)."""
+
+    weight: float = 1.0  # factor on the MNR term
+    scale: float = 20.0  # multiplies cosine similarities; 1 / temperature (20 = 0.05)
+    sts_label_weighting: bool = True  # STS pairs weighted by e^label / Σ_{j=0..5} e^j (§4.4); off = plain MNR
+    hard_negatives: bool = True  # NLI: use the contradiction (_3) as an extra column when the batch has it
+    para_positives: bool = False  # also MNR over the paraphrase-labelled Quora pairs (pooled embeddings)
+    tasks: tuple[str, ...] = ()  # task streams; empty = ("sts", "nli") plus "para" with para_positives
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)
+        if not self.scale > 0:
+            raise ValueError(f"mnr scale must be positive, got {self.scale}")
+        bad = set(self.tasks) - set(MNR_TASKS)
+        if bad:
+            raise ValueError(f"mnr applies to {MNR_TASKS} only (it needs sentence pairs), got {sorted(bad)}")
+        if self.tasks and ("para" in self.tasks) != self.para_positives:
+            raise ValueError("mnr: 'para' in tasks and para_positives must agree (para_positives chooses "
+                             "MNR over the paraphrase positives); set both or neither")
+
+
+class MultipleNegativesRanking(Objective):
+    """MNR on STS pairs (label-weighted), NLI triplets and optionally paraphrase positives."""
+
+    name = "mnr"
+    Config = MNRConfig
+    tasks = ("sts", "nli")
+    needs_siamese: ClassVar[bool] = True  # compares separately encoded sentences: refused with --pair-encoding cross
+
+    def active_tasks(self) -> tuple[str, ...]:
+        if self.config.tasks:
+            return tuple(self.config.tasks)
+        return self.tasks + (("para",) if self.config.para_positives else ())
+
+    def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
+        cfg = self.config
+        if task == "sts":
+            a, b = _pair_features(model, batch, out, "sts")
+            weights = None
+            if cfg.sts_label_weighting:
+                if "labels" not in batch:
+                    raise ValueError("mnr: sts_label_weighting needs the STS batch's labels")
+                weights = sts_label_weights(batch["labels"])
+            return {"loss": mnr_loss(a, b, scale=cfg.scale, weights=weights)}
+        if task == "nli":
+            sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
+            pooled = _embed_sides(model, batch, sides)
+            z = [model.sts_embeddings(e) for e in pooled]  # each (B, D)
+            return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
+        if task == "para":
+            positive = batch["labels"] > 0.5  # (B,) bool
+            if int(positive.sum()) < 2:
+                return {}  # one positive has no in-batch negative: nothing to rank
+            a, b = _pair_features(model, batch, out, "pooled")
+            return {"loss": mnr_loss(a[positive], b[positive], scale=cfg.scale)}
+        raise ValueError(f"mnr does not apply to task {task!r}; it applies to {MNR_TASKS}")
+
+
+def _pair_features(model: nn.Module, batch: dict, out, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Siamese features ``<kind>_1``, ``<kind>_2`` of the head's pass, or computed here when ``out`` is None."""
+    if out is not None:
+        if f"{kind}_1" not in out.features:
+            raise ValueError(f"mnr needs Siamese features '{kind}_1'/'{kind}_2' (pair_encoding='siamese'); "
+                             f"the head gave {sorted(out.features)}")
+        return out.features[f"{kind}_1"], out.features[f"{kind}_2"]
+    e1, e2 = _embed_sides(model, batch, ["_1", "_2"])
+    if kind == "sts":
+        return model.sts_embeddings(e1), model.sts_embeddings(e2)
+    return e1, e2
+
+
+def _embed_sides(model: nn.Module, batch: dict, sides: list[str]) -> list[torch.Tensor]:
+    """Pooled embeddings (B, H) of several sequence keys in one encoder pass.
+
+    The sides are padded to a common length and stacked (one (S·B, T) batch: bigger
+    matmuls, one launch per layer); padding is masked, so each row's embedding is
+    what a separate pass would give.
+    """
+    T = max(batch["input_ids" + s].shape[1] for s in sides)
+
+    def padded(key: str, s: str) -> torch.Tensor:
+        x = batch.get(key + s)
+        if x is None:  # token types absent: all zeros
+            x = torch.zeros_like(batch["input_ids" + s])
+        return F.pad(x, (0, T - x.shape[1]))  # (B, T), pad value 0 (masked)
+
+    ids = torch.cat([padded("input_ids", s) for s in sides])  # (S·B, T)
+    mask = torch.cat([padded("attention_mask", s) for s in sides])
+    types = torch.cat([padded("token_type_ids", s) for s in sides])
+    return list(model.embed(ids, mask, types).chunk(len(sides)))  # S × (B, H)

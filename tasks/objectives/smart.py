@@ -1,0 +1,213 @@
+"""SMART: smoothness-inducing adversarial regularization in word-embedding space.
+
+Paper: Jiang et al. 2020, "SMART: Robust and Efficient Fine-Tuning for
+Pre-trained Natural Language Models through Principled Regularized
+Optimization" (ACL), eq. 3 (the regularizer R_s) and Algorithm 1 (its
+projected-ascent solver); used as in
+../shared/papers/minbert-downstream-generalization.txt §4.4
+("Smoothness-Inducing Adversarial Regularization"), for all three tasks.
+
+    R_s(θ) = 1/n Σ_i  max_{‖x̃_i − x_i‖_∞ ≤ ε}  l_s(f(x̃_i; θ), f(x_i; θ))
+
+x are the word embeddings e = ``model.encoder.embed_tokens(ids)`` (position and
+token-type embeddings are added after, inside the encoder). The max is taken
+approximately, as Algorithm 1:
+
+    δ_0 ~ N(0, σ²) on real tokens                           (σ = 1e-5)
+    repeat ``steps`` times (default 1):
+        g = ∇_δ l_s(f(e + δ), f(e))                        clean output detached
+        δ ← δ + η · g / ‖g‖_∞                              η = 1e-3, ‖·‖_∞ per example
+        δ ← clamp(δ, −ε, ε)                                project to the L∞ ball, ε = 1e-5
+    penalty = l_s(f(e + δ), f(e))                           weighted by λ_s = ``weight``
+
+l_s: symmetric KL, KL(P‖Q) + KL(Q‖P), for classification (SST: softmax over 5
+classes; paraphrase: the Bernoulli of the logit, i.e. a softmax over [z, 0]);
+mean squared error for STS (its regression score). "Per example" for a Siamese
+pair means the pair: one max over both sentences' gradients.
+
+Choices made here:
+- Gradient of the penalty: the paper's R_s depends on θ through both f(e + δ)
+  and f(e), and we follow the paper: gradients flow through both passes (and
+  into the word embeddings, whose detached copy is used only to find δ).
+  SMART's public code (mt-dnn ``SymKlCriterion``) detaches the target
+  distribution of each KL direction instead; the value is the same.
+- Dropout: f(e) and f(e + δ) are computed with the *same* dropout masks (the
+  RNG state is replayed before each pass), so the penalty measures the effect
+  of δ and the ascent starts where l_s ≈ 0, as the algorithm assumes. With
+  ``reuse_head_output`` the head's own forward is f(e) instead (mt-dnn's code:
+  one forward cheaper, but its dropout mask differs from the perturbed pass,
+  and with ε = 1e-5 the penalty then mostly measures dropout noise).
+- Precision: under bf16 autocast a perturbation of 1e-5 on embeddings of size
+  ~1e-2 is below bf16 resolution and vanishes in the first matmul; raise ε
+  (and η) or run SMART in fp32 to make it bite.
+
+Cost per batch: one forward + backward for each ascent step, one forward for
+the penalty, and one clean forward (none with ``reuse_head_output``).
+
+Related: FreeLB / PGD adversarial training (maximize the task loss instead),
+VAT (Miyato et al., the KL smoothness term SMART builds on), R-Drop (sym-KL
+between two dropout passes, no δ), RIFT (``rift.py``, adversarial KL + InfoNCE).
+
+Usage:
+    penalty, delta = smart_penalty(model, "sst", batch)
+    objs = build_objectives({"smart": {"epsilon": 1e-5}}, model)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tasks.objectives import Objective
+
+SMART_TASKS = ("sst", "para", "sts")
+
+
+# ---- divergences --------------------------------------------------------------------
+
+
+def symmetric_kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+    """KL(P‖Q) + KL(Q‖P) of categorical distributions given by logits (B, C), mean over the batch."""
+    lp = F.log_softmax(p_logits.float(), dim=-1)  # (B, C)
+    lq = F.log_softmax(q_logits.float(), dim=-1)
+    return ((lp.exp() - lq.exp()) * (lp - lq)).sum(-1).mean()  # Σ_c (p − q)(log p − log q) = both KLs
+
+
+def bernoulli_logits(z: torch.Tensor) -> torch.Tensor:
+    """Logits (B, 2) whose softmax is [σ(z), 1 − σ(z)]: the Bernoulli of a binary logit z (B,)."""
+    return torch.stack([z, torch.zeros_like(z)], dim=-1)
+
+
+def smart_divergence(task: str, adv: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """l_s between perturbed and clean head outputs: sym-KL (sst, para) or MSE (sts)."""
+    if task == "sst":
+        return symmetric_kl(adv, clean)
+    if task == "para":
+        return symmetric_kl(bernoulli_logits(adv), bernoulli_logits(clean))
+    if task == "sts":
+        return F.mse_loss(adv.float(), clean.float())
+    raise ValueError(f"smart does not apply to task {task!r}; it applies to {SMART_TASKS}")
+
+
+# ---- the perturbation ---------------------------------------------------------------
+
+
+class _DropoutReplay:
+    """Restores the RNG state captured at construction, so each pass draws the same dropout masks."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.cpu = torch.get_rng_state()
+        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+    def __call__(self) -> None:
+        torch.set_rng_state(self.cpu)
+        if self.cuda is not None:
+            torch.cuda.set_rng_state(self.cuda, self.device)
+
+
+def _sides(batch: dict) -> tuple[str, ...]:
+    """The sequence-key suffixes the head reads: "" for one sequence, "_1"/"_2" for a Siamese pair."""
+    return ("",) if "input_ids" in batch else ("_1", "_2")
+
+
+def smart_perturbation(model: nn.Module, task: str, batch: dict, embeds: dict[str, torch.Tensor],
+                       clean_logits: torch.Tensor, delta0: dict[str, torch.Tensor], *,
+                       step_size: float = 1e-3, epsilon: float = 1e-5, steps: int = 1,
+                       replay: _DropoutReplay | None = None) -> dict[str, torch.Tensor]:
+    """Algorithm 1's projected ascent: the final δ per sequence suffix, each (B, T, H), ‖δ‖_∞ ≤ ε.
+
+    embeds: clean word embeddings per suffix (detached here); clean_logits: f(e)
+    (detached here); delta0: the starting noise; replay: called before each pass
+    (same dropout masks as the clean pass), or None.
+    """
+    e = {s: x.detach() for s, x in embeds.items()}
+    clean = clean_logits.detach()
+    delta = {s: d.detach() for s, d in delta0.items()}
+    for _ in range(steps):
+        d = {s: x.requires_grad_() for s, x in delta.items()}
+        if replay is not None:
+            replay()
+        with torch.enable_grad():
+            adv = model(task, batch, inputs_embeds={s: e[s] + d[s] for s in e}).logits
+            div = smart_divergence(task, adv, clean)
+            grads = torch.autograd.grad(div, list(d.values()), allow_unused=True)
+        g = {s: torch.zeros_like(d[s]) if gs is None else gs.float() for s, gs in zip(d, grads)}
+        # ‖g‖_∞ per example, over all tokens (and both sentences of a pair): (B,)
+        g_inf = torch.stack([x.abs().amax(dim=(1, 2)) for x in g.values()]).amax(0)
+        g_inf = g_inf.clamp_min(torch.finfo(torch.float32).tiny)[:, None, None]  # zero gradient -> zero step
+        delta = {s: (d[s].detach() + step_size * g[s].to(d[s].dtype) / g_inf).clamp(-epsilon, epsilon)
+                 for s in d}
+    return delta
+
+
+def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: float = 1e-5,
+                  step_size: float = 1e-3, epsilon: float = 1e-5, steps: int = 1,
+                  reuse_head_output: bool = False) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The SMART penalty l_s(f(e + δ), f(e)) for one task batch, and the δ it used (per suffix).
+
+    out: the head's TaskOutput for this batch; needed only with ``reuse_head_output``.
+    """
+    sides = _sides(batch)
+    embeds = {s: model.encoder.embed_tokens(batch["input_ids" + s]) for s in sides}  # (B, T, H) each
+    delta0 = {}
+    for s, x in embeds.items():
+        real = batch["attention_mask" + s].unsqueeze(-1).to(x.dtype)  # (B, T, 1): no noise on padding
+        delta0[s] = sigma * torch.randn_like(x) * real
+    if reuse_head_output:
+        if out is None:
+            raise ValueError("smart: reuse_head_output needs the head's output for this batch")
+        clean, replay = out.logits, None
+    else:
+        replay = _DropoutReplay(embeds[sides[0]].device) if model.training else None
+        clean = model(task, batch, inputs_embeds=embeds).logits
+    delta = smart_perturbation(model, task, batch, embeds, clean, delta0, step_size=step_size,
+                               epsilon=epsilon, steps=steps, replay=replay)
+    if replay is not None:
+        replay()
+    adv = model(task, batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
+    return smart_divergence(task, adv, clean), delta
+
+
+# ---- the objective ------------------------------------------------------------------
+
+
+@dataclass
+class SMARTConfig:
+    """Options of the "smart" objective (CLI: ``--smart-<field>``)."""
+
+    weight: float = 1.0  # λ_s, the factor on the penalty
+    sigma: float = 1e-5  # std of the initial noise δ_0
+    step_size: float = 1e-3  # η of the normalized ascent step
+    epsilon: float = 1e-5  # radius of the L∞ ball δ is projected onto
+    steps: int = 1  # ascent steps (each one forward + backward)
+    reuse_head_output: bool = False  # f(e) = the head's own forward (mt-dnn; cheaper, other dropout mask)
+    tasks: tuple[str, ...] = SMART_TASKS  # the tasks it regularizes
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)
+        if self.sigma < 0 or self.step_size < 0 or self.epsilon < 0:
+            raise ValueError(f"smart sigma, step_size and epsilon must be >= 0, got "
+                             f"{self.sigma}, {self.step_size}, {self.epsilon}")
+        if self.steps < 1:
+            raise ValueError(f"smart steps must be >= 1, got {self.steps}")
+        bad = set(self.tasks) - set(SMART_TASKS)
+        if bad:
+            raise ValueError(f"smart tasks must be among {SMART_TASKS}, got {sorted(bad)}")
+
+
+class SMART(Objective):
+    """SMART's smoothness penalty on each regularized task batch."""
+
+    name = "smart"
+    Config = SMARTConfig
+    tasks = SMART_TASKS
+
+    def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
+        c = self.config
+        penalty, _ = smart_penalty(model, task, batch, out, sigma=c.sigma, step_size=c.step_size,
+                                   epsilon=c.epsilon, steps=c.steps, reuse_head_output=c.reuse_head_output)
+        return {"penalty": penalty}

@@ -1,0 +1,291 @@
+"""Tests for the SCL (tasks/objectives/scl.py) and Match-Tuning (tasks/objectives/match_tuning.py) objectives."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minbert.bert import BertModel
+from tasks.model import ModelConfig, MultitaskBert
+from tasks.objectives import REGISTRY, build_objectives
+from tasks.objectives.match_tuning import MatchTuning, match_transform, matching_matrix
+from tasks.objectives.scl import SupervisedContrastive, scl_loss
+from tests.helpers import tiny_config
+
+B, T = 6, 7  # batch size, sequence length of the tiny batches
+
+
+def make_model(arch: str = "baseline", pair_encoding: str = "siamese") -> MultitaskBert:
+    torch.manual_seed(0)
+    return MultitaskBert(BertModel(tiny_config()), ModelConfig(arch=arch, pair_encoding=pair_encoding, fcn_size=16))
+
+
+def _seq(g: torch.Generator, suffix: str = "", pair: bool = False) -> dict[str, torch.Tensor]:
+    """Random ids in tiny_config's vocabulary; row r padded after 4 + r % 3 tokens; token types 0/1 for a pair."""
+    ids = torch.randint(5, 99, (B, T), generator=g)
+    mask = torch.zeros(B, T, dtype=torch.long)
+    for r in range(B):
+        mask[r, : 4 + r % 3] = 1
+    types = torch.zeros(B, T, dtype=torch.long)
+    if pair:
+        types[:, 3:] = 1
+    return {"input_ids" + suffix: ids * mask, "attention_mask" + suffix: mask, "token_type_ids" + suffix: types * mask}
+
+
+def make_batch(task: str, pair_encoding: str = "siamese") -> dict[str, torch.Tensor]:
+    """A labeled batch of B examples: SST classes with repeats, para 0/1 floats, STS scores."""
+    g = torch.Generator().manual_seed(1)
+    if task == "sst" or pair_encoding == "cross":
+        batch = _seq(g, pair=task != "sst")
+    else:
+        batch = {**_seq(g, "_1"), **_seq(g, "_2")}
+    batch["labels"] = {"sst": torch.tensor([0, 1, 0, 2, 1, 4]),
+                       "para": torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0]),
+                       "sts": torch.linspace(0.0, 5.0, B)}[task]
+    return batch
+
+
+def scl_double_loop(features: torch.Tensor, labels: list[int], tau: float) -> float:
+    """Gunel et al. eq. 3 written term by term, in float64."""
+    phi = F.normalize(features.double(), dim=-1)
+    n = len(labels)
+    total = 0.0
+    for i in range(n):
+        n_same = sum(1 for j in range(n) if labels[j] == labels[i])
+        if n_same - 1 == 0:
+            continue
+        denom = sum(math.exp(float(phi[i] @ phi[k]) / tau) for k in range(n) if k != i)
+        inner = sum(math.log(math.exp(float(phi[i] @ phi[j]) / tau) / denom)
+                    for j in range(n) if j != i and labels[j] == labels[i])
+        total += -inner / (n_same - 1)
+    return total
+
+
+# ---- SCL: the loss ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tau", [0.1, 0.3, 0.7])
+def test_scl_equals_double_loop_of_eq3(tau):
+    """scl_loss equals eq. 3 computed term by term (sum over anchors; 'mean' = sum / N), singleton class included;
+    its gradient is finite despite the −inf self-mask."""
+    feats = torch.randn(9, 5, generator=torch.Generator().manual_seed(3)).requires_grad_()
+    labels = [0, 1, 0, 2, 1, 0, 3, 2, 1]  # class 3 is a singleton: an anchor with no positive
+    expected = scl_double_loop(feats.detach(), labels, tau)
+    got = scl_loss(feats, torch.tensor(labels), tau)
+    assert got.dtype == torch.float32
+    assert got.item() == pytest.approx(expected, rel=1e-5)
+    got.backward()
+    assert torch.isfinite(feats.grad).all() and feats.grad.abs().sum() > 0
+    assert scl_loss(feats, torch.tensor(labels), tau, reduction="mean").item() == pytest.approx(expected / 9, rel=1e-5)
+
+
+def test_scl_singleton_batch_is_zero_not_nan():
+    """A batch of one example (no positive, and no k ≠ i in the denominator) gives 0 and a zero, finite gradient."""
+    feats = torch.randn(1, 4, requires_grad=True)
+    loss = scl_loss(feats, torch.tensor([2]), 0.3)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.equal(feats.grad, torch.zeros_like(feats))
+
+
+def test_scl_all_distinct_labels_is_zero():
+    """Every anchor alone in its class: the loss is exactly 0 with a zero (not NaN) gradient."""
+    feats = torch.randn(5, 4, requires_grad=True)
+    loss = scl_loss(feats, torch.arange(5), 0.1)
+    loss.backward()
+    assert loss.item() == 0.0
+    assert torch.equal(feats.grad, torch.zeros_like(feats))
+
+
+def test_scl_singleton_anchor_adds_nothing_but_is_a_negative():
+    """Adding a singleton-class example adds no anchor term, yet changes the others' denominators."""
+    g = torch.Generator().manual_seed(4)
+    feats = torch.randn(4, 3, generator=g)
+    extra = torch.randn(1, 3, generator=g)
+    labels = torch.tensor([0, 0, 1, 1])
+    with_singleton = scl_loss(torch.cat([feats, extra]), torch.cat([labels, torch.tensor([7])]), 0.3)
+    assert with_singleton.item() == pytest.approx(scl_double_loop(torch.cat([feats, extra]), [0, 0, 1, 1, 7], 0.3),
+                                                  rel=1e-5)
+    assert with_singleton.item() > scl_loss(feats, labels, 0.3).item()  # one more negative in every denominator
+
+
+def test_scl_is_scale_invariant_and_known_at_perfect_separation():
+    """Φ is l2-normalized (rescaling rows changes nothing); identical same-class rows, orthogonal classes and a
+    small τ give each anchor log(N_y − 1), the uniform split over its positives."""
+    g = torch.Generator().manual_seed(5)
+    feats, labels = torch.randn(7, 6, generator=g), torch.tensor([0, 1, 0, 1, 2, 0, 1])
+    scales = torch.tensor([[0.1], [3.0], [7.0], [1.0], [0.5], [20.0], [2.0]])
+    assert scl_loss(feats * scales, labels, 0.3).item() == pytest.approx(scl_loss(feats, labels, 0.3).item(), rel=1e-5)
+    sep = torch.eye(6)[[0, 1, 0, 1, 2, 0, 1]]  # class c -> basis vector e_c
+    expected = 3 * math.log(2) + 3 * math.log(2)  # classes 0 and 1: 3 anchors each with 2 positives; class 2 alone
+    assert scl_loss(sep, labels, 0.01).item() == pytest.approx(expected, abs=1e-4)
+
+
+def test_scl_and_matching_computed_in_float32_under_autocast():
+    """bf16 inputs or a bf16 autocast region give the float32 result (both compute in float32, autocast off)."""
+    feats = torch.randn(6, 8).bfloat16()
+    labels = torch.tensor([0, 1, 0, 1, 2, 2])
+    ref = scl_loss(feats.float(), labels, 0.1).item()
+    assert scl_loss(feats, labels, 0.1).item() == pytest.approx(ref, rel=1e-6)
+    h = 3.0 * torch.randn(6, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert scl_loss(feats.float(), labels, 0.1).item() == pytest.approx(ref, rel=1e-6)
+        m = matching_matrix(h, 1.0)
+        z = match_transform(h, 1.0)
+    assert m.dtype == torch.float32 and torch.allclose(m, torch.softmax(h @ h.T, -1), atol=1e-6)
+    assert z.dtype == torch.float32 and torch.allclose(z, torch.softmax(h @ h.T, -1) @ h, atol=1e-5)
+
+
+# ---- SCL: the objective --------------------------------------------------------------
+
+
+def test_scl_task_loss_scale_is_one_minus_lambda():
+    """task_loss_scale = 1 − λ with λ = config.weight; λ outside [0, 1] and STS are refused."""
+    for lam in (0.0, 0.1, 0.9, 1.0):
+        obj = SupervisedContrastive(SupervisedContrastive.Config(weight=lam))
+        assert obj.weight == lam and obj.task_loss_scale == pytest.approx(1.0 - lam)
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        SupervisedContrastive.Config(weight=1.5)
+    with pytest.raises(ValueError, match="classification"):
+        SupervisedContrastive.Config(tasks=("sts",))
+    with pytest.raises(ValueError, match="embedding"):
+        SupervisedContrastive.Config(embedding="tokens")
+
+
+def test_scl_objective_on_sst_matches_loss_and_reaches_encoder():
+    """On a tiny model's SST batch the term equals scl_loss of the pooled features and its gradient reaches the
+    encoder (and not the SST classifier, which SCL does not read)."""
+    model = make_model()
+    obj = build_objectives({"scl": {"temperature": 0.3, "tasks": ["sst"]}}, model)[0]
+    batch = make_batch("sst")
+    out = model("sst", batch)
+    terms = obj(model, "sst", batch, out)
+    assert set(terms) == {"loss"}
+    assert terms["loss"].item() == pytest.approx(scl_loss(out.features["pooled"], batch["labels"], 0.3).item())
+    terms["loss"].backward()
+    emb = model.encoder.embeddings.word_embeddings.weight.grad
+    assert emb is not None and emb.abs().sum() > 0
+    assert all(p.grad is None for p in model.sst_head.parameters())
+
+
+@pytest.mark.parametrize("arch,embedding", [("baseline", "pooled"), ("b1", "pooled"), ("b1", "head_input")])
+def test_scl_para_cross_uses_the_pair_vector(arch, embedding):
+    """Cross-encoded paraphrase pairs: SCL runs on the pair's vector with the 0./1. float labels as classes."""
+    model = make_model(arch, "cross")
+    obj = build_objectives({"scl": {"embedding": embedding}}, model)[0]
+    batch = make_batch("para", "cross")
+    out = model("para", batch)
+    loss = obj(model, "para", batch, out)["loss"]
+    expected = scl_double_loop(out.features[embedding].detach(), [0, 1, 1, 0, 1, 0], 0.3)
+    assert loss.item() == pytest.approx(expected, rel=1e-4)
+
+
+def test_scl_para_siamese_b1_head_input_and_baseline_refused():
+    """Siamese B1 + head_input uses the pair vector; Siamese pairs without one are refused at construction."""
+    model = make_model("b1", "siamese")
+    obj = build_objectives({"scl": {"embedding": "head_input"}}, model)[0]
+    batch = make_batch("para")
+    out = model("para", batch)
+    assert torch.isfinite(obj(model, "para", batch, out)["loss"])
+    with pytest.raises(ValueError, match="one vector per sentence pair"):
+        build_objectives({"scl": {}}, model)  # embedding="pooled": two sentence vectors, no pair vector
+    with pytest.raises(ValueError, match="one vector per sentence pair"):
+        build_objectives({"scl": {"embedding": "head_input"}}, make_model("baseline", "siamese"))
+    sst_only = build_objectives({"scl": {"tasks": ["sst"]}}, make_model("baseline", "siamese"))[0]
+    assert sst_only.applies_to("sst") and not sst_only.applies_to("para")
+
+
+# ---- Match-Tuning: the transform ---------------------------------------------------------
+
+
+def test_match_transform_is_row_stochastic_mixing():
+    """M is nonnegative with rows summing to 1, includes the diagonal, and z = M h as eq. 3 term by term."""
+    h = torch.randn(5, 4, generator=torch.Generator().manual_seed(6))
+    m = matching_matrix(h, temperature=2.0)
+    assert (m >= 0).all() and torch.allclose(m.sum(1), torch.ones(5))
+    for i in range(5):  # eq. 2 directly, k running over the whole batch (self included), no normalization of h
+        denom = sum(math.exp(float(h[i] @ h[k]) / 2.0) for k in range(5))
+        for j in range(5):
+            assert m[i, j].item() == pytest.approx(math.exp(float(h[i] @ h[j]) / 2.0) / denom, rel=1e-5)
+    z = match_transform(h, 2.0)
+    assert torch.allclose(z, m @ h, atol=1e-6)
+    # convex hull: each coordinate of z_i lies between the batch's min and max of that coordinate
+    assert (z <= h.max(0).values + 1e-6).all() and (z >= h.min(0).values - 1e-6).all()
+
+
+def test_match_transform_small_temperature_is_identity():
+    """Distinct rows of equal (large) norm make h_i·h_i the row maximum, so T -> 0 gives M -> I and z -> h."""
+    h = 10.0 * F.normalize(torch.randn(6, 8, generator=torch.Generator().manual_seed(7)), dim=-1)
+    assert torch.allclose(matching_matrix(h, 1e-3), torch.eye(6), atol=1e-6)
+    assert torch.allclose(match_transform(h, 1e-3), h, atol=1e-5)
+
+
+def test_match_transform_large_temperature_is_batch_mean():
+    """T -> ∞ makes M uniform: every z_i is the batch mean."""
+    h = torch.randn(6, 8, generator=torch.Generator().manual_seed(8))
+    z = match_transform(h, 1e7)
+    assert torch.allclose(z, h.mean(0, keepdim=True).expand_as(h), atol=1e-5)
+
+
+def test_match_transform_batch_of_one_and_permutation():
+    """A batch of one is unchanged (M = [1]); permuting the batch permutes z the same way."""
+    h = torch.randn(1, 4)
+    assert torch.equal(match_transform(h, 1.0), h)
+    h = torch.randn(6, 4)
+    perm = torch.randperm(6)
+    assert torch.allclose(match_transform(h[perm], 3.0), match_transform(h, 3.0)[perm], atol=1e-6)
+
+
+# ---- Match-Tuning: the objective ---------------------------------------------------------
+
+
+def test_match_tuning_config_and_transform_selection():
+    """weight must stay 1 (no term); forward returns {}; transform_for gives the matching in training, None at
+    evaluation for inference='identity', the matching for 'batch', and None for a task not chosen."""
+    with pytest.raises(ValueError, match="no loss term"):
+        MatchTuning.Config(weight=0.5)
+    with pytest.raises(ValueError, match="inference"):
+        MatchTuning.Config(inference="knn")
+    with pytest.raises(ValueError, match="positive"):
+        MatchTuning.Config(temperature=0.0)
+    ident = MatchTuning(MatchTuning.Config(temperature=2.0, tasks=("sst", "sts")))
+    assert MatchTuning.train_transform and ident.task_loss_scale == 1.0
+    assert ident.transform_for("sst", training=True) == ident.transform
+    assert ident.transform_for("sst", training=False) is None and ident.eval_transform() is None
+    assert ident.transform_for("para", training=True) is None
+    assert ident(None, "sst", {}, None) == {}
+    batch_mode = MatchTuning(MatchTuning.Config(inference="batch"))
+    assert batch_mode.eval_transform() == batch_mode.transform
+    assert batch_mode.transform_for("para", training=False) == batch_mode.transform
+    h = torch.randn(4, 3)
+    assert torch.allclose(ident.transform(h), match_transform(h, 2.0))
+
+
+@pytest.mark.parametrize("arch,pair_encoding", [("baseline", "siamese"), ("b1", "siamese"), ("b1", "cross")])
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_match_tuning_runs_through_the_model(task, arch, pair_encoding):
+    """model(task, batch, transform=...) runs end to end: the head reads z = M h of the untransformed pass's
+    embeddings, and the loss's gradient reaches the encoder."""
+    model = make_model(arch, pair_encoding).eval()  # no dropout: the two passes see the same h
+    mt = build_objectives({"match_tuning": {"temperature": 1.0}}, model)[0]
+    batch = make_batch(task, pair_encoding)
+    plain = model(task, batch)
+    out = model(task, batch, transform=mt.transform_for(task, training=True))
+    keys = ["pooled"] if "pooled" in plain.features else ["pooled_1", "pooled_2"]
+    for k in keys:
+        assert torch.allclose(out.features[k], match_transform(plain.features[k], 1.0), atol=1e-6)
+    assert out.logits.shape == plain.logits.shape and not torch.equal(out.logits, plain.logits)
+    model.task_loss(task, out, batch).backward()
+    assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+
+
+def test_registry_has_scl_and_match_tuning():
+    """Both objectives are registered under their names and build from settings dicts."""
+    objs = build_objectives({"scl": {"weight": 0.3}, "match_tuning": {"inference": "batch"}}, None)
+    assert REGISTRY["scl"] is SupervisedContrastive and REGISTRY["match_tuning"] is MatchTuning
+    assert [type(o) for o in objs] == [SupervisedContrastive, MatchTuning]
+    with pytest.raises(ValueError, match="no option"):
+        build_objectives({"scl": {"lambda_": 0.3}}, None)
