@@ -66,13 +66,16 @@ class ModelConfig:
             raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout}")
         if self.fcn_size < 1 or self.baseline_proj_size < 1:
             raise ValueError("fcn_size and baseline_proj_size must be positive")
+        if not self.sts_scale > 0:
+            raise ValueError(f"sts_scale must be positive (STS labels are 0-5), got {self.sts_scale}")
 
 
 @dataclass
 class TaskOutput:
     """What a head computed: ``logits`` and the intermediate features objectives use.
 
-    logits: SST (B, 5); paraphrase (B,) logit; STS (B,) predicted score in [0, 5].
+    logits: SST (B, 5); paraphrase (B,) logit; STS (B,) predicted score: in [0, 5]
+    for b1 and cross, in [-5, 5] for the baseline's Siamese 5 × cosine (§4.1).
     features: "pooled" (B, H) for one-sequence inputs, "pooled_1"/"pooled_2" for
     Siamese pairs; "head_input" (B, D) for SST and cross pairs (what SCL/KNN use);
     "sts_1"/"sts_2" (B, D) the STS embeddings whose cosine is the score (MNR uses them).
@@ -178,7 +181,9 @@ class MultitaskBert(nn.Module):
             else:
                 logits = cfg.sts_scale * torch.sigmoid(z.squeeze(-1))
             return TaskOutput(logits, {"pooled": e, "head_input": x})
-        if "input_ids_1" not in batch:
+        if cfg.pair_encoding == "cross" or "input_ids_1" not in batch:
+            # A cross model's pair heads score one joint sequence; fed two sides they would
+            # silently compute something else (baseline para: product of two 1-d outputs).
             raise ValueError(f"{task}: pair_encoding={cfg.pair_encoding!r} but the batch has keys {sorted(batch)}")
         e1 = t(self._embed_side(batch, "_1", inputs_embeds))
         e2 = t(self._embed_side(batch, "_2", inputs_embeds))

@@ -1,0 +1,281 @@
+"""Tests for tasks/model.py: head shapes, gradient routing, the paper's formulas, config checks."""
+
+from __future__ import annotations
+
+import zlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minbert.bert import BertModel
+from tasks.data import Example, PairDataset, SentenceDataset
+from tasks.model import TASKS, ModelConfig, MultitaskBert
+from tests.helpers import tiny_config
+
+
+class WordTokenizer:
+    """Whitespace 'tokenizer' whose ids fit tiny_config's vocabulary of 99 (encode_ids / pad API)."""
+
+    pad_token_id, cls_id, sep_id = 0, 2, 3
+
+    def _words(self, text: str) -> list[int]:
+        return [5 + zlib.crc32(w.encode()) % 90 for w in text.split()]
+
+    def encode_ids(self, texts, pairs=None, max_length=None):
+        all_ids, all_types = [], []
+        for i, text in enumerate(texts):
+            ids = [self.cls_id, *self._words(text), self.sep_id]
+            types = [0] * len(ids)
+            if pairs is not None:
+                second = [*self._words(pairs[i]), self.sep_id]
+                ids, types = ids + second, types + [1] * len(second)
+            if max_length is not None:
+                ids, types = ids[:max_length], types[:max_length]
+            all_ids.append(ids)
+            all_types.append(types)
+        return all_ids, all_types
+
+    def pad(self, ids, type_ids=None, pad_to=None):
+        width = pad_to if pad_to is not None else max(len(x) for x in ids)
+        out = {k: torch.zeros(len(ids), width, dtype=torch.long)
+               for k in ("input_ids", "token_type_ids", "attention_mask")}
+        for r, seq in enumerate(ids):
+            out["input_ids"][r, : len(seq)] = torch.tensor(seq)
+            out["attention_mask"][r, : len(seq)] = 1
+            if type_ids is not None:
+                out["token_type_ids"][r, : len(seq)] = torch.tensor(type_ids[r])
+        return out
+
+
+SENTENCES = [
+    "a gripping and funny film",
+    "dull",
+    "the plot is thin and the acting is somehow worse than the script it was given",
+    "not bad at all",
+    "one of the best movies of the year",
+    "i wanted to leave after ten minutes",
+]
+PAIRS = [(SENTENCES[i], SENTENCES[(i + 2) % len(SENTENCES)]) for i in range(len(SENTENCES))]
+B = len(SENTENCES)
+TOK = WordTokenizer()
+GRID = [(arch, enc) for arch in ("baseline", "b1") for enc in ("siamese", "cross")]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny tensors: intra-op threads cost more in synchronization than they save (100x on a busy 2-core box)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def make_model(arch: str = "baseline", pair_encoding: str = "siamese", dropout: float | None = None,
+               **config) -> MultitaskBert:
+    """A tiny random MultitaskBert; ``dropout`` (when given) sets both encoder dropouts."""
+    torch.manual_seed(0)
+    over = {} if dropout is None else dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
+    config.setdefault("fcn_size", 16)
+    model = MultitaskBert(BertModel(tiny_config(**over)), ModelConfig(arch=arch, pair_encoding=pair_encoding, **config))
+    # The real init (std 0.02) through b1's three layers leaves logits within ~1e-6 of
+    # each other, where order and equality checks would pass vacuously; spread them.
+    with torch.no_grad():
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and not name.startswith("encoder."):
+                m.weight.normal_(0.0, m.in_features ** -0.5)
+                m.bias.normal_(0.0, 0.1)
+    return model
+
+
+def make_batch(task: str, pair_encoding: str = "siamese") -> dict:
+    """A collated, labeled batch of all B examples for ``task``."""
+    if task == "sst":
+        ex = [Example(str(i), s, None, i % 5) for i, s in enumerate(SENTENCES)]
+        return SentenceDataset(ex, TOK).collate(range(B))
+    labels = [float(i % 2) if task == "para" else 0.8 * i for i in range(B)]
+    ex = [Example(str(i), a, b, y) for i, ((a, b), y) in enumerate(zip(PAIRS, labels))]
+    return PairDataset(ex, TOK, mode=pair_encoding).collate(range(B))
+
+
+def head_modules(model: MultitaskBert, task: str) -> list[str]:
+    """Names of the non-encoder submodules ``task`` should train."""
+    own = [f"{task}_head"] if model.config.arch == "baseline" else ["shared", f"{task}_own", f"{task}_head"]
+    return [name for name in own if list(getattr(model, name).parameters())]
+
+
+def grad_norm(module: torch.nn.Module) -> float:
+    return sum(float(p.grad.abs().sum()) for p in module.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_logit_shapes_and_sts_range(arch, pair_encoding):
+    """Logits are SST (B, 5), paraphrase (B,), STS (B,) within [0, 5] (the baseline's Siamese 5·cos: [-5, 5])."""
+    model = make_model(arch, pair_encoding).eval()
+    assert model("sst", make_batch("sst")).logits.shape == (B, 5)
+    assert model("para", make_batch("para", pair_encoding)).logits.shape == (B,)
+    sts = model("sts", make_batch("sts", pair_encoding)).logits
+    assert sts.shape == (B,)
+    # b1's STS embeddings are post-ReLU (cosine >= 0) and cross uses 5·sigmoid; the
+    # baseline's linear projections can point apart, as the paper's 5·cosine allows.
+    low = -5.0 if (arch, pair_encoding) == ("baseline", "siamese") else 0.0
+    assert bool(((sts >= low) & (sts <= 5.0)).all())
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_task_loss_gradients_reach_encoder_and_own_head_only(arch, pair_encoding):
+    """Each task's loss is finite and its gradient reaches the encoder and that task's head, never another task's."""
+    model = make_model(arch, pair_encoding).train()
+    for task in TASKS:
+        model.zero_grad(set_to_none=True)
+        batch = make_batch(task, pair_encoding)
+        loss = model.task_loss(task, model(task, batch), batch)
+        assert loss.ndim == 0 and torch.isfinite(loss)
+        loss.backward()
+        assert grad_norm(model.encoder.embeddings) > 0 and grad_norm(model.encoder.pooler) > 0
+        mine = head_modules(model, task)
+        for name in mine:
+            for pname, p in getattr(model, name).named_parameters():
+                assert p.grad is not None and float(p.grad.abs().sum()) > 0, f"{task}: no gradient for {name}.{pname}"
+        for other in TASKS:
+            for name in head_modules(model, other):
+                if name not in mine:
+                    assert grad_norm(getattr(model, name)) == 0, f"{task} loss leaked into {name}"
+
+
+@pytest.mark.parametrize("pair_encoding", ["siamese", "cross"])
+def test_b1_shared_layers_trained_by_every_task(pair_encoding):
+    """B1's shared FCN layers receive gradient from the SST, paraphrase and STS losses alike."""
+    model = make_model("b1", pair_encoding).train()
+    for task in TASKS:
+        model.zero_grad(set_to_none=True)
+        batch = make_batch(task, pair_encoding)
+        model.task_loss(task, model(task, batch), batch).backward()
+        for pname, p in model.shared.named_parameters():
+            assert p.grad is not None and float(p.grad.abs().sum()) > 0, f"{task}: shared.{pname} got no gradient"
+
+
+def test_baseline_sts_is_five_times_cosine_of_projections():
+    """Baseline STS (paper §4.1) = 5 · cos(W e1 + b, W e2 + b) of the pooled [CLS] embeddings."""
+    model = make_model("baseline", "siamese").eval()
+    batch = make_batch("sts")
+    out = model("sts", batch)
+    with torch.no_grad():
+        pooled = [model.encoder(input_ids=batch[f"input_ids{s}"], attention_mask=batch[f"attention_mask{s}"],
+                                token_type_ids=batch[f"token_type_ids{s}"])["pooler_output"] for s in ("_1", "_2")]
+        (linear,) = [m for m in model.sts_head if isinstance(m, torch.nn.Linear)]
+        assert linear.out_features == model.config.baseline_proj_size
+        u, v = (e @ linear.weight.T + linear.bias for e in pooled)  # (B, 32)
+        expected = 5.0 * (u * v).sum(-1) / (u.norm(dim=-1) * v.norm(dim=-1))
+    torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.features["sts_1"], u)
+
+
+def test_baseline_para_is_dot_product_of_projections():
+    """Baseline paraphrase logit (paper §4.1) = (W e1 + b) · (W e2 + b)."""
+    model = make_model("baseline", "siamese").eval()
+    batch = make_batch("para")
+    out = model("para", batch)
+    with torch.no_grad():
+        u, v = model.para_head(out.features["pooled_1"]), model.para_head(out.features["pooled_2"])
+    torch.testing.assert_close(out.logits, (u * v).sum(-1))
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_eval_outputs_deterministic_without_head_dropout(arch, pair_encoding):
+    """head_dropout=0: two eval passes are bit-identical (train mode too when the encoder has no dropout)."""
+    for train, dropout in ((False, None), (True, 0.0)):
+        model = make_model(arch, pair_encoding, dropout=dropout, head_dropout=0.0).train(train)
+        for task in TASKS:
+            batch = make_batch(task, pair_encoding)
+            assert torch.equal(model(task, batch).logits, model(task, batch).logits), (task, train)
+
+
+def test_head_dropout_is_active_in_train_mode():
+    """head_dropout > 0 changes train-mode outputs even with encoder dropout off (the flag does something)."""
+    model = make_model("baseline", dropout=0.0, head_dropout=0.3).train()
+    batch = make_batch("sst")
+    assert not torch.equal(model("sst", batch).logits, model("sst", batch).logits)
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_transform_applied_to_pooled_embeddings(arch, pair_encoding):
+    """``transform`` sees each pooled (B, H) embedding: identity keeps the output, zeros change it."""
+    model = make_model(arch, pair_encoding).eval()
+    for task in TASKS:
+        batch = make_batch(task, pair_encoding)
+        plain = model(task, batch)
+        seen = []
+
+        def identity(e):
+            seen.append(e)
+            return e
+
+        same = model(task, batch, transform=identity)
+        assert torch.equal(same.logits, plain.logits)
+        pooled = [v for k, v in plain.features.items() if k.startswith("pooled")]
+        assert len(seen) == len(pooled) and all(torch.equal(a, b) for a, b in zip(seen, pooled))
+        assert all(e.shape == (B, model.encoder.config.hidden_size) for e in seen)
+        zeroed = model(task, batch, transform=torch.zeros_like)
+        assert not torch.allclose(zeroed.logits, plain.logits), task
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_inputs_embeds_path_equals_ids_path(arch, pair_encoding):
+    """The word embeddings of the ids give the ids' logits; perturbed embeddings change them (they are used)."""
+    model = make_model(arch, pair_encoding, pooling="mean").eval()
+    for task in TASKS:
+        batch = make_batch(task, pair_encoding)
+        suffixes = [k[len("input_ids"):] for k in batch if k.startswith("input_ids")]
+        embeds = {s: model.encoder.embed_tokens(batch["input_ids" + s]) for s in suffixes}
+        plain = model(task, batch).logits
+        torch.testing.assert_close(model(task, batch, inputs_embeds=embeds).logits, plain, atol=1e-6, rtol=1e-6)
+        noisy = {s: e + 0.5 * torch.randn_like(e) for s, e in embeds.items()}
+        assert not torch.allclose(model(task, batch, inputs_embeds=noisy).logits, plain, atol=1e-4), task
+
+
+@pytest.mark.parametrize("bad", [
+    dict(arch="b2"), dict(pair_encoding="dual"), dict(pooling="max"), dict(head_dropout=1.0),
+    dict(head_dropout=-0.1), dict(fcn_size=0), dict(baseline_proj_size=0), dict(sts_scale=0.0),
+])
+def test_model_config_rejects_bad_values(bad):
+    """ModelConfig raises ValueError on a value it does not implement, naming the field."""
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        ModelConfig(**bad)
+
+
+def test_model_config_rejects_unknown_field_and_pooler_without_pooler():
+    """An unknown config key is an error; pooling='pooler' needs an encoder that has a pooler."""
+    with pytest.raises(TypeError):
+        ModelConfig(dropout=0.1)
+    with pytest.raises(ValueError, match="pooler"):
+        MultitaskBert(BertModel(tiny_config(), add_pooling_layer=False), ModelConfig(pooling="pooler"))
+    MultitaskBert(BertModel(tiny_config(), add_pooling_layer=False), ModelConfig(pooling="cls"))
+
+
+def test_pair_batch_must_match_pair_encoding():
+    """A Siamese batch given to a cross model (and the reverse) raises instead of mis-scoring silently."""
+    for arch in ("baseline", "b1"):
+        cross, siamese = make_model(arch, "cross").eval(), make_model(arch, "siamese").eval()
+        for task in ("para", "sts"):
+            with pytest.raises(ValueError, match="pair_encoding"):
+                cross(task, make_batch(task, "siamese"))
+            with pytest.raises(ValueError, match="pair_encoding"):
+                siamese(task, make_batch(task, "cross"))
+
+
+def test_mean_pooling_ignores_padding():
+    """pooling='mean' averages real tokens only: a sentence padded in a batch embeds as it does alone."""
+    model = make_model(pooling="mean").eval()
+    batch = make_batch("sst")
+    lengths = batch["attention_mask"].sum(1)
+    assert int(lengths.min()) < batch["input_ids"].shape[1]  # the batch has padding
+    with torch.no_grad():
+        batched = model.embed(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        for i in range(B):
+            n = int(lengths[i])
+            alone = model.embed(batch["input_ids"][i : i + 1, :n], batch["attention_mask"][i : i + 1, :n],
+                                batch["token_type_ids"][i : i + 1, :n])
+            torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=1e-5)
+            h = model.encoder(input_ids=batch["input_ids"][i : i + 1, :n])["last_hidden_state"]
+            torch.testing.assert_close(alone, h.mean(1), atol=1e-6, rtol=1e-6)
