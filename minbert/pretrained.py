@@ -164,7 +164,11 @@ def load_pretrained(
         cfg_dict[k] = v
     config = BertConfig.from_dict(cfg_dict)
     state = read_state_dict(d)
-    encoder_state, _ = map_hf_keys(state)
+    encoder_state, other = map_hf_keys(state)
+    if other:
+        heads = sorted({k.split(".")[0] for k in other})
+        log.info("%s: %d non-encoder tensors (%s) are not part of BertModel and were not loaded",
+                 d, len(other), ", ".join(heads))
     model = BertModel(config, add_pooling_layer=add_pooling_layer)
     load_encoder_weights(model, encoder_state, source=str(d))
     tokenizer = BertTokenizer.from_pretrained(d)

@@ -1,0 +1,557 @@
+"""Ensembles of saved predictions: simple, selective and regression (minBERT paper §4.6).
+
+Each run is a predictions directory holding the raw outputs that
+``tasks.evaluate.write_logits`` saves: ``{task}-{split}-logits.csv`` for the
+dev and test splits (SST: id,logit_0..logit_4; paraphrase: id,logit; STS:
+id,score). A run directory that holds them under ``predictions/`` works too.
+
+Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6):
+  simple      the average prediction of all models: SST averages the softmax
+              probabilities, paraphrase the sigmoid probabilities, STS the scores.
+  selective   per task, the subset of models whose simple average scores best
+              on dev (every subset for up to --max-exhaustive models, greedy
+              forward selection above), then applied to test. Its dev score is
+              optimistic: the subset was chosen on that same dev set.
+  regression  the paper's "regression-based ensembler": dev split in two halves
+              (seeded); on dev-train, a logistic model learns one weight per
+              model that multiplies the model's logits before they are summed and
+              go through the task's activation (SST softmax, no bias; paraphrase
+              sigmoid, plus a bias), fit by L-BFGS with a small L2 penalty; it
+              is scored on dev-dev, the honest number. The paper did not do STS:
+              STS falls back to the simple average unless --regression-sts, which
+              fits per-model linear weights and a bias by least squares.
+
+Dev labels come from the task files (``tasks.data.load_split(task, "dev",
+data_dir)``), matched by id. Every run must hold the same ids for a task and
+split (a mismatch names the file). Outputs in --out-dir:
+predictions/{sst,para,sts}-{dev,test}-output.csv (leaderboard files),
+predictions/{task}-{split}-logits.csv (the ensemble's logits: SST log of the
+averaged probabilities, paraphrase logit of the averaged probability, STS the
+score, so an ensemble can itself be ensembled), submission.zip with the
+leaderboard files, and ensemble.json (runs, chosen subsets or weights, scores).
+A test split no run has (there is no quora-test-student.csv in the shared data)
+is skipped with a message.
+
+Usage:
+    python -m tasks.ensemble runs/a/predictions runs/b/predictions runs/c/predictions \\
+        --method selective --data-dir data --out-dir runs/ensemble
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import logging
+import math
+import os
+import sys
+import tempfile
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tasks.data import load_split
+from tasks.evaluate import (
+    NUM_SST_CLASSES,
+    TASK_METRIC,
+    Predictions,
+    overall_score,
+    read_logits,
+    score,
+    write_logits,
+    write_predictions,
+)
+
+log = logging.getLogger(__name__)
+
+TASKS = ("sst", "para", "sts")
+METHODS = ("simple", "selective", "regression")
+TASK_LABELS = {"sst": "SST acc", "para": "Para acc", "sts": "STS r"}
+
+
+# ---- reading runs ---------------------------------------------------------------------
+
+
+def logits_path(run_dir: str | os.PathLike[str], task: str, split: str) -> Path:
+    """``run_dir/{task}-{split}-logits.csv``, or under ``run_dir/predictions/`` when only that exists."""
+    run_dir = Path(run_dir)
+    name = f"{task}-{split}-logits.csv"
+    direct = run_dir / name
+    nested = run_dir / "predictions" / name
+    if not direct.is_file() and nested.is_file():
+        return nested
+    return direct
+
+
+@dataclass
+class TaskLogits:
+    """All runs' outputs for one task and split, aligned to ``ids`` (the first run's order).
+
+    logits[m]: float64, SST (N, 5), paraphrase / STS (N,). files[m]: where run m's came from.
+    """
+
+    task: str
+    split: str
+    ids: list[str]
+    logits: list[torch.Tensor]
+    files: list[Path]
+
+
+def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, split: str) -> TaskLogits | None:
+    """Read and align every run's ``{task}-{split}-logits.csv``; None when no run has the file.
+
+    A file missing from some runs only, a file with a repeated id, a wrong
+    shape, or ids that differ from the first run's raise, naming the file.
+    """
+    paths = [logits_path(d, task, split) for d in run_dirs]
+    present = [p.is_file() for p in paths]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = [str(p) for p, ok in zip(paths, present) if not ok]
+        raise FileNotFoundError(f"{task}-{split}: {len(missing)} of {len(paths)} runs lack their logits file: "
+                                f"{', '.join(missing)}; every run of an ensemble needs the same files")
+    ref_ids: list[str] | None = None
+    aligned: list[torch.Tensor] = []
+    for path in paths:
+        ids, values = read_logits(path)
+        want = (len(ids), NUM_SST_CLASSES) if task == "sst" else (len(ids),)
+        if tuple(values.shape) != want:
+            raise ValueError(f"{path}: logits of shape {tuple(values.shape)}; {task} needs {want}")
+        position = {i: n for n, i in enumerate(ids)}
+        if len(position) != len(ids):
+            dup = next(i for n, i in enumerate(ids) if position[i] != n)
+            raise ValueError(f"{path}: id {dup!r} appears more than once")
+        if ref_ids is None:
+            ref_ids, ref_path = ids, path
+            aligned.append(values.double())
+            continue
+        if set(ids) != set(ref_ids):
+            missing = [i for i in ref_ids if i not in position]
+            extra = sorted(set(ids) - set(ref_ids))
+            raise ValueError(
+                f"{path}: its ids differ from {ref_path}'s: {len(missing)} missing (e.g. {missing[:3]}), "
+                f"{len(extra)} extra (e.g. {extra[:3]}); were the runs made on the same data files?")
+        order = torch.tensor([position[i] for i in ref_ids], dtype=torch.long)
+        aligned.append(values.double()[order])
+    return TaskLogits(task, split, list(ref_ids), aligned, paths)
+
+
+def dev_labels(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str], source: str) -> torch.Tensor:
+    """The dev labels for ``ids`` from ``data_dir``'s dev file, in the order of ``ids``.
+
+    Ids the data file lacks are an error naming ``source`` (the logits file);
+    data-file ids the logits lack (a run made with --limit) are allowed with a warning.
+    """
+    examples, report = load_split(task, "dev", data_dir)
+    label = {e.id: e.label for e in examples}
+    unknown = [i for i in ids if i not in label]
+    if unknown:
+        raise ValueError(f"{source}: {len(unknown)} ids are not in {report.path} (e.g. {unknown[:3]}); "
+                         "is --data-dir the data these predictions were made on?")
+    if len(label) > len(ids):
+        log.warning("%s: covers %d of the %d ids in %s; scoring on those", source, len(ids), len(label), report.path)
+    return torch.tensor([label[i] for i in ids], dtype=torch.float64)
+
+
+# ---- combining ------------------------------------------------------------------------
+
+
+def predict(task: str, logits: torch.Tensor) -> torch.Tensor:
+    """A single model's predictions, the rule of tasks.model.MultitaskBert.predict."""
+    if task == "sst":
+        return logits.argmax(-1)
+    if task == "para":
+        return (logits > 0).long()
+    return logits
+
+
+def average(task: str, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Simple ensemble of models' logits: (ensemble logits, predictions), in float64.
+
+    SST: mean of softmax probabilities; logits = log of that mean; prediction its argmax.
+    Paraphrase: mean of sigmoid probabilities, computed as the mean of
+    tanh(x/2) = 2p - 1 so that its sign (p > 1/2) is exact even for tiny
+    logits; logits = log(p̄ / (1 - p̄)), which has the prediction's sign.
+    STS: mean score. One model, or identical models, give back that model's
+    predictions exactly.
+    """
+    if not logits:
+        raise ValueError("average of no models")
+    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
+    m = x.shape[0]
+    if task == "sst":
+        probs = x.softmax(-1).mean(0)  # (N, 5)
+        ens = torch.logsumexp(x.log_softmax(-1), 0) - math.log(m)  # log mean p, finite
+        return ens, probs.argmax(-1)
+    if task == "para":
+        centred = torch.tanh(x / 2).mean(0)  # (N,) = 2 p̄ - 1
+        # log p̄ - log(1 - p̄): as 2 atanh(2p̄ - 1) near p̄ = 1/2 (keeps the sign of tiny logits),
+        # through log-sigmoids elsewhere (finite where tanh has saturated to ±1)
+        far = torch.logsumexp(F.logsigmoid(x), 0) - torch.logsumexp(F.logsigmoid(-x), 0)
+        near = 2 * torch.atanh(centred.clamp(-0.5, 0.5))
+        ens = torch.where(centred.abs() < 0.5, near, far)
+        return ens, (centred > 0).long()
+    mean = x.mean(0)  # (N,)
+    return mean, mean
+
+
+def _contributions(task: str, logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-model quantities whose mean decides the simple ensemble's prediction (for fast subset search)."""
+    x = torch.stack([t.double() for t in logits])
+    if task == "sst":
+        return x.softmax(-1)
+    if task == "para":
+        return torch.tanh(x / 2)
+    return x
+
+
+def _predict_from_mean(task: str, mean: torch.Tensor) -> torch.Tensor:
+    if task == "sst":
+        return mean.argmax(-1)
+    if task == "para":
+        return (mean > 0).long()
+    return mean
+
+
+def _safe(value: float) -> float:
+    """nan scores (constant STS predictions) rank below everything."""
+    return -math.inf if math.isnan(value) else value
+
+
+def select_subset(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor,
+                  max_exhaustive: int = 10) -> tuple[tuple[int, ...], float]:
+    """The model subset whose simple average scores best on (``logits``, ``labels``), and that score.
+
+    Every non-empty subset when there are at most ``max_exhaustive`` models
+    (2^M - 1 of them), greedy forward selection otherwise (add the model that
+    helps most, stop when none helps). Ties go to the smaller subset, then the
+    earlier models.
+    """
+    contrib = _contributions(task, logits)  # (M, N[, 5])
+    n_models = contrib.shape[0]
+
+    def subset_score(subset: Sequence[int]) -> float:
+        mean = contrib[list(subset)].mean(0)
+        return _safe(score(task, _predict_from_mean(task, mean), labels))
+
+    if n_models <= max_exhaustive:
+        best, best_score = (), -math.inf
+        for k in range(1, n_models + 1):
+            for subset in itertools.combinations(range(n_models), k):
+                s = subset_score(subset)
+                if s > best_score:
+                    best, best_score = subset, s
+        return best, best_score
+    chosen: list[int] = []
+    best_score = -math.inf
+    while len(chosen) < n_models:
+        candidates = [(subset_score(chosen + [m]), -m) for m in range(n_models) if m not in chosen]
+        s, neg_m = max(candidates)
+        if s <= best_score:
+            break
+        chosen.append(-neg_m)
+        best_score = s
+    return tuple(sorted(chosen)), best_score
+
+
+@dataclass
+class RegressionFit:
+    """Weights of the regression ensembler for one task: z = Σ_m w_m · logits_m (+ bias)."""
+
+    task: str
+    weights: list[float]
+    bias: float | None
+    n_fit: int
+    objective: str
+
+    def apply(self, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ensemble logits, predictions); SST logits (N, 5), paraphrase logit / STS score (N,)."""
+        x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
+        if x.shape[0] != len(self.weights):
+            raise ValueError(f"{self.task}: fit on {len(self.weights)} models, applied to {x.shape[0]}")
+        w = torch.tensor(self.weights, dtype=torch.float64).view(-1, *([1] * (x.dim() - 1)))
+        z = (w * x).sum(0)
+        if self.bias is not None:
+            z = z + self.bias
+        return z, predict(self.task, z)
+
+
+def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor, l2: float = 1e-3,
+                   max_iter: int = 300) -> RegressionFit:
+    """Fit the regression ensembler's weights on (``logits``, ``labels``).
+
+    SST: softmax(Σ w_m x_m), cross-entropy; paraphrase: sigmoid(Σ w_m x_m + b),
+    binary cross-entropy; both minimised by L-BFGS (strong Wolfe line search)
+    from w = 1/M, with ``l2`` · Σ w_m² added so that a useless model's weight
+    goes to 0 rather than wandering. STS: least squares of the gold score on
+    [scores, 1] (closed form; the paper did not ensemble STS this way).
+    """
+    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
+    n_models, n = x.shape[0], x.shape[1]
+    y = labels.double()
+    if task == "sts":
+        design = torch.cat([x.T, torch.ones(n, 1, dtype=torch.float64)], dim=1)  # (N, M + 1)
+        sol = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)  # (M + 1,)
+        return RegressionFit(task, sol[:-1].tolist(), float(sol[-1]), n, "least squares")
+    w = torch.full((n_models,), 1.0 / n_models, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros((), dtype=torch.float64, requires_grad=task == "para")
+    params = [w, b] if task == "para" else [w]
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
+                            history_size=20, line_search_fn="strong_wolfe")
+
+    def objective() -> torch.Tensor:
+        if task == "sst":
+            z = torch.einsum("m,mnc->nc", w, x)  # (N, 5)
+            data = F.cross_entropy(z, y.long())
+        else:
+            z = torch.einsum("m,mn->n", w, x) + b  # (N,)
+            data = F.binary_cross_entropy_with_logits(z, y)
+        return data + l2 * (w * w).sum()
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return RegressionFit(task, w.detach().tolist(), float(b.detach()) if task == "para" else None, n,
+                         "softmax cross-entropy" if task == "sst" else "sigmoid binary cross-entropy")
+
+
+def split_halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random split of range(n): (dev-train indices, dev-dev indices), sizes n//2 and n - n//2."""
+    if n < 2:
+        raise ValueError(f"cannot split {n} dev examples into two halves")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[: n // 2].sort().values, perm[n // 2:].sort().values
+
+
+# ---- the whole ensemble ------------------------------------------------------------------
+
+
+@dataclass
+class TaskResult:
+    task: str
+    model_scores: list[float]  # full dev, per model
+    simple_score: float  # full dev
+    ensemble_score: float  # full dev (selective: optimistic; regression: includes the fit half)
+    models: list[int]  # models used
+    weights: list[float] | None = None
+    bias: float | None = None
+    note: str = ""
+    holdout: dict | None = None  # regression: {"n": ..., "models": [...], "simple": ..., "regression": ...}
+    outputs: dict[str, Predictions] = field(default_factory=dict)  # split -> ensemble predictions
+
+
+def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor, test: TaskLogits | None, method: str, *,
+                  max_exhaustive: int = 10, seed: int = 0, regression_sts: bool = False, l2: float = 1e-3,
+                  max_iter: int = 300) -> TaskResult:
+    """Run ``method`` on one task: choose on dev, apply to dev and test; scores on dev."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; methods: {METHODS}")
+    n_models = len(dev.logits)
+    if test is not None and len(test.logits) != n_models:
+        raise ValueError(f"{task}: {n_models} runs have dev logits but {len(test.logits)} have test logits")
+    model_scores = [score(task, predict(task, x), labels) for x in dev.logits]
+    simple_dev = average(task, dev.logits)
+    simple_score = score(task, simple_dev[1], labels)
+    result = TaskResult(task, model_scores, simple_score, simple_score, list(range(n_models)))
+
+    def finish(dev_out: tuple[torch.Tensor, torch.Tensor], test_fn) -> TaskResult:
+        result.outputs["dev"] = Predictions(dev.ids, dev_out[0].float(), _pred_dtype(task, dev_out[1]))
+        if test is not None:
+            z, p = test_fn(test.logits)
+            result.outputs["test"] = Predictions(test.ids, z.float(), _pred_dtype(task, p))
+        return result
+
+    if method == "simple":
+        return finish(simple_dev, lambda xs: average(task, xs))
+    if method == "selective":
+        subset, best = select_subset(task, dev.logits, labels, max_exhaustive)
+        result.models, result.ensemble_score = list(subset), best
+        result.note = "subset chosen on this dev set (optimistic)"
+        pick = lambda xs: [xs[m] for m in subset]  # noqa: E731
+        return finish(average(task, pick(dev.logits)), lambda xs: average(task, pick(xs)))
+    # regression
+    fit_idx, eval_idx = split_halves(len(dev.ids), seed)
+    half = lambda xs, idx: [x[idx] for x in xs]  # noqa: E731
+    held_x, held_y = half(dev.logits, eval_idx), labels[eval_idx]
+    holdout = {"n_fit": len(fit_idx), "n_eval": len(eval_idx),
+               "models": [score(task, predict(task, x), held_y) for x in held_x],
+               "simple": score(task, average(task, held_x)[1], held_y)}
+    if task == "sts" and not regression_sts:
+        result.note = ("the paper fit no regression ensembler for STS: simple average "
+                       "(--regression-sts fits least-squares weights)")
+        holdout["regression"] = holdout["simple"]
+        result.holdout = holdout
+        return finish(simple_dev, lambda xs: average(task, xs))
+    fit = fit_regression(task, half(dev.logits, fit_idx), labels[fit_idx], l2=l2, max_iter=max_iter)
+    holdout["regression"] = score(task, fit.apply(held_x)[1], held_y)
+    result.weights, result.bias, result.holdout = fit.weights, fit.bias, holdout
+    dev_out = fit.apply(dev.logits)
+    result.ensemble_score = score(task, dev_out[1], labels)
+    result.note = f"weights fit on {len(fit_idx)} dev examples ({fit.objective}); honest score on the other {len(eval_idx)}"
+    return finish(dev_out, fit.apply)
+
+
+def _pred_dtype(task: str, preds: torch.Tensor) -> torch.Tensor:
+    return preds.float() if task == "sts" else preds.long()
+
+
+# ---- output ---------------------------------------------------------------------------------
+
+
+def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str]) -> str:
+    """A fixed-width table: name, one column per task metric, overall."""
+    width = max([len(name) for name, _ in rows] + [10])
+    header = f"{'':<{width}}  " + "  ".join(f"{TASK_LABELS[t]:>8}" for t in tasks) + f"  {'overall':>8}"
+    lines = [header]
+    for name, scores in rows:
+        cells = [f"{scores[t]:>8.4f}" if t in scores else f"{'-':>8}" for t in tasks]
+        metrics = {TASK_METRIC[t]: v for t, v in scores.items()}
+        overall = f"{overall_score(metrics):>8.4f}" if metrics else f"{'-':>8}"
+        lines.append(f"{name:<{width}}  " + "  ".join(cells) + f"  {overall}")
+    return "\n".join(lines)
+
+
+def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
+    """``out_dir/submission.zip`` with the leaderboard files under predictions/, written atomically."""
+    path = out_dir / "submission.zip"
+    fd, tmp = tempfile.mkstemp(prefix=".submission.", suffix=".zip.tmp", dir=out_dir)
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            for f in written:
+                z.write(f, arcname=f"predictions/{f.name}")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def run_names(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[str]:
+    if names:
+        if len(names) != len(run_dirs):
+            raise ValueError(f"--names gives {len(names)} names for {len(run_dirs)} runs")
+        return list(names)
+    short = [Path(d).resolve().name for d in run_dirs]
+    if any(n == "predictions" for n in short):  # runs/<name>/predictions: the run's name is the parent
+        short = [Path(d).resolve().parent.name if n == "predictions" else n for d, n in zip(run_dirs, short)]
+    return short if len(set(short)) == len(short) else [str(d) for d in run_dirs]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m tasks.ensemble",
+        description="Ensemble saved logits of several runs (minBERT paper §4.6) into leaderboard files.")
+    p.add_argument("runs", nargs="+", help="predictions directories holding {task}-{dev,test}-logits.csv")
+    p.add_argument("--method", choices=METHODS, default="simple")
+    p.add_argument("--out-dir", required=True, help="where predictions/, submission.zip and ensemble.json go")
+    p.add_argument("--data-dir", default="data", help="task CSV files, for the dev labels (default: data)")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    p.add_argument("--names", nargs="+", default=None, help="a name per run for the table (default: directory names)")
+    p.add_argument("--max-exhaustive", type=int, default=10,
+                   help="selective: try every subset up to this many models, greedy selection above")
+    p.add_argument("--seed", type=int, default=0, help="regression: the dev split into halves")
+    p.add_argument("--regression-sts", action="store_true",
+                   help="regression: also fit STS (least squares); the paper did not, default is the simple average")
+    p.add_argument("--regression-l2", type=float, default=1e-3, help="regression: L2 penalty on the weights")
+    p.add_argument("--regression-iters", type=int, default=300, help="regression: L-BFGS iterations")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.max_exhaustive < 1:
+        raise SystemExit("--max-exhaustive must be at least 1")
+    if args.regression_sts and args.method != "regression":
+        raise SystemExit("--regression-sts only applies to --method regression")
+    names = run_names(args.runs, args.names)
+    out_dir = Path(args.out_dir)
+    pred_dir = out_dir / "predictions"
+    pred_dir.mkdir(parents=True, exist_ok=True)
+    results: dict[str, TaskResult] = {}
+    written: list[Path] = []
+    skipped: list[str] = []
+    for task in args.tasks:
+        dev = load_task_logits(args.runs, task, "dev")
+        if dev is None:
+            msg = f"{task}: no run has {task}-dev-logits.csv; task skipped"
+            print(msg, file=sys.stderr)
+            skipped.extend([f"{task}-dev", f"{task}-test"])
+            continue
+        labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
+        test = load_task_logits(args.runs, task, "test")
+        if test is None:
+            print(f"{task}: no run has {task}-test-logits.csv (no {task} test file?); "
+                  f"{task}-test-output.csv skipped", file=sys.stderr)
+            skipped.append(f"{task}-test")
+        res = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
+                            seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
+                            max_iter=args.regression_iters)
+        results[task] = res
+        for split, preds in res.outputs.items():
+            written.append(write_predictions(pred_dir, task, split, preds))
+            write_logits(pred_dir, task, split, preds)
+    if not results:
+        raise SystemExit("no task had dev logits in the given runs; nothing to ensemble")
+    zip_path = write_submission_zip(out_dir, written)
+
+    tasks = [t for t in args.tasks if t in results]
+    rows = [(name, {t: results[t].model_scores[m] for t in tasks}) for m, name in enumerate(names)]
+    rows.append(("ensemble: simple", {t: results[t].simple_score for t in tasks}))
+    if args.method != "simple":
+        rows.append((f"ensemble: {args.method}", {t: results[t].ensemble_score for t in tasks}))
+    if args.method == "regression":
+        rows[-1] = ("ensemble: regression*", rows[-1][1])
+    sizes = ", ".join(f"{t} n={len(results[t].outputs['dev'])}" for t in tasks)
+    print(f"dev scores ({sizes})")
+    print(format_table(rows, tasks))
+    if args.method == "regression":
+        print("  * on the whole dev set, including the half its weights were fit on; see the held-out table")
+    for t in tasks:
+        r = results[t]
+        if args.method == "selective":
+            print(f"  {t}: models {[names[m] for m in r.models]}; {r.note}")
+        elif args.method == "regression":
+            detail = ""
+            if r.weights is not None:
+                detail = "weights " + ", ".join(f"{names[m]} {w:.3f}" for m, w in enumerate(r.weights))
+                detail += f", bias {r.bias:.3f}; " if r.bias is not None else "; "
+            print(f"  {t}: {detail}{r.note}")
+    if args.method == "regression":
+        hold_rows = [(name, {t: results[t].holdout["models"][m] for t in tasks}) for m, name in enumerate(names)]
+        hold_rows.append(("ensemble: simple", {t: results[t].holdout["simple"] for t in tasks}))
+        hold_rows.append(("ensemble: regression", {t: results[t].holdout["regression"] for t in tasks}))
+        print("held-out dev half (the regression weights never saw it; "
+              + ", ".join(f"{t} n={results[t].holdout['n_eval']}" for t in tasks) + ")")
+        print(format_table(hold_rows, tasks))
+
+    summary = {
+        "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
+        "seed": args.seed, "skipped": skipped, "submission": str(zip_path),
+        "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
+                      "ensemble_score": r.ensemble_score, "models": [names[m] for m in r.models],
+                      "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
+                  for t, r in results.items()},
+    }
+    tmp = out_dir / ".ensemble.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, out_dir / "ensemble.json")
+    print(f"wrote {len(written)} leaderboard files to {pred_dir} and {zip_path}"
+          + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,671 @@
+"""Additional masked-LM pretraining of the encoder on the task sentences.
+
+Sun et al. (2020), "How to fine-tune BERT for text classification?", further
+pretrain on in-domain text before fine-tuning; the minBERT paper (§4.2,
+../shared/papers/minbert-downstream-generalization.txt) does it on the
+sentences of the three task datasets: the SST sentences and both sides of the
+Quora and STS pairs (train files), combined, deduplicated and shuffled, trained
+with the masked-LM objective only, AdamW, lr 5e-5, 3 epochs.
+
+Masking is BERT's (Devlin et al., 2019, §3.1): 15% of the tokens are chosen
+(never [CLS], [SEP], [PAD], nor [UNK] / [MASK], as Hugging Face's collator);
+of those, 80% become [MASK], 10% a random vocabulary token, 10% stay. Masks are
+drawn afresh for every batch (dynamic masking) from one seeded generator. The
+loss is cross-entropy over the chosen positions only; the MLM head's vocabulary
+projection runs on those positions only (about 7x fewer rows than all tokens).
+
+The MLM head (``BertMLMHead``) is BERT's: transform (dense H->H, activation,
+LayerNorm) and a decoder whose weight is the word-embedding matrix (tied, same
+storage) plus an output bias, under HF's names ``cls.predictions.*``. It is
+loaded when the checkpoint has one (bert-base-uncased does) and created fresh
+otherwise (all-MiniLM-L6-v2, the embedded default, does not).
+
+The result is a Hugging Face ``BertForMaskedLM`` checkpoint directory, written
+atomically: config.json, model.safetensors (``bert.*`` encoder, pooler kept as
+loaded, ``cls.predictions.*`` head; the tied decoder weight is not stored twice),
+vocab.txt and tokenizer_config.json, plus pretrain_config.json and
+pretrain_log.jsonl. ``load_pretrained(DIR)`` / ``train_multitask.py --pretrained
+DIR`` load its encoder; map_hf_keys routes the ``cls.*`` head to the "other"
+tensors, which load_pretrained does not use.
+
+Usage:
+    python -m tasks.pretrain --out-dir checkpoints/mlm-minilm                 # embedded MiniLM, 3 epochs
+    python -m tasks.pretrain --out-dir ckpt/mlm --max-sentences 5000 --epochs 1   # a CPU-sized run
+    python train_multitask.py --pretrained checkpoints/mlm-minilm ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import math
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from safetensors.torch import save_file
+from torch import nn
+
+from minbert.bert import BertModel, _activation
+from minbert.config import BertConfig
+from minbert.optimizer import AdamW
+from minbert.pretrained import load_pretrained, map_hf_keys, read_state_dict, resolve_model_dir
+from minbert.tokenizer import BertTokenizer
+from tasks.data import length_bucketed_batches, load_split
+
+log = logging.getLogger(__name__)
+
+IGNORE_INDEX = -100
+PRETRAIN_TASKS = ("sst", "para", "sts")
+HEAD_PREFIX = "cls.predictions."
+# Tensors a checkpoint must hold for its MLM head to be loaded (besides the tied decoder).
+HEAD_KEYS = ("transform.dense.weight", "transform.dense.bias",
+             "transform.LayerNorm.weight", "transform.LayerNorm.bias", "bias")
+# Our config fields that are runtime choices, not HF config keys.
+_RUNTIME_FIELDS = ("attn_implementation", "gradient_checkpointing")
+TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
+
+
+# ---- the MLM head --------------------------------------------------------------------
+
+
+class BertPredictionHeadTransform(nn.Module):
+    """dense H->H, the config's activation (GELU for BERT), LayerNorm: HF's names."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.act = _activation(config.hidden_act)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.LayerNorm(self.act(self.dense(h)))  # (..., H)
+
+
+class BertMLMHead(nn.Module):
+    """BERT's masked-LM head: transform, then decoder tied to the word embeddings, plus a bias.
+
+    ``decoder.weight`` *is* the embedding matrix (the same Parameter), so the
+    two are trained as one, as in BERT; ``bias`` is the output-only bias.
+    """
+
+    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
+        super().__init__()
+        if word_embeddings.weight.shape != (config.vocab_size, config.hidden_size):
+            raise ValueError(f"word embeddings {tuple(word_embeddings.weight.shape)} do not match the config "
+                             f"(vocab_size {config.vocab_size}, hidden_size {config.hidden_size})")
+        self.transform = BertPredictionHeadTransform(config)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder.weight = word_embeddings.weight  # tied: one Parameter, one storage
+        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
+        std = config.initializer_range
+        nn.init.normal_(self.transform.dense.weight, mean=0.0, std=std)
+        nn.init.zeros_(self.transform.dense.bias)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.decoder(self.transform(h)) + self.bias  # (..., V)
+
+
+class BertForMaskedLM(nn.Module):
+    """Our encoder plus the MLM head; ``state_dict()`` has HF BertForMaskedLM names (``bert.*``, ``cls.*``)."""
+
+    def __init__(self, bert: BertModel):
+        super().__init__()
+        self.bert = bert
+        self.cls = nn.ModuleDict({"predictions": BertMLMHead(bert.config, bert.get_input_embeddings())})
+
+    @property
+    def head(self) -> BertMLMHead:
+        return self.cls["predictions"]
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
+        """Vocabulary logits at every position, (B, T, V)."""
+        h = self.bert(input_ids, attention_mask, token_type_ids)["last_hidden_state"]  # (B, T, H)
+        return self.head(h)
+
+    def masked_lm_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
+                       labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(loss, logits at the masked positions (M, V), their targets (M,)).
+
+        The head runs on the masked positions only; the loss equals
+        ``mlm_loss(self(input_ids, ...), labels)``.
+        """
+        h = self.bert(input_ids, attention_mask)["last_hidden_state"]  # (B, T, H)
+        where = labels != IGNORE_INDEX  # (B, T)
+        logits = self.head(h[where])  # (M, V)
+        targets = labels[where]  # (M,)
+        return mlm_loss(logits, targets), logits, targets
+
+
+def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the positions whose label is not -100, in float32.
+
+    logits (..., V), labels (...). Positions labelled -100 contribute nothing,
+    whatever their logits. With no labelled position at all this is nan (as
+    ``F.cross_entropy``), which ``mask_tokens`` never produces.
+    """
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                           ignore_index=IGNORE_INDEX)
+
+
+# ---- masking ---------------------------------------------------------------------------
+
+
+def never_masked_ids(tokenizer: BertTokenizer) -> list[int]:
+    """[PAD], [CLS], [SEP], and [UNK] / [MASK] (HF's collator never masks special tokens either)."""
+    return sorted({tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
+                   tokenizer.unk_token_id, tokenizer.mask_token_id})
+
+
+def mask_tokens(
+    input_ids: torch.Tensor,
+    *,
+    mask_token_id: int,
+    vocab_size: int,
+    special_ids: Sequence[int],
+    generator: torch.Generator | None = None,
+    mlm_probability: float = 0.15,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """BERT's masking: returns (masked input_ids, labels), both (B, T) long, on the input's device.
+
+    Each token not in ``special_ids`` is chosen with probability
+    ``mlm_probability``; a chosen token becomes [MASK] (80%), a random token
+    that is not special (10%), or stays (10%). ``labels`` holds the original
+    id at chosen positions and -100 elsewhere. When a batch would have no
+    chosen token at all (a few very short sentences), one eligible token is
+    chosen so the loss is defined. Random draws come from ``generator``
+    (CPU), so a seed fixes the masks.
+    """
+    if not 0.0 < mlm_probability < 1.0:
+        raise ValueError(f"mlm_probability must be in (0, 1), got {mlm_probability}")
+    device = input_ids.device
+    ids = input_ids.cpu()
+    special = torch.tensor(list(special_ids), dtype=torch.long)
+    eligible = ~torch.isin(ids, special)  # (B, T)
+    chosen = (torch.rand(ids.shape, generator=generator) < mlm_probability) & eligible
+    if not chosen.any() and eligible.any():
+        flat = eligible.reshape(-1).nonzero().squeeze(1)
+        pick = flat[torch.randint(len(flat), (1,), generator=generator)]
+        chosen.view(-1)[pick] = True
+    labels = torch.where(chosen, ids, torch.full_like(ids, IGNORE_INDEX))
+    action = torch.rand(ids.shape, generator=generator)  # < 0.8 mask, < 0.9 random, else keep
+    to_mask = chosen & (action < 0.8)
+    to_random = chosen & (action >= 0.8) & (action < 0.9)
+    masked = ids.clone()
+    masked[to_mask] = mask_token_id
+    n_random = int(to_random.sum())
+    if n_random:
+        allowed = torch.ones(vocab_size, dtype=torch.bool)
+        allowed[special[special < vocab_size]] = False
+        pool = allowed.nonzero().squeeze(1)  # (V',) non-special ids
+        masked[to_random] = pool[torch.randint(len(pool), (n_random,), generator=generator)]
+    return masked.to(device), labels.to(device)
+
+
+# ---- data ----------------------------------------------------------------------------------
+
+
+def collect_sentences(data_dir: str | os.PathLike[str], split: str = "train",
+                      tasks: Sequence[str] = PRETRAIN_TASKS) -> list[str]:
+    """Every distinct sentence of the tasks' ``split`` files (SST sentences, both sides of pairs), first-seen order."""
+    seen: dict[str, None] = {}
+    for task in tasks:
+        loaded = load_split(task, split, data_dir)
+        if loaded is None:  # only a test split can be absent
+            continue
+        for ex in loaded[0]:
+            for text in (ex.text_a, ex.text_b):
+                if text:
+                    seen.setdefault(text, None)
+    return list(seen)
+
+
+def shuffled(items: Sequence[str], seed: int) -> list[str]:
+    """A seeded permutation of ``items`` (torch's generator: the same on every platform)."""
+    g = torch.Generator().manual_seed(seed)
+    return [items[i] for i in torch.randperm(len(items), generator=g).tolist()]
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+
+
+def _split_head(other: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The ``cls.predictions.*`` tensors, prefix removed, old TF gamma/beta names mapped."""
+    head = {}
+    for key, t in other.items():
+        if key.startswith(HEAD_PREFIX):
+            k = key[len(HEAD_PREFIX):]
+            if k.endswith(".gamma"):
+                k = k[: -len("gamma")] + "weight"
+            elif k.endswith(".beta"):
+                k = k[: -len("beta")] + "bias"
+            head[k] = t
+    return head
+
+
+def load_mlm(
+    path: str | os.PathLike[str] | None = None, *, attn_implementation: str = "sdpa"
+) -> tuple[BertForMaskedLM, BertTokenizer, bool]:
+    """(model with MLM head, tokenizer, whether the head came from the checkpoint).
+
+    ``path=None`` is the embedded all-MiniLM-L6-v2 (no MLM head: a new one is
+    created). A partial head (some cls.predictions tensors missing) is an error.
+    """
+    d = resolve_model_dir(path)
+    bert, tokenizer = load_pretrained(d, attn_implementation=attn_implementation)
+    mlm = BertForMaskedLM(bert)
+    _, other = map_hf_keys(read_state_dict(d))
+    head = _split_head(other)
+    if not head:
+        log.info("%s has no MLM head (cls.predictions.*): created a new one (transform random, "
+                 "decoder tied to the word embeddings, zero bias)", d)
+        return mlm, tokenizer, False
+    if "bias" not in head and "decoder.bias" in head:  # some exports keep only the decoder's copy
+        head["bias"] = head["decoder.bias"]
+    missing = [HEAD_PREFIX + k for k in HEAD_KEYS if k not in head]
+    if missing:
+        raise ValueError(f"{d}: the checkpoint has a partial MLM head; missing {', '.join(missing)}")
+    own = mlm.head.state_dict()
+    for k in HEAD_KEYS:
+        if head[k].shape != own[k].shape:
+            raise ValueError(f"{d}: {HEAD_PREFIX}{k} has shape {tuple(head[k].shape)}, "
+                             f"the model expects {tuple(own[k].shape)}")
+    decoder = head.get("decoder.weight")
+    if decoder is not None and not torch.equal(decoder.to(bert.embeddings.word_embeddings.weight.dtype),
+                                               bert.embeddings.word_embeddings.weight.detach()):
+        log.warning("%s: %sdecoder.weight differs from the word embeddings; BERT ties them, "
+                    "so the word embeddings are used", d, HEAD_PREFIX)
+    with torch.no_grad():
+        for k in HEAD_KEYS:
+            own[k].copy_(head[k].to(own[k].dtype))
+    log.info("%s: loaded its MLM head (cls.predictions.*)", d)
+    return mlm, tokenizer, True
+
+
+def hf_config_dict(config: BertConfig) -> dict:
+    """A flat HF config.json for ``config`` (extra keys kept), declaring BertForMaskedLM."""
+    d = config.to_dict()
+    extra = d.pop("extra")
+    for k in _RUNTIME_FIELDS:
+        d.pop(k)
+    out = {**extra, **d}
+    out["architectures"] = ["BertForMaskedLM"]
+    out["model_type"] = "bert"
+    return dict(sorted(out.items()))
+
+
+def checkpoint_state(mlm: BertForMaskedLM) -> dict[str, torch.Tensor]:
+    """HF BertForMaskedLM tensors, contiguous, on CPU; the tied decoder weight left out (as HF saves it)."""
+    state = mlm.state_dict()
+    state.pop(HEAD_PREFIX + "decoder.weight")
+    # clone: safetensors refuses tensors that share storage or are views
+    return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
+
+
+def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, tokenizer: BertTokenizer,
+                        extra_files: dict[str, str] | None = None) -> Path:
+    """Write an HF checkpoint directory atomically (a temporary sibling, then os.replace).
+
+    Holds config.json, model.safetensors, vocab.txt and the tokenizer's
+    tokenizer_config.json / special_tokens_map.json / tokenizer.json when its
+    directory has them (a minimal tokenizer_config.json otherwise), plus
+    ``extra_files`` (name -> text). An existing checkpoint at ``out_dir`` is
+    replaced; an existing directory that is not a checkpoint is refused.
+    """
+    out = Path(out_dir)
+    if out.exists():
+        if not out.is_dir():
+            raise FileExistsError(f"{out} is a file; --out-dir must be a directory")
+        if any(out.iterdir()) and not (out / "config.json").is_file():
+            raise FileExistsError(f"{out} exists and is not a checkpoint directory (no config.json); "
+                                  "refusing to replace it: choose another --out-dir")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        (tmp / "config.json").write_text(json.dumps(hf_config_dict(mlm.bert.config), indent=2) + "\n")
+        save_file(checkpoint_state(mlm), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        src = Path(tokenizer.vocab_file)
+        shutil.copyfile(src, tmp / "vocab.txt")
+        for name in TOKENIZER_FILES:
+            if (src.parent / name).is_file():
+                shutil.copyfile(src.parent / name, tmp / name)
+        if not (tmp / "tokenizer_config.json").is_file():
+            (tmp / "tokenizer_config.json").write_text(json.dumps({
+                "do_lower_case": tokenizer.do_lower_case, "strip_accents": tokenizer.strip_accents,
+                "tokenize_chinese_chars": tokenizer.tokenize_chinese_chars,
+                "model_max_length": tokenizer.model_max_length, "tokenizer_class": "BertTokenizer"}, indent=2) + "\n")
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp (and safetensors) make files private
+        for f in tmp.iterdir():
+            os.chmod(f, 0o666 & ~umask)
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
+            os.replace(out, old / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+# ---- training ------------------------------------------------------------------------------------
+
+
+@dataclass
+class PretrainConfig:
+    """Hyper-parameters of the MLM run; the defaults are the paper's (§4.2) where it gives them.
+
+    The schedule is linear decay to 0 without warmup: the default of the HF
+    Trainer that sentence-transformers' train_mlm.py (the paper's code) used.
+    """
+
+    epochs: int = 3
+    batch_size: int = 32
+    lr: float = 5e-5
+    weight_decay: float = 0.0
+    warmup_ratio: float = 0.0
+    schedule: str = "linear"
+    max_grad_norm: float = 1.0
+    max_length: int = 128
+    mlm_probability: float = 0.15
+    max_steps: int | None = None
+    seed: int = 0
+    log_every: int = 50
+    device: str = "auto"
+
+    def __post_init__(self) -> None:
+        if self.epochs < 1:
+            raise ValueError(f"epochs must be at least 1, got {self.epochs}")
+        if self.batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if not 0.0 <= self.warmup_ratio < 1.0:
+            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
+        if self.schedule not in ("linear", "constant"):
+            raise ValueError(f"schedule must be 'linear' or 'constant', got {self.schedule!r}")
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be at least 1 (or None for whole epochs), got {self.max_steps}")
+        if self.max_length < 3:
+            raise ValueError(f"max_length must be at least 3, got {self.max_length}")
+        if self.log_every < 1:
+            raise ValueError(f"log_every must be at least 1, got {self.log_every}")
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {name}: CUDA is not available on this machine")
+    return device
+
+
+def _autocast(device: torch.device):
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def _param_groups(mlm: nn.Module, weight_decay: float) -> list[dict]:
+    """No decay for biases and LayerNorm weights (as BERT and the HF Trainer)."""
+    decay, no_decay = [], []
+    for name, p in mlm.named_parameters():  # shared (tied) parameters appear once
+        if not p.requires_grad:
+            continue
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
+    if warmup and step < warmup:
+        return (step + 1) / warmup
+    if schedule == "constant":
+        return 1.0
+    return max(0.0, (total - step) / max(1, total - warmup))
+
+
+@dataclass
+class MaskedBatches:
+    """Pre-tokenized, pre-masked batches: a fixed evaluation set (same masks before and after)."""
+
+    batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]  # (input_ids, attention_mask, labels)
+    n_sentences: int
+
+
+def make_eval_batches(tokenizer: BertTokenizer, sentences: Sequence[str], max_length: int, batch_size: int,
+                      seed: int, mlm_probability: float = 0.15) -> MaskedBatches:
+    ids, _ = tokenizer.encode_ids(list(sentences), max_length=max_length)
+    lengths = [len(x) for x in ids]
+    g = torch.Generator().manual_seed(seed)
+    special = never_masked_ids(tokenizer)
+    batches = []
+    for idx in length_bucketed_batches(lengths, batch_size, shuffle=False):
+        padded = tokenizer.pad([ids[i] for i in idx])
+        inputs, labels = mask_tokens(padded["input_ids"], mask_token_id=tokenizer.mask_token_id,
+                                     vocab_size=len(tokenizer), special_ids=special, generator=g,
+                                     mlm_probability=mlm_probability)
+        batches.append((inputs, padded["attention_mask"], labels))
+    return MaskedBatches(batches, len(sentences))
+
+
+@torch.no_grad()
+def evaluate_mlm(mlm: BertForMaskedLM, data: MaskedBatches, device: str | torch.device = "cpu") -> dict[str, float]:
+    """Masked-token loss (mean over masked tokens) and top-1 accuracy, in eval mode (no dropout)."""
+    device = torch.device(device)
+    was_training = mlm.training
+    mlm.eval()
+    total_loss, correct, count = 0.0, 0, 0
+    try:
+        for inputs, attention_mask, labels in data.batches:
+            with _autocast(device):
+                _, logits, targets = mlm.masked_lm_loss(inputs.to(device), attention_mask.to(device), labels.to(device))
+            total_loss += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
+            correct += int((logits.argmax(-1) == targets).sum())
+            count += targets.numel()
+    finally:
+        mlm.train(was_training)
+    return {"loss": total_loss / max(count, 1), "accuracy": correct / max(count, 1), "masked_tokens": count}
+
+
+def pretrain(
+    mlm: BertForMaskedLM,
+    tokenizer: BertTokenizer,
+    sentences: Sequence[str],
+    config: PretrainConfig,
+    eval_data: MaskedBatches | None = None,
+) -> list[dict]:
+    """Train ``mlm`` in place on ``sentences``; returns the log records (also logged as lines).
+
+    Batches are length-bucketed and reshuffled every epoch, masks redrawn for
+    every batch; both come from one generator seeded by ``config.seed``.
+    Dropout uses torch's global RNG (seed it before calling for a repeatable run).
+    """
+    if not sentences:
+        raise ValueError("no sentences to pretrain on")
+    device = resolve_device(config.device)
+    mlm.to(device).train()
+    ids, _ = tokenizer.encode_ids(list(sentences), max_length=config.max_length)
+    lengths = [len(x) for x in ids]
+    steps_per_epoch = math.ceil(len(ids) / config.batch_size)
+    total = config.epochs * steps_per_epoch
+    if config.max_steps is not None:
+        total = min(total, config.max_steps)
+    warmup = int(config.warmup_ratio * total)
+    opt = AdamW(_param_groups(mlm, config.weight_decay), lr=config.lr, weight_decay=config.weight_decay,
+                foreach=device.type == "cuda")
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, total, warmup, config.schedule))
+    params = [p for group in opt.param_groups for p in group["params"]]
+    g = torch.Generator().manual_seed(config.seed)
+    special = never_masked_ids(tokenizer)
+    records: list[dict] = []
+    log.info("MLM pretraining: %d sentences, %d steps (%d per epoch, batch %d), lr %g, device %s",
+             len(ids), total, steps_per_epoch, config.batch_size, config.lr, device)
+    if eval_data is not None:
+        before = evaluate_mlm(mlm, eval_data, device)
+        records.append({"step": 0, "eval_loss": before["loss"], "eval_accuracy": before["accuracy"]})
+        log.info("held-out MLM (%d sentences, %d masked tokens): loss %.4f, accuracy %.4f",
+                 eval_data.n_sentences, before["masked_tokens"], before["loss"], before["accuracy"])
+    progress = None
+    if sys.stderr.isatty():
+        from tqdm import tqdm
+        progress = tqdm(total=total, desc="mlm", unit="step")
+    step = 0
+    window_loss = torch.zeros((), device=device)
+    window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
+    try:
+        for _epoch in range(config.epochs):
+            if step >= total:
+                break
+            for idx in length_bucketed_batches(lengths, config.batch_size, shuffle=True, generator=g):
+                if step >= total:
+                    break
+                padded = tokenizer.pad([ids[i] for i in idx])
+                inputs, labels = mask_tokens(padded["input_ids"], mask_token_id=tokenizer.mask_token_id,
+                                             vocab_size=len(tokenizer), special_ids=special, generator=g,
+                                             mlm_probability=config.mlm_probability)
+                attention_mask = padded["attention_mask"]
+                window_tokens += int(attention_mask.sum())
+                inputs = inputs.to(device, non_blocking=True)
+                labels = labels.to(device, non_blocking=True)
+                attention_mask = attention_mask.to(device, non_blocking=True)
+                with _autocast(device):
+                    loss, _, _ = mlm.masked_lm_loss(inputs, attention_mask, labels)
+                loss.backward()
+                if config.max_grad_norm > 0:
+                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+                lr = opt.param_groups[0]["lr"]
+                opt.step()
+                sched.step()
+                opt.zero_grad(set_to_none=True)
+                step += 1
+                window_loss += loss.detach()
+                window_steps += 1
+                if progress is not None:
+                    progress.update(1)
+                if step % config.log_every == 0 or step == total:
+                    elapsed = time.perf_counter() - window_start
+                    rec = {"step": step, "epoch": step / steps_per_epoch,
+                           "loss": float(window_loss) / window_steps, "lr": lr,
+                           "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
+                    records.append(rec)
+                    log.info("step %d/%d epoch %.2f mlm_loss %.4f lr %.2e %.0f tok/s", step, total, rec["epoch"],
+                             rec["loss"], lr, rec["tokens_per_s"])
+                    window_loss.zero_()
+                    window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
+    finally:
+        if progress is not None:
+            progress.close()
+    if eval_data is not None:
+        after = evaluate_mlm(mlm, eval_data, device)
+        records.append({"step": step, "eval_loss": after["loss"], "eval_accuracy": after["accuracy"]})
+        log.info("held-out MLM after %d steps: loss %.4f (was %.4f), accuracy %.4f (was %.4f)", step,
+                 after["loss"], before["loss"], after["accuracy"], before["accuracy"])
+    mlm.eval()
+    return records
+
+
+# ---- CLI ----------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = PretrainConfig()
+    p = argparse.ArgumentParser(
+        prog="python -m tasks.pretrain",
+        description="Additional masked-LM pretraining on the SST / Quora / STS train sentences "
+                    "(minBERT paper §4.2); writes an HF checkpoint directory for --pretrained.")
+    p.add_argument("--out-dir", required=True, help="checkpoint directory to write (replaced if it is one)")
+    p.add_argument("--pretrained", default=None,
+                   help="BERT checkpoint directory to start from (default: the embedded all-MiniLM-L6-v2)")
+    p.add_argument("--data-dir", default="data", help="directory with the task CSV files (default: data)")
+    p.add_argument("--tasks", nargs="+", default=list(PRETRAIN_TASKS), choices=PRETRAIN_TASKS,
+                   help="whose train sentences to use (default: all three)")
+    p.add_argument("--epochs", type=int, default=d.epochs)
+    p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
+    p.add_argument("--schedule", choices=("linear", "constant"), default=d.schedule,
+                   help="lr schedule after warmup (default: linear decay to 0, the HF Trainer's)")
+    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help="0 disables clipping")
+    p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per sentence, [CLS]/[SEP] included")
+    p.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
+    p.add_argument("--max-sentences", type=int, default=None,
+                   help="use only the first N sentences after the seeded shuffle (CPU budgets)")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (CPU budgets)")
+    p.add_argument("--eval-sentences", type=int, default=1000,
+                   help="held-out dev sentences (not in the train set) scored before and after; 0 disables")
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--device", default=d.device, help="auto (CUDA if present), cpu, cuda, cuda:1, ...")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> PretrainConfig:
+    """Every PretrainConfig field from its flag (--max-steps -> max_steps, ...)."""
+    return PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig)})
+
+
+def main(argv: Sequence[str] | None = None) -> Path:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.max_sentences is not None and args.max_sentences < 1:
+        raise SystemExit("--max-sentences must be at least 1")
+    if args.eval_sentences < 0:
+        raise SystemExit("--eval-sentences must be 0 (off) or positive")
+    config = config_from_args(args)
+    torch.manual_seed(config.seed)  # a new head's initialisation and dropout
+
+    train = collect_sentences(args.data_dir, "train", args.tasks)
+    n_distinct = len(train)
+    train = shuffled(train, config.seed)
+    if args.max_sentences is not None:
+        train = train[: args.max_sentences]
+    log.info("%d distinct train sentences from %s; using %d", n_distinct, ", ".join(args.tasks), len(train))
+    eval_sentences: list[str] = []
+    if args.eval_sentences:
+        # dev sentences never trained on, so the before/after loss is a held-out number
+        in_train = set(train)
+        held_out = [s for s in collect_sentences(args.data_dir, "dev", args.tasks) if s not in in_train]
+        eval_sentences = shuffled(held_out, config.seed + 1)[: args.eval_sentences]
+
+    mlm, tokenizer, had_head = load_mlm(args.pretrained)
+    eval_data = None
+    if eval_sentences:
+        eval_data = make_eval_batches(tokenizer, eval_sentences, config.max_length, 64, config.seed + 1,
+                                      config.mlm_probability)
+    records = pretrain(mlm, tokenizer, train, config, eval_data)
+    source = str(resolve_model_dir(args.pretrained))
+    run_info = {"source_checkpoint": source, "mlm_head_from_checkpoint": had_head, "data_dir": args.data_dir,
+                "tasks": args.tasks, "sentences": len(train), "distinct_train_sentences": n_distinct,
+                "eval_sentences": len(eval_sentences), "config": asdict(config)}
+    out = save_mlm_checkpoint(args.out_dir, mlm, tokenizer, extra_files={
+        "pretrain_config.json": json.dumps(run_info, indent=2) + "\n",
+        "pretrain_log.jsonl": "".join(json.dumps(r) + "\n" for r in records),
+    })
+    log.info("wrote %s (load it with --pretrained %s; its cls.predictions MLM head is not used by "
+             "load_pretrained)", out, out)
+    return out
+
+
+if __name__ == "__main__":
+    main()

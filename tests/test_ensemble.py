@@ -1,0 +1,179 @@
+"""Ensembles of saved logits (tasks/ensemble.py): identities, selection, regression weights, id checks, the CLI."""
+
+from __future__ import annotations
+
+import zipfile
+
+import pytest
+import torch
+
+from tasks.ensemble import (
+    average,
+    ensemble_task,
+    fit_regression,
+    load_task_logits,
+    main,
+    predict,
+    select_subset,
+)
+from tasks.evaluate import Predictions, read_predictions, score, write_logits
+
+N = 400
+
+
+def _labels(task, n=N, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    if task == "sst":
+        return torch.randint(0, 5, (n,), generator=g).double()
+    if task == "para":
+        return torch.randint(0, 2, (n,), generator=g).double()
+    return torch.rand(n, generator=g, dtype=torch.float64) * 5
+
+
+def _model(task, labels, quality, seed):
+    """quality 1: informative logits with noise; 0: pure noise."""
+    g = torch.Generator().manual_seed(seed)
+    n = labels.shape[0]
+    if task == "sst":
+        return quality * 2.0 * torch.nn.functional.one_hot(labels.long(), 5).double() + torch.randn(
+            n, 5, generator=g, dtype=torch.float64) * (1.0 if quality else 3.0)
+    if task == "para":
+        return quality * 2.0 * (2 * labels - 1) + torch.randn(n, generator=g, dtype=torch.float64) * (1.0 if quality else 3.0)
+    return quality * labels + torch.randn(n, generator=g, dtype=torch.float64) * (0.7 if quality else 2.0) + 2.5 * (1 - quality)
+
+
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_one_model_reproduces_its_predictions(task):
+    """An ensemble of one model gives exactly that model's predictions (ties and tiny logits included)."""
+    x = _model(task, _labels(task), 1, seed=1).float().double()  # float32 values, as read from a file
+    if task == "sst":
+        x[0] = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0])  # a tie: the first class, as argmax
+    elif task == "para":
+        x[:3] = torch.tensor([1e-30, -1e-30, 0.0])  # sigmoid(x) rounds to 0.5 here, the sign does not
+    logits, preds = average(task, [x])
+    assert torch.equal(preds, predict(task, x))
+    if task == "sts":
+        assert torch.equal(logits, x)
+    else:
+        assert torch.equal(predict(task, logits), preds)  # the written logits agree with the predictions
+    if task == "para":
+        torch.testing.assert_close(logits, x, rtol=1e-9, atol=1e-12)  # log(p / (1 - p)) of sigmoid(x) is x
+
+
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_two_identical_models_equal_either(task):
+    """The simple average of two identical models equals either one (predictions exactly, logits to 1e-12)."""
+    x = _model(task, _labels(task), 1, seed=2)
+    one = average(task, [x])
+    two = average(task, [x, x.clone()])
+    assert torch.equal(two[1], one[1])
+    torch.testing.assert_close(two[0], one[0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+@pytest.mark.parametrize("max_exhaustive", [10, 1])  # exhaustive search, and greedy forward selection
+def test_selective_picks_the_better_model(task, max_exhaustive):
+    """Given noise, a good model and more noise, selective ensembling keeps only the good model."""
+    y = _labels(task)
+    models = [_model(task, y, 0, seed=3), _model(task, y, 1, seed=4), _model(task, y, 0, seed=5)]
+    subset, best = select_subset(task, models, y, max_exhaustive=max_exhaustive)
+    assert subset == (1,)
+    assert best == score(task, predict(task, models[1]), y)
+
+
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_regression_gives_a_noise_model_about_zero_weight(task):
+    """Fit on a good model and a pure-noise model, the regression ensembler weights the noise ~0."""
+    y = _labels(task, n=2000)
+    good, noise = _model(task, y, 1, seed=6), _model(task, y, 0, seed=7)
+    fit = fit_regression(task, [good, noise], y)
+    assert fit.weights[0] > 0.5
+    assert abs(fit.weights[1]) < 0.05 * fit.weights[0], fit.weights
+    assert (fit.bias is None) == (task == "sst")
+
+
+def test_regression_scores_the_held_out_half():
+    """Regression reports the dev-dev half: the models' and ensemble's scores there, on n - n//2 examples."""
+    y = _labels("para")
+    dev = _task_logits("para", y, [_model("para", y, 1, 8), _model("para", y, 0, 9)])
+    res = ensemble_task("para", dev, y, None, "regression", seed=0)
+    assert res.holdout["n_fit"] == N // 2 and res.holdout["n_eval"] == N - N // 2
+    assert res.holdout["regression"] >= res.holdout["simple"]
+    sts = ensemble_task("sts", _task_logits("sts", _labels("sts"), [_model("sts", _labels("sts"), 1, 1)] * 2),
+                        _labels("sts"), None, "regression")
+    assert sts.weights is None and "simple average" in sts.note  # the paper did not do STS
+
+
+def _task_logits(task, y, models):
+    from tasks.ensemble import TaskLogits
+
+    return TaskLogits(task, "dev", [str(i) for i in range(y.shape[0])], models, [])
+
+
+def _write_run(root, name, task, split, ids, logits):
+    d = root / name
+    preds = predict(task, logits)
+    write_logits(d, task, split, Predictions(list(ids), logits.float(), preds.float() if task == "sts" else preds))
+    return d
+
+
+def test_id_mismatch_names_the_file(tmp_path):
+    """Runs whose ids differ (or a run lacking the file) raise an error that names the offending file."""
+    x = torch.randn(4, 5)
+    a = _write_run(tmp_path, "a", "sst", "dev", ["s1", "s2", "s3", "s4"], x)
+    b = _write_run(tmp_path, "b", "sst", "dev", ["s1", "s2", "s3", "s9"], x)
+    with pytest.raises(ValueError, match=r"b/sst-dev-logits\.csv: its ids differ .*'s9'"):
+        load_task_logits([a, b], "sst", "dev")
+    c = _write_run(tmp_path, "c", "sst", "dev", ["s4", "s3", "s2", "s1"], x)  # same ids, other order: aligned
+    loaded = load_task_logits([a, c], "sst", "dev")
+    assert torch.equal(loaded.logits[1], x.double().flip(0))
+    (tmp_path / "d").mkdir()
+    with pytest.raises(FileNotFoundError, match=r"d/sst-dev-logits\.csv"):
+        load_task_logits([a, tmp_path / "d"], "sst", "dev")
+    assert load_task_logits([a, c], "sst", "test") is None
+
+
+def _write_dev_files(data, labels):
+    data.mkdir()
+    rows = "".join(f"{i}\tsst{i}\ta sentence\t{int(v)}\n" for i, v in enumerate(labels["sst"].tolist()))
+    (data / "ids-sst-dev.csv").write_text("\tid\tsentence\tsentiment\n" + rows)
+    rows = "".join(f"{i}\tpara{i}\ta\tb\t{float(v)}\n" for i, v in enumerate(labels["para"].tolist()))
+    (data / "quora-dev.csv").write_text("\tid\tsentence1\tsentence2\tis_duplicate\n" + rows)
+    rows = "".join(f"{i}\tsts{i}\ta\tb\t{v:.3f}\n" for i, v in enumerate(labels["sts"].tolist()))
+    (data / "sts-dev.csv").write_text("\tid\tsentence1\tsentence2\tsimilarity\n" + rows)
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    """python -m tasks.ensemble: leaderboard files, ensemble logits, a zip without the absent para test, a table."""
+    labels = {t: _labels(t, n=60, seed=10 + k) for k, t in enumerate(("sst", "para", "sts"))}
+    labels["sts"] = (labels["sts"] * 1000).round() / 1000  # as written to the data file
+    _write_dev_files(tmp_path / "data", labels)
+    runs = []
+    for r, quality in enumerate((1, 1, 0)):
+        for task in ("sst", "para", "sts"):
+            ids = [f"{task}{i}" for i in range(60)]
+            x = _model(task, labels[task], quality, seed=100 * r + len(task))
+            if r == 1:  # another row order: aligned by id
+                ids, x = ids[::-1], x.flip(0)
+            _write_run(tmp_path, f"run{r}", task, "dev", ids, x)
+            if task != "para":  # no quora test file in the shared data
+                _write_run(tmp_path, f"run{r}", task, "test", [f"t{i}" for i in range(7)], x[:7])
+        runs.append(str(tmp_path / f"run{r}"))
+    out = tmp_path / "ens"
+    summary = main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    captured = capsys.readouterr()
+    assert "SST acc" in captured.out and "ensemble: selective" in captured.out and "run2" in captured.out
+    assert "para-test-output.csv skipped" in captured.err
+    names = sorted(zipfile.ZipFile(out / "submission.zip").namelist())
+    assert names == sorted(f"predictions/{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
+                           if (t, s) != ("para", "test"))
+    ids, preds = read_predictions(out / "predictions" / "sst-dev-output.csv")
+    assert ids == [f"sst{i}" for i in range(60)] and preds.dtype == torch.long
+    assert (out / "predictions" / "sts-test-logits.csv").is_file()
+    assert "run2" not in summary["tasks"]["sst"]["models"]  # the noise run is left out
+    # regression on the same runs prints the held-out half table
+    main([*runs, "--method", "regression", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    captured = capsys.readouterr()
+    assert "held-out dev half" in captured.out and "ensemble: regression" in captured.out
+    # the ensemble's own output directory is itself a run
+    main([str(out / "predictions"), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "again")])

@@ -1,0 +1,287 @@
+"""MLM pretraining (tasks/pretrain.py): masking, the masked-only loss, the tied head, the loop, checkpoints."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from minbert.bert import BertModel
+from minbert.pretrained import load_pretrained, read_state_dict
+from minbert.tokenizer import BertTokenizer
+from tasks.pretrain import (
+    IGNORE_INDEX,
+    BertForMaskedLM,
+    PretrainConfig,
+    build_parser,
+    config_from_args,
+    evaluate_mlm,
+    load_mlm,
+    main,
+    make_eval_batches,
+    mask_tokens,
+    mlm_loss,
+    pretrain,
+    save_mlm_checkpoint,
+)
+from tests.helpers import tiny_config
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+PAD, UNK, CLS, SEP, MASK = range(5)
+
+
+def _vocab_dir(tmp_path, vocab_size=99):
+    d = tmp_path / "vocab"
+    d.mkdir(exist_ok=True)
+    (d / "vocab.txt").write_text("\n".join(SPECIALS + [f"w{i}" for i in range(vocab_size - 5)]) + "\n")
+    return d
+
+
+def _hf_config(cfg):
+    return {k: v for k, v in cfg.to_dict().items() if k not in ("extra", "attn_implementation")}
+
+
+def _checkpoint(tmp_path, state, cfg, name="ckpt"):
+    d = tmp_path / name
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps(_hf_config(cfg)))
+    (d / "vocab.txt").write_text((_vocab_dir(tmp_path, cfg.vocab_size) / "vocab.txt").read_text())
+    save_file({k: v.contiguous() for k, v in state.items()}, str(d / "model.safetensors"))
+    return d
+
+
+def _batch(n=400, t=40, vocab=1000, seed=0):
+    """[CLS] tokens [SEP] [PAD]..., random lengths; token ids 5..vocab-1."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (n, t), generator=g)
+    lengths = torch.randint(3, t + 1, (n,), generator=g)
+    for i, L in enumerate(lengths.tolist()):
+        ids[i, 0], ids[i, L - 1] = CLS, SEP
+        ids[i, L:] = PAD
+    ids[0, 1] = UNK
+    return ids
+
+
+def test_masking_rate_and_never_specials():
+    """About 15% of ordinary tokens are chosen; [CLS]/[SEP]/[PAD]/[UNK] never are, and stay unchanged."""
+    ids = _batch()
+    g = torch.Generator().manual_seed(1)
+    masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[PAD, UNK, CLS, SEP, MASK],
+                                 generator=g)
+    special = torch.isin(ids, torch.tensor([PAD, UNK, CLS, SEP]))
+    chosen = labels != IGNORE_INDEX
+    assert not (chosen & special).any()
+    assert torch.equal(masked[special], ids[special])
+    rate = chosen.sum().item() / (~special).sum().item()
+    assert abs(rate - 0.15) < 0.01, rate
+    assert torch.equal(labels[chosen], ids[chosen])
+    assert torch.equal(masked[~chosen], ids[~chosen])  # only chosen positions change
+
+
+def test_80_10_10_rule():
+    """Of the chosen tokens ~80% become [MASK], ~10% a random non-special token, ~10% stay as they were."""
+    ids = _batch(n=4000)  # ~11,000 chosen tokens: the 10% shares have a standard deviation of 0.003
+    g = torch.Generator().manual_seed(2)
+    masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[PAD, UNK, CLS, SEP, MASK],
+                                 generator=g)
+    chosen = labels != IGNORE_INDEX
+    n = chosen.sum().item()
+    to_mask = (masked[chosen] == MASK).sum().item() / n
+    kept = (masked[chosen] == ids[chosen]).sum().item() / n
+    replaced = masked[chosen][(masked[chosen] != MASK) & (masked[chosen] != ids[chosen])]
+    assert abs(to_mask - 0.8) < 0.02
+    assert abs(kept - 0.1) < 0.015  # 1/995 of the random draws hit the original token too
+    assert abs(replaced.numel() / n - 0.1) < 0.015
+    assert replaced.min() >= 5  # never a special token
+
+
+def test_masking_is_seeded_and_never_empty():
+    """The same generator seed gives the same masks; a batch of tiny sentences still gets one masked token."""
+    ids = _batch()
+    a = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[0, 1, 2, 3, 4],
+                    generator=torch.Generator().manual_seed(3))
+    b = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[0, 1, 2, 3, 4],
+                    generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    tiny = torch.tensor([[CLS, 7, SEP]])
+    for seed in range(20):
+        _, labels = mask_tokens(tiny, mask_token_id=MASK, vocab_size=99, special_ids=[0, 1, 2, 3, 4],
+                                generator=torch.Generator().manual_seed(seed))
+        assert labels.tolist() == [[IGNORE_INDEX, 7, IGNORE_INDEX]]
+
+
+def test_loss_counts_masked_positions_only():
+    """Changing the logits at unmasked positions (label -100) leaves the MLM loss unchanged."""
+    logits = torch.randn(3, 7, 11)
+    labels = torch.full((3, 7), IGNORE_INDEX)
+    labels[0, 2], labels[1, 5], labels[2, 0] = 4, 9, 1
+    loss = mlm_loss(logits, labels)
+    other = logits.clone()
+    other[labels == IGNORE_INDEX] = torch.randn_like(other[labels == IGNORE_INDEX]) * 100
+    assert torch.equal(loss, mlm_loss(other, labels))
+    where = labels != IGNORE_INDEX
+    expect = torch.nn.functional.cross_entropy(logits[where], labels[where])
+    torch.testing.assert_close(loss, expect)
+
+
+def test_masked_only_head_equals_full_logits_loss():
+    """masked_lm_loss (head on masked rows only) equals mlm_loss over the full (B, T, V) logits."""
+    mlm = BertForMaskedLM(BertModel(tiny_config())).eval()
+    ids = _batch(n=4, t=12, vocab=99)
+    masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=99, special_ids=[0, 1, 2, 3, 4],
+                                 generator=torch.Generator().manual_seed(0))
+    am = (ids != PAD).long()
+    loss, _, _ = mlm.masked_lm_loss(masked, am, labels)
+    torch.testing.assert_close(loss, mlm_loss(mlm(masked, am), labels), rtol=1e-6, atol=1e-6)
+
+
+def test_decoder_tied_to_word_embeddings():
+    """The decoder weight is the word-embedding Parameter (same storage), before and after an update."""
+    from minbert.optimizer import AdamW
+
+    mlm = BertForMaskedLM(BertModel(tiny_config()))
+    emb = mlm.bert.embeddings.word_embeddings.weight
+    assert mlm.head.decoder.weight is emb
+    assert mlm.head.decoder.weight.data_ptr() == emb.data_ptr()
+    assert sum(p is emb for p in mlm.parameters()) == 1  # one parameter for the optimizer
+    opt = AdamW(mlm.parameters(), lr=1e-2)
+    mlm(torch.randint(5, 99, (2, 6))).sum().backward()
+    opt.step()
+    assert mlm.head.decoder.weight.data_ptr() == mlm.bert.embeddings.word_embeddings.weight.data_ptr()
+
+
+def test_pretrain_reduces_loss_and_writes_loadable_checkpoint(tmp_path):
+    """A tiny model on tiny sentences: held-out-masks loss goes down; the checkpoint loads with equal weights."""
+    torch.manual_seed(0)
+    cfg = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    tok = BertTokenizer(_vocab_dir(tmp_path) / "vocab.txt")
+    mlm = BertForMaskedLM(BertModel(cfg))
+    # sentences over 10 of the 94 words: learnable in a few steps (ln 99 -> towards ln 10)
+    g = torch.Generator().manual_seed(0)
+    sentences = [" ".join(f"w{j}" for j in torch.randint(0, 10, (8,), generator=g).tolist()) for _ in range(64)]
+    data = make_eval_batches(tok, sentences, max_length=16, batch_size=32, seed=123)  # fixed masks
+    before = evaluate_mlm(mlm, data)["loss"]
+    config = PretrainConfig(epochs=5, batch_size=16, lr=3e-3, max_length=16, seed=0, log_every=5)
+    records = pretrain(mlm, tok, sentences, config)
+    after = evaluate_mlm(mlm, data)["loss"]
+    assert after < before - 0.8, (before, after)
+    assert [r["step"] for r in records] == [5, 10, 15, 20] and records[-1]["loss"] < records[0]["loss"]
+
+    out = save_mlm_checkpoint(tmp_path / "mlm", mlm, tok, extra_files={"pretrain_log.jsonl": "{}\n"})
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    loaded, tok2 = load_pretrained(out)
+    assert len(tok2) == 99
+    ours = mlm.bert.state_dict()
+    theirs = loaded.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    mlm2, _, had_head = load_mlm(out)
+    assert had_head
+    assert all(torch.equal(a, b) for a, b in zip(mlm.head.state_dict().values(), mlm2.head.state_dict().values()))
+    assert mlm2.head.decoder.weight is mlm2.bert.embeddings.word_embeddings.weight
+    # written again over itself: replaced atomically, no temporary siblings left behind
+    save_mlm_checkpoint(tmp_path / "mlm", mlm2, tok)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlm", "vocab"]
+
+
+def test_refuses_to_replace_a_non_checkpoint_directory(tmp_path):
+    """--out-dir pointing at a directory with other files (no config.json) is refused, untouched."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("keep me")
+    tok = BertTokenizer(_vocab_dir(tmp_path) / "vocab.txt")
+    with pytest.raises(FileExistsError, match="not a checkpoint directory"):
+        save_mlm_checkpoint(tmp_path / "work", BertForMaskedLM(BertModel(tiny_config())), tok)
+    assert (tmp_path / "work" / "notes.txt").read_text() == "keep me"
+
+
+def test_mlm_head_matches_transformers(tmp_path):
+    """A BertForMaskedLM checkpoint's head is loaded: logits equal transformers.BertForMaskedLM's (fp32, padding)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = tiny_config()
+    hf_cfg = transformers.BertConfig(**_hf_config(cfg))
+    torch.manual_seed(0)
+    ref = transformers.BertForMaskedLM(hf_cfg).eval()
+    with torch.no_grad():  # non-trivial values for the parameters HF initialises to 0 / 1
+        for name, p in ref.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    d = tmp_path / "hf"
+    ref.save_pretrained(str(d))
+    (d / "vocab.txt").write_text((_vocab_dir(tmp_path) / "vocab.txt").read_text())
+    assert any(k.startswith("cls.predictions.") for k in read_state_dict(d))
+    mlm, _, had_head = load_mlm(d)
+    assert had_head
+    mlm.eval()
+    ids = torch.randint(5, 99, (3, 9))
+    am = torch.ones_like(ids)
+    am[1, 6:] = 0
+    am[2, 3:] = 0
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=am).logits
+        got = mlm(ids, am)
+    real = am.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    # and the directory we write is a BertForMaskedLM checkpoint for transformers too
+    tok = BertTokenizer(d / "vocab.txt")
+    out = save_mlm_checkpoint(tmp_path / "ours", mlm, tok)
+    again = transformers.BertForMaskedLM.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids, attention_mask=am).logits[real], want[real],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_new_head_when_checkpoint_has_none(tmp_path, caplog):
+    """A plain BertModel checkpoint gets a new head (logged as such), tied to its word embeddings."""
+    cfg = tiny_config()
+    d = _checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
+    with caplog.at_level(logging.INFO, logger="tasks.pretrain"):
+        mlm, _, had_head = load_mlm(d)
+    assert not had_head
+    assert "created a new one" in caplog.text
+    assert torch.equal(mlm.head.bias, torch.zeros(99))
+    assert mlm.head.decoder.weight is mlm.bert.embeddings.word_embeddings.weight
+
+
+def test_cli_end_to_end(tmp_path):
+    """python -m tasks.pretrain on tiny data files: sentences from all three tasks, a checkpoint that loads."""
+    cfg = tiny_config()
+    ckpt = _checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
+    data = tmp_path / "data"
+    data.mkdir()
+    words = [f"w{i}" for i in range(90)]
+    (data / "ids-sst-train.csv").write_text(
+        "\tid\tsentence\tsentiment\n" + "".join(f"{i}\ts{i}\t{' '.join(words[i:i + 5])}\t{i % 5}\n" for i in range(20)))
+    for name, col in (("quora-train.csv", "is_duplicate"), ("sts-train.csv", "similarity")):
+        (data / name).write_text(f"\tid\tsentence1\tsentence2\t{col}\n" + "".join(
+            f"{i}\tp{i}\t{' '.join(words[i:i + 4])}\t{' '.join(words[i + 40:i + 46])}\t{i % 2}\n" for i in range(20)))
+    for name, header in (("ids-sst-dev.csv", "\tid\tsentence\tsentiment"),):
+        (data / name).write_text(header + "\n0\td0\tw80 w81 w82\t1\n")
+    (data / "quora-dev.csv").write_text("\tid\tsentence1\tsentence2\tis_duplicate\n0\tq0\tw70 w71\tw72 w73\t1\n")
+    (data / "sts-dev.csv").write_text("\tid\tsentence1\tsentence2\tsimilarity\n0\tt0\tw60 w61\tw62 w63\t1.0\n")
+    out = main(["--out-dir", str(tmp_path / "out"), "--pretrained", str(ckpt), "--data-dir", str(data),
+                "--epochs", "1", "--batch-size", "8", "--max-length", "16", "--max-steps", "3",
+                "--log-every", "1", "--device", "cpu"])
+    info = json.loads((out / "pretrain_config.json").read_text())
+    assert info["distinct_train_sentences"] == 60 and info["mlm_head_from_checkpoint"] is False
+    assert info["eval_sentences"] == 5
+    lines = [json.loads(x) for x in (out / "pretrain_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3]
+    load_pretrained(out)
+
+
+def test_every_flag_reaches_its_config_field():
+    """Each PretrainConfig field has a CLI flag, and a non-default value given there reaches the config."""
+    from dataclasses import fields
+
+    values = {"epochs": 2, "batch_size": 7, "lr": 1e-4, "weight_decay": 0.01, "warmup_ratio": 0.1,
+              "schedule": "constant", "max_grad_norm": 0.5, "max_length": 64, "mlm_probability": 0.2,
+              "max_steps": 9, "seed": 3, "log_every": 4, "device": "cpu"}
+    assert set(values) == {f.name for f in fields(PretrainConfig)}
+    argv = ["--out-dir", "x"] + [a for k, v in values.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    config = config_from_args(build_parser().parse_args(argv))
+    assert {f.name: getattr(config, f.name) for f in fields(PretrainConfig)} == values
+    assert PretrainConfig() == config_from_args(build_parser().parse_args(["--out-dir", "x"]))
