@@ -1,0 +1,480 @@
+"""Tests for the KNN-BERT and RIFT objectives: queue, momentum, loss identities, KNN vote, attack, frozen encoder."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from minbert.bert import BertModel
+from tasks.model import ModelConfig, MultitaskBert
+from tasks.objectives import REGISTRY, build_objectives
+from tasks.objectives.knn_bert import (KNNBert, KNNBertConfig, KNNClassifier, class_probabilities, knn_predict,
+                                       supervised_moco_loss)
+from tasks.objectives.rift import (RIFT, RIFTConfig, conditional_infonce, conditional_infonce_logits,
+                                   kl_per_example, pgd_attack, projection, same_class_mask)
+from tests.helpers import tiny_config
+
+
+def tiny_model(arch: str = "baseline", pair_encoding: str = "cross", seed: int = 0, init: float = 0.02,
+               **model_config) -> MultitaskBert:
+    """A tiny random MultitaskBert without dropout (deterministic forward passes)."""
+    torch.manual_seed(seed)
+    encoder = BertModel(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                                    initializer_range=init))
+    return MultitaskBert(encoder, ModelConfig(arch=arch, pair_encoding=pair_encoding, fcn_size=16,
+                                              head_dropout=0.0, **model_config))
+
+
+def make_batch(task: str, pair_encoding: str = "cross", n: int = 8, width: int = 7, seed: int = 0) -> dict:
+    """A collated-looking batch of n examples with random ids in tiny_config's vocabulary and some padding."""
+    g = torch.Generator().manual_seed(seed)
+
+    def side(w: int) -> dict:
+        ids = torch.randint(5, 99, (n, w), generator=g)
+        ids[:, 0] = 2  # [CLS]
+        lengths = torch.randint(3, w + 1, (n,), generator=g)
+        lengths[0] = w
+        mask = (torch.arange(w)[None, :] < lengths[:, None]).long()  # (n, w)
+        return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
+
+    labels = torch.arange(n) % 5 if task == "sst" else (torch.arange(n) % 2).float()
+    if task == "sst" or pair_encoding == "cross":
+        batch = side(width)
+    else:
+        batch = {f"{k}_1": v for k, v in side(width).items()} | {f"{k}_2": v for k, v in side(width - 2).items()}
+    batch["labels"] = labels
+    return batch
+
+
+class ToyDataset:
+    """The dataset interface knn_predict uses (len, lengths, labels, collate) over one pre-built batch."""
+
+    def __init__(self, task: str, pair_encoding: str, n: int, seed: int):
+        self.batch = make_batch(task, pair_encoding, n=n, seed=seed)
+        self.labels = self.batch["labels"]
+        mask = self.batch.get("attention_mask", self.batch.get("attention_mask_1"))
+        self.lengths = mask.sum(1).tolist()
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def collate(self, indices) -> dict:
+        idx = torch.tensor(list(indices))
+        return {k: v[idx] for k, v in self.batch.items()}
+
+
+def test_both_objectives_registered_and_built_by_name():
+    """build_objectives finds "knn_bert" and "rift" by name; unknown options raise."""
+    model = tiny_model()
+    objs = build_objectives({"knn_bert": {"m_most": 3}, "rift": {"alpha": 0.5}}, model)
+    assert isinstance(objs[0], KNNBert) and isinstance(objs[1], RIFT)
+    assert REGISTRY["knn_bert"] is KNNBert and REGISTRY["rift"] is RIFT
+    with pytest.raises(ValueError):
+        build_objectives({"knn_bert": {"lambda_": 0.1}}, model)
+
+
+# ---- KNN-BERT ----------------------------------------------------------------------------------
+
+
+def test_queue_is_fifo_with_labels_aligned():
+    """Past capacity the oldest keys drop out first, and each label stays with its key (also for a batch > capacity)."""
+    obj = KNNBert(KNNBertConfig(queue_size=5, tasks=("sst",)), tiny_model())
+    ids = torch.arange(20, dtype=torch.float32)
+    keys = ids[:, None].repeat(1, 4)  # key i is the constant vector i
+    labels = (ids.long() * 7) % 5  # a label we can recompute from the key
+
+    def check(expected_ids):
+        k, y = obj.queue("sst")
+        assert k[:, 0].tolist() == expected_ids
+        assert torch.equal(y, (k[:, 0].long() * 7) % 5)
+
+    obj.enqueue("sst", keys[:3], labels[:3])
+    check([0, 1, 2])
+    obj.enqueue("sst", keys[3:7], labels[3:7])  # 7 pushed, capacity 5: 0 and 1 drop out
+    check([2, 3, 4, 5, 6])
+    obj.enqueue("sst", keys[7:8], labels[7:8])
+    check([3, 4, 5, 6, 7])
+    obj.enqueue("sst", keys[8:15], labels[8:15])  # one batch larger than the queue: its newest 5 remain
+    check([10, 11, 12, 13, 14])
+
+
+def test_set_train_size_caps_the_queue():
+    """The queue holds min(queue_size, train size) keys; resizing a non-empty queue raises."""
+    obj = KNNBert(KNNBertConfig(queue_size=32000), tiny_model())
+    obj.set_train_size(6, "sst")
+    assert obj.capacity("sst") == 6 and obj.capacity("para") == 32000
+    obj.enqueue("sst", torch.randn(10, 3), torch.zeros(10, dtype=torch.long))
+    assert obj.queue("sst")[0].shape == (6, 3)
+    with pytest.raises(ValueError, match="already holds"):
+        obj.set_train_size(4, "sst")
+
+
+def test_momentum_update_follows_eq5_exactly():
+    """on_step_end sets θ_k ← m·θ_k + (1 − m)·θ_q for every key parameter and leaves the model untouched."""
+    model = tiny_model()
+    for m, exact in ((0.75, True), (0.999, False)):
+        obj = KNNBert(KNNBertConfig(momentum=m), model)
+        g = torch.Generator().manual_seed(1)
+        before_k, before_q = {}, {}
+        with torch.no_grad():
+            for (name, pk), pq in zip(obj.key_model.named_parameters(), model.parameters()):
+                # quarter-integers: with m = 0.75 the formula is exact in float32
+                pk.copy_(torch.randint(-8, 9, pk.shape, generator=g).float() / 4)
+                pq.copy_(torch.randint(-8, 9, pq.shape, generator=g).float() / 4)
+                before_k[name], before_q[name] = pk.clone(), pq.clone()
+        obj.on_step_end(model)
+        for name, pk in obj.key_model.named_parameters():
+            expected = m * before_k[name] + (1 - m) * before_q[name]
+            if exact:
+                assert torch.equal(pk, expected), name
+            else:
+                torch.testing.assert_close(pk, expected, rtol=1e-6, atol=1e-7)
+        for name, pq in model.named_parameters():
+            assert torch.equal(pq, before_q[name])
+
+
+def test_key_model_gets_no_gradient_and_is_not_a_parameter():
+    """The key model is outside objective.parameters(), gets no .grad from the loss, while the model does;
+    its weights and the queues round-trip through state_dict."""
+    model = tiny_model()
+    obj = KNNBert(KNNBertConfig(m_most=2, m_least=1), model)
+    assert list(obj.parameters()) == []
+    assert all(not p.requires_grad for p in obj.key_model.parameters())
+    model_ids = {id(p) for p in model.parameters()}
+    assert not model_ids & {id(p) for p in obj.key_model.parameters()}
+
+    batch = make_batch("sst")
+    out = model("sst", batch)
+    terms = obj(model, "sst", batch, out)
+    assert set(terms) == {"sc"} and terms["sc"].requires_grad and torch.isfinite(terms["sc"])
+    loss = obj.task_loss_scale * model.task_loss("sst", out, batch) + obj.weight * terms["sc"]
+    loss.backward()
+    assert all(p.grad is None for p in obj.key_model.parameters())
+    assert float(model.encoder.embeddings.word_embeddings.weight.grad.abs().sum()) > 0
+
+    sd = obj.state_dict()
+    assert any(k.startswith("key_model.") for k in sd) and "sst_queue_keys" in sd
+    fresh = KNNBert(KNNBertConfig(m_most=2, m_least=1), tiny_model(seed=5))
+    fresh.load_state_dict(sd)
+    for a, b in zip(fresh.queue("sst"), obj.queue("sst")):
+        assert torch.equal(a, b)
+    for (n, a), b in zip(fresh.key_model.named_parameters(), obj.key_model.parameters()):
+        assert torch.equal(a, b), n
+
+
+def test_to_carries_the_hidden_key_model_and_frozen_encoder():
+    """objective.to(...) converts the modules kept out of .parameters() too (key model, frozen encoder)."""
+    model = tiny_model()
+    knn, rift = KNNBert(KNNBertConfig(), model), RIFT(RIFTConfig(), model)
+    knn.to(torch.float64)
+    rift.to(torch.float64)
+    assert all(p.dtype == torch.float64 for p in knn.key_model.parameters())
+    assert all(p.dtype == torch.float64 for p in rift.frozen_encoder.parameters())
+    assert all(p.dtype == torch.float64 for p in rift.parameters())
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+
+
+def test_task_loss_scale_is_one_minus_lambda():
+    """Eq. 6: the head's CE gets 1 − λ and the trainer weights L'_sc by λ = config.weight."""
+    obj = KNNBert(KNNBertConfig(weight=0.1), tiny_model())
+    assert obj.weight == pytest.approx(0.1) and obj.task_loss_scale == pytest.approx(0.9)
+
+
+def _eq3_by_loop(q, labels, keys, key_labels, m_most, m_least, tau):
+    per_query = []
+    for i in range(q.shape[0]):
+        sims = [float(q[i] @ keys[j]) / tau for j in range(keys.shape[0])]
+        pos = [j for j in range(keys.shape[0]) if key_labels[j] == labels[i]]
+        neg = [j for j in range(keys.shape[0]) if key_labels[j] != labels[i]]
+        if not pos:
+            continue
+        pos.sort(key=lambda j: -sims[j])
+        chosen = pos if len(pos) <= m_most + m_least else pos[:m_most] + pos[len(pos) - m_least:]
+        terms = []
+        for j in chosen:
+            denom = math.exp(sims[j]) + sum(math.exp(sims[n]) for n in neg)
+            terms.append(-math.log(math.exp(sims[j]) / denom))
+        per_query.append(sum(terms) / len(terms))
+    return sum(per_query) / len(per_query)
+
+
+def test_supervised_moco_loss_equals_eq3_loop():
+    """supervised_moco_loss equals a direct loop over eq. 3 (M_m most + M_l least similar positives, all
+    other-class keys as negatives; fewer positives: all of them; no positive: query left out)."""
+    g = torch.Generator().manual_seed(0)
+    q = F.normalize(torch.randn(4, 6, generator=g), dim=-1)
+    keys = F.normalize(torch.randn(12, 6, generator=g), dim=-1)
+    key_labels = torch.tensor([0] * 6 + [1] * 2 + [3] * 4)
+    labels = torch.tensor([0, 1, 2, 0])  # 6 positives (> 3), 2 positives (<= 3), none, 6
+    loss = supervised_moco_loss(q, labels, keys, key_labels, m_most=2, m_least=1, temperature=0.07)
+    expected = _eq3_by_loop(q, labels, keys, key_labels, 2, 1, 0.07)
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+
+    # No negatives at all: each term is −log 1 = 0, with finite gradients.
+    qg = q.clone().requires_grad_(True)
+    zero = supervised_moco_loss(qg, torch.zeros(4, dtype=torch.long), keys, torch.zeros(12, dtype=torch.long),
+                                2, 1, 0.07)
+    zero.backward()
+    assert zero.item() == pytest.approx(0.0, abs=1e-6) and torch.isfinite(qg.grad).all()
+    # No positive anywhere (a class the queue has not seen): 0, graph intact.
+    none = supervised_moco_loss(qg, torch.full((4,), 9), keys, key_labels, 2, 1, 0.07)
+    none.backward()
+    assert none.item() == 0.0 and torch.isfinite(qg.grad).all()
+
+
+def test_knn_vote_is_exact_on_hand_built_neighbours():
+    """KNN(q) is the unweighted label distribution of the K cosine-nearest stored examples (scale-invariant)."""
+    feats = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.8, 0.25], [0.0, 1.0], [-1.0, 0.0]])
+    labels = torch.tensor([0, 0, 1, 1, 2])
+    query = torch.tensor([[1.0, 0.05], [-1.0, 0.1]])
+    knn3 = KNNClassifier(k=3, num_classes=3).fit(feats * 10.0, labels)
+    # query 0: nearest [1, 0], [0.9, 0.1], [0.8, 0.25] -> labels 0, 0, 1
+    # query 1: nearest [-1, 0], [0, 1], [0.8, 0.25] -> labels 2, 1, 1
+    torch.testing.assert_close(knn3.vote(query), torch.tensor([[2 / 3, 1 / 3, 0.0], [0.0, 2 / 3, 1 / 3]]))
+    knn4 = KNNClassifier(k=4, num_classes=3).fit(feats, labels)
+    assert torch.equal(knn4.vote(query[:1]), torch.tensor([[0.5, 0.5, 0.0]]))
+    with pytest.raises(ValueError, match="only 5 stored"):
+        KNNClassifier(k=6, num_classes=3).fit(feats, labels)
+
+
+@pytest.mark.parametrize("task", ["sst", "para"])
+def test_phi_zero_is_the_linear_classifier_and_phi_mixes_eq1(task):
+    """knn_predict: φ = 0 gives softmax(F(q)) (same predictions as the head), φ = 1 the KNN vote, and
+    φ in between (1 − φ)·softmax + φ·KNN (eq. 1); paraphrase is the 2-class [1 − σ, σ]."""
+    model = tiny_model(init=0.5).eval()
+    train, dev = ToyDataset(task, "cross", 12, seed=1), ToyDataset(task, "cross", 6, seed=2)
+    linear = knn_predict(model, task, train, dev, k=3, phi=0.0, batch_size=4)
+    logits = model(task, dev.collate(range(6))).logits
+    torch.testing.assert_close(linear, class_probabilities(task, logits))
+    assert torch.equal(linear.argmax(-1), model.predict(task, model(task, dev.collate(range(6)))))
+    knn_only = knn_predict(model, task, train, dev, k=3, phi=1.0, batch_size=4)
+    assert torch.allclose(knn_only.sum(-1), torch.ones(6)) and set((knn_only * 3).round().unique().tolist()) <= {
+        0.0, 1.0, 2.0, 3.0}
+    mixed = knn_predict(model, task, train, dev, k=3, phi=0.25, batch_size=5)
+    torch.testing.assert_close(mixed, 0.75 * linear + 0.25 * knn_only)
+
+
+@pytest.mark.parametrize("task,arch,pair_encoding,representation", [
+    ("sst", "baseline", "cross", "pooled"),
+    ("sst", "b1", "siamese", "head_input"),
+    ("para", "baseline", "cross", "pooled"),
+    ("para", "b1", "siamese", "head_input"),
+])
+def test_knn_bert_trains_end_to_end(task, arch, pair_encoding, representation):
+    """Two training steps on a tiny MultitaskBert: finite L'_sc, gradient into the encoder, the queue grows,
+    and the key model moves towards the model."""
+    model = tiny_model(arch, pair_encoding).train()
+    obj = KNNBert(KNNBertConfig(m_most=2, m_least=2, representation=representation, momentum=0.5), model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    for step in range(2):
+        batch = make_batch(task, pair_encoding, seed=step)
+        opt.zero_grad()
+        out = model(task, batch)
+        sc = obj(model, task, batch, out)["sc"]
+        assert torch.isfinite(sc) and sc.item() > 0
+        (obj.task_loss_scale * model.task_loss(task, out, batch) + obj.weight * sc).backward()
+        assert float(model.encoder.embeddings.word_embeddings.weight.grad.abs().sum()) > 0
+        opt.step()
+        obj.on_step_end(model)
+        assert obj.queue(task)[0].shape[0] == 8 * (step + 1)
+    gap = sum(float((k - q.detach()).abs().sum()) for k, q in zip(obj.key_model.parameters(), model.parameters()))
+    assert gap > 0  # m = 0.5 after two updates: between the initial and the current weights
+
+
+def test_knn_bert_refuses_siamese_baseline_paraphrase():
+    """The Siamese baseline has no single pair representation: building knn_bert for para raises, sst-only works."""
+    model = tiny_model("baseline", "siamese")
+    with pytest.raises(ValueError, match="para"):
+        KNNBert(KNNBertConfig(), model)
+    with pytest.raises(ValueError, match="siamese"):
+        KNNBert(KNNBertConfig(tasks=("para",), representation="pooled"), tiny_model("b1", "siamese"))
+    KNNBert(KNNBertConfig(tasks=("sst",)), model)
+
+
+# ---- RIFT --------------------------------------------------------------------------------------
+
+
+def _projections(n_classes: int, hidden: int = 8, seed: int = 0):
+    torch.manual_seed(seed)
+    ps = torch.nn.ModuleList(projection(hidden, 16, 4) for _ in range(n_classes))
+    pt = torch.nn.ModuleList(projection(hidden, 16, 4) for _ in range(n_classes))
+    return ps, pt
+
+
+def test_infonce_mask_allows_same_class_pairs_only():
+    """The conditional InfoNCE scores pair (i, j) iff y_i == y_j: every other entry is −inf (never a negative)."""
+    labels = torch.tensor([0, 1, 0, 2, 1, 0])
+    expected = torch.tensor([[labels[i] == labels[j] for j in range(6)] for i in range(6)])
+    assert torch.equal(same_class_mask(labels), expected)
+    ps, pt = _projections(3)
+    g = torch.Generator().manual_seed(0)
+    logits = conditional_infonce_logits(torch.randn(6, 8, generator=g), torch.randn(6, 8, generator=g), labels,
+                                        ps, pt, 0.2)
+    assert torch.equal(torch.isfinite(logits), expected)
+
+
+def test_conditional_infonce_equals_per_class_loop():
+    """L_I equals the mean over classes of InfoNCE run on each class alone with that class's projections
+    (g_c, h_c); a singleton class contributes nothing and its teacher feature is never used."""
+    labels = torch.tensor([0, 1, 0, 2, 1, 0, 1])
+    g = torch.Generator().manual_seed(0)
+    s, t = torch.randn(7, 8, generator=g), torch.randn(7, 8, generator=g)
+    ps, pt = _projections(3)
+    loss = conditional_infonce(s, t, labels, ps, pt, 0.2)
+    per_class = []
+    for c in (0, 1):  # class 2 has one example: no negative, skipped
+        idx = (labels == c).nonzero().squeeze(1)
+        zs = F.normalize(ps[c](s[idx]), dim=-1)
+        zt = F.normalize(pt[c](t[idx]), dim=-1)
+        per_class.append(F.cross_entropy(zs @ zt.T / 0.2, torch.arange(len(idx))))
+    torch.testing.assert_close(loss, torch.stack(per_class).mean())
+    t2 = t.clone()
+    t2[3] = torch.randn(8, generator=g)  # the singleton's teacher feature
+    torch.testing.assert_close(conditional_infonce(s, t2, labels, ps, pt, 0.2), loss)
+    t2[1] = torch.randn(8, generator=g)  # a class-1 teacher feature matters
+    assert not torch.allclose(conditional_infonce(s, t2, labels, ps, pt, 0.2), loss)
+    # Only singletons: nothing to contrast, 0 with finite gradients.
+    sg = s[:3].clone().requires_grad_(True)
+    zero = conditional_infonce(sg, t[:3], torch.tensor([0, 1, 2]), ps, pt, 0.2)
+    zero.backward()
+    assert zero.item() == 0.0 and torch.isfinite(sg.grad).all()
+
+
+def test_frozen_encoder_gets_no_gradient_and_stays_unchanged():
+    """After backward + optimizer step over model and objective parameters the frozen pretrained encoder is
+    unchanged, has no .grad, is in eval mode, and is neither in objective.parameters() nor its state_dict;
+    the per-class projections train."""
+    model = tiny_model().train()
+    obj = RIFT(RIFTConfig(tasks=("sst",)), model).train()
+    frozen = obj.frozen_encoder
+    frozen_ids = {id(p) for p in frozen.parameters()}
+    assert not frozen_ids & {id(p) for p in obj.parameters()}
+    assert not frozen_ids & {id(p) for p in model.parameters()}
+    assert all(k.startswith(("proj_student.", "proj_teacher.")) for k in obj.state_dict())
+    assert not frozen.training and all(not p.requires_grad for p in frozen.parameters())
+    before = {n: p.clone() for n, p in frozen.named_parameters()}
+
+    opt = torch.optim.SGD([*model.parameters(), *obj.parameters()], lr=0.5)
+    batch = make_batch("sst", n=10)  # labels 0..4 twice: every class has a negative
+    out = model("sst", batch)
+    terms = obj(model, "sst", batch, out)
+    (model.task_loss("sst", out, batch) + sum(terms.values())).backward()
+    opt.step()
+
+    for n, p in frozen.named_parameters():
+        assert p.grad is None and torch.equal(p, before[n]), n
+    moved = model.encoder.embeddings.word_embeddings.weight
+    assert not torch.equal(moved, frozen.embeddings.word_embeddings.weight)
+    for c in range(5):
+        for proj in (obj.proj_student["sst"][c], obj.proj_teacher["sst"][c]):
+            assert float(proj[0].weight.grad.abs().sum()) > 0
+
+
+@pytest.mark.parametrize("pooling", ["pooler", "cls", "mean"])
+def test_teacher_features_equal_the_models_before_training(pooling):
+    """At construction the frozen copy pools exactly as the model does: teacher features == model.embed."""
+    model = tiny_model(pooling=pooling).eval()
+    obj = RIFT(RIFTConfig(), model)
+    batch = make_batch("sst")
+    expected = model.embed(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+    torch.testing.assert_close(obj.teacher_features(model, batch), expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("norm", ["l2", "linf"])
+@pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "siamese")])
+def test_pgd_perturbation_stays_in_its_ball(norm, task, pair_encoding):
+    """Every token's δ lies in its ε-ball (‖δ_t‖₂ ≤ ε or |δ_t,h| ≤ ε), padding is never perturbed, the
+    model's train mode comes back, and no parameter gradient is left behind (both Siamese sides attacked)."""
+    model = tiny_model("baseline", pair_encoding, init=0.5).train()
+    batch = make_batch(task, pair_encoding)
+    eps = 0.05
+    adv = pgd_attack(model, task, batch, norm=norm, epsilon=eps, step_size=0.04, steps=3)
+    assert model.training and all(p.grad is None for p in model.parameters())
+    with torch.no_grad():  # evaluation code may hold no_grad: the attack still works
+        adv_ng = pgd_attack(model, task, batch, norm=norm, epsilon=eps, step_size=0.04, steps=3,
+                            generator=torch.Generator().manual_seed(0))
+    adv_g = pgd_attack(model, task, batch, norm=norm, epsilon=eps, step_size=0.04, steps=3,
+                       generator=torch.Generator().manual_seed(0))
+    assert all(torch.equal(adv_ng[s], adv_g[s]) for s in adv_g)
+    suffixes = ("",) if pair_encoding == "cross" else ("_1", "_2")
+    assert set(adv) == set(suffixes)
+    for s in suffixes:
+        delta = adv[s] - model.encoder.embed_tokens(batch["input_ids" + s]).detach()
+        pad = batch["attention_mask" + s] == 0
+        assert torch.equal(delta[pad], torch.zeros_like(delta[pad]))
+        size = delta.norm(dim=-1) if norm == "l2" else delta.abs().amax(dim=-1)  # (B, T)
+        assert float(size.max()) <= eps * (1 + 1e-5)
+        assert float(size.max()) > 0.5 * eps  # it did move
+
+
+@pytest.mark.parametrize("norm", ["l2", "linf"])
+def test_pgd_does_not_decrease_the_kl(norm):
+    """KL(p(x) ‖ p(x')) after PGD is, per example, at least the KL of its random start (same RNG), above the
+    0 of the unperturbed input, and in total above the best of 30 random points on the ball's surface
+    (the steps ascend)."""
+    model = tiny_model(init=0.5).eval()
+    batch = make_batch("sst")
+    eps = 0.3 if norm == "l2" else 0.3 / math.sqrt(32)
+    kwargs = dict(norm=norm, epsilon=eps, step_size=eps / 2)
+    start = pgd_attack(model, "sst", batch, steps=0, generator=torch.Generator().manual_seed(3), **kwargs)
+    final = pgd_attack(model, "sst", batch, steps=4, generator=torch.Generator().manual_seed(3), **kwargs)
+    with torch.no_grad():
+        clean = model("sst", batch).logits
+        zero = model("sst", batch, inputs_embeds={"": model.encoder.embed_tokens(batch["input_ids"])}).logits
+        kl_zero = kl_per_example("sst", clean, zero)
+        kl_start = kl_per_example("sst", clean, model("sst", batch, inputs_embeds=start).logits)
+        kl_final = kl_per_example("sst", clean, model("sst", batch, inputs_embeds=final).logits)
+        embeds, keep = model.encoder.embed_tokens(batch["input_ids"]), batch["attention_mask"].unsqueeze(-1)
+        g = torch.Generator().manual_seed(0)
+        random_kl = []
+        for _ in range(30):
+            d = torch.randn(embeds.shape, generator=g)
+            d = d / d.norm(dim=-1, keepdim=True) * eps if norm == "l2" else d.sign() * eps
+            logits = model("sst", batch, inputs_embeds={"": embeds + d * keep}).logits
+            random_kl.append(kl_per_example("sst", clean, logits))
+        best_random = torch.stack(random_kl).amax(0)
+    assert float(kl_zero.abs().max()) < 1e-6
+    assert bool((kl_final >= kl_start).all())
+    assert float(kl_final.sum()) > float(best_random.sum()) > float(kl_start.sum()) > 0
+
+
+@pytest.mark.parametrize("task,arch,pair_encoding", [
+    ("sst", "baseline", "cross"),
+    ("para", "b1", "cross"),
+    ("para", "baseline", "siamese"),
+])
+def test_rift_forward_backward_end_to_end(task, arch, pair_encoding):
+    """On a tiny MultitaskBert, RIFT returns finite {"adv_kl", "info"}, and their gradient reaches the encoder
+    and exactly the projections of the classes with at least two examples in the batch."""
+    model = tiny_model(arch, pair_encoding, init=0.5).train()
+    obj = RIFT(RIFTConfig(), model).train()
+    batch = make_batch(task, pair_encoding)
+    out = model(task, batch)
+    terms = obj(model, task, batch, out)
+    assert set(terms) == {"adv_kl", "info"}
+    assert all(torch.isfinite(v) and v.ndim == 0 for v in terms.values())
+    assert terms["adv_kl"].item() >= 0 and terms["info"].item() > 0
+    sum(terms.values()).backward()
+    assert float(model.encoder.encoder.layer[0].attention.self.qkv.weight.grad.abs().sum()) > 0
+    labels = batch["labels"].long()
+    for c in range(len(obj.proj_student[task])):
+        grad = obj.proj_student[task][c][0].weight.grad
+        trained = grad is not None and float(grad.abs().sum()) > 0
+        assert trained == (int((labels == c).sum()) >= 2), c  # a singleton class has no negative: no signal
+
+
+def test_rift_terms_carry_beta_and_alpha():
+    """The returned terms are already weighted: doubling β doubles "adv_kl", halving α halves "info"."""
+    model = tiny_model(init=0.5).train()
+    batch = make_batch("sst", n=10)
+    results = []
+    for beta, alpha in ((1.0, 1.0), (2.0, 0.5)):
+        torch.manual_seed(0)
+        obj = RIFT(RIFTConfig(beta=beta, alpha=alpha, tasks=("sst",)), model)
+        torch.manual_seed(1)
+        results.append(obj(model, "sst", batch, model("sst", batch)))
+    torch.testing.assert_close(results[1]["adv_kl"], 2.0 * results[0]["adv_kl"])
+    torch.testing.assert_close(results[1]["info"], 0.5 * results[0]["info"])
