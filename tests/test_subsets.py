@@ -59,3 +59,20 @@ def test_bad_rates_raise():
         label_noise(_sst(), 1.5, 5, 0)
     with pytest.raises(ValueError, match="no training example has label 9"):
         minority(_sst(), 9, 0.5, 0)
+
+
+def test_perturbed_files_round_trip_through_the_readers(tmp_path):
+    """Rewritten train files parse back to the same examples; other files are links to the originals."""
+    from tasks.data import load_split
+    from tasks.robustness import perturbed_data_dir
+
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "ids-sst-dev.csv").write_text("\tid\tsentence\tsentiment\n0\td0\t a dev one\t2\n")
+    sst = [Example(f"s{i}", f'quote " and\ttab-free text {i}', label=i % 5) for i in range(7)]
+    para = [Example(f"p{i}", f"q{i}", f"r{i}", label=float(i % 2)) for i in range(5)]
+    out = perturbed_data_dir(src, tmp_path / "dst", {"sst": sst, "para": para})
+    assert load_split("sst", "train", out)[0] == sst
+    got = load_split("para", "train", out)[0]
+    assert [(e.id, e.text_a, e.text_b, e.label) for e in got] == [(e.id, e.text_a, e.text_b, e.label) for e in para]
+    assert (out / "ids-sst-dev.csv").is_symlink()

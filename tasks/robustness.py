@@ -1,0 +1,230 @@
+"""Robustness evaluations, one command each: few-shot, label noise, minority class, attack.
+
+Usage:
+    python -m tasks.robustness few-shot --sizes 100 1000 --seeds 0 1 2 --out-dir runs/robust/fs -- --tasks sst para --epochs 3
+    python -m tasks.robustness label-noise --rate 0.1 --seeds 0 1 --out-dir runs/robust/noise -- --objective scl
+    python -m tasks.robustness minority --task sst --label 0 --keep 0.1 --out-dir runs/robust/min -- --epochs 3
+    python -m tasks.robustness attack --checkpoint runs/default/checkpoints/best --norm linf --epsilon 0.01
+
+The three training-set experiments write a perturbed copy of the training
+files (tasks/subsets.py: exact counts, seeded) into ``<out-dir>/data-*`` — the
+dev and test files are links to the originals — and run ``train_multitask.py``
+on it with the flags after ``--``, once per seed; they print and save
+(``results.json``) dev scores as mean ± std over seeds. ``minority`` also
+reports the accuracy on the reduced class.
+
+``attack`` measures accuracy under an embedding-space attack on a trained
+model: PGD on the word embeddings (per-token ε-balls, L2 or L∞) maximizing the
+true label's loss (tasks/objectives/rift.pgd_attack). This is an approximation
+of the word-substitution attacks of the RIFT/KNN-BERT papers: the adversarial
+inputs are points in embedding space, not real words.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import logging
+import math
+import os
+import statistics
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from tasks.data import TASK_FILES, Example, PairDataset, SentenceDataset, load_split, move_batch
+from tasks.subsets import few_shot, label_noise, minority
+
+log = logging.getLogger(__name__)
+
+CLASSES = {"sst": 5, "para": 2}
+LABEL_COLUMN = {"sst": "sentiment", "para": "is_duplicate", "sts": "similarity", "cfimdb": "sentiment"}
+
+
+def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
+    """Write examples in the CS224N tab-separated format the readers parse (index column first)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter="\t")
+        if task in ("sst", "cfimdb"):
+            w.writerow(["", "id", "sentence", LABEL_COLUMN[task]])
+            for i, e in enumerate(examples):
+                w.writerow([i, e.id, e.text_a, e.label])
+        else:
+            w.writerow(["", "id", "sentence1", "sentence2", LABEL_COLUMN[task]])
+            for i, e in enumerate(examples):
+                label = float(e.label) if task == "para" else e.label
+                w.writerow([i, e.id, e.text_a, e.text_b, label])
+
+
+def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) -> Path:
+    """A data directory whose train files for ``changed`` tasks are rewritten; everything else is linked."""
+    dst.mkdir(parents=True, exist_ok=True)
+    rewritten = {TASK_FILES[t]["train"] for t in changed}
+    for f in sorted(src.iterdir()):
+        if f.suffix == ".csv" and f.name not in rewritten:
+            link = dst / f.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(f.resolve())
+    for task, examples in changed.items():
+        write_task_file(dst / TASK_FILES[task]["train"], task, examples)
+    return dst
+
+
+def _train(flags: Sequence[str], data_dir: Path, out_dir: Path, seed: int) -> dict:
+    import train_multitask
+
+    argv = list(flags) + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--seed", str(seed), "--overwrite"]
+    log.info("train_multitask.py %s", " ".join(argv))
+    return train_multitask.main(argv)
+
+
+def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> float:
+    """Accuracy on the dev examples of one class, from a leaderboard prediction file."""
+    with open(pred_csv, newline="") as f:
+        rows = list(csv.reader(f))[1:]
+    pred = {r[0]: int(float(r[1])) for r in rows}
+    of_class = [e for e in examples if e.label == label]
+    return sum(pred[e.id] == label for e in of_class) / len(of_class)
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
+def train_experiment(args: argparse.Namespace, flags: list[str]) -> dict:
+    src = Path(args.data_dir)
+    tasks = args.tasks
+    train = {t: load_split(t, "train", src)[0] for t in tasks}
+    settings: list[tuple[str, dict]] = []
+    if args.command == "few-shot":
+        settings = [(f"n{n}", {"n": n}) for n in args.sizes]
+    elif args.command == "label-noise":
+        settings = [(f"p{args.rate:g}", {"rate": args.rate})]
+    else:
+        settings = [(f"{args.task}-label{args.label}-keep{args.keep:g}", {})]
+    results: dict = {"command": args.command, "flags": flags, "settings": {}}
+    for name, s in settings:
+        per_seed = []
+        for seed in args.seeds:
+            if args.command == "few-shot":
+                changed = {t: few_shot(train[t], s["n"], seed) for t in tasks}
+            elif args.command == "label-noise":
+                changed = {t: label_noise(train[t], s["rate"], CLASSES[t], seed)[0] for t in tasks if t in CLASSES}
+            else:
+                changed = {args.task: minority(train[args.task], args.label, args.keep, seed)}
+            data = perturbed_data_dir(src, Path(args.out_dir) / f"data-{name}-seed{seed}", changed)
+            run_dir = Path(args.out_dir) / f"{name}-seed{seed}"
+            record = _train(flags + ["--tasks", *tasks], data, run_dir, seed)
+            dev = {k: v for k, v in record["dev"].items() if v is not None}
+            if args.command == "minority":
+                dev_ex = load_split(args.task, "dev", src)[0]
+                dev[f"{args.task}_class{args.label}_acc"] = class_accuracy(
+                    run_dir / "predictions" / f"{args.task}-dev-output.csv", dev_ex, args.label)
+            per_seed.append(dev)
+        keys = sorted({k for d in per_seed for k in d})
+        results["settings"][name] = {k: _summary([d[k] for d in per_seed if k in d]) for k in keys}
+        results["settings"][name]["per_seed"] = per_seed
+    return results
+
+
+@torch.no_grad()
+def attack_experiment(args: argparse.Namespace) -> dict:
+    from tasks.objectives.rift import pgd_attack
+    from tasks.train import load_checkpoint_model, resolve_device
+
+    device = resolve_device(args.device)
+    model, _, tokenizer, cfg = load_checkpoint_model(args.checkpoint, device)
+    model.eval()
+    g = torch.Generator(device=device.type).manual_seed(args.seed)
+    results: dict = {"checkpoint": str(args.checkpoint), "norm": args.norm, "epsilon": args.epsilon,
+                     "steps": args.steps, "step_size": args.step_size, "tasks": {}}
+    for task in args.tasks:
+        if task not in cfg.tasks:
+            raise SystemExit(f"attack: the checkpoint was not trained on {task!r} (it has {list(cfg.tasks)})")
+        examples = load_split(task, "dev", args.data_dir, limit=args.limit)[0]
+        if task == "sst":
+            ds = SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
+        else:
+            ds = PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
+        clean_ok = adv_ok = 0
+        order = list(range(len(ds)))
+        for start in range(0, len(order), args.batch_size):
+            batch = move_batch(ds.collate(order[start:start + args.batch_size]), device)
+            y = batch["labels"].long()
+            clean = model.predict(task, model(task, batch))
+            adv = pgd_attack(model, task, batch, norm=args.norm, epsilon=args.epsilon, step_size=args.step_size,
+                             steps=args.steps, objective="ce", generator=g)
+            attacked = model.predict(task, model(task, batch, inputs_embeds=adv))
+            clean_ok += int((clean == y).sum())
+            adv_ok += int(((attacked == y) & (clean == y)).sum())
+        n = len(ds)
+        results["tasks"][task] = {"examples": n, "clean_acc": clean_ok / n, "after_attack_acc": adv_ok / n,
+                                  "attack_success_rate": 1 - adv_ok / clean_ok if clean_ok else math.nan}
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m tasks.robustness", description=__doc__.split("\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--data-dir", default="data")
+    common.add_argument("--out-dir", required=True, help="where runs, perturbed data and results.json go")
+    common.add_argument("--seeds", type=int, nargs="+", default=[0])
+    fs = sub.add_parser("few-shot", parents=[common], help="train on N examples per task")
+    fs.add_argument("--sizes", type=int, nargs="+", required=True)
+    fs.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para", "sts"])
+    ln = sub.add_parser("label-noise", parents=[common], help="flip p of the training labels")
+    ln.add_argument("--rate", type=float, required=True)
+    ln.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"])
+    mi = sub.add_parser("minority", parents=[common], help="keep r of one class")
+    mi.add_argument("--task", choices=["sst", "para"], default="sst")
+    mi.add_argument("--label", type=int, required=True)
+    mi.add_argument("--keep", type=float, required=True)
+    at = sub.add_parser("attack", help="accuracy under an embedding-space PGD attack")
+    at.add_argument("--checkpoint", required=True)
+    at.add_argument("--data-dir", default="data")
+    at.add_argument("--out-dir", default=None, help="write results.json here (optional)")
+    at.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"])
+    at.add_argument("--norm", choices=["l2", "linf"], default="linf")
+    at.add_argument("--epsilon", type=float, default=0.01, help="per-token ball radius in embedding space")
+    at.add_argument("--step-size", type=float, default=0.0025)
+    at.add_argument("--steps", type=int, default=10)
+    at.add_argument("--batch-size", type=int, default=64)
+    at.add_argument("--limit", type=int, default=None, help="attack only the first N dev examples")
+    at.add_argument("--device", default="auto")
+    at.add_argument("--seed", type=int, default=0)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = list(os.sys.argv[1:] if argv is None else argv)
+    flags: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, flags = argv[:i], argv[i + 1:]
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    for bad in ("--data-dir", "--out-dir", "--seed", "--tasks"):
+        if bad in flags:
+            raise SystemExit(f"robustness: {bad} is set by the experiment; remove it from the flags after --")
+    if args.command == "attack":
+        if flags:
+            raise SystemExit("robustness attack takes no training flags after --")
+        results = attack_experiment(args)
+    else:
+        results = train_experiment(args, flags)
+    text = json.dumps(results, indent=2)
+    print(text)
+    if args.out_dir:
+        Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+        (Path(args.out_dir) / "results.json").write_text(text + "\n")
+    return results
+
+
+if __name__ == "__main__":
+    main()
