@@ -1,0 +1,234 @@
+"""Training checkpoints: a directory of safetensors and JSON files, written atomically, read without pickle.
+
+A checkpoint directory (``<out_dir>/checkpoints/last`` and ``.../best``) holds:
+
+    model.safetensors        MultitaskBert.state_dict(): the encoder under HF BERT names, then the heads
+    objectives.safetensors   objectives' own state (queues, momentum encoders), keys "<objective>.<key>";
+                             absent when no objective has state
+    optimizer.safetensors    AdamW state tensors, keys "<param index>.<name>" (exp_avg, exp_avg_sq, step)
+    optimizer.json           param_groups (hyper-parameters + parameter indices) and the parameter
+                             name of every index, checked on load
+    state.json               where training stands: epoch and step of the next batch, global step,
+                             best dev score, per-epoch history, running epoch loss sums, and the RNG
+                             states of torch / CUDA (base64) / python / numpy (lists)
+    config.json              the full run configuration (TrainConfig as plain JSON)
+    encoder/                 config.json (BertConfig), vocab.txt, tokenizer_config.json: what is
+                             needed to rebuild the encoder and tokenizer without the pretrained dir
+
+Nothing is pickled: tensors go through safetensors, everything else through
+JSON. ``atomic_directory`` writes into a temporary sibling directory, fsyncs
+every file and the directory, then swaps it in with ``os.replace``, so a
+crash never leaves a partial directory under the final name.
+
+Usage:
+    with atomic_directory(run_dir / "checkpoints" / "last") as tmp:
+        save_tensors(tmp / "model.safetensors", model.state_dict())
+        write_json(tmp / "state.json", {"epoch": 1, "rng": rng_state()})
+    state = read_json(resolve_checkpoint(path) / "state.json"); set_rng_state(state["rng"])
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import logging
+import os
+import random
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_file, save_file
+
+logger = logging.getLogger(__name__)
+
+CHECKPOINT_FORMAT = 1
+REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", "state.json", "config.json")
+_OLD_SUFFIX = ".old"
+
+
+# ---- atomic directories -------------------------------------------------------------------
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(root: Path) -> None:
+    for dirpath, _, filenames in os.walk(root):
+        for name in filenames:
+            _fsync_path(Path(dirpath) / name)
+        _fsync_path(Path(dirpath))
+
+
+@contextlib.contextmanager
+def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
+
+    The swap is two renames (old ``final`` -> ``final.old``, temporary ->
+    ``final``) after an fsync of every file; then the old copy is removed. An
+    exception inside the block removes the temporary directory and leaves
+    ``final`` as it was. A crash between the two renames leaves the previous
+    version at ``final.old``, which ``resolve_checkpoint`` finds.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        yield tmp
+        _fsync_tree(tmp)
+        old = final.with_name(final.name + _OLD_SUFFIX)
+        if old.exists():
+            shutil.rmtree(old)
+        if final.exists():
+            os.replace(final, old)
+        os.replace(tmp, final)
+        _fsync_path(final.parent)
+        if old.exists():
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def link_or_copy_directory(src: Path, final: Path) -> None:
+    """Atomically make ``final`` a copy of checkpoint ``src`` (hard links: the files are never modified in place)."""
+    with atomic_directory(final) as tmp:
+        for path in sorted(src.rglob("*")):
+            target = tmp / path.relative_to(src)
+            if path.is_dir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(path, target)
+            except OSError:
+                shutil.copy2(path, target)
+
+
+def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """The checkpoint directory at ``path``, checked to be complete (or its ``.old`` copy after a crash mid-swap)."""
+    path = Path(path).expanduser()
+    if not path.exists():
+        old = path.with_name(path.name + _OLD_SUFFIX)
+        if old.is_dir():
+            logger.warning("%s is missing but %s exists (interrupted while replacing it); using that", path, old)
+            path = old
+        else:
+            raise FileNotFoundError(f"no checkpoint at {path}: pass a directory written by training "
+                                    f"(e.g. runs/<name>/checkpoints/best or .../last)")
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path} is a file; a checkpoint is a directory ({', '.join(REQUIRED_FILES)})")
+    missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{path} is not a complete checkpoint: missing {', '.join(missing)}")
+    return path
+
+
+# ---- files --------------------------------------------------------------------------------
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Plain JSON (no NaN/Infinity tokens: a non-finite float is an error, never silently written)."""
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1, sort_keys=True, allow_nan=False)
+        f.write("\n")
+
+
+def read_json(path: Path) -> Any:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
+    """safetensors file of CPU copies (the encoder's split q/k/v views share storage; copies do not)."""
+    save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}, str(path),
+              metadata=metadata)
+
+
+def load_tensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+    return load_file(str(path), device=str(device))
+
+
+# ---- optimizer state ------------------------------------------------------------------------
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer, param_names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
+    """(tensors, JSON metadata) of an optimizer whose parameters, in group order, are named ``param_names``."""
+    sd = optimizer.state_dict()
+    tensors: dict[str, torch.Tensor] = {}
+    for idx, entry in sd["state"].items():
+        for key, value in entry.items():
+            if not isinstance(value, torch.Tensor):
+                raise TypeError(f"optimizer state {idx}.{key} is a {type(value).__name__}, not a tensor; "
+                                "only tensor state can be checkpointed without pickle")
+            tensors[f"{idx}.{key}"] = value
+    groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in sd["param_groups"]]
+    n_params = sum(len(g["params"]) for g in groups)
+    if n_params != len(param_names):
+        raise ValueError(f"optimizer has {n_params} parameters but {len(param_names)} names were given")
+    return tensors, {"param_groups": groups, "param_names": param_names}
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict[str, torch.Tensor], meta: dict,
+                         param_names: list[str]) -> None:
+    """Inverse of ``optimizer_state``: the parameter names must match index for index."""
+    if meta["param_names"] != param_names:
+        saved, now = set(meta["param_names"]), set(param_names)
+        raise ValueError("the checkpoint's optimizer was built over other parameters: "
+                         f"only in checkpoint {sorted(saved - now)[:5]}, only in model {sorted(now - saved)[:5]}"
+                         + ("" if saved != now else " (same names, different order)"))
+    state: dict[int, dict[str, torch.Tensor]] = {}
+    for name, value in tensors.items():
+        idx, key = name.split(".", 1)
+        state.setdefault(int(idx), {})[key] = value
+    groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+# ---- RNG state ----------------------------------------------------------------------------------
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def rng_state() -> dict[str, Any]:
+    """The global RNG states of torch (CPU and every CUDA device), python and numpy, as JSON values."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
+    state: dict[str, Any] = {
+        "torch": _b64(torch.get_rng_state()),
+        "python": [version, list(internal), gauss],
+        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of ``rng_state``. CUDA states are restored when saved and CUDA is available."""
+    torch.set_rng_state(_unb64(state["torch"]))
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    name, keys, pos, has_gauss, cached = state["numpy"]
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    if "cuda" in state:
+        if torch.cuda.is_available():
+            torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
+        else:
+            logger.warning("the checkpoint has CUDA RNG states but CUDA is not available; dropout masks will differ")

@@ -1,0 +1,1030 @@
+"""The multitask training loop: one generic loop for every task, schedule and objective.
+
+Usage:
+    from tasks.train import TrainConfig, run, evaluate_checkpoint
+    summary = run(TrainConfig(out_dir="runs/try"))        # train, keep the best epoch, write predictions
+    summary = run(cfg, resume_from="runs/try/checkpoints/last")
+    evaluate_checkpoint("runs/try/checkpoints/best")       # predictions from a saved model
+    cfg = apply_preset(TrainConfig(), "b1")                # the paper's configurations (§5.4)
+
+What a run does (``TrainConfig`` documents every knob):
+1. ``seed_everything(seed)``; each task's train and dev files are read and
+   tokenized once (tasks.data); the "nli" stream (nli-train.csv triplets) when
+   ``nli`` is on.
+2. The encoder (``pretrained``; ``encoder_dropout`` goes into its BertConfig),
+   ``MultitaskBert(encoder, model)``, the objectives (tasks.objectives registry),
+   our AdamW with no weight decay on biases and LayerNorm weights.
+3. Every epoch, ``MultitaskSchedule.epoch_plan(epoch)`` lists (stream, batch)
+   steps (sequential / round_robin / even). One step is one batch of one
+   stream, and its loss is
+
+       w_stream · (s · head_loss + Σ_objectives weight_o · Σ terms_o)
+
+   with w the stream's loss weight (§4.2 loss rescaling), s the product of the
+   applying objectives' ``task_loss_scale`` (SCL's 1 − λ), and terms the named
+   losses each applying objective returns. The "nli" stream has no head loss:
+   only its objectives (MNR, §4.2) train on it. Every term is logged under
+   ``<stream>/loss`` (the head) or ``<stream>/<objective>.<term>``, plus the
+   weighted total ``loss``.
+4. After every epoch: dev metrics (tasks.evaluate), a JSONL record, the plot,
+   and checkpoint ``last``; ``best`` when the overall dev score improved.
+5. After the last epoch: the best checkpoint is loaded and dev and test
+   predictions and logits are written for every task (a missing test file is
+   skipped with a message).
+
+Determinism: batches come from explicit generators (a pure function of seed
+and epoch); dropout draws from torch's global RNG, whose state is saved with
+every checkpoint, so ``resume_from`` continues bit for bit on CPU.
+
+Throughput: losses are accumulated as tensors on the device and read back
+only at log time (one sync per ``log_every`` steps).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import sys
+import time
+import types
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from minbert.bert import BertModel
+from minbert.config import BertConfig
+from minbert.optimizer import AdamW
+from minbert.pretrained import load_pretrained, resolve_model_dir
+from minbert.tokenizer import BertTokenizer
+from tasks import objectives as objectives_pkg
+from tasks.checkpoint import (
+    CHECKPOINT_FORMAT,
+    atomic_directory,
+    link_or_copy_directory,
+    load_optimizer_state,
+    load_tensors,
+    optimizer_state,
+    read_json,
+    resolve_checkpoint,
+    rng_state,
+    save_tensors,
+    set_rng_state,
+    write_json,
+)
+from tasks.data import (
+    Example,
+    PairDataset,
+    SentenceDataset,
+    TripletDataset,
+    load_nli,
+    load_split,
+    move_batch,
+)
+from tasks.evaluate import evaluate, write_logits, write_predictions
+from tasks.model import TASKS, ModelConfig, MultitaskBert
+from tasks.objectives import REGISTRY, Objective, build_objectives
+from tasks.sampling import SCHEDULES, LossWeights, MultitaskSchedule
+
+logger = logging.getLogger(__name__)
+
+NLI = "nli"
+STREAMS = TASKS + (NLI,)
+LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
+# Config fields that may change when a run is resumed: none of them changes the
+# arithmetic of the steps already taken or the batches still to come.
+RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "log_every", "checkpoint_every", "eval_batch_size",
+                  "out_dir", "data_dir")
+PRESETS = ("baseline", "b1", "b2", "b3")
+
+
+# ---- configuration ------------------------------------------------------------------------------
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; saved as plain JSON (config.json) with every checkpoint.
+
+    The defaults are the CPU recipe of ``python train_multitask.py`` (chosen by
+    measurement on a 2-core CPU, see README); ``apply_preset`` gives the
+    paper's GPU configurations.
+    """
+
+    # -- data --
+    data_dir: str = "data"  # the CS224N CSV files (data/README.md)
+    out_dir: str = "runs/default"  # run directory: checkpoints/, metrics.jsonl, training.png, predictions/, train.log
+    tasks: tuple[str, ...] = TASKS  # tasks trained and evaluated (subset of sst, para, sts)
+    nli: bool = False  # add the nli-train.csv triplet stream (paper §4.2 "Additional AllNLI data"); needs an objective on "nli"
+    limit: int | None = None  # read at most N examples of every split of every task (and NLI): smoke runs
+    max_length: int = 128  # tokens per sequence (a cross-encoded pair counts as one sequence); longer ones are truncated
+    # Per-stream cap on training examples per epoch: a fresh seeded random subset each
+    # epoch (Quora is ~6x SST; on CPU the whole of it does not fit the time budget).
+    max_train_examples: dict[str, int] = field(default_factory=lambda: {"para": 12000})
+    # Per-task cap on dev examples scored between epochs: a fixed seeded random subset
+    # (Quora dev has 20k pairs). The final evaluation always uses the whole dev set.
+    dev_max_examples: dict[str, int] = field(default_factory=lambda: {"para": 3000})
+
+    # -- model --
+    pretrained: str | None = None  # HF BERT checkpoint directory; None = the embedded all-MiniLM-L6-v2
+    encoder_dropout: float | None = None  # encoder hidden + attention dropout (§4.5 keeps 0.3); None = the checkpoint's own
+    model: ModelConfig = field(default_factory=lambda: ModelConfig(arch="b1", pair_encoding="cross", head_dropout=0.0))
+    objectives: dict[str, dict[str, Any]] = field(default_factory=dict)  # objective name -> its Config overrides
+
+    # -- optimization --
+    epochs: int = 3  # passes over the (capped) training streams
+    batch_size: int = 32  # examples per batch, every stream
+    task_batch_size: dict[str, int] = field(default_factory=dict)  # per-stream batch size overrides (not with schedule even)
+    eval_batch_size: int = 128  # examples per batch at evaluation
+    schedule: str = "even"  # sequential | round_robin | even (§4.2 even batching)
+    loss_weights: dict[str, float] = field(default_factory=dict)  # per-stream loss factor, missing = 1 (§4.2: para 0.1)
+    lr: float = 5e-5  # peak learning rate of AdamW
+    lr_schedule: str = "warmup_linear"  # constant | epoch_decay (lr - lr_decay·epoch, §4.5) | warmup_linear (to 0 over all steps)
+    lr_decay: float = 4e-7  # epoch_decay only: subtracted from lr once per epoch (§4.5: 4e-7)
+    warmup: float = 0.1  # warmup_linear only: fraction of all steps with a linear warmup from 0
+    weight_decay: float = 0.01  # AdamW decoupled weight decay; never on biases and LayerNorm weights
+    grad_clip: float = 1.0  # clip the global gradient norm to this; 0 = no clipping
+    seed: int = 0  # seeds python, numpy and torch once; batches use generators derived from it
+
+    # -- runtime --
+    device: str = "auto"  # auto (cuda when available, else cpu) | cpu | cuda | cuda:N
+    bf16: bool | None = None  # bf16 autocast; None = on for CUDA, off on CPU
+    compile: bool = False  # torch.compile the encoder
+    log_every: int = 50  # one log line every N steps (the only time losses are read back from the device)
+    checkpoint_every: int = 0  # also write checkpoint "last" every N steps mid-epoch; 0 = at epoch ends only
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)
+        if isinstance(self.model, dict):
+            self.model = ModelConfig(**self.model)
+
+    # -- JSON --
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tasks"] = list(self.tasks)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
+        d = dict(d)
+        if "model" in d:
+            model_known = {f.name for f in dataclasses.fields(ModelConfig)}
+            bad = sorted(set(d["model"]) - model_known)
+            if bad:
+                raise ValueError(f"unknown ModelConfig field(s) {bad}; known: {sorted(model_known)}")
+            d["model"] = ModelConfig(**d["model"])
+        return cls(**d)
+
+    # -- checks --
+    def streams(self) -> tuple[str, ...]:
+        """The schedule's streams: the tasks, then "nli" when on."""
+        return self.tasks + ((NLI,) if self.nli else ())
+
+    def batch_sizes(self) -> dict[str, int]:
+        return {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
+
+    def validate(self) -> None:
+        """Raise ValueError with a sentence saying why when fields contradict each other or are out of range."""
+        if not self.tasks:
+            raise ValueError("tasks is empty: train at least one of sst, para, sts")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}: the tasks are {', '.join(TASKS)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks {list(self.tasks)} names a task twice")
+        streams = self.streams()
+        for name, mapping in (("max_train_examples", self.max_train_examples), ("loss_weights", self.loss_weights),
+                              ("task_batch_size", self.task_batch_size)):
+            extra = sorted(set(mapping) - set(streams))
+            if extra:
+                hint = " (add --nli for the nli stream)" if NLI in extra and not self.nli else ""
+                raise ValueError(f"{name} names {extra}, which this run does not train (streams: {list(streams)}){hint}")
+        extra = sorted(set(self.dev_max_examples) - set(self.tasks))
+        if extra:
+            raise ValueError(f"dev_max_examples names {extra}, which this run does not evaluate (tasks: {list(self.tasks)})")
+        _positive_ints("max_train_examples", self.max_train_examples, 1)
+        _positive_ints("dev_max_examples", self.dev_max_examples, 2)  # Pearson r needs two points
+        _positive_ints("task_batch_size", self.task_batch_size, 1)
+        bad = {s: w for s, w in self.loss_weights.items() if not (isinstance(w, (int, float)) and w >= 0)}
+        if bad:
+            raise ValueError(f"loss weights must be non-negative numbers, got {bad}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0 = epoch ends only), got {self.checkpoint_every}")
+        if self.max_length < 3:
+            raise ValueError(f"max_length={self.max_length} leaves no room for text ([CLS] a [SEP] b [SEP] needs 3 tokens)")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; schedules: {', '.join(SCHEDULES)}")
+        sizes = self.batch_sizes()
+        if self.schedule == "even" and len(set(sizes.values())) > 1:
+            raise ValueError(f"schedule 'even' (paper §4.2) splits every task into batches of one size, "
+                             f"but the batch sizes differ: {sizes}")
+        if self.limit is not None:
+            if self.limit < max(sizes.values()):
+                raise ValueError(f"limit={self.limit} is smaller than the batch size {max(sizes.values())}: "
+                                 "every batch would be partial; lower --batch-size or raise --limit")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
+        if not self.lr_decay >= 0:
+            raise ValueError(f"lr_decay must be >= 0, got {self.lr_decay}")
+        if self.lr_schedule == "epoch_decay" and not self.lr - self.lr_decay * (self.epochs - 1) > 0:
+            raise ValueError(f"lr_schedule epoch_decay: lr {self.lr} - lr_decay {self.lr_decay} x {self.epochs - 1} "
+                             "epochs is not positive; the last epochs would not train")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup is a fraction of all steps in [0, 1), got {self.warmup}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.grad_clip >= 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        if self.encoder_dropout is not None and not 0 <= self.encoder_dropout < 1:
+            raise ValueError(f"encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
+        _check_device_string(self.device)
+        self.model.__post_init__()  # a ModelConfig edited after construction is re-checked
+        check_objectives(self)
+
+
+def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:
+    bad = {k: v for k, v in mapping.items() if not (isinstance(v, int) and v >= low)}
+    if bad:
+        raise ValueError(f"{name} values must be integers >= {low}, got {bad}")
+
+
+def _check_device_string(device: str) -> None:
+    if device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit()):
+        return
+    raise ValueError(f"device {device!r} is not one of auto, cpu, cuda, cuda:N, mps")
+
+
+def _active_tasks(cls: type[Objective], config: Any) -> tuple[str, ...]:
+    """The streams an objective of class ``cls`` with ``config`` applies to, without building it (no model needed)."""
+    return tuple(cls.active_tasks(types.SimpleNamespace(config=config, tasks=cls.tasks)))
+
+
+def registered_objectives() -> dict[str, type[Objective]]:
+    """Every objective under tasks/objectives/, imported so that each registers itself."""
+    objectives_pkg._import_all()
+    return dict(REGISTRY)
+
+
+def check_objectives(cfg: TrainConfig) -> None:
+    """Refuse objectives that are not registered, cannot be configured so, or would do nothing in this run."""
+    registry = registered_objectives()
+    streams = cfg.streams()
+    on_nli = []
+    for name, overrides in cfg.objectives.items():
+        if name not in registry:
+            raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/ defines it "
+                             f"(registered: {', '.join(sorted(registry)) or 'none'})")
+        cls = registry[name]
+        try:
+            config = cls.Config(**overrides)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"objective {name!r}: {e}") from None
+        applies = [s for s in _active_tasks(cls, config) if s in streams]
+        if not applies:
+            raise ValueError(f"objective {name!r} applies to {list(_active_tasks(cls, config))}, none of which this "
+                             f"run trains (streams: {list(streams)})")
+        if getattr(cls, "needs_siamese", False) and cfg.model.pair_encoding == "cross":
+            raise ValueError(f"objective {name!r} compares separately encoded sentences and needs "
+                             "pair_encoding 'siamese', but the run uses 'cross'")
+        if NLI in applies:
+            on_nli.append(name)
+    if cfg.nli and not on_nli:
+        raise ValueError("the nli stream has no head loss and no objective here applies to it, so it would "
+                         "train nothing: add an objective for nli (the paper uses --objective mnr, §4.2)")
+
+
+# ---- presets (paper §5.4) ---------------------------------------------------------------------------
+
+
+def apply_preset(cfg: TrainConfig, name: str) -> TrainConfig:
+    """A copy of ``cfg`` with the paper's configuration ``name`` (baseline, b1, b2, b3).
+
+    From ../shared/papers/minbert-downstream-generalization.txt:
+    - common: 10 epochs (§5.3), batch size 16 (§4.4 "ours is just K = 16"),
+      lr 1e-5 (§4.1), encoder dropout 0.3 (§4.5 "keeping the main BERT
+      model's dropout rate at 0.3"), every training and dev example (no caps),
+      Siamese pairs on the pooled [CLS] (§4.1), no weight decay or gradient
+      clipping (neither is used; §6 weight decay "did not work well").
+    - baseline (§4.1): linear heads with dropout 0.3, constant lr, the
+      sequential schedule (one task's epoch after another).
+    - b3 (§5.4): the b1 architecture (shared FCN, non-linear heads, paraphrase
+      structural change, FCN 256, §4.3) with head dropout 0.3, even batching
+      and loss rescaling (para 0.1, §4.2), MNR on STS (label-weighted, §4.4) and
+      unsupervised SimCSE on STS (dot product, §4.4), lr 1e-5 decayed by
+      4e-7 per epoch (§4.5), no NLI.
+    - b2: b3 without head dropout. b1: b2 plus the AllNLI stream trained with
+      MNR only (§4.2; pairs of entailed sentences, so no hard negatives).
+    Objectives a preset needs must be registered; ``validate`` names any that is not.
+    """
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    common = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
+                  max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
+                  loss_weights={}, objectives={})
+    if name == "baseline":
+        model = ModelConfig(arch="baseline", pair_encoding="siamese", pooling="pooler", head_dropout=0.3)
+        return dataclasses.replace(cfg, **common, model=model, schedule="sequential", lr_schedule="constant")
+    head_dropout = 0.3 if name == "b3" else 0.0
+    model = ModelConfig(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256, head_dropout=head_dropout)
+    mnr_streams = ["sts", NLI] if name == "b1" else ["sts"]
+    objectives = {"mnr": {"tasks": mnr_streams, "hard_negatives": False},
+                  "simcse": {"tasks": ["sts"], "similarity": "dot", "temperature": 1.0}}
+    return dataclasses.replace(cfg, **{**common, "objectives": objectives, "loss_weights": {"para": 0.1},
+                                       "nli": name == "b1"},
+                               model=model, schedule="even", lr_schedule="epoch_decay", lr_decay=4e-7)
+
+
+# ---- process-level setup ------------------------------------------------------------------------------------
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (CPU and CUDA): the one place global RNGs are seeded."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
+
+
+def configure_malloc() -> bool:
+    """Make glibc keep freed memory for reuse instead of returning it to the OS each step.
+
+    Without this, every large tensor of a CPU training step (activations,
+    gradients, the 47 MB word-embedding gradient and AdamW temporaries) is
+    mmapped and unmapped again, and the pages are zero-filled on each fault.
+    M_MMAP_MAX=0 serves all allocations from the heap; M_TRIM_THRESHOLD at
+    its maximum stops the heap from being trimmed. (Raising M_MMAP_THRESHOLD,
+    or MALLOC_MMAP_THRESHOLD_ in the environment, cannot do this: glibc caps
+    it at 32 MiB, below the embedding gradient.) Measured on the 2-core Xeon,
+    default recipe, 60-80 real training steps, fp32: 79-84 -> 86-87 seq/s
+    (+3-8%) and 40% fewer minor page faults; the environment variables gave
+    83-85 seq/s. Call it first thing in a process (train_multitask.main does).
+    Returns False where glibc's mallopt is not available.
+    """
+    name = ctypes.util.find_library("c")
+    if sys.platform != "linux" or name is None:
+        return False
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    ok = mallopt(_M_MMAP_MAX, 0) == 1
+    ok = (mallopt(_M_TRIM_THRESHOLD, 2**31 - 1) == 1) and ok
+    return ok
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" -> cuda when available else cpu; an unavailable device is an error."""
+    _check_device_string(name)
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {name!r} requested but torch.cuda.is_available() is False")
+    if device.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError("device 'mps' requested but torch.backends.mps.is_available() is False")
+    return device
+
+
+def autocast_dtype(bf16: bool | None, device: torch.device) -> torch.dtype | None:
+    """bfloat16 when autocast is on: explicitly, or by default on CUDA with bf16 support."""
+    if bf16 is None:
+        bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("bf16 autocast requested but this GPU does not support bfloat16")
+    return torch.bfloat16 if bf16 else None
+
+
+# ---- data --------------------------------------------------------------------------------------------------------
+
+
+def make_dataset(task: str, examples: Sequence[Example], tokenizer: Any, cfg: TrainConfig):
+    """The tokenized dataset of a task: SentenceDataset (sst) or PairDataset in the model's pair encoding."""
+    if task == "sst":
+        return SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
+    return PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
+
+
+def fixed_subset(examples: list[Example], n: int, seed: int) -> list[Example]:
+    """A fixed random subset of ``n`` examples (same for every epoch), kept in file order."""
+    if n >= len(examples):
+        return examples
+    g = torch.Generator().manual_seed(seed)
+    keep = sorted(torch.randperm(len(examples), generator=g)[:n].tolist())
+    return [examples[i] for i in keep]
+
+
+def _load(task: str, split: str, cfg: TrainConfig):
+    loaded = load_split(task, split, cfg.data_dir, limit=cfg.limit)
+    if loaded is None:
+        return None
+    examples, _ = loaded
+    if not examples:
+        raise ValueError(f"{task} {split}: no valid examples in {cfg.data_dir}")
+    return examples
+
+
+# ---- the trainer -------------------------------------------------------------------------------------------------
+
+
+class Hook:
+    """Callbacks around the loop (SWA, LP-FT stages, custom logging); override what you need.
+
+    ``trainer`` gives access to the model, optimizer, config and position
+    (``epoch``, ``step``, ``global_step``). Hooks run after the step's checkpoint.
+    """
+
+    def on_train_start(self, trainer: Trainer) -> None: ...
+
+    def on_step_end(self, trainer: Trainer) -> None: ...
+
+    def on_epoch_end(self, trainer: Trainer, record: dict) -> None: ...
+
+    def on_train_end(self, trainer: Trainer) -> None: ...
+
+
+class _EvalView(nn.Module):
+    """The model as evaluation sees it: objectives' inference transforms (Match-Tuning "batch") applied."""
+
+    def __init__(self, model: MultitaskBert, transforms: dict[str, Callable]):
+        super().__init__()
+        self.model = model
+        self.transforms = transforms
+
+    def forward(self, task: str, batch: dict):
+        return self.model(task, batch, transform=self.transforms.get(task))
+
+    def predict(self, task: str, out) -> torch.Tensor:
+        return self.model.predict(task, out)
+
+
+def _compose(fns: list[Callable]) -> Callable | None:
+    if not fns:
+        return None
+    if len(fns) == 1:
+        return fns[0]
+
+    def composed(h: torch.Tensor) -> torch.Tensor:
+        for f in fns:
+            h = f(h)
+        return h
+
+    return composed
+
+
+def eval_model(model: MultitaskBert, objectives: Sequence[Objective], tasks: Sequence[str]) -> nn.Module:
+    """``model`` itself, or a view applying the objectives' evaluation transforms where they have one."""
+    transforms = {}
+    for task in tasks:
+        fns = [o.transform_for(task, False) for o in objectives if hasattr(o, "transform_for")]
+        fn = _compose([f for f in fns if f is not None])
+        if fn is not None:
+            transforms[task] = fn
+    return _EvalView(model, transforms) if transforms else model
+
+
+def _jsonable(metrics: dict[str, float]) -> dict[str, float | None]:
+    """Non-finite values (an undefined Pearson r) become null: JSON has no NaN."""
+    return {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}
+
+
+def _sequences(batch: dict) -> int:
+    """Sequences the encoder reads for a batch: 1 per row, 2 for Siamese pairs, 2-3 for NLI triplets."""
+    rows = len(batch["ids"])
+    return rows * sum(1 for k in batch if k.startswith("input_ids"))
+
+
+class Trainer:
+    """One training run: builds data, model, objectives and optimizer from a TrainConfig, then ``fit()``.
+
+    ``resume_from`` (a checkpoint directory) restores model, objectives,
+    optimizer, position (epoch, step), best score, history and RNG states;
+    its config.json must equal ``cfg`` except for RESUME_MUTABLE fields.
+    A fresh run refuses an ``out_dir`` that already holds checkpoints unless
+    ``overwrite`` is set.
+    """
+
+    def __init__(self, cfg: TrainConfig, hooks: Sequence[Hook] = (), resume_from: str | os.PathLike | None = None,
+                 overwrite: bool = False) -> None:
+        cfg.validate()
+        self.cfg = cfg
+        self.hooks = list(hooks)
+        self.out_dir = Path(cfg.out_dir)
+        self.ckpt_root = self.out_dir / "checkpoints"
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        ckpt = None
+        if resume_from is not None:
+            ckpt = resolve_checkpoint(resume_from)
+            check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
+        elif self.ckpt_root.exists() and any(self.ckpt_root.iterdir()):
+            if not overwrite:
+                raise FileExistsError(f"{self.ckpt_root} already holds checkpoints: resume them (--resume), "
+                                      "pick another --out-dir, or pass --overwrite to replace them")
+            shutil.rmtree(self.ckpt_root)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        if ckpt is None:
+            self.metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
+        write_json(self.out_dir / "config.json", cfg.to_dict())
+
+        seed_everything(cfg.seed)
+        self.device = resolve_device(cfg.device)
+        self.amp_dtype = autocast_dtype(cfg.bf16, self.device)
+        if self.device.type == "cuda":
+            torch.backends.cuda.matmul.allow_tf32 = True
+            torch.backends.cudnn.allow_tf32 = True
+
+        t0 = time.perf_counter()
+        overrides = {}
+        if cfg.encoder_dropout is not None:
+            overrides = {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
+        encoder, self.tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
+        self.encoder_dir = resolve_model_dir(cfg.pretrained)
+        self.train_sets: dict[str, Any] = {}
+        self.dev_sets: dict[str, Any] = {}
+        for task in cfg.tasks:
+            self.train_sets[task] = make_dataset(task, _load(task, "train", cfg), self.tokenizer, cfg)
+            dev = _load(task, "dev", cfg)
+            if task in cfg.dev_max_examples and cfg.dev_max_examples[task] < len(dev):
+                logger.info("%s dev between epochs: a fixed random %d of %d examples (the final evaluation uses all)",
+                            task, cfg.dev_max_examples[task], len(dev))
+                dev = fixed_subset(dev, cfg.dev_max_examples[task], cfg.seed)
+            self.dev_sets[task] = make_dataset(task, dev, self.tokenizer, cfg)
+        if cfg.nli:
+            triplets, _ = load_nli(cfg.data_dir, limit=cfg.limit)
+            self.train_sets[NLI] = TripletDataset(triplets, self.tokenizer, max_length=cfg.max_length)
+        logger.info("data: %s (read and tokenized in %.1f s)",
+                    ", ".join(f"{s} {len(d)} train" for s, d in self.train_sets.items()), time.perf_counter() - t0)
+
+        self.model = MultitaskBert(encoder, cfg.model).to(self.device)
+        self.objectives = build_objectives(cfg.objectives, self.model)
+        for o in self.objectives:
+            o.to(self.device)
+            # Before the optimizer (an objective may add parameters) and before a checkpoint is
+            # loaded (whatever this sets up, the checkpoint's state then overwrites).
+            if hasattr(o, "set_train_size"):  # KNN-BERT: queue = min(queue_size, train size)
+                for task in cfg.tasks:
+                    if o.applies_to(task):
+                        o.set_train_size(len(self.train_sets[task]), task)
+            if hasattr(o, "on_train_start"):
+                o.on_train_start(self.model, self)
+        self.params, self.param_names, self.optimizer = self._build_optimizer()
+        self.schedule = MultitaskSchedule({s: d.lengths for s, d in self.train_sets.items()}, cfg.batch_sizes(),
+                                          cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples)
+        self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
+                                   extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
+
+        # Position: the next step to run is plan(epoch)[step].
+        self.epoch = 0
+        self.step = 0
+        self.global_step = 0
+        self.best: dict | None = None
+        self.history: list[dict] = []
+        self.epoch_sums: dict[str, torch.Tensor] = {}
+        self.epoch_counts: dict[str, int] = {}
+        self.elapsed = 0.0  # training seconds before this process (resumed runs)
+        self._rng_to_restore = None
+        if ckpt is not None:
+            self._load_checkpoint(ckpt)
+        if cfg.compile:
+            self.model.encoder.compile()
+
+    # -- building --
+    def _build_optimizer(self) -> tuple[list[nn.Parameter], list[str], AdamW]:
+        """AdamW over the model's and objectives' trainable parameters; no decay on biases / LayerNorm (ndim < 2)."""
+        named: list[tuple[str, nn.Parameter]] = []
+        seen: set[int] = set()
+        sources = [("model", self.model)] + [(f"objectives.{o.name}", o) for o in self.objectives]
+        for prefix, module in sources:
+            for n, p in module.named_parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    named.append((f"{prefix}.{n}", p))
+        decay = [(n, p) for n, p in named if p.ndim >= 2]
+        no_decay = [(n, p) for n, p in named if p.ndim < 2]
+        groups = [{"params": [p for _, p in decay], "weight_decay": self.cfg.weight_decay},
+                  {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+        opt = AdamW(groups, lr=self.cfg.lr, foreach=True)
+        ordered = decay + no_decay
+        return [p for _, p in ordered], [n for n, _ in ordered], opt
+
+    # -- learning rate --
+    def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
+        """The learning rate of plan(epoch)[step] under ``lr_schedule``."""
+        cfg = self.cfg
+        if cfg.lr_schedule == "constant":
+            return cfg.lr
+        if cfg.lr_schedule == "epoch_decay":
+            return cfg.lr - cfg.lr_decay * epoch
+        total = cfg.epochs * steps_per_epoch
+        t = epoch * steps_per_epoch + step
+        warm = round(cfg.warmup * total)
+        if t < warm:
+            return cfg.lr * (t + 1) / warm
+        return cfg.lr * (total - t) / max(total - warm, 1)
+
+    # -- one step --
+    def step_loss(self, stream: str, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(weighted total loss, unweighted named terms) of one batch of ``stream``."""
+        applying = [o for o in self.objectives if o.applies_to(stream)]
+        terms: dict[str, torch.Tensor] = {}
+        total: torch.Tensor | float = 0.0
+        out = None
+        with torch.autocast(self.device.type, dtype=self.amp_dtype or torch.bfloat16,
+                            enabled=self.amp_dtype is not None):
+            if stream != NLI:
+                fns = [o.transform_for(stream, True) for o in applying if hasattr(o, "transform_for")]
+                out = self.model(stream, batch, transform=_compose([f for f in fns if f is not None]))
+                head = self.model.task_loss(stream, out, batch)
+                terms[f"{stream}/loss"] = head
+                total = math.prod(o.task_loss_scale for o in applying) * head
+            for o in applying:
+                for name, value in o(self.model, stream, batch, out).items():
+                    terms[f"{stream}/{o.name}.{name}"] = value
+                    total = total + o.weight * value
+        if not isinstance(total, torch.Tensor):
+            raise RuntimeError(f"the {stream} batch produced no loss term (objectives here: "
+                               f"{[o.name for o in applying]})")
+        return self.weights.get(stream) * total, terms
+
+    def train_step(self, stream: str, batch: dict, lr: float) -> dict[str, torch.Tensor]:
+        """One optimizer step on one batch; returns the detached terms plus the weighted total "loss"."""
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        loss, terms = self.step_loss(stream, batch)
+        loss.backward()
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for o in self.objectives:
+            o.on_step_end(self.model)
+        detached = {k: v.detach().float() for k, v in terms.items()}
+        detached["loss"] = loss.detach().float()
+        return detached
+
+    # -- the loop --
+    def fit(self) -> dict:
+        """Train from the current position to ``epochs``; returns a summary (best epoch, its dev metrics)."""
+        for h in self.hooks:
+            h.on_train_start(self)
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)  # last: nothing after it may draw from the global RNGs
+            self._rng_to_restore = None
+        self.model.train()
+        if self.epoch >= self.cfg.epochs:
+            logger.info("nothing to train: the checkpoint is at epoch %d of %d", self.epoch, self.cfg.epochs)
+        with _logging_redirect():
+            while self.epoch < self.cfg.epochs:
+                self._train_epoch()
+        for h in self.hooks:
+            h.on_train_end(self)
+        return {"best": self.best, "epochs": self.epoch, "global_step": self.global_step}
+
+    def _train_epoch(self) -> None:
+        cfg = self.cfg
+        plan = self.schedule.epoch_plan(self.epoch)
+        n = len(plan)
+        t_epoch = time.perf_counter()
+        window: dict[str, torch.Tensor] = {}
+        window_counts: dict[str, int] = {}
+        window_seqs, t_window = 0, time.perf_counter()
+        bar = tqdm(total=n, initial=self.step, desc=f"epoch {self.epoch + 1}/{cfg.epochs}", dynamic_ncols=True,
+                   disable=not sys.stderr.isatty(), leave=False)
+        lr = self.lr_at(self.epoch, self.step, n)
+        try:
+            while self.step < n:
+                stream, indices = plan[self.step]
+                lr = self.lr_at(self.epoch, self.step, n)
+                batch = move_batch(self.train_sets[stream].collate(indices), self.device)
+                terms = self.train_step(stream, batch, lr)
+                for k, v in terms.items():
+                    self.epoch_sums[k] = self.epoch_sums[k] + v if k in self.epoch_sums else v
+                    self.epoch_counts[k] = self.epoch_counts.get(k, 0) + 1
+                    window[k] = window[k] + v if k in window else v
+                    window_counts[k] = window_counts.get(k, 0) + 1
+                window_seqs += _sequences(batch)
+                self.step += 1
+                self.global_step += 1
+                bar.update(1)
+                if self.global_step % cfg.log_every == 0:
+                    now = time.perf_counter()
+                    means = _means(window, window_counts)  # the one device sync per log_every steps
+                    logger.info("epoch %d/%d step %d/%d | lr %.2e | %s | %.1f seq/s", self.epoch + 1, cfg.epochs,
+                                self.step, n, lr, " | ".join(f"{k} {v:.4f}" for k, v in means.items()),
+                                window_seqs / max(now - t_window, 1e-9))
+                    bar.set_postfix(loss=f"{means['loss']:.4f}")
+                    window, window_counts, window_seqs, t_window = {}, {}, 0, now
+                if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 and self.step < n:
+                    self.save_checkpoint("last")
+                for h in self.hooks:
+                    h.on_step_end(self)
+        finally:
+            bar.close()
+        train_time = time.perf_counter() - t_epoch
+        self._end_epoch(lr, train_time)
+
+    def _end_epoch(self, lr: float, train_time: float) -> None:
+        t0 = time.perf_counter()
+        means = _means(self.epoch_sums, self.epoch_counts)
+        metrics, _ = evaluate(eval_model(self.model, self.objectives, self.cfg.tasks), self.dev_sets,
+                              batch_size=self.cfg.eval_batch_size, device=self.device, autocast_dtype=self.amp_dtype)
+        eval_time = time.perf_counter() - t0
+        score = metrics.get("overall", math.nan)
+        # The first epoch is the best so far even with an undefined score (a constant STS prediction has no r).
+        improved = self.best is None or (math.isfinite(score) and (self.best["score"] is None
+                                                                    or score > self.best["score"]))
+        self.elapsed += train_time + eval_time
+        record = {"epoch": self.epoch + 1, "global_step": self.global_step, "lr": lr, "train": means,
+                  "dev": _jsonable(metrics), "dev_examples": {t: len(d) for t, d in self.dev_sets.items()},
+                  "train_time_s": round(train_time, 2), "eval_time_s": round(eval_time, 2),
+                  "elapsed_s": round(self.elapsed, 2), "best": improved}
+        self.history.append(record)
+        logger.info("epoch %d done in %.0f s (+%.0f s dev): %s | dev %s%s", self.epoch + 1, train_time, eval_time,
+                    " ".join(f"{k} {v:.4f}" for k, v in means.items()),
+                    " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), " (best so far)" if improved else "")
+        if improved:
+            self.best = {"score": score if math.isfinite(score) else None, "epoch": self.epoch + 1,
+                         "dev": _jsonable(metrics)}
+        self.epoch += 1
+        self.step = 0
+        self.epoch_sums, self.epoch_counts = {}, {}
+        self.save_checkpoint("last")
+        if improved:
+            link_or_copy_directory(self.ckpt_root / "last", self.ckpt_root / "best")
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
+        from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
+
+        plot_history(self.history, self.out_dir / "training.png")
+        for h in self.hooks:
+            h.on_epoch_end(self, record)
+
+    # -- checkpoints --
+    def state(self) -> dict:
+        """state.json: the position, best score, history and RNG states (JSON values only)."""
+        return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
+                "best": self.best, "history": self.history, "elapsed_s": self.elapsed,
+                "epoch_sums": {k: [float(v), self.epoch_counts[k]] for k, v in self.epoch_sums.items()},
+                "rng": rng_state()}
+
+    def save_checkpoint(self, name: str = "last") -> Path:
+        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py)."""
+        final = self.ckpt_root / name
+        with atomic_directory(final) as tmp:
+            save_tensors(tmp / "model.safetensors", self.model.state_dict())
+            obj_state = objectives_state(self.objectives, self.model)
+            if obj_state:
+                save_tensors(tmp / "objectives.safetensors", obj_state)
+            tensors, meta = optimizer_state(self.optimizer, self.param_names)
+            save_tensors(tmp / "optimizer.safetensors", tensors)
+            write_json(tmp / "optimizer.json", meta)
+            write_json(tmp / "state.json", self.state())
+            write_json(tmp / "config.json", self.cfg.to_dict())
+            save_encoder_files(tmp / "encoder", self.model.encoder.config, self.encoder_dir)
+        return final
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
+        self.model.load_state_dict(load_tensors(ckpt / "model.safetensors", self.device))
+        load_objectives_state(self.objectives, self.model, ckpt, self.device)
+        load_optimizer_state(self.optimizer, load_tensors(ckpt / "optimizer.safetensors", self.device),
+                             read_json(ckpt / "optimizer.json"), self.param_names)
+        state = read_json(ckpt / "state.json")
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
+        self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
+        self.best, self.history, self.elapsed = state["best"], state["history"], state["elapsed_s"]
+        self.epoch_sums = {k: torch.tensor(v, dtype=torch.float32, device=self.device)
+                           for k, (v, _) in state["epoch_sums"].items()}
+        self.epoch_counts = {k: c for k, (_, c) in state["epoch_sums"].items()}
+        self._rng_to_restore = state["rng"]
+        # metrics.jsonl continues from the checkpoint: records of epochs after it are dropped.
+        with open(self.metrics_path, "w", encoding="utf-8") as f:
+            for record in self.history:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
+        logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
+                    self.global_step)
+
+    # -- after training --
+    def load_best(self) -> Path:
+        """Load the best checkpoint's model and objectives weights into the live model."""
+        best = resolve_checkpoint(self.ckpt_root / "best")
+        self.model.load_state_dict(load_tensors(best / "model.safetensors", self.device))
+        load_objectives_state(self.objectives, self.model, best, self.device)
+        return best
+
+
+def _means(sums: dict[str, torch.Tensor], counts: dict[str, int]) -> dict[str, float]:
+    """Means of accumulated device tensors: one stack, one transfer. Non-finite losses stop the run."""
+    if not sums:
+        return {}
+    keys = sorted(sums, key=lambda k: (k != "loss", k))
+    values = torch.stack([sums[k] for k in keys]).tolist()
+    means = {k: v / counts[k] for k, v in zip(keys, values)}
+    bad = [k for k, v in means.items() if not math.isfinite(v)]
+    if bad:
+        raise FloatingPointError(f"non-finite training loss in {bad}: lower --lr, enable --grad-clip, or check the data")
+    return means
+
+
+@contextlib.contextmanager
+def _logging_redirect():
+    """Route log lines through tqdm.write while a progress bar may be on screen (terminal only)."""
+    if sys.stderr.isatty():
+        from tqdm.contrib.logging import logging_redirect_tqdm
+
+        with logging_redirect_tqdm():
+            yield
+    else:
+        yield
+
+
+def _storages(module: nn.Module) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
+
+
+def objectives_state(objectives: Sequence[Objective], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Objectives' own tensors (queues, momentum encoders) keyed "<name>.<key>".
+
+    Tensors that live in the model (an objective holding a reference to the
+    encoder) are left out: model.safetensors has them.
+    """
+    shared = _storages(model)
+    out: dict[str, torch.Tensor] = {}
+    for o in objectives:
+        for k, v in o.state_dict(keep_vars=True).items():
+            if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in shared:
+                out[f"{o.name}.{k}"] = v.detach()
+    return out
+
+
+def load_objectives_state(objectives: Sequence[Objective], model: nn.Module, ckpt: Path,
+                          device: torch.device) -> None:
+    """Inverse of ``objectives_state``. Missing tensors (other than the model's own) and extra ones are errors."""
+    path = ckpt / "objectives.safetensors"
+    saved = load_tensors(path, device) if path.is_file() else {}
+    names = {o.name for o in objectives}
+    stray = sorted(k for k in saved if k.split(".", 1)[0] not in names)
+    if stray:
+        raise ValueError(f"{ckpt}: objectives.safetensors holds state of objectives this config does not use: "
+                         f"{stray[:5]}")
+    shared = _storages(model)
+    for o in objectives:
+        mine = {k[len(o.name) + 1:]: v for k, v in saved.items() if k.startswith(o.name + ".")}
+        result = o.load_state_dict(mine, strict=False)  # not strict: tensors of the model are not in the file
+        in_model = {k for k, v in o.state_dict(keep_vars=True).items()
+                    if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() in shared}
+        missing = sorted(set(result.missing_keys) - in_model)
+        if missing or result.unexpected_keys:
+            raise ValueError(f"{ckpt}: objective {o.name!r} state does not match: missing {missing[:5]}, "
+                             f"unexpected {sorted(result.unexpected_keys)[:5]}")
+
+
+def save_encoder_files(directory: Path, config: BertConfig, source_dir: Path) -> None:
+    """The encoder's BertConfig and tokenizer files: enough to rebuild both without the pretrained directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(directory / "config.json")
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        if (source_dir / name).is_file():
+            shutil.copyfile(source_dir / name, directory / name)
+
+
+def check_resume_config(saved: TrainConfig, cfg: TrainConfig) -> None:
+    """A resumed run must be the same run: only RESUME_MUTABLE fields may differ."""
+    a, b = saved.to_dict(), cfg.to_dict()
+    changed = sorted(k for k in a if a[k] != b.get(k) and k not in RESUME_MUTABLE)
+    if changed:
+        details = "; ".join(f"{k}: checkpoint {a[k]!r}, now {b[k]!r}" for k in changed)
+        raise ValueError(f"cannot resume with a different configuration ({details}); only "
+                         f"{', '.join(RESUME_MUTABLE)} may change")
+    if a["epochs"] != b["epochs"] and cfg.lr_schedule == "warmup_linear":
+        raise ValueError("epochs cannot change on resume with lr_schedule warmup_linear: the decay is spread over "
+                         "all steps, so the steps already taken would have had other learning rates")
+
+
+# ---- predictions ------------------------------------------------------------------------------------------------
+
+
+def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective], tokenizer: Any, cfg: TrainConfig,
+                          pred_dir: Path, device: torch.device, amp_dtype: torch.dtype | None) -> dict:
+    """Full dev metrics, and dev + test prediction and logit files for every task of ``cfg``.
+
+    A missing test file (there is no quora-test-student.csv in the shared data)
+    is skipped with a message. Returns {"dev": metrics, "files": [paths], "skipped": [...]}.
+    """
+    view = eval_model(model, objectives, cfg.tasks)
+    files: list[str] = []
+    skipped: list[str] = []
+    result: dict[str, Any] = {}
+    for split in ("dev", "test"):
+        datasets = {}
+        for task in cfg.tasks:
+            examples = _load(task, split, cfg)
+            if examples is None:
+                msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
+                logger.warning(msg)
+                skipped.append(msg)
+                continue
+            datasets[task] = make_dataset(task, examples, tokenizer, cfg)
+        t0 = time.perf_counter()
+        metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
+                                  autocast_dtype=amp_dtype)
+        for task, p in preds.items():
+            files.append(str(write_predictions(pred_dir, task, split, p)))
+            files.append(str(write_logits(pred_dir, task, split, p)))
+        logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
+                    (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
+        if split == "dev":
+            result["dev"] = _jsonable(metrics)
+    result["files"] = files
+    result["skipped"] = skipped
+    return result
+
+
+def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overwrite: bool = False,
+        hooks: Sequence[Hook] = ()) -> dict:
+    """Train, then load the best checkpoint and write dev + test predictions. Returns the final summary."""
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg, hooks=hooks, resume_from=resume_from, overwrite=overwrite)
+    summary = trainer.fit()
+    best = trainer.load_best()
+    logger.info("best epoch %s (dev overall %s); writing predictions from %s", summary["best"]["epoch"],
+                summary["best"]["score"], best)
+    final = write_all_predictions(trainer.model, trainer.objectives, trainer.tokenizer, cfg,
+                                  trainer.out_dir / "predictions", trainer.device, trainer.amp_dtype)
+    record = {"final": True, "best_epoch": summary["best"]["epoch"], "dev": final["dev"],
+              "process_time_s": round(time.perf_counter() - t0, 1), "predictions": final["files"],
+              "skipped": final["skipped"]}
+    with open(trainer.metrics_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record, allow_nan=False) + "\n")
+    logger.info("final dev (full sets): %s | %.0f s in this process",
+                " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None), record["process_time_s"])
+    return record
+
+
+def load_checkpoint_model(path: str | os.PathLike, device: torch.device | str = "cpu"
+                          ) -> tuple[MultitaskBert, list[Objective], BertTokenizer, TrainConfig]:
+    """Rebuild (model, objectives, tokenizer, config) from a checkpoint directory alone."""
+    ckpt = resolve_checkpoint(path)
+    cfg = TrainConfig.from_dict(read_json(ckpt / "config.json"))
+    enc_dir = ckpt / "encoder"
+    encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))
+    tokenizer = BertTokenizer.from_pretrained(enc_dir)
+    model = MultitaskBert(encoder, cfg.model)
+    model.load_state_dict(load_tensors(ckpt / "model.safetensors"))
+    model.to(device)
+    objectives = build_objectives(cfg.objectives, model)
+    for o in objectives:
+        o.to(device)
+    load_objectives_state(objectives, model, ckpt, torch.device(device))
+    return model, objectives, tokenizer, cfg
+
+
+def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
+                        overrides: dict[str, Any] | None = None) -> dict:
+    """--eval-only: dev metrics and dev + test predictions of a saved model.
+
+    ``overrides`` may set data_dir, device, bf16, eval_batch_size, limit,
+    max_length or tasks (a subset of the trained tasks) of the saved config.
+    Files go to ``<out_dir>/predictions`` (default: the run directory holding the checkpoint).
+    """
+    ckpt = resolve_checkpoint(path)
+    saved = TrainConfig.from_dict(read_json(ckpt / "config.json"))
+    cfg = dataclasses.replace(saved, **(overrides or {}))
+    extra = sorted(set(cfg.tasks) - set(saved.tasks))
+    if extra:
+        raise ValueError(f"the checkpoint was trained on {list(saved.tasks)}, not {extra}")
+    device = resolve_device(cfg.device)
+    amp = autocast_dtype(cfg.bf16, device)
+    model, objectives, tokenizer, _ = load_checkpoint_model(ckpt, device)
+    if out_dir is None:
+        # runs/<name>/checkpoints/best -> runs/<name>; a checkpoint copied elsewhere -> its saved out_dir
+        out_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else saved.out_dir
+    run_dir = Path(out_dir)
+    result = write_all_predictions(model, objectives, tokenizer, cfg, run_dir / "predictions", device, amp)
+    result["checkpoint"] = str(ckpt)
+    return result

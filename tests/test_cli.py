@@ -1,0 +1,291 @@
+"""Tests for train_multitask.py: every flag reaches its config field, refusals happen before any work, presets.
+
+The end-to-end tests run the real CLI on the tiny random BERT and synthetic
+data of tests/test_train.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import train_multitask as cli
+from tasks import train as train_mod
+from tasks.train import TrainConfig
+from tests.test_train import tiny_env  # noqa: F401  (the session fixture)
+
+COMMAND_FIELDS = {f.name for f in dataclasses.fields(cli.Command)}
+
+
+def _default_at(path: str) -> object:
+    """The value a config path has before any flag (objective fields: their Config default)."""
+    if path.startswith("objectives."):
+        _, name, key = path.split(".")
+        f = {f.name: f for f in dataclasses.fields(train_mod.registered_objectives()[name].Config)}[key]
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return cli.get_path(TrainConfig(), path)
+
+
+def _non_default(action: argparse.Action) -> tuple[list[str], object]:
+    """(argv, expected value at action.dest) that sets the flag to something other than its default."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        default = _default_at(action.dest)
+        return ([f"--no-{flag[2:]}"], False) if default is True else ([flag], True)
+    if isinstance(action, argparse._StoreTrueAction):
+        return [flag], True
+    if isinstance(action, argparse._AppendAction):
+        return [flag, "mnr"], ["mnr"]
+    if action.dest in COMMAND_FIELDS:  # --preset, --checkpoint
+        value = action.choices[-1] if action.choices else "some/checkpoint"
+        return [flag, value], value
+    default = _default_at(action.dest)
+    if action.nargs in ("+", "*"):
+        if getattr(action.type, "__name__", "").endswith("pair"):  # STREAM=VALUE mappings, merged into the default
+            value = 7 if action.type.__name__.startswith("int") else 0.5
+            return [flag, f"sts={value}"], {**default, "sts": value}
+        if action.dest == "tasks":  # a subset that keeps para (whose default caps would otherwise go too)
+            return [flag, "para", "sts"], ("para", "sts")
+        choices = action.choices or ["sts"]
+        value = [c for c in choices if c not in (default or ())][:1] or [choices[0]]
+        return [flag, *value], value
+    if action.choices:
+        value = next(c for c in action.choices if c != default)
+        return [flag, str(value)], value
+    if action.type is int:
+        value = (default or 0) + 3
+    elif action.type is float:
+        value = (default or 0.0) + 0.0625
+    else:
+        value = f"{action.dest}-value"
+    return [flag, str(value)], value
+
+
+def test_every_flag_reaches_its_config_field():
+    """Each flag of the parser, given a non-default value, sets exactly its TrainConfig / ModelConfig / objective field."""
+    parser = cli.build_parser()
+    actions = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    assert len(actions) > 40
+    seen = set()
+    for action in actions:
+        argv, expected = _non_default(action)
+        command, explicit = cli.parse(argv, parser)
+        if action.dest in COMMAND_FIELDS:
+            assert getattr(command, action.dest) == expected, action.option_strings
+            assert not explicit
+            continue
+        assert set(explicit) == {action.dest}, (argv, explicit)
+        if action.dest.startswith("objectives."):
+            command.objective = [action.dest.split(".")[1]]
+        cfg = cli.config_from_flags(command, explicit)
+        got = cli.get_path(cfg, action.dest)
+        assert got == expected, (argv, got, expected)
+        assert got != _default_at(action.dest), argv
+        # and nothing else moved
+        base = cli.config_from_flags(dataclasses.replace(command), {})
+        diff = {k for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
+        top = action.dest.split(".")[0]
+        assert diff == {top}, (argv, diff)
+        seen.add(action.dest)
+    model_fields = {f"model.{f.name}" for f in dataclasses.fields(train_mod.ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "objectives"}
+    assert model_fields | train_fields <= seen, sorted((model_fields | train_fields) - seen)
+    for name, cls in train_mod.registered_objectives().items():
+        assert {f"objectives.{name}.{f.name}" for f in dataclasses.fields(cls.Config)} <= seen, name
+
+
+def test_help_documents_every_flag_with_paper_references(capsys):
+    """--help lists every flag with text; the paper's hyper-parameters cite their section."""
+    parser = cli.build_parser()
+    for action in parser._actions:
+        assert action.help, action.option_strings
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    for flag in ("--lr", "--lr-decay", "--schedule", "--loss-weights", "--head-dropout", "--fcn-size", "--arch",
+                 "--encoder-dropout", "--batch-size", "--epochs", "--nli", "--preset", "--baseline-proj-size"):
+        assert flag in text and "§" in by_flag[flag].help, flag
+
+
+REFUSED = [
+    (["--eval-only", "--resume"], "choose one"),
+    (["--checkpoint", "runs/x/checkpoints/best"], "--checkpoint"),
+    (["--overwrite", "--resume"], "--overwrite"),
+    (["--resume", "--lr", "1e-3"], "--lr cannot change"),
+    (["--eval-only", "--epochs", "3"], "--epochs cannot change"),
+    (["--eval-only", "--preset", "b1"], "--preset"),
+    (["--limit", "4", "--batch-size", "8"], "limit=4"),
+    (["--tasks", "nli"], "invalid choice"),
+    (["--loss-weights", "foo=1"], "not a stream"),
+    (["--loss-weights", "para"], "STREAM=VALUE"),
+    (["--tasks", "sst", "--loss-weights", "para=0.1"], "does not train"),
+    (["--task-batch-size", "para=64"], "even"),
+    (["--lr-decay", "1e-6"], "--lr-decay only acts"),
+    (["--lr-schedule", "constant", "--warmup", "0.2"], "--warmup only acts"),
+    (["--lr-schedule", "epoch_decay", "--lr", "1e-6", "--lr-decay", "1e-6", "--epochs", "3"], "not positive"),
+    (["--dev-max-examples", "sst=1"], ">= 2"),
+    (["--objective", "no_such_objective"], "not registered"),
+    (["--no-objective", "mnr"], "no objective 'mnr'"),
+    (["--mnr-scale", "10"], "add --objective mnr"),
+    (["--objective", "mnr", "--pair-encoding", "cross"], "siamese"),
+    (["--nli"], "nli stream"),
+    (["--objective", "scl", "--tasks", "sts"], "none of which"),
+    (["--head-dropout", "1.5"], "head_dropout"),
+    (["--device", "tpu"], "device"),
+    (["--max-train-examples", "para=0"], ">= 1"),
+]
+
+
+@pytest.mark.parametrize("argv,message", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+def test_refused_combinations_fail_before_any_work(argv, message, monkeypatch, capsys, tmp_path):
+    """A contradictory or invalid command line exits with status 2 and a reason before data or model are touched."""
+    registry = train_mod.registered_objectives()
+    for needed in ("mnr", "scl"):
+        if needed in " ".join(argv) and needed not in registry:
+            pytest.skip(f"objective {needed} is not registered")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("work started before the command line was checked")
+
+    for name in ("load_pretrained", "load_split", "load_nli", "Trainer"):
+        monkeypatch.setattr(train_mod, name, forbidden)
+    monkeypatch.setattr(cli, "run", forbidden)
+    monkeypatch.setattr(cli, "evaluate_checkpoint", forbidden)
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--out-dir", str(tmp_path / "nothing-here")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "nothing-here").exists()
+
+
+def test_cuda_request_without_cuda_is_refused(monkeypatch, capsys):
+    """--device cuda on a machine without CUDA exits with a reason instead of failing mid-run."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cli, "run", lambda *a, **k: pytest.fail("run started"))
+    with pytest.raises(SystemExit):
+        cli.main(["--device", "cuda"])
+    assert "cuda" in capsys.readouterr().err
+
+
+# ---- presets --------------------------------------------------------------------------------------------------
+
+
+def _preset(name: str, *argv: str) -> TrainConfig:
+    command, explicit = cli.parse(["--preset", name, *argv])
+    return cli.build_invocation(command, explicit).config
+
+
+@pytest.fixture
+def paper_objectives():
+    registry = train_mod.registered_objectives()
+    if not {"mnr", "simcse"} <= set(registry):
+        pytest.skip("the presets need the mnr and simcse objectives")
+
+
+def test_baseline_preset_is_paper_section_4_1():
+    """baseline: §4.1 heads (Siamese, linear, dropout 0.3), lr 1e-5 constant, sequential schedule, all data."""
+    cfg = _preset("baseline")
+    m = cfg.model
+    assert (m.arch, m.pair_encoding, m.pooling, m.head_dropout, m.baseline_proj_size, m.sts_scale) == \
+        ("baseline", "siamese", "pooler", 0.3, 32, 5.0)
+    assert (cfg.lr, cfg.lr_schedule, cfg.schedule, cfg.epochs, cfg.batch_size) == (1e-5, "constant", "sequential", 10, 16)
+    assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
+    assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3
+
+
+@pytest.mark.usefixtures("paper_objectives")
+def test_b_presets_are_paper_section_5_4():
+    """b3 = b1 arch + even batching + para 0.1 + MNR + SimCSE on STS + lr 1e-5 − 4e-7/epoch + head dropout 0.3 + FCN 256;
+    b2 = b3 without head dropout; b1 = b2 + the NLI stream trained by MNR."""
+    b3, b2, b1 = _preset("b3"), _preset("b2"), _preset("b1")
+    for cfg in (b1, b2, b3):
+        assert (cfg.model.arch, cfg.model.fcn_size, cfg.model.pair_encoding) == ("b1", 256, "siamese")
+        assert (cfg.schedule, cfg.loss_weights, cfg.lr, cfg.lr_schedule, cfg.lr_decay) == \
+            ("even", {"para": 0.1}, 1e-5, "epoch_decay", 4e-7)
+        assert set(cfg.objectives) == {"mnr", "simcse"} and cfg.objectives["simcse"]["tasks"] == ["sts"]
+        assert cfg.encoder_dropout == 0.3 and cfg.max_train_examples == {}
+    assert b3.model.head_dropout == 0.3 and b2.model.head_dropout == 0.0 and b1.model.head_dropout == 0.0
+    assert not b3.nli and not b2.nli and b1.nli
+    assert b3.objectives["mnr"]["tasks"] == ["sts"] and b1.objectives["mnr"]["tasks"] == ["sts", "nli"]
+    assert dataclasses.replace(b2, model=b3.model) == b3
+    assert dataclasses.replace(b1, nli=False, objectives=b2.objectives) == b2
+
+
+@pytest.mark.usefixtures("paper_objectives")
+def test_explicit_flags_override_the_preset():
+    """--preset b3 --lr 2e-5 --head-dropout 0.1 --mnr-scale 10: the flags win, the rest stays the paper's."""
+    cfg = _preset("b3", "--lr", "2e-5", "--head-dropout", "0.1", "--mnr-scale", "10", "--loss-weights", "sst=2")
+    assert cfg.lr == 2e-5 and cfg.model.head_dropout == 0.1 and cfg.objectives["mnr"]["scale"] == 10.0
+    assert cfg.loss_weights == {"para": 0.1, "sst": 2.0} and cfg.schedule == "even"
+    ablation = _preset("b3", "--no-objective", "mnr")
+    assert set(ablation.objectives) == {"simcse"}
+
+
+def test_preset_with_an_unregistered_objective_names_it(monkeypatch, capsys):
+    """A preset whose objective is missing fails with a message naming it; it is never silently dropped."""
+    registry = {k: v for k, v in train_mod.registered_objectives().items() if k != "mnr"}
+    monkeypatch.setattr(cli, "registered_objectives", lambda: registry)
+    monkeypatch.setattr(cli, "run", lambda *a, **k: pytest.fail("run started"))
+    with pytest.raises(SystemExit):
+        cli.main(["--preset", "b3"])
+    err = capsys.readouterr().err
+    assert "preset b3 needs the objective(s) mnr" in err
+
+
+def test_tasks_subset_drops_default_caps_of_untrained_tasks():
+    """--tasks sst sts works with the default Quora caps (they follow the tasks); an explicit cap does not."""
+    command, explicit = cli.parse(["--tasks", "sst", "sts"])
+    cfg = cli.build_invocation(command, explicit).config
+    assert cfg.tasks == ("sst", "sts") and "para" not in cfg.max_train_examples and "para" not in cfg.dev_max_examples
+
+
+def test_default_config_is_the_measured_cpu_recipe():
+    """No flags: the embedded MiniLM, cross-encoded pairs, a per-epoch Quora cap, on the automatic device."""
+    command, explicit = cli.parse([])
+    cfg = cli.build_invocation(command, explicit).config
+    assert cfg == TrainConfig()
+    assert cfg.pretrained is None and cfg.model.pair_encoding == "cross" and "para" in cfg.max_train_examples
+    json.dumps(cfg.to_dict())  # plain JSON
+
+
+# ---- end to end ---------------------------------------------------------------------------------------------------
+
+
+def _tiny_flags(env, out_dir: Path) -> list[str]:
+    pretrained, data = env
+    return ["--pretrained", str(pretrained), "--data-dir", str(data), "--out-dir", str(out_dir), "--device", "cpu",
+            "--batch-size", "8", "--eval-batch-size", "16", "--max-length", "32", "--fcn-size", "16",
+            "--lr", "1e-3", "--log-every", "2"]
+
+
+def test_cli_train_limit_resume_and_eval_only(tiny_env, tmp_path):  # noqa: F811
+    """--limit caps every split; --resume continues to more epochs; --eval-only writes every prediction file."""
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "16", "--lr-schedule", "constant"])
+    pred = run_dir / "predictions"
+    assert len((pred / "sst-dev-output.csv").read_text().splitlines()) == 1 + 16
+    assert len((pred / "sts-test-output.csv").read_text().splitlines()) == 1 + 16
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["limit"] == 16 and saved["model"]["fcn_size"] == 16
+    assert (run_dir / "train.log").read_text().count("seq/s") >= 1
+
+    cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("epoch") for r in records if not r.get("final")] == [1, 2]
+
+    eval_dir = tmp_path / "eval"
+    result = cli.main(["--eval-only", "--checkpoint", str(run_dir / "checkpoints" / "best"),
+                       "--out-dir", str(eval_dir), "--limit", "8"])
+    names = sorted(p.name for p in (eval_dir / "predictions").iterdir())
+    assert names == sorted(f"{t}-{s}-{k}.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
+                           for k in ("output", "logits") if (t, s) != ("para", "test"))
+    header = (eval_dir / "predictions" / "para-dev-output.csv").read_text().splitlines()
+    assert header[0] == "id,Predicted_Is_Paraphrase" and len(header) == 1 + 8
+    assert set(result["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
