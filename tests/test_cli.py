@@ -109,7 +109,8 @@ def test_help_documents_every_flag_with_paper_references(capsys):
     text = capsys.readouterr().out
     by_flag = {s: a for a in parser._actions for s in a.option_strings}
     for flag in ("--lr", "--lr-decay", "--schedule", "--loss-weights", "--head-dropout", "--fcn-size", "--arch",
-                 "--encoder-dropout", "--batch-size", "--epochs", "--nli", "--preset", "--baseline-proj-size"):
+                 "--encoder-dropout", "--batch-size", "--epochs", "--nli", "--preset", "--baseline-proj-size",
+                 "--lp-epochs", "--lp-lr", "--swa-epochs", "--swa-lr", "--predict-train", "--distill-weight"):
         assert flag in text and "§" in by_flag[flag].help, flag
 
 
@@ -139,6 +140,20 @@ REFUSED = [
     (["--head-dropout", "1.5"], "head_dropout"),
     (["--device", "tpu"], "device"),
     (["--max-train-examples", "para=0"], ">= 1"),
+    (["--eval-only", "--swa-epochs", "2"], "--swa-epochs cannot change"),
+    (["--eval-only", "--lp-epochs", "2"], "--lp-epochs cannot change"),
+    (["--resume", "--lp-epochs", "2"], "--lp-epochs cannot change"),
+    (["--swa-lr", "1e-4"], "--swa-lr only acts"),
+    (["--lp-lr", "1e-3"], "--lp-lr only acts"),
+    (["--swa-epochs", "-1"], "swa_epochs must be >= 0"),
+    (["--lp-epochs", "-2"], "lp_epochs must be >= 0"),
+    (["--objective", "distill"], "distill needs teachers"),
+    (["--objective", "distill", "--distill-teachers"], "distill needs teachers"),
+    (["--objective", "distill", "--distill-teachers", "no/such/run"], "--predict-train"),
+    (["--objective", "distill", "--distill-teachers", "x", "--distill-temperature", "0"], "temperature"),
+    (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
+    (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
+    (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),
 ]
 
 
@@ -261,6 +276,7 @@ def test_default_config_is_the_measured_cpu_recipe():
 def _tiny_flags(env, out_dir: Path) -> list[str]:
     pretrained, data = env
     return ["--pretrained", str(pretrained), "--data-dir", str(data), "--out-dir", str(out_dir), "--device", "cpu",
+            "--no-bf16",
             "--batch-size", "8", "--eval-batch-size", "16", "--max-length", "32", "--fcn-size", "16",
             "--lr", "1e-3", "--log-every", "2"]
 
@@ -289,3 +305,33 @@ def test_cli_train_limit_resume_and_eval_only(tiny_env, tmp_path):  # noqa: F811
     header = (eval_dir / "predictions" / "para-dev-output.csv").read_text().splitlines()
     assert header[0] == "id,Predicted_Is_Paraphrase" and len(header) == 1 + 8
     assert set(result["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+
+
+def test_cli_lp_ft_then_swa_on_resume_then_teacher_logits_and_distill(tiny_env, tmp_path):  # noqa: F811
+    """--lp-epochs runs both stages in one command; --resume --swa-epochs adds SWA to the finished run;
+    --eval-only --predict-train writes the training-set logits a --distill-teachers student then trains on."""
+    run_dir = tmp_path / "run"
+    common = ["--limit", "16", "--epochs", "1"]
+    cli.main([*_tiny_flags(tiny_env, run_dir), *common, "--lp-epochs", "1", "--lp-lr", "2e-3"])
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["stage"]) for r in records if not r.get("final")] == [(1, "lp"), (2, "ft")]
+
+    final = cli.main(["--resume", "--out-dir", str(run_dir), "--swa-epochs", "1", "--swa-lr", "1e-4"])
+    assert final["swa"]["n_averaged"] == 1 and final["swa"]["lr"] == 1e-4
+    assert (run_dir / "checkpoints" / "swa" / "model.safetensors").is_file()
+
+    teacher = tmp_path / "teacher"
+    result = cli.main(["--eval-only", "--checkpoint", str(run_dir / "checkpoints" / "swa"), "--out-dir",
+                       str(teacher), "--predict-train"])
+    assert set(result["train"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+    for task in ("sst", "para", "sts"):
+        rows = (teacher / "predictions" / f"{task}-train-logits.csv").read_text().splitlines()
+        assert len(rows) == 1 + 16
+
+    student = tmp_path / "student"
+    cli.main([*_tiny_flags(tiny_env, student), *common, "--objective", "distill", "--distill-teachers",
+              str(teacher / "predictions"), "--distill-tasks", "sst", "sts"])
+    saved = json.loads((student / "config.json").read_text())
+    assert saved["objectives"]["distill"]["teachers"] == [str(teacher / "predictions")]
+    terms = json.loads((student / "metrics.jsonl").read_text().splitlines()[0])["train"]
+    assert "sst/distill.loss" in terms and "sts/distill.loss" in terms and "para/distill.loss" not in terms

@@ -1,0 +1,165 @@
+"""SWA: stochastic weight averaging after training, a post-training phase of ``tasks.train.run``.
+
+Paper: ../shared/papers/minbert-downstream-generalization.txt §4.6 "Stochastic
+Weight Averaging" (after Izmailov et al.): "a few epochs of SWA at the end of
+our model training ... for 5 epochs with a learning rate of 1e−5, and
+implemented this with Pytorch's SWA modules".
+
+Usage:
+    run(TrainConfig(swa_epochs=5))                 # python train_multitask.py --swa-epochs 5 [--swa-lr 1e-5]
+    summary = run_swa(trainer)                     # after trainer.fit() and trainer.load_best(); run() does this
+
+The phase:
+1. Starts from the best checkpoint (weights and objectives' state), which
+   ``run`` has just loaded: SWA averages around the best point found, not
+   around the last epoch, which may already be past it.
+2. Trains ``swa_epochs`` more epochs of the run's own schedule and loss at the
+   constant learning rate ``swa_lr``, every parameter trainable (also after
+   LP-FT), with a fresh AdamW: the best checkpoint's moments may belong to the
+   other LP-FT stage, and Adam's bias correction makes a fresh start a
+   well-scaled step of size ~lr. The epochs' batch orders are the schedule's
+   plans for the epoch numbers after training (new and deterministic).
+3. After each SWA epoch, ``torch.optim.swa_utils.AveragedModel.update_parameters``:
+   the default equal average, so after N epochs the model is the mean of the
+   N end-of-epoch snapshots (``n_averaged`` = N; the starting weights are not
+   a snapshot, as in torch's recipe of averaging from swa_start on).
+4. No batch-norm update: BERT and the heads use LayerNorm, which keeps no
+   running statistics, so ``torch.optim.swa_utils.update_bn`` has nothing to
+   do. Only parameters are averaged (``use_buffers=False``); the buffers are
+   constants (position ids).
+5. The averaged model is scored on the dev sets the epochs were scored on
+   (so its score compares with the best epoch's), saved as checkpoint "swa"
+   (its state.json carries the summary under "swa"; it is for --eval-only and
+   ensembling, not --resume), and when its overall dev score is higher than the
+   best epoch's it is the model whose predictions ``run`` writes; otherwise the
+   best checkpoint is loaded back. Both scores are logged.
+6. metrics.jsonl: one record per SWA epoch ({"stage": "swa", "swa_epoch", "train", ...})
+   and one for the averaged model ({"stage": "swa", "swa_model": true, "score",
+   "best_score", "used", ...}); the final record repeats it under "swa".
+
+An interrupted SWA phase is not resumed mid-way: ``--resume`` of
+checkpoints/last (whose training epochs are complete) runs the whole phase
+again. Trainer hooks do not run during SWA.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import math
+import sys
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+from torch.optim.swa_utils import AveragedModel
+from tqdm import tqdm
+
+from tasks import lpft
+from tasks.data import move_batch
+from tasks.evaluate import evaluate
+from tasks.train import _jsonable, _logging_redirect, _means, _sequences, eval_model
+
+if TYPE_CHECKING:
+    from tasks.train import Trainer
+
+logger = logging.getLogger(__name__)
+
+
+def swa_wins(swa_score: float, best_score: float | None) -> bool:
+    """Whether the averaged model replaces the best epoch: a finite score strictly above the best (a tie keeps it)."""
+    if not math.isfinite(swa_score):
+        return False
+    return best_score is None or swa_score > best_score
+
+
+def _fmt(score: float | None) -> str:
+    return "undefined" if score is None else f"{score:.4f}"
+
+
+def average_snapshots(model: nn.Module, snapshots: Sequence[dict[str, torch.Tensor]]) -> AveragedModel:
+    """An ``AveragedModel`` of ``model``'s architecture updated with each state dict of ``snapshots`` in turn."""
+    holder = copy.deepcopy(model)
+    averaged = AveragedModel(holder)
+    for state in snapshots:
+        holder.load_state_dict(state)
+        averaged.update_parameters(holder)
+    return averaged
+
+
+def _swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:
+    """One SWA epoch of the schedule's plan for 0-based ``epoch`` at constant swa_lr; returns its record."""
+    cfg = trainer.cfg
+    plan = trainer.schedule.epoch_plan(epoch)
+    sums: dict[str, torch.Tensor] = {}
+    counts: dict[str, int] = {}
+    seqs, t0 = 0, time.perf_counter()
+    lpft.train_mode(trainer.model, lpft.FT)
+    with _logging_redirect():
+        bar = tqdm(total=len(plan), desc=f"SWA epoch {index + 1}/{cfg.swa_epochs}", dynamic_ncols=True,
+                   disable=not sys.stderr.isatty(), leave=False)
+        try:
+            for k, (stream, indices) in enumerate(plan):
+                batch = move_batch(trainer.train_sets[stream].collate(indices), trainer.device)
+                for name, value in trainer.train_step(stream, batch, cfg.swa_lr).items():
+                    sums[name] = sums[name] + value if name in sums else value
+                    counts[name] = counts.get(name, 0) + 1
+                seqs += _sequences(batch)
+                bar.update(1)
+                if (k + 1) % cfg.log_every == 0:
+                    means = _means(sums, counts)  # running means of the epoch; one device sync
+                    logger.info("SWA epoch %d/%d step %d/%d | lr %.2e | %s | %.1f seq/s", index + 1, cfg.swa_epochs,
+                                k + 1, len(plan), cfg.swa_lr, " | ".join(f"{n} {v:.4f}" for n, v in means.items()),
+                                seqs / max(time.perf_counter() - t0, 1e-9))
+        finally:
+            bar.close()
+    means = _means(sums, counts)
+    train_time = time.perf_counter() - t0
+    logger.info("SWA epoch %d done in %.0f s: %s", index + 1, train_time,
+                " ".join(f"{n} {v:.4f}" for n, v in means.items()))
+    return {"epoch": epoch + 1, "stage": "swa", "swa_epoch": index + 1, "steps": len(plan), "lr": cfg.swa_lr,
+            "train": means, "train_time_s": round(train_time, 2)}
+
+
+def run_swa(trainer: Trainer) -> dict:
+    """The SWA phase on a trained ``trainer`` whose model holds the best checkpoint; returns its summary.
+
+    Afterwards the model holds what should predict: the average when ``used``, else the best checkpoint.
+    """
+    cfg = trainer.cfg
+    best = trainer.best or {"score": None, "epoch": None}
+    lpft.set_stage(trainer.model, lpft.FT)
+    trainer.rebuild_optimizer()
+    averaged = AveragedModel(trainer.model)
+    logger.info("SWA: %d epochs at constant lr %.1e from the best checkpoint (epoch %s, dev overall %s)",
+                cfg.swa_epochs, cfg.swa_lr, best["epoch"], _fmt(best["score"]))
+    for i in range(cfg.swa_epochs):
+        record = _swa_epoch(trainer, trainer.total_epochs + i, i)
+        averaged.update_parameters(trainer.model)
+        with open(trainer.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, allow_nan=False) + "\n")
+
+    t0 = time.perf_counter()
+    metrics, _ = evaluate(eval_model(averaged.module, trainer.objectives, cfg.tasks), trainer.dev_sets,
+                          batch_size=cfg.eval_batch_size, device=trainer.device, autocast_dtype=trainer.amp_dtype)
+    score = metrics.get("overall", math.nan)
+    used = swa_wins(score, best["score"])
+    summary = {"epochs": cfg.swa_epochs, "lr": cfg.swa_lr, "n_averaged": int(averaged.n_averaged),
+               "dev": _jsonable(metrics), "score": score if math.isfinite(score) else None,
+               "best_score": best["score"], "best_epoch": best["epoch"], "used": used,
+               "dev_examples": {t: len(d) for t, d in trainer.dev_sets.items()},
+               "eval_time_s": round(time.perf_counter() - t0, 2)}
+    trainer.model.load_state_dict(averaged.module.state_dict())
+    del averaged
+    summary["checkpoint"] = str(trainer.save_checkpoint("swa", extra_state={"swa": summary}))
+    if not used:
+        trainer.load_best()
+    logger.info("SWA average of %d epochs: dev overall %s vs best epoch %s: %s | predictions from %s",
+                summary["n_averaged"], _fmt(summary["score"]), _fmt(best["score"]),
+                " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), "SWA" if used else "the best epoch")
+    with open(trainer.metrics_path, "a", encoding="utf-8") as f:
+        f.write(json.dumps({"stage": "swa", "swa_model": True, **summary}, allow_nan=False) + "\n")
+    return summary
