@@ -115,7 +115,7 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
     pretrained, data = env
     kw = dict(pretrained=str(pretrained), data_dir=str(data), out_dir=str(out_dir), epochs=2, batch_size=8,
               eval_batch_size=16, max_length=32, max_train_examples={}, dev_max_examples={}, lr=1e-3,
-              lr_schedule="warmup_linear", warmup=0.1, log_every=5, device="cpu",
+              lr_schedule="warmup_linear", warmup=0.1, log_every=5, device="cpu", bf16=False,
               model=ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.1))
     kw.update(overrides)
     return TrainConfig(**kw)
