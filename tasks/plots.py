@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only; never needs a display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def _value(v: float | None) -> float:
@@ -65,6 +66,7 @@ def plot_history(history: list[dict], path: str | os.PathLike[str]) -> Path:
     axes[1, 1].set_title("dev, normalized: worst epoch 0, best 1 (paper Fig. 5)")
     for ax in axes.flat:
         ax.set_xlabel("epoch")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
