@@ -17,7 +17,7 @@ import torch
 import train_multitask as cli
 from tasks import train as train_mod
 from tasks.train import TrainConfig
-from tests.test_train import tiny_env  # noqa: F401  (the session fixture)
+from tests.test_train import _one_thread, tiny_env  # noqa: F401  (fixtures: one thread, tiny model + data)
 
 COMMAND_FIELDS = {f.name for f in dataclasses.fields(cli.Command)}
 
