@@ -324,7 +324,7 @@ def _active_tasks(cls: type[Objective], config: Any) -> tuple[str, ...]:
 
 def registered_objectives() -> dict[str, type[Objective]]:
     """Every objective under tasks/objectives/, imported so that each registers itself."""
-    objectives_pkg._import_all()
+    objectives_pkg.import_all()
     return dict(REGISTRY)
 
 

@@ -89,7 +89,7 @@ def config_fields(name: str) -> list:
 
 def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> list[Objective]:
     """Instantiate the named objectives with their config overrides; unknown names/fields raise."""
-    _import_all()
+    import_all()
     objs = []
     for name, overrides in settings.items():
         if name not in REGISTRY:
@@ -103,7 +103,7 @@ def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> l
     return objs
 
 
-def _import_all() -> None:
+def import_all() -> None:
     """Import every objective module so each registers itself."""
     import importlib
     import pkgutil
