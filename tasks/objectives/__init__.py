@@ -26,6 +26,7 @@ sums, and logs every term under ``<task>/<objective>.<term>``.
 
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
@@ -40,7 +41,7 @@ class ObjectiveConfig:
     weight: float = 1.0
 
 
-class Objective(nn.Module):
+class Objective(nn.Module, abc.ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type] = ObjectiveConfig
     tasks: ClassVar[tuple[str, ...]] = ()
@@ -76,8 +77,9 @@ class Objective(nn.Module):
         chosen = getattr(self.config, "tasks", None)
         return tuple(chosen) if chosen else self.tasks
 
+    @abc.abstractmethod
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        raise NotImplementedError(f"{type(self).__name__} must implement forward")
+        """The objective's unweighted loss terms for this batch (may be empty)."""
 
     def on_step_end(self, model: nn.Module) -> None:
         pass
