@@ -20,7 +20,7 @@ import csv
 import logging
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, Protocol, TypeVar
@@ -102,6 +102,26 @@ class ReadReport:
 # ---- CSV reading ------------------------------------------------------------------
 
 
+def csv_records(reader) -> Iterator[tuple[int, list[str] | None, str | None, int]]:
+    """(first line, row, csv error, last line) for each record after the header, lines 1-based.
+
+    A record starts on the line after the previous one ended: quoted fields may
+    span lines, so ``reader.line_num`` alone is only the record's last line. A
+    record the csv module cannot parse comes as (line, None, error text, line).
+    """
+    end_of_previous = reader.line_num
+    while True:
+        line = end_of_previous + 1
+        try:
+            row, error = next(reader), None
+        except StopIteration:
+            return
+        except csv.Error as e:
+            row, error = None, str(e)
+        end_of_previous = reader.line_num
+        yield line, row, error, end_of_previous
+
+
 def _read_rows(
     path: str | os.PathLike[str],
     delimiter: str,
@@ -135,19 +155,11 @@ def _read_rows(
         if missing:
             raise ValueError(f"{path}: header {header} lacks the column(s) {missing}; is this the right file?")
         where = {c: header.index(c) for c in columns}
-        end_of_previous = reader.line_num
-        while limit is None or report.rows_kept < limit:
-            # A record starts on the line after the previous one ended (quoted
-            # fields may span lines, so line_num alone is the record's last line).
-            line = end_of_previous + 1
-            try:
-                row = next(reader)
-            except StopIteration:
+        for line, row, error, last_line in csv_records(reader):
+            if limit is not None and report.rows_kept >= limit:
                 break
-            except csv.Error as e:
-                row = None
-                reason = f"unparseable CSV ({e})"
-            end_of_previous = reader.line_num
+            if error is not None:
+                reason = f"unparseable CSV ({error})"
             report.rows_total += 1
             if row is None:
                 pass
@@ -168,10 +180,10 @@ def _read_rows(
                             first_line_of_id[k] = line
                     continue
                 reason = parsed
-            if end_of_previous > line:
+            if last_line > line:
                 # An unbalanced quote can swallow the following rows into this
                 # record; naming the span shows which rows went with it.
-                reason += f" (record spans lines {line}-{end_of_previous})"
+                reason += f" (record spans lines {line}-{last_line})"
             report.skipped.append((line, reason))
     return items, report
 

@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tasks.data import length_bucketed_batches, move_batch
+from tasks.data import csv_records, length_bucketed_batches, move_batch
 
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 # Column after "id" in the leaderboard files (CS224N default project names).
@@ -334,16 +334,9 @@ def _read_id_value_csv(path: str | os.PathLike[str], parse_header: Callable[[lis
         problem = parse_header(header)
         if problem:
             raise ValueError(f"{path}: line 1: {problem}")
-        end_of_previous = reader.line_num
-        while True:
-            line = end_of_previous + 1
-            try:
-                row = next(reader)
-            except StopIteration:
-                break
-            except csv.Error as e:
-                raise ValueError(f"{path}: line {line}: unparseable CSV ({e})") from None
-            end_of_previous = reader.line_num
+        for line, row, error, _ in csv_records(reader):
+            if error is not None:
+                raise ValueError(f"{path}: line {line}: unparseable CSV ({error})")
             if not row:
                 continue  # a blank line holds no row (an editor's trailing newline)
             if len(row) != len(header):
