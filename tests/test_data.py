@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import zlib
 from pathlib import Path
 
 import pytest
@@ -25,45 +24,10 @@ from tasks.data import (
     read_pairs,
     read_sentences,
 )
+from tests.helpers import WordTokenizer
 
 REAL_DATA = Path(__file__).resolve().parent.parent / "data"
 
-
-class FakeTokenizer:
-    """Whitespace 'tokenizer' with the encode_ids / pad / pad_token_id API of minbert.tokenizer."""
-
-    pad_token_id = 0
-    cls_id, sep_id = 101, 102
-
-    def _words(self, text: str) -> list[int]:
-        return [1000 + zlib.crc32(w.encode()) % 1000 for w in text.split()]
-
-    def encode_ids(self, texts, pairs=None, max_length=None):
-        all_ids, all_types = [], []
-        for i, text in enumerate(texts):
-            ids = [self.cls_id, *self._words(text), self.sep_id]
-            types = [0] * len(ids)
-            if pairs is not None:
-                second = [*self._words(pairs[i]), self.sep_id]
-                ids += second
-                types += [1] * len(second)
-            if max_length is not None:
-                ids, types = ids[:max_length], types[:max_length]
-            all_ids.append(ids)
-            all_types.append(types)
-        return all_ids, all_types
-
-    def pad(self, ids, type_ids=None, pad_to=None):
-        width = pad_to if pad_to is not None else max(len(x) for x in ids)
-        keys = ("input_ids", "token_type_ids", "attention_mask")
-        out = {k: torch.zeros(len(ids), width, dtype=torch.long) for k in keys}
-        out["input_ids"].fill_(self.pad_token_id)
-        for r, seq in enumerate(ids):
-            out["input_ids"][r, : len(seq)] = torch.tensor(seq)
-            out["attention_mask"][r, : len(seq)] = 1
-            if type_ids is not None:
-                out["token_type_ids"][r, : len(seq)] = torch.tensor(type_ids[r])
-        return out
 
 
 def write(path: Path, lines: list[str]) -> Path:
@@ -267,7 +231,7 @@ def test_real_quora_dev_has_exactly_two_malformed_rows():
 
 def test_sentence_collate_dynamic_padding_and_labels():
     """Sentence batches pad to the batch's longest example, mask the padding, and carry long labels and ids."""
-    tok = FakeTokenizer()
+    tok = WordTokenizer()
     examples = [Example("a", "one", label=1), Example("b", "one two three four", label=4), Example("c", "x y", label=0)]
     ds = SentenceDataset(examples, tok)
     assert ds.lengths == [3, 6, 4] and len(ds) == 3
@@ -286,7 +250,7 @@ def test_sentence_collate_dynamic_padding_and_labels():
 
 def test_pair_collate_siamese_and_cross_keys():
     """Siamese batches have _1/_2 encodings padded separately; cross batches one pair encoding with token types 1."""
-    tok = FakeTokenizer()
+    tok = WordTokenizer()
     examples = [Example("p", "a b c d e", "f", 1), Example("q", "g", "h i", 0)]
     siamese = PairDataset(examples, tok, mode="siamese")
     assert siamese.lengths == [7, 4]
@@ -308,7 +272,7 @@ def test_pair_collate_siamese_and_cross_keys():
 
 def test_triplet_collate_negative_only_when_complete():
     """Triplet batches carry _3 (hard negative) only when every triplet in the batch has one."""
-    tok = FakeTokenizer()
+    tok = WordTokenizer()
     ds = TripletDataset([Triplet("a b", "c", "d e f g"), Triplet("h", "i", None), Triplet("j", "k l", "m")], tok)
     assert ds.lengths == [6, 3, 4]
     full = ds.collate([0, 2])
@@ -318,7 +282,7 @@ def test_triplet_collate_negative_only_when_complete():
 
 def test_move_batch_and_dataloader_compatibility():
     """move_batch moves tensors and keeps the ids list; a DataLoader over batch indices equals collate."""
-    tok = FakeTokenizer()
+    tok = WordTokenizer()
     ds = SentenceDataset([Example(str(i), "w " * (i + 1), label=i % 5) for i in range(10)], tok)
     batches = length_bucketed_batches(ds.lengths, 4, shuffle=False)
     loaded = list(torch.utils.data.DataLoader(ds, batch_sampler=batches, collate_fn=ds.collate))

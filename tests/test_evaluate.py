@@ -21,7 +21,8 @@ from tasks.evaluate import (
     write_logits,
     write_predictions,
 )
-from tests.test_model import WordTokenizer, make_model
+from tests.helpers import WordTokenizer
+from tests.test_model import make_model
 
 TOK = WordTokenizer()
 WORDS = "good bad film plot actor slow funny dull script scene music long short great awful".split()

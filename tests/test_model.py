@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import zlib
 
 import pytest
 import torch
@@ -11,41 +10,7 @@ import torch.nn.functional as F
 from minbert.bert import BertModel
 from tasks.data import Example, PairDataset, SentenceDataset
 from tasks.model import TASKS, ModelConfig, MultitaskBert
-from tests.helpers import tiny_config
-
-
-class WordTokenizer:
-    """Whitespace 'tokenizer' whose ids fit tiny_config's vocabulary of 99 (encode_ids / pad API)."""
-
-    pad_token_id, cls_id, sep_id = 0, 2, 3
-
-    def _words(self, text: str) -> list[int]:
-        return [5 + zlib.crc32(w.encode()) % 90 for w in text.split()]
-
-    def encode_ids(self, texts, pairs=None, max_length=None):
-        all_ids, all_types = [], []
-        for i, text in enumerate(texts):
-            ids = [self.cls_id, *self._words(text), self.sep_id]
-            types = [0] * len(ids)
-            if pairs is not None:
-                second = [*self._words(pairs[i]), self.sep_id]
-                ids, types = ids + second, types + [1] * len(second)
-            if max_length is not None:
-                ids, types = ids[:max_length], types[:max_length]
-            all_ids.append(ids)
-            all_types.append(types)
-        return all_ids, all_types
-
-    def pad(self, ids, type_ids=None, pad_to=None):
-        width = pad_to if pad_to is not None else max(len(x) for x in ids)
-        out = {k: torch.zeros(len(ids), width, dtype=torch.long)
-               for k in ("input_ids", "token_type_ids", "attention_mask")}
-        for r, seq in enumerate(ids):
-            out["input_ids"][r, : len(seq)] = torch.tensor(seq)
-            out["attention_mask"][r, : len(seq)] = 1
-            if type_ids is not None:
-                out["token_type_ids"][r, : len(seq)] = torch.tensor(type_ids[r])
-        return out
+from tests.helpers import WordTokenizer, tiny_config
 
 
 SENTENCES = [
