@@ -93,6 +93,20 @@ def time_pair(fns: dict, device: str, warmup: int, repeats: int, iters: int) -> 
     return {k: statistics.median(v) for k, v in times.items()}
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak resident set (KiB). VmHWM is per address space, so it
+    starts fresh in a spawned child; ru_maxrss would carry the parent's peak over
+    the fork + exec and never grow."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
 def _peak_child(q, which, mode, seq, args):
     # Only the measured model, randomly initialised from the checkpoint's config:
     # activation memory does not depend on weight values, and skipping the
@@ -102,7 +116,7 @@ def _peak_child(q, which, mode, seq, args):
     from minbert.config import BertConfig
 
     d = resolve_model_dir(args.model)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # after imports, before the model
+    base = _peak_rss_kib()  # after imports, before the model
     if which == "ref":
         import transformers
         model = transformers.BertModel(transformers.BertConfig.from_pretrained(str(d)))
@@ -117,7 +131,7 @@ def _peak_child(q, which, mode, seq, args):
         q.put(torch.cuda.max_memory_allocated() / 2**20)  # the child allocated nothing else
     else:
         fn()
-        q.put((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) / 1024)
+        q.put((_peak_rss_kib() - base) / 1024)
 
 
 def peak_mib(which: str, mode: str, seq: int, args) -> float:
