@@ -21,3 +21,13 @@ def minilm():
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """One intra-op thread for tiny-model tests: two threads cost more in synchronization than
+    they save, and on a shared 2-core machine two spinning OpenMP threads run ~5x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -17,7 +17,9 @@ import torch
 import train_multitask as cli
 from tasks import train as train_mod
 from tasks.train import TrainConfig
-from tests.test_train import _one_thread, tiny_env  # noqa: F401  (fixtures: one thread, tiny model + data)
+from tests.test_train import tiny_env  # noqa: F401  (fixture: tiny model + data)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 COMMAND_FIELDS = {f.name for f in dataclasses.fields(cli.Command)}
 

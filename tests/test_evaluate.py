@@ -28,13 +28,7 @@ TOK = WordTokenizer()
 WORDS = "good bad film plot actor slow funny dull script scene music long short great awful".split()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads cost more in synchronization than they save."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def sentences(n: int, seed: int) -> list[str]:

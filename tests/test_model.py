@@ -27,13 +27,7 @@ TOK = WordTokenizer()
 GRID = [(arch, enc) for arch in ("baseline", "b1") for enc in ("siamese", "cross")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: intra-op threads cost more in synchronization than they save (100x on a busy 2-core box)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_model(arch: str = "baseline", pair_encoding: str = "siamese", dropout: float | None = None,

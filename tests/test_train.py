@@ -102,14 +102,7 @@ def write_tiny_data(directory: Path, n_train: int = 48, n_dev: int = 24, n_test:
     return directory
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """One intra-op thread: the tiny model gains nothing from two, and on a shared 2-core machine a second
-    process makes two spinning OpenMP threads ~5x slower (measured: 142 s vs 28 s for these files)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="session")

@@ -85,6 +85,13 @@ class Objective(nn.Module, abc.ABC):
         pass
 
 
+def check_tasks(objective: str, chosen, allowed: tuple[str, ...], why: str = "") -> None:
+    """Refuse task names an objective cannot use, with the allowed ones (and why) in the message."""
+    bad = sorted(set(chosen) - set(allowed))
+    if bad:
+        raise ValueError(f"{objective} tasks must be among {allowed}{why}, got {bad}")
+
+
 def config_fields(name: str) -> list:
     return list(fields(REGISTRY[name].Config))
 

@@ -59,7 +59,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.ensemble import load_task_logits, logits_path
-from tasks.objectives import Objective
+from tasks.objectives import Objective, check_tasks
 
 DISTILL_TASKS = ("sst", "para", "sts")
 
@@ -151,9 +151,7 @@ class DistillConfig:
             raise ValueError(f"distill weight must be a finite number >= 0, got {self.weight}")
         if not self.temperature > 0:
             raise ValueError(f"distill temperature must be positive, got {self.temperature}")
-        bad = [t for t in self.tasks if t not in DISTILL_TASKS]
-        if bad:
-            raise ValueError(f"distill tasks must be among {DISTILL_TASKS}, got {bad}")
+        check_tasks("distill", self.tasks, DISTILL_TASKS)
 
 
 class Distill(Objective):

@@ -69,7 +69,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from tasks.objectives import Objective
+from tasks.objectives import Objective, check_tasks
 
 MATCH_TASKS = ("sst", "para", "sts")
 INFERENCE_MODES = ("identity", "batch")
@@ -115,9 +115,7 @@ class MatchTuningConfig:
             raise ValueError(f"match_tuning temperature must be positive, got {self.temperature}")
         if self.inference not in INFERENCE_MODES:
             raise ValueError(f"match_tuning inference must be one of {INFERENCE_MODES}, got {self.inference!r}")
-        bad = set(self.tasks) - set(MATCH_TASKS)
-        if bad:
-            raise ValueError(f"match_tuning tasks must be among {MATCH_TASKS}, got {sorted(bad)}")
+        check_tasks("match_tuning", self.tasks, MATCH_TASKS)
 
 
 class MatchTuning(Objective):

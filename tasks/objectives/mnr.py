@@ -51,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.objectives import Objective
+from tasks.objectives import Objective, check_tasks
 
 MNR_TASKS = ("sts", "nli", "para")
 # Σ_{j=0..5} e^j: the §4.4 normaliser of the STS label weights.
@@ -114,9 +114,7 @@ class MNRConfig:
         self.tasks = tuple(self.tasks)
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
-        bad = set(self.tasks) - set(MNR_TASKS)
-        if bad:
-            raise ValueError(f"mnr applies to {MNR_TASKS} only (it needs sentence pairs), got {sorted(bad)}")
+        check_tasks("mnr", self.tasks, MNR_TASKS, " (it needs sentence pairs)")
         if self.tasks and ("para" in self.tasks) != self.para_positives:
             raise ValueError("mnr: 'para' in tasks and para_positives must agree (para_positives chooses "
                              "MNR over the paraphrase positives); set both or neither")

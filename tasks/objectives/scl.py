@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import ModelConfig
-from tasks.objectives import Objective
+from tasks.objectives import Objective, check_tasks
 
 SCL_TASKS = ("sst", "para")
 EMBEDDINGS = ("pooled", "head_input")
@@ -121,9 +121,7 @@ class SCLConfig:
             raise ValueError(f"scl embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"scl reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
-        bad = set(self.tasks) - set(SCL_TASKS)
-        if bad:
-            raise ValueError(f"scl applies to classification tasks {SCL_TASKS} only, got {sorted(bad)}")
+        check_tasks("scl", self.tasks, SCL_TASKS, " (classification tasks only)")
 
 
 def para_feature_problem(model_config: ModelConfig, embedding: str) -> str | None:

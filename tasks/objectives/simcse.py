@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.objectives import Objective
+from tasks.objectives import Objective, check_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -89,9 +89,7 @@ class SimCSEConfig:
             raise ValueError(f"simcse similarity must be one of {SIMILARITIES}, got {self.similarity!r}")
         if not self.temperature > 0:
             raise ValueError(f"simcse temperature must be positive, got {self.temperature}")
-        bad = set(self.tasks) - set(SIMCSE_TASKS)
-        if bad:
-            raise ValueError(f"simcse tasks must be among {SIMCSE_TASKS}, got {sorted(bad)}")
+        check_tasks("simcse", self.tasks, SIMCSE_TASKS)
 
 
 class SimCSE(Objective):

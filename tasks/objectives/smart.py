@@ -61,7 +61,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.objectives import Objective
+from tasks.objectives import Objective, check_tasks
 
 SMART_TASKS = ("sst", "para", "sts")
 
@@ -194,9 +194,7 @@ class SMARTConfig:
                              f"{self.sigma}, {self.step_size}, {self.epsilon}")
         if self.steps < 1:
             raise ValueError(f"smart steps must be >= 1, got {self.steps}")
-        bad = set(self.tasks) - set(SMART_TASKS)
-        if bad:
-            raise ValueError(f"smart tasks must be among {SMART_TASKS}, got {sorted(bad)}")
+        check_tasks("smart", self.tasks, SMART_TASKS)
 
 
 class SMART(Objective):
