@@ -9,6 +9,7 @@ Usage:
     python train_multitask.py --lp-epochs 2 --swa-epochs 5 --predict-train --out-dir runs/t   # LP-FT §4.2, SWA §4.6
     python train_multitask.py --objective distill --distill-teachers runs/t/predictions --out-dir runs/s
     python train_multitask.py --limit 64 --epochs 1 --out-dir runs/smoke   # smoke run
+    torchrun --nproc_per_node=2 train_multitask.py --batch-size 32   # 2 processes, 16 examples each per step
 
 Flags map one to one onto TrainConfig / ModelConfig / objective Config fields
 (tasks/train.py); ``--preset`` fills them with a paper configuration first and
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tasks import distributed
 from tasks.checkpoint import read_json, resolve_checkpoint
 from tasks.model import ARCHS, PAIR_ENCODINGS, POOLINGS, TASKS, ModelConfig
 from tasks.sampling import SCHEDULES
@@ -55,7 +57,8 @@ logger = logging.getLogger("train_multitask")
 # Fields --eval-only may set: they choose what to predict and where, never the model
 # (KNN-BERT's K and φ act only at inference, tasks.train.KNNInference).
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
-                "objectives.knn_bert.knn_k", "objectives.knn_bert.knn_phi")
+                "objectives.knn_bert.knn_k", "objectives.knn_bert.knn_phi", "objectives.match_tuning.inference",
+                "final_dev", "dev_max_examples")
 PAPER = "../shared/papers/minbert-downstream-generalization.txt"
 
 MODEL_HELP = {
@@ -236,6 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "--dev-max-examples", "dev_max_examples", "per-task cap on dev examples scored between epochs (a fixed "
         "random subset; the final evaluation always uses the whole dev set); TASK=N or TASK=all", nargs="+",
         type=_kv(int), metavar="TASK=N")
+    add(g, "--final-dev", "final_dev", "full: the final evaluation scores the whole dev sets; capped: the "
+        "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table)", choices=("full", "capped"))
 
     g = p.add_argument_group("model")
     add(g, "--pretrained", "pretrained", "HF BERT checkpoint directory (config.json, model.safetensors or "
@@ -253,8 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("optimization")
     add(g, "--epochs", "epochs", "training epochs (paper: 10 for ablations, 20 for the final models, §5.3)",
         type=int, metavar="N")
-    add(g, "--batch-size", "batch_size", "examples per batch in every stream (paper: 16, §4.4)", type=int,
-        metavar="B")
+    add(g, "--batch-size", "batch_size", "examples per batch in every stream (paper: 16, §4.4); under torchrun the "
+        "global batch, split evenly over the processes (a multiple of their number)", type=int, metavar="B")
     add(g, "--task-batch-size", "task_batch_size", "per-stream batch size overrides (not with --schedule even, "
         "whose batches are all one size, §4.2)", nargs="+", type=_kv(int), metavar="STREAM=B")
     add(g, "--eval-batch-size", "eval_batch_size", "examples per batch at evaluation", type=int, metavar="B")
@@ -372,6 +377,8 @@ def _flag(path: str) -> str:
 def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     """Apply preset, objectives and explicit flags; refuse contradictions with a sentence. Reads no data."""
     c = command
+    if c.eval_only and distributed.env()[1] > 1:
+        raise ValueError("--eval-only runs in one process: start it with python, not torchrun")
     if c.eval_only and c.resume:
         raise ValueError("--eval-only evaluates a saved model and --resume continues training it; choose one")
     if c.checkpoint is not None and not (c.eval_only or c.resume):
@@ -407,6 +414,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
         else:
             _refuse_idle_flags(cfg, explicit)
             cfg.validate()
+            distributed.check_config(cfg.batch_sizes(), cfg.device)
         resolve_device(cfg.device)
         return Invocation(c, cfg, explicit, ckpt)
 
@@ -417,6 +425,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
         raise ValueError(f"--warmup only acts with --lr-schedule warmup_linear (the run uses {cfg.lr_schedule})")
     _refuse_idle_flags(cfg, explicit)
     cfg.validate()
+    distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
     return Invocation(c, cfg, explicit)
 
@@ -465,14 +474,26 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
 
 
 def _setup_logging(out_dir: Path) -> None:
-    """INFO lines to stderr and to <out_dir>/train.log (replacing the handlers of an earlier main() call)."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    """INFO lines to stderr and to <out_dir>/train.log (replacing the handlers of an earlier main() call).
+
+    Under torchrun only rank 0 does this; the other ranks print warnings and errors to stderr, marked with their rank.
+    """
+    rank = distributed.env()[0]
     root = logging.getLogger()
-    root.setLevel(logging.INFO)
     for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
         root.removeHandler(handler)
         handler.close()
+    if rank > 0:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname).1s [rank {rank}] %(name)s: %(message)s",
+                                               datefmt="%H:%M:%S"))
+        handler._train_multitask = True
+        root.setLevel(logging.WARNING)
+        root.addHandler(handler)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    root.setLevel(logging.INFO)
     for handler in (logging.StreamHandler(), logging.FileHandler(out_dir / "train.log", encoding="utf-8")):
         handler.setFormatter(fmt)
         handler._train_multitask = True
@@ -491,14 +512,21 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = inv.config
     _setup_logging(Path(cfg.out_dir))
     logger.info("glibc malloc tuned for reuse: %s", malloc_tuned)
-    if command.eval_only:
-        overrides = {k: getattr(cfg, k) for k in EVAL_MUTABLE if "." not in k}
-        overrides["objectives"] = cfg.objectives  # with the inference options given (knn_bert's K and φ)
-        result = evaluate_checkpoint(inv.checkpoint, out_dir=cfg.out_dir, overrides=overrides)
-    elif command.resume:
-        result = run(cfg, resume_from=inv.checkpoint)
-    else:
-        result = run(cfg, overwrite=command.overwrite)
+    world = distributed.world_size()
+    if world > 1:
+        logger.info("torchrun: %d processes, global batch %s = %s per process", world, cfg.batch_sizes(),
+                    {s: b // world for s, b in cfg.batch_sizes().items()})
+    try:
+        if command.eval_only:
+            overrides = {k: getattr(cfg, k) for k in EVAL_MUTABLE if "." not in k}
+            overrides["objectives"] = cfg.objectives  # with the inference options given (knn_bert's K and φ)
+            result = evaluate_checkpoint(inv.checkpoint, out_dir=cfg.out_dir, overrides=overrides)
+        elif command.resume:
+            result = run(cfg, resume_from=inv.checkpoint)
+        else:
+            result = run(cfg, overwrite=command.overwrite)
+    finally:
+        distributed.cleanup()  # leave torchrun's process group (no-op in one process)
     return result
 
 

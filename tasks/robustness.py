@@ -120,6 +120,9 @@ def train_experiment(args: argparse.Namespace, flags: list[str]) -> dict:
             run_dir = Path(args.out_dir) / f"{name}-seed{seed}"
             record = _train(flags + ["--tasks", *tasks], data, run_dir, seed)
             dev = {k: v for k, v in record["dev"].items() if v is not None}
+            knn = record.get("knn", {})  # a knn_bert run: eq. 1 at its phi, and the KNN vote alone (phi 1)
+            for prefix, key in ((f"knn_phi{knn.get('phi', 0):g}", "dev"), ("knn_phi1", "dev_knn_only")):
+                dev.update({f"{prefix}.{k}": v for k, v in knn.get(key, {}).items() if v is not None})
             if args.command == "minority":
                 dev_ex = load_split(args.task, "dev", src)[0]
                 dev[f"{args.task}_class{args.label}_acc"] = class_accuracy(

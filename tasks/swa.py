@@ -39,7 +39,8 @@ The phase:
 
 An interrupted SWA phase is not resumed mid-way: ``--resume`` of
 checkpoints/last (whose training epochs are complete) runs the whole phase
-again. Trainer hooks do not run during SWA.
+again. Trainer hooks do not run during SWA. Under torchrun every rank trains
+the SWA epochs on its shards (as in training) and rank 0 scores and writes.
 """
 
 from __future__ import annotations
@@ -58,10 +59,9 @@ from torch import nn
 from torch.optim.swa_utils import AveragedModel
 from tqdm import tqdm
 
-from tasks import lpft
-from tasks.data import move_batch
+from tasks import distributed, lpft
 from tasks.evaluate import evaluate
-from tasks.train import _jsonable, _logging_redirect, _means, _sequences, eval_model
+from tasks.train import _accumulate, _jsonable, _logging_redirect, _means, _sequences, eval_model
 
 if TYPE_CHECKING:
     from tasks.train import Trainer
@@ -95,25 +95,23 @@ def _swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:
     cfg = trainer.cfg
     plan = trainer.schedule.epoch_plan(epoch)
     sums: dict[str, torch.Tensor] = {}
-    counts: dict[str, int] = {}
+    counts: dict[str, float] = {}
     seqs, t0 = 0, time.perf_counter()
     lpft.train_mode(trainer.model, lpft.FT)
     with _logging_redirect():
         bar = tqdm(total=len(plan), desc=f"SWA epoch {index + 1}/{cfg.swa_epochs}", dynamic_ncols=True,
-                   disable=not sys.stderr.isatty(), leave=False)
+                   disable=not sys.stderr.isatty() or trainer.rank > 0, leave=False)
         try:
-            for k, (stream, indices) in enumerate(plan):
-                batch = move_batch(trainer.train_sets[stream].collate(indices), trainer.device)
-                for name, value in trainer.train_step(stream, batch, cfg.swa_lr).items():
-                    sums[name] = sums[name] + value if name in sums else value
-                    counts[name] = counts.get(name, 0) + 1
+            for k, (stream, batch, share) in enumerate(trainer.batches(plan)):
+                _accumulate(sums, counts, trainer.train_step(stream, batch, cfg.swa_lr, share), share)
                 seqs += _sequences(batch)
                 bar.update(1)
                 if (k + 1) % cfg.log_every == 0:
                     means = _means(sums, counts)  # running means of the epoch; one device sync
+                    all_seqs = distributed.sum_over_ranks({"seqs": seqs})["seqs"]
                     logger.info("SWA epoch %d/%d step %d/%d | lr %.2e | %s | %.1f seq/s", index + 1, cfg.swa_epochs,
                                 k + 1, len(plan), cfg.swa_lr, " | ".join(f"{n} {v:.4f}" for n, v in means.items()),
-                                seqs / max(time.perf_counter() - t0, 1e-9))
+                                all_seqs / max(time.perf_counter() - t0, 1e-9))
         finally:
             bar.close()
     means = _means(sums, counts)
@@ -139,12 +137,16 @@ def run_swa(trainer: Trainer) -> dict:
     for i in range(cfg.swa_epochs):
         record = _swa_epoch(trainer, trainer.total_epochs + i, i)
         averaged.update_parameters(trainer.model)
-        with open(trainer.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
+        if trainer.rank == 0:
+            with open(trainer.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
 
     t0 = time.perf_counter()
-    metrics, _ = evaluate(eval_model(averaged.module, trainer.objectives, cfg.tasks), trainer.dev_sets,
-                          batch_size=cfg.eval_batch_size, device=trainer.device, autocast_dtype=trainer.amp_dtype)
+    metrics: dict[str, float] = {}
+    if trainer.rank == 0:  # under torchrun rank 0 scores the average and the others wait for its scores
+        metrics, _ = evaluate(eval_model(averaged.module, trainer.objectives, cfg.tasks), trainer.dev_sets,
+                              batch_size=cfg.eval_batch_size, device=trainer.device, autocast_dtype=trainer.amp_dtype)
+    metrics = distributed.broadcast_from_main(metrics)
     score = metrics.get("overall", math.nan)
     used = swa_wins(score, best["score"])
     summary = {"epochs": cfg.swa_epochs, "lr": cfg.swa_lr, "n_averaged": int(averaged.n_averaged),
@@ -160,6 +162,7 @@ def run_swa(trainer: Trainer) -> dict:
     logger.info("SWA average of %d epochs: dev overall %s vs best epoch %s: %s | predictions from %s",
                 summary["n_averaged"], _fmt(summary["score"]), _fmt(best["score"]),
                 " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), "SWA" if used else "the best epoch")
-    with open(trainer.metrics_path, "a", encoding="utf-8") as f:
-        f.write(json.dumps({"stage": "swa", "swa_model": True, **summary}, allow_nan=False) + "\n")
+    if trainer.rank == 0:
+        with open(trainer.metrics_path, "a", encoding="utf-8") as f:
+            f.write(json.dumps({"stage": "swa", "swa_model": True, **summary}, allow_nan=False) + "\n")
     return summary

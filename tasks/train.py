@@ -45,7 +45,20 @@ and epoch); dropout draws from torch's global RNG, whose state is saved with
 every checkpoint, so ``resume_from`` continues bit for bit on CPU.
 
 Throughput: losses are accumulated as tensors on the device and read back
-only at log time (one sync per ``log_every`` steps).
+only at log time (one sync per ``log_every`` steps). On CUDA the next batch is
+collated and pinned in a background thread while the current one trains, and
+copied to the GPU with non_blocking=True.
+
+Several processes (``torchrun --nproc_per_node=N train_multitask.py ...``,
+tasks/distributed.py): ``batch_size`` is the global batch, rank r trains on
+every N-th example of each global batch (same schedule and seed on every rank)
+and gradients are averaged over the ranks after backward, so N processes take
+the steps one process would take with the same batch size (tested: equal
+losses and weights within float rounding, without dropout). Only rank 0
+evaluates and writes files (checkpoints, metrics.jsonl, training.png,
+predictions); the other ranks wait for its dev scores between epochs and stop
+after training (and SWA). Each rank draws its own dropout masks; checkpoints
+keep every rank's RNG state, so a resume with the same N continues bit for bit.
 """
 
 from __future__ import annotations
@@ -63,7 +76,8 @@ import shutil
 import sys
 import time
 import types
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -78,7 +92,7 @@ from minbert.config import BertConfig
 from minbert.optimizer import AdamW
 from minbert.pretrained import load_pretrained, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
-from tasks import lpft
+from tasks import distributed, lpft
 from tasks import objectives as objectives_pkg
 from tasks.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -155,6 +169,10 @@ class TrainConfig:
     # Per-task cap on dev examples scored between epochs: a fixed seeded random subset
     # (Quora dev has 20k pairs). The final evaluation always uses the whole dev set.
     dev_max_examples: dict[str, int] = field(default_factory=lambda: {"para": 3000})
+    # "full": the final evaluation scores the whole dev sets; "capped": the same fixed
+    # subsets as between epochs (cheap sweeps such as the robustness table; not for
+    # numbers compared with the paper's).
+    final_dev: str = "full"
 
     # -- model --
     pretrained: str | None = None  # HF BERT checkpoint directory; None = the embedded all-MiniLM-L6-v2
@@ -165,7 +183,7 @@ class TrainConfig:
 
     # -- optimization --
     epochs: int = 3  # passes over the (capped) training streams
-    batch_size: int = 32  # examples per batch, every stream
+    batch_size: int = 32  # examples per batch, every stream; under torchrun the global batch, split over the ranks
     task_batch_size: dict[str, int] = field(default_factory=dict)  # per-stream batch size overrides (not with schedule even)
     eval_batch_size: int = 128  # examples per batch at evaluation
     schedule: str = "even"  # sequential | round_robin | even (§4.2 even batching)
@@ -248,6 +266,8 @@ class TrainConfig:
             raise ValueError(f"dev_max_examples names {extra}, which this run does not evaluate (tasks: {list(self.tasks)})")
         _positive_ints("max_train_examples", self.max_train_examples, 1)
         _positive_ints("dev_max_examples", self.dev_max_examples, 2)  # Pearson r needs two points
+        if self.final_dev not in ("full", "capped"):
+            raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
         _positive_ints("task_batch_size", self.task_batch_size, 1)
         bad = {s: w for s, w in self.loss_weights.items() if not (isinstance(w, (int, float)) and w >= 0)}
         if bad:
@@ -498,6 +518,17 @@ def fixed_subset(examples: list[Example], n: int, seed: int) -> list[Example]:
     return [examples[i] for i in keep]
 
 
+def capped_dev(task: str, dev: list[Example], cfg: TrainConfig) -> list[Example]:
+    """The dev examples scored between epochs: a fixed seeded subset where ``dev_max_examples`` caps the task."""
+    n = cfg.dev_max_examples.get(task)
+    if n is None or n >= len(dev):
+        return dev
+    logger.info("%s dev: a fixed random %d of %d examples between epochs%s", task, n, len(dev),
+                " and at the end (final_dev capped)" if cfg.final_dev == "capped" else
+                " (the final evaluation uses all)")
+    return fixed_subset(dev, n, cfg.seed)
+
+
 def _load(task: str, split: str, cfg: TrainConfig):
     loaded = load_split(task, split, cfg.data_dir, limit=cfg.limit)
     if loaded is None:
@@ -576,8 +607,10 @@ def _jsonable(metrics: dict[str, float]) -> dict[str, float | None]:
     return {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}
 
 
-def _sequences(batch: dict) -> int:
+def _sequences(batch: dict | None) -> int:
     """Sequences the encoder reads for a batch: 1 per row, 2 for Siamese pairs, 2-3 for NLI triplets."""
+    if batch is None:  # a rank's empty shard
+        return 0
     rows = len(batch["ids"])
     return rows * sum(1 for k in batch if k.startswith("input_ids"))
 
@@ -589,33 +622,46 @@ class Trainer:
     optimizer, position (epoch, step), best score, history and RNG states;
     its config.json must equal ``cfg`` except for RESUME_MUTABLE fields.
     A fresh run refuses an ``out_dir`` that already holds checkpoints unless
-    ``overwrite`` is set.
+    ``overwrite`` is set. Under torchrun each process builds its own Trainer
+    (``self.rank`` of ``self.world_size``); its collectives (gradient
+    all-reduce, loss sums at log time, dev scores, checkpoint states) are
+    entered by every rank at the same steps. Hooks run on every rank.
     """
+
+    # Collate the next batch in a background thread (``batches``); None = on CUDA only.
+    prefetch: bool | None = None
 
     def __init__(self, cfg: TrainConfig, hooks: Sequence[Hook] = (), resume_from: str | os.PathLike | None = None,
                  overwrite: bool = False) -> None:
         cfg.validate()
+        distributed.check_config(cfg.batch_sizes(), cfg.device)
         self.cfg = cfg
         self.hooks = list(hooks)
         self.out_dir = Path(cfg.out_dir)
         self.ckpt_root = self.out_dir / "checkpoints"
         self.metrics_path = self.out_dir / "metrics.jsonl"
+        # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
+        self.device = distributed.setup(resolve_device(cfg.device))
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        main = self.rank == 0
         ckpt = None
         if resume_from is not None:
             ckpt = resolve_checkpoint(resume_from)
             check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
-        elif self.ckpt_root.exists() and any(self.ckpt_root.iterdir()):
-            if not overwrite:
+        else:
+            occupied = main and self.ckpt_root.exists() and any(self.ckpt_root.iterdir())
+            if distributed.broadcast_from_main(occupied and not overwrite):  # every rank raises, or none
                 raise FileExistsError(f"{self.ckpt_root} already holds checkpoints: resume them (--resume), "
                                       "pick another --out-dir, or pass --overwrite to replace them")
-            shutil.rmtree(self.ckpt_root)
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        if ckpt is None:
-            self.metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
-        write_json(self.out_dir / "config.json", cfg.to_dict())
+            if occupied:
+                shutil.rmtree(self.ckpt_root)
+        if main:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            if ckpt is None:
+                self.metrics_path.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
+            write_json(self.out_dir / "config.json", cfg.to_dict())
 
-        seed_everything(cfg.seed)
-        self.device = resolve_device(cfg.device)
+        seed_everything(cfg.seed)  # the same on every rank: identical initial weights
         self.amp_dtype = autocast_dtype(cfg.bf16, self.device)
         if self.device.type == "cuda":
             torch.backends.cuda.matmul.allow_tf32 = True
@@ -631,12 +677,7 @@ class Trainer:
         self.dev_sets: dict[str, Any] = {}
         for task in cfg.tasks:
             self.train_sets[task] = make_dataset(task, _load(task, "train", cfg), self.tokenizer, cfg)
-            dev = _load(task, "dev", cfg)
-            if task in cfg.dev_max_examples and cfg.dev_max_examples[task] < len(dev):
-                logger.info("%s dev between epochs: a fixed random %d of %d examples (the final evaluation uses all)",
-                            task, cfg.dev_max_examples[task], len(dev))
-                dev = fixed_subset(dev, cfg.dev_max_examples[task], cfg.seed)
-            self.dev_sets[task] = make_dataset(task, dev, self.tokenizer, cfg)
+            self.dev_sets[task] = make_dataset(task, capped_dev(task, _load(task, "dev", cfg), cfg), self.tokenizer, cfg)
         if cfg.nli:
             triplets, _ = load_nli(cfg.data_dir, limit=cfg.limit)
             self.train_sets[NLI] = TripletDataset(triplets, self.tokenizer, max_length=cfg.max_length)
@@ -655,6 +696,13 @@ class Trainer:
                         o.set_train_size(len(self.train_sets[task]), task)
             if hasattr(o, "on_train_start"):
                 o.on_train_start(self.model, self)
+        coupled = [o.name for o in self.objectives if o.batch_coupled]
+        if coupled and self.world_size > 1 and self.rank == 0:
+            logger.warning("%d processes: objective(s) %s couple the examples of a batch and see each rank's shard "
+                           "(%s) as their batch, not the global one (fewer in-batch negatives, per-rank KNN "
+                           "queues): this run is not the one a single process with the same batch size would make",
+                           self.world_size, ", ".join(coupled),
+                           {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
         # LP-FT: the stage of the position to start from decides which parameters the optimizer sees.
         self.stage = lpft.stage_at(cfg, read_json(ckpt / "state.json")["epoch"] if ckpt is not None else 0)
         lpft.set_stage(self.model, self.stage)
@@ -671,11 +719,13 @@ class Trainer:
         self.best: dict | None = None
         self.history: list[dict] = []
         self.epoch_sums: dict[str, torch.Tensor] = {}
-        self.epoch_counts: dict[str, int] = {}
+        self.epoch_counts: dict[str, float] = {}  # steps (under torchrun: this rank's shares of them)
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self._rng_to_restore = None
         if ckpt is not None:
             self._load_checkpoint(ckpt)
+        elif self.rank > 0:
+            seed_everything(distributed.rank_seed(cfg.seed, self.rank))  # this rank's own dropout masks
         if cfg.compile:
             self.model.encoder.compile()
 
@@ -748,21 +798,74 @@ class Trainer:
                                f"{[o.name for o in applying]})")
         return self.weights.get(stream) * total, terms
 
-    def train_step(self, stream: str, batch: dict, lr: float) -> dict[str, torch.Tensor]:
-        """One optimizer step on one batch; returns the detached terms plus the weighted total "loss"."""
+    def train_step(self, stream: str, batch: dict | None, lr: float, share: float = 1) -> dict[str, torch.Tensor]:
+        """One optimizer step on one batch; returns the detached terms plus the weighted total "loss".
+
+        Under torchrun ``batch`` is this rank's shard of the global batch (None
+        when the shard is empty: a partial last batch smaller than the world)
+        and ``share`` its fraction of the global batch. The loss is scaled by
+        share × world before backward, so the gradients averaged over the ranks
+        (``distributed.all_reduce_gradients``) are those of the global batch's
+        mean loss; clipping then acts on the averaged gradients, the same on every rank.
+        """
         for g in self.optimizer.param_groups:
             g["lr"] = lr
-        loss, terms = self.step_loss(stream, batch)
-        loss.backward()
+        detached: dict[str, torch.Tensor] = {}
+        if batch is not None:
+            loss, terms = self.step_loss(stream, batch)
+            scale = share * self.world_size
+            (loss if scale == 1 else loss * scale).backward()
+            detached = {k: v.detach().float() for k, v in terms.items()}
+            detached["loss"] = loss.detach().float()
+        distributed.all_reduce_gradients(self.params)
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         for o in self.objectives:
             o.on_step_end(self.model)
-        detached = {k: v.detach().float() for k, v in terms.items()}
-        detached["loss"] = loss.detach().float()
         return detached
+
+    def batches(self, plan: Sequence[tuple[str, list[int]]], start: int = 0
+                ) -> Iterator[tuple[str, dict | None, float]]:
+        """(stream, batch on the device, share) for each step of ``plan[start:]``.
+
+        One process: the whole batch, share 1. Under torchrun: this rank's
+        shard ``indices[rank::world]`` (None when empty) and its fraction of
+        the global batch. On CUDA the next step's batch is collated and pinned
+        in a background thread while this one trains (collate draws no random
+        numbers, so the order of work does not matter), then copied with
+        non_blocking=True; on CPU the thread would only compete with the
+        compute threads, so batches are collated in line (``prefetch``
+        overrides the choice).
+        """
+        cuda = self.device.type == "cuda"
+        prefetch = cuda if self.prefetch is None else self.prefetch
+
+        def load(k: int) -> tuple[str, dict | None, float]:
+            stream, indices = plan[k]
+            mine = distributed.shard(indices) if self.world_size > 1 else indices
+            if not mine:
+                return stream, None, 0.0
+            batch = self.train_sets[stream].collate(mine)
+            if cuda:
+                batch = {n: v.pin_memory() if isinstance(v, torch.Tensor) else v for n, v in batch.items()}
+            return stream, batch, (len(mine) / len(indices) if self.world_size > 1 else 1)
+
+        def on_device(item: tuple[str, dict | None, float]) -> tuple[str, dict | None, float]:
+            stream, batch, share = item
+            return stream, (move_batch(batch, self.device) if batch is not None else None), share
+
+        if not prefetch:
+            for k in range(start, len(plan)):
+                yield on_device(load(k))
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collate") as pool:
+            pending = pool.submit(load, start) if start < len(plan) else None
+            for k in range(start, len(plan)):
+                item = pending.result()
+                pending = pool.submit(load, k + 1) if k + 1 < len(plan) else None
+                yield on_device(item)
 
     # -- the loop --
     def fit(self) -> dict:
@@ -792,22 +895,17 @@ class Trainer:
         n = len(plan)
         t_epoch = time.perf_counter()
         window: dict[str, torch.Tensor] = {}
-        window_counts: dict[str, int] = {}
+        window_counts: dict[str, float] = {}
         window_seqs, t_window = 0, time.perf_counter()
         bar = tqdm(total=n, initial=self.step, desc=f"epoch {self.epoch + 1}/{self.total_epochs}", dynamic_ncols=True,
-                   disable=not sys.stderr.isatty(), leave=False)
+                   disable=not sys.stderr.isatty() or self.rank > 0, leave=False)
         lr = self.lr_at(self.epoch, self.step, n)
         try:
-            while self.step < n:
-                stream, indices = plan[self.step]
+            for stream, batch, share in self.batches(plan, self.step):
                 lr = self.lr_at(self.epoch, self.step, n)
-                batch = move_batch(self.train_sets[stream].collate(indices), self.device)
-                terms = self.train_step(stream, batch, lr)
-                for k, v in terms.items():
-                    self.epoch_sums[k] = self.epoch_sums[k] + v if k in self.epoch_sums else v
-                    self.epoch_counts[k] = self.epoch_counts.get(k, 0) + 1
-                    window[k] = window[k] + v if k in window else v
-                    window_counts[k] = window_counts.get(k, 0) + 1
+                terms = self.train_step(stream, batch, lr, share)
+                _accumulate(self.epoch_sums, self.epoch_counts, terms, share)
+                _accumulate(window, window_counts, terms, share)
                 window_seqs += _sequences(batch)
                 self.step += 1
                 self.global_step += 1
@@ -815,9 +913,10 @@ class Trainer:
                 if self.global_step % cfg.log_every == 0:
                     now = time.perf_counter()
                     means = _means(window, window_counts)  # the one device sync per log_every steps
+                    seqs = distributed.sum_over_ranks({"seqs": window_seqs})["seqs"]
                     logger.info("epoch %d/%d step %d/%d | lr %.2e | %s | %.1f seq/s", self.epoch + 1, self.total_epochs,
                                 self.step, n, lr, " | ".join(f"{k} {v:.4f}" for k, v in means.items()),
-                                window_seqs / max(now - t_window, 1e-9))
+                                seqs / max(now - t_window, 1e-9))
                     bar.set_postfix(loss=f"{means['loss']:.4f}")
                     window, window_counts, window_seqs, t_window = {}, {}, 0, now
                 if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 and self.step < n:
@@ -832,8 +931,13 @@ class Trainer:
     def _end_epoch(self, lr: float, train_time: float) -> None:
         t0 = time.perf_counter()
         means = _means(self.epoch_sums, self.epoch_counts)
-        metrics, _ = evaluate(eval_model(self.model, self.objectives, self.cfg.tasks), self.dev_sets,
-                              batch_size=self.cfg.eval_batch_size, device=self.device, autocast_dtype=self.amp_dtype)
+        metrics: dict[str, float] = {}
+        if self.rank == 0:  # the other ranks wait for rank 0's scores (one process evaluates: simple, and cheap
+            # next to an epoch of training with the capped dev sets)
+            metrics, _ = evaluate(eval_model(self.model, self.objectives, self.cfg.tasks), self.dev_sets,
+                                  batch_size=self.cfg.eval_batch_size, device=self.device,
+                                  autocast_dtype=self.amp_dtype)
+        metrics = distributed.broadcast_from_main(metrics)
         eval_time = time.perf_counter() - t0
         score = metrics.get("overall", math.nan)
         # The first epoch is the best so far even with an undefined score (a constant STS prediction has no r).
@@ -858,13 +962,14 @@ class Trainer:
         if self.epoch < self.total_epochs and lpft.stage_at(self.cfg, self.epoch) != self.stage:
             self._enter_stage(lpft.stage_at(self.cfg, self.epoch))  # before the checkpoint: it saves the new optimizer
         self.save_checkpoint("last")
-        if improved:
-            link_or_copy_directory(self.ckpt_root / "last", self.ckpt_root / "best")
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record, allow_nan=False) + "\n")
-        from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
+        if self.rank == 0:
+            if improved:
+                link_or_copy_directory(self.ckpt_root / "last", self.ckpt_root / "best")
+            with open(self.metrics_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
+            from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
 
-        plot_history(self.history, self.out_dir / "training.png")
+            plot_history(self.history, self.out_dir / "training.png")
         for h in self.hooks:
             h.on_epoch_end(self, record)
 
@@ -878,18 +983,28 @@ class Trainer:
 
     # -- checkpoints --
     def state(self) -> dict:
-        """state.json: the position, best score, history and RNG states (JSON values only)."""
+        """state.json: the position, best score, history and RNG states (JSON values only).
+
+        Under torchrun every rank must call it (it gathers): the loss sums are
+        those of all ranks, "rng" is rank 0's state and "rng_other_ranks" the others'.
+        """
+        sums = _host_sums(self.epoch_sums, self.epoch_counts)
+        rngs = distributed.gather(rng_state())
         return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
                 "best": self.best, "history": self.history, "elapsed_s": self.elapsed,
-                "epoch_sums": {k: [float(v), self.epoch_counts[k]] for k, v in self.epoch_sums.items()},
-                "rng": rng_state()}
+                "epoch_sums": {k: [s, c] for k, (s, c) in sums.items()},
+                "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
 
     def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
         """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py).
 
         ``extra_state`` is merged into state.json (the SWA checkpoint marks itself with "swa").
+        Under torchrun every rank calls it and rank 0 writes (the ranks' weights are identical).
         """
         final = self.ckpt_root / name
+        state = {**self.state(), **(extra_state or {})}
+        if self.rank > 0:
+            return final
         with atomic_directory(final) as tmp:
             save_tensors(tmp / "model.safetensors", self.model.state_dict())
             obj_state = objectives_state(self.objectives, self.model)
@@ -898,7 +1013,7 @@ class Trainer:
             tensors, meta = optimizer_state(self.optimizer, self.param_names)
             save_tensors(tmp / "optimizer.safetensors", tensors)
             write_json(tmp / "optimizer.json", meta)
-            write_json(tmp / "state.json", {**self.state(), **(extra_state or {})})
+            write_json(tmp / "state.json", state)
             write_json(tmp / "config.json", self.cfg.to_dict())
             save_encoder_files(tmp / "encoder", self.model.encoder.config, self.encoder_dir)
         return final
@@ -916,33 +1031,80 @@ class Trainer:
             raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
         self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
         self.best, self.history, self.elapsed = state["best"], state["history"], state["elapsed_s"]
+        # The saved sums are over all ranks: rank 0 carries them on, the others start from zero.
+        saved_sums = state["epoch_sums"] if self.rank == 0 else {}
         self.epoch_sums = {k: torch.tensor(v, dtype=torch.float32, device=self.device)
-                           for k, (v, _) in state["epoch_sums"].items()}
-        self.epoch_counts = {k: c for k, (_, c) in state["epoch_sums"].items()}
-        self._rng_to_restore = state["rng"]
-        # metrics.jsonl continues from the checkpoint: records of epochs after it are dropped.
-        with open(self.metrics_path, "w", encoding="utf-8") as f:
-            for record in self.history:
-                f.write(json.dumps(record, allow_nan=False) + "\n")
+                           for k, (v, _) in saved_sums.items()}
+        self.epoch_counts = {k: c for k, (_, c) in saved_sums.items()}
+        self._rng_to_restore = self._rank_rng(state)
+        if self.rank == 0:
+            # metrics.jsonl continues from the checkpoint: records of epochs after it are dropped.
+            with open(self.metrics_path, "w", encoding="utf-8") as f:
+                for record in self.history:
+                    f.write(json.dumps(record, allow_nan=False) + "\n")
         logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
                     self.global_step)
+
+    def _rank_rng(self, state: dict) -> dict:
+        """The RNG state this rank resumes from: its own when the checkpoint has one, else a fresh seeded one."""
+        others = state.get("rng_other_ranks", [])
+        if self.rank == 0:
+            return state["rng"]
+        if len(others) == self.world_size - 1:
+            return others[self.rank - 1]
+        logger.warning("rank %d: the checkpoint holds the RNG states of %d process(es), this run has %d: this rank "
+                       "draws fresh dropout masks, so the run will not repeat the interrupted one bit for bit",
+                       self.rank, len(others) + 1, self.world_size)
+        seed_everything(distributed.rank_seed(self.cfg.seed, self.rank, state["global_step"]))
+        return rng_state()
 
     # -- after training --
     def load_best(self) -> Path:
         """Load the best checkpoint's model and objectives weights into the live model."""
+        distributed.barrier()  # under torchrun: rank 0 has finished writing it
         best = resolve_checkpoint(self.ckpt_root / "best")
         self.model.load_state_dict(load_tensors(best / "model.safetensors", self.device))
         load_objectives_state(self.objectives, self.model, best, self.device)
         return best
 
 
-def _means(sums: dict[str, torch.Tensor], counts: dict[str, int]) -> dict[str, float]:
-    """Means of accumulated device tensors: one stack, one transfer. Non-finite losses stop the run."""
-    if not sums:
+def _accumulate(sums: dict[str, torch.Tensor], counts: dict[str, float], terms: dict[str, torch.Tensor],
+                share: float = 1) -> None:
+    """Add one step's terms to running sums on the device (no sync).
+
+    ``share`` is this rank's fraction of the global batch (1 in one process):
+    terms and counts are weighted by it, so that sums and counts added over
+    the ranks give the means of the global batches.
+    """
+    for k, v in terms.items():
+        if share != 1:
+            v = v * share
+        sums[k] = sums[k] + v if k in sums else v
+        counts[k] = counts.get(k, 0) + share
+
+
+def _host_sums(sums: dict[str, torch.Tensor], counts: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """{term: (sum, count)} on the host: one stack, one transfer; under torchrun added over the ranks (collective)."""
+    keys = list(sums)
+    values = torch.stack([sums[k] for k in keys]).tolist() if keys else []
+    local = {k: (v, counts[k]) for k, v in zip(keys, values)}
+    if not distributed.is_distributed():
+        return local
+    total: dict[str, tuple[float, float]] = {}
+    for part in distributed.gather(local):
+        for k, (v, c) in part.items():
+            s0, c0 = total.get(k, (0.0, 0))
+            total[k] = (s0 + v, c0 + c)
+    return total
+
+
+def _means(sums: dict[str, torch.Tensor], counts: dict[str, float]) -> dict[str, float]:
+    """Means of accumulated device tensors (over all ranks under torchrun). Non-finite losses stop the run."""
+    totals = _host_sums(sums, counts)
+    if not totals:
         return {}
-    keys = sorted(sums, key=lambda k: (k != "loss", k))
-    values = torch.stack([sums[k] for k in keys]).tolist()
-    means = {k: v / counts[k] for k, v in zip(keys, values)}
+    keys = sorted(totals, key=lambda k: (k != "loss", k))
+    means = {k: totals[k][0] / totals[k][1] for k in keys}
     bad = [k for k, v in means.items() if not math.isfinite(v)]
     if bad:
         raise FloatingPointError(f"non-finite training loss in {bad}: lower --lr, enable --grad-clip, or check the data")
@@ -1143,6 +1305,8 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
                 datasets[task] = train_set(task)
                 continue
             examples = _load(task, split, cfg)
+            if examples is not None and split == "dev" and cfg.final_dev == "capped":
+                examples = capped_dev(task, examples, cfg)
             if examples is None:
                 msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
                 logger.warning(msg)
@@ -1176,7 +1340,9 @@ def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overw
         hooks: Sequence[Hook] = ()) -> dict:
     """Train, keep the best checkpoint (or SWA's average, when it scores higher), write predictions.
 
-    Returns the final summary, also appended to metrics.jsonl.
+    Returns the final summary, also appended to metrics.jsonl. Under torchrun
+    every rank trains (and runs SWA); the ranks other than 0 then return a short
+    summary and rank 0 writes the predictions.
     """
     t0 = time.perf_counter()
     trainer = Trainer(cfg, hooks=hooks, resume_from=resume_from, overwrite=overwrite)
@@ -1189,6 +1355,9 @@ def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overw
 
         swa = run_swa(trainer)  # leaves in the model what predicts: the SWA average when it scored higher
         source = Path(swa["checkpoint"]) if swa["used"] else source
+    if trainer.rank > 0:  # under torchrun rank 0 alone writes the predictions
+        return {"final": True, "rank": trainer.rank, "best_epoch": summary["best"]["epoch"],
+                "predictions_from": str(source)}
     logger.info("writing predictions from %s", source)
     final = write_all_predictions(trainer.model, trainer.objectives, trainer.tokenizer, cfg,
                                   trainer.out_dir / "predictions", trainer.device, trainer.amp_dtype,
@@ -1200,7 +1369,8 @@ def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overw
               "skipped": final["skipped"]}
     with open(trainer.metrics_path, "a", encoding="utf-8") as f:
         f.write(json.dumps(record, allow_nan=False) + "\n")
-    logger.info("final dev (full sets): %s | %.0f s in this process",
+    logger.info("final dev (%s): %s | %.0f s in this process",
+                "full sets" if cfg.final_dev == "full" else "capped subsets",
                 " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None), record["process_time_s"])
     return record
 
@@ -1228,12 +1398,14 @@ def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike |
     """--eval-only: dev metrics and dev + test predictions of a saved model.
 
     ``overrides`` may set data_dir, device, bf16, eval_batch_size, limit,
-    max_length, predict_train or tasks (a subset of the trained tasks) of the
-    saved config, and ``objectives`` options that act at inference (knn_bert's
-    knn_k and knn_phi): an objective whose options differ from the saved ones
+    max_length, predict_train, final_dev, dev_max_examples or tasks (a subset
+    of the trained tasks) of the saved config, and ``objectives`` options that
+    act at inference (knn_bert's knn_k and knn_phi, match_tuning's inference): an objective whose options differ from the saved ones
     gets a new Config (checked as at training).
     Files go to ``<out_dir>/predictions`` (default: the run directory holding the checkpoint).
     """
+    if distributed.env()[1] > 1:
+        raise ValueError("evaluation runs in one process: start --eval-only with python, not torchrun")
     ckpt = resolve_checkpoint(path)
     saved = TrainConfig.from_dict(read_json(ckpt / "config.json"))
     cfg = dataclasses.replace(saved, **(overrides or {}))

@@ -337,3 +337,19 @@ def test_cli_lp_ft_then_swa_on_resume_then_teacher_logits_and_distill(tiny_env, 
     assert saved["objectives"]["distill"]["teachers"] == [str(teacher / "predictions")]
     terms = json.loads((student / "metrics.jsonl").read_text().splitlines()[0])["train"]
     assert "sst/distill.loss" in terms and "sts/distill.loss" in terms and "para/distill.loss" not in terms
+
+
+def test_eval_only_sets_inference_options_and_a_capped_final_dev(tiny_env, tmp_path):  # noqa: F811
+    """--eval-only may switch Match-Tuning's inference and score the capped dev subset; the model is unchanged."""
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "16", "--objective", "match_tuning"])
+    best = str(run_dir / "checkpoints" / "best")
+    identity = cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "identity")])
+    batch = cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "batch"),
+                      "--match-tuning-inference", "batch", "--final-dev", "capped", "--dev-max-examples", "para=8"])
+    assert identity["dev"] == json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["dev"]
+    rows = (tmp_path / "batch" / "predictions" / "para-dev-logits.csv").read_text().splitlines()
+    assert len(rows) == 1 + 8
+    sst = [(tmp_path / d / "predictions" / "sst-dev-logits.csv").read_text() for d in ("identity", "batch")]
+    assert sst[0] != sst[1]  # batch matching mixes each eval batch's representations
+    assert set(batch["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}

@@ -416,6 +416,18 @@ def test_dev_subset_between_epochs_is_fixed(tiny_env, tmp_path):
     assert len(t1.dev_sets["sst"]) == 24
 
 
+@pytest.mark.parametrize("final_dev", ["full", "capped"])
+def test_final_dev_full_or_capped(tiny_env, tmp_path, final_dev):
+    """final_dev capped scores the between-epoch subset at the end too (the same ids); full reads every row."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, dev_max_examples={"para": 8}, final_dev=final_dev)
+    run(cfg)
+    ids = [r.split(",")[0] for r in _rows(tmp_path / "run" / "predictions" / "para-dev-output.csv")[1:]]
+    if final_dev == "capped":
+        assert sorted(ids) == sorted(Trainer(cfg, overwrite=True).dev_sets["para"].ids)
+    else:
+        assert len(ids) == 24
+
+
 def test_encoder_dropout_reaches_the_encoder_and_cpu_bf16_trains(tiny_env, tmp_path):
     """encoder_dropout sets every dropout inside the encoder (not only the heads); bf16 autocast trains on CPU."""
     trainer = Trainer(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, encoder_dropout=0.25, bf16=True))
@@ -426,3 +438,23 @@ def test_encoder_dropout_reaches_the_encoder_and_cpu_bf16_trains(tiny_env, tmp_p
     assert trainer.amp_dtype == torch.bfloat16
     trainer.fit()
     assert all(v is not None for v in trainer.history[0]["train"].values())
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's imports
+def test_compile_takes_the_same_steps_as_eager(tiny_env, tmp_path):
+    """compile=True (torch.compile of the encoder, inductor on CPU: ~20 s cold, ~6 s with inductor's cache) gives the
+    losses and weights of eager mode over two training steps (fp32, no dropout, atol 1e-5)."""
+    no_dropout = ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.0)
+    trainers = [Trainer(tiny_train_config(tiny_env, tmp_path / str(c), tasks=("sst",), encoder_dropout=0.0,
+                                          compile=c, model=no_dropout)) for c in (False, True)]
+    batch = trainers[0].train_sets["sst"].collate(list(range(8)))  # one shape: compiled once
+    losses = []
+    for t in trainers:
+        t.model.train()
+        losses.append([t.train_step("sst", batch, 1e-3)["loss"] for _ in range(2)])
+    assert losses[0][0] != losses[0][1]  # the first step changed the model
+    torch.testing.assert_close(torch.stack(losses[1]), torch.stack(losses[0]), atol=1e-5, rtol=0)
+    eager, compiled = (t.model.state_dict() for t in trainers)
+    assert eager.keys() == compiled.keys()
+    for k in eager:
+        torch.testing.assert_close(compiled[k], eager[k], atol=1e-5, rtol=0)

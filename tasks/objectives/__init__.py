@@ -13,6 +13,8 @@ An objective is an ``nn.Module`` subclass of :class:`Objective` with:
   ``--<name>-<field>`` and ``weight`` always exists (the factor on its terms);
 - ``tasks``: the tasks it applies to (``"nli"`` is the NLI triplet stream);
 - ``needs_siamese``: True when it reads per-sentence pair features;
+- ``batch_coupled``: True when its loss couples the batch's examples (under
+  torchrun it then sees the rank's shard, not the global batch);
 - ``task_loss_scale``: the factor it puts on the head's own loss for those tasks
   (e.g. 1 - λ for SCL's (1 - λ)·CE + λ·L_SCL); 1.0 for additive objectives;
 - ``forward(model, task, batch, out) -> dict[str, Tensor]``: unweighted loss terms;
@@ -48,6 +50,10 @@ class Objective(nn.Module, abc.ABC):
     # True when the objective reads Siamese features (sts_1/sts_2, pooled_1/2): the
     # CLI refuses it with --pair-encoding cross before any work starts.
     needs_siamese: ClassVar[bool] = False
+    # True when the loss couples the examples of a batch (in-batch negatives, batch mixing, a
+    # queue filled from the batch). Under torchrun such an objective sees each rank's shard of
+    # the global batch as its batch (tasks/distributed.py); the trainer warns.
+    batch_coupled: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

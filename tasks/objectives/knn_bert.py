@@ -192,6 +192,7 @@ class KNNBert(Objective):
     name = "knn_bert"
     Config = KNNBertConfig
     tasks = ("sst", "para")
+    batch_coupled = True  # the queue is filled from the batch (under torchrun: each rank's own queue)
 
     def __init__(self, config: KNNBertConfig, model: nn.Module | None = None):
         super().__init__(config, model)

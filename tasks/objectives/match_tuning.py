@@ -124,6 +124,7 @@ class MatchTuning(Objective):
     name = "match_tuning"
     Config = MatchTuningConfig
     tasks = MATCH_TASKS
+    batch_coupled = True  # mixes the embeddings of the batch
     train_transform: ClassVar[bool] = True  # the trainer must pass transform_for(task, True) to model(...)
 
     def transform(self, h: torch.Tensor) -> torch.Tensor:

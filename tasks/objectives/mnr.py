@@ -126,6 +126,7 @@ class MultipleNegativesRanking(Objective):
     name = "mnr"
     Config = MNRConfig
     tasks = ("sts", "nli")
+    batch_coupled = True  # in-batch negatives
     needs_siamese: ClassVar[bool] = True  # compares separately encoded sentences: refused with --pair-encoding cross
 
     def active_tasks(self) -> tuple[str, ...]:

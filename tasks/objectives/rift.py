@@ -308,6 +308,7 @@ class RIFT(Objective):
     name = "rift"
     Config = RIFTConfig
     tasks = ("sst", "para")
+    batch_coupled = True  # L_I's negatives are the batch's other examples of the class
 
     def __init__(self, config: RIFTConfig, model: nn.Module | None = None):
         super().__init__(config, model)

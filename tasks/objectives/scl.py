@@ -142,6 +142,7 @@ class SupervisedContrastive(Objective):
     name = "scl"
     Config = SCLConfig
     tasks = SCL_TASKS
+    batch_coupled = True  # contrasts the batch's examples
 
     def __init__(self, config: SCLConfig, model: nn.Module | None = None):
         super().__init__(config, model)

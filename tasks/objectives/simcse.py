@@ -98,6 +98,7 @@ class SimCSE(Objective):
     name = "simcse"
     Config = SimCSEConfig
     tasks = ("sts",)
+    batch_coupled = True  # in-batch negatives
 
     def __init__(self, config: SimCSEConfig, model: nn.Module | None = None):
         super().__init__(config, model)
