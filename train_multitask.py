@@ -303,6 +303,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "--bf16", "bf16", "bf16 autocast (default: on for CUDA with bf16 and on CPUs with AMX, where it measured 1.4x faster "
         "training at the same dev scores; off elsewhere)",
         action=argparse.BooleanOptionalAction)
+    add(g, "--fused-adamw", "fused_adamw", "run our AdamW update through torch's fused kernel "
+        "(minbert/optimizer.py; the same update up to float rounding, not bit for bit; measured 1.31x faster "
+        "training step on the 2-core CPU, benchmarks/bench_multitask.py)", action="store_true")
     add(g, "--compile", "compile", "torch.compile the encoder", action="store_true")
     add(g, "--log-every", "log_every", "one log line (every loss term, lr, seq/s) every N steps", type=int,
         metavar="N")

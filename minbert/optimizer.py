@@ -41,6 +41,14 @@ State per parameter: ``step`` (0-dim int64 CPU tensor), ``exp_avg`` (m) and
 ``foreach=True`` runs the same arithmetic through ``torch._foreach_*`` ops
 (one kernel launch per op for a whole list of tensors on CUDA); on CPU it
 gives bit-identical results to the per-parameter loop.
+
+``fused=True`` runs the whole update in one pass over each tensor with
+``torch._fused_adamw_``, the kernel of ``torch.optim.AdamW(fused=True)``,
+given ``eps / sqrt(1 - beta2**t)`` as its eps: by the identity above that is
+exactly our update (equal to the loop path up to float rounding, not bit for
+bit). It reads and writes each parameter, gradient and moment once instead of
+~8 times: measured on the 2-core Xeon (1 thread, the 22.7M MiniLM parameters)
+26 ms per step against 86 ms for ``foreach``. Needs ``correct_bias=True``.
 """
 
 from __future__ import annotations
@@ -79,6 +87,8 @@ class AdamW(Optimizer):
         weight_decay: decoupled weight decay coefficient (>= 0), scaled by lr.
         correct_bias: apply Adam's bias correction (BERT turned it off).
         foreach: use the ``torch._foreach_*`` fast path; same numbers.
+        fused: one fused kernel per tensor list (``torch._fused_adamw_``); the
+            same update up to float rounding, ~3x faster than foreach on CPU.
     """
 
     def __init__(
@@ -90,8 +100,13 @@ class AdamW(Optimizer):
         weight_decay: float = 0.0,
         correct_bias: bool = True,
         foreach: bool = False,
+        fused: bool = False,
     ) -> None:
         _check_hyperparameters(lr, betas, eps, weight_decay)
+        if fused and foreach:
+            raise ValueError("fused and foreach are two implementations of the same update: choose one")
+        if fused and not correct_bias:
+            raise ValueError("fused=True needs correct_bias=True (the fused kernel always corrects the bias)")
         defaults = dict(
             lr=lr,
             betas=tuple(betas),
@@ -99,6 +114,7 @@ class AdamW(Optimizer):
             weight_decay=weight_decay,
             correct_bias=correct_bias,
             foreach=foreach,
+            fused=fused,
         )
         super().__init__(params, defaults)
         # Groups given as dicts may override the defaults; check those too.
@@ -110,6 +126,7 @@ class AdamW(Optimizer):
         for group in self.param_groups:
             group.setdefault("correct_bias", True)
             group.setdefault("foreach", False)
+            group.setdefault("fused", False)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
@@ -120,7 +137,7 @@ class AdamW(Optimizer):
                 loss = closure()
 
         for group in self.param_groups:
-            params, grads, exp_avgs, exp_avg_sqs, step_sizes = [], [], [], [], []
+            params, grads, exp_avgs, exp_avg_sqs, step_sizes, steps = [], [], [], [], [], []
             beta1, beta2 = group["betas"]
             for p in group["params"]:
                 if p.grad is None:
@@ -144,8 +161,15 @@ class AdamW(Optimizer):
                 exp_avgs.append(state["exp_avg"])
                 exp_avg_sqs.append(state["exp_avg_sq"])
                 step_sizes.append(step_size)
+                steps.append(t)
 
             if not params:
+                continue
+            if group["fused"]:
+                if not group["correct_bias"]:
+                    raise ValueError("fused=True needs correct_bias=True")
+                _fused_update(params, grads, exp_avgs, exp_avg_sqs, steps, lr=group["lr"], beta1=beta1,
+                              beta2=beta2, eps=group["eps"], weight_decay=group["weight_decay"])
                 continue
             update = _foreach_update if group["foreach"] else _loop_update
             update(
@@ -231,3 +255,46 @@ def _foreach_update(
         denoms = torch._foreach_sqrt(vs)
         torch._foreach_add_(denoms, eps)
         torch._foreach_addcdiv_(ps, ms, denoms, [-step_sizes[i] for i in idx])
+
+
+def _fused_update(
+    params: list[torch.Tensor],
+    grads: list[torch.Tensor],
+    exp_avgs: list[torch.Tensor],
+    exp_avg_sqs: list[torch.Tensor],
+    steps: list[int],
+    *,
+    lr: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+    weight_decay: float,
+) -> None:
+    """Our update through torch's fused AdamW kernel, one call per (device, dtype, step).
+
+    The kernel computes ``p -= lr/(1 - beta1**t) * m / (sqrt(v)/sqrt(1 - beta2**t) + eps')``
+    after ``p *= 1 - lr*weight_decay``; with ``eps' = eps/sqrt(1 - beta2**t)`` that is
+    ``p -= lr*sqrt(1 - beta2**t)/(1 - beta1**t) * m / (sqrt(v) + eps)``, ours. Parameters
+    whose step counts differ (a task head without a gradient on other tasks' steps) get
+    separate calls, since eps' depends on t.
+    """
+    buckets: dict[tuple[torch.device, torch.dtype, int], list[int]] = {}
+    for i, p in enumerate(params):
+        buckets.setdefault((p.device, p.dtype, steps[i]), []).append(i)
+    for (device, _, t), idx in buckets.items():
+        step = torch.tensor(float(t), dtype=torch.float32, device=device)  # the kernel's bias corrections read it
+        torch._fused_adamw_(
+            [params[i] for i in idx],
+            [grads[i] for i in idx],
+            [exp_avgs[i] for i in idx],
+            [exp_avg_sqs[i] for i in idx],
+            [],
+            [step] * len(idx),
+            lr=lr,
+            beta1=beta1,
+            beta2=beta2,
+            weight_decay=weight_decay,
+            eps=eps / math.sqrt(1.0 - beta2**t),
+            amsgrad=False,
+            maximize=False,
+        )

@@ -207,6 +207,7 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda when available, else cpu) | cpu | cuda | cuda:N
     bf16: bool | None = None  # bf16 autocast; None = on for CUDA (with bf16) and for CPUs with AMX, else off
     compile: bool = False  # torch.compile the encoder
+    fused_adamw: bool = False  # our AdamW through torch's fused kernel (same update up to rounding, ~3x faster step)
     log_every: int = 50  # one log line every N steps (the only time losses are read back from the device)
     checkpoint_every: int = 0  # also write checkpoint "last" every N steps mid-epoch; 0 = at epoch ends only
 
@@ -744,7 +745,8 @@ class Trainer:
         no_decay = [(n, p) for n, p in named if p.ndim < 2]
         groups = [{"params": [p for _, p in decay], "weight_decay": self.cfg.weight_decay},
                   {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
-        opt = AdamW(groups, lr=self.cfg.lr, foreach=True)
+        fused = self.cfg.fused_adamw
+        opt = AdamW(groups, lr=self.cfg.lr, foreach=not fused, fused=fused)
         ordered = decay + no_decay
         return [p for _, p in ordered], [n for n, _ in ordered], opt
 

@@ -178,6 +178,48 @@ def test_foreach_path_equals_loop_path_exactly(correct_bias):
             assert torch.equal(s_loop[key], s_fe[key]), key
 
 
+def _two_layer_run(dtype: torch.dtype, **kwargs):
+    """15 steps of two layers in two groups (decay, lr override), one param never trained, steps diverging."""
+    torch.manual_seed(0)
+    a = torch.nn.Linear(6, 5).to(dtype)
+    b = torch.nn.Linear(5, 2).to(dtype)
+    frozen_part = torch.nn.Parameter(torch.randn(3, dtype=dtype))  # never gets a grad
+    opt = AdamW([{"params": list(a.parameters()) + [frozen_part], "weight_decay": 0.05},
+                 {"params": b.parameters(), "lr": 3e-3}], lr=1e-2, **kwargs)
+    g = torch.Generator().manual_seed(1)
+    for i in range(15):
+        opt.zero_grad()
+        x = torch.randn(8, 6, generator=g, dtype=dtype)
+        out = a(x).sum() if i % 3 == 2 else b(torch.relu(a(x))).pow(2).mean()
+        out.backward()
+        opt.step()
+    return [*a.parameters(), *b.parameters(), frozen_part], opt
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-6)])
+def test_fused_path_equals_loop_path(dtype, tol):
+    """fused=True (torch's fused kernel with eps/sqrt(1 - beta2**t)) is our update up to rounding,
+    with per-parameter step counts that diverge (the first layer trains on more steps)."""
+    loop_params, loop_opt = _two_layer_run(dtype)
+    fused_params, fused_opt = _two_layer_run(dtype, fused=True)
+    assert int(fused_opt.state[fused_params[0]]["step"]) != int(fused_opt.state[fused_params[2]]["step"])
+    for p, q in zip(loop_params, fused_params):
+        torch.testing.assert_close(q, p, rtol=0, atol=tol)
+    for s_loop, s_fused in zip(loop_opt.state.values(), fused_opt.state.values()):
+        assert torch.equal(s_loop["step"], s_fused["step"])
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(s_fused[key], s_loop[key], rtol=0, atol=tol)
+    assert fused_params[-1].grad is None and fused_params[-1] not in fused_opt.state  # untouched
+
+
+@pytest.mark.parametrize("kwargs, match", [(dict(fused=True, foreach=True), "choose one"),
+                                           (dict(fused=True, correct_bias=False), "correct_bias")])
+def test_fused_contradictions_raise(kwargs, match):
+    """fused with foreach, or without bias correction (the kernel always corrects), is refused."""
+    with pytest.raises(ValueError, match=match):
+        AdamW([torch.nn.Parameter(torch.zeros(1))], **kwargs)
+
+
 def _round_trip(sd: dict) -> dict:
     buf = io.BytesIO()
     torch.save(sd, buf)
@@ -185,12 +227,12 @@ def _round_trip(sd: dict) -> dict:
     return torch.load(buf, weights_only=True)
 
 
-@pytest.mark.parametrize("foreach", [False, True])
-def test_state_dict_round_trip_resumes_bit_for_bit(foreach):
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+def test_state_dict_round_trip_resumes_bit_for_bit(impl):
     """10 steps, save, load into a fresh optimizer, 10 more steps == 20 uninterrupted steps."""
     model, x, y = _tiny_problem(torch.float32)
     twin = _clone(model)
-    kwargs = dict(lr=1e-2, weight_decay=0.01, foreach=foreach)
+    kwargs = dict(lr=1e-2, weight_decay=0.01, foreach=impl == "foreach", fused=impl == "fused")
 
     _train(model, AdamW(model.parameters(), **kwargs), x, y, 20)
 

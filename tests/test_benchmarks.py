@@ -1,0 +1,115 @@
+"""Smoke tests of benchmarks/bench_multitask.py on the tiny model: it runs, and every number it reports is there.
+
+No timing is asserted: only the shape of the result, positive rates, and the
+FLOP count's arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks.train import TrainConfig
+from tests.helpers import tiny_config
+from tests.test_train import tiny_train_config, write_tiny_data, write_tiny_model
+
+# benchmarks/ is a folder of scripts, not a package: import the script as a top-level module (on
+# sys.path, so that the spawned peak-memory child can import it too).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import bench_multitask as bench  # noqa: E402
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg(tmp_path_factory) -> TrainConfig:
+    root = tmp_path_factory.mktemp("bench")
+    env = (write_tiny_model(root / "bert"), write_tiny_data(root / "data"))
+    return tiny_train_config(env, root / "unused", batch_size=8, max_length=32, epochs=1)
+
+
+def test_benchmark_reports_every_variant(tiny_cfg):
+    """Every variant runs 2 steps x 2 rounds; rates, FLOPs, MFU and ratios are positive; the table renders."""
+    pytest.importorskip("transformers")
+    res = bench.benchmark(tiny_cfg, list(bench.VARIANTS), steps=2, warmup=1, rounds=2, memory=False,
+                          profile=True, square=64, peak_min_time=0.005, log=lambda s: None)
+    assert set(res["variants"]) == set(bench.VARIANTS)
+    for name, v in res["variants"].items():
+        assert len(v["train_s_rounds"]) == 2 and len(v["infer_s_rounds"]) == 2
+        for key in ("train_seq_s", "train_tok_s", "infer_seq_s", "infer_tok_s", "train_flop_s", "train_mfu",
+                    "train_hfu", "infer_mfu"):
+            assert v[key] > 0 and math.isfinite(v[key]), (name, key, v[key])
+        assert v["sequences"] == 2 * tiny_cfg.batch_size
+    fixed = res["variants"]["fixed"]
+    assert fixed["padded_tokens"] == fixed["sequences"] * tiny_cfg.max_length  # padded to max_length
+    assert fixed["pad_fraction"] > res["variants"]["ours"]["pad_fraction"]
+    for name in ("hf", "fused", "pad8"):  # the very same batches as ours
+        assert res["variants"][name]["real_tokens"] == res["variants"]["ours"]["real_tokens"]
+    assert res["variants"]["hf"]["padded_tokens"] == res["variants"]["ours"]["padded_tokens"]
+    assert res["variants"]["pad8"]["padded_tokens"] % 8 == 0
+    assert set(res["ratios"]) == set(bench.VARIANTS) - {"ours"}
+    assert all(r["train_tok_s"] > 0 for r in res["ratios"].values())
+    assert res["peak_flops"]["reference_dtype"] == "fp32"  # the tiny config trains without autocast
+    assert set(res["profile"]["phase_ms_per_step"]) == set(bench.PHASES)
+    assert abs(sum(res["profile"]["where_share"].values()) - 1) < 1e-6
+    table = bench.markdown(res)
+    assert table.count("\n| ") >= len(bench.VARIANTS) + 5 and "MFU" in table
+
+
+def test_hf_variant_starts_from_the_same_model(tiny_cfg):
+    """The transformers variant's MultitaskBert gives ours' outputs (eval mode) before any step: same weights."""
+    pytest.importorskip("transformers")
+    base = bench.make_base_trainer(tiny_cfg)
+    hf = bench.hf_multitask_model(base.model, tiny_cfg.pretrained).eval()
+    base.model.eval()
+    stream, idx = base.schedule.epoch_plan(0)[0]
+    batch = base.train_sets[stream].collate(idx)
+    with torch.no_grad():
+        a, b = base.model(stream, batch).logits, hf(stream, batch).logits
+    assert torch.allclose(a, b, atol=1e-5), (a - b).abs().max()
+
+
+def test_flop_count_identities():
+    """A batch without padding has equal real and padded FLOPs; the count is 2·P·tokens + 4·L·H·ΣT² + heads."""
+    cfg = tiny_config()
+    B, T = 3, 5
+    full = {"attention_mask": torch.ones(B, T, dtype=torch.long)}
+    P = bench.encoder_matmul_params(cfg)
+    assert P == cfg.num_hidden_layers * (4 * 32 * 32 + 2 * 32 * 37)
+    expected = 2 * P * B * T + 4 * cfg.num_hidden_layers * 32 * B * T * T + 10.0 * B
+    assert bench.batch_flops(full, cfg, 10.0, padded=False) == pytest.approx(expected)
+    assert bench.batch_flops(full, cfg, 10.0, padded=True) == pytest.approx(expected)
+    half = {"attention_mask": torch.tensor([[1, 1, 1, 0, 0]] * B)}
+    assert bench.batch_flops(half, cfg, 0.0, padded=False) < bench.batch_flops(half, cfg, 0.0, padded=True)
+
+
+def test_peak_memory_child(tiny_cfg):
+    """The spawned child measures a positive growth of the peak RSS over one variant's training steps."""
+    if not Path("/proc/self/clear_refs").exists():
+        pytest.skip("needs Linux /proc")
+    mib = bench.peak_train_mib(tiny_cfg, "ours", warmup=1, steps=1, threads=1)
+    assert mib > 0
+
+
+def test_cli_flags_reach_the_benchmark(monkeypatch):
+    """Every flag of main() reaches benchmark() or the TrainConfig it is given."""
+    seen = {}
+
+    def fake(cfg, variants, **kw):
+        seen.update(cfg=cfg, variants=variants, **kw)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(bench, "benchmark", fake)
+    monkeypatch.setattr(bench, "configure_malloc", lambda: True)  # leave this process's malloc alone
+    with pytest.raises(SystemExit):
+        bench.main(["--steps", "7", "--warmup", "2", "--rounds", "3", "--threads", "1", "--no-bf16",
+                    "--variants", "ours", "hf", "--data-dir", "d", "--pretrained", "p", "--square", "0",
+                    "--no-memory", "--profile"])
+    assert seen["variants"] == ["ours", "hf"]
+    assert (seen["steps"], seen["warmup"], seen["rounds"], seen["threads"], seen["square"]) == (7, 2, 3, 1, 0)
+    assert seen["memory"] is False and seen["profile"] is True
+    cfg = seen["cfg"]
+    assert (cfg.bf16, cfg.data_dir, cfg.pretrained) == (False, "d", "p")
