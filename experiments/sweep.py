@@ -1,0 +1,103 @@
+"""What the experiment scripts share: run ``train_multitask.py`` once per row, reuse finished runs, print tables.
+
+Each run is a subprocess (``python train_multitask.py <flags> --out-dir <root>/<name>``)
+so that rows do not share memory or RNG state, with ``OMP_NUM_THREADS`` set
+when ``--threads`` is given. A run whose directory already holds a final
+record made with the same command is reused (``sweep.json`` keeps the
+command and the wall time), so an interrupted sweep continues where it
+stopped; ``--force`` reruns everything.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def final_record(run_dir: Path) -> dict | None:
+    """The last ``"final": true`` record of a run's metrics.jsonl, or None when the run did not finish."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    final = None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("final"):
+            final = record
+    return final
+
+
+class Sweep:
+    """Runs commands under ``root``, one directory per name, and remembers how long each took."""
+
+    def __init__(self, root: str | os.PathLike, threads: int | None = None, force: bool = False,
+                 dry_run: bool = False) -> None:
+        self.root = Path(root)
+        self.threads, self.force, self.dry_run = threads, force, dry_run
+        self.root.mkdir(parents=True, exist_ok=True)
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.threads:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
+        return env
+
+    def command(self, name: str, argv: Sequence[str], *, module: str | None = None) -> dict:
+        """Run ``python train_multitask.py argv`` (or ``python -m module argv``) once; returns {argv, wall_s}.
+
+        The record lands in ``<root>/<name>/sweep.json``; a second call with the same
+        argv returns it without running, unless ``force``.
+        """
+        run_dir = self.root / name
+        marker = run_dir / "sweep.json"
+        cmd = [sys.executable] + (["-m", module] if module else [str(ROOT / "train_multitask.py")]) + list(argv)
+        shown = " ".join(shlex.quote(c) for c in ["python"] + cmd[1:])
+        if marker.is_file() and not self.force:
+            done = json.loads(marker.read_text())
+            if done.get("argv") == list(argv) and done.get("module") == module:
+                print(f"[{name}] reusing the finished run ({done['wall_s']:.0f} s): {shown}", flush=True)
+                return done
+        print(f"[{name}] {shown}", flush=True)
+        if self.dry_run:
+            return {"argv": list(argv), "module": module, "wall_s": math.nan}
+        run_dir.mkdir(parents=True, exist_ok=True)
+        t0 = time.perf_counter()
+        with open(run_dir / "sweep.log", "w", encoding="utf-8") as log:
+            proc = subprocess.run(cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+        wall = time.perf_counter() - t0
+        if proc.returncode != 0:
+            tail = (run_dir / "sweep.log").read_text(encoding="utf-8", errors="replace")[-3000:]
+            raise SystemExit(f"[{name}] failed with exit status {proc.returncode} after {wall:.0f} s; "
+                             f"log {run_dir / 'sweep.log'}:\n{tail}")
+        done = {"argv": list(argv), "module": module, "wall_s": round(wall, 1), "threads": self.threads}
+        marker.write_text(json.dumps(done, indent=2) + "\n")
+        print(f"[{name}] done in {wall:.0f} s", flush=True)
+        return done
+
+    def train(self, name: str, flags: Sequence[str]) -> tuple[dict, float]:
+        """One training run (fresh, ``--overwrite``); returns (its final record, wall seconds)."""
+        run_dir = self.root / name
+        done = self.command(name, list(flags) + ["--out-dir", str(run_dir), "--overwrite"])
+        record = final_record(run_dir) if not self.dry_run else {"dev": {}}
+        if record is None:
+            raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")
+        return record, done["wall_s"]
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.{digits}f}"
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
