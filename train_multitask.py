@@ -307,6 +307,9 @@ def build_parser() -> argparse.ArgumentParser:
         "(minbert/optimizer.py; the same update up to float rounding, not bit for bit; measured 1.31x faster "
         "training step on the 2-core CPU, benchmarks/bench_multitask.py)", action="store_true")
     add(g, "--compile", "compile", "torch.compile the encoder", action="store_true")
+    add(g, "--gradient-checkpointing", "gradient_checkpointing", "activation checkpointing: keep only each encoder "
+        "layer's input and recompute the layer in backward (less memory for about one more forward pass: "
+        "bert-base-sized models on small GPUs); the same losses and gradients", action="store_true")
     add(g, "--log-every", "log_every", "one log line (every loss term, lr, seq/s) every N steps", type=int,
         metavar="N")
     add(g, "--checkpoint-every", "checkpoint_every", "also write checkpoints/last every N steps mid-epoch "

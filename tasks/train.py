@@ -133,8 +133,8 @@ LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
 # arithmetic of the steps already taken or the batches still to come.
 # SWA and train-set predictions come after the training steps, so they may change too
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
-RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "log_every", "checkpoint_every", "eval_batch_size",
-                  "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train")
+RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
+                  "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train")
 PRESETS = ("baseline", "b1", "b2", "b3")
 
 
@@ -207,6 +207,9 @@ class TrainConfig:
     device: str = "auto"  # auto (cuda when available, else cpu) | cpu | cuda | cuda:N
     bf16: bool | None = None  # bf16 autocast; None = on for CUDA (with bf16) and for CPUs with AMX, else off
     compile: bool = False  # torch.compile the encoder
+    # recompute each encoder layer's activations in backward instead of keeping them (memory for compute:
+    # bert-base-sized models on small GPUs); the same losses and gradients
+    gradient_checkpointing: bool = False
     fused_adamw: bool = False  # our AdamW through torch's fused kernel (same update up to rounding, ~3x faster step)
     log_every: int = 50  # one log line every N steps (the only time losses are read back from the device)
     checkpoint_every: int = 0  # also write checkpoint "last" every N steps mid-epoch; 0 = at epoch ends only
@@ -669,9 +672,9 @@ class Trainer:
             torch.backends.cudnn.allow_tf32 = True
 
         t0 = time.perf_counter()
-        overrides = {}
+        overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
         if cfg.encoder_dropout is not None:
-            overrides = {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
+            overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
         encoder, self.tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
         self.encoder_dir = resolve_model_dir(cfg.pretrained)
         self.train_sets: dict[str, Any] = {}

@@ -474,3 +474,21 @@ def test_fused_adamw_trains_like_the_foreach_path(tiny_env, tmp_path):
             assert abs(ra["train"][k] - rb["train"][k]) < 1e-4, k
     for (n, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
         torch.testing.assert_close(pa, pb, atol=1e-4, rtol=1e-4, msg=n)
+
+
+def test_gradient_checkpointing_trains_exactly_as_without(tiny_env, tmp_path):
+    """gradient_checkpointing=True recomputes each encoder layer in backward (dropout on: the recomputation must
+    draw the same masks): the same epoch losses and final weights as storing the activations."""
+    trainers = []
+    for ckpt in (False, True):
+        t = Trainer(tiny_train_config(tiny_env, tmp_path / f"run{ckpt}", epochs=1, encoder_dropout=0.1,
+                                      gradient_checkpointing=ckpt))
+        assert t.model.encoder.encoder.gradient_checkpointing is ckpt
+        t.fit()
+        trainers.append(t)
+    plain, checkpointed = trainers
+    assert plain.history[0]["train"].keys() == checkpointed.history[0]["train"].keys()
+    for k, v in plain.history[0]["train"].items():
+        assert checkpointed.history[0]["train"][k] == pytest.approx(v, abs=1e-6), k
+    for (n, pa), pb in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
+        torch.testing.assert_close(pb, pa, atol=1e-6, rtol=0, msg=n)
