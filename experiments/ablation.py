@@ -25,8 +25,9 @@ it with ``--swa-epochs`` (its time is the B1 run's plus the SWA phase);
 (``--eval-only --predict-train``, in ``<out-dir>/teacher``).
 
 Budgets: ``cpu`` (the default) fits the 2-core machine: 1 epoch at lr 1e-4
-with warmup and linear decay, batch 32, a fresh 6,000-pair slice of Quora
-(and of AllNLI) per epoch, Quora dev capped at 2,000 between epochs, 1 SWA
+with warmup and linear decay, batch 32, a fresh random slice of every
+training stream per epoch (SST 4,000 sentences, Quora 3,000 pairs, STS 3,000
+pairs, AllNLI 3,000 triplets; about 20 minutes a row on one thread), Quora dev capped at 2,000 between epochs, 1 SWA
 epoch; the final scores are on the whole dev sets. ``full`` is the paper's
 (§5.3): 10 epochs, batch 16, lr 1e-5 (constant for the baseline rows,
 -4e-7 per epoch from the B1 heads on), encoder dropout 0.3, all data, 5 SWA
@@ -73,11 +74,12 @@ ROWS = [name for name, _, _ in LADDER] + ["swa", "distill", "ensemble"]
 BUDGETS = {
     "cpu": {"common": ["--epochs", "1", "--batch-size", "32", "--lr", "1e-4", "--lr-schedule", "warmup_linear",
                        "--dev-max-examples", "para=2000"],
-            "caps": {"para": "6000", "nli": "6000"}, "swa_epochs": "1", "heads_extra": []},
+            "caps": {"sst": "4000", "para": "3000", "sts": "3000", "nli": "3000"}, "swa_epochs": "1",
+            "heads_extra": []},
     "full": {"common": ["--epochs", "10", "--batch-size", "16", "--lr", "1e-5", "--lr-schedule", "constant",
                         "--encoder-dropout", "0.3", "--weight-decay", "0", "--grad-clip", "0",
                         "--dev-max-examples", "para=all"],
-             "caps": {"para": "all", "nli": "all"}, "swa_epochs": "5",
+             "caps": {"sst": "all", "para": "all", "sts": "all", "nli": "all"}, "swa_epochs": "5",
              "heads_extra": ["--lr-schedule", "epoch_decay", "--lr-decay", "4e-7"]},
 }
 
@@ -111,13 +113,17 @@ def merge_flags(*parts: list[str]) -> list[str]:
 def row_flags(budget: str) -> dict[str, list[str]]:
     """The full flag list of every ladder row (cumulative)."""
     b = BUDGETS[budget]
-    flags = merge_flags(b["common"], BASELINE, ["--max-train-examples", f"para={b['caps']['para']}"])
+
+    def caps(streams: tuple[str, ...]) -> list[str]:  # one --max-train-examples flag: a later one replaces it whole
+        return ["--max-train-examples", *(f"{s}={b['caps'][s]}" for s in streams)]
+
+    flags = merge_flags(b["common"], BASELINE, caps(("sst", "para", "sts")))
     out = {}
     for name, _, added in LADDER:
         if name == "heads":
             added = added + b["heads_extra"]
         if name == "nli":
-            added = added + ["--max-train-examples", f"para={b['caps']['para']}", f"nli={b['caps']['nli']}"]
+            added = added + caps(("sst", "para", "sts", "nli"))
         flags = merge_flags(flags, added)
         out[name] = flags
     return out

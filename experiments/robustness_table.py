@@ -17,9 +17,9 @@ Conditions, on SST and the paraphrase task (``python -m tasks.robustness`` for e
   fs100, fs1000 few-shot: N training examples per task, several seeds, mean ± std
   noise10       10% of the training labels flipped to another class
 
-Budget ``cpu`` (the default): the paraphrase task trains on a fresh 6,000-pair
-slice per epoch and every score on Quora dev is on a fixed 2,000-pair subset
-(``--final-dev capped``); SST dev is whole. Clean and noisy runs: 1 epoch at
+Budget ``cpu`` (the default): each epoch trains on a fresh random slice of
+4,000 SST sentences and 3,000 Quora pairs, and every score on Quora dev is on
+a fixed 2,000-pair subset (``--final-dev capped``); SST dev is whole. Clean and noisy runs: 1 epoch at
 batch 32; few-shot: 6 epochs at batch 16 (N = 100, 3 seeds) and 2 epochs at
 batch 32 (N = 1,000, 2 seeds). Budget ``full``: 3 epochs, all of Quora, whole dev sets.
 
@@ -50,7 +50,7 @@ METHODS = {
 }
 CONDITIONS = ["clean", "attack", "noise10", "fs100", "fs1000"]
 BUDGETS = {
-    "cpu": {"common": ["--max-train-examples", "para=6000", "--dev-max-examples", "para=2000",
+    "cpu": {"common": ["--max-train-examples", "sst=4000", "para=3000", "--dev-max-examples", "para=2000",
                        "--final-dev", "capped"],
             "clean": ["--epochs", "1"], "fs100": ["--epochs", "6", "--batch-size", "16"],
             "fs1000": ["--epochs", "2"], "seeds": {"fs100": [0, 1, 2], "fs1000": [0, 1]},

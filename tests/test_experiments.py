@@ -25,12 +25,13 @@ def test_every_ablation_row_parses_and_adds_to_the_row_above():
         parser = cli.build_parser()
         command, explicit = cli.parse(flags + ["--out-dir", "unused"], parser)
         cfg = cli.build_invocation(command, explicit).config
-        assert cfg.epochs == 1 and cfg.max_train_examples["para"] == 6000
+        assert cfg.epochs == 1 and cfg.max_train_examples["para"] == 3000 and cfg.max_train_examples["sst"] == 4000
         if previous is not None:
             assert cfg.to_dict() != previous.to_dict(), name
         previous = cfg
     assert set(previous.objectives) == {"mnr", "simcse", "smart"} and previous.bf16 is False
     assert previous.nli and previous.model.arch == "b1" and previous.loss_weights == {"para": 0.1}
+    assert previous.max_train_examples == {"sst": 4000, "para": 3000, "sts": 3000, "nli": 3000}
 
 
 def test_robustness_rows_cells_and_knn_variants():
