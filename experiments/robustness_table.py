@@ -20,8 +20,8 @@ Conditions, on SST and the paraphrase task (``python -m tasks.robustness`` for e
 Budget ``cpu`` (the default): each epoch trains on a fresh random slice of
 4,000 SST sentences and 3,000 Quora pairs, and every score on Quora dev is on
 a fixed 2,000-pair subset (``--final-dev capped``); SST dev is whole. Clean and noisy runs: 1 epoch at
-batch 32; few-shot: 6 epochs at batch 16 (N = 100, 3 seeds) and 2 epochs at
-batch 32 (N = 1,000, 1 seed: the CPU time of one session). Budget ``full``: 3 epochs, all of Quora, whole dev sets.
+batch 32; few-shot: 6 epochs at batch 16 (N = 100, 2 seeds) and 2 epochs at
+batch 32 (N = 1,000, 1 seed): what one session's CPU time allowed. Budget ``full``: 3 epochs, all of Quora, whole dev sets.
 
 Usage:
     python experiments/robustness_table.py --out-dir runs/robustness [--threads N] [--methods ...] [--conditions ...]
@@ -53,7 +53,7 @@ BUDGETS = {
     "cpu": {"common": ["--max-train-examples", "sst=4000", "para=3000", "--dev-max-examples", "para=2000",
                        "--final-dev", "capped"],
             "clean": ["--epochs", "1"], "fs100": ["--epochs", "6", "--batch-size", "16"],
-            "fs1000": ["--epochs", "2"], "seeds": {"fs100": [0, 1, 2], "fs1000": [0]},
+            "fs1000": ["--epochs", "2"], "seeds": {"fs100": [0, 1], "fs1000": [0]},
             "attack": ["--limit", "500", "--steps", "3", "--step-size", "0.001", "--epsilon", "0.002"]},
     "full": {"common": ["--max-train-examples", "para=all", "--dev-max-examples", "para=all"],
              "clean": ["--epochs", "3"], "fs100": ["--epochs", "20", "--batch-size", "16"],
