@@ -87,6 +87,7 @@ def score_rows(method: str, results: dict) -> list[tuple[str, dict[str, list[flo
                 if not prefix:
                     for task, r in per_seed.items():
                         row[f"attack/{task}"] = [r["after_attack_acc"]]
+                        row[f"attack_clean/{task}"] = [r["clean_acc"]]  # on the attacked subset, not all of dev
                 continue
             if not isinstance(per_seed, list):
                 continue
@@ -100,14 +101,18 @@ def score_rows(method: str, results: dict) -> list[tuple[str, dict[str, list[flo
 def render(results: dict, times: dict) -> str:
     parts = []
     for task, title in (("sst", "SST-5 dev accuracy"), ("para", "Quora paraphrase dev accuracy")):
-        header = ["method", "clean", "few-shot 100", "few-shot 1,000", "10% label noise", "after attack"]
+        header = ["method", "clean", "few-shot 100", "few-shot 1,000", "10% label noise",
+                  "after attack / clean, attacked subset"]
         body = []
         for method in METHODS:
             if method not in results:
                 continue
             for name, row in score_rows(method, results):
+                attack = cell(row.get(f"attack/{task}", []))
+                if row.get(f"attack_clean/{task}"):
+                    attack += f" / {cell(row[f'attack_clean/{task}'])}"
                 body.append([name] + [cell(row.get(f"{c}/{task}", [])) for c in
-                                      ("clean", "fs100", "fs1000", "noise10", "attack")])
+                                      ("clean", "fs100", "fs1000", "noise10")] + [attack])
         parts.append(f"**{title}**\n\n" + markdown_table(header, body))
     header = ["method"] + CONDITIONS
     body = [[METHODS[m][0]] + [f"{times.get(m, {}).get(c, float('nan')):.0f}" if c in times.get(m, {}) else "–"

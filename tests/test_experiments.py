@@ -37,9 +37,10 @@ def test_every_ablation_row_parses_and_adds_to_the_row_above():
 def test_robustness_rows_cells_and_knn_variants():
     results = {"ce": {"clean": [{"sst_acc": 0.5, "para_acc": 0.8}],
                       "fs100": [{"sst_acc": 0.2, "para_acc": 0.6}, {"sst_acc": 0.4, "para_acc": 0.7}],
-                      "attack": {"sst": {"after_attack_acc": 0.1}, "para": {"after_attack_acc": 0.3}}},
+                      "attack": {"sst": {"after_attack_acc": 0.1, "clean_acc": 0.4},
+                                 "para": {"after_attack_acc": 0.3, "clean_acc": 0.7}}},
                "knn_bert": {"clean": [{"sst_acc": 0.45, "knn_phi0.25.sst_acc": 0.46, "knn_phi1.sst_acc": 0.47}],
-                            "attack": {"sst": {"after_attack_acc": 0.2}}}}
+                            "attack": {"sst": {"after_attack_acc": 0.2, "clean_acc": 0.45}}}}
     ce = dict(score_rows("ce", results))["CE baseline"]
     assert ce["fs100/sst"] == [0.2, 0.4] and ce["attack/para"] == [0.3]
     assert cell(ce["fs100/sst"]) == "0.300 ± 0.141" and cell([]) == "–"
@@ -50,7 +51,7 @@ def test_robustness_rows_cells_and_knn_variants():
     assert classifier["clean/sst"] == [0.45] and classifier["attack/sst"] == [0.2]
     assert "attack/sst" not in knn["KNN-BERT, φ 0.25"] and "attack/sst" not in knn["KNN-BERT, φ 1 (KNN only)"]
     text = render(results, {"ce": {"clean": 12.0}})
-    assert "| CE baseline | 0.500 | 0.300 ± 0.141 | – | – | 0.100 |" in text
+    assert "| CE baseline | 0.500 | 0.300 ± 0.141 | – | – | 0.100 / 0.400 |" in text  # after / clean on the same subset
 
 
 def test_final_record_is_the_last_final_line(tmp_path):
