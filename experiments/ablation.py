@@ -27,7 +27,8 @@ it with ``--swa-epochs`` (its time is the B1 run's plus the SWA phase);
 Budgets: ``cpu`` (the default) fits the 2-core machine: 1 epoch at lr 1e-4
 with warmup and linear decay, batch 32, a fresh random slice of every
 training stream per epoch (SST 4,000 sentences, Quora 3,000 pairs, STS 3,000
-pairs, AllNLI 3,000 triplets; 5 to 30 minutes a row on one thread), 1 SWA
+pairs, AllNLI 3,000 triplets; 6 to 53 minutes a row on one thread here,
+with several runs sharing the 2 cores), 1 SWA
 epoch, and Quora dev scored on a fixed random 2,000 of its 20,212 pairs, at
 the end too (``--final-dev capped``: the whole set takes longer than a row's
 training); SST and STS dev are whole. ``full`` is the paper's

@@ -20,9 +20,10 @@ Conditions, on SST and the paraphrase task (``python -m tasks.robustness`` for e
 
 Budget ``cpu`` (the default): each epoch trains on a fresh random slice of
 4,000 SST sentences and 3,000 Quora pairs, and every score on Quora dev is on
-a fixed 2,000-pair subset (``--final-dev capped``); SST dev is whole. Clean and noisy runs: 1 epoch at
-batch 32; few-shot: 6 epochs at batch 16 (N = 100, 2 seeds) and 2 epochs at
-batch 32 (N = 1,000, 1 seed): what one session's CPU time allowed. Budget ``full``: 3 epochs, all of Quora, whole dev sets.
+a fixed 2,000-pair subset (``--final-dev capped``); SST dev is whole. Clean
+and noisy runs: 1 epoch at batch 32; few-shot: 6 epochs at batch 16 (N = 100,
+2 seeds) and 2 epochs at batch 32 (N = 1,000, 1 seed): what one session's CPU
+time allowed. Budget ``full``: 3 epochs, all of Quora, whole dev sets.
 
 Usage:
     python experiments/robustness_table.py --out-dir runs/robustness [--threads N] [--methods ...] [--conditions ...]

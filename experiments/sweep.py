@@ -10,6 +10,7 @@ stopped; ``--force`` reruns everything.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -70,6 +71,11 @@ class Sweep:
         if self.dry_run:
             return {"argv": list(argv), "module": module, "wall_s": math.nan}
         run_dir.mkdir(parents=True, exist_ok=True)
+        with _run_lock(run_dir, name):
+            return self._run(name, cmd, argv, module, run_dir, marker)
+
+    def _run(self, name: str, cmd: list[str], argv: Sequence[str], module: str | None, run_dir: Path,
+              marker: Path) -> dict:
         t0 = time.perf_counter()
         with open(run_dir / "sweep.log", "w", encoding="utf-8") as log:
             proc = subprocess.run(cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
@@ -91,6 +97,33 @@ class Sweep:
         if record is None:
             raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")
         return record, done["wall_s"]
+
+
+@contextlib.contextmanager
+def _run_lock(run_dir: Path, name: str):
+    """Refuse to start a run whose directory another live sweep process is running (its --overwrite would
+    wipe that run's files); a lock left by a dead process is taken over."""
+    lock = run_dir / "sweep.lock"
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text() or 0)
+                os.kill(pid, 0)
+            except (ValueError, ProcessLookupError, FileNotFoundError):
+                lock.unlink(missing_ok=True)  # stale: its owner is gone
+                continue
+            raise SystemExit(f"[{name}] {run_dir} is being run by another sweep process (pid {pid}, {lock}); "
+                             "wait for it, or run other rows (--only / --methods / --conditions)") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        try:
+            yield
+        finally:
+            lock.unlink(missing_ok=True)
+        return
+    raise SystemExit(f"[{name}] could not take {lock}")
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

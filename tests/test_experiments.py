@@ -59,3 +59,26 @@ def test_final_record_is_the_last_final_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
         {"epoch": 1}, {"final": True, "dev": {"overall": 0.1}}, {"final": True, "dev": {"overall": 0.2}})) + "\n")
     assert final_record(tmp_path)["dev"]["overall"] == 0.2
+
+
+def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
+    """Two sweep processes must not run the same row (the second's --overwrite would wipe the first's files): a
+    lock held by a live process refuses, one left by a dead process is taken over and removed after the run."""
+    import os
+    import subprocess
+    import sys
+
+    import pytest
+
+    from experiments.sweep import _run_lock
+
+    lock = tmp_path / "sweep.lock"
+    lock.write_text(str(os.getpid()))  # a live owner
+    with pytest.raises(SystemExit, match="another sweep process"):
+        with _run_lock(tmp_path, "row"):
+            pass
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(dead.stdout.strip())  # its owner has exited
+    with _run_lock(tmp_path, "row"):
+        assert lock.read_text() == str(os.getpid())
+    assert not lock.exists()
