@@ -300,12 +300,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("runtime")
     add(g, "--device", "device", "auto (cuda when available), cpu, cuda, cuda:N", metavar="DEVICE")
-    add(g, "--bf16", "bf16", "bf16 autocast (default: on for CUDA with bf16 and on CPUs with AMX, where it measured 1.4x faster "
-        "training at the same dev scores; off elsewhere)",
+    add(g, "--bf16", "bf16", "bf16 autocast (default: on for CUDA with bf16 and on CPUs with native bf16, AMX or "
+        "AVX512_BF16, where it measured 1.4-2.0x faster training at the same dev scores; off elsewhere)",
         action=argparse.BooleanOptionalAction)
     add(g, "--fused-adamw", "fused_adamw", "run our AdamW update through torch's fused kernel "
-        "(minbert/optimizer.py; the same update up to float rounding, not bit for bit; measured 1.31x faster "
-        "training step on the 2-core CPU, benchmarks/bench_multitask.py)", action="store_true")
+        "(minbert/optimizer.py; the same update up to float rounding, not bit for bit, as the foreach path that "
+        "--no-fused-adamw selects; measured 1.14-1.31x faster training step on the 2-core CPUs, "
+        "benchmarks/bench_multitask.py)", action=argparse.BooleanOptionalAction)
     add(g, "--compile", "compile", "torch.compile the encoder", action="store_true")
     add(g, "--gradient-checkpointing", "gradient_checkpointing", "activation checkpointing: keep only each encoder "
         "layer's input and recompute the layer in backward (less memory for about one more forward pass: "

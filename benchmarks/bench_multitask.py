@@ -10,7 +10,8 @@ the task head + loss under autocast, backward, gradient clipping and our AdamW
 step, on batches of the real training files in the default configuration
 (``TrainConfig()``: b1 heads, cross-encoded pairs, mean pooling, batch 32, the
 even schedule with length bucketing, max length 128, bf16 autocast on CPUs
-with AMX). Inference is the same model's forward under ``no_grad`` in eval mode
+with AMX or AVX512_BF16, AdamW through the fused kernel). Inference is the same model's forward
+under ``no_grad`` in eval mode
 on the same batches. The sample is steps ``warmup .. warmup + steps`` of epoch
 0's plan, collated once before timing (collation is not part of a step; its
 cost is in the JSON). Each variant first trains on the ``warmup`` steps, then
@@ -23,9 +24,9 @@ Variants (``--variants``):
     fixed     plain random batches (MultitaskSchedule(bucket=False)), every batch padded to max_length
     nobucket  plain random batches, padded to their longest (what bucketing alone adds)
     hf        ours, with transformers.BertModel (sdpa, the same weights) in place of our encoder
-    fused     ours, with minbert.optimizer.AdamW(fused=True) in place of the Trainer's foreach AdamW
+    foreach   ours, with our AdamW's foreach path (--no-fused-adamw, the default before) in place of the fused kernel
     pad8      ours, each batch padded to a multiple of 8 tokens (pad_to_multiple_of=8: 8x fewer shapes)
-"ours", "hf", "fused" and "pad8" run the very same examples in the very same batches. "fixed" and
+"ours", "hf", "foreach" and "pad8" run the very same examples in the very same batches. "fixed" and
 "nobucket" run the same steps of the unbucketed plan: the same task of every
 step and the same number of sequences, drawn from the same epoch subset, but
 other examples (a random batch, not a length bucket). So every ratio is one
@@ -105,7 +106,7 @@ VARIANTS = {
     "fixed": "fixed padding: random batches padded to max_length",
     "nobucket": "no buckets: random batches padded to their longest",
     "hf": "transformers.BertModel encoder, ours otherwise",
-    "fused": "ours with AdamW(fused=True)",
+    "foreach": "ours with the foreach AdamW (--no-fused-adamw)",
     "pad8": "ours, lengths padded to a multiple of 8",
 }
 DEFAULT_VARIANTS = ("ours", "fixed", "hf")
@@ -207,10 +208,10 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
     elif name == "pad8":
         trainer = clone_trainer(base, copy.deepcopy(base.model))
         datasets = _padded_to(base.train_sets, 8)
-    elif name == "fused":
+    elif name == "foreach":
         trainer = clone_trainer(base, copy.deepcopy(base.model))
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in trainer.optimizer.param_groups]
-        trainer.optimizer = AdamW(groups, lr=cfg.lr, fused=True)
+        trainer.optimizer = AdamW(groups, lr=cfg.lr, foreach=True)
     plan = schedule.epoch_plan(0)
     if len(plan) < warmup + steps:
         raise ValueError(f"epoch 0 has {len(plan)} steps, fewer than warmup {warmup} + steps {steps}")
@@ -545,7 +546,8 @@ def machine_info(threads: int) -> dict[str, Any]:
                 elif line.startswith("flags") and not flags:
                     flags = set(line.split(":", 1)[1].split())
     cpu = cpu or platform.processor() or platform.machine()
-    features = [n for n, f in (("AVX-512", "avx512f"), ("AMX-BF16", "amx_bf16")) if f in flags]
+    features = [n for n, f in (("AVX-512", "avx512f"), ("AVX512-BF16", "avx512_bf16"), ("AMX-BF16", "amx_bf16"))
+                if f in flags]
     return {"cpu": cpu, "features": features, "cores": os.cpu_count(), "threads": threads,
             "torch": torch.__version__, "load_avg": list(os.getloadavg())}
 
@@ -740,7 +742,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--rounds", type=int, default=5, help="rounds; each times every variant once; medians reported")
     ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                    help="bf16 autocast (default: the trainer's, on for CPUs with AMX)")
+                    help="bf16 autocast (default: the trainer's, on for CPUs with AMX or AVX512_BF16)")
     ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(DEFAULT_VARIANTS),
                     help="compared variants (module docstring); 'ours' is required, every ratio is against it")
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files")

@@ -46,7 +46,7 @@ def test_benchmark_reports_every_variant(tiny_cfg):
     fixed = res["variants"]["fixed"]
     assert fixed["padded_tokens"] == fixed["sequences"] * tiny_cfg.max_length  # padded to max_length
     assert fixed["pad_fraction"] > res["variants"]["ours"]["pad_fraction"]
-    for name in ("hf", "fused", "pad8"):  # the very same batches as ours
+    for name in ("hf", "foreach", "pad8"):  # the very same batches as ours
         assert res["variants"][name]["real_tokens"] == res["variants"]["ours"]["real_tokens"]
     assert res["variants"]["hf"]["padded_tokens"] == res["variants"]["ours"]["padded_tokens"]
     assert res["variants"]["pad8"]["padded_tokens"] % 8 == 0

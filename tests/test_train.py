@@ -492,3 +492,25 @@ def test_gradient_checkpointing_trains_exactly_as_without(tiny_env, tmp_path):
         assert checkpointed.history[0]["train"][k] == pytest.approx(v, abs=1e-6), k
     for (n, pa), pb in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
         torch.testing.assert_close(pb, pa, atol=1e-6, rtol=0, msg=n)
+
+
+@pytest.mark.parametrize("amx, avx512_bf16, expected", [
+    (True, False, torch.bfloat16), (False, True, torch.bfloat16), (False, False, None)])
+def test_bf16_is_the_cpu_default_where_the_cpu_multiplies_bf16_natively(monkeypatch, amx, avx512_bf16, expected):
+    """bf16=None: autocast on CPUs with AMX or AVX512_BF16 (both measured faster), off where bf16 is emulated;
+    an explicit choice always wins."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
+    cpu = torch.device("cpu")
+    assert train_mod.autocast_dtype(None, cpu) is expected
+    assert train_mod.autocast_dtype(True, cpu) is torch.bfloat16
+    assert train_mod.autocast_dtype(False, cpu) is None
+
+
+def test_fused_adamw_is_the_default_and_the_foreach_path_stays_selectable(tiny_env, tmp_path):
+    """TrainConfig() trains with the fused kernel; fused_adamw=False (--no-fused-adamw) builds the foreach path."""
+    assert TrainConfig().fused_adamw is True
+    t = Trainer(tiny_train_config(tiny_env, tmp_path / "default", epochs=1))
+    assert all(g["fused"] and not g["foreach"] for g in t.optimizer.param_groups)
+    t = Trainer(tiny_train_config(tiny_env, tmp_path / "foreach", epochs=1, fused_adamw=False))
+    assert all(g["foreach"] and not g["fused"] for g in t.optimizer.param_groups)
