@@ -29,12 +29,18 @@ from minbert.config import BertConfig
 
 
 def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
-    """A {0, 1} float mask keeping each element with probability 1 - p.
+    """A {0, 1} mask keeping each element of ``x`` with probability 1 - p.
 
     Drawn as uniform(0, 1) >= p: on CPU this is about twice as fast as
     ``bernoulli_`` (what ``F.dropout`` uses) and has the same distribution.
+    The uniforms are float32 whatever ``x``'s dtype: under bf16 autocast this
+    is 1.5x faster than drawing bf16 uniforms (0.72 vs 1.09 ms for a 928 x 384
+    mask on the 2-core EPYC), and keeps p exact to 2^-24 instead of rounding
+    the threshold to bf16's 8-bit mantissa. So the mask is float32 for
+    reduced-precision ``x`` (callers cast where the dtype matters).
     """
-    return torch.rand_like(x).ge_(p)
+    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    return torch.rand(x.shape, dtype=dtype, device=x.device).ge_(p)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
@@ -43,16 +49,23 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    return x * dropout_mask(x, p).mul_(1.0 / (1.0 - p))
+    return x * dropout_mask(x, p).mul_(1.0 / (1.0 - p)).to(x.dtype)
 
 
 def dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``residual + dropout(x)`` in one pass (addcmul) instead of two on CPU."""
+    """``residual + dropout(x)`` in one pass (addcmul) instead of two on CPU.
+
+    Under autocast ``x`` (a linear layer's output) is bf16 and ``residual`` (a
+    LayerNorm's output) float32, so the sum is float32 with either mask dtype.
+    """
     if not training or p == 0.0:
         return x + residual
     if x.device.type != "cpu":
         return F.dropout(x, p, True) + residual
-    return torch.addcmul(residual, x, dropout_mask(x, p), value=1.0 / (1.0 - p))
+    mask = dropout_mask(x, p)
+    if mask.dtype != torch.promote_types(x.dtype, residual.dtype):
+        mask = mask.to(x.dtype)  # keep the result's dtype that of x + residual
+    return torch.addcmul(residual, x, mask, value=1.0 / (1.0 - p))
 
 
 def _activation(name: str):

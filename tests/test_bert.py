@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minbert.bert import BertModel
+from minbert.bert import BertModel, dropout, dropout_add
 from tests.helpers import read_column, tiny_config
 
 ATOL = 1e-5
@@ -153,3 +153,38 @@ def test_config_rejects_unsupported_keys():
         BertConfig(hidden_size=30, num_attention_heads=4)
     cfg = BertConfig.from_dict({"hidden_size": 64, "num_attention_heads": 4, "some_bookkeeping": 1})
     assert cfg.extra == {"some_bookkeeping": 1}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_keeps_1_minus_p_scales_the_kept_and_keeps_the_dtype(dtype):
+    """Our CPU dropout (float32 uniforms >= p, whatever the input dtype): keep rate 1 - p, kept values x / (1 - p),
+    dropped values 0, the input's dtype; in eval mode the identity."""
+    p = 0.1
+    torch.manual_seed(0)
+    x = torch.rand(1000, 1000, dtype=dtype) + 0.5  # nonzero, so zeros mark dropped elements
+    y = dropout(x, p, True)
+    assert y.dtype == dtype
+    kept = y != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 2e-3  # std of the rate over 1e6 draws: 3e-4
+    expected = (x * torch.tensor(1 / (1 - p), dtype=dtype))[kept]
+    torch.testing.assert_close(y[kept], expected, atol=0, rtol=0)
+    assert dropout(x, p, False) is x
+
+
+@pytest.mark.parametrize("x_dtype, res_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
+                                                (torch.bfloat16, torch.bfloat16)])
+def test_cpu_dropout_add_is_residual_plus_dropout_in_the_sums_dtype(x_dtype, res_dtype):
+    """dropout_add(x, r) = r + mask·x/(1 - p) in one pass, with the dtype x + r would have (bf16 linear output +
+    float32 LayerNorm output under autocast: float32), and the same mask as dropout() draws from the same seed."""
+    p = 0.25
+    x = torch.randn(300, 400).to(x_dtype)
+    r = torch.randn(300, 400).to(res_dtype)
+    torch.manual_seed(1)
+    got = dropout_add(x, r, p, True)
+    torch.manual_seed(1)
+    ref = r + dropout(x.to(torch.promote_types(x_dtype, res_dtype)), p, True)  # same shape: the same mask
+    assert got.dtype == torch.promote_types(x_dtype, res_dtype)
+    assert abs((got == r).float().mean().item() - p) < 0.01  # the dropped elements leave r unchanged
+    tol = 1e-6 if got.dtype == torch.float32 else 4e-2  # bf16: ref rounds twice (|values| < 6, ulp <= 2^-5)
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+    assert torch.equal(dropout_add(x, r, p, False), x + r)
