@@ -151,7 +151,8 @@ class TrainConfig:
     pairs (one sequence per pair, half the encoder work of Siamese); mean
     pooling, 0.702 vs 0.660 for the pooler (all-MiniLM-L6-v2 was trained with
     mean pooling); lr 1e-4 with warmup and linear decay, 0.714 vs 0.702 at
-    5e-5; bf16 autocast on AMX CPUs (1.4x faster, same scores); then 3 epochs
+    5e-5; bf16 autocast on CPUs with native bf16, AMX or AVX512_BF16 (1.4x
+    faster on the Xeon with AMX, same scores); the fused AdamW kernel; then 3 epochs
     with Quora capped at a fresh 16k pairs per epoch and scored on a fixed 3k
     dev subset between epochs. ``apply_preset`` gives the paper's GPU configurations.
     """
