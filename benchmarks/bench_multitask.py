@@ -26,7 +26,8 @@ Variants (``--variants``):
     hf        ours, with transformers.BertModel (sdpa, the same weights) in place of our encoder
     foreach   ours, with our AdamW's foreach path (--no-fused-adamw, the default before) in place of the fused kernel
     pad8      ours, each batch padded to a multiple of 8 tokens (pad_to_multiple_of=8: 8x fewer shapes)
-"ours", "hf", "foreach" and "pad8" run the very same examples in the very same batches. "fixed" and
+    compile   ours, with the encoder under torch.compile (--compile; compiled during the untimed pass)
+"ours", "hf", "foreach", "pad8" and "compile" run the very same examples in the very same batches. "fixed" and
 "nobucket" run the same steps of the unbucketed plan: the same task of every
 step and the same number of sequences, drawn from the same epoch subset, but
 other examples (a random batch, not a length bucket). So every ratio is one
@@ -108,6 +109,7 @@ VARIANTS = {
     "hf": "transformers.BertModel encoder, ours otherwise",
     "foreach": "ours with the foreach AdamW (--no-fused-adamw)",
     "pad8": "ours, lengths padded to a multiple of 8",
+    "compile": "ours with the encoder under torch.compile (--compile)",
 }
 DEFAULT_VARIANTS = ("ours", "fixed", "hf")
 PHASES = ("forward + loss", "backward", "grad clip", "optimizer step", "zero_grad")
@@ -208,6 +210,9 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
     elif name == "pad8":
         trainer = clone_trainer(base, copy.deepcopy(base.model))
         datasets = _padded_to(base.train_sets, 8)
+    elif name == "compile":
+        trainer = clone_trainer(base, copy.deepcopy(base.model))
+        trainer.model.encoder.compile()
     elif name == "foreach":
         trainer = clone_trainer(base, copy.deepcopy(base.model))
         groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in trainer.optimizer.param_groups]
