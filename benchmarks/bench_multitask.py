@@ -10,14 +10,13 @@ the task head + loss under autocast, backward, gradient clipping and our AdamW
 step, on batches of the real training files in the default configuration
 (``TrainConfig()``: b1 heads, cross-encoded pairs, mean pooling, batch 32, the
 even schedule with length bucketing, max length 128, bf16 autocast on CPUs
-with AMX or AVX512_BF16, AdamW through the fused kernel). Inference is the same model's forward
-under ``no_grad`` in eval mode
-on the same batches. The sample is steps ``warmup .. warmup + steps`` of epoch
-0's plan, collated once before timing (collation is not part of a step; its
-cost is in the JSON). Each variant first trains on the ``warmup`` steps, then
-makes one untimed pass over the sample: oneDNN builds its kernels once per
-shape (per padded length), which a real epoch amortizes over ~1000 steps and
-a short sample would not.
+with AMX or AVX512_BF16, AdamW through the fused kernel). Inference is the
+same model's forward under ``no_grad`` in eval mode on the same batches. The
+sample is steps ``warmup .. warmup + steps`` of epoch 0's plan, collated once
+before timing (collation is not part of a step; its cost is in the JSON).
+Each variant first trains on the ``warmup`` steps, then makes one untimed pass
+over the sample: oneDNN builds its kernels once per shape (per padded length),
+which a real epoch amortizes over ~1000 steps and a short sample would not.
 
 Variants (``--variants``):
     ours      the default run: length-bucketed batches, each padded to its longest sequence

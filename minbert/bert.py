@@ -62,9 +62,7 @@ def dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: boo
         return x + residual
     if x.device.type != "cpu":
         return F.dropout(x, p, True) + residual
-    mask = dropout_mask(x, p)
-    if mask.dtype != torch.promote_types(x.dtype, residual.dtype):
-        mask = mask.to(x.dtype)  # keep the result's dtype that of x + residual
+    mask = dropout_mask(x, p).to(torch.promote_types(x.dtype, residual.dtype))  # the dtype of x + residual
     return torch.addcmul(residual, x, mask, value=1.0 / (1.0 - p))
 
 

@@ -206,12 +206,15 @@ class TrainConfig:
 
     # -- runtime --
     device: str = "auto"  # auto (cuda when available, else cpu) | cpu | cuda | cuda:N
-    bf16: bool | None = None  # bf16 autocast; None = on for CUDA (with bf16) and for CPUs with AMX or AVX512_BF16, else off
+    # bf16 autocast; None = on for CUDA (with bf16) and for CPUs with AMX or AVX512_BF16, else off
+    bf16: bool | None = None
     compile: bool = False  # torch.compile the encoder
     # recompute each encoder layer's activations in backward instead of keeping them (memory for compute:
     # bert-base-sized models on small GPUs); the same losses and gradients
     gradient_checkpointing: bool = False
-    fused_adamw: bool = True  # our AdamW through torch's fused kernel (same update up to rounding, ~3x faster optimizer step); False: the foreach path
+    # our AdamW through torch's fused kernel (the same update up to rounding, a ~3x faster optimizer step);
+    # False: the foreach path
+    fused_adamw: bool = True
     log_every: int = 50  # one log line every N steps (the only time losses are read back from the device)
     checkpoint_every: int = 0  # also write checkpoint "last" every N steps mid-epoch; 0 = at epoch ends only
 
