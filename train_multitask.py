@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("runtime")
     add(g, "--device", "device", "auto (cuda when available), cpu, cuda, cuda:N", metavar="DEVICE")
     add(g, "--bf16", "bf16", "bf16 autocast (default: on for CUDA with bf16 and on CPUs with native bf16, AMX or "
-        "AVX512_BF16, where it measured 1.4-2.0x faster training at the same dev scores; off elsewhere)",
+        "AVX512_BF16, where it measured 1.4-2.2x faster training at the same dev scores; off elsewhere)",
         action=argparse.BooleanOptionalAction)
     add(g, "--fused-adamw", "fused_adamw", "run our AdamW update through torch's fused kernel "
         "(minbert/optimizer.py; the same update up to float rounding, not bit for bit, as the foreach path that "
