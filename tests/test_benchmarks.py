@@ -118,6 +118,7 @@ def test_cli_flags_reach_the_benchmark(monkeypatch):
     assert (cfg.bf16, cfg.data_dir, cfg.pretrained) == (False, "d", "p")
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # importing torch._dynamo touches torch.jit's deprecated API
 def test_compile_variant_compiles_the_encoder_of_a_copy_on_ours_batches(tiny_cfg):
     """The 'compile' variant trains a compiled copy of the encoder (the base stays eager) on ours' very batches
     (building it compiles nothing yet: compilation happens in the untimed pass; trains the same as eager is
