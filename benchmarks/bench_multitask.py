@@ -93,7 +93,6 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from minbert.config import BertConfig  # noqa: E402
-from minbert.optimizer import AdamW  # noqa: E402
 from minbert.pretrained import resolve_model_dir  # noqa: E402
 from tasks import lpft  # noqa: E402
 from tasks.data import move_batch  # noqa: E402
@@ -157,12 +156,15 @@ def hf_multitask_model(base: MultitaskBert, pretrained: str | None) -> Multitask
     return model.to(next(base.parameters()).device)
 
 
-def clone_trainer(base: Trainer, model: MultitaskBert) -> Trainer:
-    """A Trainer sharing ``base``'s data and config, training ``model`` with a fresh AdamW built the Trainer's way."""
+def clone_trainer(base: Trainer, model: MultitaskBert, **cfg_changes: Any) -> Trainer:
+    """A Trainer sharing ``base``'s data and config (with ``cfg_changes``), training ``model`` with a fresh AdamW
+    built the Trainer's way."""
     if base.objectives:
         raise ValueError("variants other than 'ours' do not support objectives (they hold the base model)")
     t = copy.copy(base)
     t.model = model
+    if cfg_changes:
+        t.cfg = dataclasses.replace(base.cfg, **cfg_changes)
     t.rebuild_optimizer()
     return t
 
@@ -213,9 +215,7 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
         trainer = clone_trainer(base, copy.deepcopy(base.model))
         trainer.model.encoder.compile()
     elif name == "foreach":
-        trainer = clone_trainer(base, copy.deepcopy(base.model))
-        groups = [{"params": g["params"], "weight_decay": g["weight_decay"]} for g in trainer.optimizer.param_groups]
-        trainer.optimizer = AdamW(groups, lr=cfg.lr, foreach=True)
+        trainer = clone_trainer(base, copy.deepcopy(base.model), fused_adamw=False)
     plan = schedule.epoch_plan(0)
     if len(plan) < warmup + steps:
         raise ValueError(f"epoch 0 has {len(plan)} steps, fewer than warmup {warmup} + steps {steps}")

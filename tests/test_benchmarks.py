@@ -131,3 +131,13 @@ def test_compile_variant_compiles_the_encoder_of_a_copy_on_ours_batches(tiny_cfg
     assert getattr(base.model.encoder, "_compiled_call_impl", None) is None
     for (s1, b1), (s2, b2) in zip(ours.sample, comp.sample):
         assert s1 == s2 and torch.equal(b1["input_ids"], b2["input_ids"])
+
+
+def test_foreach_variant_is_the_trainers_own_foreach_path(tiny_cfg):
+    """'foreach' builds its AdamW through the Trainer (fused_adamw=False), not by hand; the base keeps the fused kernel."""
+    base = bench.make_base_trainer(tiny_cfg)
+    v = bench.build_variant(base, "foreach", warmup=1, steps=2)
+    assert v.trainer.cfg.fused_adamw is False and base.cfg.fused_adamw is True
+    assert all(g["foreach"] and not g["fused"] for g in v.trainer.optimizer.param_groups)
+    assert all(g["fused"] for g in base.optimizer.param_groups)
+    assert {id(p) for p in v.trainer.params}.isdisjoint(id(p) for p in base.params)  # its own model copy
