@@ -110,7 +110,9 @@ def _run_lock(run_dir: Path, name: str):
         except FileExistsError:
             try:
                 pid = int(lock.read_text() or 0)
-                os.kill(pid, 0)
+                os.kill(pid, 0)  # PermissionError: alive, owned by another user
+            except PermissionError:
+                pass
             except (ValueError, ProcessLookupError, FileNotFoundError):
                 lock.unlink(missing_ok=True)  # stale: its owner is gone
                 continue

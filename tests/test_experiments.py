@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+
+import pytest
 
 import train_multitask as cli
 from experiments.ablation import LADDER, merge_flags, row_flags
 from experiments.robustness_table import cell, render, score_rows
-from experiments.sweep import final_record
+from experiments.sweep import _run_lock, final_record
 
 
 def test_merge_flags_replaces_values_and_accumulates_objectives():
@@ -64,14 +69,6 @@ def test_final_record_is_the_last_final_line(tmp_path):
 def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
     """Two sweep processes must not run the same row (the second's --overwrite would wipe the first's files): a
     lock held by a live process refuses, one left by a dead process is taken over and removed after the run."""
-    import os
-    import subprocess
-    import sys
-
-    import pytest
-
-    from experiments.sweep import _run_lock
-
     lock = tmp_path / "sweep.lock"
     lock.write_text(str(os.getpid()))  # a live owner
     with pytest.raises(SystemExit, match="another sweep process"):
