@@ -76,10 +76,8 @@ import multiprocessing as mp
 import os
 import platform
 import queue
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -90,15 +88,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from minbert.config import BertConfig  # noqa: E402
-from minbert.pretrained import resolve_model_dir  # noqa: E402
-from tasks import lpft  # noqa: E402
-from tasks.data import move_batch  # noqa: E402
-from tasks.model import MultitaskBert  # noqa: E402
-from tasks.sampling import MultitaskSchedule  # noqa: E402
-from tasks.train import Trainer, TrainConfig, configure_malloc  # noqa: E402
+from minbert.config import BertConfig
+from minbert.pretrained import resolve_model_dir
+from tasks import lpft
+from tasks.data import move_batch
+from tasks.model import MultitaskBert
+from tasks.sampling import MultitaskSchedule
+from tasks.config import TrainConfig
+from tasks.runtime import configure_malloc, resolve_device
+from tasks.trainer import Trainer, build_parts
 
 VARIANTS = {
     "ours": "ours: length buckets, padded to the batch's longest",
@@ -531,12 +529,10 @@ def profile_variant(v: Variant, lrs: Sequence[float]) -> dict[str, Any]:
 
 
 def make_base_trainer(cfg: TrainConfig) -> Trainer:
-    """The run's Trainer; the config.json it writes goes to a directory removed right after (nothing is saved)."""
-    out = tempfile.mkdtemp(prefix="bench_multitask_")
-    try:
-        return Trainer(dataclasses.replace(cfg, out_dir=out))
-    finally:
-        shutil.rmtree(out, ignore_errors=True)
+    """The run's Trainer, built as a run builds it but without a run directory (nothing is written)."""
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    return Trainer(cfg, build_parts(cfg, device), device=device)
 
 
 def machine_info(threads: int) -> dict[str, Any]:

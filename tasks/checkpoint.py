@@ -23,27 +23,28 @@ crash never leaves a partial directory under the final name.
 Usage:
     with atomic_directory(run_dir / "checkpoints" / "last") as tmp:
         save_tensors(tmp / "model.safetensors", model.state_dict())
-        write_json(tmp / "state.json", {"epoch": 1, "rng": rng_state()})
-    state = read_json(resolve_checkpoint(path) / "state.json"); set_rng_state(state["rng"])
+        write_json(tmp / "state.json", {"epoch": 1})
+    state = read_json(resolve_checkpoint(path) / "state.json")
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
 import os
-import random
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
+
+from minbert.config import BertConfig
+from tasks import distributed
 
 logger = logging.getLogger(__name__)
 
@@ -195,40 +196,95 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict[str, to
     optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
-# ---- RNG state ----------------------------------------------------------------------------------
+# ---- objectives' state and the encoder's files -------------------------------------------------------------
 
 
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+def _storages(module: nn.Module) -> set[int]:
+    return {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
 
 
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+def objectives_state(objectives: Sequence[nn.Module], model: nn.Module) -> dict[str, torch.Tensor]:
+    """Objectives' own tensors (queues, momentum encoders) keyed "<name>.<key>".
+
+    Tensors that live in the model (an objective holding a reference to the
+    encoder) are left out: model.safetensors has them.
+    """
+    shared = _storages(model)
+    out: dict[str, torch.Tensor] = {}
+    for o in objectives:
+        for k, v in o.state_dict(keep_vars=True).items():
+            if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in shared:
+                out[f"{o.name}.{k}"] = v.detach()
+    return out
 
 
-def rng_state() -> dict[str, Any]:
-    """The global RNG states of torch (CPU and every CUDA device), python and numpy, as JSON values."""
-    version, internal, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
-    state: dict[str, Any] = {
-        "torch": _b64(torch.get_rng_state()),
-        "python": [version, list(internal), gauss],
-        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
-    return state
+def load_objectives_state(objectives: Sequence[nn.Module], model: nn.Module, ckpt: Path,
+                          device: torch.device) -> None:
+    """Inverse of ``objectives_state``. Missing tensors (other than the model's own) and extra ones are errors."""
+    path = ckpt / "objectives.safetensors"
+    saved = load_tensors(path, device) if path.is_file() else {}
+    names = {o.name for o in objectives}
+    stray = sorted(k for k in saved if k.split(".", 1)[0] not in names)
+    if stray:
+        raise ValueError(f"{ckpt}: objectives.safetensors holds state of objectives this config does not use: "
+                         f"{stray[:5]}")
+    shared = _storages(model)
+    for o in objectives:
+        mine = {k[len(o.name) + 1:]: v for k, v in saved.items() if k.startswith(o.name + ".")}
+        result = o.load_state_dict(mine, strict=False)  # not strict: tensors of the model are not in the file
+        in_model = {k for k, v in o.state_dict(keep_vars=True).items()
+                    if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() in shared}
+        missing = sorted(set(result.missing_keys) - in_model)
+        if missing or result.unexpected_keys:
+            raise ValueError(f"{ckpt}: objective {o.name!r} state does not match: missing {missing[:5]}, "
+                             f"unexpected {sorted(result.unexpected_keys)[:5]}")
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of ``rng_state``. CUDA states are restored when saved and CUDA is available."""
-    torch.set_rng_state(_unb64(state["torch"]))
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    name, keys, pos, has_gauss, cached = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if "cuda" in state:
-        if torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
-        else:
-            logger.warning("the checkpoint has CUDA RNG states but CUDA is not available; dropout masks will differ")
+def save_encoder_files(directory: Path, config: BertConfig, source_dir: Path) -> None:
+    """The encoder's BertConfig and tokenizer files: enough to rebuild both without the pretrained directory."""
+    directory.mkdir(parents=True, exist_ok=True)
+    config.to_json_file(directory / "config.json")
+    for name in ("vocab.txt", "tokenizer_config.json"):
+        if (source_dir / name).is_file():
+            shutil.copyfile(source_dir / name, directory / name)
+
+
+# ---- the run directory ---------------------------------------------------------------------------------------
+
+
+class RunDir:
+    """A run directory: config.json, metrics.jsonl, training.png and checkpoints/. Only the main process writes."""
+
+    def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics = self.path / "metrics.jsonl"
+        self.writer = writer
+
+    def start(self, cfg: Any, *, fresh: bool, overwrite: bool = False) -> None:
+        """A fresh run refuses checkpoints already here unless ``overwrite``; then writes config.json."""
+        if fresh:
+            occupied = self.writer and self.checkpoints.exists() and any(self.checkpoints.iterdir())
+            if distributed.broadcast_from_main(occupied and not overwrite):  # every rank raises, or none
+                raise FileExistsError(f"{self.checkpoints} already holds checkpoints: resume them (--resume), "
+                                      "pick another --out-dir, or pass --overwrite to replace them")
+            if occupied:
+                shutil.rmtree(self.checkpoints)
+        if self.writer:
+            self.path.mkdir(parents=True, exist_ok=True)
+            if fresh:
+                self.metrics.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
+            write_json(self.path / "config.json", cfg.to_dict())
+
+    def append(self, record: dict) -> None:
+        """One record more in metrics.jsonl."""
+        if self.writer:
+            with open(self.metrics, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
+
+    def rewrite(self, records: Sequence[dict]) -> None:
+        """metrics.jsonl holding exactly ``records`` (a resumed run drops the records after its checkpoint)."""
+        if self.writer:
+            with open(self.metrics, "w", encoding="utf-8") as f:
+                for record in records:
+                    f.write(json.dumps(record, allow_nan=False) + "\n")

@@ -54,6 +54,11 @@ SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 # ---- metrics ------------------------------------------------------------------------
 
 
+def jsonable(metrics: dict[str, float]) -> dict[str, float | None]:
+    """Non-finite values (an undefined Pearson r) become null: JSON has no NaN."""
+    return {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}
+
+
 def overall_score(metrics: dict) -> float:
     """Mean of the normalized task scores present in ``metrics``.
 

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from minbert.bert import BertModel
+from tasks.options import option
 
 TASKS = ("sst", "para", "sts")
 ARCHS = ("baseline", "b1")
@@ -49,13 +50,20 @@ NUM_SST_CLASSES = 5
 
 @dataclass
 class ModelConfig:
-    arch: str = "baseline"
-    pair_encoding: str = "siamese"
-    pooling: str = "pooler"  # "pooler" = tanh(W h_CLS) as the paper; "cls" raw h_CLS; "mean" over real tokens
-    fcn_size: int = 256
-    baseline_proj_size: int = 32  # §4.1: the Siamese intermediate embedding
-    head_dropout: float = 0.3  # §4.1: 0.3 on task linear layers; B1 uses none
-    sts_scale: float = 5.0
+    """The heads and how sentences reach them; every field is a CLI flag (``--arch``, ``--pair-encoding``, ...)."""
+
+    arch: str = option("baseline", "task heads: baseline (paper §4.1: linear heads, Siamese pairs) or b1 (§4.3: "
+                       "shared FCN layers, non-linear heads, the paraphrase structural change)")
+    pair_encoding: str = option("siamese", "siamese: each sentence encoded alone (paper §4.1); cross: "
+                                "'[CLS] a [SEP] b [SEP]' as one sequence (not in the paper; cheaper and stronger "
+                                "on CPU)")
+    pooling: str = option("pooler", "the sentence embedding the heads read: pooler = pooled [CLS] (paper §4.1), "
+                          "cls = raw [CLS], mean = mean over tokens")
+    fcn_size: int = option(256, "size of the b1 FCN layers (paper: 256, §4.3/§5.4)")
+    baseline_proj_size: int = option(32, "Siamese intermediate embedding of the baseline heads (paper: 32, §4.1)")
+    head_dropout: float = option(0.3, "dropout before every head linear layer (paper: 0.3 in the baseline §4.1 and "
+                                 "B3, none in B1/B2 §5.4)")
+    sts_scale: float = option(5.0, "STS prediction = this x cosine (Siamese) or x sigmoid (cross) (paper: 5.0, §4.1)")
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("arch", self.arch, ARCHS), ("pair_encoding", self.pair_encoding, PAIR_ENCODINGS),

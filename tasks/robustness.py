@@ -34,7 +34,11 @@ from pathlib import Path
 
 import torch
 
+from tasks import cli
 from tasks.data import TASK_FILES, Example, PairDataset, SentenceDataset, load_split, move_batch
+from tasks.objectives.rift import pgd_attack
+from tasks.predict import load_checkpoint_model
+from tasks.runtime import resolve_device
 from tasks.subsets import few_shot, label_noise, minority
 
 log = logging.getLogger(__name__)
@@ -74,11 +78,9 @@ def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) 
 
 
 def _train(flags: Sequence[str], data_dir: Path, out_dir: Path, seed: int) -> dict:
-    import train_multitask
-
     argv = list(flags) + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--seed", str(seed), "--overwrite"]
     log.info("train_multitask.py %s", " ".join(argv))
-    return train_multitask.main(argv)
+    return cli.main(argv)
 
 
 def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> float:
@@ -136,9 +138,6 @@ def train_experiment(args: argparse.Namespace, flags: list[str]) -> dict:
 
 @torch.no_grad()
 def attack_experiment(args: argparse.Namespace) -> dict:
-    from tasks.objectives.rift import pgd_attack
-    from tasks.train import load_checkpoint_model, resolve_device
-
     device = resolve_device(args.device)
     model, _, tokenizer, cfg = load_checkpoint_model(args.checkpoint, device)
     model.eval()

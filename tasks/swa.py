@@ -39,17 +39,16 @@ The phase:
 
 An interrupted SWA phase is not resumed mid-way: ``--resume`` of
 checkpoints/last (whose training epochs are complete) runs the whole phase
-again. Trainer hooks do not run during SWA. Under torchrun every rank trains
-the SWA epochs on its shards (as in training) and rank 0 scores and writes.
+again. Trainer hooks do not run during SWA. The epochs run through the trainer's
+own loop (``Trainer.run_epoch``), outside its position. Under torchrun every
+rank trains the SWA epochs on its shards (as in training) and rank 0 scores and writes.
 """
 
 from __future__ import annotations
 
 import copy
-import json
 import logging
 import math
-import sys
 import time
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -57,14 +56,13 @@ from typing import TYPE_CHECKING
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
-from tqdm import tqdm
 
-from tasks import distributed, lpft
-from tasks.evaluate import evaluate
-from tasks.train import _accumulate, _jsonable, _logging_redirect, _means, _sequences, eval_model
+from tasks import lpft
+from tasks.evaluate import jsonable
+from tasks.progress import RunningSums, progress_logging
 
 if TYPE_CHECKING:
-    from tasks.train import Trainer
+    from tasks.trainer import Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -90,31 +88,17 @@ def average_snapshots(model: nn.Module, snapshots: Sequence[dict[str, torch.Tens
     return averaged
 
 
-def _swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:
+def swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:
     """One SWA epoch of the schedule's plan for 0-based ``epoch`` at constant swa_lr; returns its record."""
     cfg = trainer.cfg
     plan = trainer.schedule.epoch_plan(epoch)
-    sums: dict[str, torch.Tensor] = {}
-    counts: dict[str, float] = {}
-    seqs, t0 = 0, time.perf_counter()
+    sums = RunningSums()
+    t0 = time.perf_counter()
     lpft.train_mode(trainer.model, lpft.FT)
-    with _logging_redirect():
-        bar = tqdm(total=len(plan), desc=f"SWA epoch {index + 1}/{cfg.swa_epochs}", dynamic_ncols=True,
-                   disable=not sys.stderr.isatty() or trainer.rank > 0, leave=False)
-        try:
-            for k, (stream, batch, share) in enumerate(trainer.batches(plan)):
-                _accumulate(sums, counts, trainer.train_step(stream, batch, cfg.swa_lr, share), share)
-                seqs += _sequences(batch)
-                bar.update(1)
-                if (k + 1) % cfg.log_every == 0:
-                    means = _means(sums, counts)  # running means of the epoch; one device sync
-                    all_seqs = distributed.sum_over_ranks({"seqs": seqs})["seqs"]
-                    logger.info("SWA epoch %d/%d step %d/%d | lr %.2e | %s | %.1f seq/s", index + 1, cfg.swa_epochs,
-                                k + 1, len(plan), cfg.swa_lr, " | ".join(f"{n} {v:.4f}" for n, v in means.items()),
-                                all_seqs / max(time.perf_counter() - t0, 1e-9))
-        finally:
-            bar.close()
-    means = _means(sums, counts)
+    with progress_logging():
+        trainer.run_epoch(plan, lambda k: cfg.swa_lr, sums, desc=f"SWA epoch {index + 1}/{cfg.swa_epochs}",
+                          advance=False)
+    means = sums.means()
     train_time = time.perf_counter() - t0
     logger.info("SWA epoch %d done in %.0f s: %s", index + 1, train_time,
                 " ".join(f"{n} {v:.4f}" for n, v in means.items()))
@@ -135,22 +119,16 @@ def run_swa(trainer: Trainer) -> dict:
     logger.info("SWA: %d epochs at constant lr %.1e from the best checkpoint (epoch %s, dev overall %s)",
                 cfg.swa_epochs, cfg.swa_lr, best["epoch"], _fmt(best["score"]))
     for i in range(cfg.swa_epochs):
-        record = _swa_epoch(trainer, trainer.total_epochs + i, i)
+        record = swa_epoch(trainer, trainer.total_epochs + i, i)
         averaged.update_parameters(trainer.model)
-        if trainer.rank == 0:
-            with open(trainer.metrics_path, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, allow_nan=False) + "\n")
+        trainer.run_dir.append(record)
 
     t0 = time.perf_counter()
-    metrics: dict[str, float] = {}
-    if trainer.rank == 0:  # under torchrun rank 0 scores the average and the others wait for its scores
-        metrics, _ = evaluate(eval_model(averaged.module, trainer.objectives, cfg.tasks), trainer.dev_sets,
-                              batch_size=cfg.eval_batch_size, device=trainer.device, autocast_dtype=trainer.amp_dtype)
-    metrics = distributed.broadcast_from_main(metrics)
+    metrics = trainer.evaluate_dev(averaged.module)
     score = metrics.get("overall", math.nan)
     used = swa_wins(score, best["score"])
     summary = {"epochs": cfg.swa_epochs, "lr": cfg.swa_lr, "n_averaged": int(averaged.n_averaged),
-               "dev": _jsonable(metrics), "score": score if math.isfinite(score) else None,
+               "dev": jsonable(metrics), "score": score if math.isfinite(score) else None,
                "best_score": best["score"], "best_epoch": best["epoch"], "used": used,
                "dev_examples": {t: len(d) for t, d in trainer.dev_sets.items()},
                "eval_time_s": round(time.perf_counter() - t0, 2)}
@@ -162,7 +140,5 @@ def run_swa(trainer: Trainer) -> dict:
     logger.info("SWA average of %d epochs: dev overall %s vs best epoch %s: %s | predictions from %s",
                 summary["n_averaged"], _fmt(summary["score"]), _fmt(best["score"]),
                 " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), "SWA" if used else "the best epoch")
-    if trainer.rank == 0:
-        with open(trainer.metrics_path, "a", encoding="utf-8") as f:
-            f.write(json.dumps({"stage": "swa", "swa_model": True, **summary}, allow_nan=False) + "\n")
+    trainer.run_dir.append({"stage": "swa", "swa_model": True, **summary})
     return summary

@@ -7,20 +7,16 @@ FLOP count's arithmetic.
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from tasks.train import TrainConfig
+from benchmarks import bench_multitask as bench
+from tasks.config import TrainConfig
 from tests.helpers import tiny_config
 from tests.test_train import tiny_train_config, write_tiny_data, write_tiny_model
 
-# benchmarks/ is a folder of scripts, not a package: import the script as a top-level module (on
-# sys.path, so that the spawned peak-memory child can import it too).
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-import bench_multitask as bench  # noqa: E402
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 

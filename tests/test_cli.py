@@ -1,4 +1,5 @@
-"""Tests for train_multitask.py: every flag reaches its config field, refusals happen before any work, presets.
+"""Tests for the CLI (tasks/cli.py, run as train_multitask.py): every flag reaches its config field, refusals
+happen before any work, presets.
 
 The end-to-end tests run the real CLI on the tiny random BERT and synthetic
 data of tests/test_train.py.
@@ -14,9 +15,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import train_multitask as cli
+from tasks import cli, splits, trainer
 from tasks import train as train_mod
-from tasks.train import TrainConfig
+from tasks.config import TrainConfig
+from tasks.model import ModelConfig
+from tasks.objectives import registered_objectives
 from tests.test_train import tiny_env  # noqa: F401  (fixture: tiny model + data)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -28,7 +31,7 @@ def _default_at(path: str) -> object:
     """The value a config path has before any flag (objective fields: their Config default)."""
     if path.startswith("objectives."):
         _, name, key = path.split(".")
-        f = {f.name: f for f in dataclasses.fields(train_mod.registered_objectives()[name].Config)}[key]
+        f = {f.name: f for f in dataclasses.fields(registered_objectives()[name].Config)}[key]
         return f.default if f.default is not dataclasses.MISSING else f.default_factory()
     return cli.get_path(TrainConfig(), path)
 
@@ -94,10 +97,10 @@ def test_every_flag_reaches_its_config_field():
         top = action.dest.split(".")[0]
         assert diff == {top}, (argv, diff)
         seen.add(action.dest)
-    model_fields = {f"model.{f.name}" for f in dataclasses.fields(train_mod.ModelConfig)}
+    model_fields = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
     train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "objectives"}
     assert model_fields | train_fields <= seen, sorted((model_fields | train_fields) - seen)
-    for name, cls in train_mod.registered_objectives().items():
+    for name, cls in registered_objectives().items():
         assert {f"objectives.{name}.{f.name}" for f in dataclasses.fields(cls.Config)} <= seen, name
 
 
@@ -162,7 +165,7 @@ REFUSED = [
 @pytest.mark.parametrize("argv,message", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
 def test_refused_combinations_fail_before_any_work(argv, message, monkeypatch, capsys, tmp_path):
     """A contradictory or invalid command line exits with status 2 and a reason before data or model are touched."""
-    registry = train_mod.registered_objectives()
+    registry = registered_objectives()
     for needed in ("mnr", "scl"):
         if needed in " ".join(argv) and needed not in registry:
             pytest.skip(f"objective {needed} is not registered")
@@ -170,8 +173,9 @@ def test_refused_combinations_fail_before_any_work(argv, message, monkeypatch, c
     def forbidden(*args, **kwargs):
         raise AssertionError("work started before the command line was checked")
 
-    for name in ("load_pretrained", "load_split", "load_nli", "Trainer"):
-        monkeypatch.setattr(train_mod, name, forbidden)
+    for module, name in ((trainer, "load_pretrained"), (splits, "load_split"), (splits, "load_nli"),
+                         (train_mod, "Trainer")):
+        monkeypatch.setattr(module, name, forbidden)
     monkeypatch.setattr(cli, "run", forbidden)
     monkeypatch.setattr(cli, "evaluate_checkpoint", forbidden)
     with pytest.raises(SystemExit) as exc:
@@ -201,7 +205,7 @@ def _preset(name: str, *argv: str) -> TrainConfig:
 
 @pytest.fixture
 def paper_objectives():
-    registry = train_mod.registered_objectives()
+    registry = registered_objectives()
     if not {"mnr", "simcse"} <= set(registry):
         pytest.skip("the presets need the mnr and simcse objectives")
 
@@ -247,7 +251,7 @@ def test_explicit_flags_override_the_preset():
 
 def test_preset_with_an_unregistered_objective_names_it(monkeypatch, capsys):
     """A preset whose objective is missing fails with a message naming it; it is never silently dropped."""
-    registry = {k: v for k, v in train_mod.registered_objectives().items() if k != "mnr"}
+    registry = {k: v for k, v in registered_objectives().items() if k != "mnr"}
     monkeypatch.setattr(cli, "registered_objectives", lambda: registry)
     monkeypatch.setattr(cli, "run", lambda *a, **k: pytest.fail("run started"))
     with pytest.raises(SystemExit):

@@ -20,10 +20,10 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-import train_multitask as cli
-from tasks import distributed
+from tasks import cli, distributed
 from tasks.model import ModelConfig
-from tasks.train import Hook, Trainer, run
+from tasks.train import run
+from tasks.trainer import Hook, Trainer
 from tests.test_train import _Interrupt, _StopAt, tiny_env, tiny_train_config  # noqa: F401  (tiny_env: fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,19 +84,19 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
     try:
         if job == "parity":
             writes = _watch_writes(root / "ddp") if rank > 0 else []
-            trainer = Trainer(_no_dropout(env, root / "ddp"))
+            trainer = Trainer.from_config(_no_dropout(env, root / "ddp"))
             trainer.fit()
             trainer.load_best()
             (results / f"rank{rank}.json").write_text(json.dumps({"history": trainer.history, "writes": writes}))
         elif job == "resume":
-            full = Trainer(tiny_train_config(env, root / "full", checkpoint_every=4))
+            full = Trainer.from_config(tiny_train_config(env, root / "full", checkpoint_every=4))
             full.fit()
             cfg = tiny_train_config(env, root / "cut", checkpoint_every=4)
             try:
-                Trainer(cfg, hooks=[_StopAt(step=9)]).fit()
+                Trainer.from_config(cfg, hooks=[_StopAt(step=9)]).fit()
             except _Interrupt:
                 pass
-            resumed = Trainer(cfg, resume_from=root / "cut" / "checkpoints" / "last")
+            resumed = Trainer.from_config(cfg, resume_from=root / "cut" / "checkpoints" / "last")
             resumed.fit()
             save_file(resumed.model.state_dict(), str(results / f"resumed{rank}.safetensors"))
             trainer = full
@@ -132,7 +132,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tiny_env, tm
     """2 ranks x 5 examples take the steps of 1 process x 10: same per-epoch losses, dev scores and final
     weights (fp32, no dropout, atol 1e-5), also across partial batches split 3 + 2 and 1 + 0; both ranks end
     with identical weights; rank 1 writes nothing; the run directory holds exactly the files one process writes."""
-    single = Trainer(_no_dropout(tiny_env, tmp_path / "single"))
+    single = Trainer.from_config(_no_dropout(tiny_env, tmp_path / "single"))
     single.fit()
     single.load_best()
     _spawn("parity", tiny_env, tmp_path)
@@ -249,7 +249,7 @@ def test_one_process_needs_no_process_group(monkeypatch):
 def test_prefetched_batches_equal_batches_collated_in_line(tiny_env, tmp_path):
     """The background-thread prefetch (on by default on CUDA) yields the same batches in the same order as
     collating in line, from any start step, and stops at the end of the plan."""
-    trainer = Trainer(tiny_train_config(tiny_env, tmp_path / "run"))
+    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run"))
     plan = trainer.schedule.epoch_plan(0)
     for start in (0, 5, len(plan) - 1, len(plan)):
         trainer.prefetch = False

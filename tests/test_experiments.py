@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-import train_multitask as cli
 from experiments.ablation import LADDER, merge_flags, row_flags
 from experiments.robustness_table import cell, render, score_rows
 from experiments.sweep import _run_lock, final_record
+from tasks import cli
 
 
 def test_merge_flags_replaces_values_and_accumulates_objectives():

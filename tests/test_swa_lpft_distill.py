@@ -18,13 +18,15 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-import train_multitask as cli
+from tasks import cli, splits
 from tasks import swa as swa_mod
-from tasks import train as train_mod
 from tasks.checkpoint import load_tensors
+from tasks.config import TrainConfig
 from tasks.evaluate import Predictions, read_logits, read_predictions, write_logits
 from tasks.objectives.distill import Distill, DistillConfig, distill_loss, load_teachers, teacher_targets
-from tasks.train import Hook, Trainer, evaluate_checkpoint, load_checkpoint_model, run
+from tasks.predict import evaluate_checkpoint, load_checkpoint_model
+from tasks.train import run
+from tasks.trainer import Hook, Trainer
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 
 
@@ -115,7 +117,7 @@ def test_swa_phase_end_to_end(tiny_env, tmp_path, monkeypatch):
     again = evaluate_checkpoint(chosen, out_dir=tmp_path / "again")
     assert again["dev"] == final["dev"]  # the written predictions are the chosen model's
     with pytest.raises(ValueError, match="SWA-averaged"):
-        Trainer(cfg, resume_from=run_dir / "checkpoints" / "swa")
+        Trainer.from_config(cfg, resume_from=run_dir / "checkpoints" / "swa")
 
 
 # ---- LP-FT ------------------------------------------------------------------------------------------------
@@ -150,7 +152,7 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
     while the heads change; stage 2 starts a fresh optimizer over everything and changes the encoder; records carry
     the stage; a run interrupted at the stage boundary and resumed ends bit-identical."""
     watch = _Watch()
-    full = Trainer(_cfg(tiny_env, tmp_path / "full", lp_epochs=1, epochs=1), hooks=[watch])
+    full = Trainer.from_config(_cfg(tiny_env, tmp_path / "full", lp_epochs=1, epochs=1), hooks=[watch])
     full.fit()
     assert watch.lp_param_names and not any(n.startswith("model.encoder.") for n in watch.lp_param_names)
     assert watch.lp_encoder_training == {False}
@@ -173,8 +175,8 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
 
     cut = _cfg(tiny_env, tmp_path / "cut", lp_epochs=1, epochs=1)
     with pytest.raises(Stop):
-        Trainer(cut, hooks=[StopAfterLP()]).fit()
-    resumed = Trainer(cut, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+        Trainer.from_config(cut, hooks=[StopAfterLP()]).fit()
+    resumed = Trainer.from_config(cut, resume_from=tmp_path / "cut" / "checkpoints" / "last")
     assert resumed.stage == "ft" and resumed.epoch == 1
     resumed.fit()
     a, b = full.model.state_dict(), resumed.model.state_dict()
@@ -184,7 +186,7 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
 
 def test_lp_ft_learning_rate_restarts_per_stage(tiny_env, tmp_path):
     """Each stage runs the schedule over its own epochs: stage 1 peaks at lp_lr, stage 2 at lr."""
-    t = Trainer(_cfg(tiny_env, tmp_path / "r", lp_epochs=2, epochs=2, lp_lr=1e-2, lr=1e-3,
+    t = Trainer.from_config(_cfg(tiny_env, tmp_path / "r", lp_epochs=2, epochs=2, lp_lr=1e-2, lr=1e-3,
                      lr_schedule="epoch_decay", lr_decay=1e-4))
     assert t.stage == "lp" and t.total_epochs == 4
     assert [t.lr_at(e, 0, 5) for e in range(4)] == pytest.approx([1e-2, 1e-2 - 1e-4, 1e-3, 1e-3 - 1e-4])
@@ -253,7 +255,7 @@ def test_missing_teacher_ids_and_files_are_errors_naming_the_file(tmp_path):
     teachers = load_teachers([str(tmp_path / "t")], "sst")
     with pytest.raises(ValueError, match=r"sst-train-logits\.csv.*'c'"):
         teachers.lookup("sst", ["a", "c"])
-    cfg = train_mod.TrainConfig(tasks=("sst", "sts"))
+    cfg = TrainConfig(tasks=("sst", "sts"))
     Distill.check_run(DistillConfig(teachers=(str(tmp_path / "t"),)), cfg)
     with pytest.raises(ValueError, match=r"empty.*sts-train-logits\.csv.*--predict-train"):
         Distill.check_run(DistillConfig(teachers=(str(tmp_path / "empty"),)), cfg)
@@ -268,7 +270,7 @@ def test_predict_train_then_distill_from_it(tiny_env, tmp_path):
     pred = tmp_path / "teacher" / "predictions"
     assert set(teacher["train"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
     assert not (pred / "sst-train-output.csv").exists()
-    trainer = Trainer(_cfg(tiny_env, tmp_path / "student", objectives={"distill": {"teachers": [str(pred)]}}))
+    trainer = Trainer.from_config(_cfg(tiny_env, tmp_path / "student", objectives={"distill": {"teachers": [str(pred)]}}))
     for task in ("sst", "para", "sts"):
         ids, _ = read_logits(pred / f"{task}-train-logits.csv")
         assert ids == trainer.train_sets[task].ids
@@ -279,7 +281,7 @@ def test_predict_train_then_distill_from_it(tiny_env, tmp_path):
     path = pred / "para-train-logits.csv"
     path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")  # drop the last id
     with pytest.raises(ValueError, match=r"para-train-logits\.csv"):
-        Trainer(_cfg(tiny_env, tmp_path / "student2", objectives={"distill": {"teachers": [str(pred)]}}))
+        Trainer.from_config(_cfg(tiny_env, tmp_path / "student2", objectives={"distill": {"teachers": [str(pred)]}}))
 
 
 # ---- KNN-BERT inference at the final evaluation ----------------------------------------------------------------
@@ -303,8 +305,8 @@ def test_knn_inference_metrics_and_leaderboard(tiny_env, tmp_path):
     obj = objectives[0]
     obj.config = type(obj.config)(**{**knn, "knn_phi": 0.5})
     for task in ("sst", "para"):
-        train = train_mod.make_dataset(task, train_mod._load(task, "train", cfg), tokenizer, cfg)
-        dev = train_mod.make_dataset(task, train_mod._load(task, "dev", cfg), tokenizer, cfg)
+        train = splits.make_dataset(task, splits.load_examples(task, "train", cfg), tokenizer, cfg)
+        dev = splits.make_dataset(task, splits.load_examples(task, "dev", cfg), tokenizer, cfg)
         want = obj.knn_predict(model, task, train, dev).argmax(-1)
         ids, written = read_predictions(tmp_path / "eval" / "predictions" / f"{task}-dev-output.csv")
         assert ids == dev.ids and torch.equal(written, want), task

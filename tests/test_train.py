@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 import random
 from pathlib import Path
 
@@ -20,10 +21,15 @@ from safetensors.torch import load_file, save_file
 
 from minbert.bert import BertModel
 from tasks import checkpoint as ckpt_mod
-from tasks import train as train_mod
+from tasks import runtime
+from tasks import trainer as trainer_mod
+from tasks.objectives import registered_objectives
 from tasks.checkpoint import atomic_directory, read_json, resolve_checkpoint
 from tasks.model import ModelConfig
-from tasks.train import Hook, Trainer, TrainConfig, evaluate_checkpoint, run
+from tasks.config import TrainConfig
+from tasks.predict import evaluate_checkpoint
+from tasks.train import run
+from tasks.trainer import Hook, Trainer
 from tests.helpers import tiny_config
 
 POSITIVE = ["good", "great", "fun", "superb", "lovely"]
@@ -163,7 +169,7 @@ class _StopAt(Hook):
 def test_a_few_epochs_reduce_the_loss(tiny_env, tmp_path):
     """Training lowers every task's mean head loss from the first epoch to the last and logs every term."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=4, lr=2e-3, warmup=0.0)
-    trainer = Trainer(cfg)
+    trainer = Trainer.from_config(cfg)
     trainer.fit()
     first, last = trainer.history[0]["train"], trainer.history[-1]["train"]
     assert set(first) == {"loss", "sst/loss", "para/loss", "sts/loss"}
@@ -178,8 +184,8 @@ def test_a_few_epochs_reduce_the_loss(tiny_env, tmp_path):
 @pytest.mark.parametrize("weight", [0.0, 2.0])
 def test_loss_weights_scale_the_task_gradients(tiny_env, tmp_path, weight):
     """A stream's loss weight multiplies its gradients: weight 0 gives exactly zero gradients, 2 doubles them."""
-    base = Trainer(tiny_train_config(tiny_env, tmp_path / "a"))
-    weighted = Trainer(tiny_train_config(tiny_env, tmp_path / "b", loss_weights={"para": weight}))
+    base = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "a"))
+    weighted = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "b", loss_weights={"para": weight}))
     weighted.model.load_state_dict(base.model.state_dict())
     batch = base.train_sets["para"].collate(list(range(8)))
     grads = []
@@ -199,7 +205,7 @@ def test_loss_weights_scale_the_task_gradients(tiny_env, tmp_path, weight):
 
 def test_learning_rate_schedules(tiny_env, tmp_path):
     """constant stays; epoch_decay is lr - decay·epoch (paper §4.5); warmup_linear rises then decays to ~0."""
-    t = Trainer(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
+    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
     assert t.lr_at(0, 5, 10) == 1e-5 and t.lr_at(3, 0, 10) == pytest.approx(1e-5 - 3 * 4e-7)
     t.cfg = dataclasses.replace(t.cfg, lr_schedule="constant")
     assert t.lr_at(1, 3, 10) == 1e-5
@@ -211,7 +217,7 @@ def test_learning_rate_schedules(tiny_env, tmp_path):
 
 def test_optimizer_excludes_biases_and_layernorm_from_weight_decay(tiny_env, tmp_path):
     """AdamW groups: matrices decay, biases and LayerNorm weights (1-D) do not."""
-    t = Trainer(tiny_train_config(tiny_env, tmp_path / "r", weight_decay=0.05))
+    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", weight_decay=0.05))
     decay, no_decay = t.optimizer.param_groups
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
@@ -226,19 +232,19 @@ def test_optimizer_excludes_biases_and_layernorm_from_weight_decay(tiny_env, tmp
 @pytest.mark.parametrize("where", ["mid-epoch", "epoch-end"])
 def test_resume_is_bit_identical(tiny_env, tmp_path, where):
     """A run interrupted and resumed from its checkpoint ends with the same weights and optimizer state, bit for bit."""
-    full = Trainer(tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4))
+    full = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4))
     full.fit()
     cfg = tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4)
     stop = _StopAt(step=9) if where == "mid-epoch" else _StopAt(epoch=1)
     with pytest.raises(_Interrupt):
-        Trainer(cfg, hooks=[stop]).fit()
+        Trainer.from_config(cfg, hooks=[stop]).fit()
     last = tmp_path / "cut" / "checkpoints" / "last"
     state = read_json(last / "state.json")
     if where == "mid-epoch":
         assert (state["epoch"], state["global_step"]) == (0, 8) and state["step"] == 8
     else:
         assert (state["epoch"], state["step"]) == (1, 0)
-    resumed = Trainer(cfg, resume_from=last)
+    resumed = Trainer.from_config(cfg, resume_from=last)
     resumed.fit()
     _assert_same_state(full, resumed)
     assert [r["train"] for r in resumed.history] == [r["train"] for r in full.history]
@@ -250,17 +256,17 @@ def test_resume_is_bit_identical(tiny_env, tmp_path, where):
 @pytest.mark.parametrize("objective", ["simcse", "knn_bert"])
 def test_resume_with_objective_state_is_bit_identical(tiny_env, tmp_path, objective):
     """Objectives' terms and state (KNN-BERT's queues and momentum encoder) survive a resume bit for bit."""
-    if objective not in train_mod.registered_objectives():
+    if objective not in registered_objectives():
         pytest.skip(f"objective {objective} is not registered")
     kw = dict(objectives={objective: {}}, checkpoint_every=5, epochs=1)
     if objective == "knn_bert":
         kw["objectives"] = {objective: {"m_most": 2, "m_least": 2, "queue_size": 20}}
-    full = Trainer(tiny_train_config(tiny_env, tmp_path / "full", **kw))
+    full = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "full", **kw))
     full.fit()
     cfg = tiny_train_config(tiny_env, tmp_path / "cut", **kw)
     with pytest.raises(_Interrupt):
-        Trainer(cfg, hooks=[_StopAt(step=6)]).fit()
-    resumed = Trainer(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+        Trainer.from_config(cfg, hooks=[_StopAt(step=6)]).fit()
+    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
     resumed.fit()
     _assert_same_state(full, resumed)
     a, b = full.objectives[0].state_dict(), resumed.objectives[0].state_dict()
@@ -273,7 +279,7 @@ def test_resume_with_objective_state_is_bit_identical(tiny_env, tmp_path, object
 def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monkeypatch):
     """A checkpoint holds only safetensors and JSON (plus the vocabulary); nothing is pickled or torch.loaded."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    Trainer(cfg).fit()
+    Trainer.from_config(cfg).fit()
     ckpt = tmp_path / "run" / "checkpoints" / "last"
     files = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
     assert files == ["config.json", "encoder/config.json", "encoder/vocab.txt", "model.safetensors",
@@ -295,7 +301,7 @@ def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monk
         raise AssertionError("torch.load must not be used to read a checkpoint")
 
     monkeypatch.setattr(torch, "load", no_torch_load)
-    Trainer(cfg, resume_from=ckpt)  # loads model, optimizer, state without torch.load
+    Trainer.from_config(cfg, resume_from=ckpt)  # loads model, optimizer, state without torch.load
     evaluate_checkpoint(ckpt, out_dir=tmp_path / "eval")
 
 
@@ -319,9 +325,9 @@ def test_atomic_directory_leaves_no_partial_checkpoint(tmp_path):
 
 def test_failed_checkpoint_write_keeps_the_previous_one(tiny_env, tmp_path, monkeypatch):
     """Trainer.save_checkpoint failing half-way keeps the old 'last' complete and loadable."""
-    trainer = Trainer(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
+    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
     trainer.fit()
-    last = trainer.ckpt_root / "last"
+    last = trainer.run_dir.checkpoints / "last"
     before = (last / "model.safetensors").read_bytes()
     calls = []
 
@@ -331,32 +337,32 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tiny_env, tmp_path, monk
             raise OSError("no space left on device")
         ckpt_mod.save_tensors(path, tensors, metadata)
 
-    monkeypatch.setattr(train_mod, "save_tensors", failing)
+    monkeypatch.setattr(trainer_mod, "save_tensors", failing)
     trainer.global_step += 1
     with pytest.raises(OSError):
         trainer.save_checkpoint("last")
     assert (last / "model.safetensors").read_bytes() == before
     assert resolve_checkpoint(last) == last
-    assert sorted(p.name for p in trainer.ckpt_root.iterdir()) == ["best", "last"]
+    assert sorted(p.name for p in trainer.run_dir.checkpoints.iterdir()) == ["best", "last"]
 
 
 def test_fresh_run_refuses_existing_checkpoints(tiny_env, tmp_path):
     """A fresh run into a directory with checkpoints raises unless overwrite is set."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    Trainer(cfg).fit()
+    Trainer.from_config(cfg).fit()
     with pytest.raises(FileExistsError, match="--resume"):
-        Trainer(cfg)
-    Trainer(cfg, overwrite=True)
+        Trainer.from_config(cfg)
+    Trainer.from_config(cfg, overwrite=True)
 
 
 def test_resume_refuses_a_changed_config(tiny_env, tmp_path):
     """Resuming with a different learning rate is refused; more epochs or another device is allowed."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, lr_schedule="constant")
-    Trainer(cfg).fit()
+    Trainer.from_config(cfg).fit()
     last = tmp_path / "run" / "checkpoints" / "last"
     with pytest.raises(ValueError, match="lr"):
-        Trainer(dataclasses.replace(cfg, lr=5e-4), resume_from=last)
-    t = Trainer(dataclasses.replace(cfg, epochs=2, log_every=3), resume_from=last)
+        Trainer.from_config(dataclasses.replace(cfg, lr=5e-4), resume_from=last)
+    t = Trainer.from_config(dataclasses.replace(cfg, epochs=2, log_every=3), resume_from=last)
     assert t.epoch == 1
 
 
@@ -386,10 +392,11 @@ def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tm
 
 
 def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_path):
-    """evaluate_checkpoint needs no pretrained directory and reproduces the run's final dev metrics."""
-    summary = run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
-    result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval",
-                                 overrides={"pretrained": "/nonexistent"})
+    """evaluate_checkpoint needs no pretrained directory (deleted here) and reproduces the run's final dev metrics."""
+    pretrained = shutil.copytree(tiny_env[0], tmp_path / "bert")
+    summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1))
+    shutil.rmtree(pretrained)
+    result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
     assert result["dev"] == summary["dev"]
     assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
 
@@ -398,9 +405,9 @@ def test_limit_caps_every_split(tiny_env, tmp_path):
     """limit=N reads at most N examples of every split of every task, NLI included, and predictions follow."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, limit=10, nli=True,
                             objectives={"mnr": {}}, model=ModelConfig(arch="b1", pair_encoding="siamese", fcn_size=16))
-    if "mnr" not in train_mod.registered_objectives():
+    if "mnr" not in registered_objectives():
         pytest.skip("objective mnr is not registered")
-    trainer = Trainer(cfg)
+    trainer = Trainer.from_config(cfg)
     assert {s: len(d) for s, d in trainer.train_sets.items()} == {"sst": 10, "para": 10, "sts": 10, "nli": 10}
     assert {t: len(d) for t, d in trainer.dev_sets.items()} == {"sst": 10, "para": 10, "sts": 10}
     trainer.fit()
@@ -411,7 +418,7 @@ def test_limit_caps_every_split(tiny_env, tmp_path):
 def test_dev_subset_between_epochs_is_fixed(tiny_env, tmp_path):
     """dev_max_examples scores a fixed subset between epochs; the final evaluation reads the whole dev set."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, dev_max_examples={"para": 8})
-    t1, t2 = Trainer(cfg), Trainer(cfg, overwrite=True)
+    t1, t2 = Trainer.from_config(cfg), Trainer.from_config(cfg, overwrite=True)
     assert len(t1.dev_sets["para"]) == 8 and t1.dev_sets["para"].ids == t2.dev_sets["para"].ids
     assert len(t1.dev_sets["sst"]) == 24
 
@@ -423,14 +430,14 @@ def test_final_dev_full_or_capped(tiny_env, tmp_path, final_dev):
     run(cfg)
     ids = [r.split(",")[0] for r in _rows(tmp_path / "run" / "predictions" / "para-dev-output.csv")[1:]]
     if final_dev == "capped":
-        assert sorted(ids) == sorted(Trainer(cfg, overwrite=True).dev_sets["para"].ids)
+        assert sorted(ids) == sorted(Trainer.from_config(cfg, overwrite=True).dev_sets["para"].ids)
     else:
         assert len(ids) == 24
 
 
 def test_encoder_dropout_reaches_the_encoder_and_cpu_bf16_trains(tiny_env, tmp_path):
     """encoder_dropout sets every dropout inside the encoder (not only the heads); bf16 autocast trains on CPU."""
-    trainer = Trainer(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, encoder_dropout=0.25, bf16=True))
+    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, encoder_dropout=0.25, bf16=True))
     enc = trainer.model.encoder
     rates = [m.dropout_p for m in enc.modules() if hasattr(m, "dropout_p")]
     assert len(rates) >= 1 + 3 * enc.config.num_hidden_layers and set(rates) == {0.25}
@@ -445,7 +452,7 @@ def test_compile_takes_the_same_steps_as_eager(tiny_env, tmp_path):
     """compile=True (torch.compile of the encoder, inductor on CPU: ~20 s cold, ~6 s with inductor's cache) gives the
     losses and weights of eager mode over two training steps (fp32, no dropout, atol 1e-5)."""
     no_dropout = ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.0)
-    trainers = [Trainer(tiny_train_config(tiny_env, tmp_path / str(c), tasks=("sst",), encoder_dropout=0.0,
+    trainers = [Trainer.from_config(tiny_train_config(tiny_env, tmp_path / str(c), tasks=("sst",), encoder_dropout=0.0,
                                           compile=c, model=no_dropout)) for c in (False, True)]
     batch = trainers[0].train_sets["sst"].collate(list(range(8)))  # one shape: compiled once
     losses = []
@@ -464,7 +471,7 @@ def test_fused_adamw_trains_like_the_foreach_path(tiny_env, tmp_path):
     """fused_adamw uses the fused kernel for the same update: the same epoch losses and weights up to rounding."""
     trainers = []
     for fused in (False, True):
-        t = Trainer(tiny_train_config(tiny_env, tmp_path / f"run{fused}", epochs=2, fused_adamw=fused))
+        t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / f"run{fused}", epochs=2, fused_adamw=fused))
         assert all(g["fused"] is fused and g["foreach"] is not fused for g in t.optimizer.param_groups)
         t.fit()
         trainers.append(t)
@@ -481,7 +488,7 @@ def test_gradient_checkpointing_trains_exactly_as_without(tiny_env, tmp_path):
     draw the same masks): the same epoch losses and final weights as storing the activations."""
     trainers = []
     for ckpt in (False, True):
-        t = Trainer(tiny_train_config(tiny_env, tmp_path / f"run{ckpt}", epochs=1, encoder_dropout=0.1,
+        t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / f"run{ckpt}", epochs=1, encoder_dropout=0.1,
                                       gradient_checkpointing=ckpt))
         assert t.model.encoder.encoder.gradient_checkpointing is ckpt
         t.fit()
@@ -502,15 +509,15 @@ def test_bf16_is_the_cpu_default_where_the_cpu_multiplies_bf16_natively(monkeypa
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
     cpu = torch.device("cpu")
-    assert train_mod.autocast_dtype(None, cpu) is expected
-    assert train_mod.autocast_dtype(True, cpu) is torch.bfloat16
-    assert train_mod.autocast_dtype(False, cpu) is None
+    assert runtime.autocast_dtype(None, cpu) is expected
+    assert runtime.autocast_dtype(True, cpu) is torch.bfloat16
+    assert runtime.autocast_dtype(False, cpu) is None
 
 
 def test_fused_adamw_is_the_default_and_the_foreach_path_stays_selectable(tiny_env, tmp_path):
     """TrainConfig() trains with the fused kernel; fused_adamw=False (--no-fused-adamw) builds the foreach path."""
     assert TrainConfig().fused_adamw is True
-    t = Trainer(tiny_train_config(tiny_env, tmp_path / "default", epochs=1))
+    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "default", epochs=1))
     assert all(g["fused"] and not g["foreach"] for g in t.optimizer.param_groups)
-    t = Trainer(tiny_train_config(tiny_env, tmp_path / "foreach", epochs=1, fused_adamw=False))
+    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "foreach", epochs=1, fused_adamw=False))
     assert all(g["foreach"] and not g["fused"] for g in t.optimizer.param_groups)

@@ -1,26 +1,26 @@
 """Plug-in training objectives: one interface, a registry by name.
 
 Usage:
-    from tasks.objectives import REGISTRY, build_objectives
+    from tasks.objectives import build_objectives
     objectives = build_objectives({"mnr": {"scale": 20.0}}, model)
     for obj in objectives:
         if obj.applies_to(task):
             terms.update(obj(model, task, batch, out))   # named loss terms
 
-An objective is an ``nn.Module`` subclass of :class:`Objective` with:
+An objective is an ``nn.Module`` subclass of :class:`Objective` in its own
+file under tasks/objectives/ (imported by ``import_all``), with:
 - ``name``: its registry key (a duplicate name raises at import);
 - ``Config``: a dataclass of its hyper-parameters; every field becomes a CLI flag
-  ``--<name>-<field>`` and ``weight`` always exists (the factor on its terms);
+  ``--<name>-<field>`` (its help: ``tasks.options.option`` metadata, else the
+  field's trailing comment) and ``weight`` always exists (the factor on its terms);
 - ``tasks``: the tasks it applies to (``"nli"`` is the NLI triplet stream);
-- ``needs_siamese``: True when it reads per-sentence pair features;
-- ``batch_coupled``: True when its loss couples the batch's examples (under
-  torchrun it then sees the rank's shard, not the global batch);
-- ``task_loss_scale``: the factor it puts on the head's own loss for those tasks
-  (e.g. 1 - λ for SCL's (1 - λ)·CE + λ·L_SCL); 1.0 for additive objectives;
 - ``forward(model, task, batch, out) -> dict[str, Tensor]``: unweighted loss terms;
-  ``out`` is the head's TaskOutput for this batch (None for the "nli" stream);
-- optional hooks ``on_step_end(model)`` (after the optimizer step: momentum
-  encoders, queues) and ``on_train_start(model, trainer)``.
+  ``out`` is the head's TaskOutput for this batch (None for the "nli" stream).
+
+Everything else the training loop, the final evaluation or the CLI may ask of
+an objective is declared on :class:`Objective` below with a default that does
+nothing; an objective overrides what it needs. The loop never asks
+``hasattr`` and nothing outside this package names a concrete objective.
 
 The trainer multiplies each term by ``config.weight`` and the task's loss weight,
 sums, and logs every term under ``<task>/<objective>.<term>``.
@@ -29,8 +29,9 @@ sums, and logs every term under ``<task>/<objective>.<term>``.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import nn
@@ -43,17 +44,34 @@ class ObjectiveConfig:
     weight: float = 1.0
 
 
+class Inference(Protocol):
+    """An objective's change to the final evaluation (``Objective.inference``); KNN-BERT's vote is one.
+
+    ``key`` names its block in the final record; ``score`` gets one split's
+    datasets, the model's plain predictions and metrics, and returns (the
+    predictions the leaderboard files take, {record name: metrics}).
+    """
+
+    key: str
+    info: dict[str, Any]
+
+    def score(self, split: str, datasets: dict[str, Any], preds: dict[str, Any], metrics: dict[str, float]
+              ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+
+
 class Objective(nn.Module, abc.ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type] = ObjectiveConfig
     tasks: ClassVar[tuple[str, ...]] = ()
     # True when the objective reads Siamese features (sts_1/sts_2, pooled_1/2): the
-    # CLI refuses it with --pair-encoding cross before any work starts.
+    # config check refuses it with pair_encoding cross before any work starts.
     needs_siamese: ClassVar[bool] = False
     # True when the loss couples the examples of a batch (in-batch negatives, batch mixing, a
     # queue filled from the batch). Under torchrun such an objective sees each rank's shard of
     # the global batch as its batch (tasks/distributed.py); the trainer warns.
     batch_coupled: ClassVar[bool] = False
+    # Config fields that act only at inference, so --eval-only may change them.
+    inference_options: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -74,21 +92,45 @@ class Objective(nn.Module, abc.ABC):
 
     @property
     def task_loss_scale(self) -> float:
+        """The factor on the head's own loss for the tasks it applies to (SCL: 1 - λ); 1.0 when additive."""
         return 1.0
+
+    @classmethod
+    def tasks_of(cls, config: Any) -> tuple[str, ...]:
+        """The streams an objective with ``config`` applies to: its config's ``tasks`` when set, else ``tasks``."""
+        chosen = getattr(config, "tasks", None)
+        return tuple(chosen) if chosen else cls.tasks
+
+    def active_tasks(self) -> tuple[str, ...]:
+        return type(self).tasks_of(self.config)
 
     def applies_to(self, task: str) -> bool:
         return task in self.active_tasks()
 
-    def active_tasks(self) -> tuple[str, ...]:
-        chosen = getattr(self.config, "tasks", None)
-        return tuple(chosen) if chosen else self.tasks
+    # ---- hooks: each a no-op by default ----------------------------------------------------------------
+
+    @classmethod
+    def check_run(cls, config: Any, run_config: Any) -> None:
+        """Refuse a run this objective cannot serve (ValueError), before any data is read (distill: teacher files)."""
+
+    def on_train_start(self, model: nn.Module, train_sets: dict[str, Any]) -> None:
+        """Before the optimizer is built and a checkpoint loaded, with the run's training datasets by stream."""
+
+    def transform_for(self, task: str, training: bool) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """A change of the pooled embedding between encoder and head for ``task`` (Match-Tuning), or None."""
+        return None
 
     @abc.abstractmethod
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         """The objective's unweighted loss terms for this batch (may be empty)."""
 
     def on_step_end(self, model: nn.Module) -> None:
-        pass
+        """After every optimizer step (momentum encoders, queues)."""
+
+    def inference(self, model: nn.Module, tasks: Sequence[str], train_set: Callable[[str], Any], batch_size: int,
+                  device: torch.device) -> Inference | None:
+        """This objective's change to the final evaluation, or None (the model's predictions stand)."""
+        return None
 
 
 def check_tasks(objective: str, chosen, allowed: tuple[str, ...], why: str = "") -> None:
@@ -96,10 +138,6 @@ def check_tasks(objective: str, chosen, allowed: tuple[str, ...], why: str = "")
     bad = sorted(set(chosen) - set(allowed))
     if bad:
         raise ValueError(f"{objective} tasks must be among {allowed}{why}, got {bad}")
-
-
-def config_fields(name: str) -> list:
-    return list(fields(REGISTRY[name].Config))
 
 
 def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> list[Objective]:
@@ -116,6 +154,29 @@ def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> l
             raise ValueError(f"objective {name!r} has no option(s) {sorted(bad)}; options: {sorted(known)}")
         objs.append(cls(cls.Config(**overrides), model))
     return objs
+
+
+def transform_of(objectives: Sequence[Objective], task: str, training: bool
+                 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The objectives' changes of ``task``'s pooled embedding (``transform_for``) composed in order, or None."""
+    fns = [f for f in (o.transform_for(task, training) for o in objectives) if f is not None]
+    if not fns:
+        return None
+    if len(fns) == 1:
+        return fns[0]
+
+    def composed(h: torch.Tensor) -> torch.Tensor:
+        for f in fns:
+            h = f(h)
+        return h
+
+    return composed
+
+
+def registered_objectives() -> dict[str, type[Objective]]:
+    """Every objective under tasks/objectives/, imported so that each registers itself."""
+    import_all()
+    return dict(REGISTRY)
 
 
 def import_all() -> None:

@@ -9,7 +9,7 @@ labels from one model or from an ensemble of models.
 
 Teachers are prediction directories (or run directories holding
 ``predictions/``) with the *training-set* logits ``{task}-train-logits.csv``
-that ``--predict-train`` writes (tasks.train.write_all_predictions; e.g.
+that ``--predict-train`` writes (tasks.predict.write_all_predictions; e.g.
 ``train_multitask.py --eval-only --predict-train --checkpoint runs/a/checkpoints/best``).
 Soft targets, per training example id (batches carry ``"ids"``), averaged over
 the teachers the way tasks/ensemble.py's simple ensemble averages:
@@ -181,11 +181,11 @@ class Distill(Objective):
             self.targets[task] = load_teachers(self.config.teachers, task, self.config.temperature)
         return self.targets[task]
 
-    def on_train_start(self, model: nn.Module, trainer: Any) -> None:
+    def on_train_start(self, model: nn.Module, train_sets: dict[str, Any]) -> None:
         """Read the teachers and check that they cover every training example, before the first step."""
-        for task in trainer.cfg.tasks:
+        for task, dataset in train_sets.items():
             if self.applies_to(task):
-                self.targets_for(task).lookup(task, trainer.train_sets[task].ids)
+                self.targets_for(task).lookup(task, dataset.ids)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         target = self.targets_for(task).lookup(task, batch["ids"])

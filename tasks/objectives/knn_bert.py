@@ -55,6 +55,7 @@ Usage:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,9 +64,18 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.objectives import Objective
+from tasks.objectives.knn_vote import (
+    NUM_CLASSES,
+    REPRESENTATIONS,
+    KNNClassifier,
+    KNNInference,
+    check_representation,
+    class_probabilities,
+    compute_representations,
+    knn_predict,
+    unwrap,
+)
 
-NUM_CLASSES = {"sst": 5, "para": 2}
-REPRESENTATIONS = ("pooled", "head_input")
 
 
 @dataclass
@@ -78,8 +88,10 @@ class KNNBertConfig:
     m_most: int = 50  # M_m most similar positives (paper searches {10, 50, 100, 200, 400})
     m_least: int = 50  # M_l least similar ("hard") positives
     representation: str = "pooled"  # "pooled" = the [CLS]-side sentence embedding (paper); "head_input"
-    knn_k: int = 100  # K neighbours for inference (paper searches {100, 200, 500, 1000})
-    knn_phi: float = 0.25  # φ of eq. 1 for inference (paper: 0.25 typically)
+    # K neighbours for inference (paper searches {100, 200, 500, 1000}); used by the final evaluation and --eval-only (the 'knn' dev metrics)
+    knn_k: int = 100
+    # φ of eq. 1 for inference (paper: 0.25 typically); the final evaluation and --eval-only score phi and phi=1 (KNN only) as 'knn' dev metrics, and with phi > 0 the SST / paraphrase leaderboard files hold the combined prediction (logits files stay the classifier's)
+    knn_phi: float = 0.25
 
     def __post_init__(self) -> None:
         self.tasks = tuple(self.tasks)
@@ -104,39 +116,6 @@ class KNNBertConfig:
             raise ValueError(f"knn_k must be positive, got {self.knn_k}")
         if not 0.0 <= self.knn_phi <= 1.0:
             raise ValueError(f"knn_phi must be in [0, 1], got {self.knn_phi}")
-
-
-def unwrap(model: nn.Module) -> nn.Module:
-    """The MultitaskBert inside DistributedDataParallel (.module) and/or torch.compile (._orig_mod)."""
-    while True:
-        inner = getattr(model, "module", None)
-        if not isinstance(inner, nn.Module):
-            inner = getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
-
-
-def check_representation(model: nn.Module, task: str, representation: str) -> None:
-    """Raise when ``model`` yields no single (B, D) ``representation`` for ``task`` (Siamese paraphrase)."""
-    cfg = unwrap(model).config
-    if task == "para" and cfg.pair_encoding == "siamese":
-        if representation == "pooled":
-            raise ValueError("knn_bert on 'para' with pair_encoding='siamese' has no single pooled embedding per "
-                             "pair: use pair_encoding='cross', or representation='head_input' with arch='b1'")
-        if cfg.arch != "b1":
-            raise ValueError("knn_bert on 'para' with the Siamese baseline has no pair representation (it scores a "
-                             "dot product): use pair_encoding='cross', or arch='b1' with representation='head_input'")
-
-
-def class_probabilities(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """softmax(F(q)) of eq. 1, (B, C); the paraphrase logit z gives [1 − σ(z), σ(z)]."""
-    logits = logits.float()
-    if task == "para":
-        p = torch.sigmoid(logits)  # (B,)
-        return torch.stack([1.0 - p, p], dim=-1)  # (B, 2)
-    return logits.softmax(dim=-1)
-
 
 # ---- the loss (eq. 3) --------------------------------------------------------------------
 
@@ -193,6 +172,7 @@ class KNNBert(Objective):
     Config = KNNBertConfig
     tasks = ("sst", "para")
     batch_coupled = True  # the queue is filled from the batch (under torchrun: each rank's own queue)
+    inference_options = ("knn_k", "knn_phi")
 
     def __init__(self, config: KNNBertConfig, model: nn.Module | None = None):
         super().__init__(config, model)
@@ -218,6 +198,27 @@ class KNNBert(Objective):
     @property
     def task_loss_scale(self) -> float:
         return 1.0 - float(self.config.weight)
+
+    # ---- hooks ------------------------------------------------------------------------------
+
+    @classmethod
+    def check_run(cls, config: KNNBertConfig, run_config: Any) -> None:
+        """The final KNN vote needs knn_k training examples of every task it scores."""
+        limit = run_config.limit
+        if limit is not None and config.knn_k > limit:
+            raise ValueError(f"knn_bert knn_k={config.knn_k} neighbours, but limit={limit} leaves at most "
+                             f"{limit} training examples per task for the final KNN-BERT evaluation "
+                             "(KNNInference); lower --knn-bert-knn-k")
+
+    def on_train_start(self, model: nn.Module, train_sets: dict[str, Any]) -> None:
+        """Queue = min(queue_size, train size) for every task this objective trains (the paper's rule)."""
+        for task, dataset in train_sets.items():
+            if self.applies_to(task):
+                self.set_train_size(len(dataset), task)
+
+    def inference(self, model: nn.Module, tasks: Sequence[str], train_set: Callable[[str], Any], batch_size: int,
+                  device: torch.device) -> KNNInference:
+        return KNNInference(self, model, tasks, train_set, batch_size, device)
 
     # ---- queue ------------------------------------------------------------------------------
 
@@ -384,117 +385,5 @@ class KNNBert(Objective):
                            batch_size=batch_size, device=device, representation=cfg.representation)
 
 
-# ---- inference: the KNN vote and eq. 1 ---------------------------------------------------------------
-
-
-class KNNClassifier:
-    """Cosine K-nearest-neighbour vote over stored (training) representations (KNN-BERT §3.1).
-
-    Usage:
-        knn = KNNClassifier(k=100, num_classes=5).fit(train_features, train_labels)
-        probs = knn.predict_proba(dev_features, dev_logits, phi=0.25)   # eq. 1, (N, 5)
-    """
-
-    def __init__(self, k: int, num_classes: int, chunk_size: int = 1024):
-        if k < 1 or num_classes < 2 or chunk_size < 1:
-            raise ValueError(f"need k >= 1, num_classes >= 2, chunk_size >= 1; got {k}, {num_classes}, {chunk_size}")
-        self.k, self.num_classes, self.chunk_size = k, num_classes, chunk_size
-        self.keys: torch.Tensor | None = None
-        self.labels: torch.Tensor | None = None
-
-    def fit(self, features: torch.Tensor, labels: torch.Tensor) -> "KNNClassifier":
-        """Store L2-normalized (N, D) features and their (N,) integer labels."""
-        if features.ndim != 2 or labels.shape != features.shape[:1]:
-            raise ValueError(f"features must be (N, D) and labels (N,), got {tuple(features.shape)} and "
-                             f"{tuple(labels.shape)}")
-        if self.k > features.shape[0]:
-            raise ValueError(f"k={self.k} neighbours requested but only {features.shape[0]} stored examples")
-        labels = labels.long()
-        if bool(((labels < 0) | (labels >= self.num_classes)).any()):
-            raise ValueError(f"labels must lie in 0..{self.num_classes - 1}")
-        self.keys = F.normalize(features.detach().float(), dim=-1)
-        self.labels = labels.detach().to(self.keys.device)
-        return self
-
-    @torch.no_grad()
-    def vote(self, queries: torch.Tensor) -> torch.Tensor:
-        """KNN(q), (Q, C): the fraction of each class among the K most cosine-similar stored examples."""
-        if self.keys is None:
-            raise RuntimeError("KNNClassifier.vote before fit")
-        q = F.normalize(queries.detach().float(), dim=-1).to(self.keys.device)
-        out = []
-        for start in range(0, q.shape[0], self.chunk_size):
-            sim = q[start:start + self.chunk_size] @ self.keys.T  # (c, N)
-            idx = sim.topk(self.k, dim=1).indices  # (c, K)
-            onehot = F.one_hot(self.labels[idx], self.num_classes)  # (c, K, C)
-            out.append(onehot.sum(dim=1).float() / self.k)
-        return torch.cat(out) if out else q.new_zeros(0, self.num_classes)
-
-    def predict_proba(self, queries: torch.Tensor, probs: torch.Tensor, phi: float) -> torch.Tensor:
-        """Eq. 1: s = (1 − φ)·probs + φ·KNN(q); ``probs`` is the linear classifier's softmax (Q, C)."""
-        if not 0.0 <= phi <= 1.0:
-            raise ValueError(f"phi must be in [0, 1], got {phi}")
-        probs = probs.detach().float().to(self.keys.device if self.keys is not None else probs.device)
-        if phi == 0.0:
-            return probs  # exactly the linear classifier: no neighbour search
-        return (1.0 - phi) * probs + phi * self.vote(queries)
-
-
-@torch.no_grad()
-def compute_representations(model: nn.Module, task: str, dataset: Any, representation: str = "pooled",
-                            batch_size: int = 64, device: torch.device | str | None = None
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features (N, D), logits) of every example of ``dataset`` in dataset order, eval mode, on CPU.
-
-    ``dataset`` is a tasks.data dataset (``collate(indices)``, ``lengths``);
-    batches are length-sorted for little padding and put back in order.
-    """
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
-    check_representation(model, task, representation)
-    if device is None:
-        device = next(model.parameters()).device
-    n = len(dataset)
-    order = sorted(range(n), key=lambda i: dataset.lengths[i])
-    was_training = model.training
-    model.eval()
-    feats: list[torch.Tensor] = []
-    logits: list[torch.Tensor] = []
-    try:
-        for start in range(0, n, batch_size):
-            batch = dataset.collate(order[start:start + batch_size])
-            batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            out = model(task, batch)
-            feats.append(out.features[representation].float().cpu())
-            logits.append(out.logits.float().cpu())
-    finally:
-        model.train(was_training)
-    if not feats:
-        raise ValueError(f"{task}: empty dataset")
-    inverse = torch.empty(n, dtype=torch.long)
-    inverse[torch.tensor(order)] = torch.arange(n)
-    return torch.cat(feats)[inverse], torch.cat(logits)[inverse]
-
-
-def knn_predict(model: nn.Module, task: str, train_dataset: Any, eval_dataset: Any, k: int = 100,
-                phi: float = 0.25, batch_size: int = 64, device: torch.device | str | None = None,
-                representation: str = "pooled") -> torch.Tensor:
-    """KNN-BERT eq. 1 class probabilities (N_eval, C) for ``eval_dataset``, in its order.
-
-    The neighbours are the labeled ``train_dataset``'s representations under
-    the current model. φ = 0 gives the linear classifier's softmax, φ = 1 the
-    KNN vote only. Paraphrase: C = 2, class 1 = paraphrase, so
-    ``probs.argmax(-1)`` is the prediction for every task.
-    """
-    if task not in NUM_CLASSES:
-        raise ValueError(f"knn_predict applies to {tuple(NUM_CLASSES)}, got {task!r}")
-    if getattr(train_dataset, "labels", None) is None:
-        raise ValueError("knn_predict needs a labeled train_dataset")
-    train_feats, _ = compute_representations(model, task, train_dataset, representation, batch_size, device)
-    eval_feats, eval_logits = compute_representations(model, task, eval_dataset, representation, batch_size, device)
-    knn = KNNClassifier(k, NUM_CLASSES[task]).fit(train_feats, train_dataset.labels)
-    return knn.predict_proba(eval_feats, class_probabilities(task, eval_logits), phi)
-
-
-__all__ = ("KNNBert", "KNNBertConfig", "KNNClassifier", "class_probabilities",
+__all__ = ("KNNBert", "KNNBertConfig", "KNNClassifier", "KNNInference", "class_probabilities",
                           "compute_representations", "knn_predict", "select_positives", "supervised_moco_loss")

@@ -130,6 +130,7 @@ class MatchTuning(Objective):
     Config = MatchTuningConfig
     tasks = MATCH_TASKS
     batch_coupled = True  # mixes the embeddings of the batch
+    inference_options = ("inference",)
     train_transform: ClassVar[bool] = True  # the trainer must pass transform_for(task, True) to model(...)
 
     def transform(self, h: torch.Tensor) -> torch.Tensor:

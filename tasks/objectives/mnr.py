@@ -129,10 +129,11 @@ class MultipleNegativesRanking(Objective):
     batch_coupled = True  # in-batch negatives
     needs_siamese: ClassVar[bool] = True  # compares separately encoded sentences: refused with --pair-encoding cross
 
-    def active_tasks(self) -> tuple[str, ...]:
-        if self.config.tasks:
-            return tuple(self.config.tasks)
-        return self.tasks + (("para",) if self.config.para_positives else ())
+    @classmethod
+    def tasks_of(cls, config: MNRConfig) -> tuple[str, ...]:
+        if config.tasks:
+            return tuple(config.tasks)
+        return cls.tasks + (("para",) if config.para_positives else ())
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         cfg = self.config

@@ -1,0 +1,367 @@
+"""TrainConfig: every setting of a training run, and all of its validation, in one place.
+
+Usage:
+    cfg = TrainConfig(out_dir="runs/try", epochs=2)
+    cfg.validate()                                   # ValueError with a sentence saying why
+    cfg = TrainConfig.from_dict(read_json(path))     # config.json of a run or checkpoint
+    check_resume_config(saved, cfg)                  # --resume: only RESUME_MUTABLE fields may change
+    cfg = eval_config(saved, {"tasks": ("sst",)})    # --eval-only: only eval_mutable() fields may change
+
+Every field carries its help text (``tasks.options.option``); the CLI
+(train_multitask.py) turns each field into a flag with that help and the
+default written here, and ``tasks.presets`` fills them with the paper's
+configurations. The defaults are the CPU recipe of ``python train_multitask.py``
+(embedded MiniLM, about 10 minutes on 2 cores; chosen by measurement, see
+experiments/RESULTS.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from tasks.model import TASKS, ModelConfig
+from tasks.objectives import registered_objectives
+from tasks.options import option
+from tasks.runtime import check_device_string
+from tasks.sampling import SCHEDULES
+
+NLI = "nli"
+STREAMS = TASKS + (NLI,)
+LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
+FINAL_DEV = ("full", "capped")
+# Config fields that may change when a run is resumed: none of them changes the
+# arithmetic of the steps already taken or the batches still to come.
+# SWA and train-set predictions come after the training steps, so they may change too
+# (resuming a finished run with --swa-epochs adds the SWA phase to it).
+RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
+                  "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train")
+# Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
+# the options that act only at inference (``Objective.inference_options``), see eval_mutable().
+EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
+                "final_dev", "dev_max_examples")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs; saved as plain JSON (config.json) with every checkpoint.
+
+    The defaults are the CPU recipe: cross-encoded pairs (one sequence per pair,
+    half the encoder work of Siamese), mean pooling (all-MiniLM-L6-v2 was
+    trained with it), lr 1e-4 with warmup and linear decay, bf16 autocast
+    where the CPU has native bf16, the fused AdamW kernel, 3 epochs with Quora
+    capped at a fresh 16k pairs per epoch and scored on a fixed 3k dev subset
+    between epochs. ``tasks.presets.apply_preset`` gives the paper's GPU configurations.
+    """
+
+    # -- data --
+    data_dir: str = option("data", "directory of the CS224N CSV files (data/README.md)")
+    out_dir: str = option("runs/default", "run directory: config.json, metrics.jsonl, training.png, train.log, "
+                          "checkpoints/{last,best}, predictions/")
+    tasks: tuple[str, ...] = option(TASKS, "tasks to train and evaluate (paper §4.1: all three)")
+    nli: bool = option(False, "add the nli-train.csv triplet stream (paper §4.2 'Additional AllNLI data'); it has no "
+                       "head loss, only its objectives train on it (B1: MNR)")
+    limit: int | None = option(None, "read at most N examples of every split of every task and NLI (smoke runs); "
+                               "at least the batch size")
+    max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)")
+    max_train_examples: dict[str, int] = option(
+        help="per-stream cap on training examples per epoch, a fresh random subset each epoch (Quora is ~6x SST; "
+             "on CPU the whole of it does not fit the time budget); STREAM=N or STREAM=all (the paper sees all "
+             "data, §4.2)", factory=lambda: {"para": 16000})
+    dev_max_examples: dict[str, int] = option(
+        help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
+             "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
+        factory=lambda: {"para": 3000})
+    final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
+                            "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
+                            "numbers compared with the paper's)")
+
+    # -- model --
+    pretrained: str | None = option(None, "HF BERT checkpoint directory (config.json, model.safetensors or "
+                                    "pytorch_model.bin, vocab.txt), e.g. bert-base-uncased as in the paper §4.1; "
+                                    "default: the embedded all-MiniLM-L6-v2")
+    encoder_dropout: float | None = option(None, "dropout inside the encoder (hidden and attention probabilities), "
+                                           "set in its BertConfig (paper §4.5 keeps 0.3); default: the checkpoint's "
+                                           "own")
+    model: ModelConfig = option(help="the heads (tasks/model.py)", factory=lambda: ModelConfig(
+        arch="b1", pair_encoding="cross", pooling="mean", head_dropout=0.0))
+    objectives: dict[str, dict[str, Any]] = option(help="objective name -> its Config overrides", factory=dict)
+
+    # -- optimization --
+    epochs: int = option(3, "training epochs (paper: 10 for ablations, 20 for the final models, §5.3)")
+    batch_size: int = option(32, "examples per batch in every stream (paper: 16, §4.4); under torchrun the global "
+                             "batch, split evenly over the processes (a multiple of their number)")
+    task_batch_size: dict[str, int] = option(help="per-stream batch size overrides (not with --schedule even, whose "
+                                             "batches are all one size, §4.2)", factory=dict)
+    eval_batch_size: int = option(128, "examples per batch at evaluation")
+    schedule: str = option("even", "which stream's batch comes next: sequential (the CS224N starter, the paper's "
+                           "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)")
+    loss_weights: dict[str, float] = option(help="per-stream loss factors, missing = 1 (paper §4.2 loss rescaling: "
+                                            "para=0.1); updates the preset's", factory=dict)
+    lr: float = option(1e-4, "peak AdamW learning rate (paper: 1e-5, §4.1 and §4.5)")
+    lr_schedule: str = option("warmup_linear", "constant; epoch_decay = lr - lr_decay x epoch (paper §4.5); "
+                              "warmup_linear = linear warmup, then linear decay to 0 over all steps (BERT's)")
+    lr_decay: float = option(4e-7, "with --lr-schedule epoch_decay: subtracted from the lr each epoch "
+                             "(paper: 4e-7, §4.5)")
+    warmup: float = option(0.1, "with --lr-schedule warmup_linear: fraction of all steps spent warming up")
+    weight_decay: float = option(0.01, "AdamW decoupled weight decay, never on biases or LayerNorm "
+                                 "(paper §6: it did not help; presets use 0)")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)")
+    seed: int = option(0, "seed of python, numpy and torch and of the batch order")
+
+    # -- stages and post-training (tasks/lpft.py, tasks/swa.py) --
+    lp_epochs: int = option(0, "LP-FT (paper §4.2): N epochs training only the heads (encoder frozen and in eval "
+                            "mode, so no dropout; the optimizer never sees it), then --epochs of full fine-tuning "
+                            "from those weights with a fresh optimizer, in one run; records carry stage lp / ft; "
+                            "0 = off")
+    lp_lr: float | None = option(None, "peak learning rate of LP-FT stage 1 (paper §4.2 gives none; needs "
+                                 "--lp-epochs); default: --lr")
+    swa_epochs: int = option(0, "SWA (paper §4.6: 5 epochs at lr 1e-5, PyTorch's SWA modules): after training, N "
+                             "more epochs at constant --swa-lr from the best checkpoint, averaging the weights at "
+                             "each epoch end (torch.optim.swa_utils.AveragedModel; LayerNorm only, so no BN "
+                             "update); saved as checkpoints/swa and used for the predictions when its dev score "
+                             "beats the best epoch's; 0 = off")
+    swa_lr: float = option(1e-5, "constant learning rate of the SWA epochs (paper §4.6: 1e-5); needs --swa-epochs")
+    predict_train: bool = option(False, "also write predictions/{task}-train-logits.csv on the whole training sets: "
+                                 "the soft targets that --distill-teachers reads (paper §4.6 knowledge "
+                                 "distillation); with --eval-only, from a saved model")
+
+    # -- runtime --
+    device: str = option("auto", "auto (cuda when available), cpu, cuda, cuda:N")
+    bf16: bool | None = option(None, "bf16 autocast; default: on for CUDA with bf16 and on CPUs with native bf16 "
+                               "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)")
+    compile: bool = option(False, "torch.compile the encoder")
+    gradient_checkpointing: bool = option(False, "activation checkpointing: keep only each encoder layer's input and "
+                                          "recompute the layer in backward (less memory for about one more forward "
+                                          "pass: bert-base-sized models on small GPUs); the same losses and "
+                                          "gradients")
+    fused_adamw: bool = option(True, "run our AdamW update through torch's fused kernel (minbert/optimizer.py; the "
+                               "same update up to float rounding, not bit for bit, as the foreach path that "
+                               "--no-fused-adamw selects)")
+    log_every: int = option(50, "one log line (every loss term, lr, seq/s) every N steps (the only time losses are "
+                            "read back from the device)")
+    checkpoint_every: int = option(0, "also write checkpoints/last every N steps mid-epoch (0 = epoch ends only)")
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)
+        if isinstance(self.model, dict):
+            self.model = ModelConfig(**self.model)
+
+    # -- JSON --
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["tasks"] = list(self.tasks)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
+        """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load)."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
+        d = dict(d)
+        if "model" in d:
+            model_known = {f.name for f in dataclasses.fields(ModelConfig)}
+            bad = sorted(set(d["model"]) - model_known)
+            if bad:
+                raise ValueError(f"unknown ModelConfig field(s) {bad}; known: {sorted(model_known)}")
+            d["model"] = ModelConfig(**d["model"])
+        return cls(**d)
+
+    # -- derived --
+    def streams(self) -> tuple[str, ...]:
+        """The schedule's streams: the tasks, then "nli" when on."""
+        return self.tasks + ((NLI,) if self.nli else ())
+
+    def batch_sizes(self) -> dict[str, int]:
+        return {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
+
+    # -- checks --
+    def validate(self) -> None:
+        """Raise ValueError with a sentence saying why when fields contradict each other or are out of range."""
+        if not self.tasks:
+            raise ValueError("tasks is empty: train at least one of sst, para, sts")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"unknown task(s) {unknown}: the tasks are {', '.join(TASKS)}")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ValueError(f"tasks {list(self.tasks)} names a task twice")
+        streams = self.streams()
+        for name, mapping in (("max_train_examples", self.max_train_examples), ("loss_weights", self.loss_weights),
+                              ("task_batch_size", self.task_batch_size)):
+            extra = sorted(set(mapping) - set(streams))
+            if extra:
+                hint = " (add --nli for the nli stream)" if NLI in extra and not self.nli else ""
+                raise ValueError(f"{name} names {extra}, which this run does not train (streams: {list(streams)}){hint}")
+        extra = sorted(set(self.dev_max_examples) - set(self.tasks))
+        if extra:
+            raise ValueError(f"dev_max_examples names {extra}, which this run does not evaluate (tasks: {list(self.tasks)})")
+        _positive_ints("max_train_examples", self.max_train_examples, 1)
+        _positive_ints("dev_max_examples", self.dev_max_examples, 2)  # Pearson r needs two points
+        if self.final_dev not in FINAL_DEV:
+            raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
+        _positive_ints("task_batch_size", self.task_batch_size, 1)
+        bad = {s: w for s, w in self.loss_weights.items() if not (isinstance(w, (int, float)) and w >= 0)}
+        if bad:
+            raise ValueError(f"loss weights must be non-negative numbers, got {bad}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        for name in ("lp_epochs", "swa_epochs"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
+        if self.lp_lr is not None and not self.lp_lr > 0:
+            raise ValueError(f"lp_lr must be positive, got {self.lp_lr}")
+        if self.lp_lr is not None and self.lp_epochs == 0:
+            raise ValueError("lp_lr is the learning rate of LP-FT stage 1, but lp_epochs is 0: it would do nothing")
+        if not self.swa_lr > 0:
+            raise ValueError(f"swa_lr must be positive, got {self.swa_lr}")
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0 = epoch ends only), got {self.checkpoint_every}")
+        if self.max_length < 3:
+            raise ValueError(f"max_length={self.max_length} leaves no room for text ([CLS] a [SEP] b [SEP] needs 3 tokens)")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.schedule!r}; schedules: {', '.join(SCHEDULES)}")
+        sizes = self.batch_sizes()
+        if self.schedule == "even" and len(set(sizes.values())) > 1:
+            raise ValueError(f"schedule 'even' (paper §4.2) splits every task into batches of one size, "
+                             f"but the batch sizes differ: {sizes}")
+        if self.limit is not None:
+            if self.limit < max(sizes.values()):
+                raise ValueError(f"limit={self.limit} is smaller than the batch size {max(sizes.values())}: "
+                                 "every batch would be partial; lower --batch-size or raise --limit")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"unknown lr_schedule {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
+        if not self.lr_decay >= 0:
+            raise ValueError(f"lr_decay must be >= 0, got {self.lr_decay}")
+        if self.lr_schedule == "epoch_decay" and not self.lr - self.lr_decay * (self.epochs - 1) > 0:
+            raise ValueError(f"lr_schedule epoch_decay: lr {self.lr} - lr_decay {self.lr_decay} x {self.epochs - 1} "
+                             "epochs is not positive; the last epochs would not train")
+        lp_peak = self.lp_lr if self.lp_lr is not None else self.lr
+        if (self.lr_schedule == "epoch_decay" and self.lp_epochs
+                and not lp_peak - self.lr_decay * (self.lp_epochs - 1) > 0):
+            raise ValueError(f"lr_schedule epoch_decay: LP-FT stage 1 lr {lp_peak} - lr_decay {self.lr_decay} x "
+                             f"{self.lp_epochs - 1} epochs is not positive; its last epochs would not train")
+        if not 0 <= self.warmup < 1:
+            raise ValueError(f"warmup is a fraction of all steps in [0, 1), got {self.warmup}")
+        if not self.weight_decay >= 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not self.grad_clip >= 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        if self.encoder_dropout is not None and not 0 <= self.encoder_dropout < 1:
+            raise ValueError(f"encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
+        check_device_string(self.device)
+        self.model.__post_init__()  # a ModelConfig edited after construction is re-checked
+        check_objectives(self)
+
+
+def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:
+    bad = {k: v for k, v in mapping.items() if not (isinstance(v, int) and v >= low)}
+    if bad:
+        raise ValueError(f"{name} values must be integers >= {low}, got {bad}")
+
+
+def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) -> None:
+    """Settings given explicitly that only act with another setting: refused when that setting is off."""
+    if "lr_decay" in explicit and cfg.lr_schedule != "epoch_decay":
+        raise ValueError(f"--lr-decay only acts with --lr-schedule epoch_decay (the run uses {cfg.lr_schedule})")
+    if "warmup" in explicit and cfg.lr_schedule != "warmup_linear":
+        raise ValueError(f"--warmup only acts with --lr-schedule warmup_linear (the run uses {cfg.lr_schedule})")
+    if "swa_lr" in explicit and cfg.swa_epochs == 0:
+        raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
+    if "lp_lr" in explicit and cfg.lp_epochs == 0:
+        raise ValueError("--lp-lr only acts with --lp-epochs N > 0 (LP-FT stage 1, paper §4.2)")
+
+
+def check_objectives(cfg: TrainConfig) -> None:
+    """Refuse objectives that are not registered, cannot be configured so, or would do nothing in this run."""
+    registry = registered_objectives()
+    streams = cfg.streams()
+    on_nli = []
+    for name, overrides in cfg.objectives.items():
+        if name not in registry:
+            raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/ defines it "
+                             f"(registered: {', '.join(sorted(registry)) or 'none'})")
+        cls = registry[name]
+        try:
+            config = cls.Config(**overrides)
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"objective {name!r}: {e}") from None
+        active = cls.tasks_of(config)
+        applies = [s for s in active if s in streams]
+        if not applies:
+            raise ValueError(f"objective {name!r} applies to {list(active)}, none of which this "
+                             f"run trains (streams: {list(streams)})")
+        if cls.needs_siamese and cfg.model.pair_encoding == "cross":
+            raise ValueError(f"objective {name!r} compares separately encoded sentences and needs "
+                             "pair_encoding 'siamese', but the run uses 'cross'")
+        if NLI in applies:
+            on_nli.append(name)
+        cls.check_run(config, cfg)  # the objective's own checks of the run, before any work
+    if cfg.nli and not on_nli:
+        raise ValueError("the nli stream has no head loss and no objective here applies to it, so it would "
+                         "train nothing: add an objective for nli (the paper uses --objective mnr, §4.2)")
+
+
+def check_resume_config(saved: TrainConfig, cfg: TrainConfig) -> None:
+    """A resumed run must be the same run: only RESUME_MUTABLE fields may differ."""
+    a, b = saved.to_dict(), cfg.to_dict()
+    changed = sorted(k for k in a if a[k] != b.get(k) and k not in RESUME_MUTABLE)
+    if changed:
+        details = "; ".join(f"{k}: checkpoint {a[k]!r}, now {b[k]!r}" for k in changed)
+        raise ValueError(f"cannot resume with a different configuration ({details}); only "
+                         f"{', '.join(RESUME_MUTABLE)} may change")
+    if a["epochs"] != b["epochs"] and cfg.lr_schedule == "warmup_linear":
+        raise ValueError("epochs cannot change on resume with lr_schedule warmup_linear: the decay is spread over "
+                         "all steps, so the steps already taken would have had other learning rates")
+
+
+def eval_mutable() -> tuple[str, ...]:
+    """Config paths --eval-only may change: EVAL_MUTABLE and every objective's inference options."""
+    extra = tuple(f"objectives.{name}.{option_name}" for name, cls in sorted(registered_objectives().items())
+                  for option_name in cls.inference_options)
+    return EVAL_MUTABLE + extra
+
+
+def eval_overrides(cfg: TrainConfig) -> dict[str, Any]:
+    """The fields of ``cfg`` that evaluation may take over a checkpoint's config (see ``eval_config``)."""
+    return {**{k: getattr(cfg, k) for k in EVAL_MUTABLE}, "objectives": cfg.objectives}
+
+
+def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """The config that evaluates a checkpoint trained with ``saved``: only eval_mutable() fields change.
+
+    ``overrides`` holds top-level fields and, under "objectives", the
+    inference options of the saved objectives; the tasks must be a subset of the trained ones.
+    """
+    allowed = {path for path in eval_mutable() if "." not in path}
+    fixed = sorted(set(overrides) - allowed - {"objectives"})
+    if fixed:
+        raise ValueError(f"evaluation uses the configuration saved in the checkpoint, so {', '.join(fixed)} "
+                         f"cannot change (allowed: {', '.join(eval_mutable())})")
+    objectives = {name: dict(options) for name, options in saved.objectives.items()}
+    inference = {path for path in eval_mutable() if path.startswith("objectives.")}
+    for name, options in overrides.get("objectives", {}).items():
+        if name not in objectives:
+            raise ValueError(f"the checkpoint was trained without objective {name!r}")
+        for key, value in options.items():
+            if objectives[name].get(key) != value and f"objectives.{name}.{key}" not in inference:
+                raise ValueError(f"objective {name!r} option {key!r} shapes the trained model; evaluation cannot "
+                                 "change it")
+            objectives[name][key] = value
+    cfg = dataclasses.replace(saved, **{k: v for k, v in overrides.items() if k != "objectives"},
+                              objectives=objectives)
+    extra = sorted(set(cfg.tasks) - set(saved.tasks))
+    if extra:
+        raise ValueError(f"--tasks {' '.join(extra)}: the checkpoint was trained on {list(saved.tasks)}, not on "
+                         f"{extra}")
+    check_device_string(cfg.device)
+    return cfg
+
+
+__all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "TrainConfig",
+           "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides", "refuse_idle_settings")

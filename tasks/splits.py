@@ -1,0 +1,75 @@
+"""Which examples a run reads: the task files under its limit, the fixed dev subsets, tokenized datasets.
+
+Usage:
+    train_sets, dev_sets = load_run_data(cfg, tokenizer)     # what the trainer trains and scores on
+    examples = load_examples("sts", "test", cfg)             # None when the file is absent
+    dataset = make_dataset("sts", examples, tokenizer, cfg)  # SentenceDataset or PairDataset
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tasks.config import NLI, TrainConfig
+from tasks.data import Example, PairDataset, SentenceDataset, TripletDataset, load_nli, load_split
+
+logger = logging.getLogger(__name__)
+
+
+def make_dataset(task: str, examples: Sequence[Example], tokenizer: Any, cfg: TrainConfig):
+    """The tokenized dataset of a task: SentenceDataset (sst) or PairDataset in the model's pair encoding."""
+    if task == "sst":
+        return SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
+    return PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
+
+
+def fixed_subset(examples: list[Example], n: int, seed: int) -> list[Example]:
+    """A fixed random subset of ``n`` examples (same for every epoch), kept in file order."""
+    if n >= len(examples):
+        return examples
+    g = torch.Generator().manual_seed(seed)
+    keep = sorted(torch.randperm(len(examples), generator=g)[:n].tolist())
+    return [examples[i] for i in keep]
+
+
+def capped_dev(task: str, dev: list[Example], cfg: TrainConfig) -> list[Example]:
+    """The dev examples scored between epochs: a fixed seeded subset where ``dev_max_examples`` caps the task."""
+    n = cfg.dev_max_examples.get(task)
+    if n is None or n >= len(dev):
+        return dev
+    logger.info("%s dev: a fixed random %d of %d examples between epochs%s", task, n, len(dev),
+                " and at the end (final_dev capped)" if cfg.final_dev == "capped" else
+                " (the final evaluation uses all)")
+    return fixed_subset(dev, n, cfg.seed)
+
+
+def load_examples(task: str, split: str, cfg: TrainConfig) -> list[Example] | None:
+    """The examples of one task file under ``cfg.limit``; None when the file is absent, an error when it is empty."""
+    loaded = load_split(task, split, cfg.data_dir, limit=cfg.limit)
+    if loaded is None:
+        return None
+    examples, _ = loaded
+    if not examples:
+        raise ValueError(f"{task} {split}: no valid examples in {cfg.data_dir}")
+    return examples
+
+
+def load_run_data(cfg: TrainConfig, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(training datasets by stream, dev datasets by task) of a run, read and tokenized once."""
+    t0 = time.perf_counter()
+    train_sets: dict[str, Any] = {}
+    dev_sets: dict[str, Any] = {}
+    for task in cfg.tasks:
+        train_sets[task] = make_dataset(task, load_examples(task, "train", cfg), tokenizer, cfg)
+        dev_sets[task] = make_dataset(task, capped_dev(task, load_examples(task, "dev", cfg), cfg), tokenizer, cfg)
+    if cfg.nli:
+        triplets, _ = load_nli(cfg.data_dir, limit=cfg.limit)
+        train_sets[NLI] = TripletDataset(triplets, tokenizer, max_length=cfg.max_length)
+    logger.info("data: %s (read and tokenized in %.1f s)",
+                ", ".join(f"{s} {len(d)} train" for s, d in train_sets.items()), time.perf_counter() - t0)
+    return train_sets, dev_sets

@@ -1,0 +1,598 @@
+"""The Trainer: one generic training loop for every task, schedule and objective.
+
+Usage:
+    trainer = Trainer.from_config(TrainConfig(out_dir="runs/try"))   # builds everything, prepares the run dir
+    summary = trainer.fit()                                          # every epoch; checkpoints last / best
+    trainer = Trainer(cfg, build_parts(cfg, device), device=device)  # no run directory (benchmarks, tests)
+
+What ``fit`` does:
+1. Every epoch, ``MultitaskSchedule.epoch_plan(epoch)`` lists (stream, batch)
+   steps (sequential / round_robin / even). One step is one batch of one
+   stream, and its loss is
+
+       w_stream · (s · head_loss + Σ_objectives weight_o · Σ terms_o)
+
+   with w the stream's loss weight (§4.2 loss rescaling), s the product of the
+   applying objectives' ``task_loss_scale`` (SCL's 1 − λ), and terms the named
+   losses each applying objective returns. The "nli" stream has no head loss:
+   only its objectives (MNR, §4.2) train on it. Every term is logged under
+   ``<stream>/loss`` (the head) or ``<stream>/<objective>.<term>``, plus the
+   weighted total ``loss``.
+2. After every epoch: dev metrics (tasks.evaluate), a JSONL record, the plot,
+   and checkpoint ``last``; ``best`` when the overall dev score improved.
+
+``run_epoch`` is the one loop over a plan's steps; the SWA phase (tasks/swa.py)
+runs its epochs through it too. LP-FT (``lp_epochs``, tasks/lpft.py): the first
+``lp_epochs`` epochs train the heads only (stage "lp", encoder frozen), then
+``epochs`` of full fine-tuning follow with a fresh optimizer, in the same loop.
+
+Determinism: batches come from explicit generators (a pure function of seed
+and epoch); dropout draws from torch's global RNG, whose state is saved with
+every checkpoint, so ``resume_from`` continues bit for bit on CPU.
+
+Throughput: losses are accumulated as tensors on the device and read back
+only at log time (one sync per ``log_every`` steps). On CUDA the next batch is
+collated and pinned in a background thread while the current one trains, and
+copied to the GPU with non_blocking=True.
+
+Several processes (``torchrun``, tasks/distributed.py): ``batch_size`` is the
+global batch, rank r trains on every N-th example of each global batch (same
+schedule and seed on every rank) and gradients are averaged over the ranks
+after backward, so N processes take the steps one process would take with the
+same batch size. Only rank 0 evaluates and writes files; the other ranks wait
+for its dev scores between epochs. Each rank draws its own dropout masks;
+checkpoints keep every rank's RNG state, so a resume with the same N
+continues bit for bit.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from minbert.optimizer import AdamW
+from minbert.pretrained import load_pretrained, resolve_model_dir
+from tasks import distributed, lpft
+from tasks.checkpoint import (
+    CHECKPOINT_FORMAT,
+    RunDir,
+    atomic_directory,
+    link_or_copy_directory,
+    load_objectives_state,
+    load_optimizer_state,
+    load_tensors,
+    objectives_state,
+    optimizer_state,
+    read_json,
+    resolve_checkpoint,
+    save_encoder_files,
+    save_tensors,
+    write_json,
+)
+from tasks.config import NLI, TrainConfig, check_resume_config
+from tasks.data import move_batch
+from tasks.evaluate import evaluate, jsonable
+from tasks.model import TASKS, MultitaskBert
+from tasks.objectives import Objective, build_objectives, transform_of
+from tasks.predict import eval_model
+from tasks.progress import RunningSums, progress_logging, sequences
+from tasks.runtime import (
+    autocast,
+    autocast_dtype,
+    configure_device,
+    resolve_device,
+    rng_state,
+    seed_everything,
+    set_rng_state,
+)
+from tasks.sampling import LossWeights, MultitaskSchedule
+from tasks.splits import load_run_data
+
+logger = logging.getLogger(__name__)
+
+
+# ---- the parts a trainer is built from ------------------------------------------------------------------------
+
+
+@dataclass
+class Parts:
+    """What a Trainer trains: built from a TrainConfig by ``build_parts``, or by hand in tests."""
+
+    model: MultitaskBert
+    objectives: list[Objective]
+    train_sets: dict[str, Any]
+    dev_sets: dict[str, Any]
+    tokenizer: Any = None
+    encoder_dir: Path | None = None  # the pretrained directory: its tokenizer files go into every checkpoint
+    amp_dtype: torch.dtype | None = None
+
+
+def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
+    """Seed, then load the encoder, read and tokenize the data, build the model and objectives on ``device``.
+
+    Seeding first makes the initial weights a function of ``cfg.seed`` alone (the same on every rank).
+    """
+    seed_everything(cfg.seed)
+    amp_dtype = autocast_dtype(cfg.bf16, device)
+    configure_device(device)
+    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
+    if cfg.encoder_dropout is not None:
+        overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
+    encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
+    encoder_dir = resolve_model_dir(cfg.pretrained)
+    train_sets, dev_sets = load_run_data(cfg, tokenizer)
+    model = MultitaskBert(encoder, cfg.model).to(device)
+    objectives = build_objectives(cfg.objectives, model)
+    return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype)
+
+
+class Hook:
+    """Callbacks around the loop (custom logging, early stops); override what you need.
+
+    ``trainer`` gives access to the model, optimizer, config and position
+    (``epoch``, ``step``, ``global_step``). Hooks run after the step's
+    checkpoint; they do not run during the SWA phase.
+    """
+
+    def on_train_start(self, trainer: Trainer) -> None: ...
+
+    def on_step_end(self, trainer: Trainer) -> None: ...
+
+    def on_epoch_end(self, trainer: Trainer, record: dict) -> None: ...
+
+    def on_train_end(self, trainer: Trainer) -> None: ...
+
+
+# ---- the trainer ------------------------------------------------------------------------------------------------
+
+
+class Trainer:
+    """One training run over built parts; ``from_config`` builds them and prepares the run directory.
+
+    ``checkpoint`` (a checkpoint directory) restores model, objectives,
+    optimizer, position (epoch, step), best score, history and RNG states.
+    Under torchrun each process builds its own Trainer (``rank`` of
+    ``world_size``); its collectives (gradient all-reduce, loss sums at log
+    time, dev scores, checkpoint states) are entered by every rank at the same
+    steps. Hooks run on every rank.
+    """
+
+    # Collate the next batch in a background thread (``batches``); None = on CUDA only.
+    prefetch: bool | None = None
+
+    def __init__(self, cfg: TrainConfig, parts: Parts, *, device: torch.device, hooks: Sequence[Hook] = (),
+                 run_dir: RunDir | None = None, checkpoint: Path | None = None) -> None:
+        self.cfg, self.device, self.hooks, self.run_dir = cfg, device, list(hooks), run_dir
+        self.model, self.objectives = parts.model, parts.objectives
+        self.train_sets, self.dev_sets = parts.train_sets, parts.dev_sets
+        self.tokenizer, self.encoder_dir, self.amp_dtype = parts.tokenizer, parts.encoder_dir, parts.amp_dtype
+        self.rank, self.world_size = distributed.rank(), distributed.world_size()
+        for o in self.objectives:
+            o.to(device)
+            # Before the optimizer (an objective may add parameters) and before a checkpoint is
+            # loaded (whatever this sets up, the checkpoint's state then overwrites).
+            o.on_train_start(self.model, self.train_sets)
+        coupled = [o.name for o in self.objectives if o.batch_coupled]
+        if coupled and self.world_size > 1 and self.rank == 0:
+            logger.warning("%d processes: objective(s) %s couple the examples of a batch and see each rank's shard "
+                           "(%s) as their batch, not the global one (fewer in-batch negatives, per-rank KNN "
+                           "queues): this run is not the one a single process with the same batch size would make",
+                           self.world_size, ", ".join(coupled),
+                           {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
+        # LP-FT: the stage of the position to start from decides which parameters the optimizer sees.
+        start_epoch = read_json(checkpoint / "state.json")["epoch"] if checkpoint is not None else 0
+        self.stage = lpft.stage_at(cfg, start_epoch)
+        lpft.set_stage(self.model, self.stage)
+        self.params, self.param_names, self.optimizer = self._build_optimizer()
+        self.schedule = MultitaskSchedule({s: d.lengths for s, d in self.train_sets.items()}, cfg.batch_sizes(),
+                                          cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples)
+        self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
+                                   extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
+
+        # Position: the next step to run is plan(epoch)[step].
+        self.epoch = 0
+        self.step = 0
+        self.global_step = 0
+        self.best: dict | None = None
+        self.history: list[dict] = []
+        self.epoch_sums = RunningSums()  # steps (under torchrun: this rank's shares of them)
+        self.elapsed = 0.0  # training seconds before this process (resumed runs)
+        self._rng_to_restore = None
+        if checkpoint is not None:
+            self._load_checkpoint(checkpoint)
+        elif self.rank > 0:
+            seed_everything(distributed.rank_seed(cfg.seed, self.rank))  # this rank's own dropout masks
+        if cfg.compile:
+            self.model.encoder.compile()
+
+    @classmethod
+    def from_config(cls, cfg: TrainConfig, *, hooks: Sequence[Hook] = (),
+                    resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> Trainer:
+        """Validate ``cfg``, prepare its run directory (refusing to replace checkpoints unless ``overwrite``),
+        build the parts and, with ``resume_from``, restore that checkpoint (its config.json must equal
+        ``cfg`` except for RESUME_MUTABLE fields)."""
+        cfg.validate()
+        distributed.check_config(cfg.batch_sizes(), cfg.device)
+        # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
+        device = distributed.setup(resolve_device(cfg.device))
+        run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
+        ckpt = None
+        if resume_from is not None:
+            ckpt = resolve_checkpoint(resume_from)
+            check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
+        run_dir.start(cfg, fresh=ckpt is None, overwrite=overwrite)
+        return cls(cfg, build_parts(cfg, device), device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
+
+    # -- building --
+    def _build_optimizer(self) -> tuple[list[nn.Parameter], list[str], AdamW]:
+        """AdamW over the model's and objectives' trainable parameters; no decay on biases / LayerNorm (ndim < 2)."""
+        named: list[tuple[str, nn.Parameter]] = []
+        seen: set[int] = set()
+        sources = [("model", self.model)] + [(f"objectives.{o.name}", o) for o in self.objectives]
+        for prefix, module in sources:
+            for n, p in module.named_parameters():
+                if p.requires_grad and id(p) not in seen:
+                    seen.add(id(p))
+                    named.append((f"{prefix}.{n}", p))
+        decay = [(n, p) for n, p in named if p.ndim >= 2]
+        no_decay = [(n, p) for n, p in named if p.ndim < 2]
+        groups = [{"params": [p for _, p in decay], "weight_decay": self.cfg.weight_decay},
+                  {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+        fused = self.cfg.fused_adamw
+        opt = AdamW(groups, lr=self.cfg.lr, foreach=not fused, fused=fused)
+        ordered = decay + no_decay
+        return [p for _, p in ordered], [n for n, _ in ordered], opt
+
+    def rebuild_optimizer(self) -> None:
+        """A fresh AdamW (no moments) over the parameters trainable now: LP-FT stage 2, the SWA phase."""
+        self.params, self.param_names, self.optimizer = self._build_optimizer()
+
+    @property
+    def total_epochs(self) -> int:
+        """Epochs of the training loop: LP-FT's heads-only epochs, then ``epochs`` of fine-tuning."""
+        return self.cfg.lp_epochs + self.cfg.epochs
+
+    # -- learning rate --
+    def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
+        """The learning rate of plan(epoch)[step] under ``lr_schedule``, run within epoch's LP-FT stage."""
+        cfg = self.cfg
+        first, n_epochs, peak = lpft.stage_span(cfg, epoch)
+        epoch -= first
+        if cfg.lr_schedule == "constant":
+            return peak
+        if cfg.lr_schedule == "epoch_decay":
+            return peak - cfg.lr_decay * epoch
+        total = n_epochs * steps_per_epoch
+        t = epoch * steps_per_epoch + step
+        warm = round(cfg.warmup * total)
+        if t < warm:
+            return peak * (t + 1) / warm
+        return peak * (total - t) / max(total - warm, 1)
+
+    # -- one step --
+    def step_loss(self, stream: str, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(weighted total loss, unweighted named terms) of one batch of ``stream``."""
+        applying = [o for o in self.objectives if o.applies_to(stream)]
+        terms: dict[str, torch.Tensor] = {}
+        total: torch.Tensor | float = 0.0
+        out = None
+        with autocast(self.device, self.amp_dtype):
+            if stream != NLI:
+                out = self.model(stream, batch, transform=transform_of(applying, stream, training=True))
+                head = self.model.task_loss(stream, out, batch)
+                terms[f"{stream}/loss"] = head
+                total = math.prod(o.task_loss_scale for o in applying) * head
+            for o in applying:
+                for name, value in o(self.model, stream, batch, out).items():
+                    terms[f"{stream}/{o.name}.{name}"] = value
+                    total = total + o.weight * value
+        if not isinstance(total, torch.Tensor):
+            raise RuntimeError(f"the {stream} batch produced no loss term (objectives here: "
+                               f"{[o.name for o in applying]})")
+        return self.weights.get(stream) * total, terms
+
+    def train_step(self, stream: str, batch: dict | None, lr: float, share: float = 1) -> dict[str, torch.Tensor]:
+        """One optimizer step on one batch; returns the detached terms plus the weighted total "loss".
+
+        Under torchrun ``batch`` is this rank's shard of the global batch (None
+        when the shard is empty: a partial last batch smaller than the world)
+        and ``share`` its fraction of the global batch. The loss is scaled by
+        share × world before backward, so the gradients averaged over the ranks
+        (``distributed.all_reduce_gradients``) are those of the global batch's
+        mean loss; clipping then acts on the averaged gradients, the same on every rank.
+        """
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        detached: dict[str, torch.Tensor] = {}
+        if batch is not None:
+            loss, terms = self.step_loss(stream, batch)
+            scale = share * self.world_size
+            (loss if scale == 1 else loss * scale).backward()
+            detached = {k: v.detach().float() for k, v in terms.items()}
+            detached["loss"] = loss.detach().float()
+        distributed.all_reduce_gradients(self.params)
+        if self.cfg.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(self.params, self.cfg.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        for o in self.objectives:
+            o.on_step_end(self.model)
+        return detached
+
+    def batches(self, plan: Sequence[tuple[str, list[int]]], start: int = 0
+                ) -> Iterator[tuple[str, dict | None, float]]:
+        """(stream, batch on the device, share) for each step of ``plan[start:]``.
+
+        One process: the whole batch, share 1. Under torchrun: this rank's
+        shard ``indices[rank::world]`` (None when empty) and its fraction of
+        the global batch. On CUDA the next step's batch is collated and pinned
+        in a background thread while this one trains (collate draws no random
+        numbers, so the order of work does not matter), then copied with
+        non_blocking=True; on CPU the thread would only compete with the
+        compute threads, so batches are collated in line (``prefetch``
+        overrides the choice).
+        """
+        cuda = self.device.type == "cuda"
+        prefetch = cuda if self.prefetch is None else self.prefetch
+
+        def load(k: int) -> tuple[str, dict | None, float]:
+            stream, indices = plan[k]
+            mine = distributed.shard(indices) if self.world_size > 1 else indices
+            if not mine:
+                return stream, None, 0.0
+            batch = self.train_sets[stream].collate(mine)
+            if cuda:
+                batch = {n: v.pin_memory() if isinstance(v, torch.Tensor) else v for n, v in batch.items()}
+            return stream, batch, (len(mine) / len(indices) if self.world_size > 1 else 1)
+
+        def on_device(item: tuple[str, dict | None, float]) -> tuple[str, dict | None, float]:
+            stream, batch, share = item
+            return stream, (move_batch(batch, self.device) if batch is not None else None), share
+
+        if not prefetch:
+            for k in range(start, len(plan)):
+                yield on_device(load(k))
+            return
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collate") as pool:
+            pending = pool.submit(load, start) if start < len(plan) else None
+            for k in range(start, len(plan)):
+                item = pending.result()
+                pending = pool.submit(load, k + 1) if k + 1 < len(plan) else None
+                yield on_device(item)
+
+    # -- the loop --
+    def run_epoch(self, plan: Sequence[tuple[str, list[int]]], lr_of: Callable[[int], float], sums: RunningSums, *,
+                  desc: str, start: int = 0, advance: bool = True, after_step: Callable[[], None] | None = None
+                  ) -> float:
+        """Train the steps ``plan[start:]`` at learning rate ``lr_of(step)``, adding their terms to ``sums``.
+
+        ``advance``: the steps move the trainer's position (``step``,
+        ``global_step``); the SWA phase runs outside it. A log line (window
+        means, seq/s) every ``log_every`` steps; ``after_step`` runs after
+        each. Returns the learning rate of the last step.
+        """
+        n = len(plan)
+        window, window_seqs, t_window = RunningSums(), 0, time.perf_counter()
+        bar = tqdm(total=n, initial=start, desc=desc, dynamic_ncols=True,
+                   disable=not sys.stderr.isatty() or self.rank > 0, leave=False)
+        lr = lr_of(start)
+        try:
+            for k, (stream, batch, share) in enumerate(self.batches(plan, start), start):
+                lr = lr_of(k)
+                terms = self.train_step(stream, batch, lr, share)
+                sums.add(terms, share)
+                window.add(terms, share)
+                window_seqs += sequences(batch)
+                if advance:
+                    self.step += 1
+                    self.global_step += 1
+                bar.update(1)
+                if (self.global_step if advance else k + 1) % self.cfg.log_every == 0:
+                    now = time.perf_counter()
+                    means = window.means()  # the one device sync per log_every steps
+                    seqs = distributed.sum_over_ranks({"seqs": window_seqs})["seqs"]
+                    logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s", desc, k + 1, n, lr,
+                                " | ".join(f"{name} {v:.4f}" for name, v in means.items()),
+                                seqs / max(now - t_window, 1e-9))
+                    bar.set_postfix(loss=f"{means['loss']:.4f}")
+                    window, window_seqs, t_window = RunningSums(), 0, now
+                if after_step is not None:
+                    after_step()
+        finally:
+            bar.close()
+        return lr
+
+    def fit(self) -> dict:
+        """Train from the current position to ``epochs``; returns a summary (best epoch, its dev metrics)."""
+        for h in self.hooks:
+            h.on_train_start(self)
+        if self._rng_to_restore is not None:
+            set_rng_state(self._rng_to_restore)  # last: nothing after it may draw from the global RNGs
+            self._rng_to_restore = None
+        lpft.train_mode(self.model, self.stage)
+        if self.epoch >= self.total_epochs:
+            logger.info("nothing to train: the checkpoint is at epoch %d of %d", self.epoch, self.total_epochs)
+        elif self.stage == lpft.LP:
+            logger.info("LP-FT stage 1: heads only for epochs %d-%d (encoder frozen, %d trainable tensors), then "
+                        "%d epochs of full fine-tuning", self.epoch + 1, self.cfg.lp_epochs, len(self.params),
+                        self.cfg.epochs)
+        with progress_logging():
+            while self.epoch < self.total_epochs:
+                self._train_epoch()
+        for h in self.hooks:
+            h.on_train_end(self)
+        return {"best": self.best, "epochs": self.epoch, "global_step": self.global_step}
+
+    def _train_epoch(self) -> None:
+        cfg = self.cfg
+        plan = self.schedule.epoch_plan(self.epoch)
+        n = len(plan)
+        t_epoch = time.perf_counter()
+
+        def after_step() -> None:
+            if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 and self.step < n:
+                self.save_checkpoint("last")
+            for h in self.hooks:
+                h.on_step_end(self)
+
+        epoch = self.epoch
+        lr = self.run_epoch(plan, lambda k: self.lr_at(epoch, k, n), self.epoch_sums,
+                            desc=f"epoch {epoch + 1}/{self.total_epochs}", start=self.step, after_step=after_step)
+        self._end_epoch(lr, time.perf_counter() - t_epoch)
+
+    def evaluate_dev(self, model: nn.Module | None = None) -> dict[str, float]:
+        """Dev metrics of ``model`` (default: the trained one) on the run's dev sets.
+
+        Under torchrun rank 0 evaluates and the other ranks wait for its scores
+        (one process evaluates: simple, and cheap next to an epoch of training
+        with the capped dev sets).
+        """
+        metrics: dict[str, float] = {}
+        if self.rank == 0:
+            metrics, _ = evaluate(eval_model(model or self.model, self.objectives, self.cfg.tasks), self.dev_sets,
+                                  batch_size=self.cfg.eval_batch_size, device=self.device,
+                                  autocast_dtype=self.amp_dtype)
+        return distributed.broadcast_from_main(metrics)
+
+    def _end_epoch(self, lr: float, train_time: float) -> None:
+        t0 = time.perf_counter()
+        means = self.epoch_sums.means()
+        metrics = self.evaluate_dev()
+        eval_time = time.perf_counter() - t0
+        score = metrics.get("overall", math.nan)
+        # The first epoch is the best so far even with an undefined score (a constant STS prediction has no r).
+        improved = self.best is None or (math.isfinite(score) and (self.best["score"] is None
+                                                                    or score > self.best["score"]))
+        self.elapsed += train_time + eval_time
+        record = {"epoch": self.epoch + 1, "stage": self.stage, "global_step": self.global_step, "lr": lr,
+                  "train": means,
+                  "dev": jsonable(metrics), "dev_examples": {t: len(d) for t, d in self.dev_sets.items()},
+                  "train_time_s": round(train_time, 2), "eval_time_s": round(eval_time, 2),
+                  "elapsed_s": round(self.elapsed, 2), "best": improved}
+        self.history.append(record)
+        logger.info("epoch %d done in %.0f s (+%.0f s dev): %s | dev %s%s", self.epoch + 1, train_time, eval_time,
+                    " ".join(f"{k} {v:.4f}" for k, v in means.items()),
+                    " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), " (best so far)" if improved else "")
+        if improved:
+            self.best = {"score": score if math.isfinite(score) else None, "epoch": self.epoch + 1,
+                         "stage": self.stage, "dev": jsonable(metrics)}
+        self.epoch += 1
+        self.step = 0
+        self.epoch_sums = RunningSums()
+        if self.epoch < self.total_epochs and lpft.stage_at(self.cfg, self.epoch) != self.stage:
+            self._enter_stage(lpft.stage_at(self.cfg, self.epoch))  # before the checkpoint: it saves the new optimizer
+        self.save_checkpoint("last")
+        if self.rank == 0:
+            if improved:
+                link_or_copy_directory(self.run_dir.checkpoints / "last", self.run_dir.checkpoints / "best")
+            self.run_dir.append(record)
+            from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
+
+            plot_history(self.history, self.run_dir.path / "training.png")
+        for h in self.hooks:
+            h.on_epoch_end(self, record)
+
+    def _enter_stage(self, stage: str) -> None:
+        """LP-FT stage switch at an epoch boundary: (un)freeze the encoder, then a fresh optimizer."""
+        lpft.set_stage(self.model, stage)
+        self.stage = stage
+        self.rebuild_optimizer()
+        logger.info("LP-FT stage 2 from epoch %d: full fine-tuning of %d tensors with a fresh optimizer",
+                    self.epoch + 1, len(self.params))
+
+    # -- checkpoints --
+    def state(self) -> dict:
+        """state.json: the position, best score, history and RNG states (JSON values only).
+
+        Under torchrun every rank must call it (it gathers): the loss sums are
+        those of all ranks, "rng" is rank 0's state and "rng_other_ranks" the others'.
+        """
+        sums = self.epoch_sums.totals()
+        rngs = distributed.gather(rng_state())
+        return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
+                "best": self.best, "history": self.history, "elapsed_s": self.elapsed,
+                "epoch_sums": {k: [s, c] for k, (s, c) in sums.items()},
+                "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
+
+    def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
+        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py).
+
+        ``extra_state`` is merged into state.json (the SWA checkpoint marks itself with "swa").
+        Under torchrun every rank calls it and rank 0 writes (the ranks' weights are identical).
+        """
+        if self.run_dir is None:
+            raise RuntimeError("this Trainer has no run directory (built without from_config): nothing to save to")
+        final = self.run_dir.checkpoints / name
+        state = {**self.state(), **(extra_state or {})}
+        if self.rank > 0:
+            return final
+        with atomic_directory(final) as tmp:
+            save_tensors(tmp / "model.safetensors", self.model.state_dict())
+            obj_state = objectives_state(self.objectives, self.model)
+            if obj_state:
+                save_tensors(tmp / "objectives.safetensors", obj_state)
+            tensors, meta = optimizer_state(self.optimizer, self.param_names)
+            save_tensors(tmp / "optimizer.safetensors", tensors)
+            write_json(tmp / "optimizer.json", meta)
+            write_json(tmp / "state.json", state)
+            write_json(tmp / "config.json", self.cfg.to_dict())
+            save_encoder_files(tmp / "encoder", self.model.encoder.config, self.encoder_dir)
+        return final
+
+    def _load_checkpoint(self, ckpt: Path) -> None:
+        if "swa" in read_json(ckpt / "state.json"):
+            raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
+                             "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
+        self.model.load_state_dict(load_tensors(ckpt / "model.safetensors", self.device))
+        load_objectives_state(self.objectives, self.model, ckpt, self.device)
+        load_optimizer_state(self.optimizer, load_tensors(ckpt / "optimizer.safetensors", self.device),
+                             read_json(ckpt / "optimizer.json"), self.param_names)
+        state = read_json(ckpt / "state.json")
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
+        self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
+        self.best, self.history, self.elapsed = state["best"], state["history"], state["elapsed_s"]
+        # The saved sums are over all ranks: rank 0 carries them on, the others start from zero.
+        saved_sums = state["epoch_sums"] if self.rank == 0 else {}
+        self.epoch_sums = RunningSums({k: torch.tensor(v, dtype=torch.float32, device=self.device)
+                                       for k, (v, _) in saved_sums.items()},
+                                      {k: c for k, (_, c) in saved_sums.items()})
+        self._rng_to_restore = self._rank_rng(state)
+        if self.run_dir is not None:
+            self.run_dir.rewrite(self.history)  # metrics.jsonl continues from the checkpoint
+        logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
+                    self.global_step)
+
+    def _rank_rng(self, state: dict) -> dict:
+        """The RNG state this rank resumes from: its own when the checkpoint has one, else a fresh seeded one."""
+        others = state.get("rng_other_ranks", [])
+        if self.rank == 0:
+            return state["rng"]
+        if len(others) == self.world_size - 1:
+            return others[self.rank - 1]
+        logger.warning("rank %d: the checkpoint holds the RNG states of %d process(es), this run has %d: this rank "
+                       "draws fresh dropout masks, so the run will not repeat the interrupted one bit for bit",
+                       self.rank, len(others) + 1, self.world_size)
+        seed_everything(distributed.rank_seed(self.cfg.seed, self.rank, state["global_step"]))
+        return rng_state()
+
+    # -- after training --
+    def load_best(self) -> Path:
+        """Load the best checkpoint's model and objectives weights into the live model."""
+        distributed.barrier()  # under torchrun: rank 0 has finished writing it
+        best = resolve_checkpoint(self.run_dir.checkpoints / "best")
+        self.model.load_state_dict(load_tensors(best / "model.safetensors", self.device))
+        load_objectives_state(self.objectives, self.model, best, self.device)
+        return best
