@@ -66,7 +66,7 @@ def dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: boo
     return torch.addcmul(residual, x, mask, value=1.0 / (1.0 - p))
 
 
-def _activation(name: str):
+def activation(name: str):
     if name == "gelu":
         return F.gelu  # exact (erf) GELU, as BERT and HF's "gelu"
     if name in ("gelu_new", "gelu_pytorch_tanh"):
@@ -195,7 +195,7 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: BertConfig):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
-        self.act = _activation(config.hidden_act)
+        self.act = activation(config.hidden_act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.act(self.dense(x))  # (B, T, I)

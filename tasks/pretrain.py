@@ -14,19 +14,10 @@ drawn afresh for every batch (dynamic masking) from one seeded generator. The
 loss is cross-entropy over the chosen positions only; the MLM head's vocabulary
 projection runs on those positions only (about 7x fewer rows than all tokens).
 
-The MLM head (``BertMLMHead``) is BERT's: transform (dense H->H, activation,
-LayerNorm) and a decoder whose weight is the word-embedding matrix (tied, same
-storage) plus an output bias, under HF's names ``cls.predictions.*``. It is
-loaded when the checkpoint has one (bert-base-uncased does) and created fresh
-otherwise (all-MiniLM-L6-v2, the embedded default, does not).
-
-The result is a Hugging Face ``BertForMaskedLM`` checkpoint directory, written
-atomically: config.json, model.safetensors (``bert.*`` encoder, pooler kept as
-loaded, ``cls.predictions.*`` head; the tied decoder weight is not stored twice),
-vocab.txt and tokenizer_config.json, plus pretrain_config.json and
-pretrain_log.jsonl. ``load_pretrained(DIR)`` / ``train_multitask.py --pretrained
-DIR`` load its encoder; map_hf_keys routes the ``cls.*`` head to the "other"
-tensors, which load_pretrained does not use.
+The MLM head and its checkpoint format are in tasks/mlm.py. The result is a
+Hugging Face ``BertForMaskedLM`` checkpoint directory (``save_mlm_checkpoint``)
+plus pretrain_config.json and pretrain_log.jsonl; ``train_multitask.py
+--pretrained DIR`` loads its encoder.
 
 Usage:
     python -m tasks.pretrain --out-dir checkpoints/mlm-minilm                 # embedded MiniLM, 3 epochs
@@ -37,14 +28,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import logging
 import math
 import os
-import shutil
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
@@ -52,110 +40,18 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
-from minbert.bert import BertModel, _activation
-from minbert.config import BertConfig
 from minbert.optimizer import AdamW
-from minbert.pretrained import load_pretrained, map_hf_keys, read_state_dict, resolve_model_dir
+from minbert.pretrained import resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.data import length_bucketed_batches, load_split
+from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, save_mlm_checkpoint
+from tasks.runtime import autocast, autocast_dtype, resolve_device
 
 log = logging.getLogger(__name__)
 
-IGNORE_INDEX = -100
 PRETRAIN_TASKS = ("sst", "para", "sts")
-HEAD_PREFIX = "cls.predictions."
-# Tensors a checkpoint must hold for its MLM head to be loaded (besides the tied decoder).
-HEAD_KEYS = ("transform.dense.weight", "transform.dense.bias",
-             "transform.LayerNorm.weight", "transform.LayerNorm.bias", "bias")
-# Our config fields that are runtime choices, not HF config keys.
-_RUNTIME_FIELDS = ("attn_implementation", "gradient_checkpointing")
-TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
-
-
-# ---- the MLM head --------------------------------------------------------------------
-
-
-class BertPredictionHeadTransform(nn.Module):
-    """dense H->H, the config's activation (GELU for BERT), LayerNorm: HF's names."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = _activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(h)))  # (..., H)
-
-
-class BertMLMHead(nn.Module):
-    """BERT's masked-LM head: transform, then decoder tied to the word embeddings, plus a bias.
-
-    ``decoder.weight`` *is* the embedding matrix (the same Parameter), so the
-    two are trained as one, as in BERT; ``bias`` is the output-only bias.
-    """
-
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
-        super().__init__()
-        if word_embeddings.weight.shape != (config.vocab_size, config.hidden_size):
-            raise ValueError(f"word embeddings {tuple(word_embeddings.weight.shape)} do not match the config "
-                             f"(vocab_size {config.vocab_size}, hidden_size {config.hidden_size})")
-        self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.decoder.weight = word_embeddings.weight  # tied: one Parameter, one storage
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        std = config.initializer_range
-        nn.init.normal_(self.transform.dense.weight, mean=0.0, std=std)
-        nn.init.zeros_(self.transform.dense.bias)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(h)) + self.bias  # (..., V)
-
-
-class BertForMaskedLM(nn.Module):
-    """Our encoder plus the MLM head; ``state_dict()`` has HF BertForMaskedLM names (``bert.*``, ``cls.*``)."""
-
-    def __init__(self, bert: BertModel):
-        super().__init__()
-        self.bert = bert
-        self.cls = nn.ModuleDict({"predictions": BertMLMHead(bert.config, bert.get_input_embeddings())})
-
-    @property
-    def head(self) -> BertMLMHead:
-        return self.cls["predictions"]
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Vocabulary logits at every position, (B, T, V)."""
-        h = self.bert(input_ids, attention_mask, token_type_ids)["last_hidden_state"]  # (B, T, H)
-        return self.head(h)
-
-    def masked_lm_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                       labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss, logits at the masked positions (M, V), their targets (M,)).
-
-        The head runs on the masked positions only; the loss equals
-        ``mlm_loss(self(input_ids, ...), labels)``.
-        """
-        h = self.bert(input_ids, attention_mask)["last_hidden_state"]  # (B, T, H)
-        where = labels != IGNORE_INDEX  # (B, T)
-        logits = self.head(h[where])  # (M, V)
-        targets = labels[where]  # (M,)
-        return mlm_loss(logits, targets), logits, targets
-
-
-def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the positions whose label is not -100, in float32.
-
-    logits (..., V), labels (...). Positions labelled -100 contribute nothing,
-    whatever their logits. With no labelled position at all this is nan (as
-    ``F.cross_entropy``), which ``mask_tokens`` never produces.
-    """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
 
 
 # ---- masking ---------------------------------------------------------------------------
@@ -236,134 +132,6 @@ def shuffled(items: Sequence[str], seed: int) -> list[str]:
     return [items[i] for i in torch.randperm(len(items), generator=g).tolist()]
 
 
-# ---- checkpoints ------------------------------------------------------------------------------
-
-
-def _split_head(other: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The ``cls.predictions.*`` tensors, prefix removed, old TF gamma/beta names mapped."""
-    head = {}
-    for key, t in other.items():
-        if key.startswith(HEAD_PREFIX):
-            k = key[len(HEAD_PREFIX):]
-            if k.endswith(".gamma"):
-                k = k[: -len("gamma")] + "weight"
-            elif k.endswith(".beta"):
-                k = k[: -len("beta")] + "bias"
-            head[k] = t
-    return head
-
-
-def load_mlm(
-    path: str | os.PathLike[str] | None = None, *, attn_implementation: str = "sdpa"
-) -> tuple[BertForMaskedLM, BertTokenizer, bool]:
-    """(model with MLM head, tokenizer, whether the head came from the checkpoint).
-
-    ``path=None`` is the embedded all-MiniLM-L6-v2 (no MLM head: a new one is
-    created). A partial head (some cls.predictions tensors missing) is an error.
-    """
-    d = resolve_model_dir(path)
-    bert, tokenizer = load_pretrained(d, attn_implementation=attn_implementation)
-    mlm = BertForMaskedLM(bert)
-    _, other = map_hf_keys(read_state_dict(d))
-    head = _split_head(other)
-    if not head:
-        log.info("%s has no MLM head (cls.predictions.*): created a new one (transform random, "
-                 "decoder tied to the word embeddings, zero bias)", d)
-        return mlm, tokenizer, False
-    if "bias" not in head and "decoder.bias" in head:  # some exports keep only the decoder's copy
-        head["bias"] = head["decoder.bias"]
-    missing = [HEAD_PREFIX + k for k in HEAD_KEYS if k not in head]
-    if missing:
-        raise ValueError(f"{d}: the checkpoint has a partial MLM head; missing {', '.join(missing)}")
-    own = mlm.head.state_dict()
-    for k in HEAD_KEYS:
-        if head[k].shape != own[k].shape:
-            raise ValueError(f"{d}: {HEAD_PREFIX}{k} has shape {tuple(head[k].shape)}, "
-                             f"the model expects {tuple(own[k].shape)}")
-    decoder = head.get("decoder.weight")
-    if decoder is not None and not torch.equal(decoder.to(bert.embeddings.word_embeddings.weight.dtype),
-                                               bert.embeddings.word_embeddings.weight.detach()):
-        log.warning("%s: %sdecoder.weight differs from the word embeddings; BERT ties them, "
-                    "so the word embeddings are used", d, HEAD_PREFIX)
-    with torch.no_grad():
-        for k in HEAD_KEYS:
-            own[k].copy_(head[k].to(own[k].dtype))
-    log.info("%s: loaded its MLM head (cls.predictions.*)", d)
-    return mlm, tokenizer, True
-
-
-def hf_config_dict(config: BertConfig) -> dict:
-    """A flat HF config.json for ``config`` (extra keys kept), declaring BertForMaskedLM."""
-    d = config.to_dict()
-    extra = d.pop("extra")
-    for k in _RUNTIME_FIELDS:
-        d.pop(k)
-    out = {**extra, **d}
-    out["architectures"] = ["BertForMaskedLM"]
-    out["model_type"] = "bert"
-    return dict(sorted(out.items()))
-
-
-def checkpoint_state(mlm: BertForMaskedLM) -> dict[str, torch.Tensor]:
-    """HF BertForMaskedLM tensors, contiguous, on CPU; the tied decoder weight left out (as HF saves it)."""
-    state = mlm.state_dict()
-    state.pop(HEAD_PREFIX + "decoder.weight")
-    # clone: safetensors refuses tensors that share storage or are views
-    return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
-
-
-def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, tokenizer: BertTokenizer,
-                        extra_files: dict[str, str] | None = None) -> Path:
-    """Write an HF checkpoint directory atomically (a temporary sibling, then os.replace).
-
-    Holds config.json, model.safetensors, vocab.txt and the tokenizer's
-    tokenizer_config.json / special_tokens_map.json / tokenizer.json when its
-    directory has them (a minimal tokenizer_config.json otherwise), plus
-    ``extra_files`` (name -> text). An existing checkpoint at ``out_dir`` is
-    replaced; an existing directory that is not a checkpoint is refused.
-    """
-    out = Path(out_dir)
-    if out.exists():
-        if not out.is_dir():
-            raise FileExistsError(f"{out} is a file; --out-dir must be a directory")
-        if any(out.iterdir()) and not (out / "config.json").is_file():
-            raise FileExistsError(f"{out} exists and is not a checkpoint directory (no config.json); "
-                                  "refusing to replace it: choose another --out-dir")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
-    try:
-        (tmp / "config.json").write_text(json.dumps(hf_config_dict(mlm.bert.config), indent=2) + "\n")
-        save_file(checkpoint_state(mlm), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        src = Path(tokenizer.vocab_file)
-        shutil.copyfile(src, tmp / "vocab.txt")
-        for name in TOKENIZER_FILES:
-            if (src.parent / name).is_file():
-                shutil.copyfile(src.parent / name, tmp / name)
-        if not (tmp / "tokenizer_config.json").is_file():
-            (tmp / "tokenizer_config.json").write_text(json.dumps({
-                "do_lower_case": tokenizer.do_lower_case, "strip_accents": tokenizer.strip_accents,
-                "tokenize_chinese_chars": tokenizer.tokenize_chinese_chars,
-                "model_max_length": tokenizer.model_max_length, "tokenizer_class": "BertTokenizer"}, indent=2) + "\n")
-        for name, text in (extra_files or {}).items():
-            (tmp / name).write_text(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp (and safetensors) make files private
-        for f in tmp.iterdir():
-            os.chmod(f, 0o666 & ~umask)
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".old", dir=out.parent))
-            os.replace(out, old / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(old)
-        else:
-            os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out
-
-
 # ---- training ------------------------------------------------------------------------------------
 
 
@@ -408,21 +176,6 @@ class PretrainConfig:
             raise ValueError(f"max_length must be at least 3, got {self.max_length}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be at least 1, got {self.log_every}")
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {name}: CUDA is not available on this machine")
-    return device
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
 
 
 def _param_groups(mlm: nn.Module, weight_decay: float) -> list[dict]:
@@ -471,12 +224,13 @@ def make_eval_batches(tokenizer: BertTokenizer, sentences: Sequence[str], max_le
 def evaluate_mlm(mlm: BertForMaskedLM, data: MaskedBatches, device: str | torch.device = "cpu") -> dict[str, float]:
     """Masked-token loss (mean over masked tokens) and top-1 accuracy, in eval mode (no dropout)."""
     device = torch.device(device)
+    amp_dtype = autocast_dtype(None, device, cpu_default=False)
     was_training = mlm.training
     mlm.eval()
     total_loss, correct, count = 0.0, 0, 0
     try:
         for inputs, attention_mask, labels in data.batches:
-            with _autocast(device):
+            with autocast(device, amp_dtype):
                 _, logits, targets = mlm.masked_lm_loss(inputs.to(device), attention_mask.to(device), labels.to(device))
             total_loss += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
             correct += int((logits.argmax(-1) == targets).sum())
@@ -502,6 +256,7 @@ def pretrain(
     if not sentences:
         raise ValueError("no sentences to pretrain on")
     device = resolve_device(config.device)
+    amp_dtype = autocast_dtype(None, device, cpu_default=False)
     mlm.to(device).train()
     ids, _ = tokenizer.encode_ids(list(sentences), max_length=config.max_length)
     lengths = [len(x) for x in ids]
@@ -547,7 +302,7 @@ def pretrain(
                 inputs = inputs.to(device, non_blocking=True)
                 labels = labels.to(device, non_blocking=True)
                 attention_mask = attention_mask.to(device, non_blocking=True)
-                with _autocast(device):
+                with autocast(device, amp_dtype):
                     loss, _, _ = mlm.masked_lm_loss(inputs, attention_mask, labels)
                 loss.backward()
                 if config.max_grad_norm > 0:

@@ -1,4 +1,5 @@
-"""MLM pretraining (tasks/pretrain.py): masking, the masked-only loss, the tied head, the loop, checkpoints."""
+"""MLM pretraining (tasks/pretrain.py, tasks/mlm.py): masking, the masked-only loss, the tied head, the loop,
+checkpoints."""
 
 from __future__ import annotations
 
@@ -12,20 +13,16 @@ from safetensors.torch import save_file
 from minbert.bert import BertModel
 from minbert.pretrained import load_pretrained, read_state_dict
 from minbert.tokenizer import BertTokenizer
+from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, mlm_loss, save_mlm_checkpoint
 from tasks.pretrain import (
-    IGNORE_INDEX,
-    BertForMaskedLM,
     PretrainConfig,
     build_parser,
     config_from_args,
     evaluate_mlm,
-    load_mlm,
     main,
     make_eval_batches,
     mask_tokens,
-    mlm_loss,
     pretrain,
-    save_mlm_checkpoint,
 )
 from tests.helpers import tiny_config
 
@@ -238,7 +235,7 @@ def test_new_head_when_checkpoint_has_none(tmp_path, caplog):
     """A plain BertModel checkpoint gets a new head (logged as such), tied to its word embeddings."""
     cfg = tiny_config()
     d = _checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
-    with caplog.at_level(logging.INFO, logger="tasks.pretrain"):
+    with caplog.at_level(logging.INFO, logger="tasks.mlm"):
         mlm, _, had_head = load_mlm(d)
     assert not had_head
     assert "created a new one" in caplog.text
