@@ -16,6 +16,8 @@ PIP=".venv/bin/python -m pip"
 # torch first and pinned: a bare `torch` requirement would resolve to a CUDA build.
 $PIP install -q torch==2.13.0
 $PIP install -q -r requirements.txt -r requirements-test.txt
+# the project itself, editable: minbert, tasks, experiments and benchmarks import from anywhere
+$PIP install -q --no-deps -e .
 
 DATA_SRC=${MINBERT_DATA:-../shared/data}
 mkdir -p data

@@ -24,15 +24,11 @@ import multiprocessing as mp
 import os
 import resource
 import statistics
-import sys
 import time
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from minbert.pretrained import load_pretrained, resolve_model_dir  # noqa: E402
+from minbert.pretrained import load_pretrained, resolve_model_dir
 
 
 def build_models(model_dir: str | None, device: str, dtype: torch.dtype):

@@ -47,12 +47,8 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from experiments.sweep import Sweep, final_record, fmt, markdown_table  # noqa: E402
+from experiments.sweep import Sweep, final_record, fmt, markdown_table
 
 BASELINE = ["--arch", "baseline", "--pair-encoding", "siamese", "--pooling", "pooler", "--head-dropout", "0.3",
             "--schedule", "sequential"]

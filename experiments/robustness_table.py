@@ -36,12 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from experiments.sweep import Sweep, markdown_table  # noqa: E402
+from experiments.sweep import Sweep, markdown_table
 
 METHODS = {
     "ce": ("CE baseline", []),
