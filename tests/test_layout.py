@@ -1,0 +1,138 @@
+"""The shape of the code: the import graph is a tree, no module reaches into another's privates, rooms stay small.
+
+The graph is built from the source with ``ast`` (imports inside functions
+count too), over every module of minbert/, tasks/, experiments/, benchmarks/
+and train_multitask.py.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("minbert", "tasks", "experiments", "benchmarks")
+MAX_LINES = {"tasks": 600, "minbert": 600}
+MAX_TRAIN_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for the project's own code."""
+    found = {"train_multitask": ROOT / "train_multitask.py"}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join(parts)] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> tuple[set[str], list[str]]:
+    """(project modules ``name`` imports, "file:line name" for every private name it takes from one)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    deps: set[str] = set()
+    private: list[str] = []
+    module_aliases: dict[str, str] = {}  # local name -> project module it is bound to
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name in modules:
+                    deps.add(alias.name)
+                    module_aliases[alias.asname or alias.name] = alias.name
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.split(".")[0] not in (*PACKAGES, "train_multitask"):
+                continue
+            if node.module in modules:
+                deps.add(node.module)
+            for alias in node.names:
+                sub = f"{node.module}.{alias.name}"
+                if sub in modules:  # "from tasks import lpft": the submodule
+                    deps.add(sub)
+                    module_aliases[alias.asname or alias.name] = sub
+                elif alias.name.startswith("_") and not alias.name.startswith("__"):
+                    private.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.module}.{alias.name}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in module_aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            private.append(f"{path.relative_to(ROOT)}:{node.lineno} {module_aliases[node.value.id]}.{node.attr}")
+    deps.discard(name)
+    return deps, private
+
+
+def _graph() -> tuple[dict[str, set[str]], list[str]]:
+    modules = _modules()
+    graph, private = {}, []
+    for name, path in modules.items():
+        deps, priv = _imports(name, path, modules)
+        graph[name] = deps
+        private += priv
+    return graph, private
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every cycle found by a depth-first search (one per back edge)."""
+    state: dict[str, int] = {}  # 1 = on the stack, 2 = done
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for dep in sorted(graph.get(node, ())):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep)
+        stack.pop()
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_the_import_graph_has_no_cycle():
+    """No project module imports itself back through others (swa <-> train was one)."""
+    graph, _ = _graph()
+    assert graph["tasks.train"], "the graph builder found no imports at all: it is broken"
+    assert _cycles(graph) == []
+
+
+def test_cycle_detection_finds_a_planted_cycle():
+    """The checker itself: a two-module cycle and a three-module one are reported."""
+    assert _cycles({"a": {"b"}, "b": {"a"}}) == [["a", "b", "a"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
+
+
+def test_no_module_takes_another_modules_private_names():
+    """``from tasks.train import _means`` or ``lpft._x``: a private name is its module's own business."""
+    _, private = _graph()
+    assert private == []
+
+
+def test_nothing_imports_a_script():
+    """train_multitask.py is the CLI: library code never imports it."""
+    graph, _ = _graph()
+    assert [m for m, deps in graph.items() if "train_multitask" in deps] == []
+
+
+def test_no_sys_path_edits():
+    """The project is an installed package (pip install -e . in setup.sh): no script edits sys.path."""
+    offenders = [str(p.relative_to(ROOT)) for p in [*_modules().values(), *(ROOT / "tests").rglob("*.py")]
+                 if "sys.path.insert" in p.read_text(encoding="utf-8") and p.name != "test_layout.py"]
+    assert offenders == []
+
+
+def test_modules_stay_small():
+    """A module over 600 lines holds more than one concern; tasks/train.py is only the run's outline."""
+    too_long = {}
+    for name, path in _modules().items():
+        limit = MAX_LINES.get(name.split(".")[0])
+        lines = len(path.read_text(encoding="utf-8").splitlines())
+        if name == "tasks.train":
+            limit = MAX_TRAIN_LINES
+        if limit is not None and lines > limit:
+            too_long[name] = lines
+    assert too_long == {}
