@@ -21,7 +21,7 @@ Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6):
               STS falls back to the simple average unless --regression-sts, which
               fits per-model linear weights and a bias by least squares.
 
-Dev labels come from the task files (``tasks.data.load_split(task, "dev",
+Dev labels come from the task files (``tasks.readers.load_split(task, "dev",
 data_dir)``), matched by id. Every run must hold the same ids for a task and
 split (a mismatch names the file). Outputs in --out-dir:
 predictions/{sst,para,sts}-{dev,test}-output.csv (leaderboard files),
@@ -55,7 +55,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tasks.data import load_split
 from tasks.evaluate import (
     NUM_SST_CLASSES,
     TASK_METRIC,
@@ -66,6 +65,7 @@ from tasks.evaluate import (
     write_logits,
     write_predictions,
 )
+from tasks.readers import load_split
 
 log = logging.getLogger(__name__)
 

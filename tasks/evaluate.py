@@ -42,7 +42,8 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tasks.data import csv_records, length_bucketed_batches, move_batch
+from tasks.data import length_bucketed_batches, move_batch
+from tasks.readers import csv_records
 
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 # Column after "id" in the leaderboard files (CS224N default project names).

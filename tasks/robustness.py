@@ -34,7 +34,8 @@ from pathlib import Path
 
 import torch
 
-from tasks.data import TASK_FILES, Example, PairDataset, SentenceDataset, load_split, move_batch
+from tasks.data import PairDataset, SentenceDataset, move_batch
+from tasks.readers import TASK_FILES, Example, load_split
 from tasks.subsets import few_shot, label_noise, minority
 
 log = logging.getLogger(__name__)

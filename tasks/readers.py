@@ -1,0 +1,357 @@
+"""Readers for the task CSV files: records, per-file read reports, the CS224N formats, task file names.
+
+The CS224N files (see data/README.md) are tab-separated with an unnamed index
+column first; nli-train.csv is comma-separated. Readers parse them with the
+csv module, keep every valid row (synthetic Quora ids and index -1 included),
+and record every row they skip with its 1-based file line and a reason in a
+ReadReport, so nothing is ever dropped silently.
+
+Usage:
+    examples, report = load_split("sst", "train", "data")
+    triplets, report = load_nli("data")
+"""
+
+from __future__ import annotations
+
+import csv
+import logging
+import math
+import os
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# ---- records ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Example:
+    """One row of a task file: a sentence (text_b None) or a sentence pair; label None when unlabeled."""
+
+    id: str
+    text_a: str
+    text_b: str | None = None
+    label: int | float | None = None
+
+
+@dataclass(frozen=True)
+class Triplet:
+    """One NLI row: anchor, an entailed sentence, and an optional contradiction (hard negative)."""
+
+    anchor: str
+    positive: str
+    negative: str | None
+
+
+class DataFileMissing(FileNotFoundError):
+    """A task file is not where it should be; the message says how to get it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        super().__init__(
+            f"data file not found: {self.path}. Run `bash setup.sh` to link ../shared/data "
+            f"(or set MINBERT_DATA=/dir/with/csvs before running it), or copy the CS224N file to {self.path}."
+        )
+        # OSError.filename stays unset: setting it would replace this message in str(err).
+
+
+@dataclass
+class ReadReport:
+    """What a reader did with a file: rows seen, rows kept, and each skipped row with its reason.
+
+    ``skipped`` and ``duplicate_ids`` hold (1-based file line, reason). Duplicate
+    ids are kept (the row itself is valid) but reported, because prediction
+    files are keyed by id.
+    """
+
+    path: str
+    rows_total: int = 0
+    rows_kept: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    duplicate_ids: list[tuple[int, str]] = field(default_factory=list)
+    limit: int | None = None
+
+    def summary(self, max_listed: int = 10) -> str:
+        """One line, e.g. 'data/quora-dev.csv: kept 20212 of 20214 rows; skipped 2: line 2577: empty label; ...'."""
+        text = f"{self.path}: kept {self.rows_kept} of {self.rows_total} rows"
+        if self.limit is not None:
+            text += f" (stopped at limit={self.limit})"
+        for name, items in (("skipped", self.skipped), ("duplicate ids (kept)", self.duplicate_ids)):
+            if items:
+                listed = "; ".join(f"line {line}: {reason}" for line, reason in items[:max_listed])
+                more = f"; ... and {len(items) - max_listed} more" if len(items) > max_listed else ""
+                text += f"; {name} {len(items)}: {listed}{more}"
+        return text
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing was skipped and no id repeats (the loader then logs at INFO, not WARNING)."""
+        return not self.skipped and not self.duplicate_ids
+
+
+# ---- CSV reading ------------------------------------------------------------------
+
+
+def csv_records(reader) -> Iterator[tuple[int, list[str] | None, str | None, int]]:
+    """(first line, row, csv error, last line) for each record after the header, lines 1-based.
+
+    A record starts on the line after the previous one ended: quoted fields may
+    span lines, so ``reader.line_num`` alone is only the record's last line. A
+    record the csv module cannot parse comes as (line, None, error text, line).
+    """
+    end_of_previous = reader.line_num
+    while True:
+        line = end_of_previous + 1
+        try:
+            row, error = next(reader), None
+        except StopIteration:
+            return
+        except csv.Error as e:
+            row, error = None, str(e)
+        end_of_previous = reader.line_num
+        yield line, row, error, end_of_previous
+
+
+def _read_rows(
+    path: str | os.PathLike[str],
+    delimiter: str,
+    columns: Sequence[str],
+    parse: Callable[[dict[str, str]], T | str],
+    limit: int | None,
+    key: Callable[[T], str] | None = None,
+) -> tuple[list[T], ReadReport]:
+    """Shared loop of all readers: ``parse`` turns the named fields into an item or a skip reason (a str).
+
+    Columns are looked up by header name, which is what makes the test-student
+    header (two index columns ``0``, ```` before ``id``) and the unnamed index
+    column harmless.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileMissing(path)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of rows or None, got {limit}")
+    report = ReadReport(path=str(path), limit=limit)
+    items: list[T] = []
+    first_line_of_id: dict[str, int] = {}
+    # newline="" lets csv handle quoted fields itself; utf-8-sig drops a BOM some editors add.
+    with open(path, newline="", encoding="utf-8-sig") as f:
+        reader = csv.reader(f, delimiter=delimiter)
+        try:
+            header = [h.strip() for h in next(reader)]
+        except StopIteration:
+            raise ValueError(f"{path}: the file is empty; expected a header row") from None
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise ValueError(f"{path}: header {header} lacks the column(s) {missing}; is this the right file?")
+        where = {c: header.index(c) for c in columns}
+        for line, row, error, last_line in csv_records(reader):
+            if limit is not None and report.rows_kept >= limit:
+                break
+            if error is not None:
+                reason = f"unparseable CSV ({error})"
+            report.rows_total += 1
+            if row is None:
+                pass
+            elif not row:
+                reason = "blank line"
+            elif len(row) != len(header):
+                reason = f"expected {len(header)} fields, found {len(row)}"
+            else:
+                parsed = parse({c: row[i] for c, i in where.items()})
+                if not isinstance(parsed, str):
+                    items.append(parsed)
+                    report.rows_kept += 1
+                    if key is not None:
+                        k = key(parsed)
+                        if k in first_line_of_id:
+                            report.duplicate_ids.append((line, f"id {k} also on line {first_line_of_id[k]}"))
+                        else:
+                            first_line_of_id[k] = line
+                    continue
+                reason = parsed
+            if last_line > line:
+                # An unbalanced quote can swallow the following rows into this
+                # record; naming the span shows which rows went with it.
+                reason += f" (record spans lines {line}-{last_line})"
+            report.skipped.append((line, reason))
+    return items, report
+
+
+def _text(fields: dict[str, str], column: str, problems: list[str]) -> str:
+    # The SST files put a space before every sentence; other files have stray
+    # trailing spaces. Neither carries meaning.
+    value = fields[column].strip()
+    if not value:
+        problems.append(f"empty {column}")
+    return value
+
+
+def _class_label(raw: str, num_classes: int, problems: list[str]) -> int | None:
+    raw = raw.strip()
+    if not raw:
+        problems.append("empty label")
+        return None
+    try:
+        value = float(raw)  # the Quora files write classes as "0.0" / "1.0"
+    except ValueError:
+        problems.append(f"label {raw!r} is not a number")
+        return None
+    if not math.isfinite(value) or value != int(value):
+        problems.append(f"label {raw!r} is not an integer class")
+        return None
+    if not 0 <= value < num_classes:
+        problems.append(f"label {raw!r} out of range 0..{num_classes - 1}")
+        return None
+    return int(value)
+
+
+def _similarity_label(raw: str, problems: list[str]) -> float | None:
+    raw = raw.strip()
+    if not raw:
+        problems.append("empty label")
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        problems.append(f"label {raw!r} is not a number")
+        return None
+    if not 0.0 <= value <= 5.0:  # also rejects nan
+        problems.append(f"label {raw!r} out of range [0, 5]")
+        return None
+    return value
+
+
+def read_sentences(
+    path: str | os.PathLike[str],
+    labeled: bool,
+    num_classes: int,
+    *,
+    label_column: str = "sentiment",
+    limit: int | None = None,
+) -> tuple[list[Example], ReadReport]:
+    """Read a single-sentence file (SST: num_classes=5, CFIMDB: 2); columns id, sentence[, sentiment]."""
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+
+    def parse(fields: dict[str, str]) -> Example | str:
+        problems: list[str] = []
+        ex_id = _text(fields, "id", problems)
+        text = _text(fields, "sentence", problems)
+        label = _class_label(fields[label_column], num_classes, problems) if labeled else None
+        return ", ".join(problems) if problems else Example(ex_id, text, None, label)
+
+    columns = ["id", "sentence"] + ([label_column] if labeled else [])
+    return _read_rows(path, "\t", columns, parse, limit, key=lambda e: e.id)
+
+
+_PAIR_LABEL_COLUMN = {"binary": "is_duplicate", "similarity": "similarity"}
+
+
+def read_pairs(
+    path: str | os.PathLike[str],
+    label: Literal["binary", "similarity"] | None,
+    *,
+    label_column: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[Example], ReadReport]:
+    """Read a sentence-pair file: Quora (label="binary", 0/1 int) or STS ("similarity", float in [0, 5]).
+
+    ``label=None`` reads an unlabeled (test-student) file. Columns: id,
+    sentence1, sentence2 and the label column (is_duplicate / similarity by default).
+    """
+    if label not in (None, "binary", "similarity"):
+        raise ValueError(f"label must be 'binary', 'similarity' or None, got {label!r}")
+    if label is not None and label_column is None:
+        label_column = _PAIR_LABEL_COLUMN[label]
+
+    def parse(fields: dict[str, str]) -> Example | str:
+        problems: list[str] = []
+        ex_id = _text(fields, "id", problems)
+        a = _text(fields, "sentence1", problems)
+        b = _text(fields, "sentence2", problems)
+        y: int | float | None = None
+        if label == "binary":
+            y = _class_label(fields[label_column], 2, problems)
+        elif label == "similarity":
+            y = _similarity_label(fields[label_column], problems)
+        return ", ".join(problems) if problems else Example(ex_id, a, b, y)
+
+    columns = ["id", "sentence1", "sentence2"] + ([label_column] if label is not None else [])
+    return _read_rows(path, "\t", columns, parse, limit, key=lambda e: e.id)
+
+
+def read_nli(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[list[Triplet], ReadReport]:
+    """Read nli-train.csv (comma-separated, csv quoting): sent0, sent1, hard_neg (may be empty -> None)."""
+
+    def parse(fields: dict[str, str]) -> Triplet | str:
+        problems: list[str] = []
+        anchor = _text(fields, "sent0", problems)
+        positive = _text(fields, "sent1", problems)
+        negative = fields["hard_neg"].strip() or None
+        return ", ".join(problems) if problems else Triplet(anchor, positive, negative)
+
+    return _read_rows(path, ",", ["sent0", "sent1", "hard_neg"], parse, limit)
+
+
+# ---- task files ----------------------------------------------------------------------
+
+TASK_FILES: dict[str, dict[str, str]] = {
+    "sst": {"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
+    "para": {"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
+    "sts": {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
+    "cfimdb": {"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv", "test": "ids-cfimdb-test-student.csv"},
+}
+NLI_FILE = "nli-train.csv"
+SPLITS = ("train", "dev", "test")
+
+
+def _log_report(report: ReadReport) -> None:
+    if report.clean:
+        logger.info(report.summary())
+    else:
+        logger.warning(report.summary())
+
+
+def load_split(
+    task: str, split: str, data_dir: str | os.PathLike[str], limit: int | None = None
+) -> tuple[list[Example], ReadReport] | None:
+    """Read one task split from ``data_dir`` and log its ReadReport.
+
+    Test files are unlabeled (``*-test-student.csv``). A missing train/dev file
+    raises DataFileMissing; a missing test file returns None after a warning,
+    so that writing predictions skips that task instead of crashing (there is
+    no quora-test-student.csv in the shared data). ``limit`` keeps the first N
+    valid rows, for smoke runs.
+    """
+    if task not in TASK_FILES:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASK_FILES)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    path = Path(data_dir) / TASK_FILES[task][split]
+    if split == "test" and not path.is_file():
+        logger.warning("no test file for task %r at %s; its test predictions will be skipped", task, path)
+        return None
+    labeled = split != "test"
+    if task == "sst":
+        result = read_sentences(path, labeled, 5, limit=limit)
+    elif task == "cfimdb":
+        result = read_sentences(path, labeled, 2, limit=limit)
+    elif task == "para":
+        result = read_pairs(path, "binary" if labeled else None, limit=limit)
+    else:
+        result = read_pairs(path, "similarity" if labeled else None, limit=limit)
+    _log_report(result[1])
+    return result
+
+
+def load_nli(data_dir: str | os.PathLike[str], limit: int | None = None) -> tuple[list[Triplet], ReadReport]:
+    """Read ``data_dir/nli-train.csv`` and log its ReadReport (raises DataFileMissing when absent)."""
+    triplets, report = read_nli(Path(data_dir) / NLI_FILE, limit=limit)
+    _log_report(report)
+    return triplets, report
