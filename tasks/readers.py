@@ -6,6 +6,11 @@ csv module, keep every valid row (synthetic Quora ids and index -1 included),
 and record every row they skip with its 1-based file line and a reason in a
 ReadReport, so nothing is ever dropped silently.
 
+A file whose last record has no line end after it was most likely cut (an STS
+score "0.8" cut to "0" still parses): that record is skipped and reported
+("file ends without a newline: the last record may be cut") rather than the
+file refused, so the rest of the file stays usable and the loss is on record.
+
 Usage:
     examples, report = load_split("sst", "train", "data")
     triplets, report = load_nli("data")
@@ -14,10 +19,11 @@ Usage:
 from __future__ import annotations
 
 import csv
+import io
 import logging
 import math
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal, TypeVar
@@ -25,6 +31,8 @@ from typing import Literal, TypeVar
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+
+CUT_RECORD = "file ends without a newline: the last record may be cut"
 
 # ---- records ------------------------------------------------------------------
 
@@ -139,48 +147,66 @@ def _read_rows(
     report = ReadReport(path=str(path), limit=limit)
     items: list[T] = []
     first_line_of_id: dict[str, int] = {}
+    data = path.read_bytes()
+    # A record is complete when a line end follows it; a file that stops without
+    # one was most likely cut, possibly inside the last field ("0.8" -> "0").
+    ends_with_newline = data.endswith((b"\n", b"\r"))
     # newline="" lets csv handle quoted fields itself; utf-8-sig drops a BOM some editors add.
-    with open(path, newline="", encoding="utf-8-sig") as f:
-        reader = csv.reader(f, delimiter=delimiter)
-        try:
-            header = [h.strip() for h in next(reader)]
-        except StopIteration:
-            raise ValueError(f"{path}: the file is empty; expected a header row") from None
-        missing = [c for c in columns if c not in header]
-        if missing:
-            raise ValueError(f"{path}: header {header} lacks the column(s) {missing}; is this the right file?")
-        where = {c: header.index(c) for c in columns}
-        for line, row, error, last_line in csv_records(reader):
-            if limit is not None and report.rows_kept >= limit:
-                break
-            if error is not None:
-                reason = f"unparseable CSV ({error})"
-            report.rows_total += 1
-            if row is None:
-                pass
-            elif not row:
-                reason = "blank line"
-            elif len(row) != len(header):
-                reason = f"expected {len(header)} fields, found {len(row)}"
-            else:
-                parsed = parse({c: row[i] for c, i in where.items()})
-                if not isinstance(parsed, str):
-                    items.append(parsed)
-                    report.rows_kept += 1
-                    if key is not None:
-                        k = key(parsed)
-                        if k in first_line_of_id:
-                            report.duplicate_ids.append((line, f"id {k} also on line {first_line_of_id[k]}"))
-                        else:
-                            first_line_of_id[k] = line
-                    continue
-                reason = parsed
-            if last_line > line:
-                # An unbalanced quote can swallow the following rows into this
-                # record; naming the span shows which rows went with it.
-                reason += f" (record spans lines {line}-{last_line})"
-            report.skipped.append((line, reason))
+    reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), delimiter=delimiter)
+    try:
+        header = [h.strip() for h in next(reader)]
+    except StopIteration:
+        raise ValueError(f"{path}: the file is empty; expected a header row") from None
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(f"{path}: header {header} lacks the column(s) {missing}; is this the right file?")
+    where = {c: header.index(c) for c in columns}
+    for (line, row, error, last_line), is_last in _with_last(csv_records(reader)):
+        if limit is not None and report.rows_kept >= limit:
+            break
+        if error is not None:
+            reason = f"unparseable CSV ({error})"
+        report.rows_total += 1
+        if is_last and not ends_with_newline:
+            reason = CUT_RECORD
+        elif row is None:
+            pass
+        elif not row:
+            reason = "blank line"
+        elif len(row) != len(header):
+            reason = f"expected {len(header)} fields, found {len(row)}"
+        else:
+            parsed = parse({c: row[i] for c, i in where.items()})
+            if not isinstance(parsed, str):
+                items.append(parsed)
+                report.rows_kept += 1
+                if key is not None:
+                    k = key(parsed)
+                    if k in first_line_of_id:
+                        report.duplicate_ids.append((line, f"id {k} also on line {first_line_of_id[k]}"))
+                    else:
+                        first_line_of_id[k] = line
+                continue
+            reason = parsed
+        if last_line > line:
+            # An unbalanced quote can swallow the following rows into this
+            # record; naming the span shows which rows went with it.
+            reason += f" (record spans lines {line}-{last_line})"
+        report.skipped.append((line, reason))
     return items, report
+
+
+def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item with a flag that is True for the last one (one item of lookahead)."""
+    it = iter(items)
+    try:
+        previous = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield previous, False
+        previous = item
+    yield previous, True
 
 
 def _text(fields: dict[str, str], column: str, problems: list[str]) -> str:

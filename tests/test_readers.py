@@ -215,3 +215,36 @@ def test_real_quora_dev_has_exactly_two_malformed_rows():
     assert report.rows_total == 20214 and report.rows_kept == len(examples) == 20212
     assert len(report.skipped) == 2 and all("empty label" in reason for _, reason in report.skipped)
     assert report.duplicate_ids == []
+
+
+# ---- cut, swallowed and unreadable files (issue 15) ---------------------------------------
+
+CUT_REASON = "file ends without a newline: the last record may be cut"
+
+
+def test_last_record_without_newline_is_skipped_and_reported(tmp_path):
+    """A file cut inside its last field ('0.8' -> '0', no final newline) skips that row, naming its line."""
+    rows = ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t4.2", "1\ts1\ta\tb\t0"]
+    cut = tmp_path / "sts-dev.csv"
+    cut.write_text("\n".join(rows), encoding="utf-8")  # no newline after the last record
+    examples, report = read_pairs(cut, "similarity")
+    assert [e.id for e in examples] == ["s0"]
+    assert report.skipped == [(3, CUT_REASON)] and report.rows_total == 2
+    assert f"line 3: {CUT_REASON}" in report.summary() and str(cut) in report.summary()
+    whole = write(tmp_path / "whole.csv", rows)  # the same rows with the final newline: all kept
+    assert [e.id for e in read_pairs(whole, "similarity")[0]] == ["s0", "s1"]
+    crlf = tmp_path / "crlf.csv"
+    crlf.write_bytes(("\r\n".join(rows) + "\r\n").encode())  # Windows line ends count as ending the record
+    assert read_pairs(crlf, "similarity")[1].skipped == []
+    examples, report = read_pairs(cut, "similarity", limit=1)  # stopped before the last record: nothing to say
+    assert [e.id for e in examples] == ["s0"] and report.skipped == []
+
+
+def test_real_nli_file_reports_its_unterminated_last_row():
+    """The shared nli-train.csv lacks a final newline: its last of 27,560 rows is skipped and reported, not kept."""
+    path = REAL_DATA / "nli-train.csv"
+    if not path.is_file():
+        pytest.skip(f"{path} absent (run `bash setup.sh` to link the data)")
+    triplets, report = read_nli(path)
+    assert report.rows_total == 27560 and len(triplets) == report.rows_kept == 27559
+    assert report.skipped == [(27561, CUT_REASON)]
