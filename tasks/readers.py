@@ -10,6 +10,10 @@ A file whose last record has no line end after it was most likely cut (an STS
 score "0.8" cut to "0" still parses): that record is skipped and reported
 ("file ends without a newline: the last record may be cut") rather than the
 file refused, so the rest of the file stays usable and the loss is on record.
+No field of these files spans lines, so a record over several lines is an
+unbalanced quote that swallowed the rows after it: each line it spans is
+reported as a skipped row, and a record over more than MAX_RECORD_LINES (5)
+lines refuses the whole file with a ValueError naming the line to fix.
 
 Usage:
     examples, report = load_split("sst", "train", "data")
@@ -33,6 +37,8 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 CUT_RECORD = "file ends without a newline: the last record may be cut"
+# No field of the task files spans lines; a record over more lines than this is an unbalanced quote.
+MAX_RECORD_LINES = 5
 
 # ---- records ------------------------------------------------------------------
 
@@ -164,17 +170,24 @@ def _read_rows(
     for (line, row, error, last_line), is_last in _with_last(csv_records(reader)):
         if limit is not None and report.rows_kept >= limit:
             break
+        if last_line - line + 1 > MAX_RECORD_LINES:
+            raise ValueError(
+                f"{path}: line {line}: one record runs over lines {line}-{last_line}, most likely an unbalanced "
+                f'quote (no field in these files spans lines); fix or delete the stray " on line {line}')
+        report.rows_total += 1
         if error is not None:
             reason = f"unparseable CSV ({error})"
-        report.rows_total += 1
-        if is_last and not ends_with_newline:
+        elif is_last and not ends_with_newline:
             reason = CUT_RECORD
-        elif row is None:
-            pass
         elif not row:
             reason = "blank line"
         elif len(row) != len(header):
             reason = f"expected {len(header)} fields, found {len(row)}"
+        elif last_line > line and any(("\n" in f or "\r" in f) and delimiter in f for f in row):
+            # A quote opened in one row and closed on a later one can leave the
+            # right field count; a field holding a line end and the delimiter is
+            # rows, not text.
+            reason = "a quoted field holds line ends and the delimiter"
         else:
             parsed = parse({c: row[i] for c, i in where.items()})
             if not isinstance(parsed, str):
@@ -189,10 +202,13 @@ def _read_rows(
                 continue
             reason = parsed
         if last_line > line:
-            # An unbalanced quote can swallow the following rows into this
-            # record; naming the span shows which rows went with it.
-            reason += f" (record spans lines {line}-{last_line})"
+            # An unbalanced quote swallows the following rows into this record:
+            # each line it took is a row lost, reported under its own number.
+            reason += f" (record spans lines {line}-{last_line}: an unbalanced quote?)"
         report.skipped.append((line, reason))
+        for swallowed in range(line + 1, last_line + 1):
+            report.rows_total += 1
+            report.skipped.append((swallowed, f"swallowed by the unbalanced quote of the record on line {line}"))
     return items, report
 
 

@@ -84,17 +84,44 @@ def test_malformed_rows_reported_with_file_line_numbers(tmp_path):
     assert "line 4: empty label" in summary and "line 10: " in summary
 
 
-def test_unbalanced_quote_reports_swallowed_lines(tmp_path):
-    """A quote that never closes swallows the next rows; the skipped record names the lines it spans."""
+def test_unbalanced_quote_reports_each_swallowed_line(tmp_path):
+    """A quote that never closes swallows the next rows: every line it spans is a skipped row with its own number."""
     path = write(
         tmp_path / "broken.csv",
         ["\tid\tsentence\tsentiment", "0\ta\tok\t1", '1\tb\t"unterminated\t4', "2\tc\tswallowed\t0", "3\td\tlast\t2"],
     )
     examples, report = read_sentences(path, labeled=True, num_classes=5)
     assert [e.id for e in examples] == ["a"]
-    assert report.rows_total == 2 and len(report.skipped) == 1
-    line, reason = report.skipped[0]
-    assert line == 3 and "record spans lines 3-5" in reason
+    assert [line for line, _ in report.skipped] == [3, 4, 5]
+    assert report.rows_total == 4 and report.rows_kept + len(report.skipped) == report.rows_total
+    reasons = dict(report.skipped)
+    assert "record spans lines 3-5" in reasons[3]
+    assert reasons[4] == reasons[5] == "swallowed by the unbalanced quote of the record on line 3"
+
+
+def test_swallowed_rows_that_happen_to_parse_are_not_kept(tmp_path):
+    """A stray quote closed on a later line can leave the right field count: a field that holds a line end and
+    the delimiter is swallowed rows, not text, so both lines are skipped."""
+    path = write(
+        tmp_path / "broken.csv",
+        ["\tid\tsentence\tsentiment", '1\tb\t"stray\t4', '2\tc\tclosed here"\t0', "3\td\tfine\t2"],
+    )
+    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    assert [e.id for e in examples] == ["d"]
+    assert [line for line, _ in report.skipped] == [2, 3] and report.rows_total == 3
+
+
+def test_record_swallowing_more_than_five_lines_refuses_the_file(tmp_path):
+    """One record over more than 5 physical lines is an unbalanced quote, not data: ValueError naming file and line."""
+    rows = ["\tid\tsentence\tsentiment", "0\ta\tok\t1", '1\tb\t"unterminated\t4']
+    rows += [f"{i}\tr{i}\tswallowed\t0" for i in range(2, 7)]  # lines 4-8: the record spans 3-8, six lines
+    path = write(tmp_path / "ids-sst-dev.csv", rows)
+    with pytest.raises(ValueError) as err:
+        read_sentences(path, labeled=True, num_classes=5)
+    message = str(err.value)
+    assert "\n" not in message and str(path) in message and "line 3" in message and "quote" in message
+    five = write(tmp_path / "five.csv", rows[:7])  # spans lines 3-7: five lines, reported, not refused
+    assert [line for line, _ in read_sentences(five, labeled=True, num_classes=5)[1].skipped] == [3, 4, 5, 6, 7]
 
 
 def test_label_ranges_per_task(tmp_path):
