@@ -154,18 +154,21 @@ def _read_rows(
     items: list[T] = []
     first_line_of_id: dict[str, int] = {}
     data = path.read_bytes()
+    text = _decode(path, data)
+    if not text.strip():
+        raise ValueError(f"{path}: the file is empty; copy the CS224N file there again "
+                         "(`bash setup.sh` links ../shared/data)")
     # A record is complete when a line end follows it; a file that stops without
     # one was most likely cut, possibly inside the last field ("0.8" -> "0").
     ends_with_newline = data.endswith((b"\n", b"\r"))
-    # newline="" lets csv handle quoted fields itself; utf-8-sig drops a BOM some editors add.
-    reader = csv.reader(io.StringIO(data.decode("utf-8-sig"), newline=""), delimiter=delimiter)
-    try:
-        header = [h.strip() for h in next(reader)]
-    except StopIteration:
-        raise ValueError(f"{path}: the file is empty; expected a header row") from None
+    # newline="" lets csv handle quoted fields itself.
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header = [h.strip() for h in next(reader)]
     missing = [c for c in columns if c not in header]
     if missing:
-        raise ValueError(f"{path}: header {header} lacks the column(s) {missing}; is this the right file?")
+        raise ValueError(
+            f"{path}: line 1: the header has no column {missing[0]!r} (it has {header}); this reader needs "
+            f"{', '.join(columns)} (the CS224N format, see data/README.md): is this the right file?")
     where = {c: header.index(c) for c in columns}
     for (line, row, error, last_line), is_last in _with_last(csv_records(reader)):
         if limit is not None and report.rows_kept >= limit:
@@ -209,7 +212,20 @@ def _read_rows(
         for swallowed in range(line + 1, last_line + 1):
             report.rows_total += 1
             report.skipped.append((swallowed, f"swallowed by the unbalanced quote of the record on line {line}"))
+    if report.rows_total == 0:
+        raise ValueError(f"{path}: has a header but no rows; copy the CS224N file there again "
+                         "(`bash setup.sh` links ../shared/data)")
     return items, report
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """The file's text (utf-8-sig drops a BOM some editors add); other encodings are an error naming the line."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = e.object.count(b"\n", 0, e.start) + 1  # e.object: the bytes after any BOM
+        raise ValueError(f"{path}: line {line}: bytes that are not UTF-8 ({e.object[e.start:e.end]!r}); "
+                         "re-save the file as UTF-8") from None
 
 
 def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:

@@ -275,3 +275,23 @@ def test_real_nli_file_reports_its_unterminated_last_row():
     triplets, report = read_nli(path)
     assert report.rows_total == 27560 and len(triplets) == report.rows_kept == 27559
     assert report.skipped == [(27561, CUT_REASON)]
+
+
+@pytest.mark.parametrize("content,expected", [
+    (b"", ["is empty", "setup.sh"]),
+    (b"\n\n", ["is empty", "setup.sh"]),
+    (b"\tid\tsentence\tsentiment\n", ["has a header but no rows", "setup.sh"]),
+    (b"\tid\ttext\tsentiment\n0\ta\tgood\t1\n", ["line 1", "no column 'sentence'", "data/README.md"]),
+    (b"\tid\tsentence\tsentiment\n0\ta\tgood\t1\n1\tb\tna\xefve\xff\t2\n", ["line 3", "not UTF-8", "re-save"]),
+])
+def test_unreadable_files_raise_one_line_naming_file_and_fix(tmp_path, content, expected):
+    """Non-UTF-8 bytes, an empty file, a header-only file and a missing column each raise a one-line ValueError
+    that names the file (and line) and says what to do."""
+    path = tmp_path / "ids-sst-dev.csv"
+    path.write_bytes(content)
+    with pytest.raises(ValueError) as err:
+        read_sentences(path, labeled=True, num_classes=5)
+    message = str(err.value)
+    assert message.startswith(f"{path}: ") and "\n" not in message
+    for part in expected:
+        assert part in message, message
