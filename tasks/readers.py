@@ -18,6 +18,7 @@ lines refuses the whole file with a ValueError naming the line to fix.
 Usage:
     examples, report = load_split("sst", "train", "data")
     triplets, report = load_nli("data")
+    report.to_dict()   # {"file": ..., "rows": ..., "kept": ..., "skipped": ..., "reasons": {...}, ...}
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import io
 import logging
 import math
 import os
+import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,10 +104,34 @@ class ReadReport:
                 text += f"; {name} {len(items)}: {listed}{more}"
         return text
 
+    def to_dict(self, max_listed: int = 10) -> dict:
+        """The counts as plain JSON values, for a run's metrics.jsonl and config record.
+
+        {"file", "rows" (seen), "kept", "skipped", "duplicate_ids", "limit",
+        "reasons": {reason: count} with the row-specific values elided
+        (``label '…' out of range 0..4``), "first_skipped": [{"line", "reason"}, ...]}.
+        """
+        reasons: dict[str, int] = {}
+        for _, reason in self.skipped:
+            kind = _reason_kind(reason)
+            reasons[kind] = reasons.get(kind, 0) + 1
+        return {
+            "file": self.path, "rows": self.rows_total, "kept": self.rows_kept, "skipped": len(self.skipped),
+            "duplicate_ids": len(self.duplicate_ids), "limit": self.limit, "reasons": reasons,
+            "first_skipped": [{"line": line, "reason": reason} for line, reason in self.skipped[:max_listed]],
+        }
+
     @property
     def clean(self) -> bool:
         """True when nothing was skipped and no id repeats (the loader then logs at INFO, not WARNING)."""
         return not self.skipped and not self.duplicate_ids
+
+
+def _reason_kind(reason: str) -> str:
+    """A skip reason without its row's values, so that equal problems count together."""
+    reason = re.sub(r" \(record spans lines [^)]*\)$", "", reason)
+    reason = re.sub(r"'[^']*'", "'…'", reason)
+    return re.sub(r"\bline \d+", "line N", reason)
 
 
 # ---- CSV reading ------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -295,3 +296,22 @@ def test_unreadable_files_raise_one_line_naming_file_and_fix(tmp_path, content, 
     assert message.startswith(f"{path}: ") and "\n" not in message
     for part in expected:
         assert part in message, message
+
+
+def test_report_to_dict_counts_rows_and_reasons_per_file(tmp_path):
+    """ReadReport.to_dict(): per-file counts and reasons grouped with their values elided, JSON-able as it is."""
+    rows = ["\tid\tsentence\tsentiment", "0\ta\tok\t1", "1\tb\tno label\t", "2\tc\tno label\t",
+            "3\td\thigh\t7", "4\te\thigher\t9", "5\ta\tsame id\t2", '6\tf\t"stray\t1', '7\tg\tclosed"\t2',
+            "8\th\tcut\t3"]
+    path = tmp_path / "ids-sst-dev.csv"
+    path.write_text("\n".join(rows), encoding="utf-8")  # no final newline: the last record counts as cut
+    _, report = load_split("sst", "dev", tmp_path)
+    d = report.to_dict()
+    assert json.loads(json.dumps(d)) == d
+    assert d["file"] == str(path) and d["rows"] == 9 and d["kept"] == 2 and d["skipped"] == 7
+    assert d["duplicate_ids"] == 1 and d["limit"] is None
+    assert d["reasons"] == {"empty label": 2, "label '…' out of range 0..4": 2, CUT_REASON: 1,
+                            "a quoted field holds line ends and the delimiter": 1,
+                            "swallowed by the unbalanced quote of the record on line N": 1}
+    assert d["first_skipped"][0] == {"line": 3, "reason": "empty label"} and len(d["first_skipped"]) == 7
+    assert load_split("sst", "dev", tmp_path, limit=1)[1].to_dict()["limit"] == 1
