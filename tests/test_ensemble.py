@@ -1,4 +1,5 @@
-"""Ensembles of saved logits (tasks/ensemble.py): identities, selection, regression weights, id checks, the CLI."""
+"""Ensembles of saved logits (tasks/ensemble.py, tasks/ensemble_methods.py): identities, selection,
+regression weights, id checks, the CLI."""
 
 from __future__ import annotations
 
@@ -7,15 +8,8 @@ import zipfile
 import pytest
 import torch
 
-from tasks.ensemble import (
-    average,
-    ensemble_task,
-    fit_regression,
-    load_task_logits,
-    main,
-    predict,
-    select_subset,
-)
+from tasks.ensemble import ensemble_task, load_task_logits, main
+from tasks.ensemble_methods import average, fit_regression, predict, select_subset
 from tasks.evaluate import Predictions, read_predictions, score, write_logits
 
 N = 400
