@@ -30,7 +30,10 @@ averaged probabilities, paraphrase logit of the averaged probability, STS the
 score, so an ensemble can itself be ensembled), submission.zip with the
 leaderboard files, and ensemble.json (runs, chosen subsets or weights, scores).
 A test split no run has (there is no quora-test-student.csv in the shared data)
-is skipped with a message.
+is skipped with a message. --out-dir may not be an input run or inside a
+folder holding an input's logits (exit status 2); every input is read and
+checked before anything is written, and the outputs are staged and moved into
+place at the end, so a bad file (a NaN logit) leaves --out-dir as it was.
 
 Usage:
     python -m tasks.ensemble runs/a/predictions runs/b/predictions runs/c/predictions \\
@@ -40,15 +43,18 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -272,46 +278,70 @@ def run_names(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[str]
     return short if len(set(short)) == len(short) else [str(d) for d in run_dirs]
 
 
+PROG = "python -m tasks.ensemble"
+
+
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tasks.ensemble",
+        prog=PROG, formatter_class=_DefaultsHelp, allow_abbrev=False,
         description="Ensemble saved logits of several runs (minBERT paper §4.6) into leaderboard files.")
-    p.add_argument("runs", nargs="+", help="predictions directories holding {task}-{dev,test}-logits.csv")
-    p.add_argument("--method", choices=METHODS, default="simple")
-    p.add_argument("--out-dir", required=True, help="where predictions/, submission.zip and ensemble.json go")
-    p.add_argument("--data-dir", default="data", help="task CSV files, for the dev labels (default: data)")
-    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    p.add_argument("runs", nargs="+", help="run or predictions directories holding {task}-{dev,test}-logits.csv")
+    p.add_argument("--method", choices=METHODS, default="simple", help="how the runs are combined")
+    p.add_argument("--out-dir", required=True,
+                   help="where predictions/, submission.zip and ensemble.json go; not an input run")
+    p.add_argument("--data-dir", default="data", help="task CSV files, for the dev labels")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
+                   help=f"tasks to ensemble (default: {' '.join(TASKS)})")
     p.add_argument("--names", nargs="+", default=None, help="a name per run for the table (default: directory names)")
     p.add_argument("--max-exhaustive", type=int, default=10,
                    help="selective: try every subset up to this many models, greedy selection above")
     p.add_argument("--seed", type=int, default=0, help="regression: the dev split into halves")
     p.add_argument("--regression-sts", action="store_true",
-                   help="regression: also fit STS (least squares); the paper did not, default is the simple average")
+                   help="regression: also fit STS (least squares); the paper did not, so STS is simply averaged")
     p.add_argument("--regression-l2", type=float, default=1e-3, help="regression: L2 penalty on the weights")
     p.add_argument("--regression-iters", type=int, default=300, help="regression: L-BFGS iterations")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.max_exhaustive < 1:
-        raise SystemExit("--max-exhaustive must be at least 1")
-    if args.regression_sts and args.method != "regression":
-        raise SystemExit("--regression-sts only applies to --method regression")
-    names = run_names(args.runs, args.names)
-    out_dir = Path(args.out_dir)
-    pred_dir = out_dir / "predictions"
-    pred_dir.mkdir(parents=True, exist_ok=True)
+def _fail(message: str, status: int) -> NoReturn:
+    """A user's error: one line on stderr, exit status 2 (arguments) or 1 (the files they name)."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def check_paths(run_dirs: Sequence[str], out_dir: str) -> None:
+    """Every run is a directory, and --out-dir cannot overwrite a run: it is not an input, nor its predictions
+    folder, nor inside a folder that holds an input's logits (compared after resolving links and '..')."""
+    for d in run_dirs:
+        if not Path(d).is_dir():
+            _fail(f"{'not a directory' if Path(d).exists() else 'no such directory'}: {d}", 2)
+    out = Path(out_dir).resolve()
+    for d in run_dirs:
+        run = Path(d).resolve()
+        holds_logits = [run / "predictions"] + ([run] if any(run.glob("*-logits.csv")) else [])
+        if out == run or any(x.is_relative_to(f) for x in (out, out / "predictions") for f in holds_logits):
+            _fail(f"--out-dir {out_dir} would overwrite the input run {d}; give the ensemble a folder of its own", 2)
+    if out.exists() and not out.is_dir():
+        _fail(f"--out-dir {out_dir} is a file; give a folder", 2)
+
+
+def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list[str]]:
+    """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all)."""
     results: dict[str, TaskResult] = {}
-    written: list[Path] = []
     skipped: list[str] = []
     for task in args.tasks:
         dev = load_task_logits(args.runs, task, "dev")
         if dev is None:
-            msg = f"{task}: no run has {task}-dev-logits.csv; task skipped"
-            print(msg, file=sys.stderr)
+            print(f"{task}: no run has {task}-dev-logits.csv; task skipped", file=sys.stderr)
             skipped.extend([f"{task}-dev", f"{task}-test"])
             continue
         labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
@@ -320,16 +350,69 @@ def main(argv: Sequence[str] | None = None) -> dict:
             print(f"{task}: no run has {task}-test-logits.csv (no {task} test file?); "
                   f"{task}-test-output.csv skipped", file=sys.stderr)
             skipped.append(f"{task}-test")
-        res = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
-                            seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
-                            max_iter=args.regression_iters)
-        results[task] = res
-        for split, preds in res.outputs.items():
-            written.append(write_predictions(pred_dir, task, split, preds))
-            write_logits(pred_dir, task, split, preds)
+        results[task] = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
+                                      seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
+                                      max_iter=args.regression_iters)
+    return results, skipped
+
+
+def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) -> list[Path]:
+    """Write every output into a staging folder inside ``out_dir``, then move each into place, so that an
+    error (a value a writer refuses, a full disk) leaves ``out_dir`` as it was. Returns the leaderboard files."""
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".ensemble-", dir=out_dir))
+    try:
+        staged = []
+        for task, res in results.items():
+            for split, preds in res.outputs.items():
+                staged.append(write_predictions(stage / "predictions", task, split, preds))
+                write_logits(stage / "predictions", task, split, preds)
+        write_submission_zip(stage, staged)
+        (stage / "ensemble.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out_dir / "predictions").mkdir(exist_ok=True)
+        for f in sorted(stage.rglob("*")):
+            if f.is_file():
+                os.replace(f, out_dir / f.relative_to(stage))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(out_dir)
+        raise
+    shutil.rmtree(stage)
+    return [out_dir / "predictions" / f.name for f in staged]
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.max_exhaustive < 1:
+        _fail("--max-exhaustive must be at least 1", 2)
+    if args.regression_sts and args.method != "regression":
+        _fail("--regression-sts only applies to --method regression", 2)
+    check_paths(args.runs, args.out_dir)
+    if args.names and len(args.names) != len(args.runs):
+        _fail(f"--names gives {len(args.names)} names for {len(args.runs)} runs; give one per run", 2)
+    names = run_names(args.runs, args.names)
+    out_dir = Path(args.out_dir)
+    try:
+        results, skipped = ensemble_runs(args)
+    except (ValueError, FileNotFoundError) as e:  # a bad or missing input file, named in the message
+        _fail(str(e), 1)
     if not results:
-        raise SystemExit("no task had dev logits in the given runs; nothing to ensemble")
-    zip_path = write_submission_zip(out_dir, written)
+        _fail(f"no task had dev logits in {', '.join(args.runs)}; nothing to ensemble", 1)
+
+    summary = {
+        "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
+        "seed": args.seed, "skipped": skipped, "submission": str(out_dir / "submission.zip"),
+        "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
+                      "ensemble_score": r.ensemble_score, "models": [names[m] for m in r.models],
+                      "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
+                  for t, r in results.items()},
+    }
+    written = write_outputs(out_dir, results, summary)
 
     tasks = [t for t in args.tasks if t in results]
     rows = [(name, {t: results[t].model_scores[m] for t in tasks}) for m, name in enumerate(names)]
@@ -361,18 +444,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
               + ", ".join(f"{t} n={results[t].holdout['n_eval']}" for t in tasks) + ")")
         print(format_table(hold_rows, tasks))
 
-    summary = {
-        "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
-        "seed": args.seed, "skipped": skipped, "submission": str(zip_path),
-        "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
-                      "ensemble_score": r.ensemble_score, "models": [names[m] for m in r.models],
-                      "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
-                  for t, r in results.items()},
-    }
-    tmp = out_dir / ".ensemble.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out_dir / "ensemble.json")
-    print(f"wrote {len(written)} leaderboard files to {pred_dir} and {zip_path}"
+    print(f"wrote {len(written)} leaderboard files to {out_dir / 'predictions'} and {out_dir / 'submission.zip'}"
           + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
     return summary
 
