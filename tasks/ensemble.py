@@ -66,6 +66,7 @@ from tasks.evaluate import (
     overall_score,
     read_logits,
     score,
+    temp_file_beside,
     write_logits,
     write_predictions,
 )
@@ -254,7 +255,7 @@ def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str])
 def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
     """``out_dir/submission.zip`` with the leaderboard files under predictions/, written atomically."""
     path = out_dir / "submission.zip"
-    fd, tmp = tempfile.mkstemp(prefix=".submission.", suffix=".zip.tmp", dir=out_dir)
+    fd, tmp = temp_file_beside(path)  # the umask's mode (0644), not mkstemp's 0600
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:

@@ -15,8 +15,8 @@ back in dataset order, so row i of ``Predictions`` is ``dataset.ids[i]``.
 Leaderboard files (``predictions/{sst,para,sts}-{dev,test}-output.csv``) hold
 one row per input id in input order; raw logits go beside them
 (``{task}-{split}-logits.csv``) for ensembling and distillation. Every writer
-is atomic (temporary file + ``os.replace``), and every reader names the file
-and line of a malformed row.
+is atomic (temporary file + ``os.replace``) and leaves the mode the umask gives
+(0644 typically); every reader names the file and line of a malformed row.
 
 Usage:
     metrics, preds = evaluate(model, {"sst": sst_dev, "para": para_dev, "sts": sts_dev}, device=device)
@@ -33,7 +33,7 @@ import contextlib
 import csv
 import math
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -240,10 +240,27 @@ def _check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; splits are {list(SPLITS)}")
 
 
+def temp_file_beside(path: Path) -> tuple[int, Path]:
+    """A new empty hidden file in ``path``'s folder, for an atomic write: (open fd, its path).
+
+    Created with mode 0o666 so that the kernel applies the umask as for any
+    file the user makes (0644 under umask 022): mkstemp's 0600 would make a
+    shared results folder unreadable to others. No umask is read or changed,
+    so other threads never see a umask of 0.
+    """
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path.parent}: no free temporary name for {path.name} after 100 tries")
+
+
 def _atomic_write_csv(path: Path, header: list[str], rows: Iterable[list]) -> Path:
     """Write a comma-separated file through a temporary file in the same folder, then os.replace."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)
     try:
         with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f, lineterminator="\n")

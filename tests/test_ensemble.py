@@ -4,6 +4,8 @@ regression weights, id checks, the CLI."""
 from __future__ import annotations
 
 import argparse
+import os
+import stat
 import re
 import zipfile
 from pathlib import Path
@@ -289,3 +291,16 @@ def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypat
         main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
         ["ensemble.json", "predictions", "submission.zip"])
+
+
+def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
+    """submission.zip and the ensemble's files are 0644 under umask 022, not the temporary-file default 0600."""
+    runs = _make_runs(tmp_path)
+    old = os.umask(0o022)
+    try:
+        main([*runs, "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "ens")])
+    finally:
+        os.umask(old)
+    files = [f for f in (tmp_path / "ens").rglob("*") if f.is_file()]
+    assert (tmp_path / "ens" / "submission.zip") in files
+    assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o644" for f in files}

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import os
+import stat
 
 import pytest
 import torch
@@ -241,3 +243,21 @@ def test_malformed_logits_file_error_names_file_and_line(tmp_path, bad_line, pro
     path.write_text("id,prob\nx,0.1\n")
     with pytest.raises(ValueError, match=r"line 1: header"):
         read_logits(path)
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, and put the old one back."""
+    old = os.umask(0o022)
+    yield os.umask
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_prediction_and_logits_files_follow_the_umask(tmp_path, umask, mask, mode):
+    """Leaderboard and logits files get the mode any new file of the user gets (0644 under umask 022), not the
+    temporary-file default 0600 that hides a shared results folder from others."""
+    umask(mask)
+    preds = fake_predictions("sts")
+    for path in (write_predictions(tmp_path, "sts", "dev", preds), write_logits(tmp_path, "sts", "dev", preds)):
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path
