@@ -48,6 +48,7 @@ from tasks.readers import csv_records
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 # Column after "id" in the leaderboard files (CS224N default project names).
 PREDICTION_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
+STARTER_STS_COLUMN = "Predicted_Similiary"  # sic: the CS224N starter's spelling, read as STS
 NUM_SST_CLASSES = 5
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 
@@ -349,6 +350,8 @@ def _read_id_value_csv(path: str | os.PathLike[str], parse_header: Callable[[lis
             raise ValueError(f"{path}: the file is empty; expected a header row") from None
         except csv.Error as e:
             raise ValueError(f"{path}: line 1: unparseable CSV ({e})") from None
+        if len(header) == 1 and "\t" in header[0]:  # the CS224N starter: "id \t Predicted_X ", rows "<id> , <v> "
+            header = [h.strip() for h in header[0].split("\t")]
         problem = parse_header(header)
         if problem:
             raise ValueError(f"{path}: line 1: {problem}")
@@ -409,8 +412,12 @@ def read_logits(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
 
 
 def read_predictions(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
-    """Inverse of ``write_predictions``: (ids, (N,) long class ids for SST / paraphrase, float32 for STS)."""
-    column_task = {c: t for t, c in PREDICTION_COLUMN.items()}
+    """Inverse of ``write_predictions``: (ids, (N,) long class ids for SST / paraphrase, float32 for STS).
+
+    Also reads the CS224N starter's files: header ``id \t Predicted_Sentiment ``
+    (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows ``<id> , <value> ``.
+    """
+    column_task = {c: t for t, c in PREDICTION_COLUMN.items()} | {STARTER_STS_COLUMN: "sts"}
     found: dict[str, str] = {}
 
     def parse_header(header: list[str]) -> str | None:

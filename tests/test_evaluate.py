@@ -261,3 +261,30 @@ def test_prediction_and_logits_files_follow_the_umask(tmp_path, umask, mask, mod
     preds = fake_predictions("sts")
     for path in (write_predictions(tmp_path, "sts", "dev", preds), write_logits(tmp_path, "sts", "dev", preds)):
         assert stat.S_IMODE(path.stat().st_mode) == mode, path
+
+
+STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}  # sic
+
+
+@pytest.mark.parametrize("task,values,expected", [
+    ("sst", ["3", "0"], torch.tensor([3, 0])),
+    ("para", ["1.0", "0.0"], torch.tensor([1, 0])),  # the starter writes numpy floats
+    ("sts", ["3.1415927", "0.25"], torch.tensor([3.1415927, 0.25])),
+])
+def test_read_predictions_accepts_the_cs224n_starter_format(tmp_path, task, values, expected):
+    """The starter's leaderboard files ('id \\t Predicted_Sentiment ' header, '<id> , <value> ' rows, STS's
+    'Predicted_Similiary') read like our plain 'id,Predicted_*' files."""
+    ids = ["b757", "d17a"]
+    starter = tmp_path / f"starter-{task}.csv"
+    with open(starter, "w") as f:  # as the starter's multitask_classifier.py writes them
+        f.write(f"id \t {STARTER_COLUMN[task]} \n")
+        for i, v in zip(ids, values):
+            f.write(f"{i} , {v} \n")
+    got_ids, got = read_predictions(starter)
+    assert got_ids == ids and got.dtype == expected.dtype and torch.equal(got, expected)
+    plain = write_predictions(tmp_path / "ours", task, "dev", Predictions(ids, expected.float(), expected))
+    assert read_predictions(plain)[0] == ids and torch.equal(read_predictions(plain)[1], expected)
+    starter.write_text("id \t Predicted_Nothing \nb757 , 1 \n")
+    with pytest.raises(ValueError, match="line 1: header"):
+        read_predictions(starter)
+
