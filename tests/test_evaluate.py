@@ -288,3 +288,15 @@ def test_read_predictions_accepts_the_cs224n_starter_format(tmp_path, task, valu
     with pytest.raises(ValueError, match="line 1: header"):
         read_predictions(starter)
 
+
+def test_minority_class_accuracy_reads_starter_files(tmp_path):
+    """tasks.robustness.class_accuracy scores a starter-format prediction file by id, as it does our own."""
+    from tasks.robustness import class_accuracy
+
+    examples = [Example("b757", "x", label=1), Example("d17a", "y", label=1), Example("e3", "z", label=0)]
+    starter = tmp_path / "sst-dev-output.csv"
+    starter.write_text("id \t Predicted_Sentiment \nb757 , 1 \nd17a , 4 \ne3 , 0 \n")
+    assert class_accuracy(starter, examples, 1) == 0.5
+    ours = write_predictions(tmp_path / "ours", "sst", "dev",
+                             Predictions(["b757", "d17a", "e3"], torch.zeros(3, 5), torch.tensor([1, 4, 0])))
+    assert class_accuracy(ours, examples, 1) == 0.5
