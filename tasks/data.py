@@ -18,7 +18,7 @@ from typing import Literal, Protocol
 import torch
 
 from tasks.readers import Example, Triplet
-# Re-exported: tasks/train.py imports these from here (to be moved to tasks.readers by its owner).
+# Re-exported: tasks/train.py and tasks/pretrain.py import these from here (their owners move them to tasks.readers).
 from tasks.readers import load_nli, load_split  # noqa: F401
 
 # ---- tokenized datasets -------------------------------------------------------------------

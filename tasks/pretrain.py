@@ -60,8 +60,7 @@ from minbert.config import BertConfig
 from minbert.optimizer import AdamW
 from minbert.pretrained import load_pretrained, map_hf_keys, read_state_dict, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
-from tasks.data import length_bucketed_batches
-from tasks.readers import load_split
+from tasks.data import length_bucketed_batches, load_split
 
 log = logging.getLogger(__name__)
 
