@@ -5,7 +5,7 @@ Each run is a predictions directory holding the raw outputs that
 dev and test splits (SST: id,logit_0..logit_4; paraphrase: id,logit; STS:
 id,score). A run directory that holds them under ``predictions/`` works too.
 
-Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6):
+Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math is in tasks.ensemble_methods):
   simple      the average prediction of all models: SST averages the softmax
               probabilities, paraphrase the sigmoid probabilities, STS the scores.
   selective   per task, the subset of models whose simple average scores best
@@ -21,7 +21,7 @@ Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6):
               STS falls back to the simple average unless --regression-sts, which
               fits per-model linear weights and a bias by least squares.
 
-Dev labels come from the task files (``tasks.data.load_split(task, "dev",
+Dev labels come from the task files (``tasks.readers.load_split(task, "dev",
 data_dir)``), matched by id. Every run must hold the same ids for a task and
 split (a mismatch names the file). Outputs in --out-dir:
 predictions/{sst,para,sts}-{dev,test}-output.csv (leaderboard files),
@@ -30,7 +30,10 @@ averaged probabilities, paraphrase logit of the averaged probability, STS the
 score, so an ensemble can itself be ensembled), submission.zip with the
 leaderboard files, and ensemble.json (runs, chosen subsets or weights, scores).
 A test split no run has (there is no quora-test-student.csv in the shared data)
-is skipped with a message.
+is skipped with a message. --out-dir may not be an input run or inside a
+folder holding an input's logits (exit status 2); every input is read and
+checked before anything is written, and the outputs are staged and moved into
+place at the end, so a bad file (a NaN logit) leaves --out-dir as it was.
 
 Usage:
     python -m tasks.ensemble runs/a/predictions runs/b/predictions runs/c/predictions \\
@@ -40,22 +43,22 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import itertools
+import contextlib
 import json
 import logging
-import math
 import os
+import shutil
 import sys
 import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import torch
-import torch.nn.functional as F
 
-from tasks.data import load_split
+from tasks.ensemble_methods import average, fit_regression, predict, select_subset, split_halves
 from tasks.evaluate import (
     NUM_SST_CLASSES,
     TASK_METRIC,
@@ -63,9 +66,11 @@ from tasks.evaluate import (
     overall_score,
     read_logits,
     score,
+    temp_file_beside,
     write_logits,
     write_predictions,
 )
+from tasks.readers import load_split
 
 log = logging.getLogger(__name__)
 
@@ -159,180 +164,6 @@ def dev_labels(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str], 
     return torch.tensor([label[i] for i in ids], dtype=torch.float64)
 
 
-# ---- combining ------------------------------------------------------------------------
-
-
-def predict(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """A single model's predictions, the rule of tasks.model.MultitaskBert.predict."""
-    if task == "sst":
-        return logits.argmax(-1)
-    if task == "para":
-        return (logits > 0).long()
-    return logits
-
-
-def average(task: str, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Simple ensemble of models' logits: (ensemble logits, predictions), in float64.
-
-    SST: mean of softmax probabilities; logits = log of that mean; prediction its argmax.
-    Paraphrase: mean of sigmoid probabilities, computed as the mean of
-    tanh(x/2) = 2p - 1 so that its sign (p > 1/2) is exact even for tiny
-    logits; logits = log(p̄ / (1 - p̄)), which has the prediction's sign.
-    STS: mean score. One model, or identical models, give back that model's
-    predictions exactly.
-    """
-    if not logits:
-        raise ValueError("average of no models")
-    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
-    m = x.shape[0]
-    if task == "sst":
-        probs = x.softmax(-1).mean(0)  # (N, 5)
-        ens = torch.logsumexp(x.log_softmax(-1), 0) - math.log(m)  # log mean p, finite
-        return ens, probs.argmax(-1)
-    if task == "para":
-        centred = torch.tanh(x / 2).mean(0)  # (N,) = 2 p̄ - 1
-        # log p̄ - log(1 - p̄): as 2 atanh(2p̄ - 1) near p̄ = 1/2 (keeps the sign of tiny logits),
-        # through log-sigmoids elsewhere (finite where tanh has saturated to ±1)
-        far = torch.logsumexp(F.logsigmoid(x), 0) - torch.logsumexp(F.logsigmoid(-x), 0)
-        near = 2 * torch.atanh(centred.clamp(-0.5, 0.5))
-        ens = torch.where(centred.abs() < 0.5, near, far)
-        return ens, (centred > 0).long()
-    mean = x.mean(0)  # (N,)
-    return mean, mean
-
-
-def _contributions(task: str, logits: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Per-model quantities whose mean decides the simple ensemble's prediction (for fast subset search)."""
-    x = torch.stack([t.double() for t in logits])
-    if task == "sst":
-        return x.softmax(-1)
-    if task == "para":
-        return torch.tanh(x / 2)
-    return x
-
-
-def _predict_from_mean(task: str, mean: torch.Tensor) -> torch.Tensor:
-    if task == "sst":
-        return mean.argmax(-1)
-    if task == "para":
-        return (mean > 0).long()
-    return mean
-
-
-def _safe(value: float) -> float:
-    """nan scores (constant STS predictions) rank below everything."""
-    return -math.inf if math.isnan(value) else value
-
-
-def select_subset(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor,
-                  max_exhaustive: int = 10) -> tuple[tuple[int, ...], float]:
-    """The model subset whose simple average scores best on (``logits``, ``labels``), and that score.
-
-    Every non-empty subset when there are at most ``max_exhaustive`` models
-    (2^M - 1 of them), greedy forward selection otherwise (add the model that
-    helps most, stop when none helps). Ties go to the smaller subset, then the
-    earlier models.
-    """
-    contrib = _contributions(task, logits)  # (M, N[, 5])
-    n_models = contrib.shape[0]
-
-    def subset_score(subset: Sequence[int]) -> float:
-        mean = contrib[list(subset)].mean(0)
-        return _safe(score(task, _predict_from_mean(task, mean), labels))
-
-    if n_models <= max_exhaustive:
-        best, best_score = (), -math.inf
-        for k in range(1, n_models + 1):
-            for subset in itertools.combinations(range(n_models), k):
-                s = subset_score(subset)
-                if s > best_score:
-                    best, best_score = subset, s
-        return best, best_score
-    chosen: list[int] = []
-    best_score = -math.inf
-    while len(chosen) < n_models:
-        candidates = [(subset_score(chosen + [m]), -m) for m in range(n_models) if m not in chosen]
-        s, neg_m = max(candidates)
-        if s <= best_score:
-            break
-        chosen.append(-neg_m)
-        best_score = s
-    return tuple(sorted(chosen)), best_score
-
-
-@dataclass
-class RegressionFit:
-    """Weights of the regression ensembler for one task: z = Σ_m w_m · logits_m (+ bias)."""
-
-    task: str
-    weights: list[float]
-    bias: float | None
-    n_fit: int
-    objective: str
-
-    def apply(self, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """(ensemble logits, predictions); SST logits (N, 5), paraphrase logit / STS score (N,)."""
-        x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
-        if x.shape[0] != len(self.weights):
-            raise ValueError(f"{self.task}: fit on {len(self.weights)} models, applied to {x.shape[0]}")
-        w = torch.tensor(self.weights, dtype=torch.float64).view(-1, *([1] * (x.dim() - 1)))
-        z = (w * x).sum(0)
-        if self.bias is not None:
-            z = z + self.bias
-        return z, predict(self.task, z)
-
-
-def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor, l2: float = 1e-3,
-                   max_iter: int = 300) -> RegressionFit:
-    """Fit the regression ensembler's weights on (``logits``, ``labels``).
-
-    SST: softmax(Σ w_m x_m), cross-entropy; paraphrase: sigmoid(Σ w_m x_m + b),
-    binary cross-entropy; both minimised by L-BFGS (strong Wolfe line search)
-    from w = 1/M, with ``l2`` · Σ w_m² added so that a useless model's weight
-    goes to 0 rather than wandering. STS: least squares of the gold score on
-    [scores, 1] (closed form; the paper did not ensemble STS this way).
-    """
-    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
-    n_models, n = x.shape[0], x.shape[1]
-    y = labels.double()
-    if task == "sts":
-        design = torch.cat([x.T, torch.ones(n, 1, dtype=torch.float64)], dim=1)  # (N, M + 1)
-        sol = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)  # (M + 1,)
-        return RegressionFit(task, sol[:-1].tolist(), float(sol[-1]), n, "least squares")
-    w = torch.full((n_models,), 1.0 / n_models, dtype=torch.float64, requires_grad=True)
-    b = torch.zeros((), dtype=torch.float64, requires_grad=task == "para")
-    params = [w, b] if task == "para" else [w]
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
-                            history_size=20, line_search_fn="strong_wolfe")
-
-    def objective() -> torch.Tensor:
-        if task == "sst":
-            z = torch.einsum("m,mnc->nc", w, x)  # (N, 5)
-            data = F.cross_entropy(z, y.long())
-        else:
-            z = torch.einsum("m,mn->n", w, x) + b  # (N,)
-            data = F.binary_cross_entropy_with_logits(z, y)
-        return data + l2 * (w * w).sum()
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return RegressionFit(task, w.detach().tolist(), float(b.detach()) if task == "para" else None, n,
-                         "softmax cross-entropy" if task == "sst" else "sigmoid binary cross-entropy")
-
-
-def split_halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """A seeded random split of range(n): (dev-train indices, dev-dev indices), sizes n//2 and n - n//2."""
-    if n < 2:
-        raise ValueError(f"cannot split {n} dev examples into two halves")
-    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    return perm[: n // 2].sort().values, perm[n // 2:].sort().values
-
-
 # ---- the whole ensemble ------------------------------------------------------------------
 
 
@@ -424,7 +255,7 @@ def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str])
 def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
     """``out_dir/submission.zip`` with the leaderboard files under predictions/, written atomically."""
     path = out_dir / "submission.zip"
-    fd, tmp = tempfile.mkstemp(prefix=".submission.", suffix=".zip.tmp", dir=out_dir)
+    fd, tmp = temp_file_beside(path)  # the umask's mode (0644), not mkstemp's 0600
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
@@ -448,46 +279,70 @@ def run_names(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[str]
     return short if len(set(short)) == len(short) else [str(d) for d in run_dirs]
 
 
+PROG = "python -m tasks.ensemble"
+
+
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m tasks.ensemble",
+        prog=PROG, formatter_class=_DefaultsHelp, allow_abbrev=False,
         description="Ensemble saved logits of several runs (minBERT paper §4.6) into leaderboard files.")
-    p.add_argument("runs", nargs="+", help="predictions directories holding {task}-{dev,test}-logits.csv")
-    p.add_argument("--method", choices=METHODS, default="simple")
-    p.add_argument("--out-dir", required=True, help="where predictions/, submission.zip and ensemble.json go")
-    p.add_argument("--data-dir", default="data", help="task CSV files, for the dev labels (default: data)")
-    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS))
+    p.add_argument("runs", nargs="+", help="run or predictions directories holding {task}-{dev,test}-logits.csv")
+    p.add_argument("--method", choices=METHODS, default="simple", help="how the runs are combined")
+    p.add_argument("--out-dir", required=True,
+                   help="where predictions/, submission.zip and ensemble.json go; not an input run")
+    p.add_argument("--data-dir", default="data", help="task CSV files, for the dev labels")
+    p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
+                   help=f"tasks to ensemble (default: {' '.join(TASKS)})")
     p.add_argument("--names", nargs="+", default=None, help="a name per run for the table (default: directory names)")
     p.add_argument("--max-exhaustive", type=int, default=10,
                    help="selective: try every subset up to this many models, greedy selection above")
     p.add_argument("--seed", type=int, default=0, help="regression: the dev split into halves")
     p.add_argument("--regression-sts", action="store_true",
-                   help="regression: also fit STS (least squares); the paper did not, default is the simple average")
+                   help="regression: also fit STS (least squares); the paper did not, so STS is simply averaged")
     p.add_argument("--regression-l2", type=float, default=1e-3, help="regression: L2 penalty on the weights")
     p.add_argument("--regression-iters", type=int, default=300, help="regression: L-BFGS iterations")
     return p
 
 
-def main(argv: Sequence[str] | None = None) -> dict:
-    args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if args.max_exhaustive < 1:
-        raise SystemExit("--max-exhaustive must be at least 1")
-    if args.regression_sts and args.method != "regression":
-        raise SystemExit("--regression-sts only applies to --method regression")
-    names = run_names(args.runs, args.names)
-    out_dir = Path(args.out_dir)
-    pred_dir = out_dir / "predictions"
-    pred_dir.mkdir(parents=True, exist_ok=True)
+def _fail(message: str, status: int) -> NoReturn:
+    """A user's error: one line on stderr, exit status 2 (arguments) or 1 (the files they name)."""
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    raise SystemExit(status)
+
+
+def check_paths(run_dirs: Sequence[str], out_dir: str) -> None:
+    """Every run is a directory, and --out-dir cannot overwrite a run: it is not an input, nor its predictions
+    folder, nor inside a folder that holds an input's logits (compared after resolving links and '..')."""
+    for d in run_dirs:
+        if not Path(d).is_dir():
+            _fail(f"{'not a directory' if Path(d).exists() else 'no such directory'}: {d}", 2)
+    out = Path(out_dir).resolve()
+    for d in run_dirs:
+        run = Path(d).resolve()
+        holds_logits = [run / "predictions"] + ([run] if any(run.glob("*-logits.csv")) else [])
+        if out == run or any(x.is_relative_to(f) for x in (out, out / "predictions") for f in holds_logits):
+            _fail(f"--out-dir {out_dir} would overwrite the input run {d}; give the ensemble a folder of its own", 2)
+    if out.exists() and not out.is_dir():
+        _fail(f"--out-dir {out_dir} is a file; give a folder", 2)
+
+
+def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list[str]]:
+    """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all)."""
     results: dict[str, TaskResult] = {}
-    written: list[Path] = []
     skipped: list[str] = []
     for task in args.tasks:
         dev = load_task_logits(args.runs, task, "dev")
         if dev is None:
-            msg = f"{task}: no run has {task}-dev-logits.csv; task skipped"
-            print(msg, file=sys.stderr)
+            print(f"{task}: no run has {task}-dev-logits.csv; task skipped", file=sys.stderr)
             skipped.extend([f"{task}-dev", f"{task}-test"])
             continue
         labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
@@ -496,16 +351,69 @@ def main(argv: Sequence[str] | None = None) -> dict:
             print(f"{task}: no run has {task}-test-logits.csv (no {task} test file?); "
                   f"{task}-test-output.csv skipped", file=sys.stderr)
             skipped.append(f"{task}-test")
-        res = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
-                            seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
-                            max_iter=args.regression_iters)
-        results[task] = res
-        for split, preds in res.outputs.items():
-            written.append(write_predictions(pred_dir, task, split, preds))
-            write_logits(pred_dir, task, split, preds)
+        results[task] = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
+                                      seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
+                                      max_iter=args.regression_iters)
+    return results, skipped
+
+
+def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) -> list[Path]:
+    """Write every output into a staging folder inside ``out_dir``, then move each into place, so that an
+    error (a value a writer refuses, a full disk) leaves ``out_dir`` as it was. Returns the leaderboard files."""
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".ensemble-", dir=out_dir))
+    try:
+        staged = []
+        for task, res in results.items():
+            for split, preds in res.outputs.items():
+                staged.append(write_predictions(stage / "predictions", task, split, preds))
+                write_logits(stage / "predictions", task, split, preds)
+        write_submission_zip(stage, staged)
+        (stage / "ensemble.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (out_dir / "predictions").mkdir(exist_ok=True)
+        for f in sorted(stage.rglob("*")):
+            if f.is_file():
+                os.replace(f, out_dir / f.relative_to(stage))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(out_dir)
+        raise
+    shutil.rmtree(stage)
+    return [out_dir / "predictions" / f.name for f in staged]
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.max_exhaustive < 1:
+        _fail("--max-exhaustive must be at least 1", 2)
+    if args.regression_sts and args.method != "regression":
+        _fail("--regression-sts only applies to --method regression", 2)
+    check_paths(args.runs, args.out_dir)
+    if args.names and len(args.names) != len(args.runs):
+        _fail(f"--names gives {len(args.names)} names for {len(args.runs)} runs; give one per run", 2)
+    names = run_names(args.runs, args.names)
+    out_dir = Path(args.out_dir)
+    try:
+        results, skipped = ensemble_runs(args)
+    except (ValueError, FileNotFoundError) as e:  # a bad or missing input file, named in the message
+        _fail(str(e), 1)
     if not results:
-        raise SystemExit("no task had dev logits in the given runs; nothing to ensemble")
-    zip_path = write_submission_zip(out_dir, written)
+        _fail(f"no task had dev logits in {', '.join(args.runs)}; nothing to ensemble", 1)
+
+    summary = {
+        "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
+        "seed": args.seed, "skipped": skipped, "submission": str(out_dir / "submission.zip"),
+        "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
+                      "ensemble_score": r.ensemble_score, "models": [names[m] for m in r.models],
+                      "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
+                  for t, r in results.items()},
+    }
+    written = write_outputs(out_dir, results, summary)
 
     tasks = [t for t in args.tasks if t in results]
     rows = [(name, {t: results[t].model_scores[m] for t in tasks}) for m, name in enumerate(names)]
@@ -537,18 +445,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
               + ", ".join(f"{t} n={results[t].holdout['n_eval']}" for t in tasks) + ")")
         print(format_table(hold_rows, tasks))
 
-    summary = {
-        "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
-        "seed": args.seed, "skipped": skipped, "submission": str(zip_path),
-        "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
-                      "ensemble_score": r.ensemble_score, "models": [names[m] for m in r.models],
-                      "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
-                  for t, r in results.items()},
-    }
-    tmp = out_dir / ".ensemble.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2) + "\n")
-    os.replace(tmp, out_dir / "ensemble.json")
-    print(f"wrote {len(written)} leaderboard files to {pred_dir} and {zip_path}"
+    print(f"wrote {len(written)} leaderboard files to {out_dir / 'predictions'} and {out_dir / 'submission.zip'}"
           + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
     return summary
 

@@ -15,8 +15,8 @@ back in dataset order, so row i of ``Predictions`` is ``dataset.ids[i]``.
 Leaderboard files (``predictions/{sst,para,sts}-{dev,test}-output.csv``) hold
 one row per input id in input order; raw logits go beside them
 (``{task}-{split}-logits.csv``) for ensembling and distillation. Every writer
-is atomic (temporary file + ``os.replace``), and every reader names the file
-and line of a malformed row.
+is atomic (temporary file + ``os.replace``) and leaves the mode the umask gives
+(0644 typically); every reader names the file and line of a malformed row.
 
 Usage:
     metrics, preds = evaluate(model, {"sst": sst_dev, "para": para_dev, "sts": sts_dev}, device=device)
@@ -33,7 +33,7 @@ import contextlib
 import csv
 import math
 import os
-import tempfile
+import secrets
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +42,13 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from tasks.data import csv_records, length_bucketed_batches, move_batch
+from tasks.data import length_bucketed_batches, move_batch
+from tasks.readers import csv_records
 
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 # Column after "id" in the leaderboard files (CS224N default project names).
 PREDICTION_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
+STARTER_STS_COLUMN = "Predicted_Similiary"  # sic: the CS224N starter's spelling, read as STS
 NUM_SST_CLASSES = 5
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 
@@ -244,10 +246,27 @@ def _check_split(split: str) -> None:
         raise ValueError(f"unknown split {split!r}; splits are {list(SPLITS)}")
 
 
+def temp_file_beside(path: Path) -> tuple[int, Path]:
+    """A new empty hidden file in ``path``'s folder, for an atomic write: (open fd, its path).
+
+    Created with mode 0o666 so that the kernel applies the umask as for any
+    file the user makes (0644 under umask 022): mkstemp's 0600 would make a
+    shared results folder unreadable to others. No umask is read or changed,
+    so other threads never see a umask of 0.
+    """
+    for _ in range(100):
+        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path.parent}: no free temporary name for {path.name} after 100 tries")
+
+
 def _atomic_write_csv(path: Path, header: list[str], rows: Iterable[list]) -> Path:
     """Write a comma-separated file through a temporary file in the same folder, then os.replace."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = temp_file_beside(path)
     try:
         with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
             w = csv.writer(f, lineterminator="\n")
@@ -336,6 +355,8 @@ def _read_id_value_csv(path: str | os.PathLike[str], parse_header: Callable[[lis
             raise ValueError(f"{path}: the file is empty; expected a header row") from None
         except csv.Error as e:
             raise ValueError(f"{path}: line 1: unparseable CSV ({e})") from None
+        if len(header) == 1 and "\t" in header[0]:  # the CS224N starter: "id \t Predicted_X ", rows "<id> , <v> "
+            header = [h.strip() for h in header[0].split("\t")]
         problem = parse_header(header)
         if problem:
             raise ValueError(f"{path}: line 1: {problem}")
@@ -396,8 +417,12 @@ def read_logits(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
 
 
 def read_predictions(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
-    """Inverse of ``write_predictions``: (ids, (N,) long class ids for SST / paraphrase, float32 for STS)."""
-    column_task = {c: t for t, c in PREDICTION_COLUMN.items()}
+    """Inverse of ``write_predictions``: (ids, (N,) long class ids for SST / paraphrase, float32 for STS).
+
+    Also reads the CS224N starter's files: header ``id \t Predicted_Sentiment ``
+    (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows ``<id> , <value> ``.
+    """
+    column_task = {c: t for t, c in PREDICTION_COLUMN.items()} | {STARTER_STS_COLUMN: "sts"}
     found: dict[str, str] = {}
 
     def parse_header(header: list[str]) -> str | None:

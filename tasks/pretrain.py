@@ -45,7 +45,8 @@ from torch import nn
 from minbert.optimizer import AdamW
 from minbert.pretrained import resolve_model_dir
 from minbert.tokenizer import BertTokenizer
-from tasks.data import length_bucketed_batches, load_split
+from tasks.data import length_bucketed_batches
+from tasks.readers import load_split
 from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, save_mlm_checkpoint
 from tasks.runtime import autocast, autocast_dtype, resolve_device
 

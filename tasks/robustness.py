@@ -35,9 +35,11 @@ from pathlib import Path
 import torch
 
 from tasks import cli
-from tasks.data import TASK_FILES, Example, PairDataset, SentenceDataset, load_split, move_batch
+from tasks.data import PairDataset, SentenceDataset, move_batch
+from tasks.evaluate import read_predictions
 from tasks.objectives.rift import pgd_attack
 from tasks.predict import load_checkpoint_model
+from tasks.readers import TASK_FILES, Example, load_split
 from tasks.runtime import resolve_device
 from tasks.subsets import few_shot, label_noise, minority
 
@@ -84,10 +86,9 @@ def _train(flags: Sequence[str], data_dir: Path, out_dir: Path, seed: int) -> di
 
 
 def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> float:
-    """Accuracy on the dev examples of one class, from a leaderboard prediction file."""
-    with open(pred_csv, newline="") as f:
-        rows = list(csv.reader(f))[1:]
-    pred = {r[0]: int(float(r[1])) for r in rows}
+    """Accuracy on the dev examples of one class, from a leaderboard prediction file (ours or the starter's)."""
+    ids, preds = read_predictions(pred_csv)
+    pred = dict(zip(ids, preds.tolist()))
     of_class = [e for e in examples if e.label == label]
     return sum(pred[e.id] == label for e in of_class) / len(of_class)
 

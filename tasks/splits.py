@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from tasks.config import NLI, TrainConfig
-from tasks.data import Example, PairDataset, SentenceDataset, TripletDataset, load_nli, load_split
+from tasks.data import PairDataset, SentenceDataset, TripletDataset
+from tasks.readers import Example, load_nli, load_split
 
 logger = logging.getLogger(__name__)
 

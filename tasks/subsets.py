@@ -18,7 +18,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tasks.data import Example
+from tasks.readers import Example
 
 
 def _gen(seed: int) -> torch.Generator:

@@ -1,21 +1,20 @@
-"""Ensembles of saved logits (tasks/ensemble.py): identities, selection, regression weights, id checks, the CLI."""
+"""Ensembles of saved logits (tasks/ensemble.py, tasks/ensemble_methods.py): identities, selection,
+regression weights, id checks, the CLI."""
 
 from __future__ import annotations
 
+import argparse
+import os
+import stat
+import re
 import zipfile
+from pathlib import Path
 
 import pytest
 import torch
 
-from tasks.ensemble import (
-    average,
-    ensemble_task,
-    fit_regression,
-    load_task_logits,
-    main,
-    predict,
-    select_subset,
-)
+from tasks.ensemble import build_parser, ensemble_task, load_task_logits, main
+from tasks.ensemble_methods import average, fit_regression, predict, select_subset
 from tasks.evaluate import Predictions, read_predictions, score, write_logits
 
 N = 400
@@ -143,22 +142,30 @@ def _write_dev_files(data, labels):
     (data / "sts-dev.csv").write_text("\tid\tsentence1\tsentence2\tsimilarity\n" + rows)
 
 
-def test_cli_end_to_end(tmp_path, capsys):
-    """python -m tasks.ensemble: leaderboard files, ensemble logits, a zip without the absent para test, a table."""
+def _make_runs(tmp_path, nested=False):
+    """Three runs (two informative, one noise) with dev logits for every task and test logits but para's;
+    ``nested``: as a training run lays them out, under run/predictions/."""
     labels = {t: _labels(t, n=60, seed=10 + k) for k, t in enumerate(("sst", "para", "sts"))}
     labels["sts"] = (labels["sts"] * 1000).round() / 1000  # as written to the data file
     _write_dev_files(tmp_path / "data", labels)
     runs = []
     for r, quality in enumerate((1, 1, 0)):
+        name = f"run{r}/predictions" if nested else f"run{r}"
         for task in ("sst", "para", "sts"):
             ids = [f"{task}{i}" for i in range(60)]
             x = _model(task, labels[task], quality, seed=100 * r + len(task))
             if r == 1:  # another row order: aligned by id
                 ids, x = ids[::-1], x.flip(0)
-            _write_run(tmp_path, f"run{r}", task, "dev", ids, x)
+            _write_run(tmp_path, name, task, "dev", ids, x)
             if task != "para":  # no quora test file in the shared data
-                _write_run(tmp_path, f"run{r}", task, "test", [f"t{i}" for i in range(7)], x[:7])
+                _write_run(tmp_path, name, task, "test", [f"t{i}" for i in range(7)], x[:7])
         runs.append(str(tmp_path / f"run{r}"))
+    return runs
+
+
+def test_cli_end_to_end(tmp_path, capsys):
+    """python -m tasks.ensemble: leaderboard files, ensemble logits, a zip without the absent para test, a table."""
+    runs = _make_runs(tmp_path)
     out = tmp_path / "ens"
     summary = main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
     captured = capsys.readouterr()
@@ -177,3 +184,123 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert "held-out dev half" in captured.out and "ensemble: regression" in captured.out
     # the ensemble's own output directory is itself a run
     main([str(out / "predictions"), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "again")])
+
+
+def _snapshot(folder):
+    """Every file under ``folder`` with its bytes ({} when the folder does not exist)."""
+    root = Path(folder)
+    return {str(f.relative_to(root)): f.read_bytes() for f in sorted(root.rglob("*")) if f.is_file()}
+
+
+@pytest.mark.parametrize("nested", [True, False])
+def test_out_dir_that_is_an_input_is_refused_and_nothing_changes(tmp_path, capsys, nested):
+    """--out-dir naming an input run (or its predictions folder, or a folder inside it; any spelling that resolves
+    there) exits 2 with one line, and the input run's files keep their bytes."""
+    runs = _make_runs(tmp_path, nested=nested)
+    data = str(tmp_path / "data")
+    before = _snapshot(tmp_path / "run0")
+    outs = [runs[0], f"{tmp_path}/run1/../run0", f"{runs[0]}/predictions", f"{runs[0]}/predictions/ens"]
+    if not nested:
+        outs.append(f"{runs[0]}/sub")  # the run folder holds its logits itself: nothing may go inside it
+    (tmp_path / "link").symlink_to(runs[0])
+    outs.append(str(tmp_path / "link"))
+    for out in outs:
+        with pytest.raises(SystemExit) as err:
+            main([*runs, "--data-dir", data, "--out-dir", out])
+        assert err.value.code == 2, out
+        message = capsys.readouterr().err.strip()
+        assert "\n" not in message and "--out-dir" in message and runs[0] in message, message
+        assert _snapshot(tmp_path / "run0") == before, out
+    if nested:  # the run's predictions folder given as the input, its run folder as the output
+        with pytest.raises(SystemExit) as err:
+            main([f"{runs[0]}/predictions", runs[1], "--data-dir", data, "--out-dir", runs[0]])
+        assert err.value.code == 2 and _snapshot(tmp_path / "run0") == before
+        main([*runs, "--data-dir", data, "--out-dir", f"{runs[0]}/ensemble"])  # beside predictions/: allowed
+
+
+def test_nan_in_a_logits_file_leaves_no_partial_outputs(tmp_path, capsys):
+    """A non-finite logit in one run's para file (read after sst's) stops the ensemble before anything is written:
+    a fresh --out-dir is not created, and an earlier ensemble's files keep their bytes. One line names the file."""
+    runs = _make_runs(tmp_path)
+    data = str(tmp_path / "data")
+    out = tmp_path / "ens"
+    main([*runs, "--data-dir", data, "--out-dir", str(out)])
+    before = _snapshot(out)
+    bad = Path(runs[1]) / "para-dev-logits.csv"
+    lines = bad.read_text().splitlines()
+    lines[5] = lines[5].split(",")[0] + ",nan"
+    bad.write_text("\n".join(lines) + "\n")
+    capsys.readouterr()
+    for target in (out, tmp_path / "fresh"):
+        with pytest.raises(SystemExit) as err:
+            main([*runs, "--method", "selective", "--data-dir", data, "--out-dir", str(target)])
+        assert err.value.code == 1
+        message = capsys.readouterr().err.strip()
+        assert "\n" not in message and str(bad) in message and "line 6" in message, message
+    assert _snapshot(out) == before
+    assert not (tmp_path / "fresh").exists()
+
+
+def test_mistyped_run_path_says_no_such_directory(tmp_path, capsys):
+    """A run path that does not exist exits 2 with 'no such directory: PATH', before reading anything."""
+    runs = _make_runs(tmp_path)
+    typo = str(tmp_path / "rnu1")
+    with pytest.raises(SystemExit) as err:
+        main([runs[0], typo, "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "ens")])
+    assert err.value.code == 2
+    assert capsys.readouterr().err.strip().endswith(f"no such directory: {typo}")
+    assert not (tmp_path / "ens").exists()
+
+
+def test_help_shows_every_default_and_abbreviations_are_refused(capsys):
+    """--help states the default of every option that has one; '--meth' is not taken as '--method'."""
+    parser = build_parser()
+    text = " ".join(parser.format_help().split())
+    for action in parser._actions:
+        if not action.option_strings or action.default in (None, argparse.SUPPRESS) or action.required:
+            continue
+        option = action.option_strings[-1]
+        start = text.index(f" {option} ", text.index("options:"))
+        following = text[start + len(option) + 2:]
+        nxt = re.search(r" --[a-z]", following)
+        assert "(default:" in following[: nxt.start() if nxt else None], option
+    with pytest.raises(SystemExit) as err:
+        parser.parse_args(["runs/a", "--out-dir", "x", "--meth", "selective"])
+    assert err.value.code == 2 and "unrecognized arguments: --meth" in capsys.readouterr().err
+
+
+def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypatch):
+    """Outputs are staged and moved into place only when all are written: a failure on the third file (a full
+    disk, say) leaves an earlier ensemble's files with their bytes and no staging folder behind."""
+    import tasks.ensemble as ens
+
+    runs = _make_runs(tmp_path)
+    out = tmp_path / "ens"
+    main([*runs, "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    before = _snapshot(out)
+    calls = []
+
+    def failing_write_logits(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        return write_logits(*args, **kwargs)
+
+    monkeypatch.setattr(ens, "write_logits", failing_write_logits)
+    with pytest.raises(OSError):
+        main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
+        ["ensemble.json", "predictions", "submission.zip"])
+
+
+def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
+    """submission.zip and the ensemble's files are 0644 under umask 022, not the temporary-file default 0600."""
+    runs = _make_runs(tmp_path)
+    old = os.umask(0o022)
+    try:
+        main([*runs, "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "ens")])
+    finally:
+        os.umask(old)
+    files = [f for f in (tmp_path / "ens").rglob("*") if f.is_file()]
+    assert (tmp_path / "ens" / "submission.zip") in files
+    assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o644" for f in files}

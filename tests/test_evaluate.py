@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+import os
+import stat
 
 import pytest
 import torch
@@ -241,3 +243,60 @@ def test_malformed_logits_file_error_names_file_and_line(tmp_path, bad_line, pro
     path.write_text("id,prob\nx,0.1\n")
     with pytest.raises(ValueError, match=r"line 1: header"):
         read_logits(path)
+
+
+@pytest.fixture
+def umask():
+    """Set the process umask for one test, and put the old one back."""
+    old = os.umask(0o022)
+    yield os.umask
+    os.umask(old)
+
+
+@pytest.mark.parametrize("mask,mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_prediction_and_logits_files_follow_the_umask(tmp_path, umask, mask, mode):
+    """Leaderboard and logits files get the mode any new file of the user gets (0644 under umask 022), not the
+    temporary-file default 0600 that hides a shared results folder from others."""
+    umask(mask)
+    preds = fake_predictions("sts")
+    for path in (write_predictions(tmp_path, "sts", "dev", preds), write_logits(tmp_path, "sts", "dev", preds)):
+        assert stat.S_IMODE(path.stat().st_mode) == mode, path
+
+
+STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}  # sic
+
+
+@pytest.mark.parametrize("task,values,expected", [
+    ("sst", ["3", "0"], torch.tensor([3, 0])),
+    ("para", ["1.0", "0.0"], torch.tensor([1, 0])),  # the starter writes numpy floats
+    ("sts", ["3.1415927", "0.25"], torch.tensor([3.1415927, 0.25])),
+])
+def test_read_predictions_accepts_the_cs224n_starter_format(tmp_path, task, values, expected):
+    """The starter's leaderboard files ('id \\t Predicted_Sentiment ' header, '<id> , <value> ' rows, STS's
+    'Predicted_Similiary') read like our plain 'id,Predicted_*' files."""
+    ids = ["b757", "d17a"]
+    starter = tmp_path / f"starter-{task}.csv"
+    with open(starter, "w") as f:  # as the starter's multitask_classifier.py writes them
+        f.write(f"id \t {STARTER_COLUMN[task]} \n")
+        for i, v in zip(ids, values):
+            f.write(f"{i} , {v} \n")
+    got_ids, got = read_predictions(starter)
+    assert got_ids == ids and got.dtype == expected.dtype and torch.equal(got, expected)
+    plain = write_predictions(tmp_path / "ours", task, "dev", Predictions(ids, expected.float(), expected))
+    assert read_predictions(plain)[0] == ids and torch.equal(read_predictions(plain)[1], expected)
+    starter.write_text("id \t Predicted_Nothing \nb757 , 1 \n")
+    with pytest.raises(ValueError, match="line 1: header"):
+        read_predictions(starter)
+
+
+def test_minority_class_accuracy_reads_starter_files(tmp_path):
+    """tasks.robustness.class_accuracy scores a starter-format prediction file by id, as it does our own."""
+    from tasks.robustness import class_accuracy
+
+    examples = [Example("b757", "x", label=1), Example("d17a", "y", label=1), Example("e3", "z", label=0)]
+    starter = tmp_path / "sst-dev-output.csv"
+    starter.write_text("id \t Predicted_Sentiment \nb757 , 1 \nd17a , 4 \ne3 , 0 \n")
+    assert class_accuracy(starter, examples, 1) == 0.5
+    ours = write_predictions(tmp_path / "ours", "sst", "dev",
+                             Predictions(["b757", "d17a", "e3"], torch.zeros(3, 5), torch.tensor([1, 4, 0])))
+    assert class_accuracy(ours, examples, 1) == 0.5

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tasks.data import Example
+from tasks.readers import Example
 from tasks.subsets import few_shot, label_noise, minority
 
 
@@ -63,7 +63,7 @@ def test_bad_rates_raise():
 
 def test_perturbed_files_round_trip_through_the_readers(tmp_path):
     """Rewritten train files parse back to the same examples; other files are links to the originals."""
-    from tasks.data import load_split
+    from tasks.readers import load_split
     from tasks.robustness import perturbed_data_dir
 
     src = tmp_path / "src"

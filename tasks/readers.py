@@ -1,0 +1,441 @@
+"""Readers for the task CSV files: records, per-file read reports, the CS224N formats, task file names.
+
+The CS224N files (see data/README.md) are tab-separated with an unnamed index
+column first; nli-train.csv is comma-separated. Readers parse them with the
+csv module, keep every valid row (synthetic Quora ids and index -1 included),
+and record every row they skip with its 1-based file line and a reason in a
+ReadReport, so nothing is ever dropped silently.
+
+A file whose last record has no line end after it was most likely cut (an STS
+score "0.8" cut to "0" still parses): that record is skipped and reported
+("file ends without a newline: the last record may be cut") rather than the
+file refused, so the rest of the file stays usable and the loss is on record.
+No field of these files spans lines, so a record over several lines is an
+unbalanced quote that swallowed the rows after it: each line it spans is
+reported as a skipped row, and a record over more than MAX_RECORD_LINES (5)
+lines refuses the whole file with a ValueError naming the line to fix.
+
+Usage:
+    examples, report = load_split("sst", "train", "data")
+    triplets, report = load_nli("data")
+    report.to_dict()   # {"file": ..., "rows": ..., "kept": ..., "skipped": ..., "reasons": {...}, ...}
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import math
+import os
+import re
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal, TypeVar
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+CUT_RECORD = "file ends without a newline: the last record may be cut"
+# No field of the task files spans lines; a record over more lines than this is an unbalanced quote.
+MAX_RECORD_LINES = 5
+
+# ---- records ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Example:
+    """One row of a task file: a sentence (text_b None) or a sentence pair; label None when unlabeled."""
+
+    id: str
+    text_a: str
+    text_b: str | None = None
+    label: int | float | None = None
+
+
+@dataclass(frozen=True)
+class Triplet:
+    """One NLI row: anchor, an entailed sentence, and an optional contradiction (hard negative)."""
+
+    anchor: str
+    positive: str
+    negative: str | None
+
+
+class DataFileMissing(FileNotFoundError):
+    """A task file is not where it should be; the message says how to get it."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        super().__init__(
+            f"data file not found: {self.path}. Run `bash setup.sh` to link ../shared/data "
+            f"(or set MINBERT_DATA=/dir/with/csvs before running it), or copy the CS224N file to {self.path}."
+        )
+        # OSError.filename stays unset: setting it would replace this message in str(err).
+
+
+@dataclass
+class ReadReport:
+    """What a reader did with a file: rows seen, rows kept, and each skipped row with its reason.
+
+    ``skipped`` and ``duplicate_ids`` hold (1-based file line, reason). Duplicate
+    ids are kept (the row itself is valid) but reported, because prediction
+    files are keyed by id.
+    """
+
+    path: str
+    rows_total: int = 0
+    rows_kept: int = 0
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    duplicate_ids: list[tuple[int, str]] = field(default_factory=list)
+    limit: int | None = None
+
+    def summary(self, max_listed: int = 10) -> str:
+        """One line, e.g. 'data/quora-dev.csv: kept 20212 of 20214 rows; skipped 2: line 2577: empty label; ...'."""
+        text = f"{self.path}: kept {self.rows_kept} of {self.rows_total} rows"
+        if self.limit is not None:
+            text += f" (stopped at limit={self.limit})"
+        for name, items in (("skipped", self.skipped), ("duplicate ids (kept)", self.duplicate_ids)):
+            if items:
+                listed = "; ".join(f"line {line}: {reason}" for line, reason in items[:max_listed])
+                more = f"; ... and {len(items) - max_listed} more" if len(items) > max_listed else ""
+                text += f"; {name} {len(items)}: {listed}{more}"
+        return text
+
+    def to_dict(self, max_listed: int = 10) -> dict:
+        """The counts as plain JSON values, for a run's metrics.jsonl and config record.
+
+        {"file", "rows" (seen), "kept", "skipped", "duplicate_ids", "limit",
+        "reasons": {reason: count} with the row-specific values elided
+        (``label '…' out of range 0..4``), "first_skipped": [{"line", "reason"}, ...]}.
+        """
+        reasons: dict[str, int] = {}
+        for _, reason in self.skipped:
+            kind = _reason_kind(reason)
+            reasons[kind] = reasons.get(kind, 0) + 1
+        return {
+            "file": self.path, "rows": self.rows_total, "kept": self.rows_kept, "skipped": len(self.skipped),
+            "duplicate_ids": len(self.duplicate_ids), "limit": self.limit, "reasons": reasons,
+            "first_skipped": [{"line": line, "reason": reason} for line, reason in self.skipped[:max_listed]],
+        }
+
+    @property
+    def clean(self) -> bool:
+        """True when nothing was skipped and no id repeats (the loader then logs at INFO, not WARNING)."""
+        return not self.skipped and not self.duplicate_ids
+
+
+def _reason_kind(reason: str) -> str:
+    """A skip reason without its row's values, so that equal problems count together."""
+    reason = re.sub(r" \(record spans lines [^)]*\)$", "", reason)
+    reason = re.sub(r"'[^']*'", "'…'", reason)
+    return re.sub(r"\bline \d+", "line N", reason)
+
+
+# ---- CSV reading ------------------------------------------------------------------
+
+
+def csv_records(reader) -> Iterator[tuple[int, list[str] | None, str | None, int]]:
+    """(first line, row, csv error, last line) for each record after the header, lines 1-based.
+
+    A record starts on the line after the previous one ended: quoted fields may
+    span lines, so ``reader.line_num`` alone is only the record's last line. A
+    record the csv module cannot parse comes as (line, None, error text, line).
+    """
+    end_of_previous = reader.line_num
+    while True:
+        line = end_of_previous + 1
+        try:
+            row, error = next(reader), None
+        except StopIteration:
+            return
+        except csv.Error as e:
+            row, error = None, str(e)
+        end_of_previous = reader.line_num
+        yield line, row, error, end_of_previous
+
+
+def _read_rows(
+    path: str | os.PathLike[str],
+    delimiter: str,
+    columns: Sequence[str],
+    parse: Callable[[dict[str, str]], T | str],
+    limit: int | None,
+    key: Callable[[T], str] | None = None,
+) -> tuple[list[T], ReadReport]:
+    """Shared loop of all readers: ``parse`` turns the named fields into an item or a skip reason (a str).
+
+    Columns are looked up by header name, which is what makes the test-student
+    header (two index columns ``0``, ```` before ``id``) and the unnamed index
+    column harmless.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataFileMissing(path)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be a positive number of rows or None, got {limit}")
+    report = ReadReport(path=str(path), limit=limit)
+    items: list[T] = []
+    first_line_of_id: dict[str, int] = {}
+    data = path.read_bytes()
+    text = _decode(path, data)
+    if not text.strip():
+        raise ValueError(f"{path}: the file is empty; copy the CS224N file there again "
+                         "(`bash setup.sh` links ../shared/data)")
+    # A record is complete when a line end follows it; a file that stops without
+    # one was most likely cut, possibly inside the last field ("0.8" -> "0").
+    ends_with_newline = data.endswith((b"\n", b"\r"))
+    # newline="" lets csv handle quoted fields itself.
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    header = [h.strip() for h in next(reader)]
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ValueError(
+            f"{path}: line 1: the header has no column {missing[0]!r} (it has {header}); this reader needs "
+            f"{', '.join(columns)} (the CS224N format, see data/README.md): is this the right file?")
+    where = {c: header.index(c) for c in columns}
+    for (line, row, error, last_line), is_last in _with_last(csv_records(reader)):
+        if limit is not None and report.rows_kept >= limit:
+            break
+        if last_line - line + 1 > MAX_RECORD_LINES:
+            raise ValueError(
+                f"{path}: line {line}: one record runs over lines {line}-{last_line}, most likely an unbalanced "
+                f'quote (no field in these files spans lines); fix or delete the stray " on line {line}')
+        report.rows_total += 1
+        if error is not None:
+            reason = f"unparseable CSV ({error})"
+        elif is_last and not ends_with_newline:
+            reason = CUT_RECORD
+        elif not row:
+            reason = "blank line"
+        elif len(row) != len(header):
+            reason = f"expected {len(header)} fields, found {len(row)}"
+        elif last_line > line and any(("\n" in f or "\r" in f) and delimiter in f for f in row):
+            # A quote opened in one row and closed on a later one can leave the
+            # right field count; a field holding a line end and the delimiter is
+            # rows, not text.
+            reason = "a quoted field holds line ends and the delimiter"
+        else:
+            parsed = parse({c: row[i] for c, i in where.items()})
+            if not isinstance(parsed, str):
+                items.append(parsed)
+                report.rows_kept += 1
+                if key is not None:
+                    k = key(parsed)
+                    if k in first_line_of_id:
+                        report.duplicate_ids.append((line, f"id {k} also on line {first_line_of_id[k]}"))
+                    else:
+                        first_line_of_id[k] = line
+                continue
+            reason = parsed
+        if last_line > line:
+            # An unbalanced quote swallows the following rows into this record:
+            # each line it took is a row lost, reported under its own number.
+            reason += f" (record spans lines {line}-{last_line}: an unbalanced quote?)"
+        report.skipped.append((line, reason))
+        for swallowed in range(line + 1, last_line + 1):
+            report.rows_total += 1
+            report.skipped.append((swallowed, f"swallowed by the unbalanced quote of the record on line {line}"))
+    if report.rows_total == 0:
+        raise ValueError(f"{path}: has a header but no rows; copy the CS224N file there again "
+                         "(`bash setup.sh` links ../shared/data)")
+    return items, report
+
+
+def _decode(path: Path, data: bytes) -> str:
+    """The file's text (utf-8-sig drops a BOM some editors add); other encodings are an error naming the line."""
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = e.object.count(b"\n", 0, e.start) + 1  # e.object: the bytes after any BOM
+        raise ValueError(f"{path}: line {line}: bytes that are not UTF-8 ({e.object[e.start:e.end]!r}); "
+                         "re-save the file as UTF-8") from None
+
+
+def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
+    """Each item with a flag that is True for the last one (one item of lookahead)."""
+    it = iter(items)
+    try:
+        previous = next(it)
+    except StopIteration:
+        return
+    for item in it:
+        yield previous, False
+        previous = item
+    yield previous, True
+
+
+def _text(fields: dict[str, str], column: str, problems: list[str]) -> str:
+    # The SST files put a space before every sentence; other files have stray
+    # trailing spaces. Neither carries meaning.
+    value = fields[column].strip()
+    if not value:
+        problems.append(f"empty {column}")
+    return value
+
+
+def _class_label(raw: str, num_classes: int, problems: list[str]) -> int | None:
+    raw = raw.strip()
+    if not raw:
+        problems.append("empty label")
+        return None
+    try:
+        value = float(raw)  # the Quora files write classes as "0.0" / "1.0"
+    except ValueError:
+        problems.append(f"label {raw!r} is not a number")
+        return None
+    if not math.isfinite(value) or value != int(value):
+        problems.append(f"label {raw!r} is not an integer class")
+        return None
+    if not 0 <= value < num_classes:
+        problems.append(f"label {raw!r} out of range 0..{num_classes - 1}")
+        return None
+    return int(value)
+
+
+def _similarity_label(raw: str, problems: list[str]) -> float | None:
+    raw = raw.strip()
+    if not raw:
+        problems.append("empty label")
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        problems.append(f"label {raw!r} is not a number")
+        return None
+    if not 0.0 <= value <= 5.0:  # also rejects nan
+        problems.append(f"label {raw!r} out of range [0, 5]")
+        return None
+    return value
+
+
+def read_sentences(
+    path: str | os.PathLike[str],
+    labeled: bool,
+    num_classes: int,
+    *,
+    label_column: str = "sentiment",
+    limit: int | None = None,
+) -> tuple[list[Example], ReadReport]:
+    """Read a single-sentence file (SST: num_classes=5, CFIMDB: 2); columns id, sentence[, sentiment]."""
+    if num_classes < 2:
+        raise ValueError(f"num_classes must be at least 2, got {num_classes}")
+
+    def parse(fields: dict[str, str]) -> Example | str:
+        problems: list[str] = []
+        ex_id = _text(fields, "id", problems)
+        text = _text(fields, "sentence", problems)
+        label = _class_label(fields[label_column], num_classes, problems) if labeled else None
+        return ", ".join(problems) if problems else Example(ex_id, text, None, label)
+
+    columns = ["id", "sentence"] + ([label_column] if labeled else [])
+    return _read_rows(path, "\t", columns, parse, limit, key=lambda e: e.id)
+
+
+_PAIR_LABEL_COLUMN = {"binary": "is_duplicate", "similarity": "similarity"}
+
+
+def read_pairs(
+    path: str | os.PathLike[str],
+    label: Literal["binary", "similarity"] | None,
+    *,
+    label_column: str | None = None,
+    limit: int | None = None,
+) -> tuple[list[Example], ReadReport]:
+    """Read a sentence-pair file: Quora (label="binary", 0/1 int) or STS ("similarity", float in [0, 5]).
+
+    ``label=None`` reads an unlabeled (test-student) file. Columns: id,
+    sentence1, sentence2 and the label column (is_duplicate / similarity by default).
+    """
+    if label not in (None, "binary", "similarity"):
+        raise ValueError(f"label must be 'binary', 'similarity' or None, got {label!r}")
+    if label is not None and label_column is None:
+        label_column = _PAIR_LABEL_COLUMN[label]
+
+    def parse(fields: dict[str, str]) -> Example | str:
+        problems: list[str] = []
+        ex_id = _text(fields, "id", problems)
+        a = _text(fields, "sentence1", problems)
+        b = _text(fields, "sentence2", problems)
+        y: int | float | None = None
+        if label == "binary":
+            y = _class_label(fields[label_column], 2, problems)
+        elif label == "similarity":
+            y = _similarity_label(fields[label_column], problems)
+        return ", ".join(problems) if problems else Example(ex_id, a, b, y)
+
+    columns = ["id", "sentence1", "sentence2"] + ([label_column] if label is not None else [])
+    return _read_rows(path, "\t", columns, parse, limit, key=lambda e: e.id)
+
+
+def read_nli(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[list[Triplet], ReadReport]:
+    """Read nli-train.csv (comma-separated, csv quoting): sent0, sent1, hard_neg (may be empty -> None)."""
+
+    def parse(fields: dict[str, str]) -> Triplet | str:
+        problems: list[str] = []
+        anchor = _text(fields, "sent0", problems)
+        positive = _text(fields, "sent1", problems)
+        negative = fields["hard_neg"].strip() or None
+        return ", ".join(problems) if problems else Triplet(anchor, positive, negative)
+
+    return _read_rows(path, ",", ["sent0", "sent1", "hard_neg"], parse, limit)
+
+
+# ---- task files ----------------------------------------------------------------------
+
+TASK_FILES: dict[str, dict[str, str]] = {
+    "sst": {"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
+    "para": {"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
+    "sts": {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
+    "cfimdb": {"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv", "test": "ids-cfimdb-test-student.csv"},
+}
+NLI_FILE = "nli-train.csv"
+SPLITS = ("train", "dev", "test")
+
+
+def _log_report(report: ReadReport) -> None:
+    if report.clean:
+        logger.info(report.summary())
+    else:
+        logger.warning(report.summary())
+
+
+def load_split(
+    task: str, split: str, data_dir: str | os.PathLike[str], limit: int | None = None
+) -> tuple[list[Example], ReadReport] | None:
+    """Read one task split from ``data_dir`` and log its ReadReport.
+
+    Test files are unlabeled (``*-test-student.csv``). A missing train/dev file
+    raises DataFileMissing; a missing test file returns None after a warning,
+    so that writing predictions skips that task instead of crashing (there is
+    no quora-test-student.csv in the shared data). ``limit`` keeps the first N
+    valid rows, for smoke runs.
+    """
+    if task not in TASK_FILES:
+        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASK_FILES)}")
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
+    path = Path(data_dir) / TASK_FILES[task][split]
+    if split == "test" and not path.is_file():
+        logger.warning("no test file for task %r at %s; its test predictions will be skipped", task, path)
+        return None
+    labeled = split != "test"
+    if task == "sst":
+        result = read_sentences(path, labeled, 5, limit=limit)
+    elif task == "cfimdb":
+        result = read_sentences(path, labeled, 2, limit=limit)
+    elif task == "para":
+        result = read_pairs(path, "binary" if labeled else None, limit=limit)
+    else:
+        result = read_pairs(path, "similarity" if labeled else None, limit=limit)
+    _log_report(result[1])
+    return result
+
+
+def load_nli(data_dir: str | os.PathLike[str], limit: int | None = None) -> tuple[list[Triplet], ReadReport]:
+    """Read ``data_dir/nli-train.csv`` and log its ReadReport (raises DataFileMissing when absent)."""
+    triplets, report = read_nli(Path(data_dir) / NLI_FILE, limit=limit)
+    _log_report(report)
+    return triplets, report
