@@ -18,7 +18,9 @@ Training (objective "knn_bert", SST and paraphrase). Every step:
 Choices the paper leaves open, settled by the authors' code (LinyangLee/KNN-BERT):
 the batch's keys are enqueued *before* the loss is computed (so a query's own
 key is among its positives, as MoCo's positive key is), and the key model's
-train/eval mode follows the model's (dropout in the keys during training).
+train/eval mode follows the model's (dropout in the keys during training),
+module by module: under LP-FT stage 1 the key encoder runs without dropout,
+as the frozen query encoder does.
 Where the paper is silent and the code differs from the paper we follow the
 paper: keys and queries are the plain [CLS]-side representation (no extra
 projection head), and the queue starts empty rather than with random keys.
@@ -55,6 +57,8 @@ Usage:
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -115,6 +119,32 @@ def unwrap(model: nn.Module) -> nn.Module:
         if not isinstance(inner, nn.Module):
             return model
         model = inner
+
+
+@contextmanager
+def preserved_modes(model: nn.Module) -> Iterator[nn.Module]:
+    """Restore the train/eval mode of every submodule of ``model`` on exit (also on an exception).
+
+    ``model.train(was_training)`` would put *every* submodule in the top module's
+    mode, turning dropout back on in an encoder that LP-FT keeps in eval mode
+    under heads in train mode; this puts each one back as it was.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
+    """Give each submodule of ``copy_`` (a deep copy of ``original``) the train/eval mode of its original.
+
+    Module by module, so a frozen encoder in eval mode under heads in train
+    mode (LP-FT stage 1) is copied as such.
+    """
+    for m, o in zip(copy_.modules(), original.modules(), strict=True):
+        m.training = o.training
 
 
 def check_representation(model: nn.Module, task: str, representation: str) -> None:
@@ -299,7 +329,7 @@ class KNNBert(Objective):
         device = batch["attention_mask" if "attention_mask" in batch else "attention_mask_1"].device
         if next(key.parameters()).device != device:
             key.to(device)
-        key.train(unwrap(model).training)
+        follow_modes(key, unwrap(model))
         out = key(task, batch)
         return F.normalize(out.features[self.config.representation].float(), dim=-1)
 
@@ -456,19 +486,16 @@ def compute_representations(model: nn.Module, task: str, dataset: Any, represent
         device = next(model.parameters()).device
     n = len(dataset)
     order = sorted(range(n), key=lambda i: dataset.lengths[i])
-    was_training = model.training
-    model.eval()
     feats: list[torch.Tensor] = []
     logits: list[torch.Tensor] = []
-    try:
+    with preserved_modes(model):
+        model.eval()
         for start in range(0, n, batch_size):
             batch = dataset.collate(order[start:start + batch_size])
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             out = model(task, batch)
             feats.append(out.features[representation].float().cpu())
             logits.append(out.logits.float().cpu())
-    finally:
-        model.train(was_training)
     if not feats:
         raise ValueError(f"{task}: empty dataset")
     inverse = torch.empty(n, dtype=torch.long)

@@ -67,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.objectives import Objective
-from tasks.objectives.knn_bert import unwrap
+from tasks.objectives.knn_bert import preserved_modes, unwrap
 
 NUM_CLASSES = {"sst": 5, "para": 2}
 NORMS = ("l2", "linf")
@@ -204,9 +204,8 @@ def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", ep
     base = unwrap(model)  # no gradient sync needed: only δ gets gradients
     suffixes = input_suffixes(base, task, batch)
     labels = batch.get("labels")
-    was_training = base.training
-    base.eval()
-    try:
+    with preserved_modes(base):  # each submodule's own mode back: LP-FT's frozen encoder stays in eval
+        base.eval()
         with torch.no_grad():
             clean = {s: base.encoder.embed_tokens(batch["input_ids" + s]).float() for s in suffixes}  # (B, T, H)
             keep = {s: batch["attention_mask" + s].unsqueeze(-1).float() for s in suffixes}  # (B, T, 1)
@@ -239,8 +238,6 @@ def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", ep
                 direction = g.sign() if norm == "linf" else g / _token_norm(g).clamp_min(1e-12)
                 delta[s] = project_to_ball(d[s].detach() + step_size * direction, norm, epsilon) * keep[s]
         return {s: (clean[s] + best[s]).detach() for s in suffixes}
-    finally:
-        base.train(was_training)
 
 
 # ---- the conditional InfoNCE --------------------------------------------------------------------
