@@ -353,3 +353,42 @@ def test_boundary_values_are_accepted():
     p.sum().backward()
     opt.step()
     assert torch.equal(p, torch.ones(2))
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+def test_loaded_step_stays_a_cpu_int64_tensor(impl):
+    """load_state_dict keeps ``step`` a 0-dim int64 CPU tensor, whatever torch's Optimizer does with the step of a
+    fused group (it moves it to the parameter's device as float32): reading it then never touches a device.
+    A float32 step saved by an older checkpoint comes back as int64 too."""
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    kwargs = dict(lr=0.1, weight_decay=0.01, foreach=impl == "foreach", fused=impl == "fused")
+    opt = AdamW([p], **kwargs)
+    for _ in range(3):
+        p.grad = torch.full_like(p, 0.5)
+        opt.step()
+    sd = _round_trip(opt.state_dict())
+    for step in (sd["state"][0]["step"], torch.tensor(3.0)):  # ours, and an older checkpoint's float32 step
+        sd["state"][0]["step"] = step
+        fresh = AdamW([p], **kwargs)
+        fresh.load_state_dict(sd)
+        loaded = fresh.state[p]["step"]
+        assert loaded.dtype == torch.int64 and loaded.device.type == "cpu" and loaded.dim() == 0
+        assert int(loaded) == 3
+        p.grad = torch.full_like(p, 0.5)
+        fresh.step()
+        assert int(fresh.state[p]["step"]) == 4 and fresh.state[p]["step"].dtype == torch.int64
+    assert sd["state"][0]["step"].dtype == torch.float32  # the loaded dict itself is not modified
+
+
+def test_fused_resume_on_meta_device_reads_no_device_value():
+    """A fused AdamW over meta tensors (no values: any read of a device tensor raises) takes steps, saves, loads
+    into a fresh optimizer and steps again: the resumed step count never lives on the device."""
+    p = torch.nn.Parameter(torch.empty(4, 3, device="meta"))
+    opt = AdamW([p], lr=0.1, weight_decay=0.01, fused=True)
+    p.grad = torch.empty_like(p)
+    opt.step()
+    fresh = AdamW([p], lr=0.1, weight_decay=0.01, fused=True)
+    fresh.load_state_dict(opt.state_dict())
+    assert fresh.state[p]["exp_avg"].device.type == "meta" and fresh.state[p]["step"].device.type == "cpu"
+    fresh.step()
+    assert int(fresh.state[p]["step"]) == 2
