@@ -2,8 +2,8 @@
 
 This is the optimizer the multitask trainer fine-tunes BERT with. It follows
 the AdamW of the original BERT code and of HF ``transformers`` (CS224N's
-``optimizer.py``), not ``torch.optim.AdamW``; the two differ only in where
-``eps`` enters (see below).
+``optimizer.py``) in where ``eps`` enters, and ``torch.optim.AdamW`` in where
+weight decay enters (both below).
 
 Usage::
 
@@ -18,8 +18,16 @@ The update of one parameter ``p`` with gradient ``g`` at step ``t`` (1-based)::
     a_t  = lr * sqrt(1 - beta2**t) / (1 - beta1**t)  # if correct_bias, else lr
     p   <- p - a_t * m / (sqrt(v) + eps)
 
-Weight decay uses the parameter from before the Adam update and is scaled by
-``lr``, exactly as ``torch.optim.AdamW`` does it.
+Weight decay comes *before* the Adam update (it uses the parameter from
+before the update) and is scaled by ``lr``, exactly as ``torch.optim.AdamW``
+and torch's fused kernel ``torch._fused_adamw_`` (our ``fused=True`` path) do
+it. The CS224N handout (and HF's old ``transformers.AdamW``) decays *after*
+the update, ``p <- (p - u) * (1 - lr * weight_decay)`` with ``u`` the Adam
+step; the two differ by ``lr * weight_decay * u`` per step, i.e.
+O(lr² · weight_decay) since ``|u| <~ lr``: at most ~1e-10 per step at lr 1e-4 and
+weight decay 0.01. We keep torch's order so that all three paths share one
+definition and ``torch.optim.AdamW`` is the reference the tests compare with
+(test_weight_decay_comes_before_the_adam_update_as_in_torch).
 
 Why ``eps`` sits where it does: folding both bias corrections into the scalar
 ``a_t`` (Kingma & Ba, end of section 2) saves two tensor divisions per step,
