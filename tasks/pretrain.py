@@ -133,18 +133,28 @@ class BertForMaskedLM(nn.Module):
         h = self.bert(input_ids, attention_mask, token_type_ids)["last_hidden_state"]  # (B, T, H)
         return self.head(h)
 
-    def masked_lm_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                       labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def masked_lm_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
+                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, logits at the masked positions (M, V), their targets (M,)).
 
         The head runs on the masked positions only; the loss equals
-        ``mlm_loss(self(input_ids, ...), labels)``.
+        ``mlm_loss(self(input_ids, ...), labels)``. ``positions``: their flat
+        indices into (B·T), ``masked_positions(labels)`` computed where the labels
+        were made (the CPU), so that M is known without reading the device; None
+        computes them here from ``labels`` (a host read when labels live on an
+        accelerator: a boolean-mask index has a data-dependent size).
         """
         h = self.bert(input_ids, attention_mask)["last_hidden_state"]  # (B, T, H)
-        where = labels != IGNORE_INDEX  # (B, T)
-        logits = self.head(h[where])  # (M, V)
-        targets = labels[where]  # (M,)
+        if positions is None:
+            positions = masked_positions(labels)
+        logits = self.head(h.flatten(0, 1).index_select(0, positions))  # (M, V)
+        targets = labels.flatten().index_select(0, positions)  # (M,)
         return mlm_loss(logits, targets), logits, targets
+
+
+def masked_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Flat indices (M,) into labels.flatten() of the positions whose label is not -100 (row-major order)."""
+    return (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -477,7 +487,8 @@ def evaluate_mlm(mlm: BertForMaskedLM, data: MaskedBatches, device: str | torch.
     try:
         for inputs, attention_mask, labels in data.batches:
             with _autocast(device):
-                _, logits, targets = mlm.masked_lm_loss(inputs.to(device), attention_mask.to(device), labels.to(device))
+                _, logits, targets = mlm.masked_lm_loss(inputs.to(device), attention_mask.to(device), labels.to(device),
+                                                        masked_positions(labels).to(device))
             total_loss += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
             correct += int((logits.argmax(-1) == targets).sum())
             count += targets.numel()
@@ -544,11 +555,12 @@ def pretrain(
                                              mlm_probability=config.mlm_probability)
                 attention_mask = padded["attention_mask"]
                 window_tokens += int(attention_mask.sum())
+                positions = masked_positions(labels).to(device, non_blocking=True)  # on the CPU, where labels are
                 inputs = inputs.to(device, non_blocking=True)
                 labels = labels.to(device, non_blocking=True)
                 attention_mask = attention_mask.to(device, non_blocking=True)
                 with _autocast(device):
-                    loss, _, _ = mlm.masked_lm_loss(inputs, attention_mask, labels)
+                    loss, _, _ = mlm.masked_lm_loss(inputs, attention_mask, labels, positions)
                 loss.backward()
                 if config.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)

@@ -12,7 +12,8 @@ from torch import nn
 from minbert.bert import BertModel
 from tasks.model import ModelConfig, MultitaskBert, TaskOutput
 from tasks.objectives import REGISTRY, build_objectives
-from tasks.objectives.mnr import MNRConfig, MultipleNegativesRanking, mnr_loss, sts_label_weights
+from tasks.objectives.mnr import (MNRConfig, MultipleNegativesRanking, masked_mnr_loss, mnr_loss,
+                                 sts_label_weights)
 from tasks.objectives.simcse import SimCSEConfig, simcse_loss
 from tasks.objectives.smart import (SMARTConfig, bernoulli_logits, smart_divergence, smart_penalty,
                                     symmetric_kl)
@@ -154,17 +155,40 @@ def test_mnr_sts_uses_head_features_and_label_weights():
     torch.testing.assert_close(plain, mnr_loss(out.features["sts_1"], out.features["sts_2"]))
 
 
-def test_mnr_para_positives_only_and_skip():
-    """Para MNR ranks only the label-1 pairs on pooled embeddings; fewer than 2 positives gives no term."""
+def test_mnr_para_positives_only_and_zero_below_two():
+    """Para MNR ranks only the label-1 pairs on pooled embeddings (equal to mnr_loss of the indexed positives, the
+    formula the mask replaced); fewer than 2 positives gives exactly 0 with a zero gradient."""
     model = tiny_model().eval()
     batch = make_batch("para")
     out = model("para", batch)
     obj = MultipleNegativesRanking(MNRConfig(para_positives=True))
     pos = batch["labels"] > 0.5
     expected = mnr_loss(out.features["pooled_1"][pos], out.features["pooled_2"][pos])
-    torch.testing.assert_close(obj(model, "para", batch, out)["loss"], expected)
-    batch["labels"] = torch.tensor([1., 0., 0., 0., 0., 0.])
-    assert obj(model, "para", batch, out) == {}
+    torch.testing.assert_close(obj(model, "para", batch, out)["loss"], expected, rtol=1e-6, atol=1e-6)
+    for labels in ([1., 0., 0., 0., 0., 0.], [0.] * 6):
+        batch["labels"] = torch.tensor(labels)
+        a = out.features["pooled_1"].detach().requires_grad_(True)
+        loss = masked_mnr_loss(a, out.features["pooled_2"].detach(), batch["labels"] > 0.5)
+        loss.backward()
+        assert loss.item() == 0.0 and torch.count_nonzero(a.grad) == 0
+        assert obj(model, "para", batch, out)["loss"].item() == 0.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_masked_mnr_equals_mnr_of_the_kept_pairs(seed):
+    """masked_mnr_loss(a, b, keep) = mnr_loss(a[keep], b[keep]) for random masks (2 or more kept pairs), value and
+    gradient: the rewrite without boolean indexing computes the same numbers."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(2, 10, 8, generator=g).unbind(0)
+    keep = torch.rand(10, generator=g) < 0.6
+    keep[:2] = True
+    a1, a2 = a.clone().requires_grad_(True), a.clone().requires_grad_(True)
+    masked = masked_mnr_loss(a1, b, keep, scale=20.0)
+    indexed = mnr_loss(a2[keep], b[keep], scale=20.0)
+    torch.testing.assert_close(masked, indexed, rtol=1e-6, atol=1e-6)
+    masked.backward()
+    indexed.backward()
+    torch.testing.assert_close(a1.grad, a2.grad, rtol=1e-5, atol=1e-7)
 
 
 def test_mnr_refuses_cross_encoded_pairs():
