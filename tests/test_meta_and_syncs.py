@@ -234,3 +234,128 @@ def test_masked_lm_loss_with_host_positions_equals_the_boolean_index_and_runs_on
                                           masked_positions(labels).to(META))
     loss.backward()
     assert loss.device == META and logits.shape == old_logits.shape
+
+
+# ---- the source scan: no host reads where every training step passes ------------------------------------------------
+
+ALLOW = "# host-read:"  # end-of-line marker of an allowed read, followed by its reason
+HOST_METHODS = {"item", "tolist", "numpy", "cpu"}
+HOST_CASTS = {"int", "float", "bool"}
+
+
+def _literal(node: ast.expr) -> bool:
+    if isinstance(node, ast.UnaryOp):
+        return _literal(node.operand)
+    return isinstance(node, ast.Constant)
+
+
+def host_reads(fn: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of each host read in a function: .item() / .tolist() / .numpy() / .cpu(), int( / float( /
+    bool( of anything but a literal, and torch.tensor(..., device=...) (a host-to-device copy)."""
+    found = []
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in HOST_METHODS:
+            found.append((node.lineno, f".{f.attr}()"))
+        elif isinstance(f, ast.Name) and f.id in HOST_CASTS and node.args and not all(map(_literal, node.args)):
+            found.append((node.lineno, f"{f.id}(...)"))
+        elif (isinstance(f, ast.Attribute) and f.attr == "tensor" and isinstance(f.value, ast.Name)
+              and f.value.id == "torch" and any(k.arg == "device" for k in node.keywords)):
+            found.append((node.lineno, "torch.tensor(..., device=...)"))
+    return found
+
+
+def hot_functions(root: Path = ROOT) -> list[tuple[Path, str, ast.AST]]:
+    """(file, qualified name, node) of every function a training step runs: AdamW's ``step`` methods
+    (minbert/optimizer.py), every ``forward`` of a class under tasks/objectives/, and every function named
+    ``train_step`` or ``step_loss`` anywhere under tasks/ (found by name, wherever the training loop lives);
+    with each, the module-level functions of the same file that it calls by name, transitively (the fused
+    update, the loss functions), named ``caller -> helper``."""
+    out = []
+    for path in [root / "minbert" / "optimizer.py", *sorted((root / "tasks").rglob("*.py"))]:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        objectives = "objectives" in path.relative_to(root).parts
+        roots = []
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            for fn in cls.body:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                        (path.name == "optimizer.py" and fn.name == "step") or (objectives and fn.name == "forward")):
+                    roots.append((f"{cls.name}.{fn.name}", fn))
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in ("train_step", "step_loss"):
+                roots.append((fn.name, fn))
+        helpers = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for name, fn in roots:
+            out.append((path, name, fn))
+            todo, seen = [fn], set()
+            while todo:
+                for call in ast.walk(todo.pop()):
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                            and call.func.id in helpers and call.func.id not in seen):
+                        seen.add(call.func.id)
+                        todo.append(helpers[call.func.id])
+                        out.append((path, f"{name} -> {call.func.id}", helpers[call.func.id]))
+    return out
+
+
+def offending_lines(root: Path = ROOT) -> list[str]:
+    """file:line (function: what) of every host read in the hot functions not marked ``# host-read: <reason>``."""
+    bad = []
+    for path, name, fn in hot_functions(root):
+        lines = path.read_text().splitlines()
+        for line, what in host_reads(fn):
+            text = lines[line - 1]
+            reason = text.split(ALLOW, 1)[1].strip() if ALLOW in text else ""
+            if not reason:
+                bad.append(f"{path.relative_to(root)}:{line} ({name}: {what})")
+    return sorted(set(bad))
+
+
+def test_hot_path_source_has_no_unmarked_host_reads():
+    """No host read in the optimizer step, the objectives' forwards, train_step or step_loss, except lines marked
+    ``# host-read: <reason>``. The scan finds what it must scan (not vacuous if files move)."""
+    found = {(p.name, name) for p, name, _ in hot_functions()}
+    assert ("optimizer.py", "AdamW.step") in found
+    assert {"train_step", "step_loss"} <= {name for _, name, _ in hot_functions()}
+    import_all()
+    for cls in REGISTRY.values():
+        module = Path(__import__(cls.__module__, fromlist=["_"]).__file__).name
+        assert (module, f"{cls.__name__}.forward") in found, cls.__name__
+    assert offending_lines() == []
+
+
+def test_source_scan_catches_each_kind_of_host_read(tmp_path):
+    """The scan flags .item(), .tolist(), int/float/bool of a non-literal, torch.tensor(..., device=...), lists them
+    as file:line, accepts a line marked with a reason and refuses the marker without one."""
+    tree = copy_tree(tmp_path)
+    target = tree / "tasks" / "objectives" / "scl.py"
+    source = target.read_text()
+    anchor = '        labels = batch["labels"]\n'
+    assert anchor in source
+    injected = ("        a = out.features[key].sum().item()\n"
+                "        b = labels.tolist()\n"
+                "        c = int(labels.sum())\n"
+                "        d = float(3) + bool(0) + int(-1)\n"
+                "        e = torch.tensor(1.0, device=labels.device)\n"
+                "        f = bool(labels.any())  # host-read: a test says why\n"
+                "        g = float(labels.max())  # host-read:\n")
+    target.write_text(source.replace(anchor, anchor + injected, 1))
+    first = source[:source.index(anchor)].count("\n") + 2  # line of the first injected statement
+    bad = offending_lines(tree)
+    path = "tasks/objectives/scl.py"
+    assert bad == sorted([f"{path}:{first} (SupervisedContrastive.forward: .item())",
+                          f"{path}:{first + 1} (SupervisedContrastive.forward: .tolist())",
+                          f"{path}:{first + 2} (SupervisedContrastive.forward: int(...))",
+                          f"{path}:{first + 4} (SupervisedContrastive.forward: torch.tensor(..., device=...))",
+                          f"{path}:{first + 6} (SupervisedContrastive.forward: float(...))"])
+
+
+def copy_tree(tmp_path: Path) -> Path:
+    """A copy of minbert/ and tasks/ (python sources only) under tmp_path, to scan edited versions of."""
+    import shutil
+
+    for package in ("minbert", "tasks"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
