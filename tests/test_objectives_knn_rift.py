@@ -265,7 +265,8 @@ def test_phi_zero_is_the_linear_classifier_and_phi_mixes_eq1(task):
     ("para", "b1", "siamese", "head_input"),
 ])
 def test_knn_bert_trains_end_to_end(task, arch, pair_encoding, representation):
-    """Two training steps on a tiny MultitaskBert: finite L'_sc, gradient into the encoder, the queue grows,
+    """Two training steps on a tiny MultitaskBert: L'_sc equals eq. 3 by loop over the queue (which holds this
+    batch's keys) with the normalized representations as queries, gradient into the encoder, the queue grows,
     and the key model moves towards the model."""
     model = tiny_model(arch, pair_encoding).train()
     obj = KNNBert(KNNBertConfig(m_most=2, m_least=2, representation=representation, momentum=0.5), model)
@@ -275,7 +276,10 @@ def test_knn_bert_trains_end_to_end(task, arch, pair_encoding, representation):
         opt.zero_grad()
         out = model(task, batch)
         sc = obj(model, task, batch, out)["sc"]
-        assert torch.isfinite(sc) and sc.item() > 0
+        keys, key_labels = obj.queue(task)
+        q = F.normalize(out.features[representation].detach(), dim=-1)
+        expected = _eq3_by_loop(q, batch["labels"].long(), keys, key_labels, 2, 2, obj.config.temperature)
+        assert expected > 0 and sc.item() == pytest.approx(expected, rel=1e-4)
         (obj.task_loss_scale * model.task_loss(task, out, batch) + obj.weight * sc).backward()
         assert float(model.encoder.embeddings.word_embeddings.weight.grad.abs().sum()) > 0
         opt.step()

@@ -184,12 +184,14 @@ def test_scl_para_cross_uses_the_pair_vector(arch, embedding):
 
 
 def test_scl_para_siamese_b1_head_input_and_baseline_refused():
-    """Siamese B1 + head_input uses the pair vector; Siamese pairs without one are refused at construction."""
+    """Siamese B1 + head_input uses the pair vector (eq. 3 by hand on [f1 ⊙ f2, e1, e2] with the 0./1. labels as
+    classes); Siamese pairs without one are refused at construction."""
     model = make_model("b1", "siamese")
     obj = build_objectives({"scl": {"embedding": "head_input"}}, model)[0]
     batch = make_batch("para")
     out = model("para", batch)
-    assert torch.isfinite(obj(model, "para", batch, out)["loss"])
+    expected = scl_double_loop(out.features["head_input"].detach(), [0, 1, 1, 0, 1, 0], 0.3)
+    assert obj(model, "para", batch, out)["loss"].item() == pytest.approx(expected, rel=1e-4)
     with pytest.raises(ValueError, match="one vector per sentence pair"):
         build_objectives({"scl": {}}, model)  # embedding="pooled": two sentence vectors, no pair vector
     with pytest.raises(ValueError, match="one vector per sentence pair"):
