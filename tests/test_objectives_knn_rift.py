@@ -178,12 +178,6 @@ def test_to_carries_the_hidden_key_model_and_frozen_encoder():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_task_loss_scale_is_one_minus_lambda():
-    """Eq. 6: the head's CE gets 1 − λ and the trainer weights L'_sc by λ = config.weight."""
-    obj = KNNBert(KNNBertConfig(weight=0.1), tiny_model())
-    assert obj.weight == pytest.approx(0.1) and obj.task_loss_scale == pytest.approx(0.9)
-
-
 def _eq3_by_loop(q, labels, keys, key_labels, m_most, m_least, tau):
     per_query = []
     for i in range(q.shape[0]):
