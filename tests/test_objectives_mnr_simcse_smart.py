@@ -448,7 +448,7 @@ def test_objectives_end_to_end_terms_equal_independent_computations(arch):
                 torch.manual_seed(seed)
                 terms = obj(model, task, batch, out)
                 assert set(terms) == {"loss" if obj.name != "smart" else "penalty"}
-                for term, value in terms.items():
+                for value in terms.values():
                     expected = _expected_term(model, obj.name, task, batch, out, seed)
                     assert expected.item() > 1e-4, (obj.name, task)  # not 0 = 0
                     torch.testing.assert_close(value, expected, rtol=1e-4, atol=0.0, msg=f"{obj.name} {task}")
