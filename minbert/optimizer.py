@@ -2,8 +2,8 @@
 
 This is the optimizer the multitask trainer fine-tunes BERT with. It follows
 the AdamW of the original BERT code and of HF ``transformers`` (CS224N's
-``optimizer.py``), not ``torch.optim.AdamW``; the two differ only in where
-``eps`` enters (see below).
+``optimizer.py``) in where ``eps`` enters, and ``torch.optim.AdamW`` in where
+weight decay enters (both below).
 
 Usage::
 
@@ -18,8 +18,16 @@ The update of one parameter ``p`` with gradient ``g`` at step ``t`` (1-based)::
     a_t  = lr * sqrt(1 - beta2**t) / (1 - beta1**t)  # if correct_bias, else lr
     p   <- p - a_t * m / (sqrt(v) + eps)
 
-Weight decay uses the parameter from before the Adam update and is scaled by
-``lr``, exactly as ``torch.optim.AdamW`` does it.
+Weight decay comes *before* the Adam update (it uses the parameter from
+before the update) and is scaled by ``lr``, exactly as ``torch.optim.AdamW``
+and torch's fused kernel ``torch._fused_adamw_`` (our ``fused=True`` path) do
+it. The CS224N handout (and HF's old ``transformers.AdamW``) decays *after*
+the update, ``p <- (p - u) * (1 - lr * weight_decay)`` with ``u`` the Adam
+step; the two differ by ``lr * weight_decay * u`` per step, i.e.
+O(lr² · weight_decay) since ``|u| <~ lr``: at most ~1e-10 per step at lr 1e-4 and
+weight decay 0.01. We keep torch's order so that all three paths share one
+definition and ``torch.optim.AdamW`` is the reference the tests compare with
+(test_weight_decay_comes_before_the_adam_update_as_in_torch).
 
 Why ``eps`` sits where it does: folding both bias corrections into the scalar
 ``a_t`` (Kingma & Ba, end of section 2) saves two tensor divisions per step,
@@ -121,6 +129,27 @@ class AdamW(Optimizer):
         for group in self.param_groups:
             _check_hyperparameters(group["lr"], group["betas"], group["eps"], group["weight_decay"])
 
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load a ``state_dict()``; ``step`` comes back as a 0-dim int64 CPU tensor.
+
+        torch's ``Optimizer.load_state_dict`` moves the ``step`` of a group with
+        ``fused=True`` to the parameter's device as float32 (what torch's own
+        fused AdamW keeps); ours is read on the host every step, so there it
+        would cost one device sync per parameter per step. A step that is not a
+        tensor passes through torch's casting untouched, so it goes in as a
+        python int and is made a CPU tensor again afterwards. ``state_dict`` is
+        not modified.
+        """
+        state = {}
+        for key, entry in state_dict["state"].items():
+            if isinstance(entry, dict) and isinstance(entry.get("step"), torch.Tensor):
+                entry = {**entry, "step": int(entry["step"])}  # once per load; a float32 step from older checkpoints too
+            state[key] = entry
+        super().load_state_dict({**state_dict, "state": state})
+        for entry in self.state.values():
+            if isinstance(entry.get("step"), int):
+                entry["step"] = torch.tensor(entry["step"], dtype=torch.int64)
+
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state)
         for group in self.param_groups:
@@ -151,7 +180,7 @@ class AdamW(Optimizer):
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                 state["step"] += 1
-                t = int(state["step"])
+                t = int(state["step"])  # host-read: step is a CPU int64 tensor (load_state_dict keeps it there)
                 if group["correct_bias"]:
                     step_size = adamw_bias_corrected_step_size(group["lr"], beta1, beta2, t)
                 else:
@@ -282,7 +311,9 @@ def _fused_update(
     for i, p in enumerate(params):
         buckets.setdefault((p.device, p.dtype, steps[i]), []).append(i)
     for (device, _, t), idx in buckets.items():
-        step = torch.tensor(float(t), dtype=torch.float32, device=device)  # the kernel's bias corrections read it
+        # The kernel's bias corrections read t from a device tensor; torch.full fills it on the device (no host
+        # to device copy, which torch.tensor(..., device=...) would make every step).
+        step = torch.full((), t, dtype=torch.float32, device=device)
         torch._fused_adamw_(
             [params[i] for i in idx],
             [grads[i] for i in idx],

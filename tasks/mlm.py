@@ -108,18 +108,28 @@ class BertForMaskedLM(nn.Module):
         h = self.bert(input_ids, attention_mask, token_type_ids)["last_hidden_state"]  # (B, T, H)
         return self.head(h)
 
-    def masked_lm_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                       labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def masked_lm_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
+                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(loss, logits at the masked positions (M, V), their targets (M,)).
 
         The head runs on the masked positions only; the loss equals
-        ``mlm_loss(self(input_ids, ...), labels)``.
+        ``mlm_loss(self(input_ids, ...), labels)``. ``positions``: their flat
+        indices into (B·T), ``masked_positions(labels)`` computed where the labels
+        were made (the CPU), so that M is known without reading the device; None
+        computes them here from ``labels`` (a host read when labels live on an
+        accelerator: a boolean-mask index has a data-dependent size).
         """
         h = self.bert(input_ids, attention_mask)["last_hidden_state"]  # (B, T, H)
-        where = labels != IGNORE_INDEX  # (B, T)
-        logits = self.head(h[where])  # (M, V)
-        targets = labels[where]  # (M,)
+        if positions is None:
+            positions = masked_positions(labels)
+        logits = self.head(h.flatten(0, 1).index_select(0, positions))  # (M, V)
+        targets = labels.flatten().index_select(0, positions)  # (M,)
         return mlm_loss(logits, targets), logits, targets
+
+
+def masked_positions(labels: torch.Tensor) -> torch.Tensor:
+    """Flat indices (M,) into labels.flatten() of the positions whose label is not -100 (row-major order)."""
+    return (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
 
 
 def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:

@@ -47,7 +47,7 @@ from minbert.pretrained import resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.data import length_bucketed_batches
 from tasks.readers import load_split
-from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, save_mlm_checkpoint
+from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, masked_positions, save_mlm_checkpoint
 from tasks.runtime import autocast, autocast_dtype, resolve_device
 
 log = logging.getLogger(__name__)
@@ -232,7 +232,8 @@ def evaluate_mlm(mlm: BertForMaskedLM, data: MaskedBatches, device: str | torch.
     try:
         for inputs, attention_mask, labels in data.batches:
             with autocast(device, amp_dtype):
-                _, logits, targets = mlm.masked_lm_loss(inputs.to(device), attention_mask.to(device), labels.to(device))
+                _, logits, targets = mlm.masked_lm_loss(inputs.to(device), attention_mask.to(device), labels.to(device),
+                                                        masked_positions(labels).to(device))
             total_loss += float(F.cross_entropy(logits.float(), targets, reduction="sum"))
             correct += int((logits.argmax(-1) == targets).sum())
             count += targets.numel()
@@ -300,11 +301,12 @@ def pretrain(
                                              mlm_probability=config.mlm_probability)
                 attention_mask = padded["attention_mask"]
                 window_tokens += int(attention_mask.sum())
+                positions = masked_positions(labels).to(device, non_blocking=True)  # on the CPU, where labels are
                 inputs = inputs.to(device, non_blocking=True)
                 labels = labels.to(device, non_blocking=True)
                 attention_mask = attention_mask.to(device, non_blocking=True)
                 with autocast(device, amp_dtype):
-                    loss, _, _ = mlm.masked_lm_loss(inputs, attention_mask, labels)
+                    loss, _, _ = mlm.masked_lm_loss(inputs, attention_mask, labels, positions)
                 loss.backward()
                 if config.max_grad_norm > 0:
                     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)

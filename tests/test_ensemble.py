@@ -4,16 +4,17 @@ regression weights, id checks, the CLI."""
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
-import stat
 import re
+import stat
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
 
-from tasks.ensemble import build_parser, ensemble_task, load_task_logits, main
+from tasks.ensemble import TaskLogits, build_parser, ensemble_task, load_task_logits, main
 from tasks.ensemble_methods import average, fit_regression, predict, select_subset
 from tasks.evaluate import Predictions, read_predictions, score, write_logits
 
@@ -304,3 +305,74 @@ def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
     files = [f for f in (tmp_path / "ens").rglob("*") if f.is_file()]
     assert (tmp_path / "ens" / "submission.zip") in files
     assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o644" for f in files}
+
+
+def _hand_average(task, xs):
+    """The simple average written out: SST mean softmax (its log, argmax), paraphrase mean sigmoid (its logit,
+    p > 1/2), STS mean score."""
+    x = torch.stack([t.double() for t in xs])
+    if task == "sst":
+        p = x.softmax(-1).mean(0)
+        return p.log(), p.argmax(-1)
+    if task == "para":
+        p = torch.sigmoid(x).mean(0)
+        return (p / (1 - p)).log(), (p > 0.5).long()
+    return x.mean(0), x.mean(0)
+
+
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_selective_test_outputs_average_the_subset_chosen_on_dev(task):
+    """Selective ensembling applies to test the subset that scores best on dev (found here by trying every subset
+    of hand-made averages): the test outputs are that subset's average of the test logits, not all models'."""
+    y = _labels(task, n=300, seed=1)
+    dev_x = [_model(task, y, 0, 30), _model(task, y, 1, 31), _model(task, y, 1, 32), _model(task, y, 0, 33)]
+    g = torch.Generator().manual_seed(5)
+    test_x = [torch.randn((40, 5) if task == "sst" else (40,), generator=g, dtype=torch.float64) * (k + 1)
+              for k in range(4)]
+    dev = _task_logits(task, y, dev_x)
+    test = TaskLogits(task, "test", [f"t{i}" for i in range(40)], test_x, [])
+    res = ensemble_task(task, dev, y, test, "selective")
+
+    scores = {s: score(task, _hand_average(task, [dev_x[m] for m in s])[1], y)
+              for k in range(1, 5) for s in itertools.combinations(range(4), k)}
+    best = max(scores.values())
+    assert scores[tuple(res.models)] == pytest.approx(best) and set(res.models) <= {1, 2}
+    z, preds = _hand_average(task, [test_x[m] for m in res.models])
+    out = res.outputs["test"]
+    assert out.ids == test.ids
+    torch.testing.assert_close(out.logits.double(), z, rtol=1e-5, atol=1e-5)
+    if task == "sts":
+        torch.testing.assert_close(out.preds.double(), preds, rtol=1e-5, atol=1e-5)
+    else:
+        assert torch.equal(out.preds.long(), preds.long())
+    everyone = _hand_average(task, test_x)[0]
+    assert not torch.allclose(out.logits.double(), everyone, atol=1e-3)  # the subset is what made the difference
+
+
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_regression_test_outputs_use_the_weights_fit_on_the_dev_half(task):
+    """Regression ensembling fits its weights on the seeded dev-train half (split here by hand) and applies them to
+    test: test logits = Σ_m w_m x_m (+ b for paraphrase and STS) with those weights, not weights fit on all of dev."""
+    seed, n = 3, 400
+    y = _labels(task, n=n, seed=2)
+    dev_x = [_model(task, y, 1, 40), _model(task, y, 0, 41), _model(task, y, 1, 42)]
+    g = torch.Generator().manual_seed(6)
+    test_x = [torch.randn((30, 5) if task == "sst" else (30,), generator=g, dtype=torch.float64) for _ in range(3)]
+    res = ensemble_task(task, _task_logits(task, y, dev_x), y,
+                        TaskLogits(task, "test", [f"t{i}" for i in range(30)], test_x, []), "regression",
+                        seed=seed, regression_sts=True)
+
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    fit_idx = perm[: n // 2].sort().values
+    fit = fit_regression(task, [x[fit_idx] for x in dev_x], y[fit_idx])
+    assert res.weights == pytest.approx(fit.weights, rel=1e-6, abs=1e-9)
+    z = sum(w * x for w, x in zip(fit.weights, test_x))
+    if task != "sst":
+        z = z + fit.bias
+    out = res.outputs["test"]
+    torch.testing.assert_close(out.logits.double(), z, rtol=1e-5, atol=1e-5)
+    want = z.argmax(-1) if task == "sst" else (z > 0).long() if task == "para" else z
+    torch.testing.assert_close(out.preds.double(), want.double(), rtol=1e-5, atol=1e-5)
+    full = fit_regression(task, dev_x, y)  # weights fit on all of dev would give other test outputs
+    z_full = sum(w * x for w, x in zip(full.weights, test_x)) + (full.bias or 0.0)
+    assert not torch.allclose(z_full, z, atol=1e-4)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from minbert.bert import BertModel
 from tasks.data import Example, PairDataset, SentenceDataset
@@ -238,3 +237,79 @@ def test_mean_pooling_ignores_padding():
             torch.testing.assert_close(batched[i : i + 1], alone, atol=1e-5, rtol=1e-5)
             h = model.encoder(input_ids=batch["input_ids"][i : i + 1, :n])["last_hidden_state"]
             torch.testing.assert_close(alone, h.mean(1), atol=1e-6, rtol=1e-6)
+
+
+def _linear(m: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return x @ m.weight.T + m.bias
+
+
+def _linears(module: torch.nn.Module) -> list[torch.nn.Linear]:
+    return [m for m in module.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def _b1_features(model: MultitaskBert, task: str, e: torch.Tensor) -> torch.Tensor:
+    """B1's [shared, own] by hand: shared = ReLU(W2 ReLU(W1 e + b1) + b2), own = ReLU(W e + b) (§4.3)."""
+    s1, s2 = _linears(model.shared)
+    (own,) = _linears(getattr(model, f"{task}_own"))
+    shared = torch.relu(_linear(s2, torch.relu(_linear(s1, e))))
+    return torch.cat([shared, torch.relu(_linear(own, e))], dim=-1)
+
+
+def _b1_mlp(head: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    h1, h2 = _linears(head)
+    return _linear(h2, torch.relu(_linear(h1, x)))
+
+
+@pytest.mark.parametrize("pair_encoding", ["siamese", "cross"])
+def test_b1_para_and_sts_heads_equal_hand_computation(pair_encoding):
+    """B1 heads recomputed from the layer weights on the pooled embeddings. Siamese paraphrase (the structural
+    change): MLP([f1 ⊙ f2, e1, e2]) with f = [shared, own]; Siamese STS: 5 · cos(f1, f2); cross: paraphrase
+    MLP([shared, own]) of the pair's embedding, STS 5 · σ(MLP([shared, own]))."""
+    model = make_model("b1", pair_encoding, head_dropout=0.0).eval()
+    # The tiny encoder's pooled embeddings barely differ between sentences; a fixed offset per example and side
+    # (through ``transform``, whose output the features record) makes the head outputs vary, so the comparison is
+    # not vacuous.
+    spread = torch.randn(2, B, model.encoder.config.hidden_size, generator=torch.Generator().manual_seed(1))
+
+    def offsets():
+        sides = iter(spread)  # the model transforms side 1, then side 2 (cross: the one sequence)
+        return lambda e: e + next(sides)
+
+    with torch.no_grad():
+        para, sts = make_batch("para", pair_encoding), make_batch("sts", pair_encoding)
+        out_p = model("para", para, transform=offsets())
+        out_s = model("sts", sts, transform=offsets())
+        if pair_encoding == "siamese":
+            e1, e2 = out_p.features["pooled_1"], out_p.features["pooled_2"]
+            f1, f2 = _b1_features(model, "para", e1), _b1_features(model, "para", e2)
+            want_para = _b1_mlp(model.para_head, torch.cat([f1 * f2, e1, e2], dim=-1)).squeeze(-1)
+            u = _b1_features(model, "sts", out_s.features["pooled_1"])
+            v = _b1_features(model, "sts", out_s.features["pooled_2"])
+            want_sts = 5.0 * (u * v).sum(-1) / (u.norm(dim=-1) * v.norm(dim=-1))
+        else:
+            want_para = _b1_mlp(model.para_head, _b1_features(model, "para", out_p.features["pooled"])).squeeze(-1)
+            z = _b1_mlp(model.sts_head, _b1_features(model, "sts", out_s.features["pooled"])).squeeze(-1)
+            want_sts = 5.0 * torch.sigmoid(z)
+    assert want_para.std() > 1e-2 and want_sts.std() > 1e-2  # outputs vary over the batch
+    torch.testing.assert_close(out_p.logits, want_para, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(out_s.logits, want_sts, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_task_losses_equal_hand_formulas(arch, pair_encoding):
+    """task_loss: SST mean −log softmax(z)_y, paraphrase mean BCE with logits −[y log σ(z) + (1 − y) log(1 − σ(z))],
+    STS mean squared error, each written out from the logits."""
+    model = make_model(arch, pair_encoding).eval()
+    with torch.no_grad():
+        for task in TASKS:
+            batch = make_batch(task, pair_encoding)
+            out = model(task, batch)
+            z, y = out.logits.double(), batch["labels"].double()
+            if task == "sst":
+                want = -(z.log_softmax(-1).gather(1, y.long()[:, None])).mean()
+            elif task == "para":
+                want = -(y * torch.sigmoid(z).log() + (1 - y) * (1 - torch.sigmoid(z)).log()).mean()
+            else:
+                want = ((z - y) ** 2).mean()
+            got = model.task_loss(task, out, batch)
+            assert got.item() == pytest.approx(want.item(), rel=1e-5), task

@@ -13,8 +13,9 @@ from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import REGISTRY, build_objectives
 from tasks.objectives.knn_bert import (KNNBert, KNNBertConfig, KNNClassifier, class_probabilities, knn_predict,
                                        supervised_moco_loss)
+from tasks.objectives import rift as rift_mod
 from tasks.objectives.rift import (RIFT, RIFTConfig, conditional_infonce, conditional_infonce_logits,
-                                   kl_per_example, pgd_attack, projection, same_class_mask)
+                                   kl_divergence, kl_per_example, pgd_attack, projection, same_class_mask)
 from tests.helpers import tiny_config
 
 
@@ -177,12 +178,6 @@ def test_to_carries_the_hidden_key_model_and_frozen_encoder():
     assert all(p.dtype == torch.float32 for p in model.parameters())
 
 
-def test_task_loss_scale_is_one_minus_lambda():
-    """Eq. 6: the head's CE gets 1 − λ and the trainer weights L'_sc by λ = config.weight."""
-    obj = KNNBert(KNNBertConfig(weight=0.1), tiny_model())
-    assert obj.weight == pytest.approx(0.1) and obj.task_loss_scale == pytest.approx(0.9)
-
-
 def _eq3_by_loop(q, labels, keys, key_labels, m_most, m_least, tau):
     per_query = []
     for i in range(q.shape[0]):
@@ -264,7 +259,8 @@ def test_phi_zero_is_the_linear_classifier_and_phi_mixes_eq1(task):
     ("para", "b1", "siamese", "head_input"),
 ])
 def test_knn_bert_trains_end_to_end(task, arch, pair_encoding, representation):
-    """Two training steps on a tiny MultitaskBert: finite L'_sc, gradient into the encoder, the queue grows,
+    """Two training steps on a tiny MultitaskBert: L'_sc equals eq. 3 by loop over the queue (which holds this
+    batch's keys) with the normalized representations as queries, gradient into the encoder, the queue grows,
     and the key model moves towards the model."""
     model = tiny_model(arch, pair_encoding).train()
     obj = KNNBert(KNNBertConfig(m_most=2, m_least=2, representation=representation, momentum=0.5), model)
@@ -274,7 +270,10 @@ def test_knn_bert_trains_end_to_end(task, arch, pair_encoding, representation):
         opt.zero_grad()
         out = model(task, batch)
         sc = obj(model, task, batch, out)["sc"]
-        assert torch.isfinite(sc) and sc.item() > 0
+        keys, key_labels = obj.queue(task)
+        q = F.normalize(out.features[representation].detach(), dim=-1)
+        expected = _eq3_by_loop(q, batch["labels"].long(), keys, key_labels, 2, 2, obj.config.temperature)
+        assert expected > 0 and sc.item() == pytest.approx(expected, rel=1e-4)
         (obj.task_loss_scale * model.task_loss(task, out, batch) + obj.weight * sc).backward()
         assert float(model.encoder.embeddings.word_embeddings.weight.grad.abs().sum()) > 0
         opt.step()
@@ -478,3 +477,80 @@ def test_rift_terms_carry_beta_and_alpha():
         results.append(obj(model, "sst", batch, model("sst", batch)))
     torch.testing.assert_close(results[1]["adv_kl"], 2.0 * results[0]["adv_kl"])
     torch.testing.assert_close(results[1]["info"], 0.5 * results[0]["info"])
+
+
+@pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "siamese")])
+def test_rift_kl_term_reaches_the_word_embeddings_through_x_adv(task, pair_encoding):
+    """RIFT eq. 9: x' = x + δ with δ detached, so β·KL(p(x) ‖ p(x')) alone (α = 0, no CE, the clean side
+    detached) sends gradient to the word embeddings through x', as SMART's penalty does."""
+    model = tiny_model("baseline", pair_encoding, init=0.5).train()
+    obj = RIFT(RIFTConfig(beta=1.0, alpha=0.0), model)
+    batch = make_batch(task, pair_encoding)
+    out = model(task, batch)
+    out.logits = out.logits.detach()  # only the x' side may carry gradient
+    obj(model, task, batch, out)["adv_kl"].backward()
+    grad = model.encoder.embeddings.word_embeddings.weight.grad
+    assert grad is not None and float(grad.abs().sum()) > 0
+
+
+def _kl_by_hand(task: str, p_logits: list, q_logits: list) -> float:
+    """Mean over examples of KL(p ‖ q) = Σ_c p_c (log p_c − log q_c), in python floats; para: [1 − σ(z), σ(z)]."""
+    def softplus(x):
+        return max(x, 0.0) + math.log1p(math.exp(-abs(x)))
+
+    def log_dist(z):
+        if task == "para":
+            return [-softplus(z), -softplus(-z)]  # log(1 − σ(z)), log σ(z)
+        m = max(z)
+        lse = m + math.log(sum(math.exp(v - m) for v in z))
+        return [v - lse for v in z]
+
+    total = 0.0
+    for zp, zq in zip(p_logits, q_logits):
+        lp, lq = log_dist(zp), log_dist(zq)
+        total += sum(math.exp(a) * (a - b) for a, b in zip(lp, lq))
+    return total / len(p_logits)
+
+
+def test_kl_divergence_equals_hand_computation_and_its_direction():
+    """kl_divergence(task, p, q) is the batch mean of KL(p ‖ q) computed by hand for fixed logits (SST softmax,
+    paraphrase Bernoulli), and not the reverse KL(q ‖ p) (the values are chosen to tell them apart)."""
+    p = [[2.0, 0.0, -1.0, 0.5, 0.0], [0.0, 3.0, 0.0, 0.0, -2.0]]
+    q = [[0.0, 0.0, 0.0, 0.0, 0.0], [1.0, -1.0, 0.5, 2.0, 0.0]]
+    got = kl_divergence("sst", torch.tensor(p), torch.tensor(q)).item()
+    assert got == pytest.approx(_kl_by_hand("sst", p, q), rel=1e-6)
+    assert abs(got - _kl_by_hand("sst", q, p)) > 1e-2
+    zp, zq = [2.0, -0.5, 0.0], [-1.0, 1.5, 3.0]
+    got = kl_divergence("para", torch.tensor(zp), torch.tensor(zq)).item()
+    assert got == pytest.approx(_kl_by_hand("para", zp, zq), rel=1e-6)
+    assert abs(got - _kl_by_hand("para", zq, zp)) > 1e-2
+
+
+@pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "cross"), ("para", "siamese")])
+def test_rift_adv_kl_is_beta_times_hand_kl_at_x_plus_delta(task, pair_encoding, monkeypatch):
+    """With the attack's δ fixed, "adv_kl" = β·KL(p(x) ‖ p(x + δ)) computed by hand from the model's logits, and
+    its gradient on the word embeddings is that of the same expression built independently from embed(ids) + δ."""
+    # No dropout anywhere: passes are comparable. The Siamese dot product saturates σ at init 0.5: 0.1 there.
+    model = tiny_model("baseline", pair_encoding, init=0.1 if pair_encoding == "siamese" else 0.5).eval()
+    batch = make_batch(task, pair_encoding)
+    sides = ("",) if pair_encoding == "cross" else ("_1", "_2")
+    g = torch.Generator().manual_seed(4)
+    delta = {s: 0.3 * torch.randn(*batch["input_ids" + s].shape, 32, generator=g)
+             * batch["attention_mask" + s].unsqueeze(-1) for s in sides}
+    monkeypatch.setattr(rift_mod, "pgd_perturbation", lambda *a, **k: {s: d.clone() for s, d in delta.items()})
+    beta = 2.5
+    obj = RIFT(RIFTConfig(beta=beta, alpha=0.0), model)
+    out = model(task, batch)
+    term = obj(model, task, batch, out)["adv_kl"]
+    term.backward()
+    got_grad = model.encoder.embeddings.word_embeddings.weight.grad.clone()
+
+    model.zero_grad(set_to_none=True)
+    embed = model.encoder.embed_tokens
+    clean = model(task, batch).logits
+    adv = model(task, batch, inputs_embeds={s: embed(batch["input_ids" + s]) + delta[s] for s in sides}).logits
+    expected = beta * _kl_by_hand(task, clean.tolist(), adv.tolist())
+    assert expected > 1e-4  # δ moved the prediction: the comparison is not 0 = 0
+    assert term.item() == pytest.approx(expected, rel=1e-5)
+    (beta * kl_divergence(task, clean, adv)).backward()
+    torch.testing.assert_close(got_grad, model.encoder.embeddings.word_embeddings.weight.grad, rtol=1e-5, atol=1e-8)

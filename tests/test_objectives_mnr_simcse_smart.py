@@ -7,15 +7,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from sentence_transformers.sentence_transformer.losses import MultipleNegativesRankingLoss  # test dependency
 from torch import nn
 
 from minbert.bert import BertModel
 from tasks.model import ModelConfig, MultitaskBert, TaskOutput
 from tasks.objectives import REGISTRY, build_objectives
-from tasks.objectives.mnr import MNRConfig, MultipleNegativesRanking, mnr_loss, sts_label_weights
+from tasks.objectives.mnr import (MNRConfig, MultipleNegativesRanking, masked_mnr_loss, mnr_loss,
+                                 sts_label_weights)
 from tasks.objectives.simcse import SimCSEConfig, simcse_loss
 from tasks.objectives.smart import (SMARTConfig, bernoulli_logits, smart_divergence, smart_penalty,
-                                    symmetric_kl)
+                                    smart_perturbation, symmetric_kl)
 from tests.helpers import tiny_config
 
 B, T = 6, 7
@@ -92,10 +94,9 @@ def test_mnr_default_tasks_follow_para_positives():
 @pytest.mark.parametrize("n_neg", [0, 1, 2])
 def test_mnr_equals_sentence_transformers(n_neg):
     """mnr_loss equals sentence-transformers' MultipleNegativesRankingLoss (scale 20, cos_sim), hard negatives included."""
-    st = pytest.importorskip("sentence_transformers.sentence_transformer.losses")
     g = torch.Generator().manual_seed(1)
     a, b, *negs = torch.randn(2 + n_neg, 8, 16, generator=g).unbind(0)
-    ref = st.MultipleNegativesRankingLoss(nn.Identity(), scale=20.0).compute_loss_from_embeddings([a, b, *negs], None)
+    ref = MultipleNegativesRankingLoss(nn.Identity(), scale=20.0).compute_loss_from_embeddings([a, b, *negs], None)
     ours = mnr_loss(a, b, negatives=negs or None, scale=20.0)
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
 
@@ -154,17 +155,40 @@ def test_mnr_sts_uses_head_features_and_label_weights():
     torch.testing.assert_close(plain, mnr_loss(out.features["sts_1"], out.features["sts_2"]))
 
 
-def test_mnr_para_positives_only_and_skip():
-    """Para MNR ranks only the label-1 pairs on pooled embeddings; fewer than 2 positives gives no term."""
+def test_mnr_para_positives_only_and_zero_below_two():
+    """Para MNR ranks only the label-1 pairs on pooled embeddings (equal to mnr_loss of the indexed positives, the
+    formula the mask replaced); fewer than 2 positives gives exactly 0 with a zero gradient."""
     model = tiny_model().eval()
     batch = make_batch("para")
     out = model("para", batch)
     obj = MultipleNegativesRanking(MNRConfig(para_positives=True))
     pos = batch["labels"] > 0.5
     expected = mnr_loss(out.features["pooled_1"][pos], out.features["pooled_2"][pos])
-    torch.testing.assert_close(obj(model, "para", batch, out)["loss"], expected)
-    batch["labels"] = torch.tensor([1., 0., 0., 0., 0., 0.])
-    assert obj(model, "para", batch, out) == {}
+    torch.testing.assert_close(obj(model, "para", batch, out)["loss"], expected, rtol=1e-6, atol=1e-6)
+    for labels in ([1., 0., 0., 0., 0., 0.], [0.] * 6):
+        batch["labels"] = torch.tensor(labels)
+        a = out.features["pooled_1"].detach().requires_grad_(True)
+        loss = masked_mnr_loss(a, out.features["pooled_2"].detach(), batch["labels"] > 0.5)
+        loss.backward()
+        assert loss.item() == 0.0 and torch.count_nonzero(a.grad) == 0
+        assert obj(model, "para", batch, out)["loss"].item() == 0.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_masked_mnr_equals_mnr_of_the_kept_pairs(seed):
+    """masked_mnr_loss(a, b, keep) = mnr_loss(a[keep], b[keep]) for random masks (2 or more kept pairs), value and
+    gradient: the rewrite without boolean indexing computes the same numbers."""
+    g = torch.Generator().manual_seed(seed)
+    a, b = torch.randn(2, 10, 8, generator=g).unbind(0)
+    keep = torch.rand(10, generator=g) < 0.6
+    keep[:2] = True
+    a1, a2 = a.clone().requires_grad_(True), a.clone().requires_grad_(True)
+    masked = masked_mnr_loss(a1, b, keep, scale=20.0)
+    indexed = mnr_loss(a2[keep], b[keep], scale=20.0)
+    torch.testing.assert_close(masked, indexed, rtol=1e-6, atol=1e-6)
+    masked.backward()
+    indexed.backward()
+    torch.testing.assert_close(a1.grad, a2.grad, rtol=1e-5, atol=1e-7)
 
 
 def test_mnr_refuses_cross_encoded_pairs():
@@ -254,6 +278,49 @@ def test_smart_perturbation_stays_in_the_ball(task):
         assert d.abs().max().item() == pytest.approx(eps)
 
 
+class _LinearPairScore(nn.Module):
+    """An STS "model" linear in the word embeddings: f(e) = Σ_{t,h} A_1 ⊙ e_1 + Σ_{t,h} A_2 ⊙ e_2 per example, so
+    l_s = MSE(f(e + δ), f(e)) = mean_b r_b² with r_b = Σ A_s ⊙ δ_s[b] and ∇_{δ_s[b]} l_s = (2/B)·r_b·A_s."""
+
+    def __init__(self, a1: torch.Tensor, a2: torch.Tensor):
+        super().__init__()
+        self.a = {"_1": a1, "_2": a2}
+        self.encoder = BertModel(tiny_config())
+
+    def forward(self, task, batch, inputs_embeds=None, transform=None):
+        e = inputs_embeds or {s: self.encoder.embed_tokens(batch["input_ids" + s]) for s in self.a}
+        return TaskOutput(sum((e[s] * self.a[s]).sum(dim=(1, 2)) for s in self.a))
+
+
+@pytest.mark.parametrize("epsilon", [1.0, 2e-4])
+def test_smart_ascent_step_is_the_per_example_linf_normalized_gradient(epsilon):
+    """Algorithm 1's step computed by hand on a model whose gradient is known: δ_1 = δ_0 + η·g/‖g‖_∞ with ‖g‖_∞ the
+    max over one example's tokens of both sentences, i.e. δ_0[b] + η·sign(r_b)·A_s / max(‖A_1‖_∞, ‖A_2‖_∞), then
+    clamped to [−ε, ε]. ε = 1 leaves the step unclamped: its direction and size are checked before projection.
+    A sign step, an L2 normalization or one norm over the whole batch would each give other numbers."""
+    g = torch.Generator().manual_seed(9)
+    a1 = torch.randn(T, 32, generator=g)
+    a2 = torch.randn(T, 32, generator=g) * 0.5
+    model = _LinearPairScore(a1, a2)
+    batch = make_batch("sts")
+    embeds = {s: model.encoder.embed_tokens(batch["input_ids" + s]).detach() for s in ("_1", "_2")}
+    delta0 = {s: 1e-3 * torch.randn(B, T, 32, generator=g) for s in ("_1", "_2")}
+    eta = 1e-3
+    clean = model("sts", batch, inputs_embeds=embeds).logits
+    got = smart_perturbation(model, "sts", batch, embeds, clean, delta0, step_size=eta, epsilon=epsilon, steps=1)
+
+    r = sum((delta0[s] * model.a[s]).sum(dim=(1, 2)) for s in ("_1", "_2"))  # (B,) f(e + δ_0) − f(e)
+    assert bool((r.abs() > 1e-4).all())  # every example has a gradient
+    a_inf = max(float(a1.abs().max()), float(a2.abs().max()))
+    for s in ("_1", "_2"):
+        step = eta * torch.sign(r)[:, None, None] * model.a[s] / a_inf  # (B, T, H)
+        expected = (delta0[s] + step).clamp(-epsilon, epsilon)
+        torch.testing.assert_close(got[s], expected, rtol=1e-5, atol=1e-9)
+    if epsilon == 1.0:  # unclamped: each example moved by exactly η in ‖·‖_∞ over both sentences
+        moved = torch.stack([(got[s] - delta0[s]).abs().amax(dim=(1, 2)) for s in ("_1", "_2")]).amax(0)
+        torch.testing.assert_close(moved, torch.full((B,), eta), rtol=1e-5, atol=0.0)
+
+
 def test_smart_ascent_beats_random_sign_perturbation():
     """The ascent direction raises l_s more than a random ±ε perturbation of the same L∞ radius."""
     model = tiny_model().eval()
@@ -332,21 +399,59 @@ def test_objective_gradients_reach_the_encoder(name, overrides, task):
         assert grad is not None and grad.abs().sum() > 0, pname
 
 
+def _expected_term(model, name: str, task: str, batch: dict, out, seed: int) -> torch.Tensor:
+    """The term of objective ``name`` on ``batch`` computed from the model's passes, not through the objective
+    (eval mode: no dropout, so every pass is the same function)."""
+    def embed(s):
+        return model.embed(batch["input_ids" + s], batch["attention_mask" + s], batch["token_type_ids" + s])
+
+    if name == "mnr":
+        if task == "sts":
+            return mnr_loss(out.features["sts_1"], out.features["sts_2"], weights=sts_label_weights(batch["labels"]))
+        if task == "nli":
+            z = [model.sts_embeddings(embed(s)) for s in ("_1", "_2", "_3")]
+            return mnr_loss(z[0], z[1], negatives=z[2])
+        pos = batch["labels"] > 0.5
+        return mnr_loss(out.features["pooled_1"][pos], out.features["pooled_2"][pos])
+    if name == "simcse":  # eval mode: the two views coincide
+        sides = [s for s in ("", "_1", "_2", "_3") if "input_ids" + s in batch]
+        return torch.stack([simcse_loss(embed(s), embed(s)) for s in sides]).mean()
+    torch.manual_seed(seed)  # the objective drew δ_0 from this seed: the same δ
+    _, delta = smart_penalty(model, task, batch, sigma=0.1, step_size=2.0, epsilon=1.0)
+    sides = list(delta)
+    e = {s: model.encoder.embed_tokens(batch["input_ids" + s]) for s in sides}
+    adv = model(task, batch, inputs_embeds={s: e[s] + delta[s] for s in sides}).logits
+    return smart_divergence(task, adv, model(task, batch).logits)
+
+
 @pytest.mark.parametrize("arch", ["baseline", "b1"])
-def test_objectives_run_end_to_end(arch):
-    """All three objectives on a tiny MultitaskBert, every task stream they apply to: finite scalar terms."""
-    model = tiny_model(arch).train()
+def test_objectives_end_to_end_terms_equal_independent_computations(arch):
+    """All three objectives on a tiny MultitaskBert, every task stream they apply to: each term equals the same
+    quantity computed from the model's own passes (MNR and SimCSE from embeddings, SMART's l_s at the δ it drew),
+    and the summed loss back-propagates."""
+    model = tiny_model(arch).eval()
+    with torch.no_grad():  # heads at init (std 0.02) give near-constant logits; spread them so l_s is not ~0
+        for name, m in model.named_modules():
+            if isinstance(m, nn.Linear) and not name.startswith("encoder."):
+                m.weight.normal_(0.0, m.in_features ** -0.5)
+    smart = {"sigma": 0.1, "step_size": 2.0, "epsilon": 1.0}  # a penalty far above rounding
     objs = build_objectives({"mnr": {"para_positives": True}, "simcse": {"tasks": ("sst", "para", "sts", "nli")},
-                             "smart": {}}, model)
+                             "smart": smart}, model)
     seen = set()
-    for task in ("sst", "para", "sts", "nli"):
+    for k, task in enumerate(("sst", "para", "sts", "nli")):
         batch = make_batch(task)
         out = None if task == "nli" else model(task, batch)
         total = model.task_loss(task, out, batch) if out is not None else 0.0
         for obj in objs:
             if obj.applies_to(task):
-                for term, value in obj(model, task, batch, out).items():
-                    assert value.dim() == 0 and torch.isfinite(value), (obj.name, task, term)
+                seed = 100 + k
+                torch.manual_seed(seed)
+                terms = obj(model, task, batch, out)
+                assert set(terms) == {"loss" if obj.name != "smart" else "penalty"}
+                for value in terms.values():
+                    expected = _expected_term(model, obj.name, task, batch, out, seed)
+                    assert expected.item() > 1e-4, (obj.name, task)  # not 0 = 0
+                    torch.testing.assert_close(value, expected, rtol=1e-4, atol=0.0, msg=f"{obj.name} {task}")
                     total = total + obj.weight * value
                     seen.add((obj.name, task))
         total.backward()

@@ -13,7 +13,9 @@ from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import REGISTRY, build_objectives
 from tasks.objectives.match_tuning import MatchTuning, match_transform, matching_matrix
 from tasks.objectives.scl import SupervisedContrastive, scl_loss
+from tasks.trainer import Trainer
 from tests.helpers import tiny_config
+from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 
 B, T = 6, 7  # batch size, sequence length of the tiny batches
 
@@ -142,11 +144,8 @@ def test_scl_and_matching_computed_in_float32_under_autocast():
 # ---- SCL: the objective --------------------------------------------------------------
 
 
-def test_scl_task_loss_scale_is_one_minus_lambda():
-    """task_loss_scale = 1 − λ with λ = config.weight; λ outside [0, 1] and STS are refused."""
-    for lam in (0.0, 0.1, 0.9, 1.0):
-        obj = SupervisedContrastive(SupervisedContrastive.Config(weight=lam))
-        assert obj.weight == lam and obj.task_loss_scale == pytest.approx(1.0 - lam)
+def test_scl_config_refuses_lambda_outside_unit_interval_and_sts():
+    """λ outside [0, 1], STS (no classes) and an unknown embedding are refused."""
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         SupervisedContrastive.Config(weight=1.5)
     with pytest.raises(ValueError, match="classification"):
@@ -184,12 +183,14 @@ def test_scl_para_cross_uses_the_pair_vector(arch, embedding):
 
 
 def test_scl_para_siamese_b1_head_input_and_baseline_refused():
-    """Siamese B1 + head_input uses the pair vector; Siamese pairs without one are refused at construction."""
+    """Siamese B1 + head_input uses the pair vector (eq. 3 by hand on [f1 ⊙ f2, e1, e2] with the 0./1. labels as
+    classes); Siamese pairs without one are refused at construction."""
     model = make_model("b1", "siamese")
     obj = build_objectives({"scl": {"embedding": "head_input"}}, model)[0]
     batch = make_batch("para")
     out = model("para", batch)
-    assert torch.isfinite(obj(model, "para", batch, out)["loss"])
+    expected = scl_double_loop(out.features["head_input"].detach(), [0, 1, 1, 0, 1, 0], 0.3)
+    assert obj(model, "para", batch, out)["loss"].item() == pytest.approx(expected, rel=1e-4)
     with pytest.raises(ValueError, match="one vector per sentence pair"):
         build_objectives({"scl": {}}, model)  # embedding="pooled": two sentence vectors, no pair vector
     with pytest.raises(ValueError, match="one vector per sentence pair"):
@@ -289,3 +290,23 @@ def test_registry_has_scl_and_match_tuning():
     assert [type(o) for o in objs] == [SupervisedContrastive, MatchTuning]
     with pytest.raises(ValueError, match="no option"):
         build_objectives({"scl": {"lambda_": 0.3}}, None)
+
+
+@pytest.mark.parametrize("name,settings,term", [
+    ("scl", {"weight": 0.25}, "loss"),
+    ("knn_bert", {"weight": 0.25, "m_most": 2, "m_least": 2, "queue_size": 20, "knn_k": 5}, "sc"),
+])
+def test_step_loss_is_loss_weight_times_one_minus_lambda_ce_plus_lambda_term(tiny_env, tmp_path, name, settings,
+                                                                              term):
+    """SCL eq. 1 and KNN-BERT eq. 6 in the trainer's step: loss = w_task · ((1 − λ)·CE + λ·term) with λ = 0.25 and
+    the task's loss weight w = 2, where CE is the head's loss recomputed here from the model's own pass."""
+    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path, limit=16, loss_weights={"sst": 2.0},
+                                        objectives={name: settings}))
+    trainer.model.eval()  # no dropout: the recomputed pass is the step's
+    batch = trainer.train_sets["sst"].collate(list(range(8)))
+    loss, terms = trainer.step_loss("sst", batch)
+    ce = trainer.model.task_loss("sst", trainer.model("sst", batch), batch)
+    torch.testing.assert_close(terms["sst/loss"], ce)
+    value = terms[f"sst/{name}.{term}"]
+    assert value.item() > 1e-3  # the term is not 0: λ is visible
+    torch.testing.assert_close(loss, 2.0 * (0.75 * ce + 0.25 * value), rtol=1e-6, atol=1e-7)

@@ -353,3 +353,71 @@ def test_boundary_values_are_accepted():
     p.sum().backward()
     opt.step()
     assert torch.equal(p, torch.ones(2))
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+def test_loaded_step_stays_a_cpu_int64_tensor(impl):
+    """load_state_dict keeps ``step`` a 0-dim int64 CPU tensor, whatever torch's Optimizer does with the step of a
+    fused group (it moves it to the parameter's device as float32): reading it then never touches a device.
+    A float32 step saved by an older checkpoint comes back as int64 too."""
+    p = torch.nn.Parameter(torch.ones(3, dtype=torch.float64))
+    kwargs = dict(lr=0.1, weight_decay=0.01, foreach=impl == "foreach", fused=impl == "fused")
+    opt = AdamW([p], **kwargs)
+    for _ in range(3):
+        p.grad = torch.full_like(p, 0.5)
+        opt.step()
+    sd = _round_trip(opt.state_dict())
+    for step in (sd["state"][0]["step"], torch.tensor(3.0)):  # ours, and an older checkpoint's float32 step
+        sd["state"][0]["step"] = step
+        fresh = AdamW([p], **kwargs)
+        fresh.load_state_dict(sd)
+        loaded = fresh.state[p]["step"]
+        assert loaded.dtype == torch.int64 and loaded.device.type == "cpu" and loaded.dim() == 0
+        assert int(loaded) == 3
+        p.grad = torch.full_like(p, 0.5)
+        fresh.step()
+        assert int(fresh.state[p]["step"]) == 4 and fresh.state[p]["step"].dtype == torch.int64
+    assert sd["state"][0]["step"].dtype == torch.float32  # the loaded dict itself is not modified
+
+
+def test_fused_resume_on_meta_device_reads_no_device_value():
+    """A fused AdamW over meta tensors (no values: any read of a device tensor raises) takes steps, saves, loads
+    into a fresh optimizer and steps again: the resumed step count never lives on the device."""
+    p = torch.nn.Parameter(torch.empty(4, 3, device="meta"))
+    opt = AdamW([p], lr=0.1, weight_decay=0.01, fused=True)
+    p.grad = torch.empty_like(p)
+    opt.step()
+    fresh = AdamW([p], lr=0.1, weight_decay=0.01, fused=True)
+    fresh.load_state_dict(opt.state_dict())
+    assert fresh.state[p]["exp_avg"].device.type == "meta" and fresh.state[p]["step"].device.type == "cpu"
+    fresh.step()
+    assert int(fresh.state[p]["step"]) == 2
+
+
+@pytest.mark.parametrize("impl", ["loop", "foreach", "fused"])
+def test_weight_decay_comes_before_the_adam_update_as_in_torch(impl):
+    """One step with weight decay equals, by hand, torch's order (p·(1 − lr·wd), then the Adam update) and not
+    the CS224N handout's (the Adam update, then decay of the updated p); torch.optim.AdamW agrees (eps → 0).
+
+    lr and wd are large so that the two orders differ by lr·wd·update ≈ 0.05 · 0.5 = 2.5e-2, far above rounding."""
+    lr, wd, beta1, beta2, eps = 0.5, 0.1, 0.9, 0.999, 1e-12
+    p0 = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
+    grad = torch.tensor([0.3, -0.1, 2.0], dtype=torch.float64)
+    p = p0.clone().requires_grad_(True)
+    p.grad = grad.clone()
+    AdamW([p], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd, foreach=impl == "foreach",
+          fused=impl == "fused").step()
+
+    decay_first, decay_after = [], []
+    for x, g in zip(p0.tolist(), grad.tolist()):
+        m, v = (1 - beta1) * g, (1 - beta2) * g * g
+        update = lr * math.sqrt(1 - beta2) / (1 - beta1) * m / (math.sqrt(v) + eps)  # t = 1
+        decay_first.append(x * (1 - lr * wd) - update)
+        decay_after.append((x - update) * (1 - lr * wd))
+    torch.testing.assert_close(p.detach(), torch.tensor(decay_first, dtype=torch.float64), rtol=0, atol=1e-12)
+    assert (p.detach() - torch.tensor(decay_after, dtype=torch.float64)).abs().min() > 1e-2
+
+    ref = p0.clone().requires_grad_(True)
+    ref.grad = grad.clone()
+    torch.optim.AdamW([ref], lr=lr, betas=(beta1, beta2), eps=eps, weight_decay=wd).step()
+    torch.testing.assert_close(p.detach(), ref.detach(), rtol=0, atol=1e-9)

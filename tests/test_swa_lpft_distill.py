@@ -205,6 +205,46 @@ def test_distill_kl_is_zero_when_the_student_is_the_teacher(temperature):
     assert other.item() > 1e-3
 
 
+def _softmax(z: list[float], t: float) -> list[float]:
+    m = max(z)
+    e = [math.exp((v - m) / t) for v in z]
+    return [v / sum(e) for v in e]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 2.0, 0.5])
+def test_distill_sst_is_t_squared_kl_teacher_to_student_by_hand(temperature):
+    """SST term = T² · mean_n Σ_c p_c (log p_c − log q_c), p = softmax(z_teacher / T), q = softmax(z_student / T),
+    computed by hand: not the reverse KL(q ‖ p), and not without the T² factor (the logits tell them apart)."""
+    zt = [[2.0, 0.5, -1.0, 0.0, 1.0], [-0.5, 3.0, 0.0, 0.2, -2.0], [0.0, 0.0, 4.0, -1.0, 0.5]]
+    zs = [[0.0, 1.0, 0.0, -0.5, 2.0], [1.0, 0.0, -1.0, 2.0, 0.0], [0.3, -0.3, 1.0, 0.0, 0.0]]
+    t = temperature
+    forward = reverse = 0.0
+    for a, b in zip(zt, zs):
+        p, q = _softmax(a, t), _softmax(b, t)
+        forward += sum(pc * (math.log(pc) - math.log(qc)) for pc, qc in zip(p, q))
+        reverse += sum(qc * (math.log(qc) - math.log(pc)) for pc, qc in zip(p, q))
+    expected = t * t * forward / len(zt)
+    got = distill_loss("sst", torch.tensor(zs), teacher_targets("sst", [torch.tensor(zt)], t), t).item()
+    assert got == pytest.approx(expected, rel=1e-5)
+    assert abs(got - t * t * reverse / len(zt)) > 1e-2
+    if t != 1.0:
+        assert abs(got - forward / len(zt)) > 1e-2
+
+
+@pytest.mark.parametrize("temperature", [1.0, 3.0])
+def test_distill_para_is_t_squared_bce_by_hand(temperature):
+    """Paraphrase term = T² · mean_n −[p log q + (1 − p) log(1 − q)], p = σ(z_teacher / T), q = σ(z_student / T)."""
+    zt, zs = [1.5, -2.0, 0.3, 4.0], [0.0, -1.0, 2.0, 1.0]
+    t = temperature
+    sig = lambda x: 1.0 / (1.0 + math.exp(-x))  # noqa: E731
+    total = 0.0
+    for a, b in zip(zt, zs):
+        p, q = sig(a / t), sig(b / t)
+        total += -(p * math.log(q) + (1 - p) * math.log(1 - q))
+    got = distill_loss("para", torch.tensor(zs), teacher_targets("para", [torch.tensor(zt)], t), t).item()
+    assert got == pytest.approx(t * t * total / len(zt), rel=1e-5)
+
+
 def test_distill_bce_is_minimal_at_the_teacher_and_equals_its_entropy():
     """Paraphrase: BCE(p, p) = H(p) (the minimum over students), with zero gradient there."""
     z = torch.randn(8) * 2

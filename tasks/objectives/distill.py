@@ -30,6 +30,10 @@ The trainer multiplies the term "loss" by ``weight`` (default 2/3) while the
 head's own loss keeps factor 1: the distillation term weighs 2/3 of the main
 task's loss, as the paper says.
 
+The targets of a task are read to the CPU and moved to the training device at
+the first step (one copy of the whole table); each step then sends only its
+row numbers, without a blocking copy.
+
 Checks: ``check_run`` (called by TrainConfig.validate, before any data is
 read) requires every teacher to hold the train logits of every task the
 objective trains; when training starts, every training id must be in the
@@ -107,19 +111,33 @@ def distill_loss(task: str, student: torch.Tensor, target: torch.Tensor, tempera
 
 @dataclass
 class TaskTargets:
-    """One task's soft targets: row ``index[id]`` of ``targets`` (SST (N, 5), else (N,)); ``files`` they came from."""
+    """One task's soft targets: row ``index[id]`` of ``targets`` (SST (N, 5), else (N,)); ``files`` they came from.
+
+    ``targets`` is read on the CPU and moved to the training device once (``to``);
+    rows are then picked there, so a step copies only its (B,) row numbers.
+    """
 
     index: dict[str, int]
     targets: torch.Tensor
     files: list[Path]
 
-    def lookup(self, task: str, ids: Sequence[str]) -> torch.Tensor:
+    def rows(self, task: str, ids: Sequence[str]) -> torch.Tensor:
+        """The (B,) int64 CPU row numbers of ``ids``; an id without a teacher prediction is an error."""
         missing = [i for i in ids if i not in self.index]
         if missing:
             raise ValueError(f"distill: {len(missing)} {task} training id(s) have no teacher prediction in "
                              f"{', '.join(map(str, self.files))} (e.g. {missing[:3]}); were the teachers' "
                              "--predict-train logits written on the same training data?")
-        return self.targets[torch.tensor([self.index[i] for i in ids], dtype=torch.long)]
+        return torch.tensor([self.index[i] for i in ids], dtype=torch.long)
+
+    def lookup(self, task: str, ids: Sequence[str]) -> torch.Tensor:
+        """The soft targets of ``ids``, on the device ``targets`` lives on."""
+        return self.targets[self.rows(task, ids).to(self.targets.device, non_blocking=True)]
+
+    def to(self, device: torch.device) -> None:
+        """Keep ``targets`` on ``device`` from now on (one copy of the whole table)."""
+        if self.targets.device != device:
+            self.targets = self.targets.to(device)
 
 
 def load_teachers(teachers: Sequence[str], task: str, temperature: float = 1.0) -> TaskTargets:
@@ -188,8 +206,11 @@ class Distill(Objective):
                 self.targets_for(task).lookup(task, dataset.ids)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        target = self.targets_for(task).lookup(task, batch["ids"])
-        return {"loss": distill_loss(task, out.logits, target, self.config.temperature)}
+        targets = self.targets_for(task)
+        targets.to(out.logits.device)  # the first step copies the table; later steps find it there
+        # The row numbers come from the host (ids are strings); non_blocking: a copy from pageable memory is
+        # staged at once and never waits for the device, where a blocking copy would synchronize with it.
+        return {"loss": distill_loss(task, out.logits, targets.lookup(task, batch["ids"]), self.config.temperature)}
 
 
 __all__ = ("Distill", "DistillConfig", "TaskTargets", "distill_loss", "load_teachers", "teacher_targets")

@@ -18,7 +18,9 @@ Training (objective "knn_bert", SST and paraphrase). Every step:
 Choices the paper leaves open, settled by the authors' code (LinyangLee/KNN-BERT):
 the batch's keys are enqueued *before* the loss is computed (so a query's own
 key is among its positives, as MoCo's positive key is), and the key model's
-train/eval mode follows the model's (dropout in the keys during training).
+train/eval mode follows the model's (dropout in the keys during training),
+module by module: under LP-FT stage 1 the key encoder runs without dropout,
+as the frozen query encoder does.
 Where the paper is silent and the code differs from the paper we follow the
 paper: keys and queries are the plain [CLS]-side representation (no extra
 projection head), and the queue starts empty rather than with random keys.
@@ -72,6 +74,7 @@ from tasks.objectives.knn_vote import (
     check_representation,
     class_probabilities,
     compute_representations,
+    follow_modes,
     knn_predict,
     unwrap,
 )
@@ -300,7 +303,7 @@ class KNNBert(Objective):
         device = batch["attention_mask" if "attention_mask" in batch else "attention_mask_1"].device
         if next(key.parameters()).device != device:
             key.to(device)
-        key.train(unwrap(model).training)
+        follow_modes(key, unwrap(model))
         out = key(task, batch)
         return F.normalize(out.features[self.config.representation].float(), dim=-1)
 

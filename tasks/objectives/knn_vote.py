@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -43,6 +44,32 @@ def unwrap(model: nn.Module) -> nn.Module:
         if not isinstance(inner, nn.Module):
             return model
         model = inner
+
+
+@contextmanager
+def preserved_modes(model: nn.Module) -> Iterator[nn.Module]:
+    """Restore the train/eval mode of every submodule of ``model`` on exit (also on an exception).
+
+    ``model.train(was_training)`` would put *every* submodule in the top module's
+    mode, turning dropout back on in an encoder that LP-FT keeps in eval mode
+    under heads in train mode; this puts each one back as it was.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
+    """Give each submodule of ``copy_`` (a deep copy of ``original``) the train/eval mode of its original.
+
+    Module by module, so a frozen encoder in eval mode under heads in train
+    mode (LP-FT stage 1) is copied as such.
+    """
+    for m, o in zip(copy_.modules(), original.modules(), strict=True):
+        m.training = o.training
 
 
 def check_representation(model: nn.Module, task: str, representation: str) -> None:
@@ -209,19 +236,16 @@ def compute_representations(model: nn.Module, task: str, dataset: Any, represent
         device = next(model.parameters()).device
     n = len(dataset)
     order = sorted(range(n), key=lambda i: dataset.lengths[i])
-    was_training = model.training
-    model.eval()
     feats: list[torch.Tensor] = []
     logits: list[torch.Tensor] = []
-    try:
+    with preserved_modes(model):
+        model.eval()
         for start in range(0, n, batch_size):
             batch = dataset.collate(order[start:start + batch_size])
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
             out = model(task, batch)
             feats.append(out.features[representation].float().cpu())
             logits.append(out.logits.float().cpu())
-    finally:
-        model.train(was_training)
     if not feats:
         raise ValueError(f"{task}: empty dataset")
     inverse = torch.empty(n, dtype=torch.long)
@@ -250,4 +274,4 @@ def knn_predict(model: nn.Module, task: str, train_dataset: Any, eval_dataset: A
 
 
 __all__ = ("NUM_CLASSES", "REPRESENTATIONS", "KNNClassifier", "KNNInference", "check_representation", "class_probabilities",
-           "compute_representations", "knn_predict", "unwrap")
+           "compute_representations", "follow_modes", "knn_predict", "preserved_modes", "unwrap")

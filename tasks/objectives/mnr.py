@@ -28,7 +28,10 @@ Inputs (one objective, three task streams):
   here through the STS head (``model.sts_embeddings(model.embed(...))``), the
   hard negative used when present and ``hard_negatives`` is on.
 - ``para`` (opt-in, ``para_positives``): the pairs labelled paraphrase in the
-  batch, on the pooled sentence embeddings; skipped with fewer than 2 positives.
+  batch, on the pooled sentence embeddings (``masked_mnr_loss``: a mask, not an
+  index, so the batch's positives are never counted on the host); a batch with
+  fewer than 2 positives gives a term of exactly 0 (it used to give none, so the
+  logged mean of ``para/mnr.loss`` now counts those batches as 0).
 
 Related losses: sentence-transformers ``MultipleNegativesRankingLoss`` (this,
 unweighted, equals its default query_to_doc form; tests check it),
@@ -94,6 +97,30 @@ def mnr_loss(a: torch.Tensor, b: torch.Tensor,
     return (weights.to(per_pair.dtype) * per_pair).mean()
 
 
+def masked_mnr_loss(a: torch.Tensor, b: torch.Tensor, keep: torch.Tensor, scale: float = 20.0) -> torch.Tensor:
+    """``mnr_loss(a[keep], b[keep], scale=scale)`` with static shapes: ``keep`` (K,) bool is never read on the host.
+
+    Pairs outside ``keep`` are neither anchors nor candidates: their columns are
+    masked out of every row (each row keeps its own column, so every row stays
+    finite) and their rows get weight 0; the mean is over the kept pairs. With
+    fewer than two kept pairs the result is exactly 0 with a zero gradient (one
+    pair alone has no negative; none has nothing to rank), where the indexed form
+    would rank nothing. Boolean indexing would need the count of kept pairs on the
+    host: one device sync per batch.
+    """
+    if a.dim() != 2 or a.shape != b.shape or keep.shape != a.shape[:1]:
+        raise ValueError(f"masked_mnr_loss expects a, b (K, D) and keep (K,), got {tuple(a.shape)}, "
+                         f"{tuple(b.shape)} and {tuple(keep.shape)}")
+    k = a.shape[0]
+    keep = keep.bool()
+    sim = F.normalize(a.float(), dim=-1) @ F.normalize(b.float(), dim=-1).T  # (K, K) cosine
+    own = torch.eye(k, dtype=torch.bool, device=a.device)  # (K, K)
+    logits = (scale * sim).masked_fill(~(keep[None, :] | own), float("-inf"))  # (K, K): kept columns + own
+    per_pair = F.cross_entropy(logits, torch.arange(k, device=a.device), reduction="none")  # (K,)
+    w = keep.to(per_pair.dtype)  # (K,)
+    return (w * per_pair).sum() / w.sum().clamp_min(1.0)
+
+
 def sts_label_weights(labels: torch.Tensor) -> torch.Tensor:
     """§4.4 weights of STS pairs: e^{label} / Σ_{j=0..5} e^j (label 5 -> 0.634, label 0 -> 0.004)."""
     return torch.exp(labels.float()) / _STS_WEIGHT_NORM
@@ -152,10 +179,8 @@ class MultipleNegativesRanking(Objective):
             return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
         if task == "para":
             positive = batch["labels"] > 0.5  # (B,) bool
-            if int(positive.sum()) < 2:
-                return {}  # one positive has no in-batch negative: nothing to rank
             a, b = _pair_features(model, batch, out, "pooled")
-            return {"loss": mnr_loss(a[positive], b[positive], scale=cfg.scale)}
+            return {"loss": masked_mnr_loss(a, b, positive, scale=cfg.scale)}  # 0 with fewer than 2 positives
         raise ValueError(f"mnr does not apply to task {task!r}; it applies to {MNR_TASKS}")
 
 

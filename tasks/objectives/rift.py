@@ -13,7 +13,9 @@ For a batch of SST or paraphrase examples x with labels y:
    moves each word on its own; padding is never perturbed. The attack runs with
    dropout off and returns, per example, the iterate with the largest KL.
 2. L_v (eq. 9) = CE(x) + β·KL(p(y|x) ‖ p(y|x')); the gradient flows through both
-   distributions (TRADES; the authors' code). CE is the head's own loss, which
+   distributions (TRADES; the authors' code), and x' = x + δ with δ detached and
+   x the live word embeddings, so the gradient through p(y|x') reaches the
+   word embeddings too (as SMART's does). CE is the head's own loss, which
    the trainer adds; this objective returns β·KL as "adv_kl".
 3. L_I (eq. 10): InfoNCE between the fine-tuned model's features on x' and the
    features of a *frozen copy of the pretrained encoder* on clean x, conditioned
@@ -67,7 +69,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.objectives import Objective
-from tasks.objectives.knn_bert import unwrap
+from tasks.objectives.knn_vote import preserved_modes, unwrap
 
 NUM_CLASSES = {"sst": 5, "para": 2}
 NORMS = ("l2", "linf")
@@ -181,7 +183,23 @@ def _attack_loss(task: str, logits: torch.Tensor, clean_logits: torch.Tensor, la
 def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", epsilon: float = 0.1,
                step_size: float = 0.1, steps: int = 2, random_init: bool = True, objective: str = "kl",
                generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
-    """Adversarial word embeddings {suffix: (B, T, H)} for ``model(task, batch, inputs_embeds=...)``.
+    """Adversarial word embeddings {suffix: (B, T, H)} for ``model(task, batch, inputs_embeds=...)``, detached.
+
+    The clean word embeddings plus ``pgd_perturbation``'s δ (same arguments);
+    for evaluation under attack. Training wants x' = x + δ with the gradient
+    path to the embeddings kept, as ``RIFT.forward`` builds it.
+    """
+    base = unwrap(model)
+    delta = pgd_perturbation(model, task, batch, norm=norm, epsilon=epsilon, step_size=step_size, steps=steps,
+                             random_init=random_init, objective=objective, generator=generator)
+    with torch.no_grad():
+        return {s: base.encoder.embed_tokens(batch["input_ids" + s]).float() + d for s, d in delta.items()}
+
+
+def pgd_perturbation(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", epsilon: float = 0.1,
+                     step_size: float = 0.1, steps: int = 2, random_init: bool = True, objective: str = "kl",
+                     generator: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+    """The adversarial perturbation δ {suffix: (B, T, H)} of the word embeddings, detached (zero on padding).
 
     PGD with per-token ε-balls (see the module docstring) maximizing, per
     example, ``objective``: "kl" = KL(p(y|x) ‖ p(y|x')) against the clean
@@ -199,14 +217,13 @@ def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", ep
     if epsilon <= 0 or step_size <= 0 or steps < 0:
         raise ValueError(f"need epsilon > 0, step_size > 0, steps >= 0; got {epsilon}, {step_size}, {steps}")
     if torch.is_inference_mode_enabled():
-        raise RuntimeError("pgd_attack needs autograd for δ: call it under torch.no_grad() (allowed), "
+        raise RuntimeError("pgd_perturbation needs autograd for δ: call it under torch.no_grad() (allowed), "
                            "not torch.inference_mode()")
     base = unwrap(model)  # no gradient sync needed: only δ gets gradients
     suffixes = input_suffixes(base, task, batch)
     labels = batch.get("labels")
-    was_training = base.training
-    base.eval()
-    try:
+    with preserved_modes(base):  # each submodule's own mode back: LP-FT's frozen encoder stays in eval
+        base.eval()
         with torch.no_grad():
             clean = {s: base.encoder.embed_tokens(batch["input_ids" + s]).float() for s in suffixes}  # (B, T, H)
             keep = {s: batch["attention_mask" + s].unsqueeze(-1).float() for s in suffixes}  # (B, T, 1)
@@ -238,9 +255,7 @@ def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", ep
             for s, g in zip(suffixes, grads):
                 direction = g.sign() if norm == "linf" else g / _token_norm(g).clamp_min(1e-12)
                 delta[s] = project_to_ball(d[s].detach() + step_size * direction, norm, epsilon) * keep[s]
-        return {s: (clean[s] + best[s]).detach() for s in suffixes}
-    finally:
-        base.train(was_training)
+        return {s: best[s].detach() for s in suffixes}
 
 
 # ---- the conditional InfoNCE --------------------------------------------------------------------
@@ -359,8 +374,12 @@ class RIFT(Objective):
         if out is None:
             raise ValueError("rift needs the head's clean output (out) for KL(p(x) ‖ p(x'))")
         labels = batch["labels"].long()  # paraphrase labels arrive as float 0/1 BCE targets
-        adv = pgd_attack(model, task, batch, norm=cfg.norm, epsilon=cfg.epsilon, step_size=cfg.step_size,
-                         steps=cfg.steps, objective="kl")
+        delta = pgd_perturbation(model, task, batch, norm=cfg.norm, epsilon=cfg.epsilon, step_size=cfg.step_size,
+                                 steps=cfg.steps, objective="kl")
+        # x' = x + δ with δ detached and x the live word embeddings (eq. 8-10: the loss is a function of the
+        # parameters through x' too), so the KL and L_I terms train the word embeddings, as SMART's penalty does.
+        embed = unwrap(model).encoder.embed_tokens
+        adv = {s: embed(batch["input_ids" + s]) + d for s, d in delta.items()}  # (B, T, H) each
         adv_out = model(task, batch, inputs_embeds=adv)  # the model's mode: dropout on while training
         kl = kl_divergence(task, out.logits, adv_out.logits)
         sides = input_suffixes(model, task, batch)
@@ -372,4 +391,4 @@ class RIFT(Objective):
 
 
 __all__ = ("RIFT", "RIFTConfig", "class_log_probs", "conditional_infonce", "conditional_infonce_logits",
-           "kl_divergence", "kl_per_example", "pgd_attack", "project_to_ball", "same_class_mask")
+           "kl_divergence", "kl_per_example", "pgd_attack", "pgd_perturbation", "project_to_ball", "same_class_mask")

@@ -88,13 +88,12 @@ def scl_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float = 
         self_mask = torch.eye(n, dtype=torch.bool, device=features.device)  # (N, N)
         positives = (labels.view(-1, 1) == labels.view(1, -1)) & ~self_mask  # (N, N): j ≠ i, y_j = y_i
         n_pos = positives.sum(1)  # (N,) N_{y_i} − 1
-        if not bool((n_pos > 0).any()):
-            # No anchor has a positive. Returned as 0·features so it stays in the graph (zero gradient);
-            # the general path would also give 0, but a batch of one makes its logsumexp all −inf.
-            return (phi * 0.0).sum()
         logits = (phi @ phi.T) / temperature  # (N, N)
-        logits = logits.masked_fill(self_mask, float("-inf"))  # k ≠ i in the denominator
-        log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)  # (N, N); diagonal −inf
+        # k ≠ i in the denominator. The most negative float rather than −inf: e^{min − max} is exactly 0 all the
+        # same, and a batch of one (a row with nothing but its own masked entry) keeps a finite logsumexp, so
+        # "no anchor has a positive" needs no branch (no host read): it falls out as 0 with a zero gradient.
+        logits = logits.masked_fill(self_mask, torch.finfo(logits.dtype).min)
+        log_prob = logits - torch.logsumexp(logits, dim=1, keepdim=True)  # (N, N); diagonal hugely negative
         pos_log_prob = torch.where(positives, log_prob, torch.zeros_like(log_prob)).sum(1)  # (N,)
         per_anchor = -pos_log_prob / n_pos.clamp_min(1)  # (N,); 0 where n_pos = 0
         total = per_anchor.sum()
