@@ -1,5 +1,5 @@
 """Tests for SWA (tasks/swa.py), LP-FT (tasks/lpft.py), distillation (tasks/objectives/distill.py),
-``--predict-train`` and the KNN-BERT inference of the final evaluation (tasks/train.py).
+``--predict-train`` and the KNN-BERT inference of the final evaluation (tasks/predict.py).
 
 Math identities run on small tensors; the end-to-end tests train the tiny
 random BERT of tests/test_train.py on its synthetic data, capped with
