@@ -1,4 +1,5 @@
-"""Tests for tasks/trainer.py, tasks/train.py and tasks/checkpoint.py: the training loop, loss weights, checkpoints, exact resume.
+"""Tests for tasks/trainer.py, tasks/train.py and tasks/checkpoint.py: the training loop, loss weights, checkpoints,
+exact resume.
 
 Everything runs on a tiny random BERT (hidden 32, 2 layers, 4 heads, vocab 99)
 saved as a HF-style checkpoint directory in tmp, with small synthetic task
