@@ -27,7 +27,7 @@ split (a mismatch names the file). Outputs in --out-dir:
 predictions/{sst,para,sts}-{dev,test}-output.csv (leaderboard files),
 predictions/{task}-{split}-logits.csv (the ensemble's logits: SST log of the
 averaged probabilities, paraphrase logit of the averaged probability, STS the
-score, so an ensemble can itself be ensembled), submission.zip with the
+score, so an ensemble can itself be ensembled), cs224n_default_final_project_submission.zip with the
 leaderboard files, and ensemble.json (runs, chosen subsets or weights, scores).
 A test split no run has (there is no quora-test-student.csv in the shared data)
 is skipped with a message. --out-dir may not be an input run or inside a
@@ -252,13 +252,31 @@ def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str])
     return "\n".join(lines)
 
 
+SUBMISSION_ZIP = "cs224n_default_final_project_submission.zip"
+
+
+def project_sources() -> list[tuple[Path, str]]:
+    """(file, path in the zip) of the project's code: train_multitask.py, minbert/ and tasks/ (.py files)."""
+    root = Path(__file__).resolve().parents[1]
+    files = [root / "train_multitask.py"] + sorted((root / "minbert").rglob("*.py")) + sorted(
+        (root / "tasks").rglob("*.py"))
+    return [(f, f.relative_to(root).as_posix()) for f in files if f.is_file()]
+
+
 def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
-    """``out_dir/submission.zip`` with the leaderboard files under predictions/, written atomically."""
-    path = out_dir / "submission.zip"
+    """``out_dir/cs224n_default_final_project_submission.zip`` in the starter's layout, written atomically.
+
+    As the CS224N starter's prepare_submit.py zips its folder (it writes
+    ``./<file>``, which zipfile stores as ``<file>``): the code as ``<path>.py``
+    and the leaderboard files as ``predictions/<name>``.
+    """
+    path = out_dir / SUBMISSION_ZIP
     fd, tmp = temp_file_beside(path)  # the umask's mode (0644), not mkstemp's 0600
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            for f, arcname in project_sources():
+                z.write(f, arcname=arcname)
             for f in written:
                 z.write(f, arcname=f"predictions/{f.name}")
         os.replace(tmp, path)
@@ -298,7 +316,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", help="run or predictions directories holding {task}-{dev,test}-logits.csv")
     p.add_argument("--method", choices=METHODS, default="simple", help="how the runs are combined")
     p.add_argument("--out-dir", required=True,
-                   help="where predictions/, submission.zip and ensemble.json go; not an input run")
+                   help="where predictions/, the submission zip and ensemble.json go; not an input run")
     p.add_argument("--data-dir", default="data", help="task CSV files, for the dev labels")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
                    help=f"tasks to ensemble (default: {' '.join(TASKS)})")
@@ -407,7 +425,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
     summary = {
         "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
-        "seed": args.seed, "skipped": skipped, "submission": str(out_dir / "submission.zip"),
+        "seed": args.seed, "skipped": skipped, "submission": str(out_dir / SUBMISSION_ZIP),
         "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
                       "ensemble_score": r.ensemble_score, "models": [names[m] for m in r.models],
                       "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
@@ -445,7 +463,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
               + ", ".join(f"{t} n={results[t].holdout['n_eval']}" for t in tasks) + ")")
         print(format_table(hold_rows, tasks))
 
-    print(f"wrote {len(written)} leaderboard files to {out_dir / 'predictions'} and {out_dir / 'submission.zip'}"
+    print(f"wrote {len(written)} leaderboard files to {out_dir / 'predictions'} and {out_dir / SUBMISSION_ZIP}"
           + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
     return summary
 

@@ -47,8 +47,10 @@ from tasks.readers import csv_records
 
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 # Column after "id" in the leaderboard files (CS224N default project names).
+# Column after "id" in the leaderboard files: the CS224N starter's names (STS sic: its spelling), which we write;
+# plain "id,Predicted_*" CSV files with "Predicted_Similarity" are read too.
+STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
 PREDICTION_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
-STARTER_STS_COLUMN = "Predicted_Similiary"  # sic: the CS224N starter's spelling, read as STS
 NUM_SST_CLASSES = 5
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 
@@ -291,9 +293,12 @@ def _check_finite(what: str, values: torch.Tensor) -> None:
 def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions) -> Path:
     """Write the leaderboard file ``pred_dir/{task}-{split}-output.csv`` and return its path.
 
-    Header ``id,Predicted_Sentiment`` / ``id,Predicted_Is_Paraphrase`` /
-    ``id,Predicted_Similarity``; one row per id in ``preds`` order; SST class
-    ids 0-4, paraphrase 0/1, STS float scores.
+    Byte for byte the CS224N starter's format (multitask_classifier.py), for
+    which the leaderboard was built: a header ``id \t Predicted_Sentiment \n``
+    (``Predicted_Is_Paraphrase``; for STS the starter's spelling
+    ``Predicted_Similiary``), then one row ``<id> , <value> \n`` per id in
+    ``preds`` order; SST class ids 0-4, paraphrase 0/1, STS float scores
+    (full precision). ``read_predictions`` reads it back.
     """
     _check_task(task)
     _check_split(split)
@@ -312,7 +317,25 @@ def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, p
         if bad:
             raise ValueError(f"{task}-{split} predictions must be in 0..{top - 1}, got {bad[0]} ({len(bad)} rows)")
     path = Path(pred_dir) / f"{task}-{split}-output.csv"
-    return _atomic_write_csv(path, ["id", PREDICTION_COLUMN[task]], ([i, v] for i, v in zip(preds.ids, values)))
+    lines = [f"id \t {STARTER_COLUMN[task]} \n"] + [f"{i} , {v} \n" for i, v in zip(preds.ids, values)]
+    return _atomic_write_text(path, "".join(lines))
+
+
+def _atomic_write_text(path: Path, text: str) -> Path:
+    """Write ``text`` through a temporary file in the same folder, then os.replace."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = temp_file_beside(path)
+    try:
+        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def _logit_columns(task: str) -> list[str]:
@@ -422,7 +445,7 @@ def read_predictions(path: str | os.PathLike[str]) -> tuple[list[str], torch.Ten
     Also reads the CS224N starter's files: header ``id \t Predicted_Sentiment ``
     (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows ``<id> , <value> ``.
     """
-    column_task = {c: t for t, c in PREDICTION_COLUMN.items()} | {STARTER_STS_COLUMN: "sts"}
+    column_task = {c: t for t, c in PREDICTION_COLUMN.items()} | {c: t for t, c in STARTER_COLUMN.items()}
     found: dict[str, str] = {}
 
     def parse_header(header: list[str]) -> str | None:

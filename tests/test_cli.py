@@ -309,7 +309,7 @@ def test_cli_train_limit_resume_and_eval_only(tiny_env, tmp_path):  # noqa: F811
     assert names == sorted(f"{t}-{s}-{k}.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
                            for k in ("output", "logits") if (t, s) != ("para", "test"))
     header = (eval_dir / "predictions" / "para-dev-output.csv").read_text().splitlines()
-    assert header[0] == "id,Predicted_Is_Paraphrase" and len(header) == 1 + 8
+    assert header[0] == "id \t Predicted_Is_Paraphrase " and len(header) == 1 + 8
     assert set(result["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
 
 

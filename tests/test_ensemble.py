@@ -172,9 +172,12 @@ def test_cli_end_to_end(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "SST acc" in captured.out and "ensemble: selective" in captured.out and "run2" in captured.out
     assert "para-test-output.csv skipped" in captured.err
-    names = sorted(zipfile.ZipFile(out / "submission.zip").namelist())
-    assert names == sorted(f"predictions/{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
-                           if (t, s) != ("para", "test"))
+    names = zipfile.ZipFile(out / "cs224n_default_final_project_submission.zip").namelist()
+    assert sorted(n for n in names if n.startswith("predictions/")) == sorted(
+        f"predictions/{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
+        if (t, s) != ("para", "test"))
+    # the starter's prepare_submit.py layout: the code beside predictions/
+    assert {"train_multitask.py", "tasks/ensemble.py", "minbert/bert.py"} <= set(names)
     ids, preds = read_predictions(out / "predictions" / "sst-dev-output.csv")
     assert ids == [f"sst{i}" for i in range(60)] and preds.dtype == torch.long
     assert (out / "predictions" / "sts-test-logits.csv").is_file()
@@ -291,11 +294,11 @@ def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypat
     with pytest.raises(OSError):
         main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
-        ["ensemble.json", "predictions", "submission.zip"])
+        ["cs224n_default_final_project_submission.zip", "ensemble.json", "predictions"])
 
 
 def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
-    """submission.zip and the ensemble's files are 0644 under umask 022, not the temporary-file default 0600."""
+    """The submission zip and the ensemble's files are 0644 under umask 022, not the temporary-file default 0600."""
     runs = _make_runs(tmp_path)
     old = os.umask(0o022)
     try:
@@ -303,7 +306,7 @@ def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
     finally:
         os.umask(old)
     files = [f for f in (tmp_path / "ens").rglob("*") if f.is_file()]
-    assert (tmp_path / "ens" / "submission.zip") in files
+    assert (tmp_path / "ens" / "cs224n_default_final_project_submission.zip") in files
     assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o644" for f in files}
 
 

@@ -182,17 +182,20 @@ def fake_predictions(task: str, n: int = 9) -> Predictions:
 
 
 @pytest.mark.parametrize("task,column", [("sst", "Predicted_Sentiment"), ("para", "Predicted_Is_Paraphrase"),
-                                         ("sts", "Predicted_Similarity")])
+                                         ("sts", "Predicted_Similiary")])
 def test_prediction_files_every_id_once_in_input_order(tmp_path, task, column):
-    """{task}-{split}-output.csv: the right header, each id once in input order, ints / floats as the task wants."""
+    """{task}-{split}-output.csv in the CS224N starter's bytes: 'id \\t <column> ' header (STS sic), '<id> , <v> '
+    rows, each id once in input order, ints / floats as the task wants."""
     p = fake_predictions(task)
     path = write_predictions(tmp_path / "predictions", task, "dev", p)
     assert path == tmp_path / "predictions" / f"{task}-dev-output.csv"
-    with open(path, newline="") as f:
-        rows = list(csv.reader(f))
-    assert rows[0] == ["id", column]
-    assert [r[0] for r in rows[1:]] == p.ids and len(set(p.ids)) == len(p.ids)
-    values = [r[1] for r in rows[1:]]
+    raw = path.read_bytes().decode("utf-8")
+    lines = raw.split("\n")
+    assert lines[0] == f"id \t {column} " and lines[-1] == "" and raw.endswith(" \n")
+    rows = [line.split(" , ") for line in lines[1:-1]]
+    assert all(len(r) == 2 and r[1].endswith(" ") for r in rows)
+    assert [r[0] for r in rows] == p.ids and len(set(p.ids)) == len(p.ids)
+    values = [r[1].strip() for r in rows]
     if task == "sts":
         assert torch.equal(torch.tensor([float(v) for v in values]), p.preds)
     else:
