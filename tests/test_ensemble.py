@@ -379,3 +379,23 @@ def test_regression_test_outputs_use_the_weights_fit_on_the_dev_half(task):
     full = fit_regression(task, dev_x, y)  # weights fit on all of dev would give other test outputs
     z_full = sum(w * x for w, x in zip(full.weights, test_x)) + (full.bias or 0.0)
     assert not torch.allclose(z_full, z, atol=1e-4)
+
+
+def test_selective_two_fold_score_is_computed_on_the_half_the_subset_never_saw():
+    """The honest selective score: each fold's subset is chosen on one half and scored on the other (computed by
+    hand here), the two folds averaged; ensemble_task reports it beside the optimistic whole-dev score."""
+    from tasks.ensemble import selective_two_fold
+    from tasks.ensemble_methods import split_halves
+
+    y = _labels("para")
+    models = [_model("para", y, 0, seed=20 + i) for i in range(6)]  # noise only
+    res = selective_two_fold("para", models, y, max_exhaustive=10, seed=0)
+    a, b = split_halves(len(y), 0)
+    expected = []
+    for fit, held in ((a, b), (b, a)):
+        subset, _ = select_subset("para", [x[fit] for x in models], y[fit], 10)
+        expected.append(score("para", average("para", [models[m][held] for m in subset])[1], y[held]))
+    assert res["selective"] == pytest.approx(sum(expected) / 2)
+    dev = _task_logits("para", y, models)
+    full = ensemble_task("para", dev, y, None, "selective", seed=0)
+    assert full.holdout["selective"] == res["selective"]
