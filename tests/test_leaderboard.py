@@ -1,0 +1,61 @@
+"""experiments/leaderboard.py: members trained, ensembled with an honest held-out score, the submission zip;
+a second call reuses finished members and resumes one cut short."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import pytest
+
+from experiments import leaderboard
+from tasks import cli
+from tasks.trainer import Hook, Trainer
+from tests.test_train import tiny_env  # noqa: F401  (tiny_env: the session fixture)
+
+
+class _Cut(Exception):
+    pass
+
+
+class _StopAfterEpoch1(Hook):
+    def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
+        raise _Cut  # after checkpoints/last of epoch 1 of 2
+
+
+def _tiny_flags(env) -> list[str]:
+    pretrained, data = env
+    return ["--pretrained", str(pretrained), "--epochs", "2", "--batch-size", "8", "--eval-batch-size", "16",
+            "--max-length", "32", "--max-train-examples", "para=all", "--dev-max-examples", "para=all",
+            "--lr", "1e-3", "--log-every", "5", "--device", "cpu", "--no-bf16", "--fcn-size", "16"]
+
+
+def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
+    """Two members, the selective ensemble scored on held-out dev halves, the starter-format zip; member seed1,
+    cut mid-run before the command ran, is resumed from its last checkpoint, not retrained."""
+    out = tmp_path / "lb"
+    flags = [*_tiny_flags(tiny_env), "--data-dir", str(tiny_env[1])]
+    # seed1 was cut short by an earlier call of the command: its marker and a mid-run checkpoint exist
+    member = out / "seed1"
+    member.mkdir(parents=True)
+    (member / "member.json").write_text(json.dumps({"flags": leaderboard.member_flags(1, flags), "wall_s": None}))
+    inv = cli.build_invocation(*cli.parse([*leaderboard.member_flags(1, flags), "--out-dir", str(member)]))
+    with pytest.raises(_Cut):
+        Trainer.from_config(inv.config, hooks=[_StopAfterEpoch1()]).fit()
+
+    result = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
+                               "--threads", "1", "--", *_tiny_flags(tiny_env)])
+    assert set(result["members"]) == {"seed0", "seed1"}
+    assert "resumed from" in (member / "train.log").read_text()
+    records = [json.loads(line) for line in (member / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if "epoch" in r and not r.get("final")] == [1, 2] and records[-1]["final"]
+    summary = json.loads((out / "ensemble" / "ensemble.json").read_text())
+    assert result["holdout_overall"] == summary["holdout_overall"] and 0 < result["holdout_overall"] < 1
+    names = zipfile.ZipFile(out / "ensemble" / "cs224n_default_final_project_submission.zip").namelist()
+    assert "predictions/sst-test-output.csv" in names
+    assert "held out" in capsys.readouterr().out
+
+    again = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
+                              "--threads", "1", "--", *_tiny_flags(tiny_env)])
+    assert "reusing the finished member" in capsys.readouterr().out
+    assert again["holdout_overall"] == result["holdout_overall"]
