@@ -11,7 +11,7 @@ import pytest
 from experiments import leaderboard
 from tasks import cli
 from tasks.trainer import Hook, Trainer
-from tests.test_train import tiny_env  # noqa: F401  (tiny_env: the session fixture)
+from tests.test_train import tiny_env  # noqa: F401,F811  (tiny_env: the session fixture)
 
 
 class _Cut(Exception):
