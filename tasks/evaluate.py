@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import io
 import math
 import os
 import secrets
@@ -267,21 +268,11 @@ def temp_file_beside(path: Path) -> tuple[int, Path]:
 
 def _atomic_write_csv(path: Path, header: list[str], rows: Iterable[list]) -> Path:
     """Write a comma-separated file through a temporary file in the same folder, then os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temp_file_beside(path)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
-            w = csv.writer(f, lineterminator="\n")
-            w.writerow(header)
-            w.writerows(rows)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(header)
+    w.writerows(rows)
+    return _atomic_write_text(path, buf.getvalue())
 
 
 def _check_finite(what: str, values: torch.Tensor) -> None:
