@@ -126,7 +126,7 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
     """
     seed_everything(cfg.seed)
     amp_dtype = autocast_dtype(cfg.bf16, device)
-    configure_device(device)
+    configure_device(device, cfg.deterministic)
     overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
     if cfg.encoder_dropout is not None:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
@@ -419,7 +419,7 @@ class Trainer:
         for h in self.hooks:
             h.on_train_start(self)
         if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)  # last: nothing after it may draw from the global RNGs
+            set_rng_state(self._rng_to_restore, self.device)  # last: nothing after it may draw from the global RNGs
             self._rng_to_restore = None
         lpft.train_mode(self.model, self.stage)
         if self.epoch >= self.total_epochs:
@@ -520,7 +520,7 @@ class Trainer:
         those of all ranks, "rng" is rank 0's state and "rng_other_ranks" the others'.
         """
         sums = self.epoch_sums.totals()
-        rngs = distributed.gather(rng_state())
+        rngs = distributed.gather(rng_state(self.device))
         return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
                 "best": self.best, "history": self.history, "elapsed_s": self.elapsed,
                 "epoch_sums": {k: [s, c] for k, (s, c) in sums.items()},
@@ -586,7 +586,7 @@ class Trainer:
                        "draws fresh dropout masks, so the run will not repeat the interrupted one bit for bit",
                        self.rank, len(others) + 1, self.world_size)
         seed_everything(distributed.rank_seed(self.cfg.seed, self.rank, state["global_step"]))
-        return rng_state()
+        return rng_state(self.device)
 
     # -- after training --
     def load_best(self) -> Path:
