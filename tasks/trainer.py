@@ -75,9 +75,11 @@ from tasks.checkpoint import (
     load_tensors,
     objectives_state,
     optimizer_state,
+    rank_objectives_saved,
     read_json,
     resolve_checkpoint,
     save_encoder_files,
+    save_rank_objectives,
     save_tensors,
     write_json,
 )
@@ -530,15 +532,15 @@ class Trainer:
         """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py).
 
         ``extra_state`` is merged into state.json (the SWA checkpoint marks itself with "swa").
-        Under torchrun every rank calls it and rank 0 writes (the ranks' weights are identical).
+        Under torchrun every rank calls it; rank 0 writes, the others add their rank-local objective state.
         """
         if self.run_dir is None:
             raise RuntimeError("this Trainer has no run directory (built without from_config): nothing to save to")
-        final = self.run_dir.checkpoints / name
-        state = {**self.state(), **(extra_state or {})}
+        final, state = self.run_dir.checkpoints / name, {**self.state(), **(extra_state or {})}
         if self.rank > 0:
+            save_rank_objectives(self.objectives, self.model, self.rank, self.world_size)
             return final
-        with atomic_directory(final) as tmp:
+        with atomic_directory(final) as tmp, rank_objectives_saved(tmp, self.objectives, self.model, self.world_size):
             save_tensors(tmp / "model.safetensors", self.model.state_dict())
             obj_state = objectives_state(self.objectives, self.model)
             if obj_state:
@@ -556,7 +558,7 @@ class Trainer:
             raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
                              "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
         self.model.load_state_dict(load_tensors(ckpt / "model.safetensors", self.device))
-        load_objectives_state(self.objectives, self.model, ckpt, self.device)
+        load_objectives_state(self.objectives, self.model, ckpt, self.device, self.rank)
         load_optimizer_state(self.optimizer, load_tensors(ckpt / "optimizer.safetensors", self.device),
                              read_json(ckpt / "optimizer.json"), self.param_names)
         state = read_json(ckpt / "state.json")
@@ -594,5 +596,5 @@ class Trainer:
         distributed.barrier()  # under torchrun: rank 0 has finished writing it
         best = resolve_checkpoint(self.run_dir.checkpoints / "best")
         self.model.load_state_dict(load_tensors(best / "model.safetensors", self.device))
-        load_objectives_state(self.objectives, self.model, best, self.device)
+        load_objectives_state(self.objectives, self.model, best, self.device, self.rank)
         return best
