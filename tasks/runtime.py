@@ -23,7 +23,7 @@ Usage:
         with full_precision(device):            # fp32 and no TF32 for a precision-sensitive region
             sims = q.float() @ k.float().T
     state = rng_state(device); set_rng_state(state, device)   # JSON values, saved with every checkpoint
-    reset_peak_memory(device); synchronize(device); peak_memory_bytes(device)
+    reset_peak_memory(device); synchronize(device); peak_memory_bytes(device) - memory_bytes(device)
 """
 
 from __future__ import annotations
@@ -232,18 +232,47 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def reset_peak_memory(device: torch.device) -> None:
-    """Start a new peak for ``peak_memory_bytes`` on a CUDA device (the CPU's peak RSS cannot be reset)."""
+def _proc_status_bytes(key: str) -> int | None:
+    """A "VmRSS" / "VmHWM" line of /proc/self/status in bytes, None where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start a new peak for ``peak_memory_bytes``: CUDA's allocator statistics of ``device``; on CPU the
+    process's peak resident set (VmHWM, through /proc/self/clear_refs). False where it cannot be reset."""
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_bytes(device: torch.device) -> int:
+    """Memory in use now: tensors allocated on a CUDA ``device``; on CPU the process's resident set."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    rss = _proc_status_bytes("VmRSS")
+    return rss if rss is not None else peak_memory_bytes(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int:
-    """Peak memory: on CUDA the tensors allocated on ``device`` since ``reset_peak_memory``; on CPU the process's
-    peak resident set (ru_maxrss, KiB on Linux), since the process started."""
+    """Peak memory since ``reset_peak_memory`` (or the process start): tensors allocated on a CUDA ``device``
+    (not cuda:0's, not host RSS); on CPU the process's peak resident set (VmHWM, else ru_maxrss)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device)
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    hwm = _proc_status_bytes("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ---- global RNG state ------------------------------------------------------------------------------------------

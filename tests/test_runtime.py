@@ -172,14 +172,28 @@ def test_sync_and_peak_memory_act_on_the_given_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(("sync", device)))
     monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device=None: calls.append(("reset", device)))
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: calls.append(("peak", device)) or 7)
-    runtime.reset_peak_memory(CUDA1)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: calls.append(("now", device)) or 3)
+    assert runtime.reset_peak_memory(CUDA1)
+    assert runtime.memory_bytes(CUDA1) == 3
     runtime.synchronize(CUDA1)
     assert runtime.peak_memory_bytes(CUDA1) == 7
-    assert calls == [("reset", CUDA1), ("sync", CUDA1), ("peak", CUDA1)]
+    assert calls == [("reset", CUDA1), ("now", CUDA1), ("sync", CUDA1), ("peak", CUDA1)]
     calls.clear()
-    runtime.synchronize(torch.device("cpu"))
-    runtime.reset_peak_memory(torch.device("cpu"))
-    assert runtime.peak_memory_bytes(torch.device("cpu")) > 0 and calls == []
+    cpu = torch.device("cpu")
+    runtime.synchronize(cpu)
+    runtime.reset_peak_memory(cpu)
+    assert runtime.peak_memory_bytes(cpu) >= runtime.memory_bytes(cpu) > 0 and calls == []
+
+
+def test_cpu_peak_memory_sees_a_large_allocation():
+    """On CPU the peak is the process's resident set: 64 MiB touched and freed raises it by about that much."""
+    cpu = torch.device("cpu")
+    if not runtime.reset_peak_memory(cpu):
+        pytest.skip("no /proc/self/clear_refs: the CPU peak cannot be reset here")
+    before = runtime.memory_bytes(cpu)
+    x = torch.ones(16 * 2**20)  # 64 MiB, touched
+    del x
+    assert runtime.peak_memory_bytes(cpu) - before >= 60 * 2**20
 
 
 class MatmulFlags(torch.overrides.TorchFunctionMode):
