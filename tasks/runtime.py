@@ -206,7 +206,9 @@ def foreach_default(device: torch.device) -> bool:
 
 
 def distributed_backend(device: torch.device) -> str:
-    """The torch.distributed backend of a device: nccl on CUDA, gloo on CPU."""
+    """The torch.distributed backend of a device: nccl on CUDA, gloo on CPU; other devices are an error."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"distributed training runs on cpu (gloo) or cuda (nccl), not {device.type}")
     return "nccl" if device.type == "cuda" else "gloo"
 
 

@@ -94,6 +94,7 @@ from tasks.runtime import (
     autocast,
     autocast_dtype,
     configure_device,
+    pin_and_prefetch,
     resolve_device,
     rng_state,
     seed_everything,
@@ -339,15 +340,13 @@ class Trainer:
 
         One process: the whole batch, share 1. Under torchrun: this rank's
         shard ``indices[rank::world]`` (None when empty) and its fraction of
-        the global batch. On CUDA the next step's batch is collated and pinned
-        in a background thread while this one trains (collate draws no random
-        numbers, so the order of work does not matter), then copied with
-        non_blocking=True; on CPU the thread would only compete with the
-        compute threads, so batches are collated in line (``prefetch``
-        overrides the choice).
+        the global batch. Where ``runtime.pin_and_prefetch`` says so (CUDA), the
+        next step's batch is collated and pinned in a background thread while
+        this one trains (collate draws no random numbers), then copied with
+        non_blocking=True; elsewhere in line (``prefetch`` overrides the choice).
         """
-        cuda = self.device.type == "cuda"
-        prefetch = cuda if self.prefetch is None else self.prefetch
+        pin = pin_and_prefetch(self.device)
+        prefetch = pin if self.prefetch is None else self.prefetch
 
         def load(k: int) -> tuple[str, dict | None, float]:
             stream, indices = plan[k]
@@ -355,7 +354,7 @@ class Trainer:
             if not mine:
                 return stream, None, 0.0
             batch = self.train_sets[stream].collate(mine)
-            if cuda:
+            if pin:
                 batch = {n: v.pin_memory() if isinstance(v, torch.Tensor) else v for n, v in batch.items()}
             return stream, batch, (len(mine) / len(indices) if self.world_size > 1 else 1)
 

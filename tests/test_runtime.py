@@ -264,3 +264,35 @@ def test_smart_passes_run_without_tf32_in_an_fp32_run():
         assert torch.backends.cuda.matmul.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
+
+
+# ---- the other device decisions, asked of runtime by the trainer, pretraining and torchrun -------------------------
+
+
+def test_device_choices_of_the_loop_pretraining_and_torchrun(monkeypatch):
+    """CUDA: pinned, prefetched batches, foreach AdamW, NCCL, cuda:LOCAL_RANK made current; CPU: none of these;
+    other devices cannot run under torchrun."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert runtime.pin_and_prefetch(cuda) and not runtime.pin_and_prefetch(cpu)
+    assert runtime.foreach_default(cuda) and not runtime.foreach_default(cpu)
+    assert (runtime.distributed_backend(cuda), runtime.distributed_backend(cpu)) == ("nccl", "gloo")
+    with pytest.raises(ValueError, match="not mps"):
+        runtime.distributed_backend(torch.device("mps"))
+    current = []
+    monkeypatch.setattr(torch.cuda, "set_device", current.append)
+    assert runtime.bind_local_device(cuda, 1) == CUDA1 and current == [CUDA1]
+    assert runtime.bind_local_device(cpu, 1) == cpu and current == [CUDA1]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 3)
+    assert runtime.cuda_device_count() == 0
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert runtime.cuda_device_count() == 3
+
+
+def test_smart_dropout_replay_restores_the_training_devices_generator(monkeypatch):
+    """SMART's replay of the dropout masks restores the CUDA generator of the device it was made on."""
+    from tasks.objectives.smart import _DropoutReplay
+
+    fake = FakeCuda(monkeypatch, 2)
+    _DropoutReplay(CUDA1)()
+    assert fake.set_calls == [(1, 11)]
