@@ -88,8 +88,10 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
             trainer.fit()
             trainer.load_best()
             (results / f"rank{rank}.json").write_text(json.dumps({"history": trainer.history, "writes": writes}))
-        elif job in ("resume", "resume_knn"):
+        elif job in ("resume", "resume_knn", "resume_nccl"):
             kw = dict(checkpoint_every=4)
+            if job == "resume_nccl":  # one GPU per rank; deterministic kernels for a bit-exact resume on CUDA
+                kw |= dict(device="cuda", deterministic=True)
             if job == "resume_knn":  # queues of 20 keys: full after a few steps, so the order of keys matters
                 kw |= dict(objectives={"knn_bert": {"m_most": 2, "m_least": 2, "queue_size": 20}}, epochs=1)
             full = Trainer.from_config(tiny_train_config(env, root / "full", **kw))
@@ -175,6 +177,20 @@ def test_two_process_resume_is_bit_identical(tiny_env, tmp_path):
             assert torch.equal(v, resumed[k]), f"rank {r}: {k}"
     state = json.loads((tmp_path / "cut" / "checkpoints" / "last" / "state.json").read_text())
     assert len(state["rng_other_ranks"]) == 1 and state["rng_other_ranks"][0]["torch"] != state["rng"]["torch"]
+
+
+@pytest.mark.gpu
+def test_two_process_resume_on_nccl_is_bit_identical(tiny_env, tmp_path):
+    """On two GPUs (NCCL), with --deterministic: the resumed run ends with the uninterrupted run's weights on
+    both ranks, bit for bit (the guarantee tasks/runtime.py states for CUDA)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("gpu: needs two CUDA devices")
+    _spawn("resume_nccl", tiny_env, tmp_path)
+    full = load_file(str(tmp_path / "results" / "rank0.safetensors"))
+    for r in range(2):
+        resumed = load_file(str(tmp_path / "results" / f"resumed{r}.safetensors"))
+        for k, v in full.items():
+            assert torch.equal(v, resumed[k]), f"rank {r}: {k}"
 
 
 def test_two_process_knn_bert_resume_keeps_each_ranks_queues(tiny_env, tmp_path):
