@@ -89,11 +89,11 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
             trainer.load_best()
             (results / f"rank{rank}.json").write_text(json.dumps({"history": trainer.history, "writes": writes}))
         elif job in ("resume", "resume_knn", "resume_nccl"):
-            kw = dict(checkpoint_every=4)
+            kw = {"checkpoint_every": 4}
             if job == "resume_nccl":  # one GPU per rank; deterministic kernels for a bit-exact resume on CUDA
-                kw |= dict(device="cuda", deterministic=True)
+                kw |= {"device": "cuda", "deterministic": True}
             if job == "resume_knn":  # queues of 20 keys: full after a few steps, so the order of keys matters
-                kw |= dict(objectives={"knn_bert": {"m_most": 2, "m_least": 2, "queue_size": 20}}, epochs=1)
+                kw |= {"objectives": {"knn_bert": {"m_most": 2, "m_least": 2, "queue_size": 20}}, "epochs": 1}
             full = Trainer.from_config(tiny_train_config(env, root / "full", **kw))
             full.fit()
             cfg = tiny_train_config(env, root / "cut", **kw)
