@@ -13,8 +13,8 @@ same arithmetic. ``--compile`` adds a row for our encoder under torch.compile
 (the reference stays eager). Peak memory is measured per (model, mode, length) in a
 fresh child process holding only that model: on CPU the growth of the child's
 max resident set from before the model is built to after one step (weights,
-gradients and activations), on CUDA the child's torch.cuda.max_memory_allocated. Nothing here is asserted; it prints a
-Markdown table for the README.
+gradients and activations), on CUDA the tensors the child allocated on the device (tasks.runtime.peak_memory_bytes).
+Nothing here is asserted; it prints a Markdown table for the README.
 """
 
 from __future__ import annotations
@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import os
-import resource
 import statistics
 import time
 
 import torch
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
+from tasks.runtime import peak_memory_bytes, synchronize
 
 
 def build_models(model_dir: str | None, device: str, dtype: torch.dtype):
@@ -68,39 +68,20 @@ def step_fn(model: torch.nn.Module, batch: dict, mode: str, is_ref: bool):
     return run
 
 
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def time_pair(fns: dict, device: str, warmup: int, repeats: int, iters: int) -> dict[str, float]:
+def time_pair(fns: dict, device: torch.device, warmup: int, repeats: int, iters: int) -> dict[str, float]:
     for fn in fns.values():
         for _ in range(warmup):
             fn()
     times = {k: [] for k in fns}
     for _ in range(repeats):  # alternate so both see the same machine state
         for k, fn in fns.items():
-            sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             for _ in range(iters):
                 fn()
-            sync(device)
+            synchronize(device)
             times[k].append((time.perf_counter() - t0) / iters)
     return {k: statistics.median(v) for k, v in times.items()}
-
-
-def _peak_rss_kib() -> int:
-    """This process's peak resident set (KiB). VmHWM is per address space, so it
-    starts fresh in a spawned child; ru_maxrss would carry the parent's peak over
-    the fork + exec and never grow."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 
 
 def _peak_child(q, which, mode, seq, args):
@@ -112,7 +93,8 @@ def _peak_child(q, which, mode, seq, args):
     from minbert.config import BertConfig
 
     d = resolve_model_dir(args.model)
-    base = _peak_rss_kib()  # after imports, before the model
+    device = torch.device(args.device)
+    base = peak_memory_bytes(device)  # after imports, before the model (0 on a fresh GPU)
     if which == "ref":
         import transformers
         model = transformers.BertModel(transformers.BertConfig.from_pretrained(str(d)))
@@ -122,12 +104,9 @@ def _peak_child(q, which, mode, seq, args):
     model.to(device=args.device, dtype=DTYPES[args.dtype]).train(mode == "train")
     batch = make_batch(model.config.vocab_size, args.batch_size, seq, args.device)
     fn = step_fn(model, batch, mode, which == "ref")
-    if args.device.startswith("cuda"):
-        fn(); sync(args.device)
-        q.put(torch.cuda.max_memory_allocated() / 2**20)  # the child allocated nothing else
-    else:
-        fn()
-        q.put((_peak_rss_kib() - base) / 1024)
+    fn()
+    synchronize(device)
+    q.put((peak_memory_bytes(device) - base) / 2**20)
 
 
 def peak_mib(which: str, mode: str, seq: int, args) -> float:
@@ -176,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
             fns = {"ours": step_fn(ours, batch, mode, False), "ref": step_fn(ref, batch, mode, True)}
             if args.compile:
                 fns["compiled"] = step_fn(torch.compile(ours, dynamic=False), batch, mode, False)
-            t = time_pair(fns, args.device, args.warmup, args.repeats, args.iters)
+            t = time_pair(fns, torch.device(args.device), args.warmup, args.repeats, args.iters)
             ours.zero_grad(set_to_none=True)
             ref.zero_grad(set_to_none=True)
             so, sr = args.batch_size / t["ours"], args.batch_size / t["ref"]

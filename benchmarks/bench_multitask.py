@@ -42,7 +42,10 @@ variant's training steps is measured in a fresh spawned child per variant:
 the growth of the child's peak resident set (VmHWM, reset through
 /proc/self/clear_refs once the data and model are built) over its resident
 set before the first step, i.e. gradients, AdamW moments, autocast weight
-copies and activations of the largest batch.
+copies and activations of the largest batch; on CUDA the same growth of the
+tensors allocated on the training device (the CUDA allocator's peak of
+that device, through tasks.runtime). The matmul peak times batches of calls
+with one synchronization each, so a GPU's launch queue stays full.
 
 MFU (model FLOPs utilization) counts only useful work, on real tokens:
 
@@ -95,7 +98,15 @@ from tasks.data import move_batch
 from tasks.model import MultitaskBert
 from tasks.sampling import MultitaskSchedule
 from tasks.config import TrainConfig
-from tasks.runtime import configure_malloc, resolve_device
+from tasks.runtime import (
+    autocast,
+    configure_malloc,
+    memory_bytes,
+    peak_memory_bytes,
+    reset_peak_memory,
+    resolve_device,
+    synchronize,
+)
 from tasks.trainer import Trainer, build_parts
 
 VARIANTS = {
@@ -226,20 +237,15 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
 # ---- steps --------------------------------------------------------------------------------------------------------
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def train_steps(v: Variant, batches: Sequence[tuple[str, dict]], lrs: Sequence[float]) -> float:
     """Seconds for Trainer.train_step over ``batches`` (train mode, as fit() sets it)."""
     tr = v.trainer
     lpft.train_mode(tr.model, tr.stage)
-    _sync(tr.device)
+    synchronize(tr.device)
     t0 = time.perf_counter()
     for (stream, batch), lr in zip(batches, lrs):
         tr.train_step(stream, batch, lr)
-    _sync(tr.device)
+    synchronize(tr.device)
     return time.perf_counter() - t0
 
 
@@ -248,12 +254,12 @@ def infer_steps(v: Variant, batches: Sequence[tuple[str, dict]]) -> float:
     tr = v.trainer
     tr.model.eval()
     amp = tr.amp_dtype
-    _sync(tr.device)
+    synchronize(tr.device)
     t0 = time.perf_counter()
-    with torch.no_grad(), torch.autocast(tr.device.type, dtype=amp or torch.bfloat16, enabled=amp is not None):
+    with torch.no_grad(), autocast(tr.device, amp):
         for stream, batch in batches:
             tr.model(stream, batch)
-    _sync(tr.device)
+    synchronize(tr.device)
     elapsed = time.perf_counter() - t0
     lpft.train_mode(tr.model, tr.stage)
     return elapsed
@@ -343,32 +349,28 @@ def matmul_shapes(config: BertConfig, rows: int, square: int) -> list[tuple[int,
 
 def matmul_flops_per_s(shape: tuple[int, int, int], dtype: torch.dtype, device: torch.device,
                        min_time: float = 0.2) -> float:
-    """Dense FLOP/s of F.linear at ``shape`` in ``dtype``: repeated for at least ``min_time`` s after one warm-up."""
+    """Dense FLOP/s of F.linear at ``shape`` in ``dtype``, after one warm-up: batches of 1, 2, 4, ... calls, each
+    timed with one synchronization at its end, until a batch lasts ``min_time`` s (a sync after every call
+    would add its latency to every call on a GPU, underestimating the peak and overstating MFU)."""
     M, K, N = shape
     g = torch.Generator().manual_seed(0)
     x = torch.randn(M, K, generator=g).to(device=device, dtype=dtype)
     w = torch.randn(N, K, generator=g).to(device=device, dtype=dtype)
     F.linear(x, w)
-    _sync(device)
-    n, t0 = 0, time.perf_counter()
+    n = 1
     while True:
-        F.linear(x, w)
-        n += 1
-        _sync(device)
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(n):
+            F.linear(x, w)
+        synchronize(device)
         elapsed = time.perf_counter() - t0
         if elapsed >= min_time:
             return 2.0 * M * K * N * n / elapsed
+        n *= 2
 
 
 # ---- peak memory (spawned children) -------------------------------------------------------------------------------
-
-
-def _proc_status_kib(key: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    raise KeyError(key)
 
 
 def _memory_child(q: Any, cfg_dict: dict, name: str, warmup: int, steps: int, threads: int) -> None:
@@ -378,20 +380,22 @@ def _memory_child(q: Any, cfg_dict: dict, name: str, warmup: int, steps: int, th
         base = make_base_trainer(TrainConfig.from_dict(cfg_dict))
         v = build_variant(base, name, warmup, steps)
         lrs = [base.cfg.lr] * (warmup + steps)
-        # Reset VmHWM to the current RSS: the data and model are resident, their building transients forgotten.
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        before = _proc_status_kib("VmRSS")
+        # A new peak from here: the data and model are resident, their building transients forgotten.
+        device = base.device
+        if not reset_peak_memory(device):
+            q.put(math.nan)
+            return
+        before = memory_bytes(device)
         train_steps(v, v.warmup + v.sample, lrs)
-        q.put((_proc_status_kib("VmHWM") - before) / 1024)
+        q.put((peak_memory_bytes(device) - before) / 2**20)
     except Exception as e:  # the parent reports it instead of waiting forever
         q.put(f"{type(e).__name__}: {e}")
 
 
 def peak_train_mib(cfg: TrainConfig, name: str, warmup: int, steps: int, threads: int) -> float:
-    """Growth of a fresh process's peak RSS over its RSS before the first training step of ``name`` (MiB)."""
-    if not Path("/proc/self/clear_refs").exists():
-        return math.nan
+    """Peak memory of ``name``'s training steps in a fresh process over what it held before the first (MiB):
+    on CPU its resident set, on CUDA the tensors on the training device (tasks.runtime.peak_memory_bytes);
+    nan where the peak cannot be reset."""
     ctx = mp.get_context("spawn")  # not fork: a fork after OpenMP threads have run can deadlock
     q = ctx.Queue()
     p = ctx.Process(target=_memory_child, args=(q, cfg.to_dict(), name, warmup, steps, threads))

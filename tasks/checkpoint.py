@@ -5,6 +5,12 @@ A checkpoint directory (``<out_dir>/checkpoints/last`` and ``.../best``) holds:
     model.safetensors        MultitaskBert.state_dict(): the encoder under HF BERT names, then the heads
     objectives.safetensors   objectives' own state (queues, momentum encoders), keys "<objective>.<key>";
                              absent when no objective has state
+    objectives.rank<r>.safetensors
+                             under torchrun, rank r's (r ≥ 1) rank-local objective state (KNN-BERT's
+                             queues: ``Objective.rank_local``); rank 0's is in objectives.safetensors.
+                             Rank r writes it itself into rank 0's temporary directory before rank 0
+                             swaps the directory in, so the swap stays atomic for all ranks' files (a
+                             shared file system is assumed, as resuming from the directory does)
     optimizer.safetensors    AdamW state tensors, keys "<param index>.<name>" (exp_avg, exp_avg_sq, step)
     optimizer.json           param_groups (hyper-parameters + parameter indices) and the parameter
                              name of every index, checked on load
@@ -203,24 +209,61 @@ def _storages(module: nn.Module) -> set[int]:
     return {t.untyped_storage().data_ptr() for t in [*module.parameters(), *module.buffers()]}
 
 
-def objectives_state(objectives: Sequence[nn.Module], model: nn.Module) -> dict[str, torch.Tensor]:
+def objectives_state(objectives: Sequence[nn.Module], model: nn.Module,
+                     rank_local_only: bool = False) -> dict[str, torch.Tensor]:
     """Objectives' own tensors (queues, momentum encoders) keyed "<name>.<key>".
 
     Tensors that live in the model (an objective holding a reference to the
-    encoder) are left out: model.safetensors has them.
+    encoder) are left out: model.safetensors has them. ``rank_local_only``: only
+    the entries that differ between torchrun ranks (``Objective.rank_local``),
+    what ranks r ≥ 1 save to ``rank_objectives_file(r)``.
     """
     shared = _storages(model)
     out: dict[str, torch.Tensor] = {}
     for o in objectives:
         for k, v in o.state_dict(keep_vars=True).items():
+            if rank_local_only and not o.rank_local(k):
+                continue
             if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in shared:
                 out[f"{o.name}.{k}"] = v.detach()
     return out
 
 
+def rank_objectives_file(rank: int) -> str:
+    """The file of rank ``rank``'s (≥ 1) rank-local objective state in a checkpoint directory."""
+    return f"objectives.rank{rank}.safetensors"
+
+
+def save_rank_objectives(objectives: Sequence[nn.Module], model: nn.Module, rank: int, world: int) -> None:
+    """Rank r ≥ 1's part of a checkpoint: its rank-local objective state, written into rank 0's temporary
+    directory (whose path rank 0 sends) before rank 0 swaps it in. Nothing without rank-local state."""
+    own = objectives_state(objectives, model, rank_local_only=True) if world > 1 else {}
+    if own:
+        tmp = Path(distributed.broadcast_from_main(None))
+        save_tensors(tmp / rank_objectives_file(rank), own)
+        distributed.barrier()
+
+
+@contextlib.contextmanager
+def rank_objectives_saved(tmp: Path, objectives: Sequence[nn.Module], model: nn.Module, world: int) -> Iterator[None]:
+    """Rank 0's side of ``save_rank_objectives``: send ``tmp``, and end the block only once every rank has
+    written its file there, so that ``atomic_directory`` fsyncs and swaps in all ranks' files at once."""
+    needed = world > 1 and bool(objectives_state(objectives, model, rank_local_only=True))
+    if needed:
+        distributed.broadcast_from_main(str(tmp))
+    yield
+    if needed:
+        distributed.barrier()
+
+
 def load_objectives_state(objectives: Sequence[nn.Module], model: nn.Module, ckpt: Path,
-                          device: torch.device) -> None:
-    """Inverse of ``objectives_state``. Missing tensors (other than the model's own) and extra ones are errors."""
+                          device: torch.device, rank: int = 0) -> None:
+    """Inverse of ``objectives_state``. Missing tensors (other than the model's own) and extra ones are errors.
+
+    A torchrun rank r ≥ 1 then takes its own rank-local entries from
+    ``rank_objectives_file(r)``; where the checkpoint has none for it (written by
+    fewer processes) it keeps rank 0's, with a warning.
+    """
     path = ckpt / "objectives.safetensors"
     saved = load_tensors(path, device) if path.is_file() else {}
     names = {o.name for o in objectives}
@@ -238,6 +281,23 @@ def load_objectives_state(objectives: Sequence[nn.Module], model: nn.Module, ckp
         if missing or result.unexpected_keys:
             raise ValueError(f"{ckpt}: objective {o.name!r} state does not match: missing {missing[:5]}, "
                              f"unexpected {sorted(result.unexpected_keys)[:5]}")
+    if rank == 0:
+        return
+    expected = set(objectives_state(objectives, model, rank_local_only=True))
+    if not expected:
+        return
+    path = ckpt / rank_objectives_file(rank)
+    if not path.is_file():
+        logger.warning("rank %d: %s has no %s (written by fewer processes): this rank starts from rank 0's %s",
+                       rank, ckpt, path.name, ", ".join(sorted(expected)[:3]))
+        return
+    own = load_tensors(path, device)
+    if set(own) != expected:
+        raise ValueError(f"{path}: rank-local objective state does not match: missing "
+                         f"{sorted(expected - set(own))[:5]}, unexpected {sorted(set(own) - expected)[:5]}")
+    for o in objectives:
+        o.load_state_dict({k[len(o.name) + 1:]: v for k, v in own.items() if k.startswith(o.name + ".")},
+                          strict=False)
 
 
 def save_encoder_files(directory: Path, config: BertConfig, source_dir: Path) -> None:

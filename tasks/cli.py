@@ -261,6 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
     add(g, "bf16", action=argparse.BooleanOptionalAction)
     add(g, "fused_adamw", action=argparse.BooleanOptionalAction)
     add(g, "compile", action="store_true")
+    add(g, "deterministic", action="store_true")
     add(g, "gradient_checkpointing", action="store_true")
     add(g, "log_every", type=int, metavar="N")
     add(g, "checkpoint_every", type=int, metavar="N")

@@ -132,6 +132,10 @@ class TrainConfig:
     bf16: bool | None = option(None, "bf16 autocast; default: on for CUDA with bf16 and on CPUs with native bf16 "
                                "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)")
     compile: bool = option(False, "torch.compile the encoder")
+    deterministic: bool = option(False, "torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG="
+                                 ":4096:8 when unset): on CUDA, what makes --resume repeat a run bit for bit (same "
+                                 "GPU model and count); an op with no deterministic kernel then raises; CPU runs "
+                                 "are bit-exact without it")
     gradient_checkpointing: bool = option(False, "activation checkpointing: keep only each encoder layer's input and "
                                           "recompute the layer in backward (less memory for about one more forward "
                                           "pass: bert-base-sized models on small GPUs); the same losses and "

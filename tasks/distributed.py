@@ -47,6 +47,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tasks.runtime import bind_local_device, cuda_device_count, distributed_backend
+
 # Long enough for rank 0's dev evaluation between epochs (the other ranks wait in a collective meanwhile).
 TIMEOUT = datetime.timedelta(hours=1)
 # Gradients are all-reduced in flat buckets of at most this many elements (64 MiB in fp32).
@@ -108,10 +110,11 @@ def check_config(batch_sizes: dict[str, int], device: str, world: int | None = N
                          "each rank takes cuda:LOCAL_RANK")
     if device == "mps":
         raise ValueError("distributed training runs on cpu (gloo) or cuda (nccl), not mps")
-    if device == "cuda" or (device == "auto" and torch.cuda.is_available()):
+    gpus = cuda_device_count()
+    if device == "cuda" or (device == "auto" and gpus):
         local = env()[2]
-        if local >= torch.cuda.device_count():
-            raise ValueError(f"LOCAL_RANK={local}, but this machine has {torch.cuda.device_count()} CUDA device(s): "
+        if local >= gpus:
+            raise ValueError(f"LOCAL_RANK={local}, but this machine has {gpus} CUDA device(s): "
                              "start at most one process per GPU (--nproc_per_node)")
 
 
@@ -125,13 +128,9 @@ def setup(device: torch.device) -> torch.device:
     rank_, world, local = env()
     if world == 1:
         return device
-    if device.type == "cuda":
-        device = torch.device("cuda", local)
-        torch.cuda.set_device(device)
-    elif device.type != "cpu":
-        raise ValueError(f"distributed training runs on cpu (gloo) or cuda (nccl), not {device.type}")
+    backend = distributed_backend(device)  # raises for a device type torchrun cannot use
+    device = bind_local_device(device, local)
     if not dist.is_initialized():
-        backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, rank=rank_, world_size=world, timeout=TIMEOUT)
         _cpu_group = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend == "nccl" else dist.group.WORLD
     elif _cpu_group is None:  # a group someone else started

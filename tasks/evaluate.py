@@ -45,6 +45,7 @@ from torch.utils.data import Dataset
 
 from tasks.data import length_bucketed_batches, move_batch
 from tasks.readers import csv_records
+from tasks.runtime import autocast
 
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 # Column after "id" in the leaderboard files (CS224N default project names).
@@ -180,8 +181,7 @@ def predict_dataset(
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
     predict = _predict_fn(model)
-    amp = (torch.autocast(device_type=device.type, dtype=autocast_dtype) if autocast_dtype is not None
-           else contextlib.nullcontext())
+    amp = autocast(device, autocast_dtype)
     order: list[int] = []
     logit_parts: list[torch.Tensor] = []
     pred_parts: list[torch.Tensor] = []

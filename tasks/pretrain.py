@@ -48,7 +48,7 @@ from minbert.tokenizer import BertTokenizer
 from tasks.data import length_bucketed_batches
 from tasks.readers import load_split
 from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, masked_positions, save_mlm_checkpoint
-from tasks.runtime import autocast, autocast_dtype, resolve_device
+from tasks.runtime import autocast, autocast_dtype, foreach_default, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -268,7 +268,7 @@ def pretrain(
         total = min(total, config.max_steps)
     warmup = int(config.warmup_ratio * total)
     opt = AdamW(_param_groups(mlm, config.weight_decay), lr=config.lr, weight_decay=config.weight_decay,
-                foreach=device.type == "cuda")
+                foreach=foreach_default(device))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, total, warmup, config.schedule))
     params = [p for group in opt.param_groups for p in group["params"]]
     g = torch.Generator().manual_seed(config.seed)

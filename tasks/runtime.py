@@ -1,16 +1,29 @@
-"""Process and device policy: seeding, malloc, device choice, autocast dtype, global RNG state.
+"""Process and device policy: seeding, malloc, device choice, autocast dtype, TF32, determinism, RNG state,
+synchronization, pinning and peak memory.
 
 Every decision that depends on the machine lives here, so the rest of the code
 asks one function instead of testing ``device.type`` itself.
+
+Resume guarantees. On CPU a resumed run repeats the interrupted one bit for bit
+(tests/test_train.py). On CUDA it does only with ``--deterministic``
+(``torch.use_deterministic_algorithms`` and a fixed cuBLAS workspace) and on the
+same GPU model and count: without it, atomics in some backward kernels (index_add,
+embedding backward, SDPA) sum in a varying order, so a resumed run drifts from the
+uninterrupted one by rounding. The checkpoint keeps the training device's CUDA RNG
+state only, so a run resumes on a machine with fewer visible GPUs.
 
 Usage:
     configure_malloc()                          # first thing in a process (train_multitask.main does)
     seed_everything(0)
     device = resolve_device("auto")             # cuda when available, else cpu
+    configure_device(device, deterministic=False)
     dtype = autocast_dtype(None, device)        # bf16 where it is native, else None (fp32)
     with autocast(device, dtype):
         loss = model(...)
-    state = rng_state(); set_rng_state(state)   # JSON values, saved with every checkpoint
+        with full_precision(device):            # fp32 and no TF32 for a precision-sensitive region
+            sims = q.float() @ k.float().T
+    state = rng_state(device); set_rng_state(state, device)   # JSON values, saved with every checkpoint
+    reset_peak_memory(device); synchronize(device); peak_memory_bytes(device) - memory_bytes(device)
 """
 
 from __future__ import annotations
@@ -20,8 +33,11 @@ import contextlib
 import ctypes
 import ctypes.util
 import logging
+import os
 import random
+import resource
 import sys
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -97,20 +113,30 @@ def cpu_has_native_bf16() -> bool:
     return any(probe is not None and probe() for probe in probes)
 
 
+def cuda_bf16_native() -> bool:
+    """Whether the current GPU multiplies bf16 in hardware (Ampere on). torch's plain ``is_bf16_supported()`` also
+    counts emulation (V100, T4), where bf16 autocast is slower than fp32."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def autocast_dtype(bf16: bool | None, device: torch.device, cpu_default: bool = True) -> torch.dtype | None:
-    """bfloat16 when autocast is on: explicitly, or by default on CUDA with bf16 support and on CPUs with native bf16.
+    """bfloat16 when autocast is on: explicitly, or by default on GPUs and CPUs that multiply bf16 natively.
 
     ``cpu_default`` False keeps CPUs in fp32 unless asked (MLM pretraining, not measured in bf16 on CPU).
 
-    Without native bf16 a CPU emulates it, slower than fp32, so it stays off
-    unless asked for. Speed and scores of both precisions: benchmarks/README.md
-    and experiments/RESULTS.md.
+    Without native bf16 a CPU or GPU emulates it, slower than fp32, so it stays off
+    unless asked for. An explicit ``bf16=True`` on a GPU that only emulates bf16 is
+    allowed (it computes the same thing, slowly) with a warning; on a GPU with no
+    bf16 at all it is an error. Speed and scores of both precisions:
+    benchmarks/README.md and experiments/RESULTS.md.
     """
+    cuda = device.type == "cuda"
     if bf16 is None:
-        bf16 = ((device.type == "cuda" and torch.cuda.is_bf16_supported())
-                or (device.type == "cpu" and cpu_default and cpu_has_native_bf16()))
-    if bf16 and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("bf16 autocast requested but this GPU does not support bfloat16")
+        bf16 = (cuda and cuda_bf16_native()) or (device.type == "cpu" and cpu_default and cpu_has_native_bf16())
+    elif bf16 and cuda and not cuda_bf16_native():
+        if not torch.cuda.is_bf16_supported(including_emulation=True):
+            raise ValueError("bf16 autocast requested but this GPU does not support bfloat16")
+        logger.warning("this GPU emulates bf16 (no native bf16 matmuls): bf16 autocast will be slower than fp32")
     return torch.bfloat16 if bf16 else None
 
 
@@ -119,11 +145,136 @@ def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.Abst
     return torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None)
 
 
-def configure_device(device: torch.device) -> None:
-    """Process-wide math settings of ``device``: TF32 matmuls on CUDA."""
+@contextlib.contextmanager
+def no_tf32() -> Iterator[None]:
+    """TF32 off (cuBLAS matmuls and cuDNN) inside, the flags as they were after: fp32 products stay fp32.
+
+    ``configure_device`` turns TF32 on for CUDA runs, where an fp32 matmul then
+    rounds its inputs to 10 mantissa bits. bf16 autocast regions are not affected
+    (their products are bf16 either way). The flags are process-wide; they are set
+    on every device (harmless where there is no CUDA), so the region means the
+    same everywhere.
+    """
+    matmul, cudnn = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = matmul
+        torch.backends.cudnn.allow_tf32 = cudnn
+
+
+@contextlib.contextmanager
+def full_precision(device: torch.device) -> Iterator[None]:
+    """A region computed in true fp32: autocast off and TF32 off (``no_tf32``), both restored after.
+
+    For the places that leave autocast because rounding matters (similarities
+    divided by a small temperature: SCL, KNN-BERT, RIFT, Match-Tuning; the
+    distillation divergences).
+    """
+    with no_tf32(), torch.autocast(device.type, enabled=False):
+        yield
+
+
+def configure_device(device: torch.device, deterministic: bool = False) -> None:
+    """Process-wide math settings of ``device``: TF32 matmuls on CUDA; ``deterministic`` algorithms when asked.
+
+    ``deterministic`` calls ``torch.use_deterministic_algorithms(True)`` (an op
+    with no deterministic kernel then raises instead of running) and sets
+    CUBLAS_WORKSPACE_CONFIG=:4096:8 when unset, which cuBLAS needs for
+    reproducible results (it must be set before the first cuBLAS call, i.e. first
+    thing in the process). See the module docstring for what it guarantees.
+    """
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True)
+
+
+def pin_and_prefetch(device: torch.device) -> bool:
+    """Whether batches should be pinned and copied asynchronously by a background thread: on CUDA only (on CPU the
+    thread would only compete with the compute threads)."""
+    return device.type == "cuda"
+
+
+def foreach_default(device: torch.device) -> bool:
+    """Whether the non-fused AdamW should use the multi-tensor (foreach) path: on CUDA, where it saves launches."""
+    return device.type == "cuda"
+
+
+def distributed_backend(device: torch.device) -> str:
+    """The torch.distributed backend of a device: nccl on CUDA, gloo on CPU; other devices are an error."""
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(f"distributed training runs on cpu (gloo) or cuda (nccl), not {device.type}")
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def cuda_device_count() -> int:
+    """Visible CUDA devices (0 without CUDA)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def bind_local_device(device: torch.device, local_rank: int) -> torch.device:
+    """Under torchrun: a CUDA run's rank takes cuda:LOCAL_RANK (made current); a CPU run stays on cpu."""
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    return device
+
+
+# ---- synchronization and peak memory (benchmarks) ----------------------------------------------------------------
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (that device, not cuda:0); nothing to wait for on CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _proc_status_bytes(key: str) -> int | None:
+    """A "VmRSS" / "VmHWM" line of /proc/self/status in bytes, None where there is no /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def reset_peak_memory(device: torch.device) -> bool:
+    """Start a new peak for ``peak_memory_bytes``: CUDA's allocator statistics of ``device``; on CPU the
+    process's peak resident set (VmHWM, through /proc/self/clear_refs). False where it cannot be reset."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return True
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def memory_bytes(device: torch.device) -> int:
+    """Memory in use now: tensors allocated on a CUDA ``device``; on CPU the process's resident set."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    rss = _proc_status_bytes("VmRSS")
+    return rss if rss is not None else peak_memory_bytes(device)
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak memory since ``reset_peak_memory`` (or the process start): tensors allocated on a CUDA ``device``
+    (not cuda:0's, not host RSS); on CPU the process's peak resident set (VmHWM, else ru_maxrss)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    hwm = _proc_status_bytes("VmHWM")
+    return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 # ---- global RNG state ------------------------------------------------------------------------------------------
@@ -137,8 +288,27 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
-def rng_state() -> dict[str, Any]:
-    """The global RNG states of torch (CPU and every CUDA device), python and numpy, as JSON values."""
+def _cuda_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def device_rng_state(device: torch.device) -> torch.Tensor | None:
+    """The RNG state of ``device`` itself (CUDA), None on CPU (whose state is torch.get_rng_state())."""
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+
+
+def set_device_rng_state(state: torch.Tensor | None, device: torch.device) -> None:
+    """Inverse of ``device_rng_state``."""
+    if state is not None:
+        torch.cuda.set_rng_state(state, device)
+
+
+def rng_state(device: torch.device | None = None) -> dict[str, Any]:
+    """The global RNG states of torch (CPU and the training ``device``'s CUDA state), python and numpy, as JSON.
+
+    Only the training device's CUDA state is kept (not one per visible GPU), so a
+    checkpoint resumes on a machine with a different number of GPUs.
+    """
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
@@ -146,20 +316,34 @@ def rng_state() -> dict[str, Any]:
         "python": [version, list(internal), gauss],
         "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    if device is not None and device.type == "cuda" and torch.cuda.is_initialized():
+        state["cuda"] = _b64(torch.cuda.get_rng_state(device))
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of ``rng_state``. CUDA states are restored when saved and CUDA is available."""
+def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
+    """Inverse of ``rng_state``: the CUDA state goes to the training ``device``.
+
+    Checkpoints written before one state per device was kept hold a list (one
+    state per visible GPU): the entry of ``device``'s index is taken when present,
+    else a warning says the dropout masks will differ.
+    """
     torch.set_rng_state(_unb64(state["torch"]))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
     np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    if "cuda" in state:
-        if torch.cuda.is_available():
-            torch.cuda.set_rng_state_all([_unb64(s) for s in state["cuda"]])
-        else:
-            logger.warning("the checkpoint has CUDA RNG states but CUDA is not available; dropout masks will differ")
+    if "cuda" not in state:
+        return
+    if device is None or device.type != "cuda":
+        logger.warning("the checkpoint has a CUDA RNG state but this run is not on CUDA; dropout masks will differ")
+        return
+    saved = state["cuda"]
+    if isinstance(saved, list):  # the older format: one state per visible GPU
+        index = _cuda_index(device)
+        if index >= len(saved):
+            logger.warning("the checkpoint holds CUDA RNG states for %d GPU(s), none for %s; dropout masks will "
+                           "differ", len(saved), device)
+            return
+        saved = saved[index]
+    torch.cuda.set_rng_state(_unb64(saved), device)

@@ -75,9 +75,11 @@ from tasks.checkpoint import (
     load_tensors,
     objectives_state,
     optimizer_state,
+    rank_objectives_saved,
     read_json,
     resolve_checkpoint,
     save_encoder_files,
+    save_rank_objectives,
     save_tensors,
     write_json,
 )
@@ -92,6 +94,7 @@ from tasks.runtime import (
     autocast,
     autocast_dtype,
     configure_device,
+    pin_and_prefetch,
     resolve_device,
     rng_state,
     seed_everything,
@@ -126,7 +129,7 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
     """
     seed_everything(cfg.seed)
     amp_dtype = autocast_dtype(cfg.bf16, device)
-    configure_device(device)
+    configure_device(device, cfg.deterministic)
     overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
     if cfg.encoder_dropout is not None:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
@@ -337,15 +340,13 @@ class Trainer:
 
         One process: the whole batch, share 1. Under torchrun: this rank's
         shard ``indices[rank::world]`` (None when empty) and its fraction of
-        the global batch. On CUDA the next step's batch is collated and pinned
-        in a background thread while this one trains (collate draws no random
-        numbers, so the order of work does not matter), then copied with
-        non_blocking=True; on CPU the thread would only compete with the
-        compute threads, so batches are collated in line (``prefetch``
-        overrides the choice).
+        the global batch. Where ``runtime.pin_and_prefetch`` says so (CUDA), the
+        next step's batch is collated and pinned in a background thread while
+        this one trains (collate draws no random numbers), then copied with
+        non_blocking=True; elsewhere in line (``prefetch`` overrides the choice).
         """
-        cuda = self.device.type == "cuda"
-        prefetch = cuda if self.prefetch is None else self.prefetch
+        pin = pin_and_prefetch(self.device)
+        prefetch = pin if self.prefetch is None else self.prefetch
 
         def load(k: int) -> tuple[str, dict | None, float]:
             stream, indices = plan[k]
@@ -353,7 +354,7 @@ class Trainer:
             if not mine:
                 return stream, None, 0.0
             batch = self.train_sets[stream].collate(mine)
-            if cuda:
+            if pin:
                 batch = {n: v.pin_memory() if isinstance(v, torch.Tensor) else v for n, v in batch.items()}
             return stream, batch, (len(mine) / len(indices) if self.world_size > 1 else 1)
 
@@ -419,7 +420,7 @@ class Trainer:
         for h in self.hooks:
             h.on_train_start(self)
         if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore)  # last: nothing after it may draw from the global RNGs
+            set_rng_state(self._rng_to_restore, self.device)  # last: nothing after it may draw from the global RNGs
             self._rng_to_restore = None
         lpft.train_mode(self.model, self.stage)
         if self.epoch >= self.total_epochs:
@@ -520,7 +521,7 @@ class Trainer:
         those of all ranks, "rng" is rank 0's state and "rng_other_ranks" the others'.
         """
         sums = self.epoch_sums.totals()
-        rngs = distributed.gather(rng_state())
+        rngs = distributed.gather(rng_state(self.device))
         return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
                 "best": self.best, "history": self.history, "elapsed_s": self.elapsed,
                 "epoch_sums": {k: [s, c] for k, (s, c) in sums.items()},
@@ -530,15 +531,15 @@ class Trainer:
         """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py).
 
         ``extra_state`` is merged into state.json (the SWA checkpoint marks itself with "swa").
-        Under torchrun every rank calls it and rank 0 writes (the ranks' weights are identical).
+        Under torchrun every rank calls it; rank 0 writes, the others add their rank-local objective state.
         """
         if self.run_dir is None:
             raise RuntimeError("this Trainer has no run directory (built without from_config): nothing to save to")
-        final = self.run_dir.checkpoints / name
-        state = {**self.state(), **(extra_state or {})}
+        final, state = self.run_dir.checkpoints / name, {**self.state(), **(extra_state or {})}
         if self.rank > 0:
+            save_rank_objectives(self.objectives, self.model, self.rank, self.world_size)
             return final
-        with atomic_directory(final) as tmp:
+        with atomic_directory(final) as tmp, rank_objectives_saved(tmp, self.objectives, self.model, self.world_size):
             save_tensors(tmp / "model.safetensors", self.model.state_dict())
             obj_state = objectives_state(self.objectives, self.model)
             if obj_state:
@@ -556,7 +557,7 @@ class Trainer:
             raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
                              "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
         self.model.load_state_dict(load_tensors(ckpt / "model.safetensors", self.device))
-        load_objectives_state(self.objectives, self.model, ckpt, self.device)
+        load_objectives_state(self.objectives, self.model, ckpt, self.device, self.rank)
         load_optimizer_state(self.optimizer, load_tensors(ckpt / "optimizer.safetensors", self.device),
                              read_json(ckpt / "optimizer.json"), self.param_names)
         state = read_json(ckpt / "state.json")
@@ -586,7 +587,7 @@ class Trainer:
                        "draws fresh dropout masks, so the run will not repeat the interrupted one bit for bit",
                        self.rank, len(others) + 1, self.world_size)
         seed_everything(distributed.rank_seed(self.cfg.seed, self.rank, state["global_step"]))
-        return rng_state()
+        return rng_state(self.device)
 
     # -- after training --
     def load_best(self) -> Path:
@@ -594,5 +595,5 @@ class Trainer:
         distributed.barrier()  # under torchrun: rank 0 has finished writing it
         best = resolve_checkpoint(self.run_dir.checkpoints / "best")
         self.model.load_state_dict(load_tensors(best / "model.safetensors", self.device))
-        load_objectives_state(self.objectives, self.model, best, self.device)
+        load_objectives_state(self.objectives, self.model, best, self.device, self.rank)
         return best

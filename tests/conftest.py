@@ -6,6 +6,16 @@ import pytest
 import torch
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests marked ``gpu`` are skipped where CUDA is not available (the only skips this suite should show)."""
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="gpu: needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def minilm():
     """(our model, our tokenizer, transformers' model) on the packaged MiniLM weights, eval mode."""

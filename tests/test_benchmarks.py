@@ -93,6 +93,36 @@ def test_peak_memory_child(tiny_cfg):
     assert mib > 0
 
 
+def test_matmul_peak_synchronizes_once_per_batch_of_calls(monkeypatch):
+    """The matmul peak times batches of calls with one synchronization at each end (a sync after every call
+    adds its latency to every call on a GPU): far fewer syncs than calls, all on the given device."""
+    calls, syncs = [], []
+    linear = bench.F.linear
+    monkeypatch.setattr(bench.F, "linear", lambda x, w: calls.append(1) or linear(x, w))
+    monkeypatch.setattr(bench, "synchronize", lambda device: syncs.append(device))
+    cpu = torch.device("cpu")
+    assert bench.matmul_flops_per_s((8, 8, 8), torch.float32, cpu, min_time=0.02) > 0
+    assert len(calls) > 100 and len(syncs) <= 2 * len(calls).bit_length() + 2, (len(calls), len(syncs))
+    assert set(syncs) == {cpu}
+
+
+def test_peak_memory_is_read_on_the_training_device(tiny_cfg, monkeypatch):
+    """The memory child resets, reads and peaks the memory of the trainer's device through tasks.runtime
+    (CUDA: that device's allocator, not host RSS and not cuda:0); run in this process to watch the calls."""
+    import queue
+
+    seen = []
+    monkeypatch.setattr(bench, "reset_peak_memory", lambda d: seen.append(("reset", d)) or True)
+    monkeypatch.setattr(bench, "memory_bytes", lambda d: seen.append(("now", d)) or 2**20)
+    monkeypatch.setattr(bench, "peak_memory_bytes", lambda d: seen.append(("peak", d)) or 5 * 2**20)
+    monkeypatch.setattr(bench, "configure_malloc", lambda: None)
+    q = queue.Queue()
+    bench._memory_child(q, tiny_cfg.to_dict(), "ours", 1, 1, 1)
+    assert q.get_nowait() == 4.0
+    cpu = torch.device("cpu")
+    assert seen == [("reset", cpu), ("now", cpu), ("peak", cpu)]
+
+
 def test_cli_flags_reach_the_benchmark(monkeypatch):
     """Every flag of main() reaches benchmark() or the TrainConfig it is given."""
     seen = {}

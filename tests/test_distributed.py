@@ -88,10 +88,15 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
             trainer.fit()
             trainer.load_best()
             (results / f"rank{rank}.json").write_text(json.dumps({"history": trainer.history, "writes": writes}))
-        elif job == "resume":
-            full = Trainer.from_config(tiny_train_config(env, root / "full", checkpoint_every=4))
+        elif job in ("resume", "resume_knn", "resume_nccl"):
+            kw = {"checkpoint_every": 4}
+            if job == "resume_nccl":  # one GPU per rank; deterministic kernels for a bit-exact resume on CUDA
+                kw |= {"device": "cuda", "deterministic": True}
+            if job == "resume_knn":  # queues of 20 keys: full after a few steps, so the order of keys matters
+                kw |= {"objectives": {"knn_bert": {"m_most": 2, "m_least": 2, "queue_size": 20}}, "epochs": 1}
+            full = Trainer.from_config(tiny_train_config(env, root / "full", **kw))
             full.fit()
-            cfg = tiny_train_config(env, root / "cut", checkpoint_every=4)
+            cfg = tiny_train_config(env, root / "cut", **kw)
             try:
                 Trainer.from_config(cfg, hooks=[_StopAt(step=9)]).fit()
             except _Interrupt:
@@ -99,6 +104,10 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
             resumed = Trainer.from_config(cfg, resume_from=root / "cut" / "checkpoints" / "last")
             resumed.fit()
             save_file(resumed.model.state_dict(), str(results / f"resumed{rank}.safetensors"))
+            for name, t in (("full", full), ("resumed", resumed)):
+                if t.objectives:
+                    save_file({k: v.contiguous() for k, v in t.objectives[0].state_dict().items()},
+                              str(results / f"{name}-objective{rank}.safetensors"))
             trainer = full
         elif job == "objectives":
             writes = _watch_writes(root / "obj") if rank > 0 else []
@@ -168,6 +177,42 @@ def test_two_process_resume_is_bit_identical(tiny_env, tmp_path):
             assert torch.equal(v, resumed[k]), f"rank {r}: {k}"
     state = json.loads((tmp_path / "cut" / "checkpoints" / "last" / "state.json").read_text())
     assert len(state["rng_other_ranks"]) == 1 and state["rng_other_ranks"][0]["torch"] != state["rng"]["torch"]
+
+
+@pytest.mark.gpu
+def test_two_process_resume_on_nccl_is_bit_identical(tiny_env, tmp_path):
+    """On two GPUs (NCCL), with --deterministic: the resumed run ends with the uninterrupted run's weights on
+    both ranks, bit for bit (the guarantee tasks/runtime.py states for CUDA)."""
+    if torch.cuda.device_count() < 2:
+        pytest.skip("gpu: needs two CUDA devices")
+    _spawn("resume_nccl", tiny_env, tmp_path)
+    full = load_file(str(tmp_path / "results" / "rank0.safetensors"))
+    for r in range(2):
+        resumed = load_file(str(tmp_path / "results" / f"resumed{r}.safetensors"))
+        for k, v in full.items():
+            assert torch.equal(v, resumed[k]), f"rank {r}: {k}"
+
+
+def test_two_process_knn_bert_resume_keeps_each_ranks_queues(tiny_env, tmp_path):
+    """KNN-BERT under 2 processes: each rank fills its queues from its own shard, so the queues differ by rank.
+    A run interrupted mid-epoch and resumed ends with the uninterrupted run's weights, and every rank's queues
+    and momentum encoder equal that rank's in the uninterrupted run (rank 1 resumed with rank 0's queues before)."""
+    _spawn("resume_knn", tiny_env, tmp_path)
+    res = tmp_path / "results"
+    full = [load_file(str(res / f"full-objective{r}.safetensors")) for r in range(2)]
+    resumed = [load_file(str(res / f"resumed-objective{r}.safetensors")) for r in range(2)]
+    queues = [k for k in full[0] if "_queue_keys" in k]
+    assert queues and any(not torch.equal(full[0][k], full[1][k]) for k in queues), "the ranks' queues are equal"
+    for r in range(2):
+        assert full[r].keys() == resumed[r].keys()
+        for k, v in full[r].items():
+            assert torch.equal(v, resumed[r][k]), f"rank {r}: {k}"
+        weights = load_file(str(res / f"resumed{r}.safetensors"))
+        for k, v in load_file(str(res / "rank0.safetensors")).items():
+            assert torch.equal(v, weights[k]), f"rank {r}: {k}"
+    last = tmp_path / "cut" / "checkpoints" / "last"
+    assert _files(last) == sorted([*_files(tmp_path / "full" / "checkpoints" / "last")])
+    assert "objectives.rank1.safetensors" in _files(last)
 
 
 def test_two_processes_with_multi_pass_objectives_and_swa_stay_in_step(tiny_env, tmp_path):

@@ -136,3 +136,39 @@ def test_modules_stay_small():
         if limit is not None and lines > limit:
             too_long[name] = lines
     assert too_long == {}
+
+
+# ---- one device policy -------------------------------------------------------------------------------------------
+
+DEVICE_PATTERNS = ("torch.cuda.", "device.type ==", "device.type !=", ".is_cuda")
+# Files allowed to test the device themselves, and why.
+DEVICE_EXCEPTIONS = {
+    # The device policy itself.
+    "tasks/runtime.py": "the one module of device decisions",
+    # The encoder's own kernel choices (SDPA vs the math path with a cheaper dropout mask on CPU, the
+    # padding fast path): minbert knows nothing of tasks/ (DESIGN.md), so it cannot ask tasks.runtime.
+    "minbert/bert.py": "the encoder's kernels; minbert may not import tasks",
+}
+
+
+def device_tests(text: str) -> list[str]:
+    """The lines of ``text`` that test or call the device themselves (DEVICE_PATTERNS)."""
+    return [line.strip() for line in text.splitlines() if any(p in line for p in DEVICE_PATTERNS)]
+
+
+def test_device_decisions_live_in_runtime():
+    """No module outside DEVICE_EXCEPTIONS calls torch.cuda or compares a device type (issue 13): pinning,
+    prefetching, backends, optimizer paths, RNG state, synchronization and peak memory ask tasks.runtime."""
+    found = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            rel = path.relative_to(ROOT).as_posix()
+            if rel not in DEVICE_EXCEPTIONS and (lines := device_tests(path.read_text())):
+                found[rel] = lines
+    assert found == {}
+
+
+def test_the_device_scan_finds_a_planted_test():
+    assert device_tests('x = 1\nif batch.device.type == "cuda":\n    torch.cuda.synchronize()\n') == [
+        'if batch.device.type == "cuda":', "torch.cuda.synchronize()"]
+    assert device_tests("pin = runtime.pin_and_prefetch(device)\n") == []

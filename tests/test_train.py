@@ -27,7 +27,7 @@ from tasks import trainer as trainer_mod
 from tasks.objectives import registered_objectives
 from tasks.checkpoint import atomic_directory, read_json, resolve_checkpoint
 from tasks.model import ModelConfig
-from tasks.config import TrainConfig
+from tasks.config import TrainConfig, check_resume_config
 from tasks.predict import evaluate_checkpoint
 from tasks.train import run
 from tasks.trainer import Hook, Trainer
@@ -252,6 +252,32 @@ def test_resume_is_bit_identical(tiny_env, tmp_path, where):
     assert [r["dev"] for r in resumed.history] == [r["dev"] for r in full.history]
     lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+
+
+@pytest.fixture
+def restore_determinism(monkeypatch):
+    """--deterministic sets process-wide state: torch's flag and CUBLAS_WORKSPACE_CONFIG are put back after."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+def test_deterministic_run_resumes_bit_identically(tiny_env, tmp_path, restore_determinism):
+    """--deterministic (the CUDA resume guarantee, tasks/runtime.py) reaches torch, and training and resuming with
+    it on stays bit-exact on CPU."""
+    cfg_full = tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4, deterministic=True)
+    full = Trainer.from_config(cfg_full)
+    assert torch.are_deterministic_algorithms_enabled()
+    full.fit()
+    cfg = tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4, deterministic=True)
+    with pytest.raises(_Interrupt):
+        Trainer.from_config(cfg, hooks=[_StopAt(step=9)]).fit()
+    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+    resumed.fit()
+    _assert_same_state(full, resumed)
+    with pytest.raises(ValueError, match="deterministic"):  # not a field a resume may change
+        check_resume_config(cfg, tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4))
 
 
 @pytest.mark.parametrize("objective", ["simcse", "knn_bert"])

@@ -127,6 +127,11 @@ class Objective(nn.Module, abc.ABC):
     def on_step_end(self, model: nn.Module) -> None:
         """After every optimizer step (momentum encoders, queues)."""
 
+    def rank_local(self, key: str) -> bool:
+        """Whether state_dict entry ``key`` differs between torchrun ranks (KNN-BERT's queues, filled from each
+        rank's shard): such entries are checkpointed per rank (tasks/checkpoint.py)."""
+        return False
+
     def inference(self, model: nn.Module, tasks: Sequence[str], train_set: Callable[[str], Any], batch_size: int,
                   device: torch.device) -> Inference | None:
         """This objective's change to the final evaluation, or None (the model's predictions stand)."""

@@ -64,6 +64,7 @@ from torch import nn
 
 from tasks.ensemble import load_task_logits, logits_path
 from tasks.objectives import Objective, check_tasks
+from tasks.runtime import full_precision
 
 DISTILL_TASKS = ("sst", "para", "sts")
 
@@ -95,7 +96,7 @@ def distill_loss(task: str, student: torch.Tensor, target: torch.Tensor, tempera
     probabilities (B, 5); paraphrase: T²·BCE(sigmoid(student/T), target) for
     logits (B,), target probabilities (B,); STS: MSE for scores (B,).
     """
-    with torch.autocast(device_type=student.device.type, enabled=False):
+    with full_precision(student.device):
         z, t = student.float(), target.float().to(student.device)
         if z.shape != t.shape:
             raise ValueError(f"{task}: student outputs {tuple(z.shape)} but teacher targets {tuple(t.shape)}")

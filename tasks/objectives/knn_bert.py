@@ -78,6 +78,7 @@ from tasks.objectives.knn_vote import (
     knn_predict,
     unwrap,
 )
+from tasks.runtime import full_precision
 
 
 
@@ -149,7 +150,7 @@ def supervised_moco_loss(q: torch.Tensor, labels: torch.Tensor, keys: torch.Tens
     other-class key; the per-query mean is over its selected positives.
     Related: SCL (Gunel et al.) contrasts in-batch examples instead of a queue.
     """
-    with torch.autocast(q.device.type, enabled=False):  # τ = 0.07 magnifies bf16 rounding of q·k 14-fold
+    with full_precision(q.device):  # τ = 0.07 magnifies bf16 (and TF32) rounding of q·k 14-fold
         sim = (q.float() @ keys.float().T) / temperature  # (B, N)
         positive = labels[:, None] == key_labels[None, :]  # (B, N)
         # A large finite fill, not -inf: a row without negatives would otherwise make
@@ -320,6 +321,10 @@ class KNNBert(Objective):
         cfg = self.config
         loss = supervised_moco_loss(q, labels, keys, key_labels, cfg.m_most, cfg.m_least, cfg.temperature)
         return {"sc": loss}
+
+    def rank_local(self, key: str) -> bool:
+        """The queues: under torchrun each rank fills its own from its shard (the key model is the same on all)."""
+        return "_queue_" in key
 
     @torch.no_grad()
     def on_step_end(self, model: nn.Module) -> None:

@@ -75,6 +75,7 @@ import torch
 from torch import nn
 
 from tasks.objectives import Objective, check_tasks
+from tasks.runtime import full_precision
 
 MATCH_TASKS = ("sst", "para", "sts")
 INFERENCE_MODES = ("identity", "batch")
@@ -86,7 +87,7 @@ def matching_matrix(h: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
         raise ValueError(f"matching_matrix expects h of shape (B, H), got {tuple(h.shape)}")
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
-    with torch.autocast(device_type=h.device.type, enabled=False):
+    with full_precision(h.device):
         hf = h.float()
         return torch.softmax((hf @ hf.T) / temperature, dim=-1)  # (B, B), rows sum to 1
 
@@ -98,7 +99,7 @@ def match_transform(h: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     (‖h‖² can be large and bf16 logits would be rounded), returned in h's dtype.
     """
     m = matching_matrix(h, temperature)  # (B, B)
-    with torch.autocast(device_type=h.device.type, enabled=False):
+    with full_precision(h.device):
         return (m @ h.float()).to(h.dtype)  # (B, H)
 
 

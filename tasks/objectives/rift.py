@@ -70,6 +70,7 @@ from torch import nn
 
 from tasks.objectives import Objective
 from tasks.objectives.knn_vote import preserved_modes, unwrap
+from tasks.runtime import full_precision
 
 NUM_CLASSES = {"sst": 5, "para": 2}
 NORMS = ("l2", "linf")
@@ -279,7 +280,7 @@ def conditional_infonce_logits(student: torch.Tensor, teacher: torch.Tensor, lab
     student, teacher: (B, H) features; proj_*: one projection per class.
     """
     labels = labels.long()
-    with torch.autocast(student.device.type, enabled=False):  # small MLPs; scores / τ want fp32
+    with full_precision(student.device):  # small MLPs; scores / τ want fp32
         s = torch.stack([F.normalize(g(student.float()), dim=-1) for g in proj_student])  # (C, B, P)
         t = torch.stack([F.normalize(h(teacher.float()), dim=-1) for h in proj_teacher])  # (C, B, P)
         rows = torch.arange(labels.shape[0], device=labels.device)

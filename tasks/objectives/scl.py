@@ -61,6 +61,7 @@ from torch import nn
 
 from tasks.model import ModelConfig
 from tasks.objectives import Objective, check_tasks
+from tasks.runtime import full_precision
 
 SCL_TASKS = ("sst", "para")
 EMBEDDINGS = ("pooled", "head_input")
@@ -83,7 +84,7 @@ def scl_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float = 
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")
     n = features.shape[0]
-    with torch.autocast(device_type=features.device.type, enabled=False):
+    with full_precision(features.device):
         phi = F.normalize(features.float(), dim=-1)  # (N, D)
         self_mask = torch.eye(n, dtype=torch.bool, device=features.device)  # (N, N)
         positives = (labels.view(-1, 1) == labels.view(1, -1)) & ~self_mask  # (N, N): j ≠ i, y_j = y_i

@@ -39,7 +39,8 @@ Choices made here:
   and with ε = 1e-5 the penalty then mostly measures dropout noise).
 - Precision: under bf16 autocast a perturbation of 1e-5 on embeddings of size
   ~1e-2 is below bf16 resolution and vanishes in the first matmul; raise ε
-  (and η) or run SMART in fp32 to make it bite.
+  (and η) or run SMART in fp32 (--no-bf16) to make it bite; its passes then
+  run with TF32 off (runtime.no_tf32), which would round δ away likewise.
 
 Cost per batch: one forward + backward for each ascent step, one forward for
 the penalty, and one clean forward (none with ``reuse_head_output``).
@@ -62,6 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.objectives import Objective, check_tasks
+from tasks.runtime import device_rng_state, no_tf32, set_device_rng_state
 
 SMART_TASKS = ("sst", "para", "sts")
 
@@ -101,12 +103,11 @@ class _DropoutReplay:
     def __init__(self, device: torch.device):
         self.device = device
         self.cpu = torch.get_rng_state()
-        self.cuda = torch.cuda.get_rng_state(device) if device.type == "cuda" else None
+        self.own = device_rng_state(device)  # the CUDA generator's, None on CPU
 
     def __call__(self) -> None:
         torch.set_rng_state(self.cpu)
-        if self.cuda is not None:
-            torch.cuda.set_rng_state(self.cuda, self.device)
+        set_device_rng_state(self.own, self.device)
 
 
 def _sides(batch: dict) -> tuple[str, ...]:
@@ -157,18 +158,21 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
     for s, x in embeds.items():
         real = batch["attention_mask" + s].unsqueeze(-1).to(x.dtype)  # (B, T, 1): no noise on padding
         delta0[s] = sigma * torch.randn_like(x) * real
-    if reuse_head_output:
-        if out is None:
-            raise ValueError("smart: reuse_head_output needs the head's output for this batch")
-        clean, replay = out.logits, None
-    else:
-        replay = _DropoutReplay(embeds[sides[0]].device) if model.training else None
-        clean = model(task, batch, inputs_embeds=embeds).logits
-    delta = smart_perturbation(model, task, batch, embeds, clean, delta0, step_size=step_size,
-                               epsilon=epsilon, steps=steps, replay=replay)
-    if replay is not None:
-        replay()
-    adv = model(task, batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
+    # TF32 off for the passes that compare f(e) with f(e + δ): in an fp32 run on CUDA, TF32 would round e to
+    # 10 mantissa bits and drop a δ of 1e-5 as bf16 does (see "Precision" above); bf16 passes are unaffected.
+    with no_tf32():
+        if reuse_head_output:
+            if out is None:
+                raise ValueError("smart: reuse_head_output needs the head's output for this batch")
+            clean, replay = out.logits, None
+        else:
+            replay = _DropoutReplay(embeds[sides[0]].device) if model.training else None
+            clean = model(task, batch, inputs_embeds=embeds).logits
+        delta = smart_perturbation(model, task, batch, embeds, clean, delta0, step_size=step_size,
+                                   epsilon=epsilon, steps=steps, replay=replay)
+        if replay is not None:
+            replay()
+        adv = model(task, batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
     return smart_divergence(task, adv, clean), delta
 
 
