@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import transformers
 
 
 def pytest_collection_modifyitems(config, items):
@@ -19,7 +20,6 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def minilm():
     """(our model, our tokenizer, transformers' model) on the packaged MiniLM weights, eval mode."""
-    transformers = pytest.importorskip("transformers")
     from minbert.pretrained import load_pretrained, resolve_model_dir
 
     ours, tok = load_pretrained()

@@ -32,7 +32,6 @@ EAGER_VARIANTS = [v for v in bench.VARIANTS if v != "compile"]  # compiling cost
 
 def test_benchmark_reports_every_variant(tiny_cfg):
     """Every eager variant runs 2 steps x 2 rounds; rates, FLOPs, MFU and ratios are positive; the table renders."""
-    pytest.importorskip("transformers")
     res = bench.benchmark(tiny_cfg, EAGER_VARIANTS, steps=2, warmup=1, rounds=2, memory=False,
                           profile=True, square=64, peak_min_time=0.005, log=lambda s: None)
     assert set(res["variants"]) == set(EAGER_VARIANTS)
@@ -60,7 +59,6 @@ def test_benchmark_reports_every_variant(tiny_cfg):
 
 def test_hf_variant_starts_from_the_same_model(tiny_cfg):
     """The transformers variant's MultitaskBert gives ours' outputs (eval mode) before any step: same weights."""
-    pytest.importorskip("transformers")
     base = bench.make_base_trainer(tiny_cfg)
     hf = bench.hf_multitask_model(base.model, tiny_cfg.pretrained).eval()
     base.model.eval()

