@@ -135,6 +135,31 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     return path
 
 
+def repair_best(ckpt: Path, best: Path) -> bool:
+    """Re-link ``best`` from ``ckpt`` when a crash came between writing ``ckpt`` and linking ``best``.
+
+    ``ckpt``'s state.json names the best epoch and holds its score. When ``ckpt``
+    is the end of that very epoch (step 0 of the next one) and ``best`` does not
+    hold the same position and score, ``best`` is stale or missing: the best
+    weights exist only in ``ckpt``, so they are linked before anything can
+    overwrite it. Returns whether ``best`` was repaired.
+    """
+    state = read_json(ckpt / "state.json")
+    mark = state.get("best")
+    if not mark or "swa" in state or state["step"] != 0 or mark["epoch"] != state["epoch"]:
+        return False
+    try:
+        held = read_json(resolve_checkpoint(best) / "state.json")
+    except (OSError, ValueError):
+        held = {}
+    if (held.get("best"), held.get("epoch"), held.get("step")) == (mark, state["epoch"], 0):
+        return False
+    logger.warning("%s does not hold the best epoch %d that %s records (interrupted before it was linked): "
+                   "re-linking it from %s", best, mark["epoch"], ckpt, ckpt)
+    link_or_copy_directory(ckpt, best)
+    return True
+
+
 # ---- files --------------------------------------------------------------------------------
 
 
@@ -261,8 +286,15 @@ class RunDir:
         self.metrics = self.path / "metrics.jsonl"
         self.writer = writer
 
-    def start(self, cfg: Any, *, fresh: bool, overwrite: bool = False) -> None:
-        """A fresh run refuses checkpoints already here unless ``overwrite``; then writes config.json."""
+    def start(self, cfg: Any, *, resume: Path | None = None, overwrite: bool = False) -> None:
+        """A fresh run refuses checkpoints already here unless ``overwrite``; then writes config.json.
+
+        A resume from checkpoint ``resume`` first repairs ``best`` when a crash
+        came between writing that checkpoint and linking best (``repair_best``).
+        """
+        fresh = resume is None
+        if resume is not None and self.writer:
+            repair_best(resume, self.checkpoints / "best")
         if fresh:
             occupied = self.writer and self.checkpoints.exists() and any(self.checkpoints.iterdir())
             if distributed.broadcast_from_main(occupied and not overwrite):  # every rank raises, or none

@@ -232,7 +232,7 @@ class Trainer:
         if resume_from is not None:
             ckpt = resolve_checkpoint(resume_from)
             check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
-        run_dir.start(cfg, fresh=ckpt is None, overwrite=overwrite)
+        run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # a resume repairs a best left stale by a crash
         return cls(cfg, build_parts(cfg, device), device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
 
     # -- building --
