@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from tasks import checkpoint as ckpt_mod
 from tasks import trainer as trainer_mod
+from tasks import train as train_mod
 from tasks.checkpoint import read_json
 from tasks.train import run
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
@@ -96,3 +97,46 @@ def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, m
     monkeypatch.setattr(trainer_mod, "link_or_copy_directory", real)
     run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
     _assert_same_run(uninterrupted(setting), tmp_path / "run")
+
+
+def _dies_on_call(monkeypatch, owner, name: str, n: int, when=lambda *a, **k: True) -> None:
+    """Make ``owner.name`` raise Killed on its ``n``-th call for which ``when(*args)`` holds."""
+    real, seen = getattr(owner, name), []
+
+    def wrapper(*args, **kwargs):
+        if when(*args, **kwargs):
+            seen.append(args)
+            if len(seen) == n:
+                raise Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+# Where the second (last) epoch's end is killed, in the order the phases happen. Setting best-2: both
+# epochs improve, so the first epoch wrote last and linked best, and the second one does both again.
+PHASES = {
+    "before writing last": lambda mp: _dies_on_call(mp, trainer_mod, "atomic_directory", 2),
+    "during writing last": lambda mp: _dies_on_call(mp, trainer_mod, "save_tensors", 3),
+    "between the renames of last": lambda mp: _dies_on_call(
+        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "last"),
+    "after last, before best": lambda mp: _dies_on_call(mp, trainer_mod, "link_or_copy_directory", 2),
+    "between the renames of best": lambda mp: _dies_on_call(
+        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
+    "after best, before the metrics record": lambda mp: _dies_on_call(mp, ckpt_mod.RunDir, "append", 2),
+    "after the epoch, before predictions": lambda mp: _dies_on_call(mp, train_mod, "write_all_predictions", 1),
+}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_run_killed_at_any_checkpoint_phase_resumes_to_the_uninterrupted_result(
+        tiny_env, tmp_path, monkeypatch, uninterrupted, phase):
+    """Killed at each phase of the last epoch's checkpoint, ``run(cfg, resume_from=last)`` ends with the best
+    weights, metrics.jsonl records (timing aside) and prediction files of the uninterrupted run."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", **SETTINGS["best-2"][0])
+    with monkeypatch.context() as mp:
+        PHASES[phase](mp)
+        with pytest.raises(Killed):
+            run(cfg)
+    run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
+    _assert_same_run(uninterrupted("best-2"), tmp_path / "run")
