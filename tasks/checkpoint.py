@@ -33,7 +33,9 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -71,6 +73,40 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(dirpath))
 
 
+def temporary_prefix(name: str, pid: int | None = None) -> str:
+    """The name start of a temporary sibling of checkpoint ``name``: its writer's pid and host, so that
+    ``remove_stale_temporaries`` can tell a dead writer's leftovers from a live writer's work."""
+    return f".{name}.tmp-{os.getpid() if pid is None else pid}@{socket.gethostname()}-"
+
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)@(?P<host>.+)-[^-]+$")
+
+
+def process_alive(pid: int, host: str) -> bool:
+    """Whether process ``pid`` on ``host`` may be running (another host's processes cannot be checked: yes)."""
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete the temporary checkpoint folders that writers which died mid-write left in ``directory``."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        m = _TEMPORARY.match(entry.name)
+        if m and entry.is_dir() and not process_alive(int(m["pid"]), m["host"]):
+            logger.warning("removing %s, left by process %s on %s that died while writing it",
+                           entry, m["pid"], m["host"])
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
@@ -79,11 +115,14 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     ``final``) after an fsync of every file; then the old copy is removed. An
     exception inside the block removes the temporary directory and leaves
     ``final`` as it was. A crash between the two renames leaves the previous
-    version at ``final.old``, which ``resolve_checkpoint`` finds.
+    version at ``final.old``, which ``resolve_checkpoint`` finds. A process
+    killed mid-write leaves its temporary (named by ``temporary_prefix``): the
+    next write into the same folder deletes it.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    remove_stale_temporaries(final.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final.name), dir=final.parent))
     try:
         yield tmp
         _fsync_tree(tmp)
@@ -295,8 +334,11 @@ class RunDir:
         fresh = resume is None
         if resume is not None and self.writer:
             repair_best(resume, self.checkpoints / "best")
+        if self.writer:
+            remove_stale_temporaries(self.checkpoints)
         if fresh:
-            occupied = self.writer and self.checkpoints.exists() and any(self.checkpoints.iterdir())
+            occupied = self.writer and self.checkpoints.exists() and any(
+                not p.name.startswith(".") for p in self.checkpoints.iterdir())
             if distributed.broadcast_from_main(occupied and not overwrite):  # every rank raises, or none
                 raise FileExistsError(f"{self.checkpoints} already holds checkpoints: resume them (--resume), "
                                       "pick another --out-dir, or pass --overwrite to replace them")

@@ -9,6 +9,10 @@ metrics.jsonl records (timing fields aside) and the same prediction files.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,7 +21,8 @@ from safetensors.torch import load_file
 from tasks import checkpoint as ckpt_mod
 from tasks import trainer as trainer_mod
 from tasks import train as train_mod
-from tasks.checkpoint import read_json
+from tasks.checkpoint import RunDir, atomic_directory, read_json, temporary_prefix
+from tasks.config import TrainConfig
 from tasks.train import run
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 
@@ -140,3 +145,30 @@ def test_a_run_killed_at_any_checkpoint_phase_resumes_to_the_uninterrupted_resul
             run(cfg)
     run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
     _assert_same_run(uninterrupted("best-2"), tmp_path / "run")
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (reaped, so nothing runs under it now)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temporary_checkpoints_of_dead_writers_are_removed(tmp_path):
+    """A crash mid-write leaves a temporary sibling named after its writer (pid@host); the next save, and the
+    next start of a run, delete those of dead writers and keep a live writer's."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with atomic_directory(checkpoints / "last") as tmp:
+        assert tmp.name.startswith(temporary_prefix("last")) and str(os.getpid()) in tmp.name
+    dead = checkpoints / (temporary_prefix("last", _dead_pid()) + "abc123")
+    live = checkpoints / (temporary_prefix("best", os.getppid()) + "def456")
+    for d in (dead, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 100)
+    with atomic_directory(checkpoints / "last") as tmp:
+        pass
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(["last", live.name])
+    dead.mkdir()
+    shutil.rmtree(checkpoints / "last")  # temporaries alone do not make the folder a run's: a fresh start is allowed
+    RunDir(tmp_path / "run").start(TrainConfig(out_dir=str(tmp_path / "run")))
+    assert not dead.exists() and live.exists()
