@@ -29,6 +29,7 @@ Usage:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -37,6 +38,7 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -313,42 +315,168 @@ def save_encoder_files(directory: Path, config: BertConfig, source_dir: Path) ->
             shutil.copyfile(source_dir / name, directory / name)
 
 
+# ---- locks --------------------------------------------------------------------------------------------------
+
+
+def _lock_owner(lock: Path) -> dict | None:
+    """{"pid", "host"} of ``lock``'s owner; None when it cannot be read (gone, or garbled: stale)."""
+    try:
+        text = lock.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        owner = json.loads(text)
+        return {"pid": int(owner["pid"]), "host": str(owner["host"])}
+    except (ValueError, KeyError, TypeError):
+        return {"pid": int(text), "host": socket.gethostname()} if text.strip().isdigit() else None  # bare pid
+
+
+def take_lock(lock: Path, what: str, *, reentrant: bool = True) -> None:
+    """Create ``lock`` naming this process (pid, host). A live owner is refused (FileExistsError, one line);
+    a lock of a dead process is taken over with a warning; this process's own lock is kept when ``reentrant``
+    (a Trainer built twice in one process, as tests and notebooks do), refused otherwise."""
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = _lock_owner(lock)
+            if owner == me and reentrant:
+                return
+            if owner is not None and process_alive(owner["pid"], owner["host"]):
+                raise FileExistsError(f"{what} is in use by process {owner['pid']} on {owner['host']} ({lock}): "
+                                      f"wait for it to finish or pick another --out-dir; if that process is gone, "
+                                      f"delete {lock}") from None
+            logger.warning("taking over %s left by %s (no longer running)", lock, owner or "an unreadable owner")
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return
+    raise FileExistsError(f"could not take {lock}: another process keeps creating it; pick another --out-dir")
+
+
+def release_lock(lock: Path) -> None:
+    """Remove ``lock`` if this process owns it."""
+    if _lock_owner(lock) == {"pid": os.getpid(), "host": socket.gethostname()}:
+        lock.unlink(missing_ok=True)
+
+
 # ---- the run directory ---------------------------------------------------------------------------------------
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "predictions", "config.json", "data.json", "training.png")
+
+
+def _holds_results(path: Path) -> bool:
+    """A non-empty file, or a folder with an entry that is not a hidden temporary."""
+    if path.is_dir():
+        return any(not p.name.startswith(".") for p in path.iterdir())
+    return path.is_file() and path.stat().st_size > 0
 
 
 class RunDir:
-    """A run directory: config.json, metrics.jsonl, training.png and checkpoints/. Only the main process writes."""
+    """A run directory: config.json, metrics.jsonl, training.png and checkpoints/. Only the main process writes.
+
+    ``start`` locks it (``run.lock``: pid and host of the owner) until ``close``.
+    ``--overwrite`` moves the previous run's files into ``.replaced-<time>-<pid>/``;
+    ``checkpoint_written`` deletes them once the new run has its first
+    checkpoint, and ``close(failed=True)`` before that puts them back.
+    """
 
     def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
         self.path = Path(path)
         self.checkpoints = self.path / "checkpoints"
         self.metrics = self.path / "metrics.jsonl"
+        self.lock = self.path / "run.lock"
         self.writer = writer
+        self.replaced: Path | None = None
 
     def start(self, cfg: Any, *, resume: Path | None = None, overwrite: bool = False) -> None:
-        """A fresh run refuses checkpoints already here unless ``overwrite``; then writes config.json.
+        """Lock the directory; a fresh run refuses an earlier run's files unless ``overwrite``; write config.json.
 
         A resume from checkpoint ``resume`` first repairs ``best`` when a crash
         came between writing that checkpoint and linking best (``repair_best``).
+        Under torchrun rank 0 checks and locks; every rank raises, or none.
         """
-        fresh = resume is None
-        if resume is not None and self.writer:
-            repair_best(resume, self.checkpoints / "best")
+        error: OSError | None = None
         if self.writer:
-            remove_stale_temporaries(self.checkpoints)
-        if fresh:
-            occupied = self.writer and self.checkpoints.exists() and any(
-                not p.name.startswith(".") for p in self.checkpoints.iterdir())
-            if distributed.broadcast_from_main(occupied and not overwrite):  # every rank raises, or none
-                raise FileExistsError(f"{self.checkpoints} already holds checkpoints: resume them (--resume), "
-                                      "pick another --out-dir, or pass --overwrite to replace them")
-            if occupied:
-                shutil.rmtree(self.checkpoints)
+            try:
+                self._prepare(resume, overwrite)
+            except OSError as e:
+                error = e
+        message = distributed.broadcast_from_main(None if error is None else str(error))
+        if error is not None:
+            raise error
+        if message is not None:
+            raise FileExistsError(message)
         if self.writer:
-            self.path.mkdir(parents=True, exist_ok=True)
-            if fresh:
-                self.metrics.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
             write_json(self.path / "config.json", cfg.to_dict())
+
+    def _prepare(self, resume: Path | None, overwrite: bool) -> None:
+        if self.path.exists() and not self.path.is_dir():
+            raise NotADirectoryError(f"--out-dir {self.path} is a file: pass a directory (created if missing)")
+        self.path.mkdir(parents=True, exist_ok=True)
+        if not os.access(self.path, os.W_OK | os.X_OK):
+            raise PermissionError(f"--out-dir {self.path} is not writable: fix its permissions or pick another")
+        take_lock(self.lock, f"run directory {self.path}")
+        atexit.register(release_lock, self.lock)
+        try:
+            remove_stale_temporaries(self.checkpoints)
+            if resume is not None:
+                repair_best(resume, self.checkpoints / "best")
+                return
+            held = [p for p in (self.checkpoints, self.metrics, self.path / "predictions") if _holds_results(p)]
+            if held and not overwrite:
+                raise FileExistsError(f"{held[0]} holds an earlier run: resume it (--resume), pick another "
+                                      "--out-dir, or pass --overwrite to replace it")
+            present = [self.path / n for n in RUN_FILES if (self.path / n).exists()]
+            if overwrite and held:
+                self.replaced = self.path / f".replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+                self.replaced.mkdir()
+                for p in present:
+                    os.replace(p, self.replaced / p.name)
+                logger.info("--overwrite: the previous run waits in %s until this one writes its first checkpoint",
+                            self.replaced)
+            else:
+                self.metrics.unlink(missing_ok=True)  # an empty file of a run that never finished an epoch
+        except BaseException:
+            release_lock(self.lock)
+            raise
+
+    def checkpoint_written(self) -> None:
+        """The new run has its first checkpoint: the run that --overwrite moved aside is deleted."""
+        if self.replaced is not None:
+            shutil.rmtree(self.replaced, ignore_errors=True)
+            logger.info("--overwrite: the previous run (%s) is deleted", self.replaced)
+            self.replaced = None
+
+    def close(self, *, failed: bool = False) -> None:
+        """Release the lock; a run that ``failed`` before its first checkpoint puts an overwritten run back."""
+        if not self.writer:
+            return
+        if failed and self.replaced is not None:
+            for name in RUN_FILES:
+                new = self.path / name
+                if new.is_dir():
+                    shutil.rmtree(new)
+                else:
+                    new.unlink(missing_ok=True)
+            for p in self.replaced.iterdir():
+                os.replace(p, self.path / p.name)
+            self.replaced.rmdir()
+            logger.warning("the new run failed before its first checkpoint: the previous run is back in %s",
+                           self.path)
+            self.replaced = None
+        release_lock(self.lock)
+
+    def end_epoch(self, record: dict, history: list[dict], improved: bool) -> None:
+        """After ``last`` is saved: link ``best`` when the epoch ``improved``, append the record, plot."""
+        if improved:
+            link_or_copy_directory(self.checkpoints / "last", self.checkpoints / "best")
+        self.append(record)
+        from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
+
+        plot_history(history, self.path / "training.png")
 
     def append(self, record: dict) -> None:
         """One record more in metrics.jsonl."""

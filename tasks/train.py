@@ -49,6 +49,17 @@ def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overw
     """
     t0 = time.perf_counter()
     trainer = Trainer.from_config(cfg, hooks=hooks, resume_from=resume_from, overwrite=overwrite)
+    try:
+        return _train_and_predict(trainer, t0)
+    except BaseException:
+        trainer.run_dir.close(failed=True)  # before a first checkpoint: a run moved aside by overwrite comes back
+        raise
+    finally:
+        trainer.run_dir.close()  # the lock
+
+
+def _train_and_predict(trainer: Trainer, t0: float) -> dict:
+    cfg = trainer.cfg
     summary = trainer.fit()
     source = trainer.load_best()
     logger.info("best epoch %s (dev overall %s)", summary["best"]["epoch"], summary["best"]["score"])

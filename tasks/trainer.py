@@ -69,7 +69,6 @@ from tasks.checkpoint import (
     CHECKPOINT_FORMAT,
     RunDir,
     atomic_directory,
-    link_or_copy_directory,
     load_objectives_state,
     load_optimizer_state,
     load_tensors,
@@ -232,8 +231,12 @@ class Trainer:
         if resume_from is not None:
             ckpt = resolve_checkpoint(resume_from)
             check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
-        run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # a resume repairs a best left stale by a crash
-        return cls(cfg, build_parts(cfg, device), device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
+        run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
+        try:
+            return cls(cfg, build_parts(cfg, device), device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
+        except BaseException:
+            run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
+            raise
 
     # -- building --
     def _build_optimizer(self) -> tuple[list[nn.Parameter], list[str], AdamW]:
@@ -495,12 +498,7 @@ class Trainer:
             self._enter_stage(lpft.stage_at(self.cfg, self.epoch))  # before the checkpoint: it saves the new optimizer
         self.save_checkpoint("last")
         if self.rank == 0:
-            if improved:
-                link_or_copy_directory(self.run_dir.checkpoints / "last", self.run_dir.checkpoints / "best")
-            self.run_dir.append(record)
-            from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
-
-            plot_history(self.history, self.run_dir.path / "training.png")
+            self.run_dir.end_epoch(record, self.history, improved)  # best (when improved), the record, the plot
         for h in self.hooks:
             h.on_epoch_end(self, record)
 
@@ -549,6 +547,7 @@ class Trainer:
             write_json(tmp / "state.json", state)
             write_json(tmp / "config.json", self.cfg.to_dict())
             save_encoder_files(tmp / "encoder", self.model.encoder.config, self.encoder_dir)
+        self.run_dir.checkpoint_written()  # a run that --overwrite moved aside is deleted now
         return final
 
     def _load_checkpoint(self, ckpt: Path) -> None:

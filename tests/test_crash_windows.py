@@ -87,7 +87,7 @@ def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, m
     """Killed after `last` is written but before `best` is linked (epoch 1: resume used to fail with 'no
     checkpoint at best'; the last epoch: predictions came from the stale best): resume re-links best."""
     calls = []
-    real = trainer_mod.link_or_copy_directory
+    real = ckpt_mod.link_or_copy_directory
 
     def dies(src, final):
         calls.append(final)
@@ -96,10 +96,10 @@ def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, m
         real(src, final)
 
     cfg = tiny_train_config(tiny_env, tmp_path / "run", **SETTINGS[setting][0])
-    monkeypatch.setattr(trainer_mod, "link_or_copy_directory", dies)
+    monkeypatch.setattr(ckpt_mod, "link_or_copy_directory", dies)
     with pytest.raises(Killed):
         run(cfg)
-    monkeypatch.setattr(trainer_mod, "link_or_copy_directory", real)
+    monkeypatch.setattr(ckpt_mod, "link_or_copy_directory", real)
     run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
     _assert_same_run(uninterrupted(setting), tmp_path / "run")
 
@@ -125,7 +125,7 @@ PHASES = {
     "during writing last": lambda mp: _dies_on_call(mp, trainer_mod, "save_tensors", 3),
     "between the renames of last": lambda mp: _dies_on_call(
         mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "last"),
-    "after last, before best": lambda mp: _dies_on_call(mp, trainer_mod, "link_or_copy_directory", 2),
+    "after last, before best": lambda mp: _dies_on_call(mp, ckpt_mod, "link_or_copy_directory", 2),
     "between the renames of best": lambda mp: _dies_on_call(
         mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
     "after best, before the metrics record": lambda mp: _dies_on_call(mp, ckpt_mod.RunDir, "append", 2),
