@@ -443,6 +443,11 @@ class RunDir:
             release_lock(self.lock)
             raise
 
+    def record_data(self, data: dict[str, dict] | None) -> None:
+        """data.json: ``{"files": {"<task> <split>": ReadReport.to_dict()}}`` of the files this process read."""
+        if self.writer and data is not None:
+            write_json(self.path / "data.json", {"files": data})
+
     def checkpoint_written(self) -> None:
         """The new run has its first checkpoint: the run that --overwrite moved aside is deleted."""
         if self.replaced is not None:

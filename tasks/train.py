@@ -21,6 +21,13 @@ What a run does (``tasks.config.TrainConfig`` documents every setting):
    training-set logits too with ``predict_train``, and the final record in
    metrics.jsonl.
 
+What a run directory holds after it: config.json (the TrainConfig), data.json
+(``{"files": {"<task> <split>": ReadReport.to_dict()}}``: rows seen, kept and
+skipped with reasons, for every train and dev file read), metrics.jsonl (one
+record per epoch, the first of which also carries those reports under
+"data", then the final record), training.png, checkpoints/ and predictions/.
+The directory is locked (run.lock) while a run uses it.
+
 Under torchrun every rank trains (and runs SWA); the ranks other than 0 then
 return a short summary and rank 0 writes the predictions.
 """

@@ -116,6 +116,7 @@ class Parts:
     tokenizer: Any = None
     encoder_dir: Path | None = None  # the pretrained directory: its tokenizer files go into every checkpoint
     amp_dtype: torch.dtype | None = None
+    data: dict[str, dict] | None = None  # ReadReport.to_dict() of every file read, by "<task> <split>"
 
 
 def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
@@ -131,10 +132,11 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
     encoder_dir = resolve_model_dir(cfg.pretrained)
-    train_sets, dev_sets = load_run_data(cfg, tokenizer)
+    data: dict[str, dict] = {}
+    train_sets, dev_sets = load_run_data(cfg, tokenizer, data)
     model = MultitaskBert(encoder, cfg.model).to(device)
     objectives = build_objectives(cfg.objectives, model)
-    return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype)
+    return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype, data)
 
 
 class Hook:
@@ -175,7 +177,7 @@ class Trainer:
                  run_dir: RunDir | None = None, checkpoint: Path | None = None) -> None:
         self.cfg, self.device, self.hooks, self.run_dir = cfg, device, list(hooks), run_dir
         self.model, self.objectives = parts.model, parts.objectives
-        self.train_sets, self.dev_sets = parts.train_sets, parts.dev_sets
+        self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
         self.tokenizer, self.encoder_dir, self.amp_dtype = parts.tokenizer, parts.encoder_dir, parts.amp_dtype
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         for o in self.objectives:
@@ -219,8 +221,8 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, hooks: Sequence[Hook] = (),
                     resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> Trainer:
-        """Validate ``cfg``, prepare its run directory (refusing to replace checkpoints unless ``overwrite``),
-        build the parts and, with ``resume_from``, restore that checkpoint (its config.json must equal
+        """Validate ``cfg``, prepare and lock its run directory (RunDir.start), build the parts, record what
+        was read (data.json) and, with ``resume_from``, restore that checkpoint (its config.json must equal
         ``cfg`` except for RESUME_MUTABLE fields)."""
         cfg.validate()
         distributed.check_config(cfg.batch_sizes(), cfg.device)
@@ -233,7 +235,9 @@ class Trainer:
             check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
         run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
         try:
-            return cls(cfg, build_parts(cfg, device), device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
+            parts = build_parts(cfg, device)
+            run_dir.record_data(parts.data)
+            return cls(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
         except BaseException:
             run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
             raise
@@ -483,7 +487,8 @@ class Trainer:
                   "train": means,
                   "dev": jsonable(metrics), "dev_examples": {t: len(d) for t, d in self.dev_sets.items()},
                   "train_time_s": round(train_time, 2), "eval_time_s": round(eval_time, 2),
-                  "elapsed_s": round(self.elapsed, 2), "best": improved}
+                  "elapsed_s": round(self.elapsed, 2), "best": improved,
+                  **({"data": self.data} if self.epoch == 0 and self.data else {})}  # files read: tasks/train.py
         self.history.append(record)
         logger.info("epoch %d done in %.0f s (+%.0f s dev): %s | dev %s%s", self.epoch + 1, train_time, eval_time,
                     " ".join(f"{k} {v:.4f}" for k, v in means.items()),
@@ -525,11 +530,9 @@ class Trainer:
                 "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
 
     def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
-        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py).
-
-        ``extra_state`` is merged into state.json (the SWA checkpoint marks itself with "swa").
-        Under torchrun every rank calls it and rank 0 writes (the ranks' weights are identical).
-        """
+        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py),
+        ``extra_state`` merged into state.json (SWA's marks itself "swa"). Under torchrun every rank calls it and
+        rank 0 writes (the ranks' weights are identical)."""
         if self.run_dir is None:
             raise RuntimeError("this Trainer has no run directory (built without from_config): nothing to save to")
         final = self.run_dir.checkpoints / name

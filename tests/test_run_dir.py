@@ -110,3 +110,25 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_env
     after = snapshot(out)
     assert after["checkpoints/best/model.safetensors"] != before["checkpoints/best/model.safetensors"]
     assert not list(out.glob(".replaced-*")) and "run.lock" not in after
+
+
+def test_skip_counts_of_every_file_read_are_in_metrics_and_data_json(tiny_env, tmp_path):
+    """The ReadReport of every train and dev file is in metrics.jsonl's first epoch record ("data") and in
+    data.json beside config.json (which TrainConfig.from_dict still loads); a resumed run keeps it."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_env[1], data)
+    with open(data / "sts-train.csv", "a") as f:
+        f.write("999\tsts-train-999\tthe cat\tthe dog\tnot-a-number\n")
+    out = tmp_path / "run"
+    cfg = tiny_train_config(tiny_env, out, data_dir=str(data))
+    run(cfg)
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    reports = records[0]["data"]
+    assert set(reports) == {f"{t} {s}" for t in ("sst", "para", "sts") for s in ("train", "dev")}
+    assert reports["sts train"]["skipped"] == 1 and reports["sts train"]["file"].endswith("sts-train.csv")
+    assert reports["sst dev"]["kept"] == reports["sst dev"]["rows"] > 0
+    assert all("data" not in r for r in records[1:])
+    assert json.loads((out / "data.json").read_text())["files"] == reports
+    assert TrainConfig.from_dict(json.loads((out / "config.json").read_text())) == cfg
+    Trainer.from_config(cfg, resume_from=out / "checkpoints" / "last")  # rewrites metrics.jsonl from the checkpoint
+    assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["data"] == reports
