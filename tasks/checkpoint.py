@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -212,8 +213,12 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """The JSON in ``path``; a truncated or corrupted file is a ValueError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is truncated or corrupted ({e}): it is not valid JSON") from e
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -223,7 +228,45 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
 
 
 def load_tensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    return load_file(str(path), device=str(device))
+    """The tensors of safetensors file ``path``; a truncated or corrupted file is a ValueError naming it."""
+    try:
+        return load_file(str(path), device=str(device))
+    except SafetensorError as e:
+        raise ValueError(f"{path} is truncated or corrupted ({e})") from e
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """``resolve_checkpoint``, then every JSON file parsed and every safetensors header read (a truncated or
+    corrupted file is a ValueError naming it; flipped bits inside tensor data are not detected)."""
+    path = resolve_checkpoint(path)
+    for name in ("config.json", "state.json", "optimizer.json"):
+        read_json(path / name)
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as f:
+                f.keys()
+        except SafetensorError as e:
+            raise ValueError(f"{file} is truncated or corrupted ({e})") from e
+    return path
+
+
+def resumable_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """``path`` verified; when it is a run's damaged ``last``, an intact ``last.old`` or ``best`` beside it
+    instead, with a warning (the epochs after it are trained again); else a ValueError saying what is wrong."""
+    path = Path(path).expanduser()
+    try:
+        return verify_checkpoint(path)
+    except (OSError, ValueError) as e:
+        if path.name != "last":
+            raise
+        for other in (path.with_name("last" + _OLD_SUFFIX), path.with_name("best")):
+            try:
+                good = verify_checkpoint(other)
+            except (OSError, ValueError):
+                continue
+            logger.warning("%s; resuming from %s instead: training goes on from its position", e, good)
+            return good
+        raise ValueError(f"{e}; neither last.old nor best beside it is intact: start afresh (--overwrite)") from e
 
 
 # ---- optimizer state ------------------------------------------------------------------------
@@ -313,6 +356,18 @@ def save_encoder_files(directory: Path, config: BertConfig, source_dir: Path) ->
     for name in ("vocab.txt", "tokenizer_config.json"):
         if (source_dir / name).is_file():
             shutil.copyfile(source_dir / name, directory / name)
+
+
+def check_writable_dir(path: Path, flag: str) -> None:
+    """``path`` is, or can be made, a writable directory (NotADirectoryError / PermissionError naming ``flag``)."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{flag} {path} is a file: pass a directory (it is created when missing)")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, so the directory cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{flag} {path} is not writable ({existing} is not): fix its permissions or pick "
+                              "another directory")
 
 
 # ---- locks --------------------------------------------------------------------------------------------------
@@ -413,11 +468,8 @@ class RunDir:
             write_json(self.path / "config.json", cfg.to_dict())
 
     def _prepare(self, resume: Path | None, overwrite: bool) -> None:
-        if self.path.exists() and not self.path.is_dir():
-            raise NotADirectoryError(f"--out-dir {self.path} is a file: pass a directory (created if missing)")
+        check_writable_dir(self.path, "--out-dir")
         self.path.mkdir(parents=True, exist_ok=True)
-        if not os.access(self.path, os.W_OK | os.X_OK):
-            raise PermissionError(f"--out-dir {self.path} is not writable: fix its permissions or pick another")
         take_lock(self.lock, f"run directory {self.path}")
         atexit.register(release_lock, self.lock)
         try:

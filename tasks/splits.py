@@ -1,7 +1,7 @@
 """Which examples a run reads: the task files under its limit, the fixed dev subsets, tokenized datasets.
 
 Usage:
-    train_sets, dev_sets = load_run_data(cfg, tokenizer)     # what the trainer trains and scores on
+    train_sets, dev_sets, reports = load_run_data(cfg, tokenizer)  # what the trainer trains and scores on
     examples = load_examples("sts", "test", cfg)             # None when the file is absent
     dataset = make_dataset("sts", examples, tokenizer, cfg)  # SentenceDataset or PairDataset
 """
@@ -66,12 +66,12 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
     return examples
 
 
-def load_run_data(cfg: TrainConfig, tokenizer: Any,
-                  reports: dict[str, dict] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(training datasets by stream, dev datasets by task) of a run, read and tokenized once.
+def load_run_data(cfg: TrainConfig, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict]]:
+    """(training datasets by stream, dev datasets by task, reports) of a run, read and tokenized once.
 
-    ``reports`` receives each file's ``ReadReport.to_dict()`` (keys "sst train", ..., "nli train").
+    reports: each file's ``ReadReport.to_dict()`` by "<task> <split>" ("sst train", ..., "nli train").
     """
+    reports: dict[str, dict] = {}
     t0 = time.perf_counter()
     train_sets: dict[str, Any] = {}
     dev_sets: dict[str, Any] = {}
@@ -81,9 +81,8 @@ def load_run_data(cfg: TrainConfig, tokenizer: Any,
         dev_sets[task] = make_dataset(task, capped_dev(task, dev, cfg), tokenizer, cfg)
     if cfg.nli:
         triplets, report = load_nli(cfg.data_dir, limit=cfg.limit)
-        if reports is not None:
-            reports["nli train"] = report.to_dict()
+        reports["nli train"] = report.to_dict()
         train_sets[NLI] = TripletDataset(triplets, tokenizer, max_length=cfg.max_length)
     logger.info("data: %s (read and tokenized in %.1f s)",
                 ", ".join(f"{s} {len(d)} train" for s, d in train_sets.items()), time.perf_counter() - t0)
-    return train_sets, dev_sets
+    return train_sets, dev_sets, reports

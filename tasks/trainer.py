@@ -76,6 +76,7 @@ from tasks.checkpoint import (
     optimizer_state,
     read_json,
     resolve_checkpoint,
+    resumable_checkpoint,
     save_encoder_files,
     save_tensors,
     write_json,
@@ -132,8 +133,7 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
     encoder_dir = resolve_model_dir(cfg.pretrained)
-    data: dict[str, dict] = {}
-    train_sets, dev_sets = load_run_data(cfg, tokenizer, data)
+    train_sets, dev_sets, data = load_run_data(cfg, tokenizer)
     model = MultitaskBert(encoder, cfg.model).to(device)
     objectives = build_objectives(cfg.objectives, model)
     return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype, data)
@@ -231,7 +231,7 @@ class Trainer:
         run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
         ckpt = None
         if resume_from is not None:
-            ckpt = resolve_checkpoint(resume_from)
+            ckpt = resumable_checkpoint(resume_from)  # a damaged last: an intact last.old or best, warned
             check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
         run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
         try:
