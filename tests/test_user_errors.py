@@ -172,3 +172,19 @@ def test_resume_falls_back_from_a_damaged_last_to_best_with_a_warning(tiny_env, 
     assert result["final"] and result["best_epoch"] == 1
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("epoch") for r in records if not r.get("final")] == [1]
+
+
+def test_pretrain_reports_a_bad_data_file_in_one_line(tiny_env, tmp_path, monkeypatch, capsys):
+    """python -m tasks.pretrain: a non-UTF-8 data file is one line and exit status 1, not a traceback."""
+    from tasks import pretrain
+
+    data = _bad_data(tiny_env, tmp_path, "ids-sst-train.csv", lambda b: b.replace(b"good", b"g\xffod", 1))
+    monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        pretrain.main(["--out-dir", str(tmp_path / "out"), "--pretrained", str(tiny_env[0]), "--data-dir", str(data),
+                       "--epochs", "1", "--batch-size", "8", "--max-length", "16", "--max-steps", "1",
+                       "--device", "cpu"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 1 and "Traceback" not in err
+    assert re.search(r"tasks\.pretrain: error: .*ids-sst-train\.csv: line \d+: bytes that are not UTF-8",
+                     err.strip().splitlines()[-1])
