@@ -474,6 +474,11 @@ class RunDir:
         atexit.register(release_lock, self.lock)
         try:
             remove_stale_temporaries(self.checkpoints)
+            for aside in self.path.glob(".replaced-*-*"):
+                pid = aside.name.rsplit("-", 1)[1]
+                if pid.isdigit() and not process_alive(int(pid), socket.gethostname()):
+                    logger.warning("%s holds a run that an --overwrite killed before its first checkpoint moved "
+                                   "aside: move its files back into %s, or delete it", aside, self.path)
             if resume is not None:
                 repair_best(resume, self.checkpoints / "best")
                 return

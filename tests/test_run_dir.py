@@ -132,3 +132,14 @@ def test_skip_counts_of_every_file_read_are_in_metrics_and_data_json(tiny_env, t
     assert TrainConfig.from_dict(json.loads((out / "config.json").read_text())) == cfg
     Trainer.from_config(cfg, resume_from=out / "checkpoints" / "last")  # rewrites metrics.jsonl from the checkpoint
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["data"] == reports
+
+
+def test_an_overwrite_killed_before_its_first_checkpoint_is_pointed_out(tmp_path, caplog):
+    """A process killed mid-overwrite cannot put the old run back: the next start names the folder holding it."""
+    out = tmp_path / "run"
+    aside = out / f".replaced-20260101-000000-{_dead_pid()}"
+    (aside / "checkpoints" / "best").mkdir(parents=True)
+    with caplog.at_level(logging.WARNING):
+        RunDir(out).start(TrainConfig(out_dir=str(out)))
+    assert str(aside) in caplog.text and "killed" in caplog.text
+    assert aside.is_dir()
