@@ -94,10 +94,10 @@ from torch import nn
 from minbert.config import BertConfig
 from minbert.pretrained import resolve_model_dir
 from tasks import lpft
+from tasks.config import TrainConfig
 from tasks.data import move_batch
 from tasks.model import MultitaskBert
-from tasks.sampling import MultitaskSchedule
-from tasks.config import TrainConfig
+from tasks.parts import build_parts
 from tasks.runtime import (
     autocast,
     configure_malloc,
@@ -107,7 +107,8 @@ from tasks.runtime import (
     resolve_device,
     synchronize,
 )
-from tasks.trainer import Trainer, build_parts
+from tasks.sampling import MultitaskSchedule
+from tasks.trainer import Trainer
 
 VARIANTS = {
     "ours": "ours: length buckets, padded to the batch's longest",

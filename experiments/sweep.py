@@ -21,6 +21,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from tasks.rundir import release_lock, take_lock
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -102,30 +104,16 @@ class Sweep:
 @contextlib.contextmanager
 def _run_lock(run_dir: Path, name: str):
     """Refuse to start a run whose directory another live sweep process is running (its --overwrite would
-    wipe that run's files); a lock left by a dead process is taken over."""
+    wipe that run's files); a lock left by a dead process is taken over (tasks.rundir.take_lock)."""
     lock = run_dir / "sweep.lock"
-    for _ in range(2):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            try:
-                pid = int(lock.read_text() or 0)
-                os.kill(pid, 0)  # PermissionError: alive, owned by another user
-            except PermissionError:
-                pass
-            except (ValueError, ProcessLookupError, FileNotFoundError):
-                lock.unlink(missing_ok=True)  # stale: its owner is gone
-                continue
-            raise SystemExit(f"[{name}] {run_dir} is being run by another sweep process (pid {pid}, {lock}); "
-                             "wait for it, or run other rows (--only / --methods / --conditions)") from None
-        with os.fdopen(fd, "w") as f:
-            f.write(str(os.getpid()))
-        try:
-            yield
-        finally:
-            lock.unlink(missing_ok=True)
-        return
-    raise SystemExit(f"[{name}] could not take {lock}")
+    try:
+        take_lock(lock, f"[{name}] {run_dir}", reentrant=False)
+    except FileExistsError as e:
+        raise SystemExit(f"{e} (or run other rows: --only / --methods / --conditions)") from None
+    try:
+        yield
+    finally:
+        release_lock(lock)
 
 
 def fmt(value: float | None, digits: int = 3) -> str:

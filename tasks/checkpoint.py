@@ -39,13 +39,16 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -77,6 +80,40 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(dirpath))
 
 
+def temporary_prefix(name: str, pid: int | None = None) -> str:
+    """The name start of a temporary sibling of checkpoint ``name``: its writer's pid and host, so that
+    ``remove_stale_temporaries`` can tell a dead writer's leftovers from a live writer's work."""
+    return f".{name}.tmp-{os.getpid() if pid is None else pid}@{socket.gethostname()}-"
+
+
+_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)@(?P<host>.+)-[^-]+$")
+
+
+def process_alive(pid: int, host: str) -> bool:
+    """Whether process ``pid`` on ``host`` may be running (another host's processes cannot be checked: yes)."""
+    if host != socket.gethostname():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, owned by another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(directory: Path) -> None:
+    """Delete the temporary checkpoint folders that writers which died mid-write left in ``directory``."""
+    if not directory.is_dir():
+        return
+    for entry in directory.iterdir():
+        m = _TEMPORARY.match(entry.name)
+        if m and entry.is_dir() and not process_alive(int(m["pid"]), m["host"]):
+            logger.warning("removing %s, left by process %s on %s that died while writing it",
+                           entry, m["pid"], m["host"])
+            shutil.rmtree(entry, ignore_errors=True)
+
+
 @contextlib.contextmanager
 def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
@@ -85,11 +122,14 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     ``final``) after an fsync of every file; then the old copy is removed. An
     exception inside the block removes the temporary directory and leaves
     ``final`` as it was. A crash between the two renames leaves the previous
-    version at ``final.old``, which ``resolve_checkpoint`` finds.
+    version at ``final.old``, which ``resolve_checkpoint`` finds. A process
+    killed mid-write leaves its temporary (named by ``temporary_prefix``): the
+    next write into the same folder deletes it.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    remove_stale_temporaries(final.parent)
+    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final.name), dir=final.parent))
     try:
         yield tmp
         _fsync_tree(tmp)
@@ -141,6 +181,31 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     return path
 
 
+def repair_best(ckpt: Path, best: Path) -> bool:
+    """Re-link ``best`` from ``ckpt`` when a crash came between writing ``ckpt`` and linking ``best``.
+
+    ``ckpt``'s state.json names the best epoch and holds its score. When ``ckpt``
+    is the end of that very epoch (step 0 of the next one) and ``best`` does not
+    hold the same position and score, ``best`` is stale or missing: the best
+    weights exist only in ``ckpt``, so they are linked before anything can
+    overwrite it. Returns whether ``best`` was repaired.
+    """
+    state = read_json(ckpt / "state.json")
+    mark = state.get("best")
+    if not mark or "swa" in state or state["step"] != 0 or mark["epoch"] != state["epoch"]:
+        return False
+    try:
+        held = read_json(resolve_checkpoint(best) / "state.json")
+    except (OSError, ValueError):
+        held = {}
+    if (held.get("best"), held.get("epoch"), held.get("step")) == (mark, state["epoch"], 0):
+        return False
+    logger.warning("%s does not hold the best epoch %d that %s records (interrupted before it was linked): "
+                   "re-linking it from %s", best, mark["epoch"], ckpt, ckpt)
+    link_or_copy_directory(ckpt, best)
+    return True
+
+
 # ---- files --------------------------------------------------------------------------------
 
 
@@ -152,8 +217,12 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 def read_json(path: Path) -> Any:
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+    """The JSON in ``path``; a truncated or corrupted file is a ValueError naming it."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is truncated or corrupted ({e}): it is not valid JSON") from e
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
@@ -163,7 +232,45 @@ def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[st
 
 
 def load_tensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    return load_file(str(path), device=str(device))
+    """The tensors of safetensors file ``path``; a truncated or corrupted file is a ValueError naming it."""
+    try:
+        return load_file(str(path), device=str(device))
+    except SafetensorError as e:
+        raise ValueError(f"{path} is truncated or corrupted ({e})") from e
+
+
+def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """``resolve_checkpoint``, then every JSON file parsed and every safetensors header read (a truncated or
+    corrupted file is a ValueError naming it; flipped bits inside tensor data are not detected)."""
+    path = resolve_checkpoint(path)
+    for name in ("config.json", "state.json", "optimizer.json"):
+        read_json(path / name)
+    for file in sorted(path.glob("*.safetensors")):
+        try:
+            with safe_open(str(file), "pt") as f:
+                f.keys()
+        except SafetensorError as e:
+            raise ValueError(f"{file} is truncated or corrupted ({e})") from e
+    return path
+
+
+def resumable_checkpoint(path: str | os.PathLike[str]) -> Path:
+    """``path`` verified; when it is a run's damaged ``last``, an intact ``last.old`` or ``best`` beside it
+    instead, with a warning (the epochs after it are trained again); else a ValueError saying what is wrong."""
+    path = Path(path).expanduser()
+    try:
+        return verify_checkpoint(path)
+    except (OSError, ValueError) as e:
+        if path.name != "last":
+            raise
+        for other in (path.with_name("last" + _OLD_SUFFIX), path.with_name("best")):
+            try:
+                good = verify_checkpoint(other)
+            except (OSError, ValueError):
+                continue
+            logger.warning("%s; resuming from %s instead: training goes on from its position", e, good)
+            return good
+        raise ValueError(f"{e}; neither last.old nor best beside it is intact: start afresh (--overwrite)") from e
 
 
 # ---- optimizer state ------------------------------------------------------------------------
@@ -307,44 +414,3 @@ def save_encoder_files(directory: Path, config: BertConfig, source_dir: Path) ->
     for name in ("vocab.txt", "tokenizer_config.json"):
         if (source_dir / name).is_file():
             shutil.copyfile(source_dir / name, directory / name)
-
-
-# ---- the run directory ---------------------------------------------------------------------------------------
-
-
-class RunDir:
-    """A run directory: config.json, metrics.jsonl, training.png and checkpoints/. Only the main process writes."""
-
-    def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
-        self.path = Path(path)
-        self.checkpoints = self.path / "checkpoints"
-        self.metrics = self.path / "metrics.jsonl"
-        self.writer = writer
-
-    def start(self, cfg: Any, *, fresh: bool, overwrite: bool = False) -> None:
-        """A fresh run refuses checkpoints already here unless ``overwrite``; then writes config.json."""
-        if fresh:
-            occupied = self.writer and self.checkpoints.exists() and any(self.checkpoints.iterdir())
-            if distributed.broadcast_from_main(occupied and not overwrite):  # every rank raises, or none
-                raise FileExistsError(f"{self.checkpoints} already holds checkpoints: resume them (--resume), "
-                                      "pick another --out-dir, or pass --overwrite to replace them")
-            if occupied:
-                shutil.rmtree(self.checkpoints)
-        if self.writer:
-            self.path.mkdir(parents=True, exist_ok=True)
-            if fresh:
-                self.metrics.unlink(missing_ok=True)  # a fresh run starts a fresh metrics file
-            write_json(self.path / "config.json", cfg.to_dict())
-
-    def append(self, record: dict) -> None:
-        """One record more in metrics.jsonl."""
-        if self.writer:
-            with open(self.metrics, "a", encoding="utf-8") as f:
-                f.write(json.dumps(record, allow_nan=False) + "\n")
-
-    def rewrite(self, records: Sequence[dict]) -> None:
-        """metrics.jsonl holding exactly ``records`` (a resumed run drops the records after its checkpoint)."""
-        if self.writer:
-            with open(self.metrics, "w", encoding="utf-8") as f:
-                for record in records:
-                    f.write(json.dumps(record, allow_nan=False) + "\n")

@@ -38,7 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks import distributed
-from tasks.checkpoint import read_json, resolve_checkpoint
+from minbert.config import BertConfig
+from minbert.pretrained import resolve_model_dir
+from tasks.checkpoint import read_json, resumable_checkpoint, verify_checkpoint
+from tasks.rundir import check_writable_dir
 from tasks.config import (
     FINAL_DEV,
     LR_SCHEDULES,
@@ -50,6 +53,7 @@ from tasks.config import (
     eval_overrides,
     refuse_idle_settings,
 )
+from tasks.errors import describe, user_errors
 from tasks.model import ARCHS, PAIR_ENCODINGS, POOLINGS, TASKS, ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.options import default_of, help_text
@@ -355,7 +359,8 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
                              f"cannot change (allowed: {', '.join(_flag(p) for p in mutable)})")
         out_dir = Path(explicit.get("out_dir", TrainConfig().out_dir))
         default = out_dir / "checkpoints" / ("best" if c.eval_only else "last")
-        ckpt = resolve_checkpoint(c.checkpoint if c.checkpoint is not None else default)
+        where = c.checkpoint if c.checkpoint is not None else default
+        ckpt = resumable_checkpoint(where) if c.resume else verify_checkpoint(where)  # a damaged last: last.old/best
         saved = TrainConfig.from_dict(read_json(ckpt / "config.json"))
         cfg = copy.deepcopy(saved)
         if "out_dir" not in explicit:
@@ -370,6 +375,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
             cfg.validate()
             distributed.check_config(cfg.batch_sizes(), cfg.device)
         resolve_device(cfg.device)
+        check_max_length(cfg, ckpt)
         return Invocation(c, cfg, explicit, ckpt)
 
     cfg = config_from_flags(c, explicit)
@@ -377,7 +383,19 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
+    check_max_length(cfg)
     return Invocation(c, cfg, explicit)
+
+
+def check_max_length(cfg: TrainConfig, ckpt: Path | None = None) -> None:
+    """--max-length must fit the encoder's position embeddings: read from its config.json, no weights loaded
+    (the checkpoint's encoder/ when there is one, else --pretrained)."""
+    own = ckpt / "encoder" if ckpt is not None else None
+    source = own if own is not None and (own / "config.json").is_file() else resolve_model_dir(cfg.pretrained)
+    positions = BertConfig.from_json_file(source / "config.json").max_position_embeddings
+    if cfg.max_length > positions:
+        raise ValueError(f"--max-length {cfg.max_length} is more than the {positions} positions of the encoder in "
+                         f"{source} (max_position_embeddings): pass --max-length {positions} or less")
 
 
 def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig:
@@ -449,22 +467,25 @@ def main(argv: list[str] | None = None) -> dict:
     command, explicit = parse(argv, parser)
     try:
         inv = build_invocation(command, explicit)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
-        parser.error(str(e))
+        check_writable_dir(Path(inv.config.out_dir), "--out-dir")
+    except (ValueError, OSError) as e:  # also a checkpoint's or --pretrained's damaged files, named
+        parser.error(describe(e))
     cfg = inv.config
-    _setup_logging(Path(cfg.out_dir))
-    logger.info("glibc malloc tuned for reuse: %s", malloc_tuned)
-    world = distributed.world_size()
-    if world > 1:
-        logger.info("torchrun: %d processes, global batch %s = %s per process", world, cfg.batch_sizes(),
-                    {s: b // world for s, b in cfg.batch_sizes().items()})
-    try:
-        if command.eval_only:
-            result = evaluate_checkpoint(inv.checkpoint, out_dir=cfg.out_dir, overrides=eval_overrides(cfg))
-        elif command.resume:
-            result = run(cfg, resume_from=inv.checkpoint)
-        else:
-            result = run(cfg, overwrite=command.overwrite)
-    finally:
-        distributed.cleanup()  # leave torchrun's process group (no-op in one process)
+    # After argument checking, what the user's files or disk cause is one line and exit status 1 (tasks/errors.py).
+    with user_errors(parser.prog):
+        _setup_logging(Path(cfg.out_dir))
+        logger.info("glibc malloc tuned for reuse: %s", malloc_tuned)
+        world = distributed.world_size()
+        if world > 1:
+            logger.info("torchrun: %d processes, global batch %s = %s per process", world, cfg.batch_sizes(),
+                        {s: b // world for s, b in cfg.batch_sizes().items()})
+        try:
+            if command.eval_only:
+                result = evaluate_checkpoint(inv.checkpoint, out_dir=cfg.out_dir, overrides=eval_overrides(cfg))
+            elif command.resume:
+                result = run(cfg, resume_from=inv.checkpoint)
+            else:
+                result = run(cfg, overwrite=command.overwrite)
+        finally:
+            distributed.cleanup()  # leave torchrun's process group (no-op in one process)
     return result

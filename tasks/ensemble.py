@@ -61,6 +61,7 @@ from typing import NoReturn
 import torch
 
 from tasks.ensemble_methods import average, fit_regression, predict, select_subset, split_halves
+from tasks.errors import user_errors
 from tasks.evaluate import (
     NUM_SST_CLASSES,
     TASK_METRIC,
@@ -432,6 +433,12 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
+    """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks/errors.py)."""
+    with user_errors(PROG):
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> dict:
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

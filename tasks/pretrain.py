@@ -46,6 +46,7 @@ from minbert.optimizer import AdamW
 from minbert.pretrained import resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.data import length_bucketed_batches
+from tasks.errors import user_errors
 from tasks.readers import load_split
 from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, masked_positions, save_mlm_checkpoint
 from tasks.runtime import autocast, autocast_dtype, foreach_default, resolve_device
@@ -383,6 +384,12 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
+    """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks/errors.py)."""
+    with user_errors("python -m tasks.pretrain"):
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> Path:
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -1,7 +1,7 @@
 """Which examples a run reads: the task files under its limit, the fixed dev subsets, tokenized datasets.
 
 Usage:
-    train_sets, dev_sets = load_run_data(cfg, tokenizer)     # what the trainer trains and scores on
+    train_sets, dev_sets, reports = load_run_data(cfg, tokenizer)  # what the trainer trains and scores on
     examples = load_examples("sts", "test", cfg)             # None when the file is absent
     dataset = make_dataset("sts", examples, tokenizer, cfg)  # SentenceDataset or PairDataset
 """
@@ -49,28 +49,40 @@ def capped_dev(task: str, dev: list[Example], cfg: TrainConfig) -> list[Example]
     return fixed_subset(dev, n, cfg.seed)
 
 
-def load_examples(task: str, split: str, cfg: TrainConfig) -> list[Example] | None:
-    """The examples of one task file under ``cfg.limit``; None when the file is absent, an error when it is empty."""
+def load_examples(task: str, split: str, cfg: TrainConfig,
+                  reports: dict[str, dict] | None = None) -> list[Example] | None:
+    """The examples of one task file under ``cfg.limit``; None when the file is absent, an error when it is empty.
+
+    ``reports`` receives the file's ``ReadReport.to_dict()`` under "<task> <split>".
+    """
     loaded = load_split(task, split, cfg.data_dir, limit=cfg.limit)
     if loaded is None:
         return None
-    examples, _ = loaded
+    examples, report = loaded
+    if reports is not None:
+        reports[f"{task} {split}"] = report.to_dict()
     if not examples:
         raise ValueError(f"{task} {split}: no valid examples in {cfg.data_dir}")
     return examples
 
 
-def load_run_data(cfg: TrainConfig, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(training datasets by stream, dev datasets by task) of a run, read and tokenized once."""
+def load_run_data(cfg: TrainConfig, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict]]:
+    """(training datasets by stream, dev datasets by task, reports) of a run, read and tokenized once.
+
+    reports: each file's ``ReadReport.to_dict()`` by "<task> <split>" ("sst train", ..., "nli train").
+    """
+    reports: dict[str, dict] = {}
     t0 = time.perf_counter()
     train_sets: dict[str, Any] = {}
     dev_sets: dict[str, Any] = {}
     for task in cfg.tasks:
-        train_sets[task] = make_dataset(task, load_examples(task, "train", cfg), tokenizer, cfg)
-        dev_sets[task] = make_dataset(task, capped_dev(task, load_examples(task, "dev", cfg), cfg), tokenizer, cfg)
+        train_sets[task] = make_dataset(task, load_examples(task, "train", cfg, reports), tokenizer, cfg)
+        dev = load_examples(task, "dev", cfg, reports)
+        dev_sets[task] = make_dataset(task, capped_dev(task, dev, cfg), tokenizer, cfg)
     if cfg.nli:
-        triplets, _ = load_nli(cfg.data_dir, limit=cfg.limit)
+        triplets, report = load_nli(cfg.data_dir, limit=cfg.limit)
+        reports["nli train"] = report.to_dict()
         train_sets[NLI] = TripletDataset(triplets, tokenizer, max_length=cfg.max_length)
     logger.info("data: %s (read and tokenized in %.1f s)",
                 ", ".join(f"{s} {len(d)} train" for s, d in train_sets.items()), time.perf_counter() - t0)
-    return train_sets, dev_sets
+    return train_sets, dev_sets, reports

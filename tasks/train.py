@@ -21,6 +21,13 @@ What a run does (``tasks.config.TrainConfig`` documents every setting):
    training-set logits too with ``predict_train``, and the final record in
    metrics.jsonl.
 
+What a run directory holds after it: config.json (the TrainConfig), data.json
+(``{"files": {"<task> <split>": ReadReport.to_dict()}}``: rows seen, kept and
+skipped with reasons, for every train and dev file read), metrics.jsonl (one
+record per epoch, the first of which also carries those reports under
+"data", then the final record), training.png, checkpoints/ and predictions/.
+The directory is locked (run.lock) while a run uses it.
+
 Under torchrun every rank trains (and runs SWA); the ranks other than 0 then
 return a short summary and rank 0 writes the predictions.
 """
@@ -49,6 +56,17 @@ def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overw
     """
     t0 = time.perf_counter()
     trainer = Trainer.from_config(cfg, hooks=hooks, resume_from=resume_from, overwrite=overwrite)
+    try:
+        return _train_and_predict(trainer, t0)
+    except BaseException:
+        trainer.run_dir.close(failed=True)  # before a first checkpoint: a run moved aside by overwrite comes back
+        raise
+    finally:
+        trainer.run_dir.close()  # the lock
+
+
+def _train_and_predict(trainer: Trainer, t0: float) -> dict:
+    cfg = trainer.cfg
     summary = trainer.fit()
     source = trainer.load_best()
     logger.info("best epoch %s (dev overall %s)", summary["best"]["epoch"], summary["best"]["score"])

@@ -54,22 +54,17 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from minbert.optimizer import AdamW
-from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks import distributed, lpft
 from tasks.checkpoint import (
     CHECKPOINT_FORMAT,
-    RunDir,
     atomic_directory,
-    link_or_copy_directory,
     load_objectives_state,
     load_optimizer_state,
     load_tensors,
@@ -78,6 +73,7 @@ from tasks.checkpoint import (
     rank_objectives_saved,
     read_json,
     resolve_checkpoint,
+    resumable_checkpoint,
     save_encoder_files,
     save_rank_objectives,
     save_tensors,
@@ -86,14 +82,14 @@ from tasks.checkpoint import (
 from tasks.config import NLI, TrainConfig, check_resume_config
 from tasks.data import move_batch
 from tasks.evaluate import evaluate, jsonable
-from tasks.model import TASKS, MultitaskBert
-from tasks.objectives import Objective, build_objectives, transform_of
+from tasks.model import TASKS
+from tasks.objectives import transform_of
+from tasks.parts import Parts, build_parts
 from tasks.predict import eval_model
 from tasks.progress import RunningSums, progress_logging, sequences
+from tasks.rundir import RunDir
 from tasks.runtime import (
     autocast,
-    autocast_dtype,
-    configure_device,
     pin_and_prefetch,
     resolve_device,
     rng_state,
@@ -101,44 +97,8 @@ from tasks.runtime import (
     set_rng_state,
 )
 from tasks.sampling import LossWeights, MultitaskSchedule
-from tasks.splits import load_run_data
 
 logger = logging.getLogger(__name__)
-
-
-# ---- the parts a trainer is built from ------------------------------------------------------------------------
-
-
-@dataclass
-class Parts:
-    """What a Trainer trains: built from a TrainConfig by ``build_parts``, or by hand in tests."""
-
-    model: MultitaskBert
-    objectives: list[Objective]
-    train_sets: dict[str, Any]
-    dev_sets: dict[str, Any]
-    tokenizer: Any = None
-    encoder_dir: Path | None = None  # the pretrained directory: its tokenizer files go into every checkpoint
-    amp_dtype: torch.dtype | None = None
-
-
-def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
-    """Seed, then load the encoder, read and tokenize the data, build the model and objectives on ``device``.
-
-    Seeding first makes the initial weights a function of ``cfg.seed`` alone (the same on every rank).
-    """
-    seed_everything(cfg.seed)
-    amp_dtype = autocast_dtype(cfg.bf16, device)
-    configure_device(device, cfg.deterministic)
-    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
-    if cfg.encoder_dropout is not None:
-        overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
-    encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
-    encoder_dir = resolve_model_dir(cfg.pretrained)
-    train_sets, dev_sets = load_run_data(cfg, tokenizer)
-    model = MultitaskBert(encoder, cfg.model).to(device)
-    objectives = build_objectives(cfg.objectives, model)
-    return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype)
 
 
 class Hook:
@@ -179,7 +139,7 @@ class Trainer:
                  run_dir: RunDir | None = None, checkpoint: Path | None = None) -> None:
         self.cfg, self.device, self.hooks, self.run_dir = cfg, device, list(hooks), run_dir
         self.model, self.objectives = parts.model, parts.objectives
-        self.train_sets, self.dev_sets = parts.train_sets, parts.dev_sets
+        self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
         self.tokenizer, self.encoder_dir, self.amp_dtype = parts.tokenizer, parts.encoder_dir, parts.amp_dtype
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         for o in self.objectives:
@@ -223,8 +183,8 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, hooks: Sequence[Hook] = (),
                     resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> Trainer:
-        """Validate ``cfg``, prepare its run directory (refusing to replace checkpoints unless ``overwrite``),
-        build the parts and, with ``resume_from``, restore that checkpoint (its config.json must equal
+        """Validate ``cfg``, prepare and lock its run directory (RunDir.start), build the parts, record what
+        was read (data.json) and, with ``resume_from``, restore that checkpoint (its config.json must equal
         ``cfg`` except for RESUME_MUTABLE fields)."""
         cfg.validate()
         distributed.check_config(cfg.batch_sizes(), cfg.device)
@@ -233,10 +193,16 @@ class Trainer:
         run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
         ckpt = None
         if resume_from is not None:
-            ckpt = resolve_checkpoint(resume_from)
+            ckpt = resumable_checkpoint(resume_from)  # a damaged last: an intact last.old or best, warned
             check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
-        run_dir.start(cfg, fresh=ckpt is None, overwrite=overwrite)
-        return cls(cfg, build_parts(cfg, device), device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
+        run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
+        try:
+            parts = build_parts(cfg, device)
+            run_dir.record_data(parts.data)
+            return cls(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
+        except BaseException:
+            run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
+            raise
 
     # -- building --
     def _build_optimizer(self) -> tuple[list[nn.Parameter], list[str], AdamW]:
@@ -481,7 +447,8 @@ class Trainer:
                   "train": means,
                   "dev": jsonable(metrics), "dev_examples": {t: len(d) for t, d in self.dev_sets.items()},
                   "train_time_s": round(train_time, 2), "eval_time_s": round(eval_time, 2),
-                  "elapsed_s": round(self.elapsed, 2), "best": improved}
+                  "elapsed_s": round(self.elapsed, 2), "best": improved,
+                  **({"data": self.data} if self.epoch == 0 and self.data else {})}  # files read: tasks/train.py
         self.history.append(record)
         logger.info("epoch %d done in %.0f s (+%.0f s dev): %s | dev %s%s", self.epoch + 1, train_time, eval_time,
                     " ".join(f"{k} {v:.4f}" for k, v in means.items()),
@@ -496,12 +463,7 @@ class Trainer:
             self._enter_stage(lpft.stage_at(self.cfg, self.epoch))  # before the checkpoint: it saves the new optimizer
         self.save_checkpoint("last")
         if self.rank == 0:
-            if improved:
-                link_or_copy_directory(self.run_dir.checkpoints / "last", self.run_dir.checkpoints / "best")
-            self.run_dir.append(record)
-            from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
-
-            plot_history(self.history, self.run_dir.path / "training.png")
+            self.run_dir.end_epoch(record, self.history, improved)  # best (when improved), the record, the plot
         for h in self.hooks:
             h.on_epoch_end(self, record)
 
@@ -528,11 +490,9 @@ class Trainer:
                 "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
 
     def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
-        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py).
-
-        ``extra_state`` is merged into state.json (the SWA checkpoint marks itself with "swa").
-        Under torchrun every rank calls it; rank 0 writes, the others add their rank-local objective state.
-        """
+        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py),
+        ``extra_state`` merged into state.json (SWA's marks itself "swa"). Under torchrun every rank calls it;
+        rank 0 writes, the others add their rank-local objective state."""
         if self.run_dir is None:
             raise RuntimeError("this Trainer has no run directory (built without from_config): nothing to save to")
         final, state = self.run_dir.checkpoints / name, {**self.state(), **(extra_state or {})}
@@ -550,6 +510,7 @@ class Trainer:
             write_json(tmp / "state.json", state)
             write_json(tmp / "config.json", self.cfg.to_dict())
             save_encoder_files(tmp / "encoder", self.model.encoder.config, self.encoder_dir)
+        self.run_dir.checkpoint_written()  # a run that --overwrite moved aside is deleted now
         return final
 
     def _load_checkpoint(self, ckpt: Path) -> None:

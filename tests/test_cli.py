@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import cli, splits, trainer
+from tasks import cli, parts, splits
 from tasks import train as train_mod
 from tasks.config import TrainConfig
 from tasks.model import ModelConfig
@@ -173,7 +173,7 @@ def test_refused_combinations_fail_before_any_work(argv, message, monkeypatch, c
     def forbidden(*args, **kwargs):
         raise AssertionError("work started before the command line was checked")
 
-    for module, name in ((trainer, "load_pretrained"), (splits, "load_split"), (splits, "load_nli"),
+    for module, name in ((parts, "load_pretrained"), (splits, "load_split"), (splits, "load_nli"),
                          (train_mod, "Trainer")):
         monkeypatch.setattr(module, name, forbidden)
     monkeypatch.setattr(cli, "run", forbidden)

@@ -273,7 +273,7 @@ def test_help_shows_every_default_and_abbreviations_are_refused(capsys):
     assert err.value.code == 2 and "unrecognized arguments: --meth" in capsys.readouterr().err
 
 
-def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypatch):
+def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypatch, capsys):
     """Outputs are staged and moved into place only when all are written: a failure on the third file (a full
     disk, say) leaves an earlier ensemble's files with their bytes and no staging folder behind."""
     import tasks.ensemble as ens
@@ -291,8 +291,10 @@ def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypat
         return write_logits(*args, **kwargs)
 
     monkeypatch.setattr(ens, "write_logits", failing_write_logits)
-    with pytest.raises(OSError):
+    monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+    with pytest.raises(SystemExit) as exc:  # one line, exit status 1 (tasks/errors.py), not a traceback
         main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    assert exc.value.code == 1 and "error: disk full" in capsys.readouterr().err.strip().splitlines()[-1]
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
         ["cs224n_default_final_project_submission.zip", "ensemble.json", "predictions"])
 

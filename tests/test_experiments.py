@@ -71,11 +71,11 @@ def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
     lock held by a live process refuses, one left by a dead process is taken over and removed after the run."""
     lock = tmp_path / "sweep.lock"
     lock.write_text(str(os.getpid()))  # a live owner
-    with pytest.raises(SystemExit, match="another sweep process"):
+    with pytest.raises(SystemExit, match=rf"in use by process {os.getpid()}"):
         with _run_lock(tmp_path, "row"):
             pass
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     lock.write_text(dead.stdout.strip())  # its owner has exited
     with _run_lock(tmp_path, "row"):
-        assert lock.read_text() == str(os.getpid())
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert not lock.exists()

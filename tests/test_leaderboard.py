@@ -40,8 +40,10 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     member.mkdir(parents=True)
     (member / "member.json").write_text(json.dumps({"flags": leaderboard.member_flags(1, flags), "wall_s": None}))
     inv = cli.build_invocation(*cli.parse([*leaderboard.member_flags(1, flags), "--out-dir", str(member)]))
+    trainer = Trainer.from_config(inv.config, hooks=[_StopAfterEpoch1()])
     with pytest.raises(_Cut):
-        Trainer.from_config(inv.config, hooks=[_StopAfterEpoch1()]).fit()
+        trainer.fit()
+    trainer.run_dir.close()  # the cut process is gone: its run.lock with it
 
     result = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
                                "--threads", "1", "--", *_tiny_flags(tiny_env)])

@@ -1,0 +1,234 @@
+"""The run directory: config.json, metrics.jsonl, training.png, checkpoints/, and the lock that keeps it one run's.
+
+A fresh run refuses a folder holding an earlier run's results unless
+``--overwrite``, which moves the old run aside and deletes it only once the
+new run has written its first checkpoint (or puts it back when the new run
+fails before). ``run.lock`` (pid and host) refuses a second live run on the
+same directory and is taken over from a dead owner. On resume, a ``best``
+left stale by a crash between saving ``last`` and linking ``best`` is repaired
+(tasks/checkpoint.py ``repair_best``). Only the main process writes.
+
+Usage:
+    run_dir = RunDir("runs/try")
+    run_dir.start(cfg)                 # lock, refuse or move aside an earlier run, write config.json
+    run_dir.append(record)             # one metrics.jsonl record
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tasks import distributed
+from tasks.checkpoint import (
+    link_or_copy_directory,
+    process_alive,
+    remove_stale_temporaries,
+    repair_best,
+    write_json,
+)
+
+logger = logging.getLogger(__name__)
+
+def check_writable_dir(path: Path, flag: str) -> None:
+    """``path`` is, or can be made, a writable directory (NotADirectoryError / PermissionError naming ``flag``)."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{flag} {path} is a file: pass a directory (it is created when missing)")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, so the directory cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{flag} {path} is not writable ({existing} is not): fix its permissions or pick "
+                              "another directory")
+
+
+# ---- locks --------------------------------------------------------------------------------------------------
+
+
+def _lock_owner(lock: Path) -> dict | None:
+    """{"pid", "host"} of ``lock``'s owner; None when it cannot be read (gone, or garbled: stale)."""
+    try:
+        text = lock.read_text()
+    except FileNotFoundError:
+        return None
+    try:
+        owner = json.loads(text)
+        return {"pid": int(owner["pid"]), "host": str(owner["host"])}
+    except (ValueError, KeyError, TypeError):
+        return {"pid": int(text), "host": socket.gethostname()} if text.strip().isdigit() else None  # bare pid
+
+
+def take_lock(lock: Path, what: str, *, reentrant: bool = True) -> None:
+    """Create ``lock`` naming this process (pid, host). A live owner is refused (FileExistsError, one line);
+    a lock of a dead process is taken over with a warning; this process's own lock is kept when ``reentrant``
+    (a Trainer built twice in one process, as tests and notebooks do), refused otherwise."""
+    me = {"pid": os.getpid(), "host": socket.gethostname()}
+    for _ in range(3):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except FileExistsError:
+            owner = _lock_owner(lock)
+            if owner == me and reentrant:
+                return
+            if owner is not None and process_alive(owner["pid"], owner["host"]):
+                raise FileExistsError(f"{what} is in use by process {owner['pid']} on {owner['host']} ({lock}): "
+                                      f"wait for it to finish or pick another --out-dir; if that process is gone, "
+                                      f"delete {lock}") from None
+            logger.warning("taking over %s left by %s (no longer running)", lock, owner or "an unreadable owner")
+            lock.unlink(missing_ok=True)
+            continue
+        with os.fdopen(fd, "w") as f:
+            json.dump(me, f)
+        return
+    raise FileExistsError(f"could not take {lock}: another process keeps creating it; pick another --out-dir")
+
+
+def release_lock(lock: Path) -> None:
+    """Remove ``lock`` if this process owns it."""
+    if _lock_owner(lock) == {"pid": os.getpid(), "host": socket.gethostname()}:
+        lock.unlink(missing_ok=True)
+
+
+# ---- the run directory ---------------------------------------------------------------------------------------
+
+RUN_FILES = ("checkpoints", "metrics.jsonl", "predictions", "config.json", "data.json", "training.png")
+
+
+def _holds_results(path: Path) -> bool:
+    """A non-empty file, or a folder with an entry that is not a hidden temporary."""
+    if path.is_dir():
+        return any(not p.name.startswith(".") for p in path.iterdir())
+    return path.is_file() and path.stat().st_size > 0
+
+
+class RunDir:
+    """A run directory: config.json, metrics.jsonl, training.png and checkpoints/. Only the main process writes.
+
+    ``start`` locks it (``run.lock``: pid and host of the owner) until ``close``.
+    ``--overwrite`` moves the previous run's files into ``.replaced-<time>-<pid>/``;
+    ``checkpoint_written`` deletes them once the new run has its first
+    checkpoint, and ``close(failed=True)`` before that puts them back.
+    """
+
+    def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
+        self.path = Path(path)
+        self.checkpoints = self.path / "checkpoints"
+        self.metrics = self.path / "metrics.jsonl"
+        self.lock = self.path / "run.lock"
+        self.writer = writer
+        self.replaced: Path | None = None
+
+    def start(self, cfg: Any, *, resume: Path | None = None, overwrite: bool = False) -> None:
+        """Lock the directory; a fresh run refuses an earlier run's files unless ``overwrite``; write config.json.
+
+        A resume from checkpoint ``resume`` first repairs ``best`` when a crash
+        came between writing that checkpoint and linking best (``repair_best``).
+        Under torchrun rank 0 checks and locks; every rank raises, or none.
+        """
+        error: OSError | None = None
+        if self.writer:
+            try:
+                self._prepare(resume, overwrite)
+            except OSError as e:
+                error = e
+        message = distributed.broadcast_from_main(None if error is None else str(error))
+        if error is not None:
+            raise error
+        if message is not None:
+            raise FileExistsError(message)
+        if self.writer:
+            write_json(self.path / "config.json", cfg.to_dict())
+
+    def _prepare(self, resume: Path | None, overwrite: bool) -> None:
+        check_writable_dir(self.path, "--out-dir")
+        self.path.mkdir(parents=True, exist_ok=True)
+        take_lock(self.lock, f"run directory {self.path}")
+        atexit.register(release_lock, self.lock)
+        try:
+            remove_stale_temporaries(self.checkpoints)
+            for aside in self.path.glob(".replaced-*-*"):
+                pid = aside.name.rsplit("-", 1)[1]
+                if pid.isdigit() and not process_alive(int(pid), socket.gethostname()):
+                    logger.warning("%s holds a run that an --overwrite killed before its first checkpoint moved "
+                                   "aside: move its files back into %s, or delete it", aside, self.path)
+            if resume is not None:
+                repair_best(resume, self.checkpoints / "best")
+                return
+            held = [p for p in (self.checkpoints, self.metrics, self.path / "predictions") if _holds_results(p)]
+            if held and not overwrite:
+                raise FileExistsError(f"{held[0]} holds an earlier run: resume it (--resume), pick another "
+                                      "--out-dir, or pass --overwrite to replace it")
+            present = [self.path / n for n in RUN_FILES if (self.path / n).exists()]
+            if overwrite and held:
+                self.replaced = self.path / f".replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+                self.replaced.mkdir()
+                for p in present:
+                    os.replace(p, self.replaced / p.name)
+                logger.info("--overwrite: the previous run waits in %s until this one writes its first checkpoint",
+                            self.replaced)
+            else:
+                self.metrics.unlink(missing_ok=True)  # an empty file of a run that never finished an epoch
+        except BaseException:
+            release_lock(self.lock)
+            raise
+
+    def record_data(self, data: dict[str, dict] | None) -> None:
+        """data.json: ``{"files": {"<task> <split>": ReadReport.to_dict()}}`` of the files this process read."""
+        if self.writer and data is not None:
+            write_json(self.path / "data.json", {"files": data})
+
+    def checkpoint_written(self) -> None:
+        """The new run has its first checkpoint: the run that --overwrite moved aside is deleted."""
+        if self.replaced is not None:
+            shutil.rmtree(self.replaced, ignore_errors=True)
+            logger.info("--overwrite: the previous run (%s) is deleted", self.replaced)
+            self.replaced = None
+
+    def close(self, *, failed: bool = False) -> None:
+        """Release the lock; a run that ``failed`` before its first checkpoint puts an overwritten run back."""
+        if not self.writer:
+            return
+        if failed and self.replaced is not None:
+            for name in RUN_FILES:
+                new = self.path / name
+                if new.is_dir():
+                    shutil.rmtree(new)
+                else:
+                    new.unlink(missing_ok=True)
+            for p in self.replaced.iterdir():
+                os.replace(p, self.path / p.name)
+            self.replaced.rmdir()
+            logger.warning("the new run failed before its first checkpoint: the previous run is back in %s",
+                           self.path)
+            self.replaced = None
+        release_lock(self.lock)
+
+    def end_epoch(self, record: dict, history: list[dict], improved: bool) -> None:
+        """After ``last`` is saved: link ``best`` when the epoch ``improved``, append the record, plot."""
+        if improved:
+            link_or_copy_directory(self.checkpoints / "last", self.checkpoints / "best")
+        self.append(record)
+        from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
+
+        plot_history(history, self.path / "training.png")
+
+    def append(self, record: dict) -> None:
+        """One record more in metrics.jsonl."""
+        if self.writer:
+            with open(self.metrics, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, allow_nan=False) + "\n")
+
+    def rewrite(self, records: Sequence[dict]) -> None:
+        """metrics.jsonl holding exactly ``records`` (a resumed run drops the records after its checkpoint)."""
+        if self.writer:
+            with open(self.metrics, "w", encoding="utf-8") as f:
+                for record in records:
+                    f.write(json.dumps(record, allow_nan=False) + "\n")

@@ -1,0 +1,176 @@
+"""Crash windows of a training run (issue 15): a failure injected at each checkpoint phase, then a resume.
+
+Every test kills a run at one exact point (a monkeypatched function raises,
+as tests/test_train.py's resume tests do) and checks that resuming it ends
+where an uninterrupted run ends: the same best weights, the same
+metrics.jsonl records (timing fields aside) and the same prediction files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tasks import checkpoint as ckpt_mod
+from tasks import rundir as rundir_mod
+from tasks import train as train_mod
+from tasks import trainer as trainer_mod
+from tasks.checkpoint import atomic_directory, read_json, temporary_prefix
+from tasks.config import TrainConfig
+from tasks.rundir import RunDir
+from tasks.train import run
+from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TIMING = {"train_time_s", "eval_time_s", "elapsed_s", "process_time_s"}
+
+
+class Killed(Exception):
+    """Stands for the process dying at the injected point."""
+
+
+def _records(run_dir: Path) -> list[dict]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = {k: v for k, v in json.loads(line).items() if k not in TIMING}
+        r.pop("predictions_from", None)  # the path differs between the two run directories
+        r.pop("predictions", None)
+        out.append(r)
+    return out
+
+
+def _predictions(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((run_dir / "predictions").iterdir())}
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    wa = load_file(str(a / "checkpoints" / "best" / "model.safetensors"))
+    wb = load_file(str(b / "checkpoints" / "best" / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa), "best weights differ"
+    assert _records(a) == _records(b)
+    pa, pb = _predictions(a), _predictions(b)
+    assert pa.keys() == pb.keys() and pa
+    assert [n for n in pa if pa[n] != pb[n]] == []
+
+
+# Two tiny 2-epoch runs: epoch 1 stays the best, or every epoch improves (checked by ``uninterrupted``).
+SETTINGS = {"best-1": ({}, [True, False]), "best-2": ({"lr": 3e-3}, [True, True])}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_env, tmp_path_factory):
+    """run_dir_of(setting): the directory of an uninterrupted run with that setting (made once)."""
+    made: dict[str, Path] = {}
+
+    def run_dir_of(setting: str) -> Path:
+        if setting not in made:
+            overrides, improving = SETTINGS[setting]
+            out = tmp_path_factory.mktemp(setting) / "run"
+            run(tiny_train_config(tiny_env, out, **overrides))
+            history = read_json(out / "checkpoints" / "last" / "state.json")["history"]
+            assert [r["best"] for r in history] == improving, f"setting {setting} no longer improves as assumed"
+            made[setting] = out
+        return made[setting]
+
+    return run_dir_of
+
+
+@pytest.mark.parametrize("setting,epoch", [("best-1", 1), ("best-2", 2)])
+def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, monkeypatch, uninterrupted, setting,
+                                                          epoch):
+    """Killed after `last` is written but before `best` is linked (epoch 1: resume used to fail with 'no
+    checkpoint at best'; the last epoch: predictions came from the stale best): resume re-links best."""
+    calls = []
+    real = rundir_mod.link_or_copy_directory
+
+    def dies(src, final):
+        calls.append(final)
+        if len(calls) == epoch:
+            raise Killed
+        real(src, final)
+
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", **SETTINGS[setting][0])
+    monkeypatch.setattr(rundir_mod, "link_or_copy_directory", dies)
+    with pytest.raises(Killed):
+        run(cfg)
+    monkeypatch.setattr(rundir_mod, "link_or_copy_directory", real)
+    run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
+    _assert_same_run(uninterrupted(setting), tmp_path / "run")
+
+
+def _dies_on_call(monkeypatch, owner, name: str, n: int, when=lambda *a, **k: True) -> None:
+    """Make ``owner.name`` raise Killed on its ``n``-th call for which ``when(*args)`` holds."""
+    real, seen = getattr(owner, name), []
+
+    def wrapper(*args, **kwargs):
+        if when(*args, **kwargs):
+            seen.append(args)
+            if len(seen) == n:
+                raise Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+# Where the second (last) epoch's end is killed, in the order the phases happen. Setting best-2: both
+# epochs improve, so the first epoch wrote last and linked best, and the second one does both again.
+PHASES = {
+    "before writing last": lambda mp: _dies_on_call(mp, trainer_mod, "atomic_directory", 2),
+    "during writing last": lambda mp: _dies_on_call(mp, trainer_mod, "save_tensors", 3),
+    "between the renames of last": lambda mp: _dies_on_call(
+        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "last"),
+    "after last, before best": lambda mp: _dies_on_call(mp, rundir_mod, "link_or_copy_directory", 2),
+    "between the renames of best": lambda mp: _dies_on_call(
+        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
+    "after best, before the metrics record": lambda mp: _dies_on_call(mp, rundir_mod.RunDir, "append", 2),
+    "after the epoch, before predictions": lambda mp: _dies_on_call(mp, train_mod, "write_all_predictions", 1),
+}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_run_killed_at_any_checkpoint_phase_resumes_to_the_uninterrupted_result(
+        tiny_env, tmp_path, monkeypatch, uninterrupted, phase):
+    """Killed at each phase of the last epoch's checkpoint, ``run(cfg, resume_from=last)`` ends with the best
+    weights, metrics.jsonl records (timing aside) and prediction files of the uninterrupted run."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", **SETTINGS["best-2"][0])
+    with monkeypatch.context() as mp:
+        PHASES[phase](mp)
+        with pytest.raises(Killed):
+            run(cfg)
+    run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
+    _assert_same_run(uninterrupted("best-2"), tmp_path / "run")
+
+
+def _dead_pid() -> int:
+    """The pid of a process that has exited (reaped, so nothing runs under it now)."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def test_stale_temporary_checkpoints_of_dead_writers_are_removed(tmp_path):
+    """A crash mid-write leaves a temporary sibling named after its writer (pid@host); the next save, and the
+    next start of a run, delete those of dead writers and keep a live writer's."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with atomic_directory(checkpoints / "last") as tmp:
+        assert tmp.name.startswith(temporary_prefix("last")) and str(os.getpid()) in tmp.name
+    dead = checkpoints / (temporary_prefix("last", _dead_pid()) + "abc123")
+    live = checkpoints / (temporary_prefix("best", os.getppid()) + "def456")
+    for d in (dead, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 100)
+    with atomic_directory(checkpoints / "last") as tmp:
+        pass
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(["last", live.name])
+    dead.mkdir()
+    shutil.rmtree(checkpoints / "last")  # temporaries alone do not make the folder a run's: a fresh start is allowed
+    RunDir(tmp_path / "run").start(TrainConfig(out_dir=str(tmp_path / "run")))
+    assert not dead.exists() and live.exists()
