@@ -548,7 +548,8 @@ class Trainer:
             write_json(tmp / "optimizer.json", meta)
             write_json(tmp / "state.json", state)
             write_json(tmp / "config.json", self.cfg.to_dict())
-            save_encoder_files(tmp / "encoder", self.model.encoder.config, self.encoder_dir)
+            save_encoder_files(tmp / "encoder", self.model.encoder, self.tokenizer, max_length=self.cfg.max_length,
+                               pooling=self.cfg.model.pooling)
         return final
 
     def _load_checkpoint(self, ckpt: Path) -> None:
