@@ -47,7 +47,7 @@ class DefaultsHelp(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaul
     """Every option's help ends with its default, except where there is none or the help already says it."""
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default in (None, False, argparse.SUPPRESS) or "default" in (action.help or ""):
+        if action.default is None or action.default == argparse.SUPPRESS or "default" in (action.help or ""):
             return action.help
         return super()._get_help_string(action)
 
@@ -62,8 +62,11 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
     return found
 
 
-def foreign_flag_hint(argv: Sequence[str], known: set[str]) -> str | None:
-    """The error for the first flag in ``argv`` (before ``--``) that is not ours, with what to use instead."""
+def foreign_flag_hint(argv: Sequence[str], known: set[str], renamed: dict[str, str] | None = None) -> str | None:
+    """The error for the first flag in ``argv`` (before ``--``) that is not ours, with what to use instead.
+
+    ``renamed``: a command's old flag names -> the current ones (refused with the new name, never half-accepted).
+    """
     for i, token in enumerate(argv):
         if token == "--":
             return None
@@ -72,6 +75,8 @@ def foreign_flag_hint(argv: Sequence[str], known: set[str]) -> str | None:
         flag = token.split("=", 1)[0]
         if flag in known:
             continue
+        if flag in (renamed or {}):
+            return f"{flag} is now {renamed[flag]} (one name per concept across the commands)"
         if flag == "--option":
             value = token.split("=", 1)[1] if "=" in token else (argv[i + 1] if i + 1 < len(argv) else "")
             return f"--option is the CS224N starter's flag; {OPTION_VALUES.get(value, OPTION_VALUES['finetune'])}"
@@ -91,14 +96,15 @@ def foreign_flag_hint(argv: Sequence[str], known: set[str]) -> str | None:
 class Parser(argparse.ArgumentParser):
     """argparse.ArgumentParser with this project's conventions (see the module docstring)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", DefaultsHelp)
         super().__init__(*args, **kwargs)
+        self.renamed = dict(renamed or {})
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
-        hint = foreign_flag_hint(argv, _option_strings(self))
+        hint = foreign_flag_hint(argv, _option_strings(self), self.renamed)
         if hint:
             self.error(hint)
         return super().parse_known_args(argv, namespace)
