@@ -19,6 +19,8 @@ from typing import Any
 
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 ATTN_IMPLEMENTATIONS = ("sdpa", "math")
+# Ours, not HF's: how this process runs the encoder; left out of a HF config.json.
+RUNTIME_FIELDS = ("attn_implementation", "gradient_checkpointing")
 
 # Keys of HF configs that describe training or bookkeeping only: kept in `extra`.
 # Keys listed in _MUST_BE are accepted only with the value that our encoder computes.
@@ -98,6 +100,16 @@ class BertConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def to_hf_dict(self, architectures: tuple[str, ...] = ("BertModel",)) -> dict[str, Any]:
+        """A flat HF config.json (``extra`` keys at top level, our runtime fields left out) that
+        ``transformers.AutoConfig`` reads as a BERT config declaring ``architectures``."""
+        d = self.to_dict()
+        extra = d.pop("extra")
+        for k in RUNTIME_FIELDS:
+            d.pop(k)
+        out = {**extra, **d, "architectures": list(architectures), "model_type": "bert"}
+        return dict(sorted(out.items()))
 
     def to_json_file(self, path: str | Path) -> None:
         Path(path).write_text(json.dumps(self.to_dict(), indent=2, sort_keys=True) + "\n")

@@ -47,17 +47,33 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_dir(path: str | Path | None) -> Path:
-    """``None`` -> the embedded default; otherwise the directory, checked to exist."""
+    """``None`` -> the embedded default; otherwise the directory, checked to exist.
+
+    A multitask checkpoint (``runs/x/checkpoints/best``) or a run directory
+    (``runs/x``, meaning its best checkpoint) resolves to the checkpoint's
+    ``encoder/`` subdirectory: the fine-tuned encoder as a plain BERT directory.
+    """
     if path is None:
         return default_model_dir()
     d = Path(path).expanduser()
     if not d.exists():
+        name = str(path)
+        if not d.is_absolute() and name.count("/") <= 1 and not name.startswith((".", "~")):
+            raise FileNotFoundError(
+                f"no directory {name!r}; if it is a Hugging Face model name: this code never downloads, so where "
+                f"there is network run `huggingface-cli download {name} --local-dir DIR` (or save_pretrained(DIR) "
+                f"of its model and tokenizer), copy DIR here and pass --pretrained DIR"
+            )
         raise FileNotFoundError(
             f"no checkpoint directory at {d}: pass a directory holding config.json, "
             f"model.safetensors or pytorch_model.bin, and vocab.txt (e.g. a downloaded bert-base-uncased)"
         )
     if not d.is_dir():
         raise NotADirectoryError(f"{d} is a file; pass the checkpoint's directory")
+    for encoder in (d / "encoder", d / "checkpoints" / "best" / "encoder"):
+        if (encoder / "config.json").is_file() and any((encoder / w).is_file() for w in WEIGHT_FILES):
+            log.info("%s is a multitask checkpoint: its fine-tuned encoder %s is loaded", d, encoder)
+            return encoder
     return d
 
 

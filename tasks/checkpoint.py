@@ -18,8 +18,8 @@ A checkpoint directory (``<out_dir>/checkpoints/last`` and ``.../best``) holds:
                              best dev score, per-epoch history, running epoch loss sums, and the RNG
                              states of torch / CUDA (base64) / python / numpy (lists)
     config.json              the full run configuration (TrainConfig as plain JSON)
-    encoder/                 config.json (BertConfig), vocab.txt, tokenizer_config.json: what is
-                             needed to rebuild the encoder and tokenizer without the pretrained dir
+    encoder/                 a complete HF BERT + sentence-transformers directory of the encoder
+                             (see save_encoder_files): AutoModel / SentenceTransformer load it as it is
 
 Nothing is pickled: tensors go through safetensors, everything else through
 JSON. ``atomic_directory`` writes into a temporary sibling directory, fsyncs
@@ -52,7 +52,6 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from minbert.config import BertConfig
 from tasks import distributed
 
 logger = logging.getLogger(__name__)
@@ -407,10 +406,46 @@ def load_objectives_state(objectives: Sequence[nn.Module], model: nn.Module, ckp
                           strict=False)
 
 
-def save_encoder_files(directory: Path, config: BertConfig, source_dir: Path) -> None:
-    """The encoder's BertConfig and tokenizer files: enough to rebuild both without the pretrained directory."""
+def save_encoder_files(directory: Path, encoder: nn.Module, tokenizer: Any, *, max_length: int,
+                       pooling: str) -> None:
+    """The encoder as a plain Hugging Face BERT directory that sentence-transformers loads too.
+
+    Writes config.json (flat HF BertConfig, model_type "bert", architectures
+    ["BertModel"]), model.safetensors (the encoder's tensors under HF BertModel
+    names), vocab.txt and the tokenizer's files (tokenizer_config.json,
+    special_tokens_map.json, and tokenizer.json when the pretrained directory
+    has one), and for sentence-transformers modules.json,
+    sentence_bert_config.json (max_seq_length = ``max_length``) and
+    1_Pooling/config.json matching ``pooling``: mean -> mean over tokens,
+    cls -> the raw [CLS] state, both equal to the embedding our heads read.
+    pooling "pooler" also maps to CLS, but our heads read the pooler's
+    tanh(dense([CLS])), which sentence-transformers' CLS pooling does not apply:
+    its embedding is then the raw [CLS] state, and transformers' pooler_output
+    is what our heads read.
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    config.to_json_file(directory / "config.json")
-    for name in ("vocab.txt", "tokenizer_config.json"):
-        if (source_dir / name).is_file():
-            shutil.copyfile(source_dir / name, directory / name)
+    write_json(directory / "config.json", encoder.config.to_hf_dict())
+    save_tensors(directory / "model.safetensors", encoder.state_dict(), metadata={"format": "pt"})
+    vocab = Path(tokenizer.vocab_file)
+    shutil.copyfile(vocab, directory / "vocab.txt")
+    if (vocab.parent / "tokenizer.json").is_file():
+        shutil.copyfile(vocab.parent / "tokenizer.json", directory / "tokenizer.json")
+    special = {"unk_token": "[UNK]", "sep_token": "[SEP]", "pad_token": "[PAD]", "cls_token": "[CLS]",
+               "mask_token": "[MASK]"}
+    source_cfg = vocab.parent / "tokenizer_config.json"
+    tok_cfg = read_json(source_cfg) if source_cfg.is_file() else {}
+    tok_cfg.update({"do_lower_case": tokenizer.do_lower_case, "strip_accents": tokenizer.strip_accents,
+                    "tokenize_chinese_chars": tokenizer.tokenize_chinese_chars,
+                    "model_max_length": max_length, "tokenizer_class": "BertTokenizer", **special})
+    write_json(directory / "tokenizer_config.json", tok_cfg)
+    write_json(directory / "special_tokens_map.json", special)
+    write_json(directory / "modules.json", [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])
+    write_json(directory / "sentence_bert_config.json", {"max_seq_length": max_length, "do_lower_case": False})
+    (directory / "1_Pooling").mkdir(exist_ok=True)
+    write_json(directory / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": encoder.config.hidden_size, "pooling_mode_cls_token": pooling != "mean",
+        "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
+        "pooling_mode_mean_sqrt_len_tokens": False})
+

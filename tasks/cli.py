@@ -11,6 +11,7 @@ Usage:
     python train_multitask.py --lp-epochs 2 --swa-epochs 5 --predict-train --out-dir runs/t   # LP-FT §4.2, SWA §4.6
     python train_multitask.py --objective distill --distill-teachers runs/t/predictions --out-dir runs/s
     python train_multitask.py --limit 64 --epochs 1 --out-dir runs/smoke   # smoke run
+    python train_multitask.py --config runs/b1/config.json --seed 2 --out-dir runs/b1-seed2   # re-run, one change
     torchrun --nproc_per_node=2 train_multitask.py --batch-size 32   # 2 processes, 16 examples each per step
 
 Flags map one to one onto TrainConfig / ModelConfig / objective Config fields
@@ -40,6 +41,7 @@ from typing import Any
 from tasks import distributed
 from minbert.config import BertConfig
 from minbert.pretrained import resolve_model_dir
+from tasks.argparsing import Parser
 from tasks.checkpoint import read_json, resumable_checkpoint, verify_checkpoint
 from tasks.rundir import check_writable_dir
 from tasks.config import (
@@ -78,6 +80,7 @@ class Command:
     resume: bool = False
     checkpoint: str | None = None
     overwrite: bool = False
+    config: str | None = None  # --config FILE: a saved TrainConfig to start from
     objective: list[str] = field(default_factory=list)  # --objective NAME (repeatable)
     no_objective: list[str] = field(default_factory=list)  # --no-objective NAME (repeatable)
 
@@ -190,11 +193,10 @@ def _objective_field_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
     raise TypeError(f"objective {cls.name!r} field {f.name!r} has type {tp!r}, which has no CLI form")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     """The CLI. Defaults are SUPPRESSed: the namespace holds only the flags given, so presets can fill the rest."""
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="train_multitask.py", argument_default=argparse.SUPPRESS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
         description=__doc__.split("\n\n")[0] + f"\nPaper: {PAPER} (section numbers below).",
         epilog="Defaults are the CPU recipe (measured on 2 cores); --preset gives the paper's GPU configurations.")
 
@@ -217,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "batch order, RNG states)")
     g.add_argument("--overwrite", dest="overwrite", action="store_true",
                    help="let a fresh run replace the checkpoints already in --out-dir")
+    g.add_argument("--config", dest="config", metavar="FILE",
+                   help="start from a saved run configuration (runs/x/config.json) instead of the defaults; "
+                        "flags given with it override it (not with --preset, --resume or --eval-only)")
 
     g = p.add_argument_group("data")
     add(g, "data_dir", metavar="DIR")
@@ -347,6 +352,9 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     if c.overwrite and (c.eval_only or c.resume):
         raise ValueError("--overwrite is for a fresh training run; --eval-only and --resume never replace "
                          "checkpoints")
+    if c.config is not None and (c.eval_only or c.resume or c.preset):
+        raise ValueError("--config starts a fresh run from a saved configuration; --resume and --eval-only use "
+                         "the checkpoint's own, and --preset would replace it: drop one")
     if c.eval_only or c.resume:
         what = "--eval-only" if c.eval_only else "--resume"
         mutable = eval_mutable() if c.eval_only else RESUME_MUTABLE
@@ -398,10 +406,24 @@ def check_max_length(cfg: TrainConfig, ckpt: Path | None = None) -> None:
                          f"{source} (max_position_embeddings): pass --max-length {positions} or less")
 
 
+def saved_config(path: str) -> TrainConfig:
+    """The TrainConfig in a config.json written by a run (``--config``)."""
+    f = Path(path).expanduser()
+    if f.is_dir():
+        raise ValueError(f"--config {path} is a directory: pass its config.json")
+    if not f.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    try:
+        return TrainConfig.from_dict(read_json(f))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--config {path}: {e}") from None
+
+
 def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig:
-    """The training config of a fresh run: defaults, then the preset, objectives, explicit flags. Not validated."""
+    """The training config of a fresh run: defaults (or --config's saved config), then the preset, objectives,
+    explicit flags. Not validated."""
     c = command
-    cfg = TrainConfig()
+    cfg = TrainConfig() if c.config is None else saved_config(c.config)
     if c.preset:
         cfg = apply_preset(cfg, c.preset)
         registry = registered_objectives()

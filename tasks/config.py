@@ -31,6 +31,7 @@ NLI = "nli"
 STREAMS = TASKS + (NLI,)
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
 FINAL_DEV = ("full", "capped")
+MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refuse it (see TrainConfig.to_dict)
 # Config fields that may change when a run is resumed: none of them changes the
 # arithmetic of the steps already taken or the batches still to come.
 # SWA and train-set predictions come after the training steps, so they may change too
@@ -154,13 +155,19 @@ class TrainConfig:
 
     # -- JSON --
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON, marked with ``model_type`` MODEL_TYPE so that transformers' Auto classes pointed at a
+        run or checkpoint directory refuse it ("unrecognized model type") instead of building a random BERT."""
         d = dataclasses.asdict(self)
         d["tasks"] = list(self.tasks)
-        return d
+        return {"model_type": MODEL_TYPE, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load)."""
+        d = dict(d)
+        model_type = d.pop("model_type", MODEL_TYPE)  # absent in checkpoints written before the marker
+        if model_type != MODEL_TYPE:
+            raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:

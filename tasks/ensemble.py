@@ -60,6 +60,7 @@ from typing import NoReturn
 
 import torch
 
+from tasks.argparsing import Parser
 from tasks.ensemble_methods import average, fit_regression, predict, select_subset, split_halves
 from tasks.errors import user_errors
 from tasks.evaluate import (
@@ -329,18 +330,9 @@ def run_names(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[str]
 PROG = "python -m tasks.ensemble"
 
 
-class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
-    """Every option's help ends with its default, except where there is none or the help already says it."""
-
-    def _get_help_string(self, action: argparse.Action) -> str | None:
-        if action.default is None or "(default:" in (action.help or ""):
-            return action.help
-        return super()._get_help_string(action)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog=PROG, formatter_class=_DefaultsHelp, allow_abbrev=False,
+def build_parser() -> Parser:
+    p = Parser(
+        prog=PROG,
         description="Ensemble saved logits of several runs (minBERT paper §4.6) into leaderboard files.")
     p.add_argument("runs", nargs="+", help="run or predictions directories holding {task}-{dev,test}-logits.csv")
     p.add_argument("--method", choices=METHODS, default="simple", help="how the runs are combined")

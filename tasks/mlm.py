@@ -46,7 +46,6 @@ HEAD_PREFIX = "cls.predictions."
 HEAD_KEYS = ("transform.dense.weight", "transform.dense.bias",
              "transform.LayerNorm.weight", "transform.LayerNorm.bias", "bias")
 # Our config fields that are runtime choices, not HF config keys.
-_RUNTIME_FIELDS = ("attn_implementation", "gradient_checkpointing")
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
 
 
@@ -201,14 +200,7 @@ def load_mlm(
 
 def hf_config_dict(config: BertConfig) -> dict:
     """A flat HF config.json for ``config`` (extra keys kept), declaring BertForMaskedLM."""
-    d = config.to_dict()
-    extra = d.pop("extra")
-    for k in _RUNTIME_FIELDS:
-        d.pop(k)
-    out = {**extra, **d}
-    out["architectures"] = ["BertForMaskedLM"]
-    out["model_type"] = "bert"
-    return dict(sorted(out.items()))
+    return config.to_hf_dict(("BertForMaskedLM",))
 
 
 def checkpoint_state(mlm: BertForMaskedLM) -> dict[str, torch.Tensor]:

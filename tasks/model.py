@@ -23,6 +23,9 @@ Architectures (paper: ../shared/papers/minbert-downstream-generalization.txt):
   (paraphrase: logit; STS: 5 × sigmoid). Not in the paper; public project repos
   report it as the largest single gain on STS.
 
+The encoder may run under autocast (bf16); the heads always compute in float32
+(autocast off), so logits, scores and head features are float32.
+
 Heads own their task loss (cross-entropy, BCE with logits, MSE). Objectives that
 need more get it through explicit arguments: ``inputs_embeds`` to start from
 (perturbed) word embeddings, ``transform`` to change the pooled embedding
@@ -91,6 +94,12 @@ class TaskOutput:
 
     logits: torch.Tensor
     features: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def _float32(x: torch.Tensor) -> torch.autocast:
+    """Autocast off on ``x``'s device: the heads compute in float32 whatever the encoder's precision, so
+    scores and logits keep float32 precision (bf16 would leave ~345 distinct STS scores in 1,725)."""
+    return torch.autocast(x.device.type, enabled=False)
 
 
 def _mlp(sizes: list[int], dropout: float) -> nn.Sequential:
@@ -178,43 +187,49 @@ class MultitaskBert(nn.Module):
         t = transform or (lambda e: e)
         cfg = self.config
         if task == "sst" or (cfg.pair_encoding == "cross" and "input_ids" in batch):
-            e = t(self._embed_side(batch, "", inputs_embeds))  # (B, H)
-            x = e if cfg.arch == "baseline" else self._features(task, e)
-            head = {"sst": self.sst_head, "para": self.para_head, "sts": self.sts_head}[task]
-            z = head(x)
-            if task == "sst":
-                logits = z
-            elif task == "para":
-                logits = z.squeeze(-1)
-            else:
-                logits = cfg.sts_scale * torch.sigmoid(z.squeeze(-1))
+            e = self._embed_side(batch, "", inputs_embeds)  # (B, H), in the autocast dtype
+            with _float32(e):
+                e = t(e.float())
+                x = e if cfg.arch == "baseline" else self._features(task, e)
+                head = {"sst": self.sst_head, "para": self.para_head, "sts": self.sts_head}[task]
+                z = head(x)
+                if task == "sst":
+                    logits = z
+                elif task == "para":
+                    logits = z.squeeze(-1)
+                else:
+                    logits = cfg.sts_scale * torch.sigmoid(z.squeeze(-1))
             return TaskOutput(logits, {"pooled": e, "head_input": x})
         if cfg.pair_encoding == "cross" or "input_ids_1" not in batch:
             # A cross model's pair heads score one joint sequence; fed two sides they would
             # silently compute something else (baseline para: product of two 1-d outputs).
             raise ValueError(f"{task}: pair_encoding={cfg.pair_encoding!r} but the batch has keys {sorted(batch)}")
-        e1 = t(self._embed_side(batch, "_1", inputs_embeds))
-        e2 = t(self._embed_side(batch, "_2", inputs_embeds))
-        feats = {"pooled_1": e1, "pooled_2": e2}
-        if task == "para":
-            if cfg.arch == "baseline":
-                u, v = self.para_head(e1), self.para_head(e2)  # (B, P)
-                logits = (u * v).sum(-1)
-            else:
-                f1, f2 = self._features("para", e1), self._features("para", e2)  # (B, 2F)
-                x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
-                logits = self.para_head(x).squeeze(-1)
-                feats["head_input"] = x
-            return TaskOutput(logits, feats)
-        u, v = self.sts_embeddings(e1), self.sts_embeddings(e2)
-        feats.update(sts_1=u, sts_2=v)
-        return TaskOutput(cfg.sts_scale * F.cosine_similarity(u, v, dim=-1), feats)
+        e1 = self._embed_side(batch, "_1", inputs_embeds)
+        e2 = self._embed_side(batch, "_2", inputs_embeds)
+        with _float32(e1):
+            e1, e2 = t(e1.float()), t(e2.float())
+            feats = {"pooled_1": e1, "pooled_2": e2}
+            if task == "para":
+                if cfg.arch == "baseline":
+                    u, v = self.para_head(e1), self.para_head(e2)  # (B, P)
+                    logits = (u * v).sum(-1)
+                else:
+                    f1, f2 = self._features("para", e1), self._features("para", e2)  # (B, 2F)
+                    x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
+                    logits = self.para_head(x).squeeze(-1)
+                    feats["head_input"] = x
+                return TaskOutput(logits, feats)
+            u, v = self.sts_embeddings(e1), self.sts_embeddings(e2)
+            feats.update(sts_1=u, sts_2=v)
+            return TaskOutput(cfg.sts_scale * F.cosine_similarity(u, v, dim=-1), feats)
 
     def sts_embeddings(self, e: torch.Tensor) -> torch.Tensor:
-        """The Siamese STS embedding of pooled sentences (B, D): what cosine/MNR compare."""
+        """The Siamese STS embedding of pooled sentences (B, D), in float32: what cosine/MNR compare."""
         if self.config.pair_encoding == "cross":
             raise ValueError("sts_embeddings needs pair_encoding='siamese'")
-        return self.sts_head(e) if self.config.arch == "baseline" else self._features("sts", e)
+        with _float32(e):
+            e = e.float()
+            return self.sts_head(e) if self.config.arch == "baseline" else self._features("sts", e)
 
     # ---- losses and predictions ---------------------------------------------------
 

@@ -1,6 +1,15 @@
-"""Predictions of a trained model: the dev / test prediction and logits files of a run, and --eval-only.
+"""Predictions of a trained model: new text (command and Predictor API), the files of a run, --eval-only.
 
 Usage:
+    python -m tasks.predict --checkpoint runs/try/checkpoints/best --task sst --input sentences.txt
+    printf 'a cat sits\ta cat is sitting\n' | python -m tasks.predict --checkpoint runs/try --task sts
+
+    p = Predictor.from_checkpoint("runs/try/checkpoints/best")           # device="auto": CUDA when present
+    labels, probs = p.sentiment(["a gripping film", "dull"])             # (N,) classes 0-4, (N, 5) probabilities
+    labels, probs = p.paraphrase([("how do i cook rice", "how to cook rice")])   # (N,) 0/1, (N,) P(paraphrase)
+    scores = p.similarity([("a cat sits", "a cat is sitting")])          # (N,) 0-5
+    vectors = p.embed(["a gripping film"])                               # (N, H) what the heads read
+
     result = evaluate_checkpoint("runs/try/checkpoints/best")      # dev metrics + predictions/ of a saved model
     model, objectives, tokenizer, cfg = load_checkpoint_model("runs/try/checkpoints/best")
     result = write_all_predictions(model, objectives, tokenizer, cfg, Path("runs/try/predictions"), device, None)
@@ -16,9 +25,12 @@ the inference's ``key``, and its predictions to the leaderboard files).
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import dataclasses
 import logging
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,9 +45,12 @@ from minbert.tokenizer import BertTokenizer
 from tasks import distributed
 from tasks.checkpoint import load_objectives_state, load_tensors, read_json, resolve_checkpoint
 from tasks.config import TrainConfig, eval_config
-from tasks.evaluate import evaluate, jsonable, write_logits, write_predictions
+from tasks.argparsing import Parser
+from tasks.data import SentenceDataset, move_batch
+from tasks.evaluate import Predictions, evaluate, jsonable, predict_dataset, write_logits, write_predictions
 from tasks.model import MultitaskBert
 from tasks.objectives import Objective, build_objectives, transform_of
+from tasks.readers import Example, read_pairs, read_sentences
 from tasks.runtime import autocast_dtype, resolve_device
 from tasks.splits import capped_dev, load_examples, make_dataset
 
@@ -182,3 +197,143 @@ def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike |
     result = write_all_predictions(model, objectives, tokenizer, cfg, Path(out_dir) / "predictions", device, amp)
     result["checkpoint"] = str(ckpt)
     return result
+
+
+# ---- new text: the Predictor API and python -m tasks.predict ------------------------------------------------------
+
+
+class Predictor:
+    """A trained model's predictions on new sentences, batched, in eval mode, under torch.no_grad().
+
+    Objectives' evaluation transforms apply as in the run's own dev predictions
+    (Match-Tuning's batch matching); KNN-BERT's vote needs the training set and
+    is not applied (``--eval-only`` applies it). Outputs are float32 CPU tensors.
+    """
+
+    def __init__(self, model: MultitaskBert, objectives: Sequence[Objective], tokenizer: BertTokenizer,
+                 cfg: TrainConfig, device: torch.device, batch_size: int | None = None) -> None:
+        self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
+        self.view = eval_model(model, objectives, cfg.tasks)
+        self.amp = autocast_dtype(cfg.bf16, device)
+        self.batch_size = batch_size or cfg.eval_batch_size
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None
+                        ) -> Predictor:
+        """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present)."""
+        run_best = Path(path) / "checkpoints" / "best"
+        dev = resolve_device(device)
+        model, objectives, tokenizer, cfg = load_checkpoint_model(run_best if run_best.is_dir() else path, dev)
+        return cls(model, objectives, tokenizer, cfg, dev, batch_size)
+
+    def _predict(self, task: str, examples: list[Example]) -> Predictions:
+        if task not in self.cfg.tasks:
+            raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
+        return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
+                               batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp)
+
+    @staticmethod
+    def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:
+        return [Example(str(i), a, b) for i, (a, b) in enumerate(pairs)]
+
+    def sentiment(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(labels (N,) in 0-4, probabilities (N, 5)) of SST-5 sentiment."""
+        out = self._predict("sst", [Example(str(i), t) for i, t in enumerate(texts)])
+        return out.preds, torch.softmax(out.logits, dim=-1)
+
+    def paraphrase(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(labels (N,) 1 = paraphrase, P(paraphrase) (N,)) of sentence pairs."""
+        out = self._predict("para", self._pairs(pairs))
+        return out.preds, torch.sigmoid(out.logits)
+
+    def similarity(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
+        """STS similarity scores (N,) of sentence pairs (0-5; the baseline's Siamese cosine head: -5 to 5)."""
+        return self._predict("sts", self._pairs(pairs)).preds
+
+    @torch.no_grad()
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """The pooled sentence embeddings (N, H) the heads read (per the run's pooling), float32, in input order."""
+        ds = SentenceDataset([Example(str(i), t) for i, t in enumerate(texts)], self.tokenizer,
+                             max_length=self.cfg.max_length)
+        parts = []
+        for start in range(0, len(ds), self.batch_size):
+            batch = move_batch(ds.collate(list(range(start, min(start + self.batch_size, len(ds))))), self.device)
+            with (torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()):
+                parts.append(self.model.embed(batch["input_ids"], batch["attention_mask"],
+                                              batch.get("token_type_ids")).float())
+        return torch.cat(parts).cpu() if parts else torch.empty(0, self.model.encoder.config.hidden_size)
+
+
+def read_inputs(task: str, source: str) -> list[Example]:
+    """Examples from ``source`` (a path, or "-" for stdin): one sentence (sst) or one tab-separated pair per
+    line, ids = line numbers (blank lines skipped); a .csv file is read in the task's CS224N format."""
+    if source != "-" and not Path(source).is_file():
+        raise FileNotFoundError(f"--input {source}: no such file")
+    if source.endswith(".csv"):
+        return read_sentences(source, False, 5)[0] if task == "sst" else read_pairs(source, None)[0]
+    lines = sys.stdin.read().splitlines() if source == "-" else Path(source).read_text(encoding="utf-8").splitlines()
+    examples = []
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        if task == "sst":
+            examples.append(Example(str(n), line.strip()))
+            continue
+        parts = line.split("\t")
+        if len(parts) != 2 or not all(x.strip() for x in parts):
+            raise ValueError(f"{'stdin' if source == '-' else source} line {n}: expected two sentences separated "
+                             f"by one tab (task {task}), got {len(parts)} field(s)")
+        examples.append(Example(str(n), parts[0].strip(), parts[1].strip()))
+    return examples
+
+
+def prediction_rows(predictor: Predictor, task: str, examples: list[Example]) -> tuple[list[str], list[list]]:
+    """(CSV header, rows) of the predictions for ``examples``."""
+    ids = [e.id for e in examples]
+    if task == "sts":
+        scores = predictor.similarity([(e.text_a, e.text_b) for e in examples])
+        return ["id", "score"], [[i, float(s)] for i, s in zip(ids, scores)]
+    if task == "sst":
+        labels, probs = predictor.sentiment([e.text_a for e in examples])
+        return (["id", "label"] + [f"p{k}" for k in range(probs.shape[1])],
+                [[i, int(y), *map(float, p)] for i, y, p in zip(ids, labels, probs)])
+    labels, probs = predictor.paraphrase([(e.text_a, e.text_b) for e in examples])
+    return ["id", "label", "p_paraphrase"], [[i, int(y), float(p)] for i, y, p in zip(ids, labels, probs)]
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m tasks.predict",
+               description="Predict on new text with a trained checkpoint: CSV of id,label,probabilities "
+                           "(sst: p0..p4; para: p_paraphrase) or id,score (sts).")
+    p.add_argument("--checkpoint", required=True, metavar="DIR",
+                   help="a checkpoint directory (runs/x/checkpoints/best) or a run directory (its best checkpoint)")
+    p.add_argument("--task", required=True, choices=("sst", "para", "sts"))
+    p.add_argument("--input", default="-", metavar="FILE",
+                   help="one sentence (sst) or two tab-separated sentences (para, sts) per line; a .csv file in "
+                        "the task's CS224N format; - reads stdin")
+    p.add_argument("--output", default="-", metavar="FILE", help="CSV file to write; - writes stdout")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--batch-size", type=int, default=None, metavar="B",
+                   help="sentences per forward pass (default: the run's eval batch size)")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> list[list]:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        examples = read_inputs(args.task, args.input)
+        predictor = Predictor.from_checkpoint(args.checkpoint, device=args.device, batch_size=args.batch_size)
+        header, rows = prediction_rows(predictor, args.task, examples)
+    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
+        parser.error(str(e))
+    with (contextlib.nullcontext(sys.stdout) if args.output == "-"
+          else open(args.output, "w", newline="", encoding="utf-8")) as f:
+        writer = csv.writer(f, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

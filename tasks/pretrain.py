@@ -45,6 +45,7 @@ from torch import nn
 from minbert.optimizer import AdamW
 from minbert.pretrained import resolve_model_dir
 from minbert.tokenizer import BertTokenizer
+from tasks.argparsing import Parser
 from tasks.data import length_bucketed_batches
 from tasks.errors import user_errors
 from tasks.readers import load_split
@@ -345,10 +346,11 @@ def pretrain(
 # ---- CLI ----------------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> Parser:
     d = PretrainConfig()
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="python -m tasks.pretrain",
+        renamed={"--warmup-ratio": "--warmup", "--max-grad-norm": "--grad-clip", "--schedule": "--lr-schedule"},
         description="Additional masked-LM pretraining on the SST / Quora / STS train sentences "
                     "(minBERT paper §4.2); writes an HF checkpoint directory for --pretrained.")
     p.add_argument("--out-dir", required=True, help="checkpoint directory to write (replaced if it is one)")
@@ -357,23 +359,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", default="data", help="directory with the task CSV files (default: data)")
     p.add_argument("--tasks", nargs="+", default=list(PRETRAIN_TASKS), choices=PRETRAIN_TASKS,
                    help="whose train sentences to use (default: all three)")
-    p.add_argument("--epochs", type=int, default=d.epochs)
-    p.add_argument("--batch-size", type=int, default=d.batch_size)
-    p.add_argument("--lr", type=float, default=d.lr)
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
-    p.add_argument("--warmup-ratio", type=float, default=d.warmup_ratio)
-    p.add_argument("--schedule", choices=("linear", "constant"), default=d.schedule,
-                   help="lr schedule after warmup (default: linear decay to 0, the HF Trainer's)")
-    p.add_argument("--max-grad-norm", type=float, default=d.max_grad_norm, help="0 disables clipping")
+    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the sentences")
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sentences per optimizer step")
+    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW)")
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
+    p.add_argument("--warmup", dest="warmup_ratio", type=float, default=d.warmup_ratio, metavar="FRACTION",
+                   help="fraction of the steps with linear warmup")
+    p.add_argument("--lr-schedule", dest="schedule", choices=("linear", "constant"), default=d.schedule,
+                   help="lr schedule after warmup (linear: decay to 0, the HF Trainer's)")
+    p.add_argument("--grad-clip", dest="max_grad_norm", type=float, default=d.max_grad_norm, metavar="NORM",
+                   help="gradient norm clipping; 0 disables it")
     p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per sentence, [CLS]/[SEP] included")
-    p.add_argument("--mlm-probability", type=float, default=d.mlm_probability)
+    p.add_argument("--mlm-probability", type=float, default=d.mlm_probability, help="fraction of tokens masked")
     p.add_argument("--max-sentences", type=int, default=None,
                    help="use only the first N sentences after the seeded shuffle (CPU budgets)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (CPU budgets)")
     p.add_argument("--eval-sentences", type=int, default=1000,
                    help="held-out dev sentences (not in the train set) scored before and after; 0 disables")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--log-every", type=int, default=d.log_every)
+    p.add_argument("--seed", type=int, default=d.seed, help="shuffling, masking and a new head's init")
+    p.add_argument("--log-every", type=int, default=d.log_every, help="one log line every N steps")
     p.add_argument("--device", default=d.device, help="auto (CUDA if present), cpu, cuda, cuda:1, ...")
     return p
 
@@ -390,13 +394,14 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
 
 def _main(argv: Sequence[str] | None) -> Path:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.max_sentences is not None and args.max_sentences < 1:
-        raise SystemExit("--max-sentences must be at least 1")
+        parser.error("--max-sentences must be at least 1")
     if args.eval_sentences < 0:
-        raise SystemExit("--eval-sentences must be 0 (off) or positive")
+        parser.error("--eval-sentences must be 0 (off) or positive")
     config = config_from_args(args)
     torch.manual_seed(config.seed)  # a new head's initialisation and dropout
 

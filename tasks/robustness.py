@@ -1,7 +1,7 @@
 """Robustness evaluations, one command each: few-shot, label noise, minority class, attack.
 
 Usage:
-    python -m tasks.robustness few-shot --sizes 100 1000 --seeds 0 1 2 --out-dir runs/robust/fs -- --tasks sst para --epochs 3
+    python -m tasks.robustness few-shot --sizes 100 1000 --tasks sst para --seeds 0 1 2 --out-dir runs/robust/fs -- --epochs 3
     python -m tasks.robustness label-noise --rate 0.1 --seeds 0 1 --out-dir runs/robust/noise -- --objective scl
     python -m tasks.robustness minority --task sst --label 0 --keep 0.1 --out-dir runs/robust/min -- --epochs 3
     python -m tasks.robustness attack --checkpoint runs/default/checkpoints/best --norm linf --epsilon 0.01
@@ -9,7 +9,8 @@ Usage:
 The three training-set experiments write a perturbed copy of the training
 files (tasks/subsets.py: exact counts, seeded) into ``<out-dir>/data-*`` — the
 dev and test files are links to the originals — and run ``train_multitask.py``
-on it with the flags after ``--``, once per seed; they print and save
+on it with the flags after ``--`` (any train_multitask.py flags except
+--data-dir, --out-dir, --seed and --tasks, which the experiment sets), once per seed; they print and save
 (``results.json``) dev scores as mean ± std over seeds. ``minority`` also
 reports the accuracy on the reduced class.
 
@@ -35,6 +36,7 @@ from pathlib import Path
 import torch
 
 from tasks import cli
+from tasks.argparsing import Parser
 from tasks.data import PairDataset, SentenceDataset, move_batch
 from tasks.evaluate import read_predictions
 from tasks.objectives.rift import pgd_attack
@@ -170,54 +172,75 @@ def attack_experiment(args: argparse.Namespace) -> dict:
     return results
 
 
-def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m tasks.robustness", description=__doc__.split("\n")[0])
+PASS_THROUGH = ("-- TRAIN_FLAGS: everything after -- goes to train_multitask.py for every seed (e.g. -- --epochs 3 "
+                "--objective scl); --data-dir, --out-dir, --seed and --tasks are the experiment's own")
+SET_BY_EXPERIMENT = ("--data-dir", "--out-dir", "--seed", "--tasks")
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog="python -m tasks.robustness", description=__doc__.split("\n")[0],
+                usage="%(prog)s {few-shot,label-noise,minority,attack} [options] [-- TRAIN_FLAGS ...]",
+                epilog=PASS_THROUGH + ". Examples:\n" + __doc__.split("Usage:\n")[1].split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default="data")
+    common.add_argument("--data-dir", default="data", help="the task CSV files")
     common.add_argument("--out-dir", required=True, help="where runs, perturbed data and results.json go")
-    common.add_argument("--seeds", type=int, nargs="+", default=[0])
-    fs = sub.add_parser("few-shot", parents=[common], help="train on N examples per task")
-    fs.add_argument("--sizes", type=int, nargs="+", required=True)
-    fs.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para", "sts"])
-    ln = sub.add_parser("label-noise", parents=[common], help="flip p of the training labels")
-    ln.add_argument("--rate", type=float, required=True)
-    ln.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"])
-    mi = sub.add_parser("minority", parents=[common], help="keep r of one class")
-    mi.add_argument("--task", choices=["sst", "para"], default="sst")
-    mi.add_argument("--label", type=int, required=True)
-    mi.add_argument("--keep", type=float, required=True)
+    common.add_argument("--seeds", type=int, nargs="+", default=[0], help="one training run per seed")
+    train_kw = {"parents": [common], "epilog": PASS_THROUGH, "usage": "%(prog)s [options] [-- TRAIN_FLAGS ...]"}
+    fs = sub.add_parser("few-shot", help="train on N examples per task", **train_kw)
+    fs.add_argument("--sizes", type=int, nargs="+", required=True, help="training examples per task, one run each")
+    fs.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para", "sts"],
+                    help="tasks to subsample and train")
+    ln = sub.add_parser("label-noise", help="flip p of the training labels", **train_kw)
+    ln.add_argument("--rate", type=float, required=True, help="fraction of training labels flipped")
+    ln.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"],
+                    help="tasks whose labels are flipped")
+    mi = sub.add_parser("minority", help="keep r of one class", **train_kw)
+    mi.add_argument("--task", choices=["sst", "para"], default="sst", help="the task to unbalance")
+    mi.add_argument("--label", type=int, required=True, help="the class to reduce")
+    mi.add_argument("--keep", type=float, required=True, help="fraction of that class kept")
     at = sub.add_parser("attack", help="accuracy under an embedding-space PGD attack")
-    at.add_argument("--checkpoint", required=True)
-    at.add_argument("--data-dir", default="data")
+    at.add_argument("--checkpoint", required=True, help="a checkpoint directory (runs/x/checkpoints/best)")
+    at.add_argument("--data-dir", default="data", help="the task CSV files (dev sets are attacked)")
     at.add_argument("--out-dir", default=None, help="write results.json here (optional)")
-    at.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"])
-    at.add_argument("--norm", choices=["l2", "linf"], default="linf")
+    at.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"], help="tasks attacked")
+    at.add_argument("--norm", choices=["l2", "linf"], default="linf", help="the per-token ball")
     at.add_argument("--epsilon", type=float, default=0.01, help="per-token ball radius in embedding space")
-    at.add_argument("--step-size", type=float, default=0.0025)
-    at.add_argument("--steps", type=int, default=10)
-    at.add_argument("--batch-size", type=int, default=64)
+    at.add_argument("--step-size", type=float, default=0.0025, help="PGD step")
+    at.add_argument("--steps", type=int, default=10, help="PGD steps")
+    at.add_argument("--batch-size", type=int, default=64, help="examples per forward pass")
     at.add_argument("--limit", type=int, default=None, help="attack only the first N dev examples")
-    at.add_argument("--device", default="auto")
-    at.add_argument("--seed", type=int, default=0)
+    at.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
+    at.add_argument("--seed", type=int, default=0, help="the attack's random start")
     return ap
 
 
-def main(argv: list[str] | None = None) -> dict:
-    argv = list(os.sys.argv[1:] if argv is None else argv)
+def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
+    """(the experiment's arguments, the train_multitask.py flags after ``--``), both checked; exits 2 on an error."""
     flags: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, flags = argv[:i], argv[i + 1:]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for bad in SET_BY_EXPERIMENT:
+        if bad in flags:
+            parser.error(f"{bad} after -- is set by the experiment: remove it (few-shot and label-noise take "
+                         f"--tasks before --)")
+    if args.command == "attack" and flags:
+        parser.error("attack takes no training flags after --")
+    if flags:  # a mistyped training flag fails now, not after the first seed's data is written
+        train_parser = cli.build_parser()
+        train_parser.prog = f"{parser.prog} {args.command} --"
+        cli.parse(flags, train_parser)
+    return args, flags
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args, flags = split_argv(list(os.sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    for bad in ("--data-dir", "--out-dir", "--seed", "--tasks"):
-        if bad in flags:
-            raise SystemExit(f"robustness: {bad} is set by the experiment; remove it from the flags after --")
     if args.command == "attack":
-        if flags:
-            raise SystemExit("robustness attack takes no training flags after --")
         results = attack_experiment(args)
     else:
         results = train_experiment(args, flags)

@@ -509,7 +509,8 @@ class Trainer:
             write_json(tmp / "optimizer.json", meta)
             write_json(tmp / "state.json", state)
             write_json(tmp / "config.json", self.cfg.to_dict())
-            save_encoder_files(tmp / "encoder", self.model.encoder.config, self.encoder_dir)
+            save_encoder_files(tmp / "encoder", self.model.encoder, self.tokenizer, max_length=self.cfg.max_length,
+                               pooling=self.cfg.model.pooling)
         self.run_dir.checkpoint_written()  # a run that --overwrite moved aside is deleted now
         return final
 

@@ -270,7 +270,7 @@ def test_help_shows_every_default_and_abbreviations_are_refused(capsys):
         assert "(default:" in following[: nxt.start() if nxt else None], option
     with pytest.raises(SystemExit) as err:
         parser.parse_args(["runs/a", "--out-dir", "x", "--meth", "selective"])
-    assert err.value.code == 2 and "unrecognized arguments: --meth" in capsys.readouterr().err
+    assert err.value.code == 2 and "unrecognized argument --meth: did you mean --method?" in capsys.readouterr().err
 
 
 def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypatch, capsys):

@@ -278,7 +278,9 @@ def test_every_flag_reaches_its_config_field():
               "schedule": "constant", "max_grad_norm": 0.5, "max_length": 64, "mlm_probability": 0.2,
               "max_steps": 9, "seed": 3, "log_every": 4, "device": "cpu"}
     assert set(values) == {f.name for f in fields(PretrainConfig)}
-    argv = ["--out-dir", "x"] + [a for k, v in values.items() for a in (f"--{k.replace('_', '-')}", str(v))]
+    renamed = {"warmup_ratio": "--warmup", "schedule": "--lr-schedule", "max_grad_norm": "--grad-clip"}  # train's names
+    argv = ["--out-dir", "x"] + [a for k, v in values.items()
+                                 for a in (renamed.get(k, f"--{k.replace('_', '-')}"), str(v))]
     config = config_from_args(build_parser().parse_args(argv))
     assert {f.name: getattr(config, f.name) for f in fields(PretrainConfig)} == values
     assert PretrainConfig() == config_from_args(build_parser().parse_args(["--out-dir", "x"]))

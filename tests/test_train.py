@@ -309,8 +309,10 @@ def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monk
     Trainer.from_config(cfg).fit()
     ckpt = tmp_path / "run" / "checkpoints" / "last"
     files = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
-    assert files == ["config.json", "encoder/config.json", "encoder/vocab.txt", "model.safetensors",
-                     "optimizer.json", "optimizer.safetensors", "state.json"]
+    encoder = ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json",
+               "sentence_bert_config.json", "special_tokens_map.json", "tokenizer_config.json", "vocab.txt"]
+    assert files == sorted(["config.json", *("encoder/" + f for f in encoder), "model.safetensors",
+                            "optimizer.json", "optimizer.safetensors", "state.json"])
     for name in files:
         raw = (ckpt / name).read_bytes()
         assert not raw.startswith(b"\x80"), f"{name} looks like a pickle"

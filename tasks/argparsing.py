@@ -1,0 +1,113 @@
+"""The argument parser every command uses: train, pretrain, ensemble, robustness, predict.
+
+Usage:
+    p = Parser(prog="python -m tasks.predict", description="...")
+    p.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
+    args = p.parse_args(argv)
+
+What it adds to argparse.ArgumentParser:
+- no abbreviations (``allow_abbrev=False``): ``--epoch 2`` is an error naming
+  ``--epochs``, never a run with the default of something else;
+- short errors: ``usage: <prog> [options]`` and the error line (``--help``
+  still prints everything), exit status 2;
+- a hint for flags people bring from the CS224N starter and the HF Trainer
+  (``--use_gpu``, ``--output_dir``, ``--learning_rate``, ``--num_train_epochs``,
+  ``--batch_size``, ``--option finetune|pretrain``), for snake_case spellings
+  of our kebab-case flags, and close matches for typos;
+- every option's default at the end of its help (``DefaultsHelp``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+# foreign flag -> (our flag the hint names, or None, hint); a renamed flag is hinted only where the command has it
+FOREIGN_FLAGS: dict[str, tuple[str | None, str]] = {
+    "--use_gpu": ("--device", "the device is automatic (CUDA when present); to choose one pass --device cuda"),
+    "--use-gpu": ("--device", "the device is automatic (CUDA when present); to choose one pass --device cuda"),
+    "--output_dir": ("--out-dir", "use --out-dir DIR"),
+    "--learning_rate": ("--lr", "use --lr"),
+    "--num_train_epochs": ("--epochs", "use --epochs"),
+    "--per_device_train_batch_size": ("--batch-size", "use --batch-size (the global batch)"),
+    "--warmup_ratio": ("--warmup", "use --warmup FRACTION"),
+    "--max_grad_norm": ("--grad-clip", "use --grad-clip NORM"),
+    "--model_name_or_path": ("--pretrained", "use --pretrained DIR (a local directory)"),
+}
+OPTION_VALUES = {  # the CS224N starter's --option
+    "finetune": "full fine-tuning is the default: drop --option",
+    "pretrain": "--lp-epochs N trains the heads only (encoder frozen) for N epochs, then fine-tunes everything",
+}
+
+
+class DefaultsHelp(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, except where there is none or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        if action.default is None or action.default == argparse.SUPPRESS or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every flag of ``parser`` and of its subcommands."""
+    found = set(parser._option_string_actions)
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found |= _option_strings(sub)
+    return found
+
+
+def foreign_flag_hint(argv: Sequence[str], known: set[str], renamed: dict[str, str] | None = None) -> str | None:
+    """The error for the first flag in ``argv`` (before ``--``) that is not ours, with what to use instead.
+
+    ``renamed``: a command's old flag names -> the current ones (refused with the new name, never half-accepted).
+    """
+    for i, token in enumerate(argv):
+        if token == "--":
+            return None
+        if not token.startswith("--"):
+            continue
+        flag = token.split("=", 1)[0]
+        if flag in known:
+            continue
+        if flag in (renamed or {}):
+            return f"{flag} is now {renamed[flag]} (one name per concept across the commands)"
+        if flag == "--option":
+            value = token.split("=", 1)[1] if "=" in token else (argv[i + 1] if i + 1 < len(argv) else "")
+            return f"--option is the CS224N starter's flag; {OPTION_VALUES.get(value, OPTION_VALUES['finetune'])}"
+        target, hint = FOREIGN_FLAGS.get(flag, (None, ""))
+        if hint and (target is None or target in known):
+            return f"unrecognized argument {flag}: {hint}"
+        kebab = flag.replace("_", "-")
+        if kebab in known:
+            return f"unrecognized argument {flag}: use {kebab}"
+        close = difflib.get_close_matches(flag, sorted(known), n=1, cutoff=0.75)
+        if close:
+            return f"unrecognized argument {flag}: did you mean {close[0]}?"
+        return f"unrecognized argument {flag} (--help lists the options)"
+    return None
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse.ArgumentParser with this project's conventions (see the module docstring)."""
+
+    def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        kwargs.setdefault("formatter_class", DefaultsHelp)
+        super().__init__(*args, **kwargs)
+        self.renamed = dict(renamed or {})
+
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
+        argv = list(sys.argv[1:] if args is None else args)
+        hint = foreign_flag_hint(argv, _option_strings(self), self.renamed)
+        if hint:
+            self.error(hint)
+        return super().parse_known_args(argv, namespace)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"usage: {self.prog} [options]  (--help for all of them)\n{self.prog}: error: {message}\n")

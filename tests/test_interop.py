@@ -1,0 +1,115 @@
+"""Checkpoints load in the reference libraries as they are (issue 16, item 1).
+
+checkpoints/best/encoder is a plain HF BERT directory and a sentence-transformers
+model whose outputs equal ours (fp32, atol 1e-5); the checkpoint's top level is
+refused by transformers' Auto classes instead of becoming a random BERT; and
+``--pretrained`` pointed at a checkpoint continues from its fine-tuned encoder.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import sentence_transformers
+import torch
+import transformers
+
+from minbert.pretrained import load_pretrained
+from tasks.checkpoint import save_encoder_files
+from tasks.model import ModelConfig, MultitaskBert
+from tasks.predict import load_checkpoint_model
+from tasks.train import run
+from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env is a fixture)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+SENTENCES = ["the movie was great .", "a dull and boring film", "how do i learn python fast ?"]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_env, tmp_path_factory) -> Path:  # noqa: F811
+    """A finished tiny run (Siamese b1, mean pooling): its checkpoints/best."""
+    out = tmp_path_factory.mktemp("interop") / "run"
+    run(tiny_train_config(tiny_env, out, epochs=1,
+                          model=ModelConfig(arch="b1", pair_encoding="siamese", pooling="mean", fcn_size=16)))
+    return out / "checkpoints" / "best"
+
+
+def _ours(model: MultitaskBert, tokenizer, sentences: list[str]) -> tuple[dict, torch.Tensor]:
+    batch = tokenizer(sentences, max_length=32)
+    with torch.no_grad():
+        out = model.encoder(**batch)
+        return out, model.embed(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+
+
+def test_encoder_dir_loads_in_transformers_and_sentence_transformers(trained):
+    model, _, tokenizer, cfg = load_checkpoint_model(trained)
+    model.eval()
+    enc = trained / "encoder"
+    hf, info = transformers.AutoModel.from_pretrained(enc, output_loading_info=True)
+    assert type(hf).__name__ == "BertModel"
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    hf.eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(enc)
+    ours, emb = _ours(model, tokenizer, SENTENCES)
+    theirs = hf_tok(SENTENCES, padding=True, return_tensors="pt")
+    assert torch.equal(theirs["input_ids"], tokenizer(SENTENCES, max_length=32)["input_ids"])
+    with torch.no_grad():
+        ref = hf(**theirs)
+    torch.testing.assert_close(ref.last_hidden_state, ours["last_hidden_state"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref.pooler_output, ours["pooler_output"], atol=1e-5, rtol=0)
+
+    st = sentence_transformers.SentenceTransformer(str(enc), device="cpu")
+    assert st.max_seq_length == cfg.max_length
+    got = st.encode(SENTENCES, convert_to_tensor=True)
+    torch.testing.assert_close(got, emb, atol=1e-5, rtol=0)  # mean pooling: what the heads read
+
+
+@pytest.mark.parametrize("pooling", ["cls", "pooler"])
+def test_sentence_transformers_pooling_follows_the_run(tiny_env, tmp_path, pooling):  # noqa: F811
+    """cls: ST's embedding is ours; pooler: ST gives the raw [CLS] state, transformers' pooler_output ours."""
+    encoder, tokenizer = load_pretrained(tiny_env[0])
+    model = MultitaskBert(encoder, ModelConfig(pooling=pooling)).eval()
+    save_encoder_files(tmp_path / "enc", encoder, tokenizer, max_length=32, pooling=pooling)
+    out, emb = _ours(model, tokenizer, SENTENCES)
+    got = sentence_transformers.SentenceTransformer(str(tmp_path / "enc"), device="cpu").encode(
+        SENTENCES, convert_to_tensor=True)
+    torch.testing.assert_close(got, out["last_hidden_state"][:, 0], atol=1e-5, rtol=0)
+    if pooling == "cls":
+        torch.testing.assert_close(got, emb, atol=1e-5, rtol=0)
+    else:
+        hf = transformers.AutoModel.from_pretrained(tmp_path / "enc").eval()
+        with torch.no_grad():
+            pooled = hf(**tokenizer(SENTENCES, max_length=32)).pooler_output
+        torch.testing.assert_close(pooled, emb, atol=1e-5, rtol=0)
+
+
+def test_top_level_checkpoint_is_never_a_random_model(trained, caplog):
+    """AutoModel / SentenceTransformer refuse the top level; BertModel (explicit class) loads none of it, saying so."""
+    for path in (trained, trained.parent.parent):  # checkpoints/best and the run directory
+        with pytest.raises(ValueError, match="minbert-multitask"):
+            transformers.AutoModel.from_pretrained(path)
+        with pytest.raises(ValueError, match="minbert-multitask"):
+            transformers.AutoConfig.from_pretrained(path)
+        with pytest.raises(ValueError, match="minbert-multitask"):
+            sentence_transformers.SentenceTransformer(str(path), device="cpu")
+    transformers.logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        model, info = transformers.BertModel.from_pretrained(trained, output_loading_info=True)
+    assert "minbert-multitask" in caplog.text  # "a model of type minbert-multitask to instantiate ... bert"
+    assert set(info["missing_keys"]) == set(model.state_dict()) - {"embeddings.position_ids"}  # nothing loaded
+
+
+def test_pretrained_checkpoint_continues_from_its_fine_tuned_encoder(trained):
+    fine_tuned = load_checkpoint_model(trained)[0].encoder.state_dict()
+    for path in (trained, trained.parent.parent):
+        encoder, _ = load_pretrained(path)
+        for k, v in encoder.state_dict().items():
+            assert torch.equal(v, fine_tuned[k]), k
+
+
+def test_pretrained_hub_name_gets_an_offline_hint():
+    with pytest.raises(FileNotFoundError, match="huggingface-cli download bert-base-uncased --local-dir DIR"):
+        load_pretrained("bert-base-uncased")
