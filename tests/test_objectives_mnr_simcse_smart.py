@@ -457,3 +457,18 @@ def test_objectives_end_to_end_terms_equal_independent_computations(arch):
         total.backward()
     assert seen == {("mnr", "sts"), ("mnr", "nli"), ("mnr", "para"), ("simcse", "sst"), ("simcse", "para"),
                     ("simcse", "sts"), ("simcse", "nli"), ("smart", "sst"), ("smart", "para"), ("smart", "sts")}
+
+
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_smart_acts_under_bf16_autocast(task):
+    """Under the default bf16 autocast SMART's δ of 1e-5 still changes the output (its passes run in fp32): the
+    penalty is nonzero and equals the penalty computed with autocast off (same δ0, no dropout)."""
+    model = tiny_model().eval()
+    batch = make_batch(task)
+    torch.manual_seed(3)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        under_bf16, _ = smart_penalty(model, task, batch)
+    torch.manual_seed(3)
+    fp32, _ = smart_penalty(model, task, batch)
+    assert under_bf16.item() > 0
+    torch.testing.assert_close(under_bf16, fp32, rtol=1e-4, atol=0)

@@ -37,10 +37,14 @@ Choices made here:
   ``reuse_head_output`` the head's own forward is f(e) instead (mt-dnn's code:
   one forward cheaper, but its dropout mask differs from the perturbed pass,
   and with ε = 1e-5 the penalty then mostly measures dropout noise).
-- Precision: under bf16 autocast a perturbation of 1e-5 on embeddings of size
-  ~1e-2 is below bf16 resolution and vanishes in the first matmul; raise ε
-  (and η) or run SMART in fp32 (--no-bf16) to make it bite; its passes then
-  run with TF32 off (runtime.no_tf32), which would round δ away likewise.
+- Precision: a perturbation of 1e-5 on embeddings of size ~1e-2 is below
+  bf16 resolution (and TF32's) and would vanish in the first matmul, so the
+  passes that compare f(e) with f(e + δ) run in true fp32
+  (runtime.full_precision: autocast and TF32 off) whatever the run's
+  precision: SMART acts under the default bf16 autocast too, at the price of
+  fp32 speed for its passes. With ``reuse_head_output`` under bf16 the clean
+  output is the head's bf16-encoder forward, so the penalty then also
+  measures bf16 rounding; the default recomputes f(e) in fp32.
 
 Cost per batch: one forward + backward for each ascent step, one forward for
 the penalty, and one clean forward (none with ``reuse_head_output``).
@@ -63,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.objectives import Objective, check_tasks
-from tasks.runtime import device_rng_state, no_tf32, set_device_rng_state
+from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
 
 SMART_TASKS = ("sst", "para", "sts")
 
@@ -158,9 +162,9 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
     for s, x in embeds.items():
         real = batch["attention_mask" + s].unsqueeze(-1).to(x.dtype)  # (B, T, 1): no noise on padding
         delta0[s] = sigma * torch.randn_like(x) * real
-    # TF32 off for the passes that compare f(e) with f(e + δ): in an fp32 run on CUDA, TF32 would round e to
-    # 10 mantissa bits and drop a δ of 1e-5 as bf16 does (see "Precision" above); bf16 passes are unaffected.
-    with no_tf32():
+    # True fp32 for the passes that compare f(e) with f(e + δ): bf16 autocast or TF32 would round e and drop
+    # a δ of 1e-5 (see "Precision" above).
+    with full_precision(embeds[sides[0]].device):
         if reuse_head_output:
             if out is None:
                 raise ValueError("smart: reuse_head_output needs the head's output for this batch")
