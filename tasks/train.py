@@ -88,7 +88,13 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
               "process_time_s": round(time.perf_counter() - t0, 1), "predictions": final["files"],
               "skipped": final["skipped"]}
     trainer.run_dir.append(record)
-    logger.info("final dev (%s): %s | %.0f s in this process",
-                "full sets" if cfg.final_dev == "full" else "capped subsets",
+    logger.info("final dev (%s): %s | %.0f s in this process", final_dev_scope(cfg),
                 " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None), record["process_time_s"])
     return record
+
+
+def final_dev_scope(cfg: TrainConfig) -> str:
+    """What the final dev metrics were computed on, for the log: whole sets, the capped subsets, or --limit rows."""
+    if cfg.limit is not None:
+        return f"the first {cfg.limit} rows of each dev file (--limit)"
+    return "full sets" if cfg.final_dev == "full" else "capped subsets"

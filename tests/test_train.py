@@ -550,3 +550,12 @@ def test_fused_adamw_is_the_default_and_the_foreach_path_stays_selectable(tiny_e
     assert all(g["fused"] and not g["foreach"] for g in t.optimizer.param_groups)
     t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "foreach", epochs=1, fused_adamw=False))
     assert all(g["foreach"] and not g["fused"] for g in t.optimizer.param_groups)
+
+
+def test_final_log_line_says_what_dev_was_scored_on():
+    """Under --limit the final line must not claim the full dev sets (it used the first N rows)."""
+    from tasks.train import final_dev_scope
+
+    assert final_dev_scope(TrainConfig()) == "full sets"
+    assert final_dev_scope(TrainConfig(final_dev="capped")) == "capped subsets"
+    assert "--limit" in final_dev_scope(TrainConfig(limit=64)) and "full" not in final_dev_scope(TrainConfig(limit=64))
