@@ -28,6 +28,7 @@ from tasks.objectives import registered_objectives
 from tasks.checkpoint import atomic_directory, read_json, resolve_checkpoint
 from tasks.model import ModelConfig
 from tasks.config import TrainConfig, check_resume_config
+from tasks.evaluate import read_predictions
 from tasks.predict import evaluate_checkpoint
 from tasks.train import run
 from tasks.trainer import Hook, Trainer
@@ -457,7 +458,7 @@ def test_final_dev_full_or_capped(tiny_env, tmp_path, final_dev):
     """final_dev capped scores the between-epoch subset at the end too (the same ids); full reads every row."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, dev_max_examples={"para": 8}, final_dev=final_dev)
     run(cfg)
-    ids = [r.split(",")[0] for r in _rows(tmp_path / "run" / "predictions" / "para-dev-output.csv")[1:]]
+    ids, _ = read_predictions(tmp_path / "run" / "predictions" / "para-dev-output.csv")
     if final_dev == "capped":
         assert sorted(ids) == sorted(Trainer.from_config(cfg, overwrite=True).dev_sets["para"].ids)
     else:
