@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import shutil
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -24,11 +24,11 @@ from minbert.bert import BertModel
 from tasks import checkpoint as ckpt_mod
 from tasks import runtime
 from tasks import trainer as trainer_mod
-from tasks.objectives import registered_objectives
 from tasks.checkpoint import atomic_directory, read_json, resolve_checkpoint
-from tasks.model import ModelConfig
 from tasks.config import TrainConfig, check_resume_config
 from tasks.evaluate import read_predictions
+from tasks.model import ModelConfig
+from tasks.objectives import registered_objectives
 from tasks.predict import evaluate_checkpoint
 from tasks.train import run
 from tasks.trainer import Hook, Trainer
