@@ -167,15 +167,20 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tiny_env, tm
     assert [json.loads(r)["epoch"] for r in records] == [1, 2]
 
 
-def test_two_process_resume_is_bit_identical(tiny_env, tmp_path):
-    """With dropout on (each rank its own masks), a 2-process run interrupted mid-epoch and resumed by 2 processes
-    ends with the weights of the uninterrupted 2-process run, bit for bit: every rank's RNG state is checkpointed."""
-    _spawn("resume", tiny_env, tmp_path)
+def _assert_resumed_equal_full(tmp_path) -> None:
+    """Both ranks of the resumed run hold the uninterrupted run's weights, bit for bit."""
     full = load_file(str(tmp_path / "results" / "rank0.safetensors"))
     for r in range(2):
         resumed = load_file(str(tmp_path / "results" / f"resumed{r}.safetensors"))
         for k, v in full.items():
             assert torch.equal(v, resumed[k]), f"rank {r}: {k}"
+
+
+def test_two_process_resume_is_bit_identical(tiny_env, tmp_path):
+    """With dropout on (each rank its own masks), a 2-process run interrupted mid-epoch and resumed by 2 processes
+    ends with the weights of the uninterrupted 2-process run, bit for bit: every rank's RNG state is checkpointed."""
+    _spawn("resume", tiny_env, tmp_path)
+    _assert_resumed_equal_full(tmp_path)
     state = json.loads((tmp_path / "cut" / "checkpoints" / "last" / "state.json").read_text())
     assert len(state["rng_other_ranks"]) == 1 and state["rng_other_ranks"][0]["torch"] != state["rng"]["torch"]
 
@@ -187,11 +192,7 @@ def test_two_process_resume_on_nccl_is_bit_identical(tiny_env, tmp_path):
     if torch.cuda.device_count() < 2:
         pytest.skip("gpu: needs two CUDA devices")
     _spawn("resume_nccl", tiny_env, tmp_path)
-    full = load_file(str(tmp_path / "results" / "rank0.safetensors"))
-    for r in range(2):
-        resumed = load_file(str(tmp_path / "results" / f"resumed{r}.safetensors"))
-        for k, v in full.items():
-            assert torch.equal(v, resumed[k]), f"rank {r}: {k}"
+    _assert_resumed_equal_full(tmp_path)
 
 
 def test_two_process_knn_bert_resume_keeps_each_ranks_queues(tiny_env, tmp_path):
