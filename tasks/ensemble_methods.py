@@ -72,14 +72,6 @@ def _contributions(task: str, logits: Sequence[torch.Tensor]) -> torch.Tensor:
     return x
 
 
-def _predict_from_mean(task: str, mean: torch.Tensor) -> torch.Tensor:
-    if task == "sst":
-        return mean.argmax(-1)
-    if task == "para":
-        return (mean > 0).long()
-    return mean
-
-
 def _safe(value: float) -> float:
     """nan scores (constant STS predictions) rank below everything."""
     return -math.inf if math.isnan(value) else value
@@ -99,7 +91,7 @@ def select_subset(task: str, logits: Sequence[torch.Tensor], labels: torch.Tenso
 
     def subset_score(subset: Sequence[int]) -> float:
         mean = contrib[list(subset)].mean(0)
-        return _safe(score(task, _predict_from_mean(task, mean), labels))
+        return _safe(score(task, predict(task, mean), labels))  # para: mean tanh(x/2) > 0 iff mean p > 1/2
 
     if n_models <= max_exhaustive:
         best, best_score = (), -math.inf
