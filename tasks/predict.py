@@ -43,15 +43,28 @@ from minbert.bert import BertModel
 from minbert.config import BertConfig
 from minbert.tokenizer import BertTokenizer
 from tasks import distributed
-from tasks.checkpoint import load_objectives_state, load_tensors, read_json, resolve_checkpoint
-from tasks.config import TrainConfig, eval_config
 from tasks.argparsing import Parser
+from tasks.checkpoint import (
+    load_objectives_state,
+    load_tensors,
+    read_json,
+    resolve_checkpoint,
+)
+from tasks.config import TrainConfig, eval_config
 from tasks.data import SentenceDataset, move_batch
-from tasks.evaluate import Predictions, evaluate, jsonable, predict_dataset, write_logits, write_predictions
+from tasks.errors import user_errors
+from tasks.evaluate import (
+    Predictions,
+    evaluate,
+    jsonable,
+    predict_dataset,
+    write_logits,
+    write_predictions,
+)
 from tasks.model import MultitaskBert
 from tasks.objectives import Objective, build_objectives, transform_of
 from tasks.readers import Example, read_pairs, read_sentences
-from tasks.runtime import autocast_dtype, resolve_device
+from tasks.runtime import autocast, autocast_dtype, resolve_device
 from tasks.splits import capped_dev, load_examples, make_dataset
 
 logger = logging.getLogger(__name__)
@@ -258,7 +271,7 @@ class Predictor:
         parts = []
         for start in range(0, len(ds), self.batch_size):
             batch = move_batch(ds.collate(list(range(start, min(start + self.batch_size, len(ds))))), self.device)
-            with (torch.autocast(self.device.type, dtype=self.amp) if self.amp else contextlib.nullcontext()):
+            with autocast(self.device, self.amp):
                 parts.append(self.model.embed(batch["input_ids"], batch["attention_mask"],
                                               batch.get("token_type_ids")).float())
         return torch.cat(parts).cpu() if parts else torch.empty(0, self.model.encoder.config.hidden_size)
@@ -323,10 +336,11 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
     args = parser.parse_args(argv)
     try:
         examples = read_inputs(args.task, args.input)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))  # the --input the user gave: an argument error (exit status 2)
+    with user_errors(parser.prog):  # a damaged checkpoint, a task it was not trained on: one line, exit status 1
         predictor = Predictor.from_checkpoint(args.checkpoint, device=args.device, batch_size=args.batch_size)
         header, rows = prediction_rows(predictor, args.task, examples)
-    except (ValueError, FileNotFoundError, NotADirectoryError) as e:
-        parser.error(str(e))
     with (contextlib.nullcontext(sys.stdout) if args.output == "-"
           else open(args.output, "w", newline="", encoding="utf-8")) as f:
         writer = csv.writer(f, lineterminator="\n")

@@ -109,3 +109,19 @@ def test_predict_command_errors_are_one_line(finished, tmp_path, capsys, monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 2 and err[0].startswith("usage: python -m tasks.predict")
     assert message in err[1]
+
+
+def test_a_damaged_checkpoint_is_one_line_with_exit_status_1(finished, tmp_path, capsys, monkeypatch):
+    """A checkpoint whose weights file is cut short: one line naming the problem, exit status 1 (a run-time error,
+    not an argument error), no traceback."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished / "checkpoints" / "best" if (finished / "checkpoints").is_dir() else finished, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a fine film\n"))
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(damaged), "--task", "sst"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1 and "Traceback" not in err[0], err
