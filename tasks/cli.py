@@ -254,6 +254,8 @@ def build_parser() -> Parser:
     add(g, "lr_decay", type=float)
     add(g, "warmup", type=float, metavar="FRACTION")
     add(g, "weight_decay", type=float)
+    add(g, "layer_lr_decay", type=float, metavar="FACTOR")
+    add(g, "head_lr_scale", type=float, metavar="FACTOR")
     add(g, "grad_clip", type=float, metavar="NORM")
     add(g, "seed", type=int)
 

@@ -108,6 +108,11 @@ class TrainConfig:
     warmup: float = option(0.1, "with --lr-schedule warmup_linear: fraction of all steps spent warming up")
     weight_decay: float = option(0.01, "AdamW decoupled weight decay, never on biases or LayerNorm "
                                  "(paper §6: it did not help; presets use 0)")
+    layer_lr_decay: float = option(1.0, "layer-wise lr decay (not in the paper; Sun et al. 2019 §5.3, ULMFiT's "
+                                   "discriminative fine-tuning): encoder layer i of L (0 = the lowest) trains at "
+                                   "lr x this^(L-1-i), the embeddings at lr x this^L; 1 = one lr for all")
+    head_lr_scale: float = option(1.0, "the heads (and objectives' own parameters) train at lr x this; the "
+                                  "encoder at lr")
     grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)")
     seed: int = option(0, "seed of python, numpy and torch and of the batch order")
 
@@ -261,6 +266,10 @@ class TrainConfig:
             raise ValueError(f"warmup is a fraction of all steps in [0, 1), got {self.warmup}")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if not 0 < self.layer_lr_decay <= 1:
+            raise ValueError(f"layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}")
+        if not self.head_lr_scale > 0:
+            raise ValueError(f"head_lr_scale must be positive, got {self.head_lr_scale}")
         if not self.grad_clip >= 0:
             raise ValueError(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
         if self.encoder_dropout is not None and not 0 <= self.encoder_dropout < 1:

@@ -121,6 +121,25 @@ class Hook:
 # ---- the trainer ------------------------------------------------------------------------------------------------
 
 
+
+def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> float:
+    """The factor on the lr of the parameter ``name`` (as in ``Trainer.param_names``).
+
+    Layer-wise decay (Sun et al. 2019, "How to Fine-Tune BERT for Text
+    Classification" §5.3): encoder layer i of ``layers`` (0 = the lowest) at
+    ``layer_decay^(layers-1-i)``, the embeddings at ``layer_decay^layers``, the
+    pooler at 1. Everything outside the encoder (heads, objectives) at ``head_scale``.
+    """
+    prefix = "model.encoder."
+    if not name.startswith(prefix):
+        return head_scale
+    rest = name[len(prefix):]
+    if rest.startswith("embeddings."):
+        return layer_decay ** layers
+    if rest.startswith("encoder.layer."):
+        return layer_decay ** (layers - 1 - int(rest.split(".")[2]))
+    return 1.0
+
 class Trainer:
     """One training run over built parts; ``from_config`` builds them and prepares the run directory.
 
@@ -217,11 +236,22 @@ class Trainer:
                     named.append((f"{prefix}.{n}", p))
         decay = [(n, p) for n, p in named if p.ndim >= 2]
         no_decay = [(n, p) for n, p in named if p.ndim < 2]
-        groups = [{"params": [p for _, p in decay], "weight_decay": self.cfg.weight_decay},
-                  {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
         fused = self.cfg.fused_adamw
+        if self.cfg.layer_lr_decay == 1 and self.cfg.head_lr_scale == 1:
+            groups = [{"params": [p for _, p in decay], "weight_decay": self.cfg.weight_decay},
+                      {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+            ordered = decay + no_decay
+        else:  # one group per (lr scale, weight decay); train_step multiplies the lr by the group's lr_scale
+            layers = self.model.encoder.config.num_hidden_layers
+            by_key: dict[tuple[float, float], list[tuple[str, nn.Parameter]]] = {}
+            for wd, members in ((self.cfg.weight_decay, decay), (0.0, no_decay)):
+                for n, p in members:
+                    scale = lr_scale(n, layers, self.cfg.layer_lr_decay, self.cfg.head_lr_scale)
+                    by_key.setdefault((scale, wd), []).append((n, p))
+            groups = [{"params": [p for _, p in members], "weight_decay": wd, "lr_scale": scale}
+                      for (scale, wd), members in by_key.items()]
+            ordered = [pair for members in by_key.values() for pair in members]
         opt = AdamW(groups, lr=self.cfg.lr, foreach=not fused, fused=fused)
-        ordered = decay + no_decay
         return [p for _, p in ordered], [n for n, _ in ordered], opt
 
     def rebuild_optimizer(self) -> None:
@@ -283,7 +313,7 @@ class Trainer:
         mean loss; clipping then acts on the averaged gradients, the same on every rank.
         """
         for g in self.optimizer.param_groups:
-            g["lr"] = lr
+            g["lr"] = lr * g["lr_scale"] if "lr_scale" in g else lr
         detached: dict[str, torch.Tensor] = {}
         if batch is not None:
             loss, terms = self.step_loss(stream, batch)
