@@ -1,45 +1,60 @@
-"""The minBERT paper's ablation as one command: baseline, then each technique added in turn.
+"""The minBERT paper's ablation as one command: each technique added in turn, every row over several seeds.
 
 Paper: ../shared/papers/minbert-downstream-generalization.txt (§4.1 baseline,
 §4.2 even batching / loss rescaling / AllNLI, §4.3 the B1 heads, §4.4 MNR,
 SimCSE and SMART, §4.6 SWA, distillation and ensembling; Figure 2 is its table).
 
-Rows (each a ``train_multitask.py`` run in ``<out-dir>/<row>``):
+Ladder rows (each a ``train_multitask.py`` run per seed, in ``<out-dir>/<row>/seed<k>``):
 
-  baseline   §4.1: linear heads with dropout 0.3, Siamese pairs on the pooled [CLS], sequential schedule
+  baseline   §4.1: linear heads with dropout 0.3, Siamese pairs, sequential schedule
   even       + even batching (§4.2)
   rescale    + loss rescaling, paraphrase x 0.1 (§4.2)
   heads      + the B1 heads: shared FCN 256, non-linear heads, the paraphrase structural change, no head dropout (§4.3)
   nli        + the AllNLI stream trained with MNR only (§4.2)
   mnr        + label-weighted MNR on STS (§4.4)
   simcse     + unsupervised SimCSE on STS, dot product (§4.4): this row is B1 at the chosen budget
-  smart      + SMART on every task (§4.4), in fp32: its 1e-5 perturbation is below bf16's resolution
+  smart      + SMART on every task (§4.4; its passes run in float32 inside bf16 autocast)
   swa        B1 (the simcse row) + SWA epochs at lr 1e-5 from its best checkpoint (§4.6)
   distill    B1 + distillation (weight 2/3) from the B1 run's own predictions on the training sets (§4.6)
-  ensemble   simple and selective ensembles of the runs from ``heads`` on (§4.6)
+  ensemble   simple and selective ensembles of each seed's runs from ``heads`` on (§4.6); the selective
+             subset is chosen on one half of dev and scored on the other, both ways (an honest score)
 
-SWA and distillation start from B1 rather than from the SMART row: the paper's
-B1 leaves SMART out, and so does ours. ``swa`` copies the B1 run and resumes
-it with ``--swa-epochs`` (its time is the B1 run's plus the SWA phase);
-``distill`` first writes the B1 model's training-set logits
-(``--eval-only --predict-train``, in ``<out-dir>/teacher``).
+Contrastive rows, at the same budget and seeds, each one objective on CE (the
+default model: b1 heads, cross-encoded pairs, mean pooling, even batching):
+scl, knn_bert (scored as its classifier alone, φ 0, and with the paper's
+KNN vote, φ 0.25), match_tuning, rift.
+
+Differences from the paper, all of them budget: every row pools by the mean
+over tokens, not the pooled [CLS] of §4.1 (all-MiniLM-L6-v2 is trained as a
+mean-pooled sentence encoder; its pooler is not, and on it the B1 heads'
+SST and Siamese paraphrase outputs stayed at a constant at this budget), and
+the heads train at 10x the encoder's lr (``--head-lr-scale 10``): with one
+epoch on a slice, the randomly initialized heads otherwise barely leave the
+constant prediction before the lr has decayed.
+
+Tables: mean ± std over the seeds per task and overall, and each row's change
+against its parent (the row above; B1 for swa, distill, smart and the
+ensembles; CE for the contrastive rows), paired by seed, as Δ ± standard
+error, starred where |Δ| > 2 SE (experiments/stats.py). A row whose SST or
+Quora mean is within 0.02 of the majority class is flagged "collapsed".
+Plots: ``ablation.png`` and ``contrastive.png``, mean ± std and every seed.
 
 Budgets: ``cpu`` (the default) fits the 2-core machine: 1 epoch at lr 1e-4
 with warmup and linear decay, batch 32, a fresh random slice of every
-training stream per epoch (SST 4,000 sentences, Quora 3,000 pairs, STS 3,000
-pairs, AllNLI 3,000 triplets; 6 to 53 minutes a row on one thread here,
-with several runs sharing the 2 cores), 1 SWA
-epoch, and Quora dev scored on a fixed random 2,000 of its 20,212 pairs, at
-the end too (``--final-dev capped``: the whole set takes longer than a row's
-training); SST and STS dev are whole. ``full`` is the paper's
-(§5.3): 10 epochs, batch 16, lr 1e-5 (constant for the baseline rows,
--4e-7 per epoch from the B1 heads on), encoder dropout 0.3, all data, 5 SWA
-epochs; it is a GPU budget.
+training stream (see BUDGETS), 1 SWA epoch, and Quora dev scored on a fixed
+random 2,000 of its 20,212 pairs (``--final-dev capped``); SST and STS dev are
+whole. ``full`` is the paper's (§5.3): 10 epochs, batch 16, lr 1e-5 (constant
+for the baseline rows, -4e-7 per epoch from the B1 heads on), encoder dropout
+0.3, all data, 5 SWA epochs; it is a GPU budget.
+
+Long sweeps get interrupted: a finished run is reused, a run cut short
+resumes from its last checkpoint (experiments/sweep.py), so the same command
+again continues where it stopped.
 
 Usage:
-    python experiments/ablation.py --out-dir runs/ablation [--budget cpu|full] [--threads N] [--only ROW ...]
+    python experiments/ablation.py --out-dir runs/ablation --jobs 2 --threads 1 [--seeds 0 1 2] [--only ROW ...]
 
-Writes ``<out-dir>/ablation.json`` and ``<out-dir>/ablation.md`` (the README table).
+Writes ``<out-dir>/ablation.json``, ``ablation.md`` (the tables) and the two plots.
 """
 
 from __future__ import annotations
@@ -47,10 +62,17 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
+import time
+from pathlib import Path
 
+from experiments.stats import cell, change_cell, mean_std, plot_rows
 from experiments.sweep import Sweep, final_record, fmt, markdown_table
+from tasks.ensemble import main as ensemble_main
+from tasks.evaluate import TASK_METRIC, overall_score
+from tasks.readers import load_split
 
-BASELINE = ["--arch", "baseline", "--pair-encoding", "siamese", "--pooling", "pooler", "--head-dropout", "0.3",
+BASELINE = ["--arch", "baseline", "--pair-encoding", "siamese", "--pooling", "mean", "--head-dropout", "0.3",
             "--schedule", "sequential"]
 # Each row: (name, what it adds, the flags it adds to the previous row).
 LADDER = [
@@ -64,16 +86,32 @@ LADDER = [
     ("mnr", "+ MNR on STS, label-weighted (§4.4)", ["--mnr-tasks", "sts", "nli"]),
     ("simcse", "+ unsupervised SimCSE on STS = B1 (§4.4)",
      ["--objective", "simcse", "--simcse-tasks", "sts", "--simcse-similarity", "dot", "--simcse-temperature", "1.0"]),
-    ("smart", "+ SMART, fp32 (§4.4)", ["--objective", "smart", "--no-bf16"]),
+    ("smart", "+ SMART (§4.4)", ["--objective", "smart"]),
 ]
 B1_ROW = "simcse"
 ENSEMBLE_MEMBERS = ["heads", "nli", "mnr", "simcse", "smart", "swa", "distill"]
-ROWS = [name for name, _, _ in LADDER] + ["swa", "distill", "ensemble"]
+CE = ["--arch", "b1", "--pair-encoding", "cross", "--pooling", "mean", "--head-dropout", "0.0", "--schedule", "even"]
+CONTRASTIVE = [
+    ("scl", "CE + SCL (λ 0.1, τ 0.3)", ["--objective", "scl"]),
+    ("knn_bert", "CE + KNN-BERT, classifier alone (φ 0)", ["--objective", "knn_bert"]),
+    ("match_tuning", "CE + Match-Tuning (T 1)", ["--objective", "match_tuning"]),
+    ("rift", "CE + RIFT (β 1, α 0.3)", ["--objective", "rift"]),
+]
+ROWS = [name for name, _, _ in LADDER] + ["swa", "distill", "ce"] + [name for name, _, _ in CONTRASTIVE]
+LABELS = {name: label for name, label, _ in LADDER + CONTRASTIVE} | {
+    "swa": "B1 + SWA, 1 epoch at 1e-5 (§4.6)", "distill": "B1 + distillation from B1, weight 2/3 (§4.6)",
+    "ensemble-simple": "simple ensemble of heads … distill (§4.6)",
+    "ensemble-selective": "selective ensemble, scored on held-out dev halves (§4.6)",
+    "ce": "CE: b1 heads, cross-encoded pairs, mean pooling", "knn_bert_vote": "CE + KNN-BERT, φ 0.25 (eq. 1)"}
+PARENTS = {name: prev for (name, _, _), (prev, _, _) in zip(LADDER[1:], LADDER)} | {
+    "smart": B1_ROW, "swa": B1_ROW, "distill": B1_ROW, "ensemble-simple": B1_ROW, "ensemble-selective": B1_ROW,
+    **{name: "ce" for name, _, _ in CONTRASTIVE}, "knn_bert_vote": "ce"}
+METRICS = ("sst_acc", "para_acc", "sts_r", "overall")
 
 BUDGETS = {
     "cpu": {"common": ["--epochs", "1", "--batch-size", "32", "--lr", "1e-4", "--lr-schedule", "warmup_linear",
-                       "--dev-max-examples", "para=2000", "--final-dev", "capped"],
-            "caps": {"sst": "4000", "para": "3000", "sts": "3000", "nli": "3000"}, "swa_epochs": "1",
+                       "--head-lr-scale", "10", "--dev-max-examples", "para=2000", "--final-dev", "capped"],
+            "caps": {"sst": "2000", "para": "2000", "sts": "2000", "nli": "1500"}, "swa_epochs": "1",
             "heads_extra": []},
     "full": {"common": ["--epochs", "10", "--batch-size", "16", "--lr", "1e-5", "--lr-schedule", "constant",
                         "--encoder-dropout", "0.3", "--weight-decay", "0", "--grad-clip", "0",
@@ -110,7 +148,7 @@ def merge_flags(*parts: list[str]) -> list[str]:
 
 
 def row_flags(budget: str) -> dict[str, list[str]]:
-    """The full flag list of every ladder row (cumulative)."""
+    """The full flag list of every row: the ladder (cumulative), then CE and the contrastive rows on CE."""
     b = BUDGETS[budget]
 
     def caps(streams: tuple[str, ...]) -> list[str]:  # one --max-train-examples flag: a later one replaces it whole
@@ -125,102 +163,181 @@ def row_flags(budget: str) -> dict[str, list[str]]:
             added = added + caps(("sst", "para", "sts", "nli"))
         flags = merge_flags(flags, added)
         out[name] = flags
+    ce = out["ce"] = merge_flags(b["common"], CE, caps(("sst", "para", "sts")))
+    for name, _, added in CONTRASTIVE:
+        out[name] = merge_flags(ce, added)
     return out
 
 
 def scores(record: dict) -> dict:
     dev = record.get("dev", {})
-    return {k: dev.get(k) for k in ("sst_acc", "para_acc", "sts_r", "overall")}
+    return {k: dev.get(k) for k in METRICS}
+
+
+def knn_vote_scores(record: dict) -> dict:
+    """KNN-BERT's eq. 1 scores at its φ (the classifier mixed with the KNN vote) on SST and Quora, STS as run."""
+    dev = {**record.get("dev", {}), **{k: v for k, v in record.get("knn", {}).get("dev", {}).items()
+                                         if v is not None}}
+    dev["overall"] = overall_score({k: dev[k] for k in ("sst_acc", "para_acc", "sts_r")})
+    return {k: dev.get(k) for k in METRICS}
+
+
+def run_seed_rows(sweep: Sweep, flags: dict[str, list[str]], seeds: list[int], wanted: set[str],
+                  swa_epochs: str) -> None:
+    """Every wanted row for every seed, seed by seed (an interrupted sweep has whole ladders for its first seeds)."""
+    first = [(row, seed) for seed in seeds for row in flags if row in wanted]
+    sweep.map(lambda rs: sweep.train(f"{rs[0]}/seed{rs[1]}", [*flags[rs[0]], "--seed", str(rs[1])]), first)
+    second = [(row, seed) for seed in seeds for row in ("swa", "distill") if row in wanted]
+    sweep.map(lambda rs: (run_swa if rs[0] == "swa" else run_distill)(sweep, flags, rs[1], swa_epochs), second)
+
+
+def run_swa(sweep: Sweep, flags: dict[str, list[str]], seed: int, swa_epochs: str) -> None:
+    """B1 of this seed + SWA epochs: its run directory copied, then resumed with --swa-epochs (§4.6)."""
+    b1_dir, swa_dir = sweep.root / B1_ROW / f"seed{seed}", sweep.root / "swa" / f"seed{seed}"
+    if sweep.force or "swa" not in (final_record(swa_dir) or {}):
+        shutil.rmtree(swa_dir, ignore_errors=True)
+        if not sweep.dry_run:
+            shutil.copytree(b1_dir, swa_dir, symlinks=True)
+            (swa_dir / "sweep.json").unlink()
+    # --resume takes the configuration saved in the copied checkpoint; only the SWA phase is added
+    sweep.command(f"swa/seed{seed}", ["--resume", "--swa-epochs", swa_epochs, "--out-dir", str(swa_dir)])
+
+
+def run_distill(sweep: Sweep, flags: dict[str, list[str]], seed: int, swa_epochs: str) -> None:
+    """B1 + distillation from this seed's B1 model's own training-set predictions (§4.6)."""
+    teacher = sweep.root / "teacher" / f"seed{seed}"
+    sweep.command(f"teacher/seed{seed}", ["--eval-only", "--predict-train", "--checkpoint",
+                                          str(sweep.root / B1_ROW / f"seed{seed}" / "checkpoints" / "best"),
+                                          "--out-dir", str(teacher)])
+    sweep.train(f"distill/seed{seed}", [*flags[B1_ROW], "--seed", str(seed), "--objective", "distill",
+                                        "--distill-teachers", str(teacher / "predictions")])
+
+
+def ensemble_scores(sweep: Sweep, seed: int) -> dict[str, dict]:
+    """Simple and selective ensembles of this seed's rows from ``heads`` on (§4.6); selective scored two-fold."""
+    members = [m for m in ENSEMBLE_MEMBERS if final_record(sweep.root / m / f"seed{seed}") is not None]
+    if len(members) < 2:
+        return {}
+    out = {}
+    for method in ("simple", "selective"):
+        summary = ensemble_main([str(sweep.root / m / f"seed{seed}" / "predictions") for m in members] + [
+            "--names", *members, "--method", method, "--out-dir", str(sweep.root / f"ensemble-{method}" /
+                                                                        f"seed{seed}")])
+        # selective: the subset is chosen on one dev half and scored on the other, both ways (honest)
+        task_scores = {t: r["holdout"][method] if method == "selective" else r["simple_score"]
+                       for t, r in summary["tasks"].items()}
+        out[f"ensemble-{method}"] = {"sst_acc": task_scores["sst"], "para_acc": task_scores["para"],
+                                     "sts_r": task_scores["sts"],
+                                     "overall": overall_score({TASK_METRIC[t]: v for t, v in task_scores.items()})}
+    return out
+
+
+def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
+    """{row: {seed: {metric: value, "wall_s": s}}} of every finished run under the sweep's root."""
+    results: dict[str, dict[int, dict]] = {}
+    for row in [name for name, _, _ in LADDER] + ["swa", "distill"] + [name for name, _, _ in CONTRASTIVE]:
+        for seed in seeds:
+            run_dir = sweep.root / row / f"seed{seed}"
+            record = final_record(run_dir)
+            if record is None:
+                continue
+            marker = run_dir / "sweep.json"
+            wall = json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
+            results.setdefault(row, {})[seed] = {**scores(record), "wall_s": wall}
+            if row == "knn_bert" and record.get("knn"):
+                results.setdefault("knn_bert_vote", {})[seed] = {**knn_vote_scores(record), "wall_s": wall}
+    for seed in seeds:
+        for row, values in ensemble_scores(sweep, seed).items():
+            results.setdefault(row, {})[seed] = {**values, "wall_s": None}
+    return results
+
+
+def majority_accuracies(data_dir: str) -> dict[str, float]:
+    """The dev accuracy of always predicting the most frequent class: where a collapsed row sits."""
+    out = {}
+    for task, metric in (("sst", "sst_acc"), ("para", "para_acc")):
+        labels = [ex.label for ex in load_split(task, "dev", data_dir)[0]]
+        out[metric] = max(labels.count(c) for c in set(labels)) / len(labels)
+    return out
+
+
+def render(results: dict[str, dict[int, dict]], majority: dict[str, float]) -> tuple[str, str]:
+    """(ladder table, contrastive table): mean ± std over seeds, Δ overall against the parent row (paired)."""
+    def table(rows: list[str]) -> str:
+        lines = []
+        for row in rows:
+            if row not in results:
+                continue
+            per_seed = results[row]
+            col = {m: [v[m] for v in per_seed.values()] for m in METRICS}
+            parent = PARENTS.get(row)
+            delta = {m: change_cell({s: v[m] for s, v in per_seed.items()},
+                                    {s: v[m] for s, v in results.get(parent, {}).items()}) for m in METRICS}
+            collapsed = [m.split("_")[0] for m in majority if mean_std(col[m])[0] < majority[m] + 0.02]
+            walls = [v["wall_s"] for v in per_seed.values() if v.get("wall_s") is not None]
+            lines.append([LABELS[row] + (f" (collapsed: {', '.join(collapsed)})" if collapsed else ""),
+                          len(per_seed), *(cell(col[m]) for m in METRICS),
+                          delta["overall"] if parent else "", " ".join(delta[m] for m in METRICS[:3]) if parent
+                          else "", fmt(statistics.fmean(walls), 0) if walls else "–"])
+        return markdown_table(["row", "seeds", "SST acc", "Para acc", "STS r", "overall",
+                               "Δ overall vs parent", "Δ SST / Para / STS", "s per run"], lines)
+    ladder = [name for name, _, _ in LADDER] + ["swa", "distill", "ensemble-simple", "ensemble-selective"]
+    contrastive = [name for name, _, _ in CONTRASTIVE[:2]] + ["knn_bert_vote"] + [
+        name for name, _, _ in CONTRASTIVE[2:]]
+    return table(ladder), table(["ce"] + [r for r in contrastive if r != "ce"])
+
+
+def plot(path: Path, results: dict[str, dict[int, dict]], rows: list[str], majority: dict[str, float],
+         title: str) -> None:
+    rows = [r for r in rows if r in results]
+    plot_rows(path, [LABELS[r] for r in rows],
+              {m: [[v[m] for v in results[r].values()] for r in rows] for m in METRICS}, title, majority)
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out-dir", default="runs/ablation")
     ap.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="every row runs once per seed")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
+    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (majority-class accuracies)")
     ap.add_argument("--only", nargs="+", choices=ROWS, default=None,
-                    help="run these rows (and what they need) only; the table shows every finished row")
+                    help="run these rows (and what they need) only; the tables show every finished row")
     ap.add_argument("--force", action="store_true", help="rerun rows that already finished")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
-    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run)
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
+    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
     flags = row_flags(args.budget)
     wanted = set(args.only or ROWS)
     if wanted & {"swa", "distill"}:
         wanted.add(B1_ROW)
-    results: dict[str, dict] = {}
-
-    labels = {name: label for name, label, _ in LADDER}
-    for name, _, _ in LADDER:
-        if name == "smart":
-            continue  # the slowest row runs after the B1-based ones
-        if name in wanted:
-            record, wall = sweep.train(name, flags[name])
-            results[name] = {"label": labels[name], **scores(record), "wall_s": wall}
-
-    if "swa" in wanted:
-        b1_dir, swa_dir = sweep.root / B1_ROW, sweep.root / "swa"
-        if args.force or final_record(swa_dir) is None or "swa" not in final_record(swa_dir):
-            shutil.rmtree(swa_dir, ignore_errors=True)
-            if not args.dry_run:
-                shutil.copytree(b1_dir, swa_dir, symlinks=True)
-                (swa_dir / "sweep.json").unlink()
-        # --resume takes the configuration saved in the copied checkpoint; only the SWA phase is added
-        done = sweep.command("swa", ["--resume", "--swa-epochs", BUDGETS[args.budget]["swa_epochs"],
-                                     "--out-dir", str(swa_dir)])
-        record = final_record(swa_dir) or {"dev": {}}
-        swa = record.get("swa", {})
-        results["swa"] = {"label": f"B1 + SWA, {BUDGETS[args.budget]['swa_epochs']} epoch(s) at 1e-5 (§4.6)"
-                          + ("" if swa.get("used", True) else "; SWA lost on dev, best epoch kept"),
-                          **scores(record), "wall_s": results[B1_ROW]["wall_s"] + done["wall_s"],
-                          "swa_dev": swa.get("dev")}
-
-    if "distill" in wanted:
-        teacher = sweep.root / "teacher"
-        t = sweep.command("teacher", ["--eval-only", "--predict-train", "--checkpoint",
-                                      str(sweep.root / B1_ROW / "checkpoints" / "best"), "--out-dir", str(teacher)])
-        record, wall = sweep.train("distill", flags[B1_ROW] + ["--objective", "distill", "--distill-teachers",
-                                                               str(teacher / "predictions")])
-        results["distill"] = {"label": "B1 + distillation from B1's predictions, weight 2/3 (§4.6)",
-                              **scores(record), "wall_s": wall + t["wall_s"]}
-
-    if "smart" in wanted:
-        record, wall = sweep.train("smart", flags["smart"])
-        results["smart"] = {"label": labels["smart"], **scores(record), "wall_s": wall}
-
-    if "ensemble" in wanted and not args.dry_run:
-        from tasks.ensemble import main as ensemble_main
-        from tasks.evaluate import TASK_METRIC, overall_score
-
-        members = [m for m in ENSEMBLE_MEMBERS if final_record(sweep.root / m) is not None]
-        for method in ("simple", "selective"):
-            out = sweep.root / f"ensemble-{method}"
-            summary = ensemble_main([str(sweep.root / m / "predictions") for m in members] + [
-                "--names", *members, "--method", method, "--out-dir", str(out)])
-            task_scores = {t: (r["simple_score"] if method == "simple" else r["ensemble_score"])
-                           for t, r in summary["tasks"].items()}
-            overall = overall_score({TASK_METRIC[t]: v for t, v in task_scores.items()})
-            chosen = "" if method == "simple" else "; subsets chosen on dev, so optimistic: " + ", ".join(
-                f"{t} {'+'.join(r['models'])}" for t, r in summary["tasks"].items())
-            results[f"ensemble-{method}"] = {
-                "label": f"{method} ensemble of {', '.join(members)} (§4.6){chosen}",
-                "sst_acc": task_scores["sst"], "para_acc": task_scores["para"], "sts_r": task_scores["sts"],
-                "overall": overall, "wall_s": None}
-
-    summary_path = sweep.root / "ablation.json"
-    previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    merged = {**previous.get("rows", {}), **results}
-    order = [n for n in ROWS[:-1] + ["ensemble-simple", "ensemble-selective"] if n in merged]
-    table = markdown_table(
-        ["run", "dev SST acc", "dev Para acc", "dev STS r", "overall", "time (s)"],
-        [[merged[n]["label"], fmt(merged[n]["sst_acc"]), fmt(merged[n]["para_acc"]), fmt(merged[n]["sts_r"]),
-          fmt(merged[n]["overall"]), fmt(merged[n]["wall_s"], 0)] for n in order])
-    if not args.dry_run:
-        summary_path.write_text(json.dumps({"budget": args.budget, "threads": args.threads, "rows": merged,
-                                            "flags": flags}, indent=2) + "\n")
-        (sweep.root / "ablation.md").write_text(table + "\n")
-    print(table)
-    return merged
+    if wanted & {name for name, _, _ in CONTRASTIVE}:
+        wanted.add("ce")
+    t0 = time.perf_counter()
+    run_seed_rows(sweep, flags, args.seeds, wanted, BUDGETS[args.budget]["swa_epochs"])
+    if args.dry_run:
+        return {}
+    results = collect(sweep, args.seeds)
+    majority = majority_accuracies(args.data_dir)
+    ladder, contrastive = render(results, majority)
+    ladder_rows = [name for name, _, _ in LADDER] + ["swa", "distill", "ensemble-simple", "ensemble-selective"]
+    plot(sweep.root / "ablation.png", results, ladder_rows, majority,
+         f"ablation ladder, {args.budget} budget, mean ± std over seeds {args.seeds}")
+    plot(sweep.root / "contrastive.png", results, ["ce", "scl", "knn_bert", "knn_bert_vote", "match_tuning",
+                                                   "rift"], majority,
+         f"contrastive and robust objectives on CE, {args.budget} budget, seeds {args.seeds}")
+    summary = {"budget": args.budget, "seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
+               "wall_s": round(time.perf_counter() - t0, 1), "majority": majority,
+               "rows": {r: {str(s): v for s, v in per.items()} for r, per in results.items()}, "flags": flags}
+    (sweep.root / "ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    text = f"{ladder}\n\n{contrastive}\n"
+    (sweep.root / "ablation.md").write_text(text)
+    print(text)
+    return results
 
 
 if __name__ == "__main__":

@@ -14,11 +14,12 @@ whole-dev number of the same ensemble is printed beside it, labelled optimistic.
 
 Long runs get interrupted: a member that finished (its final record written
 with the same flags) is reused; a member interrupted mid-run continues from
-its ``checkpoints/last`` with ``--resume``; so running the same command again
-continues where it stopped.
+its ``checkpoints/last`` with ``--resume`` (experiments/sweep.py); so running
+the same command again continues where it stopped. ``--jobs 2 --threads 1``
+trains two members at a time, one core each.
 
 Usage:
-    python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--threads N] [-- --epochs 4]
+    python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1] [-- --epochs 4]
 
 Writes ``<out-dir>/leaderboard.json`` (members, their dev scores and wall
 times, the ensemble's honest and optimistic scores).
@@ -28,10 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.sweep import Sweep, final_record
+from experiments.sweep import Sweep
 from tasks.ensemble import METHODS
 from tasks.ensemble import main as ensemble_main
 from tasks.evaluate import TASK_METRIC, overall_score
@@ -40,32 +42,6 @@ from tasks.evaluate import TASK_METRIC, overall_score
 def member_flags(seed: int, extra: Sequence[str]) -> list[str]:
     """The flags of member ``seed``: the default recipe with that seed, then ``extra``."""
     return ["--seed", str(seed), *extra]
-
-
-def train_member(sweep: Sweep, name: str, flags: Sequence[str]) -> tuple[dict, float]:
-    """(final record, wall seconds) of one member: reused when finished with ``flags``, resumed when cut short."""
-    run_dir = sweep.root / name
-    marker = run_dir / "member.json"
-    if marker.is_file() and final_record(run_dir) is not None:
-        done = json.loads(marker.read_text())
-        if done["flags"] == list(flags):
-            print(f"[{name}] reusing the finished member ({done['wall_s']:.0f} s)", flush=True)
-            return final_record(run_dir), done["wall_s"]
-    resumable = (run_dir / "checkpoints" / "last").is_dir() and marker.is_file() and \
-        json.loads(marker.read_text())["flags"] == list(flags)
-    if resumable:  # same member, interrupted: continue from its last checkpoint
-        argv = ["--resume", "--out-dir", str(run_dir)]
-    else:
-        argv = [*flags, "--out-dir", str(run_dir), "--overwrite"]
-        run_dir.mkdir(parents=True, exist_ok=True)
-        marker.write_text(json.dumps({"flags": list(flags), "wall_s": None}, indent=2) + "\n")
-    done = sweep.command(name, argv)
-    record = final_record(run_dir)
-    if record is None:
-        raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")
-    # wall_s of a resumed member is the resumed process's alone (the run's training time is in its records)
-    marker.write_text(json.dumps({"flags": list(flags), "wall_s": done["wall_s"]}, indent=2) + "\n")
-    return record, done["wall_s"]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -77,6 +53,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--method", choices=METHODS, default="selective", help="the ensemble (tasks/ensemble.py)")
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels for the ensemble)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every member (default: torch's)")
+    ap.add_argument("--jobs", type=int, default=1, help="members trained at the same time")
     args, extra = ap.parse_known_args(argv)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -86,19 +63,20 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--members {args.members}: an ensemble needs at least 2")
     if "--data-dir" not in extra:
         extra = [*extra, "--data-dir", args.data_dir]
-    sweep = Sweep(args.out_dir, threads=args.threads)
-    members = {}
-    for seed in range(args.members):
-        name = f"seed{seed}"
-        record, wall = train_member(sweep, name, member_flags(seed, extra))
-        members[name] = {"dev": record["dev"], "wall_s": wall}
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
+    sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
+    t0 = time.perf_counter()
+    trained = sweep.map(lambda seed: sweep.train(f"seed{seed}", member_flags(seed, extra)), range(args.members))
+    members = {f"seed{seed}": {"dev": record["dev"], "wall_s": wall} for seed, (record, wall) in enumerate(trained)}
     ens_dir = Path(args.out_dir) / "ensemble"
     summary = ensemble_main([*(str(sweep.root / m) for m in members), "--method", args.method,
                              "--data-dir", args.data_dir, "--out-dir", str(ens_dir)])
     result = {"members": members, "method": args.method, "extra_flags": extra,
               "holdout_overall": summary.get("holdout_overall"),
               "optimistic_overall": _overall(summary), "submission": summary["submission"],
-              "wall_s": round(sum(m["wall_s"] for m in members.values()), 1)}
+              "members_wall_s": round(sum(m["wall_s"] for m in members.values()), 1),
+              "wall_s": round(time.perf_counter() - t0, 1), "jobs": args.jobs, "threads": args.threads}
     (Path(args.out_dir) / "leaderboard.json").write_text(json.dumps(result, indent=2) + "\n")
     honest = result["holdout_overall"]
     print(f"ensemble of {len(members)} ({args.method}): dev overall "

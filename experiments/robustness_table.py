@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
+from experiments.stats import cell
 from experiments.sweep import Sweep, markdown_table
 
 METHODS = {
@@ -59,14 +59,6 @@ BUDGETS = {
              "attack": ["--steps", "10", "--step-size", "0.0025", "--epsilon", "0.01"]},
 }
 METRICS = {"sst": "sst_acc", "para": "para_acc"}
-
-
-def cell(values: list[float]) -> str:
-    if not values:
-        return "–"
-    if len(values) == 1:
-        return f"{values[0]:.3f}"
-    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
 
 
 def score_rows(method: str, results: dict) -> list[tuple[str, dict[str, list[float]]]]:

@@ -4,21 +4,25 @@ Each run is a subprocess (``python train_multitask.py <flags> --out-dir <root>/<
 so that rows do not share memory or RNG state, with ``OMP_NUM_THREADS`` set
 when ``--threads`` is given. A run whose directory already holds a final
 record made with the same command is reused (``sweep.json`` keeps the
-command and the wall time), so an interrupted sweep continues where it
-stopped; ``--force`` reruns everything.
+command and the wall time), and a training run cut short mid-way continues
+from its ``checkpoints/last`` (``--resume``), so an interrupted sweep
+continues where it stopped; ``--force`` reruns everything. ``jobs`` > 1
+runs that many commands at once (``Sweep.map``): on a 2-core CPU two
+one-thread runs side by side get more done than one two-thread run.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+from concurrent.futures import ThreadPoolExecutor
 import math
 import os
 import shlex
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from tasks.rundir import release_lock, take_lock
@@ -43,10 +47,18 @@ class Sweep:
     """Runs commands under ``root``, one directory per name, and remembers how long each took."""
 
     def __init__(self, root: str | os.PathLike, threads: int | None = None, force: bool = False,
-                 dry_run: bool = False) -> None:
+                 dry_run: bool = False, jobs: int = 1) -> None:
         self.root = Path(root)
-        self.threads, self.force, self.dry_run = threads, force, dry_run
+        self.threads, self.force, self.dry_run, self.jobs = threads, force, dry_run, jobs
         self.root.mkdir(parents=True, exist_ok=True)
+
+    def map(self, fn: Callable, items: Iterable) -> list:
+        """``[fn(item) for item in items]``, ``jobs`` at a time (threads that each wait on one subprocess)."""
+        items = list(items)
+        if self.jobs <= 1 or len(items) <= 1:
+            return [fn(item) for item in items]
+        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
+            return list(pool.map(fn, items))
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -54,47 +66,57 @@ class Sweep:
             env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
         return env
 
-    def command(self, name: str, argv: Sequence[str], *, module: str | None = None) -> dict:
+    def command(self, name: str, argv: Sequence[str], *, module: str | None = None,
+                resume: Sequence[str] | None = None) -> dict:
         """Run ``python train_multitask.py argv`` (or ``python -m module argv``) once; returns {argv, wall_s}.
 
         The record lands in ``<root>/<name>/sweep.json``; a second call with the same
-        argv returns it without running, unless ``force``.
+        argv returns it without running, unless ``force``. ``sweep.json`` is written
+        (``wall_s`` null) before the run starts: when a call with the same argv finds
+        it unfinished and ``<root>/<name>/checkpoints/last`` there, it runs ``resume``
+        instead, so a training run cut short continues. The wall_s of a resumed run is
+        that of the resuming process alone.
         """
         run_dir = self.root / name
         marker = run_dir / "sweep.json"
-        cmd = [sys.executable] + (["-m", module] if module else [str(ROOT / "train_multitask.py")]) + list(argv)
-        shown = " ".join(shlex.quote(c) for c in ["python"] + cmd[1:])
-        if marker.is_file() and not self.force:
-            done = json.loads(marker.read_text())
-            if done.get("argv") == list(argv) and done.get("module") == module:
-                print(f"[{name}] reusing the finished run ({done['wall_s']:.0f} s): {shown}", flush=True)
-                return done
-        print(f"[{name}] {shown}", flush=True)
+        prior = json.loads(marker.read_text()) if marker.is_file() and not self.force else {}
+        same = prior.get("argv") == list(argv) and prior.get("module") == module
+        if same and prior.get("wall_s") is not None:
+            print(f"[{name}] reusing the finished run ({prior['wall_s']:.0f} s)", flush=True)
+            return prior
+        run = list(argv)
+        if same and resume is not None and (run_dir / "checkpoints" / "last").is_dir():
+            run = list(resume)  # the same run, cut short: continue from its last checkpoint
+        cmd = [sys.executable] + (["-m", module] if module else [str(ROOT / "train_multitask.py")]) + run
+        print(f"[{name}] {' '.join(shlex.quote(c) for c in ['python'] + cmd[1:])}", flush=True)
         if self.dry_run:
             return {"argv": list(argv), "module": module, "wall_s": math.nan}
         run_dir.mkdir(parents=True, exist_ok=True)
         with _run_lock(run_dir, name):
-            return self._run(name, cmd, argv, module, run_dir, marker)
+            marker.write_text(json.dumps({"argv": list(argv), "module": module, "wall_s": None}, indent=2) + "\n")
+            return self._run(name, cmd, argv, module, run_dir, marker, resumed=run != list(argv))
 
     def _run(self, name: str, cmd: list[str], argv: Sequence[str], module: str | None, run_dir: Path,
-              marker: Path) -> dict:
+             marker: Path, resumed: bool) -> dict:
         t0 = time.perf_counter()
-        with open(run_dir / "sweep.log", "w", encoding="utf-8") as log:
+        with open(run_dir / "sweep.log", "a", encoding="utf-8") as log:
             proc = subprocess.run(cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             tail = (run_dir / "sweep.log").read_text(encoding="utf-8", errors="replace")[-3000:]
             raise SystemExit(f"[{name}] failed with exit status {proc.returncode} after {wall:.0f} s; "
                              f"log {run_dir / 'sweep.log'}:\n{tail}")
-        done = {"argv": list(argv), "module": module, "wall_s": round(wall, 1), "threads": self.threads}
+        done = {"argv": list(argv), "module": module, "wall_s": round(wall, 1), "threads": self.threads,
+                "resumed": resumed}
         marker.write_text(json.dumps(done, indent=2) + "\n")
         print(f"[{name}] done in {wall:.0f} s", flush=True)
         return done
 
     def train(self, name: str, flags: Sequence[str]) -> tuple[dict, float]:
-        """One training run (fresh, ``--overwrite``); returns (its final record, wall seconds)."""
+        """One training run (fresh, ``--overwrite``; resumed when cut short); returns (its final record, wall s)."""
         run_dir = self.root / name
-        done = self.command(name, list(flags) + ["--out-dir", str(run_dir), "--overwrite"])
+        done = self.command(name, list(flags) + ["--out-dir", str(run_dir), "--overwrite"],
+                            resume=["--resume", "--out-dir", str(run_dir)])
         record = final_record(run_dir) if not self.dry_run else {"dev": {}}
         if record is None:
             raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")

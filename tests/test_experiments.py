@@ -9,8 +9,10 @@ import sys
 
 import pytest
 
-from experiments.ablation import LADDER, merge_flags, row_flags
-from experiments.robustness_table import cell, render, score_rows
+from experiments.ablation import CONTRASTIVE, LADDER, merge_flags, render, row_flags
+from experiments.stats import cell, change, change_cell, plot_rows
+from experiments.robustness_table import render as render_robustness
+from experiments.robustness_table import score_rows
 from experiments.sweep import _run_lock, final_record
 from tasks import cli
 
@@ -24,19 +26,59 @@ def test_merge_flags_replaces_values_and_accumulates_objectives():
 def test_every_ablation_row_parses_and_adds_to_the_row_above():
     """Each row's flags build a valid configuration (refusals would exit 2) that differs from the previous row's."""
     rows = row_flags("cpu")
-    assert list(rows) == [name for name, _, _ in LADDER]
+    assert list(rows) == [name for name, _, _ in LADDER] + ["ce"] + [name for name, _, _ in CONTRASTIVE]
     previous = None
+    configs = {}
     for name, flags in rows.items():
         parser = cli.build_parser()
         command, explicit = cli.parse(flags + ["--out-dir", "unused"], parser)
-        cfg = cli.build_invocation(command, explicit).config
-        assert cfg.epochs == 1 and cfg.max_train_examples["para"] == 3000 and cfg.max_train_examples["sst"] == 4000
-        if previous is not None:
+        cfg = configs[name] = cli.build_invocation(command, explicit).config
+        assert cfg.epochs == 1 and cfg.max_train_examples["para"] == 2000 and cfg.max_train_examples["sst"] == 2000
+        assert cfg.model.pooling == "mean" and cfg.head_lr_scale == 10
+        if previous is not None and name in dict((n, 0) for n, _, _ in LADDER):
             assert cfg.to_dict() != previous.to_dict(), name
         previous = cfg
-    assert set(previous.objectives) == {"mnr", "simcse", "smart"} and previous.bf16 is False
-    assert previous.nli and previous.model.arch == "b1" and previous.loss_weights == {"para": 0.1}
-    assert previous.max_train_examples == {"sst": 4000, "para": 3000, "sts": 3000, "nli": 3000}
+    smart = configs["smart"]
+    assert set(smart.objectives) == {"mnr", "simcse", "smart"} and smart.bf16 is None
+    assert smart.nli and smart.model.arch == "b1" and smart.loss_weights == {"para": 0.1}
+    assert smart.max_train_examples == {"sst": 2000, "para": 2000, "sts": 2000, "nli": 1500}
+    assert configs["ce"].objectives == {} and configs["ce"].model.pair_encoding == "cross"
+    for name, _, _ in CONTRASTIVE:  # one objective on the cross-encoded CE model, nothing of the ladder
+        assert list(configs[name].objectives) == [name] and configs[name].model.pair_encoding == "cross"
+        assert not configs[name].nli and configs[name].loss_weights == {}
+
+
+def test_stats_cells_and_paired_changes():
+    assert cell([0.47, 0.48, 0.46]) == "0.470 ± 0.010" and cell([0.5]) == "0.500" and cell([]) == "–"
+    row, parent = {0: 0.50, 1: 0.52, 2: 0.51, 3: 0.9}, {0: 0.40, 1: 0.43, 2: 0.41}
+    delta, se, n = change(row, parent)  # seed 3 has no parent run: left out of the pairs
+    assert n == 3 and delta == pytest.approx(0.0966667, abs=1e-6) and se == pytest.approx(0.0033333, abs=1e-6)
+    assert change_cell(row, parent) == "+0.097 ± 0.003*"
+    assert change_cell({0: 0.50, 1: 0.40}, {0: 0.45, 1: 0.44}).endswith("± 0.045")  # |Δ| < 2 SE: no star
+    assert change_cell({0: 0.5}, {}) == "–"
+
+
+def test_ablation_tables_flag_collapse_and_mark_changes(tmp_path):
+    """The rendered tables: mean ± std per row, the paired change against the parent, collapsed rows flagged;
+    the plots are written."""
+    seeds = {0: 0.0, 1: 0.01, 2: -0.01}
+    results = {
+        "baseline": {s: {"sst_acc": 0.40 + d, "para_acc": 0.70 + d, "sts_r": 0.70, "overall": 0.6, "wall_s": 10}
+                     for s, d in seeds.items()},
+        "even": {s: {"sst_acc": 0.45 + d, "para_acc": 0.64, "sts_r": 0.71, "overall": 0.62 + d, "wall_s": 12}
+                 for s, d in seeds.items()},
+        "ce": {s: {"sst_acc": 0.45, "para_acc": 0.75, "sts_r": 0.8, "overall": 0.7, "wall_s": 9} for s in seeds},
+    }
+    ladder, contrastive = render(results, {"sst_acc": 0.25, "para_acc": 0.633})
+    lines = ladder.splitlines()
+    base = next(x for x in lines if x.startswith("| baseline"))
+    assert "| 3 | 0.400 ± 0.010 | 0.700 ± 0.010 |" in base and "collapsed" not in base
+    even = next(x for x in lines if x.startswith("| + even"))
+    assert "(collapsed: para)" in even and "+0.020 ± 0.000" not in even
+    assert "+0.050 ± 0.000*" in even  # SST: the same +0.05 on every seed
+    assert "CE:" in contrastive
+    plot_rows(tmp_path / "p.png", ["a", "b"], {"overall": [[0.5, 0.6], [0.7]]}, "t", {"overall": 0.55})
+    assert (tmp_path / "p.png").stat().st_size > 1000
 
 
 def test_robustness_rows_cells_and_knn_variants():
@@ -55,7 +97,7 @@ def test_robustness_rows_cells_and_knn_variants():
     classifier = knn["KNN-BERT, classifier alone (φ 0)"]
     assert classifier["clean/sst"] == [0.45] and classifier["attack/sst"] == [0.2]
     assert "attack/sst" not in knn["KNN-BERT, φ 0.25"] and "attack/sst" not in knn["KNN-BERT, φ 1 (KNN only)"]
-    text = render(results, {"ce": {"clean": 12.0}})
+    text = render_robustness(results, {"ce": {"clean": 12.0}})
     assert "| CE baseline | 0.500 | 0.300 ± 0.141 | – | – | 0.100 / 0.400 |" in text  # after / clean on the same subset
 
 

@@ -38,7 +38,8 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     # seed1 was cut short by an earlier call of the command: its marker and a mid-run checkpoint exist
     member = out / "seed1"
     member.mkdir(parents=True)
-    (member / "member.json").write_text(json.dumps({"flags": leaderboard.member_flags(1, flags), "wall_s": None}))
+    argv = [*leaderboard.member_flags(1, flags), "--out-dir", str(member), "--overwrite"]
+    (member / "sweep.json").write_text(json.dumps({"argv": argv, "module": None, "wall_s": None}))
     inv = cli.build_invocation(*cli.parse([*leaderboard.member_flags(1, flags), "--out-dir", str(member)]))
     trainer = Trainer.from_config(inv.config, hooks=[_StopAfterEpoch1()])
     with pytest.raises(_Cut):
@@ -46,7 +47,7 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     trainer.run_dir.close()  # the cut process is gone: its run.lock with it
 
     result = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
-                               "--threads", "1", "--", *_tiny_flags(tiny_env)])
+                               "--threads", "1", "--jobs", "2", "--", *_tiny_flags(tiny_env)])
     assert set(result["members"]) == {"seed0", "seed1"}
     assert "resumed from" in (member / "train.log").read_text()
     records = [json.loads(line) for line in (member / "metrics.jsonl").read_text().splitlines()]
@@ -59,5 +60,5 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
 
     again = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
                               "--threads", "1", "--", *_tiny_flags(tiny_env)])
-    assert "reusing the finished member" in capsys.readouterr().out
+    assert capsys.readouterr().out.count("reusing the finished run") == 2
     assert again["holdout_overall"] == result["holdout_overall"]

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pytest
-import torch
 
 from tasks.trainer import Trainer, lr_scale
-from tests.test_train import _assert_same_state, _Interrupt, _StopAt, tiny_env, tiny_train_config  # noqa: F401
+from tests.test_train import _assert_same_state, _Interrupt, _StopAt, tiny_env, tiny_train_config  # noqa: F401,F811
 
 
 def test_lr_scale_decays_from_the_top_layer_down_to_the_embeddings():
