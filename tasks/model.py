@@ -9,7 +9,8 @@ Usage:
 
 Architectures (paper: ../shared/papers/minbert-downstream-generalization.txt):
 - ``baseline`` (§4.1): SST = dropout + linear on the pooled [CLS]; paraphrase =
-  Siamese, each sentence -> linear (32) -> dot product -> sigmoid (BCE);
+  Siamese, each sentence -> linear (32) -> dot product + a learned offset (ours:
+  without it the threshold is fixed at 0) -> sigmoid (BCE);
   STS = Siamese, linear (32) per sentence -> 5 × cosine (MSE).
 - ``b1`` (§4.3, Figure 1): two shared FCN layers (H -> F -> F, ReLU) used by all
   tasks and concatenated with each task's own FCN layer (H -> F, ReLU);
@@ -126,6 +127,8 @@ class MultitaskBert(nn.Module):
         if config.arch == "baseline":
             self.sst_head = _mlp([H, NUM_SST_CLASSES], p)
             self.para_head = _mlp([H, 1], p) if cross else _mlp([H, P], p)
+            if not cross:  # the threshold on the dot product, learned (see forward)
+                self.para_bias = nn.Parameter(torch.zeros(()))
             self.sts_head = _mlp([H, 1], p) if cross else _mlp([H, P], p)
         else:
             self.shared = nn.Sequential(_mlp([H, Fs, Fs], p), nn.ReLU())
@@ -212,7 +215,9 @@ class MultitaskBert(nn.Module):
             if task == "para":
                 if cfg.arch == "baseline":
                     u, v = self.para_head(e1), self.para_head(e2)  # (B, P)
-                    logits = (u * v).sum(-1)
+                    # + a learned offset: at 0 alone the threshold is where any two similar sentences start
+                    # out, and short runs called 95% of Quora pairs paraphrases (below the majority class)
+                    logits = (u * v).sum(-1) + self.para_bias
                 else:
                     f1, f2 = self._features("para", e1), self._features("para", e2)  # (B, 2F)
                     x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)

@@ -129,14 +129,23 @@ def test_baseline_sts_is_five_times_cosine_of_projections():
     torch.testing.assert_close(out.features["sts_1"], u)
 
 
-def test_baseline_para_is_dot_product_of_projections():
-    """Baseline paraphrase logit (paper §4.1) = (W e1 + b) · (W e2 + b)."""
+def test_baseline_para_is_dot_product_of_projections_plus_a_learned_offset():
+    """Baseline paraphrase logit (paper §4.1) = (W e1 + b) · (W e2 + b) + c, with c a trained scalar.
+
+    Without c the threshold sits at a dot product of 0, where two similar sentences'
+    projections start out (mean-pooled MiniLM embeddings of any two questions point
+    alike): a short run predicted "paraphrase" for 95% of Quora dev, below the majority class.
+    """
     model = make_model("baseline", "siamese").eval()
     batch = make_batch("para")
+    with torch.no_grad():
+        model.para_bias.fill_(-0.75)
     out = model("para", batch)
     with torch.no_grad():
         u, v = model.para_head(out.features["pooled_1"]), model.para_head(out.features["pooled_2"])
-    torch.testing.assert_close(out.logits, (u * v).sum(-1))
+    torch.testing.assert_close(out.logits, (u * v).sum(-1) - 0.75)
+    out.logits.sum().backward()
+    assert model.para_bias.grad is not None and model.para_bias.grad.item() == pytest.approx(len(out.logits))
 
 
 @pytest.mark.parametrize("arch,pair_encoding", GRID)
