@@ -36,7 +36,8 @@ Tables: mean ± std over the seeds per task and overall, and each row's change
 against its parent (the row above; B1 for swa, distill, smart and the
 ensembles; CE for the contrastive rows), paired by seed, as Δ ± standard
 error, starred where |Δ| > 2 SE (experiments/stats.py). A row whose SST or
-Quora mean is within 0.02 of the majority class is flagged "collapsed".
+Quora mean is below the majority class + 0.02 is flagged "not above majority":
+it has not learned that task (a constant prediction, or worse).
 Plots: ``ablation.png`` and ``contrastive.png``, mean ± std and every seed.
 
 Budgets: ``cpu`` (the default) fits the 2-core machine: 1 epoch at lr 1e-4
@@ -273,9 +274,9 @@ def render(results: dict[str, dict[int, dict]], majority: dict[str, float]) -> t
             parent = PARENTS.get(row)
             delta = {m: change_cell({s: v[m] for s, v in per_seed.items()},
                                     {s: v[m] for s, v in results.get(parent, {}).items()}) for m in METRICS}
-            collapsed = [m.split("_")[0] for m in majority if mean_std(col[m])[0] < majority[m] + 0.02]
+            unlearned = [m.split("_")[0] for m in majority if mean_std(col[m])[0] < majority[m] + 0.02]
             walls = [v["wall_s"] for v in per_seed.values() if v.get("wall_s") is not None]
-            lines.append([LABELS[row] + (f" (collapsed: {', '.join(collapsed)})" if collapsed else ""),
+            lines.append([LABELS[row] + (f" (not above majority: {', '.join(unlearned)})" if unlearned else ""),
                           len(per_seed), *(cell(col[m]) for m in METRICS),
                           delta["overall"] if parent else "", " ".join(delta[m] for m in METRICS[:3]) if parent
                           else "", fmt(statistics.fmean(walls), 0) if walls else "–"])

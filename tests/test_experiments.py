@@ -59,7 +59,7 @@ def test_stats_cells_and_paired_changes():
 
 
 def test_ablation_tables_flag_collapse_and_mark_changes(tmp_path):
-    """The rendered tables: mean ± std per row, the paired change against the parent, collapsed rows flagged;
+    """The rendered tables: mean ± std per row, the paired change against the parent, rows not above the majority class flagged;
     the plots are written."""
     seeds = {0: 0.0, 1: 0.01, 2: -0.01}
     results = {
@@ -72,9 +72,9 @@ def test_ablation_tables_flag_collapse_and_mark_changes(tmp_path):
     ladder, contrastive = render(results, {"sst_acc": 0.25, "para_acc": 0.633})
     lines = ladder.splitlines()
     base = next(x for x in lines if x.startswith("| baseline"))
-    assert "| 3 | 0.400 ± 0.010 | 0.700 ± 0.010 |" in base and "collapsed" not in base
+    assert "| 3 | 0.400 ± 0.010 | 0.700 ± 0.010 |" in base and "majority" not in base
     even = next(x for x in lines if x.startswith("| + even"))
-    assert "(collapsed: para)" in even and "+0.020 ± 0.000" not in even
+    assert "(not above majority: para)" in even and "+0.020 ± 0.000" not in even
     assert "+0.050 ± 0.000*" in even  # SST: the same +0.05 on every seed
     assert "CE:" in contrastive
     plot_rows(tmp_path / "p.png", ["a", "b"], {"overall": [[0.5, 0.6], [0.7]]}, "t", {"overall": 0.55})
