@@ -2,7 +2,9 @@
 
 Members (each a ``train_multitask.py`` run in ``<out-dir>/<member>``) are the
 default recipe with seeds 0..K-1, plus the flags given after ``--`` for every
-member. The ensemble (tasks/ensemble.py, ``--method``; default ``selective``)
+member. ``--variants`` makes them diverse: member k also takes variant
+k mod V (a quoted flag string, "" for none), e.g.
+``--variants "" "--epochs 4 --max-train-examples para=12000"``. The ensemble (tasks/ensemble.py, ``--method``; default ``selective``)
 goes to ``<out-dir>/ensemble``: leaderboard files in the CS224N starter's
 format and ``cs224n_default_final_project_submission.zip``.
 
@@ -19,7 +21,8 @@ the same command again continues where it stopped. ``--jobs 2 --threads 1``
 trains two members at a time, one core each.
 
 Usage:
-    python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1] [-- --epochs 4]
+    python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1]
+        [--variants "" "--head-dropout 0.1"] [-- --epochs 4]
 
 Writes ``<out-dir>/leaderboard.json`` (members, their dev scores and wall
 times, the ensemble's honest and optimistic scores).
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,9 +43,16 @@ from tasks.ensemble import main as ensemble_main
 from tasks.evaluate import TASK_METRIC, overall_score
 
 
-def member_flags(seed: int, extra: Sequence[str]) -> list[str]:
-    """The flags of member ``seed``: the default recipe with that seed, then ``extra``."""
-    return ["--seed", str(seed), *extra]
+def member_flags(seed: int, extra: Sequence[str], variant: str = "") -> list[str]:
+    """The flags of member ``seed``: the default recipe with that seed, then ``extra``, then ``variant``'s flags."""
+    return ["--seed", str(seed), *extra, *shlex.split(variant)]
+
+
+def members_of(k: int, variants: Sequence[str]) -> dict[str, tuple[int, str]]:
+    """{member name: (seed, variant)}: seeds 0..k-1, variants in turn; names say both ("seed3", "v1-seed3")."""
+    if not variants or list(variants) == [""]:
+        return {f"seed{seed}": (seed, "") for seed in range(k)}
+    return {f"v{seed % len(variants)}-seed{seed}": (seed, variants[seed % len(variants)]) for seed in range(k)}
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -54,6 +65,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels for the ensemble)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every member (default: torch's)")
     ap.add_argument("--jobs", type=int, default=1, help="members trained at the same time")
+    ap.add_argument("--variants", nargs="+", default=[], metavar="FLAGS",
+                    help='member k adds variant k mod V to its flags: quoted flag strings, "" for none')
     args, extra = ap.parse_known_args(argv)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -67,8 +80,16 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--jobs {args.jobs}: at least 1")
     sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
     t0 = time.perf_counter()
-    trained = sweep.map(lambda seed: sweep.train(f"seed{seed}", member_flags(seed, extra)), range(args.members))
-    members = {f"seed{seed}": {"dev": record["dev"], "wall_s": wall} for seed, (record, wall) in enumerate(trained)}
+    for variant in args.variants:
+        try:
+            shlex.split(variant)
+        except ValueError as e:
+            ap.error(f"--variants {variant!r}: {e}")
+    plan = members_of(args.members, args.variants)
+    trained = sweep.map(lambda item: sweep.train(item[0], member_flags(item[1][0], extra, item[1][1])),
+                        list(plan.items()))
+    members = {name: {"dev": record["dev"], "wall_s": wall, "variant": plan[name][1]}
+               for name, (record, wall) in zip(plan, trained)}
     ens_dir = Path(args.out_dir) / "ensemble"
     summary = ensemble_main([*(str(sweep.root / m) for m in members), "--method", args.method,
                              "--data-dir", args.data_dir, "--out-dir", str(ens_dir)])

@@ -62,3 +62,18 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
                               "--threads", "1", "--", *_tiny_flags(tiny_env)])
     assert capsys.readouterr().out.count("reusing the finished run") == 2
     assert again["holdout_overall"] == result["holdout_overall"]
+
+
+def test_variants_make_members_diverse():
+    """Member k takes seed k and variant k mod V; no variants keeps the seed-only names of earlier runs."""
+    assert leaderboard.members_of(2, []) == {"seed0": (0, ""), "seed1": (1, "")}
+    plan = leaderboard.members_of(3, ["", "--epochs 4 --head-dropout 0.1"])
+    assert plan == {"v0-seed0": (0, ""), "v1-seed1": (1, "--epochs 4 --head-dropout 0.1"), "v0-seed2": (2, "")}
+    assert leaderboard.member_flags(1, ["--data-dir", "d"], plan["v1-seed1"][1]) == [
+        "--seed", "1", "--data-dir", "d", "--epochs", "4", "--head-dropout", "0.1"]
+
+
+def test_an_unbalanced_variant_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "--lr '1e-4"])
+    assert e.value.code == 2 and "No closing quotation" in capsys.readouterr().err
