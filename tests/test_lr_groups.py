@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tasks.trainer import Trainer, lr_scale
-from tests.test_train import _assert_same_state, _Interrupt, _StopAt, tiny_env, tiny_train_config  # noqa: F401,F811
+from tests.test_train import run_whole_and_cut, tiny_env, tiny_train_config  # noqa: F401,F811
 
 
 def test_lr_scale_decays_from_the_top_layer_down_to_the_embeddings():
@@ -59,15 +59,8 @@ def test_frozen_lower_layers_move_less(tiny_env, tmp_path):
 
 def test_resume_with_lr_groups_is_bit_identical(tiny_env, tmp_path):
     """The groups' lr scales survive a checkpoint: a cut and resumed run ends exactly where the whole run does."""
-    kw = dict(layer_lr_decay=0.7, head_lr_scale=2.0, checkpoint_every=4)
-    full = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "full", **kw))
-    full.fit()
-    cfg = tiny_train_config(tiny_env, tmp_path / "cut", **kw)
-    with pytest.raises(_Interrupt):
-        Trainer.from_config(cfg, hooks=[_StopAt(step=9)]).fit()
-    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
-    resumed.fit()
-    _assert_same_state(full, resumed)
+    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 9, layer_lr_decay=0.7, head_lr_scale=2.0,
+                                      checkpoint_every=4)
     assert [g["lr_scale"] for g in resumed.optimizer.param_groups] == [g["lr_scale"] for g in full.optimizer.param_groups]
 
 

@@ -165,6 +165,19 @@ class _StopAt(Hook):
             raise _Interrupt
 
 
+def run_whole_and_cut(env, tmp_path: Path, stop_step: int, **overrides) -> tuple[Trainer, Trainer]:
+    """(a whole run, the same run cut after global step ``stop_step`` and resumed), checked equal bit for bit."""
+    full = Trainer.from_config(tiny_train_config(env, tmp_path / "full", **overrides))
+    full.fit()
+    cfg = tiny_train_config(env, tmp_path / "cut", **overrides)
+    with pytest.raises(_Interrupt):
+        Trainer.from_config(cfg, hooks=[_StopAt(step=stop_step)]).fit()
+    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+    resumed.fit()
+    _assert_same_state(full, resumed)
+    return full, resumed
+
+
 # ---- the loop -------------------------------------------------------------------------------------------
 
 
@@ -289,14 +302,7 @@ def test_resume_with_objective_state_is_bit_identical(tiny_env, tmp_path, object
     kw = dict(objectives={objective: {}}, checkpoint_every=5, epochs=1)
     if objective == "knn_bert":
         kw["objectives"] = {objective: {"m_most": 2, "m_least": 2, "queue_size": 20}}
-    full = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "full", **kw))
-    full.fit()
-    cfg = tiny_train_config(tiny_env, tmp_path / "cut", **kw)
-    with pytest.raises(_Interrupt):
-        Trainer.from_config(cfg, hooks=[_StopAt(step=6)]).fit()
-    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
-    resumed.fit()
-    _assert_same_state(full, resumed)
+    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 6, **kw)
     a, b = full.objectives[0].state_dict(), resumed.objectives[0].state_dict()
     assert a.keys() == b.keys()
     for k in a:
