@@ -47,21 +47,24 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     trainer.run_dir.close()  # the cut process is gone: its run.lock with it
 
     result = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
-                               "--threads", "1", "--jobs", "2", "--", *_tiny_flags(tiny_env)])
+                               "--threads", "1", "--jobs", "2", "--method", "selective", "--", *_tiny_flags(tiny_env)])
     assert set(result["members"]) == {"seed0", "seed1"}
     assert "resumed from" in (member / "train.log").read_text()
     records = [json.loads(line) for line in (member / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if "epoch" in r and not r.get("final")] == [1, 2] and records[-1]["final"]
     summary = json.loads((out / "ensemble" / "ensemble.json").read_text())
     assert result["holdout_overall"] == summary["holdout_overall"] and 0 < result["holdout_overall"] < 1
+    assert result["honest_overall"] == result["holdout_overall"]
     names = zipfile.ZipFile(out / "ensemble" / "cs224n_default_final_project_submission.zip").namelist()
     assert "predictions/sst-test-output.csv" in names
     assert "held out" in capsys.readouterr().out
 
     again = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
                               "--threads", "1", "--", *_tiny_flags(tiny_env)])
-    assert capsys.readouterr().out.count("reusing the finished run") == 2
-    assert again["holdout_overall"] == result["holdout_overall"]
+    out_text = capsys.readouterr().out  # the default method, simple, on the same members: none retrained
+    assert out_text.count("reusing the finished run") == 2 and "nothing chosen on dev: honest" in out_text
+    assert again["method"] == "simple" and again["honest_overall"] == again["whole_dev_overall"]
+    assert again["members"] == result["members"]
 
 
 def test_variants_make_members_diverse():
