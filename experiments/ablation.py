@@ -236,7 +236,7 @@ def ensemble_scores(sweep: Sweep, seed: int) -> dict[str, dict]:
 def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
     """{row: {seed: {metric: value, "wall_s": s}}} of every finished run under the sweep's root."""
     results: dict[str, dict[int, dict]] = {}
-    for row in [name for name, _, _ in LADDER] + ["swa", "distill"] + [name for name, _, _ in CONTRASTIVE]:
+    for row in ROWS:
         for seed in seeds:
             run_dir = sweep.root / row / f"seed{seed}"
             record = final_record(run_dir)
@@ -278,7 +278,7 @@ def render(results: dict[str, dict[int, dict]], majority: dict[str, float]) -> t
             walls = [v["wall_s"] for v in per_seed.values() if v.get("wall_s") is not None]
             lines.append([LABELS[row] + (f" (not above majority: {', '.join(unlearned)})" if unlearned else ""),
                           len(per_seed), *(cell(col[m]) for m in METRICS),
-                          delta["overall"] if parent else "", " ".join(delta[m] for m in METRICS[:3]) if parent
+                          delta["overall"] if parent else "", " / ".join(delta[m] for m in METRICS[:3]) if parent
                           else "", fmt(statistics.fmean(walls), 0) if walls else "–"])
         return markdown_table(["row", "seeds", "SST acc", "Para acc", "STS r", "overall",
                                "Δ overall vs parent", "Δ SST / Para / STS", "s per run"], lines)

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from experiments.ablation import CONTRASTIVE, LADDER, merge_flags, render, row_flags
+from experiments import ablation
+from experiments.ablation import CONTRASTIVE, LADDER, ROWS, collect, merge_flags, render, row_flags
 from experiments.stats import cell, change, change_cell, plot_rows
 from experiments.robustness_table import render as render_robustness
 from experiments.robustness_table import score_rows
-from experiments.sweep import _run_lock, final_record
+from experiments.sweep import Sweep, _run_lock, final_record
 from tasks import cli
 
 
@@ -121,3 +122,16 @@ def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
     with _run_lock(tmp_path, "row"):
         assert json.loads(lock.read_text())["pid"] == os.getpid()
     assert not lock.exists()
+
+
+def test_collect_reads_every_row_and_seed(tmp_path, monkeypatch):
+    """Every row of the sweep (the CE parent of the contrastive rows too) is read back, per seed."""
+    monkeypatch.setattr(ablation, "ensemble_scores", lambda sweep, seed: {})  # these runs wrote no predictions
+    for row in ROWS:
+        for seed in (0, 1):
+            run = tmp_path / row / f"seed{seed}"
+            run.mkdir(parents=True)
+            dev = {"sst_acc": 0.4, "para_acc": 0.7, "sts_r": 0.8, "overall": 0.6 + seed / 100}
+            (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": dev}) + "\n")
+    results = collect(Sweep(tmp_path), [0, 1])
+    assert set(ROWS) <= set(results) and results["ce"][1]["overall"] == 0.61
