@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-from concurrent.futures import ThreadPoolExecutor
 import math
 import os
 import shlex
@@ -23,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tasks.rundir import release_lock, take_lock
