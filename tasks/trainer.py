@@ -121,7 +121,6 @@ class Hook:
 # ---- the trainer ------------------------------------------------------------------------------------------------
 
 
-
 def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> float:
     """The factor on the lr of the parameter ``name`` (as in ``Trainer.param_names``).
 
@@ -139,6 +138,7 @@ def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> f
     if rest.startswith("encoder.layer."):
         return layer_decay ** (layers - 1 - int(rest.split(".")[2]))
     return 1.0
+
 
 class Trainer:
     """One training run over built parts; ``from_config`` builds them and prepares the run directory.
@@ -234,23 +234,19 @@ class Trainer:
                 if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     named.append((f"{prefix}.{n}", p))
-        decay = [(n, p) for n, p in named if p.ndim >= 2]
-        no_decay = [(n, p) for n, p in named if p.ndim < 2]
-        fused = self.cfg.fused_adamw
-        if self.cfg.layer_lr_decay == 1 and self.cfg.head_lr_scale == 1:
-            groups = [{"params": [p for _, p in decay], "weight_decay": self.cfg.weight_decay},
-                      {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
-            ordered = decay + no_decay
-        else:  # one group per (lr scale, weight decay); train_step multiplies the lr by the group's lr_scale
-            layers = self.model.encoder.config.num_hidden_layers
-            by_key: dict[tuple[float, float], list[tuple[str, nn.Parameter]]] = {}
-            for wd, members in ((self.cfg.weight_decay, decay), (0.0, no_decay)):
-                for n, p in members:
+        # one group per (lr factor, decays or not): matrices decay, biases and LayerNorm (ndim < 2) do not; a
+        # group's lr_scale (only where the factor is not 1) multiplies the lr in train_step
+        layers = self.model.encoder.config.num_hidden_layers
+        by_key: dict[tuple[float, bool], list[tuple[str, nn.Parameter]]] = {}
+        for decays in (True, False):
+            for n, p in named:
+                if (p.ndim >= 2) == decays:
                     scale = lr_scale(n, layers, self.cfg.layer_lr_decay, self.cfg.head_lr_scale)
-                    by_key.setdefault((scale, wd), []).append((n, p))
-            groups = [{"params": [p for _, p in members], "weight_decay": wd, "lr_scale": scale}
-                      for (scale, wd), members in by_key.items()]
-            ordered = [pair for members in by_key.values() for pair in members]
+                    by_key.setdefault((scale, decays), []).append((n, p))
+        groups = [{"params": [p for _, p in members], "weight_decay": self.cfg.weight_decay if decays else 0.0}
+                  | ({"lr_scale": scale} if scale != 1 else {}) for (scale, decays), members in by_key.items()]
+        ordered = [pair for members in by_key.values() for pair in members]
+        fused = self.cfg.fused_adamw
         opt = AdamW(groups, lr=self.cfg.lr, foreach=not fused, fused=fused)
         return [p for _, p in ordered], [n for n, _ in ordered], opt
 

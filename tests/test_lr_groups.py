@@ -61,7 +61,8 @@ def test_resume_with_lr_groups_is_bit_identical(tiny_env, tmp_path):
     """The groups' lr scales survive a checkpoint: a cut and resumed run ends exactly where the whole run does."""
     full, resumed = run_whole_and_cut(tiny_env, tmp_path, 9, layer_lr_decay=0.7, head_lr_scale=2.0,
                                       checkpoint_every=4)
-    assert [g["lr_scale"] for g in resumed.optimizer.param_groups] == [g["lr_scale"] for g in full.optimizer.param_groups]
+    scales = [[g.get("lr_scale", 1.0) for g in t.optimizer.param_groups] for t in (full, resumed)]
+    assert scales[0] == scales[1] and len(set(scales[0])) > 1
 
 
 @pytest.mark.parametrize("field, value", [("layer_lr_decay", 0.0), ("layer_lr_decay", 1.5), ("head_lr_scale", 0.0)])
