@@ -108,6 +108,8 @@ PARENTS = {name: prev for (name, _, _), (prev, _, _) in zip(LADDER[1:], LADDER)}
     "smart": B1_ROW, "swa": B1_ROW, "distill": B1_ROW, "ensemble-simple": B1_ROW, "ensemble-selective": B1_ROW,
     **{name: "ce" for name, _, _ in CONTRASTIVE}, "knn_bert_vote": "ce"}
 METRICS = ("sst_acc", "para_acc", "sts_r", "overall")
+LADDER_TABLE = [name for name, _, _ in LADDER] + ["swa", "distill", "ensemble-simple", "ensemble-selective"]
+CONTRASTIVE_TABLE = ["ce", "scl", "knn_bert", "knn_bert_vote", "match_tuning", "rift"]
 
 BUDGETS = {
     "cpu": {"common": ["--epochs", "1", "--batch-size", "32", "--lr", "1e-4", "--lr-schedule", "warmup_linear",
@@ -189,10 +191,11 @@ def run_seed_rows(sweep: Sweep, flags: dict[str, list[str]], seeds: list[int], w
     first = [(row, seed) for seed in seeds for row in flags if row in wanted]
     sweep.map(lambda rs: sweep.train(f"{rs[0]}/seed{rs[1]}", [*flags[rs[0]], "--seed", str(rs[1])]), first)
     second = [(row, seed) for seed in seeds for row in ("swa", "distill") if row in wanted]
-    sweep.map(lambda rs: (run_swa if rs[0] == "swa" else run_distill)(sweep, flags, rs[1], swa_epochs), second)
+    sweep.map(lambda rs: run_swa(sweep, rs[1], swa_epochs) if rs[0] == "swa" else
+              run_distill(sweep, flags[B1_ROW], rs[1]), second)
 
 
-def run_swa(sweep: Sweep, flags: dict[str, list[str]], seed: int, swa_epochs: str) -> None:
+def run_swa(sweep: Sweep, seed: int, swa_epochs: str) -> None:
     """B1 of this seed + SWA epochs: its run directory copied, then resumed with --swa-epochs (§4.6)."""
     b1_dir, swa_dir = sweep.root / B1_ROW / f"seed{seed}", sweep.root / "swa" / f"seed{seed}"
     if sweep.force or "swa" not in (final_record(swa_dir) or {}):
@@ -204,13 +207,13 @@ def run_swa(sweep: Sweep, flags: dict[str, list[str]], seed: int, swa_epochs: st
     sweep.command(f"swa/seed{seed}", ["--resume", "--swa-epochs", swa_epochs, "--out-dir", str(swa_dir)])
 
 
-def run_distill(sweep: Sweep, flags: dict[str, list[str]], seed: int, swa_epochs: str) -> None:
+def run_distill(sweep: Sweep, b1_flags: list[str], seed: int) -> None:
     """B1 + distillation from this seed's B1 model's own training-set predictions (§4.6)."""
     teacher = sweep.root / "teacher" / f"seed{seed}"
     sweep.command(f"teacher/seed{seed}", ["--eval-only", "--predict-train", "--checkpoint",
                                           str(sweep.root / B1_ROW / f"seed{seed}" / "checkpoints" / "best"),
                                           "--out-dir", str(teacher)])
-    sweep.train(f"distill/seed{seed}", [*flags[B1_ROW], "--seed", str(seed), "--objective", "distill",
+    sweep.train(f"distill/seed{seed}", [*b1_flags, "--seed", str(seed), "--objective", "distill",
                                         "--distill-teachers", str(teacher / "predictions")])
 
 
@@ -282,10 +285,7 @@ def render(results: dict[str, dict[int, dict]], majority: dict[str, float]) -> t
                           else "", fmt(statistics.fmean(walls), 0) if walls else "–"])
         return markdown_table(["row", "seeds", "SST acc", "Para acc", "STS r", "overall",
                                "Δ overall vs parent", "Δ SST / Para / STS", "s per run"], lines)
-    ladder = [name for name, _, _ in LADDER] + ["swa", "distill", "ensemble-simple", "ensemble-selective"]
-    contrastive = [name for name, _, _ in CONTRASTIVE[:2]] + ["knn_bert_vote"] + [
-        name for name, _, _ in CONTRASTIVE[2:]]
-    return table(ladder), table(["ce"] + [r for r in contrastive if r != "ce"])
+    return table(LADDER_TABLE), table(CONTRASTIVE_TABLE)
 
 
 def plot(path: Path, results: dict[str, dict[int, dict]], rows: list[str], majority: dict[str, float],
@@ -325,11 +325,9 @@ def main(argv: list[str] | None = None) -> dict:
     results = collect(sweep, args.seeds)
     majority = majority_accuracies(args.data_dir)
     ladder, contrastive = render(results, majority)
-    ladder_rows = [name for name, _, _ in LADDER] + ["swa", "distill", "ensemble-simple", "ensemble-selective"]
-    plot(sweep.root / "ablation.png", results, ladder_rows, majority,
+    plot(sweep.root / "ablation.png", results, LADDER_TABLE, majority,
          f"ablation ladder, {args.budget} budget, mean ± std over seeds {args.seeds}")
-    plot(sweep.root / "contrastive.png", results, ["ce", "scl", "knn_bert", "knn_bert_vote", "match_tuning",
-                                                   "rift"], majority,
+    plot(sweep.root / "contrastive.png", results, CONTRASTIVE_TABLE, majority,
          f"contrastive and robust objectives on CE, {args.budget} budget, seeds {args.seeds}")
     summary = {"budget": args.budget, "seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
                "wall_s": round(time.perf_counter() - t0, 1), "majority": majority,
