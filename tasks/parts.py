@@ -15,10 +15,13 @@ import torch
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.config import TrainConfig
+from tasks.data import move_batch
 from tasks.model import MultitaskBert
 from tasks.objectives import Objective, build_objectives
 from tasks.runtime import autocast_dtype, configure_device, seed_everything
 from tasks.splits import load_run_data
+
+OFFSET_INIT_PAIRS = 256  # training pairs (in file order) that start the baseline's paraphrase offset
 
 
 @dataclass
@@ -50,5 +53,8 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
     encoder_dir = resolve_model_dir(cfg.pretrained)
     train_sets, dev_sets, data = load_run_data(cfg, tokenizer)
     model = MultitaskBert(encoder, cfg.model).to(device)
+    if hasattr(model, "para_bias") and "para" in train_sets:  # the baseline's Siamese paraphrase offset
+        pairs = train_sets["para"]
+        model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
     objectives = build_objectives(cfg.objectives, model)
     return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype, data)

@@ -62,7 +62,7 @@ def _assert_same_run(a: Path, b: Path) -> None:
 
 
 # Two tiny 2-epoch runs: epoch 1 stays the best, or every epoch improves (checked by ``uninterrupted``).
-SETTINGS = {"best-1": ({}, [True, False]), "best-2": ({"lr": 3e-3}, [True, True])}
+SETTINGS = {"best-1": ({}, [True, False]), "best-2": ({"lr": 5e-3}, [True, True])}
 
 
 @pytest.fixture(scope="module")

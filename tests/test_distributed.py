@@ -161,7 +161,10 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tiny_env, tm
         for term in one["train"]:
             assert two["train"][term] == pytest.approx(one["train"][term], abs=1e-5), term
         for metric, value in one["dev"].items():
-            assert two["dev"][metric] == pytest.approx(value, abs=1e-4), metric
+            # The tiny random encoder gives every dev pair nearly the same STS score (std ~2e-5), so
+            # Pearson r, and the overall score with it, moves by ~1e-3 under 1e-7 score differences.
+            tol = 1e-4 if metric.endswith("_acc") else 1e-2
+            assert two["dev"][metric] == pytest.approx(value, abs=tol), metric
     assert _files(tmp_path / "ddp") == _files(tmp_path / "single")
     records = (tmp_path / "ddp" / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["epoch"] for r in records] == [1, 2]
