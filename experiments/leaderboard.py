@@ -6,9 +6,9 @@ member. ``--variants`` makes them diverse: member k also takes variant
 k mod V (a quoted flag string, "" for none), e.g.
 ``--variants "" "--epochs 4 --max-train-examples para=12000"``. The ensemble
 (tasks/ensemble.py, ``--method``; default ``simple``, the mean of all
-members: on 4 default members it beat the selective subset on held-out dev
-halves, 0.760 vs 0.754, experiments/RESULTS.md) goes to ``<out-dir>/ensemble``: leaderboard files in the CS224N starter's
-format and ``cs224n_default_final_project_submission.zip``.
+members, which beat the selective subset on held-out dev halves:
+experiments/RESULTS.md) goes to ``<out-dir>/ensemble``: leaderboard files in
+the CS224N starter's format and ``cs224n_default_final_project_submission.zip``.
 
 Honest scores: a subset (selective) or weights (regression) chosen on dev are
 scored on dev examples they were not chosen on (selective: two folds, chosen
