@@ -100,9 +100,35 @@ def _summary(values: list[float]) -> dict[str, float]:
             "n": len(values)}
 
 
+def perturb(command: str, train: dict[str, list[Example]], seed: int, *, n: int = 0, rate: float = 0.0,
+            task: str = "sst", label: int = 0, keep: float = 1.0) -> dict[str, list[Example]]:
+    """The training sets one experiment changes, for one seed (tasks/subsets.py: exact counts, seeded).
+
+    few-shot: ``n`` examples of every task in ``train``; label-noise: ``rate`` of every
+    classification task's labels flipped to another class; minority: ``keep`` of class
+    ``label`` of ``task``.
+    """
+    if command == "few-shot":
+        return {t: few_shot(train[t], n, seed) for t in train}
+    if command == "label-noise":
+        return {t: label_noise(train[t], rate, CLASSES[t], seed)[0] for t in train if t in CLASSES}
+    if command == "minority":
+        return {task: minority(train[task], label, keep, seed)}
+    raise ValueError(f"unknown experiment {command!r}")
+
+
+def dev_scores(record: dict) -> dict[str, float]:
+    """A run's final dev metrics; a knn_bert run adds eq. 1 at its φ (``knn_phi<φ>.``) and the vote alone (``knn_phi1.``)."""
+    dev = {k: v for k, v in record["dev"].items() if v is not None}
+    knn = record.get("knn", {})
+    for prefix, key in ((f"knn_phi{knn.get('phi', 0):g}", "dev"), ("knn_phi1", "dev_knn_only")):
+        dev.update({f"{prefix}.{k}": v for k, v in knn.get(key, {}).items() if v is not None})
+    return dev
+
+
 def train_experiment(args: argparse.Namespace, flags: list[str]) -> dict:
     src = Path(args.data_dir)
-    tasks = args.tasks
+    tasks = [args.task] if args.command == "minority" else args.tasks
     train = {t: load_split(t, "train", src)[0] for t in tasks}
     settings: list[tuple[str, dict]] = []
     if args.command == "few-shot":
@@ -110,24 +136,17 @@ def train_experiment(args: argparse.Namespace, flags: list[str]) -> dict:
     elif args.command == "label-noise":
         settings = [(f"p{args.rate:g}", {"rate": args.rate})]
     else:
-        settings = [(f"{args.task}-label{args.label}-keep{args.keep:g}", {})]
+        settings = [(f"{args.task}-label{args.label}-keep{args.keep:g}",
+                     {"task": args.task, "label": args.label, "keep": args.keep})]
     results: dict = {"command": args.command, "flags": flags, "settings": {}}
     for name, s in settings:
         per_seed = []
         for seed in args.seeds:
-            if args.command == "few-shot":
-                changed = {t: few_shot(train[t], s["n"], seed) for t in tasks}
-            elif args.command == "label-noise":
-                changed = {t: label_noise(train[t], s["rate"], CLASSES[t], seed)[0] for t in tasks if t in CLASSES}
-            else:
-                changed = {args.task: minority(train[args.task], args.label, args.keep, seed)}
+            changed = perturb(args.command, train, seed, **s)
             data = perturbed_data_dir(src, Path(args.out_dir) / f"data-{name}-seed{seed}", changed)
             run_dir = Path(args.out_dir) / f"{name}-seed{seed}"
             record = _train(flags + ["--tasks", *tasks], data, run_dir, seed)
-            dev = {k: v for k, v in record["dev"].items() if v is not None}
-            knn = record.get("knn", {})  # a knn_bert run: eq. 1 at its phi, and the KNN vote alone (phi 1)
-            for prefix, key in ((f"knn_phi{knn.get('phi', 0):g}", "dev"), ("knn_phi1", "dev_knn_only")):
-                dev.update({f"{prefix}.{k}": v for k, v in knn.get(key, {}).items() if v is not None})
+            dev = dev_scores(record)
             if args.command == "minority":
                 dev_ex = load_split(args.task, "dev", src)[0]
                 dev[f"{args.task}_class{args.label}_acc"] = class_accuracy(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 
 import pytest
 
@@ -76,3 +77,41 @@ def test_perturbed_files_round_trip_through_the_readers(tmp_path):
     got = load_split("para", "train", out)[0]
     assert [(e.id, e.text_a, e.text_b, e.label) for e in got] == [(e.id, e.text_a, e.text_b, e.label) for e in para]
     assert (out / "ids-sst-dev.csv").is_symlink()
+
+
+@pytest.mark.parametrize("command, extra, changed", [
+    ("few-shot", ["--sizes", "10"], {"ids-sst-train.csv": 10, "quora-train.csv": 10}),
+    ("label-noise", ["--rate", "0.25"], {"ids-sst-train.csv": 48, "quora-train.csv": 48}),
+    ("minority", ["--task", "sst", "--label", "1", "--keep", "0.5"], {"ids-sst-train.csv": 48 - 5}),
+])
+def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkeypatch, command, extra, changed):
+    """Each experiment writes its changed train files, trains on them once per seed and reports its scores;
+    ``minority`` trains its one task and scores the reduced class from the run's prediction file."""
+    from tasks import robustness
+    from tests.test_train import write_tiny_data
+
+    data = write_tiny_data(tmp_path / "data")
+    calls = []
+
+    def fake_train(flags, data_dir, out_dir, seed):
+        calls.append((list(flags), Path(data_dir), seed))
+        (out_dir / "predictions").mkdir(parents=True)
+        rows = [f"sst-dev-{i} , {i % 5} " for i in range(24)]
+        (out_dir / "predictions" / "sst-dev-output.csv").write_text(" id \t Predicted_Sentiment \n" + "\n".join(rows))
+        return {"dev": {"sst_acc": 0.4 + seed / 10, "para_acc": None}}
+
+    monkeypatch.setattr(robustness, "_train", fake_train)
+    out = tmp_path / "out"
+    res = robustness.main([command, *extra, "--seeds", "0", "1", "--data-dir", str(data), "--out-dir", str(out),
+                           "--", "--epochs", "1"])
+    assert [seed for _, _, seed in calls] == [0, 1]
+    flags, used, _ = calls[0]
+    assert flags[:2] == ["--epochs", "1"] and flags[flags.index("--tasks") + 1:] == (
+        ["sst"] if command == "minority" else ["sst", "para"])
+    for name, rows in changed.items():  # rewritten files with the perturbed number of rows, the rest linked
+        assert not (used / name).is_symlink() and len((used / name).read_text().splitlines()) == rows + 1
+    assert (used / "sts-train.csv").is_symlink() and (used / "ids-sst-dev.csv").is_symlink()
+    (setting,) = res["settings"].values()
+    assert setting["sst_acc"]["mean"] == pytest.approx(0.45) and "para_acc" not in setting
+    if command == "minority":
+        assert setting["sst_class1_acc"]["mean"] == 1.0  # the fake predicts every class-1 dev sentence right
