@@ -1,43 +1,71 @@
-"""The robustness table of the contrastive / robust fine-tuning methods, as one command.
+"""The robustness table of the contrastive / robust fine-tuning methods: five conditions, every cell over seeds.
 
-Methods (tasks/objectives/, each a plug-in objective on top of the same CE run):
+Methods (tasks/objectives/, each one plug-in objective on CE, the ablation's CE row:
+b1 heads, cross-encoded pairs, mean pooling, even batching):
   ce            the plain head losses (cross-entropy / BCE)
   scl           + supervised contrastive learning (scl-supervised-contrastive.txt eq. 1–3)
-  knn_bert      + KNN-BERT's momentum contrast (knn-bert.txt §3); scored twice from one run:
-                eq. 1 at φ = 0.25 and the KNN vote alone (φ = 1)
+  knn_bert      + KNN-BERT's momentum contrast (knn-bert.txt §3); scored three times from one run:
+                its classifier alone (φ 0), eq. 1 at φ = 0.25, and the KNN vote alone (φ = 1)
   match_tuning  Match-Tuning (match-tuning.txt eq. 2–4), identity at inference
   rift          + RIFT (rift-robust-informative-finetuning.txt §2, formulas in ../shared/DESIGN.md)
 
-Conditions, on SST and the paraphrase task (``python -m tasks.robustness`` for each):
+Conditions, on SST and the paraphrase task trained together:
   clean         the training sets as they are
-  attack        accuracy of the clean model under the embedding-space PGD attack
+  fs100, fs1000 few-shot: N training examples per task (stratified, tasks/subsets.py)
+  noise10       exactly 10% of each task's training labels flipped to another class
+  attack        accuracy of each seed's clean model under the embedding-space PGD attack
                 (L∞ ball per token, an approximation of word substitution: the adversarial
                 inputs are points in embedding space, not words); the classifier is attacked,
-                so KNN-BERT's attack cell is on its "classifier alone (φ 0)" row (the vote
-                needs the training-set store, which the attack does not build)
-  fs100, fs1000 few-shot: N training examples per task, several seeds, mean ± std
-  noise10       10% of the training labels flipped to another class
+                so KNN-BERT's attack cell is on its classifier-alone (φ 0) row. An example
+                counts when its clean and attacked predictions are both right.
 
-Budget ``cpu`` (the default): each epoch trains on a fresh random slice of
-4,000 SST sentences and 3,000 Quora pairs, and every score on Quora dev is on
-a fixed 2,000-pair subset (``--final-dev capped``); SST dev is whole. Clean
-and noisy runs: 1 epoch at batch 32; few-shot: 6 epochs at batch 16 (N = 100,
-2 seeds) and 2 epochs at batch 32 (N = 1,000, 1 seed): what one session's CPU
-time allowed. Budget ``full``: 3 epochs, all of Quora, whole dev sets.
+Every cell is run once per seed (default 0 1 2): the seed draws the perturbed
+training set (which examples, which labels flipped) and the run's own
+randomness, so the methods of one seed see the same perturbed data. Cells
+give mean ± std over the seeds; a second table gives each method's change
+against CE in the same condition, paired by seed, starred past 2 standard
+errors; "†" marks a cell with a seed within 0.02 of the majority-class
+accuracy (that seed has not learned the task). Plots: one per task, a panel
+per condition, mean ± std and every seed.
+
+Budget ``cpu`` (the default) is the ablation's (experiments/ablation.py): 1
+epoch at lr 1e-4 with warmup and linear decay, heads at 10x, batch 32, a fresh
+random slice of 2,000 SST sentences and 2,000 Quora pairs; few-shot 1,000
+trains 2 epochs (the clean run's number of examples), few-shot 100 10 epochs
+at batch 16. SST dev is whole, Quora dev a fixed random 2,000 of its pairs.
+The attack: 3 steps of 0.001 in an ε = 0.002 ball on the first 500 dev
+examples of each task. ``full`` is the ablation's GPU budget on all of the
+data, with 20 few-shot-100 epochs and the paper-scale attack.
+
+Each training cell is one ``train_multitask.py`` run in
+``<out-dir>/<method>/<condition>/seed<k>`` on a copy of the data whose
+changed train files are in ``<out-dir>/data/<condition>-seed<k>``
+(tasks/robustness.py); a finished run is reused and one cut short resumes
+from its last checkpoint (experiments/sweep.py), so the same command again
+continues where it stopped.
 
 Usage:
-    python experiments/robustness_table.py --out-dir runs/robustness [--threads N] [--methods ...] [--conditions ...]
+    python experiments/robustness_table.py --out-dir runs/robustness --jobs 2 --threads 1 [--seeds 0 1 2]
+        [--methods ...] [--conditions ...] [--dry-run]
 
-Writes ``<out-dir>/robustness.json`` and ``<out-dir>/robustness.md`` after every step.
+Writes ``<out-dir>/robustness.json``, ``robustness.md`` (the tables) and ``robustness-sst.png``,
+``robustness-para.png``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
+import time
+from pathlib import Path
 
-from experiments.stats import cell
-from experiments.sweep import Sweep, markdown_table
+from experiments.ablation import majority_accuracies, merge_flags, row_flags
+from experiments.stats import cell, change_cell, plot_rows
+from experiments.sweep import Sweep, final_record, markdown_table
+from tasks.readers import load_split
+from tasks.robustness import dev_scores, perturb, perturbed_data_dir
 
 METHODS = {
     "ce": ("CE baseline", []),
@@ -46,23 +74,99 @@ METHODS = {
     "match_tuning": ("Match-Tuning (T 1)", ["--objective", "match_tuning"]),
     "rift": ("RIFT (β 1, α 0.3)", ["--objective", "rift"]),
 }
-CONDITIONS = ["clean", "attack", "noise10", "fs100", "fs1000"]
+CONDITIONS = ["clean", "fs100", "fs1000", "noise10", "attack"]
+TRAINED = [c for c in CONDITIONS if c != "attack"]
+COLUMNS = {"clean": "clean", "fs100": "few-shot 100", "fs1000": "few-shot 1,000", "noise10": "10% label noise",
+           "attack": "after attack / clean, attacked subset"}
+PERTURBATIONS = {"fs100": ("few-shot", {"n": 100}), "fs1000": ("few-shot", {"n": 1000}),
+                 "noise10": ("label-noise", {"rate": 0.1})}
+TASKS = ("sst", "para")
+METRICS = {"sst": "sst_acc", "para": "para_acc"}
 BUDGETS = {
-    "cpu": {"common": ["--max-train-examples", "sst=4000", "para=3000", "--dev-max-examples", "para=2000",
-                       "--final-dev", "capped"],
-            "clean": ["--epochs", "1"], "fs100": ["--epochs", "6", "--batch-size", "16"],
-            "fs1000": ["--epochs", "2"], "seeds": {"fs100": [0, 1], "fs1000": [0]},
+    "cpu": {"caps": ["sst=2000", "para=2000"], "clean": [], "noise10": [], "fs1000": ["--epochs", "2"],
+            "fs100": ["--epochs", "10", "--batch-size", "16"],
             "attack": ["--limit", "500", "--steps", "3", "--step-size", "0.001", "--epsilon", "0.002"]},
-    "full": {"common": ["--max-train-examples", "para=all", "--dev-max-examples", "para=all"],
-             "clean": ["--epochs", "3"], "fs100": ["--epochs", "20", "--batch-size", "16"],
-             "fs1000": ["--epochs", "5"], "seeds": {"fs100": [0, 1, 2, 3, 4], "fs1000": [0, 1, 2]},
+    "full": {"caps": ["sst=all", "para=all"], "clean": [], "noise10": [], "fs1000": [],
+             "fs100": ["--epochs", "20"],
              "attack": ["--steps", "10", "--step-size", "0.0025", "--epsilon", "0.01"]},
 }
-METRICS = {"sst": "sst_acc", "para": "para_acc"}
 
 
-def score_rows(method: str, results: dict) -> list[tuple[str, dict[str, list[float]]]]:
-    """(row label, {condition/task: per-seed values}) rows of one method: KNN-BERT gives three (φ 0, 0.25, 1)."""
+def train_flags(budget: str, method: str, cond: str) -> list[str]:
+    """The ``train_multitask.py`` flags of one cell: the ablation's CE row at this budget on SST and Quora."""
+    b = BUDGETS[budget]
+    return merge_flags(row_flags(budget)["ce"], ["--max-train-examples", *b["caps"], "--tasks", *TASKS], b[cond],
+                       METHODS[method][1])
+
+
+def condition_data(src: Path, root: Path, cond: str, seed: int) -> Path:
+    """The data directory of one condition and seed: ``src`` itself when clean, else its perturbed copy.
+
+    The copy is deterministic in (condition, seed), so one written before is reused: it is
+    written beside its final place and renamed into it, never rewritten under a running run.
+    """
+    if cond == "clean":
+        return src
+    dst = root / "data" / f"{cond}-seed{seed}"
+    if dst.is_dir():
+        return dst
+    command, setting = PERTURBATIONS[cond]
+    train = {t: load_split(t, "train", src)[0] for t in TASKS}
+    tmp = dst.with_name(dst.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    perturbed_data_dir(src, tmp, perturb(command, train, seed, **setting))
+    os.replace(tmp, dst)
+    return dst
+
+
+def run_cells(sweep: Sweep, budget: str, methods: list[str], conditions: list[str], seeds: list[int],
+              src: Path) -> None:
+    """Every training cell (seed by seed, so an interrupted sweep has whole seeds first), then the attacks."""
+    trained = [c for c in TRAINED if c in conditions or (c == "clean" and "attack" in conditions)]
+    data = {(c, s): condition_data(src, sweep.root, c, s) if not sweep.dry_run or c == "clean" else
+            sweep.root / "data" / f"{c}-seed{s}" for c in trained for s in seeds}
+    cells = [(m, c, s) for s in seeds for c in trained for m in methods]
+    sweep.map(lambda mcs: sweep.train(f"{mcs[0]}/{mcs[1]}/seed{mcs[2]}", [
+        *train_flags(budget, mcs[0], mcs[1]), "--data-dir", str(data[mcs[1], mcs[2]]), "--seed", str(mcs[2])]),
+        cells)
+    if "attack" not in conditions:
+        return
+    sweep.map(lambda ms: sweep.command(f"{ms[0]}/attack/seed{ms[1]}", [
+        "attack", "--checkpoint", str(sweep.root / ms[0] / "clean" / f"seed{ms[1]}" / "checkpoints" / "best"),
+        "--data-dir", str(src), "--seed", str(ms[1]), "--out-dir", str(sweep.root / ms[0] / "attack" / f"seed{ms[1]}"),
+        *BUDGETS[budget]["attack"]], module="tasks.robustness"), [(m, s) for s in seeds for m in methods])
+
+
+def collect(root: Path, seeds: list[int]) -> tuple[dict, dict]:
+    """({method: {condition: {seed: scores}}}, {method: {condition: wall s, all seeds}}) of every finished cell."""
+    results: dict = {}
+    times: dict = {}
+    for method in METHODS:
+        for cond in CONDITIONS:
+            for seed in seeds:
+                run_dir = root / method / cond / f"seed{seed}"
+                if cond == "attack":
+                    path = run_dir / "results.json"
+                    scores = json.loads(path.read_text())["tasks"] if path.is_file() else None
+                else:
+                    record = final_record(run_dir)
+                    scores = dev_scores(record) if record else None
+                if scores is None:
+                    continue
+                results.setdefault(method, {}).setdefault(cond, {})[seed] = scores
+                marker = run_dir / "sweep.json"
+                wall = json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
+                if wall is not None:
+                    times.setdefault(method, {})[cond] = times.get(method, {}).get(cond, 0.0) + wall
+    return results, times
+
+
+def score_rows(method: str, results: dict) -> list[tuple[str, dict[str, dict[int, float]]]]:
+    """(row label, {"condition/task": {seed: accuracy}}) rows of one method: KNN-BERT gives three (φ 0, 0.25, 1).
+
+    The attack's rows: ``attack/<task>`` (accuracy after the attack) and ``attack_clean/<task>``
+    (before it, on the same subset); they sit on the classifier's row only.
+    """
     label = METHODS[method][0]
     variants = [("", label)]
     if method == "knn_bert":  # the run's own dev metrics are its classifier's (φ 0): the model the attack targets
@@ -70,113 +174,108 @@ def score_rows(method: str, results: dict) -> list[tuple[str, dict[str, list[flo
                     ("knn_phi1.", f"{label}, φ 1 (KNN only)")]
     rows = []
     for prefix, name in variants:
-        row: dict[str, list[float]] = {}
+        row: dict[str, dict[int, float]] = {}
         for cond, per_seed in results.get(method, {}).items():
-            if cond == "attack":
-                if not prefix:
-                    for task, r in per_seed.items():
-                        row[f"attack/{task}"] = [r["after_attack_acc"]]
-                        row[f"attack_clean/{task}"] = [r["clean_acc"]]  # on the attacked subset, not all of dev
-                continue
-            if not isinstance(per_seed, list):
-                continue
             for task, metric in METRICS.items():
-                vals = [d[prefix + metric] for d in per_seed if prefix + metric in d]
-                row[f"{cond}/{task}"] = vals
+                if cond == "attack":
+                    if not prefix:
+                        row[f"attack/{task}"] = {s: r[task]["after_attack_acc"] for s, r in per_seed.items()
+                                                 if task in r}
+                        row[f"attack_clean/{task}"] = {s: r[task]["clean_acc"] for s, r in per_seed.items()
+                                                       if task in r}
+                    continue
+                row[f"{cond}/{task}"] = {s: d[prefix + metric] for s, d in per_seed.items() if prefix + metric in d}
         rows.append((name, row))
     return rows
 
 
-def render(results: dict, times: dict) -> str:
+def render(results: dict, times: dict, majority: dict[str, float]) -> str:
+    """Per task: the scores (mean ± std, † at the majority class), the change against CE; then the wall times."""
+    ce = dict(score_rows("ce", results)).get(METHODS["ce"][0], {})
     parts = []
     for task, title in (("sst", "SST-5 dev accuracy"), ("para", "Quora paraphrase dev accuracy")):
-        header = ["method", "clean", "few-shot 100", "few-shot 1,000", "10% label noise",
-                  "after attack / clean, attacked subset"]
-        body = []
+        floor = majority[METRICS[task]] + 0.02
+        scores, changes = [], []
         for method in METHODS:
-            if method not in results:
-                continue
             for name, row in score_rows(method, results):
-                attack = cell(row.get(f"attack/{task}", []))
+                line = [name]
+                for cond in TRAINED:
+                    vals = row.get(f"{cond}/{task}", {})
+                    line.append(cell(list(vals.values())) + (" †" if any(v < floor for v in vals.values()) else ""))
+                attack = cell(list(row.get(f"attack/{task}", {}).values()))
                 if row.get(f"attack_clean/{task}"):
-                    attack += f" / {cell(row[f'attack_clean/{task}'])}"
-                body.append([name] + [cell(row.get(f"{c}/{task}", [])) for c in
-                                      ("clean", "fs100", "fs1000", "noise10")] + [attack])
-        parts.append(f"**{title}**\n\n" + markdown_table(header, body))
-    header = ["method"] + CONDITIONS
-    body = [[METHODS[m][0]] + [f"{times.get(m, {}).get(c, float('nan')):.0f}" if c in times.get(m, {}) else "–"
-                               for c in CONDITIONS] for m in METHODS if m in times]
-    parts.append("**wall time (s) per condition, all seeds**\n\n" + markdown_table(header, body))
+                    attack += f" / {cell(list(row[f'attack_clean/{task}'].values()))}"
+                scores.append(line + [attack])
+                if method != "ce":
+                    changes.append([name] + [change_cell(row.get(f"{c}/{task}", {}), ce.get(f"{c}/{task}", {}))
+                                             for c in CONDITIONS])
+        parts.append(f"**{title}** (mean ± std over seeds; † a seed within 0.02 of the majority class, "
+                     f"{majority[METRICS[task]]:.3f})\n\n" + markdown_table(["method"] + [COLUMNS[c] for c in
+                                                                                     CONDITIONS], scores))
+        parts.append(f"**{title}: change against CE in the same condition** (paired by seed, ± standard error, "
+                     "* past 2 SE; attack: accuracy after it)\n\n" +
+                     markdown_table(["method"] + [COLUMNS[c].split(" / ")[0] for c in CONDITIONS], changes))
+    body = [[METHODS[m][0]] + [f"{times[m][c]:.0f}" if c in times.get(m, {}) else "–" for c in CONDITIONS]
+            for m in METHODS if m in times]
+    parts.append("**wall time (s) per condition, all seeds**\n\n" + markdown_table(["method"] + CONDITIONS, body))
     return "\n\n".join(parts)
 
 
+def plot(root: Path, results: dict, majority: dict[str, float], title: str) -> list[Path]:
+    """``robustness-<task>.png``: a panel per condition, each row's mean ± std over seeds and every seed.
+
+    The attack's panel is the accuracy after it; it has points on the classifier rows only."""
+    rows = [r for m in METHODS for r in score_rows(m, results)]
+    paths = []
+    for task in TASKS:
+        values = {COLUMNS[c].split(" / ")[0]: [list(row.get(f"{c}/{task}", {}).values()) for _, row in rows]
+                  for c in CONDITIONS}
+        values = {k: v for k, v in values.items() if any(v)}
+        if values:
+            refs = {COLUMNS[c]: majority[METRICS[task]] for c in TRAINED}
+            plot_rows(root / f"robustness-{task}.png", [name for name, _ in rows], values,
+                      f"{title}: {task} dev accuracy", refs)
+            paths.append(root / f"robustness-{task}.png")
+    return paths
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out-dir", default="runs/robustness")
     ap.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
-    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="every cell runs once per seed")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")
+    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
+    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files")
     ap.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
     ap.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=CONDITIONS,
-                    help="which conditions, run in this order (clean first whenever attack is asked for)")
-    ap.add_argument("--force", action="store_true")
-    ap.add_argument("--dry-run", action="store_true")
+                    help="which conditions (attack runs the clean cells it attacks)")
+    ap.add_argument("--force", action="store_true", help="rerun cells that already finished")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
-    b = BUDGETS[args.budget]
-    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run)
-    summary_path = sweep.root / "robustness.json"
-    saved = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    results: dict = saved.get("results", {})
-    times: dict = saved.get("times", {})
-
-    def save() -> None:
-        if args.dry_run:
-            return
-        summary_path.write_text(json.dumps({"budget": args.budget, "threads": args.threads, "results": results,
-                                            "times": times}, indent=2) + "\n")
-        (sweep.root / "robustness.md").write_text(render(results, times) + "\n")
-
-    def train_flags(method: str, cond: str) -> list[str]:
-        return b["common"] + b[cond] + METHODS[method][1]
-
-    # Clean runs first (the attack needs them), then the cheaper perturbed conditions.
-    order = (["clean"] if "attack" in args.conditions or "clean" in args.conditions else []) + [
-        c for c in args.conditions if c != "clean"]  # in the order given
-    for cond in order:
-        for method in args.methods:
-            res, tim = results.setdefault(method, {}), times.setdefault(method, {})
-            name = f"{method}-{cond}"
-            if cond == "clean":
-                record, wall = sweep.train(name, ["--tasks", "sst", "para"] + train_flags(method, "clean"))
-                dev = {k: v for k, v in record.get("dev", {}).items() if v is not None}
-                knn = record.get("knn", {})
-                for prefix, key in ((f"knn_phi{knn.get('phi', 0):g}", "dev"), ("knn_phi1", "dev_knn_only")):
-                    dev.update({f"{prefix}.{k}": v for k, v in knn.get(key, {}).items() if v is not None})
-                res["clean"], tim["clean"] = [dev], wall
-            elif cond == "attack":
-                out = sweep.root / name
-                done = sweep.command(name, ["attack", "--checkpoint", str(sweep.root / f"{method}-clean" / "checkpoints"
-                                                                       / "best"), "--out-dir", str(out)] + b["attack"],
-                                     module="tasks.robustness")
-                if not args.dry_run:
-                    res["attack"] = json.loads((out / "results.json").read_text())["tasks"]
-                tim["attack"] = done["wall_s"]
-            else:
-                out = sweep.root / name
-                if cond == "noise10":
-                    exp = ["label-noise", "--rate", "0.1", "--seeds", "0"]
-                    flags = train_flags(method, "clean")
-                else:
-                    n = cond[2:]
-                    exp = ["few-shot", "--sizes", n, "--seeds", *map(str, b["seeds"][cond])]
-                    flags = train_flags(method, cond)
-                done = sweep.command(name, exp + ["--out-dir", str(out), "--"] + flags, module="tasks.robustness")
-                if not args.dry_run:
-                    settings = json.loads((out / "results.json").read_text())["settings"]
-                    res[cond] = next(iter(settings.values()))["per_seed"]
-                tim[cond] = done["wall_s"]
-            save()
-    table = render(results, times)
-    print(table)
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
+    src = Path(args.data_dir)
+    if not src.is_dir():
+        ap.error(f"--data-dir {src}: no such directory (run setup.sh, or point it at the CS224N CSV files)")
+    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
+    t0 = time.perf_counter()
+    run_cells(sweep, args.budget, args.methods, args.conditions, args.seeds, src)
+    if args.dry_run:
+        return {}
+    results, times = collect(sweep.root, args.seeds)
+    majority = majority_accuracies(str(src))
+    text = render(results, times, majority)
+    plot(sweep.root, results, majority, f"{args.budget} budget, seeds {args.seeds}")
+    flags = {m: {c: train_flags(args.budget, m, c) for c in TRAINED} for m in METHODS}
+    summary = {"budget": args.budget, "seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
+               "wall_s": round(time.perf_counter() - t0, 1), "majority": majority, "flags": flags,
+               "results": {m: {c: {str(s): v for s, v in per.items()} for c, per in conds.items()}
+                           for m, conds in results.items()}, "times": times}
+    (sweep.root / "robustness.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (sweep.root / "robustness.md").write_text(text + "\n")
+    print(text)
     return results
 
 
