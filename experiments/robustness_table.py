@@ -196,7 +196,7 @@ def render(results: dict, times: dict, majority: dict[str, float]) -> str:
     for task, title in (("sst", "SST-5 dev accuracy"), ("para", "Quora paraphrase dev accuracy")):
         floor = majority[METRICS[task]] + 0.02
         scores, changes = [], []
-        for method in METHODS:
+        for method in (m for m in METHODS if m in results):
             for name, row in score_rows(method, results):
                 line = [name]
                 for cond in TRAINED:
@@ -225,7 +225,7 @@ def plot(root: Path, results: dict, majority: dict[str, float], title: str) -> l
     """``robustness-<task>.png``: a panel per condition, each row's mean ± std over seeds and every seed.
 
     The attack's panel is the accuracy after it; it has points on the classifier rows only."""
-    rows = [r for m in METHODS for r in score_rows(m, results)]
+    rows = [r for m in METHODS if m in results for r in score_rows(m, results)]
     paths = []
     for task in TASKS:
         values = {COLUMNS[c].split(" / ")[0]: [list(row.get(f"{c}/{task}", {}).values()) for _, row in rows]
