@@ -12,7 +12,8 @@ b1 heads, cross-encoded pairs, mean pooling, even batching):
 Conditions, on SST and the paraphrase task trained together:
   clean         the training sets as they are
   fs100, fs1000 few-shot: N training examples per task (stratified, tasks/subsets.py)
-  noise10       exactly 10% of each task's training labels flipped to another class
+  noise10       exactly 10% of each task's training-file labels flipped to another class
+                (a run's random 2,000-example slice of the file holds about 10%)
   attack        accuracy of each seed's clean model under the embedding-space PGD attack
                 (L∞ ball per token, an approximation of word substitution: the adversarial
                 inputs are points in embedding space, not words); the classifier is attacked,
@@ -24,8 +25,8 @@ training set (which examples, which labels flipped) and the run's own
 randomness, so the methods of one seed see the same perturbed data. Cells
 give mean ± std over the seeds; a second table gives each method's change
 against CE in the same condition, paired by seed, starred past 2 standard
-errors; "†" marks a cell with a seed within 0.02 of the majority-class
-accuracy (that seed has not learned the task). Plots: one per task, a panel
+errors; "†" marks a cell with a seed below the majority-class accuracy
++ 0.02 (that seed has not learned the task). Plots: one per task, a panel
 per condition, mean ± std and every seed.
 
 Budget ``cpu`` (the default) is the ablation's (experiments/ablation.py): 1
@@ -58,7 +59,9 @@ import argparse
 import json
 import os
 import shutil
+import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from experiments.ablation import majority_accuracies, merge_flags, row_flags
@@ -81,6 +84,7 @@ COLUMNS = {"clean": "clean", "fs100": "few-shot 100", "fs1000": "few-shot 1,000"
 PERTURBATIONS = {"fs100": ("few-shot", {"n": 100}), "fs1000": ("few-shot", {"n": 1000}),
                  "noise10": ("label-noise", {"rate": 0.1})}
 TASKS = ("sst", "para")
+SOURCE = "source.json"  # in a perturbed copy: the data directory it was made from
 METRICS = {"sst": "sst_acc", "para": "para_acc"}
 BUDGETS = {
     "cpu": {"caps": ["sst=2000", "para=2000"], "clean": [], "noise10": [], "fs1000": ["--epochs", "2"],
@@ -102,49 +106,90 @@ def train_flags(budget: str, method: str, cond: str) -> list[str]:
 def condition_data(src: Path, root: Path, cond: str, seed: int) -> Path:
     """The data directory of one condition and seed: ``src`` itself when clean, else its perturbed copy.
 
-    The copy is deterministic in (condition, seed), so one written before is reused: it is
-    written beside its final place and renamed into it, never rewritten under a running run.
+    The copy is deterministic in (condition, seed, ``src``), so one written before is reused,
+    never rewritten under a run that reads it: each process writes its own temporary copy
+    beside the final place and renames it into place (the first to finish wins). A copy
+    records the data it was made from; one made from other data is refused.
     """
     if cond == "clean":
         return src
     dst = root / "data" / f"{cond}-seed{seed}"
-    if dst.is_dir():
-        return dst
-    command, setting = PERTURBATIONS[cond]
-    train = {t: load_split(t, "train", src)[0] for t in TASKS}
-    tmp = dst.with_name(dst.name + ".partial")
-    shutil.rmtree(tmp, ignore_errors=True)
-    perturbed_data_dir(src, tmp, perturb(command, train, seed, **setting))
-    os.replace(tmp, dst)
+    if not dst.is_dir():
+        command, setting = PERTURBATIONS[cond]
+        train = {t: load_split(t, "train", src)[0] for t in TASKS}
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f"{dst.name}.partial-"))
+        perturbed_data_dir(src, tmp, perturb(command, train, seed, **setting))
+        (tmp / SOURCE).write_text(json.dumps({"data_dir": str(src.resolve())}) + "\n")
+        try:
+            os.replace(tmp, dst)
+        except OSError:  # another process renamed its copy into place first: the same files
+            shutil.rmtree(tmp, ignore_errors=True)
+    made_from = json.loads((dst / SOURCE).read_text())["data_dir"] if (dst / SOURCE).is_file() else None
+    if made_from != str(src.resolve()):
+        raise SystemExit(f"{dst} was made from {made_from or 'unknown data'}, not {src.resolve()}: use another "
+                         f"--out-dir (or delete {dst} and the runs trained on it)")
     return dst
+
+
+def cell_argv(budget: str, root: Path, src: Path, method: str, cond: str, seed: int) -> list[str]:
+    """The command of one cell as its ``sweep.json`` records it (a training run's flags, or the attack's)."""
+    run_dir = root / method / cond / f"seed{seed}"
+    if cond == "attack":
+        return ["attack", "--checkpoint", str(root / method / "clean" / f"seed{seed}" / "checkpoints" / "best"),
+                "--data-dir", str(src), "--seed", str(seed), "--out-dir", str(run_dir), *BUDGETS[budget]["attack"]]
+    data = src if cond == "clean" else root / "data" / f"{cond}-seed{seed}"
+    return [*train_flags(budget, method, cond), "--data-dir", str(data), "--seed", str(seed),
+            "--out-dir", str(run_dir), "--overwrite"]
 
 
 def run_cells(sweep: Sweep, budget: str, methods: list[str], conditions: list[str], seeds: list[int],
               src: Path) -> None:
-    """Every training cell (seed by seed, so an interrupted sweep has whole seeds first), then the attacks."""
+    """Every training cell (seed by seed, so an interrupted sweep has whole seeds first), then the attacks.
+
+    An attack whose clean model was retrained after it ran is run again."""
     trained = [c for c in TRAINED if c in conditions or (c == "clean" and "attack" in conditions)]
-    data = {(c, s): condition_data(src, sweep.root, c, s) if not sweep.dry_run or c == "clean" else
-            sweep.root / "data" / f"{c}-seed{s}" for c in trained for s in seeds}
-    cells = [(m, c, s) for s in seeds for c in trained for m in methods]
-    sweep.map(lambda mcs: sweep.train(f"{mcs[0]}/{mcs[1]}/seed{mcs[2]}", [
-        *train_flags(budget, mcs[0], mcs[1]), "--data-dir", str(data[mcs[1], mcs[2]]), "--seed", str(mcs[2])]),
-        cells)
+    if not sweep.dry_run:
+        for c in trained:
+            for s in seeds:
+                condition_data(src, sweep.root, c, s)
+
+    def train(cell: tuple[str, str, int]) -> None:
+        argv = cell_argv(budget, sweep.root, src, *cell)
+        sweep.train(f"{cell[0]}/{cell[1]}/seed{cell[2]}", argv[:argv.index("--out-dir")])
+
+    sweep.map(train, [(m, c, s) for s in seeds for c in trained for m in methods])
     if "attack" not in conditions:
         return
-    sweep.map(lambda ms: sweep.command(f"{ms[0]}/attack/seed{ms[1]}", [
-        "attack", "--checkpoint", str(sweep.root / ms[0] / "clean" / f"seed{ms[1]}" / "checkpoints" / "best"),
-        "--data-dir", str(src), "--seed", str(ms[1]), "--out-dir", str(sweep.root / ms[0] / "attack" / f"seed{ms[1]}"),
-        *BUDGETS[budget]["attack"]], module="tasks.robustness"), [(m, s) for s in seeds for m in methods])
+    for m in methods:
+        for s in seeds:
+            clean, attack = sweep.root / m / "clean" / f"seed{s}", sweep.root / m / "attack" / f"seed{s}"
+            if ((attack / "results.json").is_file() and (clean / "metrics.jsonl").is_file() and
+                    (clean / "metrics.jsonl").stat().st_mtime > (attack / "results.json").stat().st_mtime):
+                (attack / "sweep.json").unlink(missing_ok=True)
+    sweep.map(lambda ms: sweep.command(f"{ms[0]}/attack/seed{ms[1]}", cell_argv(budget, sweep.root, src, ms[0],
+                                                                               "attack", ms[1]),
+                                       module="tasks.robustness"), [(m, s) for s in seeds for m in methods])
 
 
-def collect(root: Path, seeds: list[int]) -> tuple[dict, dict]:
-    """({method: {condition: {seed: scores}}}, {method: {condition: wall s, all seeds}}) of every finished cell."""
+def collect(root: Path, seeds: list[int], expected: Callable[[str, str, int], list[str]] | None = None
+            ) -> tuple[dict, dict]:
+    """({method: {condition: {seed: scores}}}, {method: {condition: wall s, all seeds}}) of every finished cell.
+
+    With ``expected`` (method, condition, seed -> command), a cell counts only when its
+    ``sweep.json`` records that command: runs of another budget or data in the same
+    directory are left out, never mixed in.
+    """
     results: dict = {}
     times: dict = {}
     for method in METHODS:
         for cond in CONDITIONS:
             for seed in seeds:
                 run_dir = root / method / cond / f"seed{seed}"
+                marker = run_dir / "sweep.json"
+                done = json.loads(marker.read_text()) if marker.is_file() else {}
+                if expected is not None and done.get("argv") != expected(method, cond, seed):
+                    continue
                 if cond == "attack":
                     path = run_dir / "results.json"
                     scores = json.loads(path.read_text())["tasks"] if path.is_file() else None
@@ -154,10 +199,8 @@ def collect(root: Path, seeds: list[int]) -> tuple[dict, dict]:
                 if scores is None:
                     continue
                 results.setdefault(method, {}).setdefault(cond, {})[seed] = scores
-                marker = run_dir / "sweep.json"
-                wall = json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
-                if wall is not None:
-                    times.setdefault(method, {})[cond] = times.get(method, {}).get(cond, 0.0) + wall
+                if done.get("wall_s") is not None:
+                    times.setdefault(method, {})[cond] = times.get(method, {}).get(cond, 0.0) + done["wall_s"]
     return results, times
 
 
@@ -170,7 +213,9 @@ def score_rows(method: str, results: dict) -> list[tuple[str, dict[str, dict[int
     label = METHODS[method][0]
     variants = [("", label)]
     if method == "knn_bert":  # the run's own dev metrics are its classifier's (φ 0): the model the attack targets
-        variants = [("", f"{label}, classifier alone (φ 0)"), ("knn_phi0.25.", f"{label}, φ 0.25"),
+        phis = sorted({k.rsplit(".", 1)[0][len("knn_phi"):] for per_seed in results.get(method, {}).values()
+                       for d in per_seed.values() for k in d if k.startswith("knn_phi")} - {"1"}, key=float)
+        variants = [("", f"{label}, classifier alone (φ 0)"), *((f"knn_phi{p}.", f"{label}, φ {p}") for p in phis),
                     ("knn_phi1.", f"{label}, φ 1 (KNN only)")]
     rows = []
     for prefix, name in variants:
@@ -256,15 +301,16 @@ def main(argv: list[str] | None = None) -> dict:
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: at least 1")
-    src = Path(args.data_dir)
+    src = Path(args.data_dir).resolve()  # runs start in the repository root: paths must not depend on the caller's
     if not src.is_dir():
         ap.error(f"--data-dir {src}: no such directory (run setup.sh, or point it at the CS224N CSV files)")
-    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
+    sweep = Sweep(Path(args.out_dir).resolve(), threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
     t0 = time.perf_counter()
     run_cells(sweep, args.budget, args.methods, args.conditions, args.seeds, src)
     if args.dry_run:
         return {}
-    results, times = collect(sweep.root, args.seeds)
+    results, times = collect(sweep.root, args.seeds,
+                             lambda m, c, s: cell_argv(args.budget, sweep.root, src, m, c, s))
     majority = majority_accuracies(str(src))
     text = render(results, times, majority)
     plot(sweep.root, results, majority, f"{args.budget} budget, seeds {args.seeds}")

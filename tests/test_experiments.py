@@ -136,12 +136,12 @@ def test_robustness_condition_data_is_written_once_and_perturbed_exactly(tmp_pat
     from tasks.readers import load_split
     from tests.test_train import write_tiny_data
 
-    src = write_tiny_data(tmp_path / "data", n_train=40)
+    src = write_tiny_data(tmp_path / "data", n_train=150)
     root = tmp_path / "sweep"
     assert robustness_table.condition_data(src, root, "clean", 0) == src
     noisy = robustness_table.condition_data(src, root, "noise10", 1)
     clean_sst, noisy_sst = load_split("sst", "train", src)[0], load_split("sst", "train", noisy)[0]
-    assert sum(a.label != b.label for a, b in zip(clean_sst, noisy_sst)) == 4  # 10% of 40
+    assert sum(a.label != b.label for a, b in zip(clean_sst, noisy_sst)) == 15  # 10% of 150
     assert (noisy / "sts-train.csv").is_symlink() and not list(root.joinpath("data").glob("*.partial"))
     stamp = (noisy / "ids-sst-train.csv").stat().st_mtime_ns
     assert robustness_table.condition_data(src, root, "noise10", 1) == noisy
@@ -149,7 +149,37 @@ def test_robustness_condition_data_is_written_once_and_perturbed_exactly(tmp_pat
     other = robustness_table.condition_data(src, root, "noise10", 2)
     assert load_split("sst", "train", other)[0] != noisy_sst  # another seed flips other labels
     few = robustness_table.condition_data(src, root, "fs100", 0)
-    assert len(load_split("para", "train", few)[0]) == 40  # 100 asked, 40 there: all of them
+    assert len(load_split("para", "train", few)[0]) == 100 and len(load_split("sst", "train", few)[0]) == 100
+    other_data = write_tiny_data(tmp_path / "other", n_train=150)
+    with pytest.raises(SystemExit, match="was made from .*/data, not .*/other: use another --out-dir"):
+        robustness_table.condition_data(other_data, root, "noise10", 1)  # never reused for other data
+
+
+def test_robustness_cells_pair_each_seed_with_its_data_and_checkpoint(tmp_path, capsys):
+    """The commands of a dry run: each training cell gets its condition's copy for its seed, and --seed that
+    seed; each attack the clean checkpoint of its own method and seed."""
+    sweep = Sweep(tmp_path, dry_run=True)
+    src = tmp_path / "data"
+    robustness_table.run_cells(sweep, "cpu", ["ce", "rift"], ["fs100", "attack"], [1, 2], src)
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split("]")[0][1:] for line in lines]
+    assert names == [f"{m}/{c}/seed{s}" for s in (1, 2) for c in ("clean", "fs100") for m in ("ce", "rift")] + [
+        f"{m}/attack/seed{s}" for s in (1, 2) for m in ("ce", "rift")]
+    for name, line in zip(names, lines):
+        method, cond, seed = name.split("/")
+        seed = seed[4:]
+        args = line.split()
+        if cond == "attack":
+            assert args[args.index("--checkpoint") + 1] == str(tmp_path / method / "clean" / f"seed{seed}" /
+                                                              "checkpoints" / "best")
+            assert args[args.index("--data-dir") + 1] == str(src)
+        else:
+            data = src if cond == "clean" else tmp_path / "data" / f"{cond}-seed{seed}"
+            assert args[args.index("--data-dir") + 1] == str(data)
+            assert args[args.index("--out-dir") + 1] == str(tmp_path / name)
+            assert ("--objective" in args) == (method == "rift")
+        assert args[args.index("--seed") + 1] == seed
+    assert not (tmp_path / "data").exists()  # a dry run writes no data
 
 
 def test_robustness_collect_reads_finished_cells_and_attacks(tmp_path):
@@ -171,6 +201,10 @@ def test_robustness_collect_reads_finished_cells_and_attacks(tmp_path):
                                                  "knn_phi1.sst_acc": 0.6}
     assert results["ce"] == {"attack": {0: {"sst": {"after_attack_acc": 0.3, "clean_acc": 0.4}}}}
     assert times == {"knn_bert": {"noise10": 20.0}}
+    # a cell recorded with another command (another budget, other data) is left out, not mixed in
+    (tmp_path / "knn_bert" / "noise10" / "seed0" / "sweep.json").write_text(json.dumps({"argv": ["a"], "wall_s": 1}))
+    results, _ = robustness_table.collect(tmp_path, [0, 1], lambda m, c, s: ["a"])
+    assert list(results) == ["knn_bert"] and list(results["knn_bert"]["noise10"]) == [0]
 
 
 def test_final_record_is_the_last_final_line(tmp_path):
