@@ -5,7 +5,8 @@ b1 heads, cross-encoded pairs, mean pooling, even batching):
   ce            the plain head losses (cross-entropy / BCE)
   scl           + supervised contrastive learning (scl-supervised-contrastive.txt eq. 1–3)
   knn_bert      + KNN-BERT's momentum contrast (knn-bert.txt §3); scored three times from one run:
-                its classifier alone (φ 0), eq. 1 at φ = 0.25, and the KNN vote alone (φ = 1)
+                its classifier alone (φ 0), eq. 1 at φ = 0.25, and the KNN vote alone (φ = 1);
+                k = 100 neighbours, 10 at few-shot 100 (a vote over the whole store is its class prior)
   match_tuning  Match-Tuning (match-tuning.txt eq. 2–4), identity at inference
   rift          + RIFT (rift-robust-informative-finetuning.txt §2, formulas in ../shared/DESIGN.md)
 
@@ -86,6 +87,9 @@ PERTURBATIONS = {"fs100": ("few-shot", {"n": 100}), "fs1000": ("few-shot", {"n":
 TASKS = ("sst", "para")
 SOURCE = "source.json"  # in a perturbed copy: the data directory it was made from
 METRICS = {"sst": "sst_acc", "para": "para_acc"}
+# KNN-BERT's vote over a store no larger than k is the store's class prior, whatever the query: at few-shot
+# 100 its k is 10, the same tenth of the store as the paper's smallest k (100) at few-shot 1,000.
+CELL_FLAGS = {("knn_bert", "fs100"): ["--knn-bert-knn-k", "10"]}
 BUDGETS = {
     "cpu": {"caps": ["sst=2000", "para=2000"], "clean": [], "noise10": [], "fs1000": ["--epochs", "2"],
             "fs100": ["--epochs", "10", "--batch-size", "16"],
@@ -100,7 +104,7 @@ def train_flags(budget: str, method: str, cond: str) -> list[str]:
     """The ``train_multitask.py`` flags of one cell: the ablation's CE row at this budget on SST and Quora."""
     b = BUDGETS[budget]
     return merge_flags(row_flags(budget)["ce"], ["--max-train-examples", *b["caps"], "--tasks", *TASKS], b[cond],
-                       METHODS[method][1])
+                       METHODS[method][1], CELL_FLAGS.get((method, cond), []))
 
 
 def condition_data(src: Path, root: Path, cond: str, seed: int) -> Path:

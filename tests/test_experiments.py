@@ -126,6 +126,8 @@ def test_every_robustness_cell_is_the_ablation_ce_row_on_two_tasks():
             assert cfg.tasks == ("sst", "para") and cfg.max_train_examples == {"sst": 2000, "para": 2000}
             assert list(cfg.objectives) == ([] if method == "ce" else [method])
             assert (cfg.epochs, cfg.batch_size) == {"fs100": (10, 16), "fs1000": (2, 32)}.get(cond, (1, 32))
+            if method == "knn_bert":  # k below the few-shot store's 100 examples, else the vote is its prior
+                assert cfg.objectives["knn_bert"].get("knn_k", 100) == (10 if cond == "fs100" else 100)
             assert (cfg.model, cfg.lr, cfg.head_lr_scale, cfg.schedule) == (ce.model, ce.lr, ce.head_lr_scale,
                                                                             ce.schedule)
 
