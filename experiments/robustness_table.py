@@ -258,8 +258,8 @@ def render(results: dict, times: dict, majority: dict[str, float]) -> str:
                 if method != "ce":
                     changes.append([name] + [change_cell(row.get(f"{c}/{task}", {}), ce.get(f"{c}/{task}", {}))
                                              for c in CONDITIONS])
-        parts.append(f"**{title}** (mean ± std over seeds; † a seed within 0.02 of the majority class, "
-                     f"{majority[METRICS[task]]:.3f})\n\n" + markdown_table(["method"] + [COLUMNS[c] for c in
+        parts.append(f"**{title}** (mean ± std over seeds; † a seed below {floor:.3f}, the majority class "
+                     f"{majority[METRICS[task]]:.3f} + 0.02)\n\n" + markdown_table(["method"] + [COLUMNS[c] for c in
                                                                                      CONDITIONS], scores))
         parts.append(f"**{title}: change against CE in the same condition** (paired by seed, ± standard error, "
                      "* past 2 SE; attack: accuracy after it)\n\n" +
