@@ -81,7 +81,7 @@ def plot_rows(path: Path, labels: Sequence[str], values: dict[str, Sequence[Sequ
                     color="tab:gray", alpha=0.6)
         if references and metric in references:
             ax.axvline(references[metric], ls="--", color="tab:red", lw=1, label="majority class")
-            ax.legend(loc="lower right", fontsize=7)
+            ax.legend(loc="best", fontsize=7)  # "best": off the points, wherever they are
         ax.set_title(metric, fontsize=9)
         ax.grid(axis="x", alpha=0.3)
         ax.tick_params(labelsize=7)
