@@ -225,9 +225,19 @@ def read_json(path: Path) -> Any:
 
 
 def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """safetensors file of CPU copies (the encoder's split q/k/v views share storage; copies do not)."""
-    save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}, str(path),
-              metadata=metadata)
+    """safetensors file of CPU copies (the encoder's split q/k/v views share storage; copies do not).
+
+    A failed write (safetensors says "I/O error: ... (os error N)", e.g. a full disk) is raised as
+    the OSError it is, naming ``path``, so it is reported as that and not as a corrupted file.
+    """
+    try:
+        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}, str(path),
+                  metadata=metadata)
+    except SafetensorError as e:
+        code = re.search(r"os error (\d+)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
 
 
 def load_tensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:

@@ -188,3 +188,22 @@ def test_pretrain_reports_a_bad_data_file_in_one_line(tiny_env, tmp_path, monkey
     assert exc.value.code == 1 and "Traceback" not in err
     assert re.search(r"tasks\.pretrain: error: .*ids-sst-train\.csv: line \d+: bytes that are not UTF-8",
                      err.strip().splitlines()[-1])
+
+
+def test_a_full_disk_while_writing_tensors_is_reported_as_a_full_disk(tmp_path, monkeypatch):
+    """safetensors reports a failed write as a SafetensorError, not an OSError: it must still read "disk full
+    writing <file>", not "truncated or corrupted: use another checkpoint" (what a full disk printed before)."""
+    import torch
+    from safetensors import SafetensorError
+
+    from tasks.errors import describe
+
+    def full(tensors, filename, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(ckpt_mod, "save_file", full)
+    path = tmp_path / "model.safetensors"
+    with pytest.raises(OSError) as exc:
+        ckpt_mod.save_tensors(path, {"w": torch.zeros(2)})
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(path)
+    assert describe(exc.value).startswith(f"disk full writing {path}: free space")
