@@ -30,13 +30,13 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import save_file
 from torch import nn
 
 from minbert.bert import BertModel, activation
 from minbert.config import BertConfig
 from minbert.pretrained import load_pretrained, map_hf_keys, read_state_dict, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
+from tasks.checkpoint import save_tensors
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +232,7 @@ def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, t
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
         (tmp / "config.json").write_text(json.dumps(hf_config_dict(mlm.bert.config), indent=2) + "\n")
-        save_file(checkpoint_state(mlm), str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        save_tensors(tmp / "model.safetensors", checkpoint_state(mlm), metadata={"format": "pt"})
         src = Path(tokenizer.vocab_file)
         shutil.copyfile(src, tmp / "vocab.txt")
         for name in TOKENIZER_FILES:

@@ -196,6 +196,26 @@ def test_refuses_to_replace_a_non_checkpoint_directory(tmp_path):
     assert (tmp_path / "work" / "notes.txt").read_text() == "keep me"
 
 
+def test_a_full_disk_while_saving_is_a_full_disk_and_leaves_nothing(tmp_path, monkeypatch):
+    """A failed write of model.safetensors (safetensors' own error) is the OSError it names, so it reads "disk full
+    writing ...", not "truncated or corrupted"; no half-written directory is left at --out-dir."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    from tasks import checkpoint
+
+    def full(tensors, filename, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    tok = BertTokenizer(_vocab_dir(tmp_path) / "vocab.txt")
+    with pytest.raises(OSError) as exc:
+        save_mlm_checkpoint(tmp_path / "mlm", BertForMaskedLM(BertModel(tiny_config())), tok)
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename.endswith("model.safetensors")
+    assert not (tmp_path / "mlm").exists()
+
+
 def test_mlm_head_matches_transformers(tmp_path):
     """A BertForMaskedLM checkpoint's head is loaded: logits equal transformers.BertForMaskedLM's (fp32, padding)."""
     cfg = tiny_config()
