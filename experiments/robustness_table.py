@@ -107,17 +107,27 @@ def train_flags(budget: str, method: str, cond: str) -> list[str]:
                        METHODS[method][1], CELL_FLAGS.get((method, cond), []))
 
 
+def cell_name(method: str, cond: str, seed: int) -> str:
+    """A cell's run directory under the sweep's root."""
+    return f"{method}/{cond}/seed{seed}"
+
+
+def data_path(src: Path, root: Path, cond: str, seed: int) -> Path:
+    """Where a cell of this condition and seed reads its data: ``src`` when clean, else its perturbed copy."""
+    return src if cond == "clean" else root / "data" / f"{cond}-seed{seed}"
+
+
 def condition_data(src: Path, root: Path, cond: str, seed: int) -> Path:
-    """The data directory of one condition and seed: ``src`` itself when clean, else its perturbed copy.
+    """``data_path``, written when it is a perturbed copy not there yet.
 
     The copy is deterministic in (condition, seed, ``src``), so one written before is reused,
     never rewritten under a run that reads it: each process writes its own temporary copy
     beside the final place and renames it into place (the first to finish wins). A copy
     records the data it was made from; one made from other data is refused.
     """
+    dst = data_path(src, root, cond, seed)
     if cond == "clean":
-        return src
-    dst = root / "data" / f"{cond}-seed{seed}"
+        return dst
     if not dst.is_dir():
         command, setting = PERTURBATIONS[cond]
         train = {t: load_split(t, "train", src)[0] for t in TASKS}
@@ -136,15 +146,20 @@ def condition_data(src: Path, root: Path, cond: str, seed: int) -> Path:
     return dst
 
 
-def cell_argv(budget: str, root: Path, src: Path, method: str, cond: str, seed: int) -> list[str]:
-    """The command of one cell as its ``sweep.json`` records it (a training run's flags, or the attack's)."""
-    run_dir = root / method / cond / f"seed{seed}"
+def cell_flags(budget: str, root: Path, src: Path, method: str, cond: str, seed: int) -> list[str]:
+    """What one cell runs: the training flags (with its data and seed), or the attack's arguments."""
     if cond == "attack":
-        return ["attack", "--checkpoint", str(root / method / "clean" / f"seed{seed}" / "checkpoints" / "best"),
-                "--data-dir", str(src), "--seed", str(seed), "--out-dir", str(run_dir), *BUDGETS[budget]["attack"]]
-    data = src if cond == "clean" else root / "data" / f"{cond}-seed{seed}"
-    return [*train_flags(budget, method, cond), "--data-dir", str(data), "--seed", str(seed),
-            "--out-dir", str(run_dir), "--overwrite"]
+        return ["attack", "--checkpoint", str(root / cell_name(method, "clean", seed) / "checkpoints" / "best"),
+                "--data-dir", str(src), "--seed", str(seed), "--out-dir", str(root / cell_name(method, cond, seed)),
+                *BUDGETS[budget]["attack"]]
+    return [*train_flags(budget, method, cond), "--data-dir", str(data_path(src, root, cond, seed)),
+            "--seed", str(seed)]
+
+
+def recorded_argv(budget: str, sweep: Sweep, src: Path, method: str, cond: str, seed: int) -> list[str]:
+    """The command a finished cell's ``sweep.json`` holds (what ``collect`` checks before reading the cell)."""
+    flags = cell_flags(budget, sweep.root, src, method, cond, seed)
+    return flags if cond == "attack" else sweep.train_argv(cell_name(method, cond, seed), flags)
 
 
 def run_cells(sweep: Sweep, budget: str, methods: list[str], conditions: list[str], seeds: list[int],
@@ -157,23 +172,18 @@ def run_cells(sweep: Sweep, budget: str, methods: list[str], conditions: list[st
         for c in trained:
             for s in seeds:
                 condition_data(src, sweep.root, c, s)
-
-    def train(cell: tuple[str, str, int]) -> None:
-        argv = cell_argv(budget, sweep.root, src, *cell)
-        sweep.train(f"{cell[0]}/{cell[1]}/seed{cell[2]}", argv[:argv.index("--out-dir")])
-
-    sweep.map(train, [(m, c, s) for s in seeds for c in trained for m in methods])
+    sweep.map(lambda cell: sweep.train(cell_name(*cell), cell_flags(budget, sweep.root, src, *cell)),
+              [(m, c, s) for s in seeds for c in trained for m in methods])
     if "attack" not in conditions:
         return
-    for m in methods:
-        for s in seeds:
-            clean, attack = sweep.root / m / "clean" / f"seed{s}", sweep.root / m / "attack" / f"seed{s}"
-            if ((attack / "results.json").is_file() and (clean / "metrics.jsonl").is_file() and
-                    (clean / "metrics.jsonl").stat().st_mtime > (attack / "results.json").stat().st_mtime):
-                (attack / "sweep.json").unlink(missing_ok=True)
-    sweep.map(lambda ms: sweep.command(f"{ms[0]}/attack/seed{ms[1]}", cell_argv(budget, sweep.root, src, ms[0],
-                                                                               "attack", ms[1]),
-                                       module="tasks.robustness"), [(m, s) for s in seeds for m in methods])
+    attacks = [(m, "attack", s) for s in seeds for m in methods]
+    for m, _, s in attacks:
+        clean, attack = sweep.root / cell_name(m, "clean", s), sweep.root / cell_name(m, "attack", s)
+        if ((attack / "results.json").is_file() and (clean / "metrics.jsonl").is_file() and
+                (clean / "metrics.jsonl").stat().st_mtime > (attack / "results.json").stat().st_mtime):
+            (attack / "sweep.json").unlink(missing_ok=True)
+    sweep.map(lambda cell: sweep.command(cell_name(*cell), cell_flags(budget, sweep.root, src, *cell),
+                                         module="tasks.robustness"), attacks)
 
 
 def collect(root: Path, seeds: list[int], expected: Callable[[str, str, int], list[str]] | None = None
@@ -189,7 +199,7 @@ def collect(root: Path, seeds: list[int], expected: Callable[[str, str, int], li
     for method in METHODS:
         for cond in CONDITIONS:
             for seed in seeds:
-                run_dir = root / method / cond / f"seed{seed}"
+                run_dir = root / cell_name(method, cond, seed)
                 marker = run_dir / "sweep.json"
                 done = json.loads(marker.read_text()) if marker.is_file() else {}
                 if expected is not None and done.get("argv") != expected(method, cond, seed):
@@ -314,7 +324,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.dry_run:
         return {}
     results, times = collect(sweep.root, args.seeds,
-                             lambda m, c, s: cell_argv(args.budget, sweep.root, src, m, c, s))
+                             lambda m, c, s: recorded_argv(args.budget, sweep, src, m, c, s))
     majority = majority_accuracies(str(src))
     text = render(results, times, majority)
     plot(sweep.root, results, majority, f"{args.budget} budget, seeds {args.seeds}")

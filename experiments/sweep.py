@@ -112,11 +112,14 @@ class Sweep:
         print(f"[{name}] done in {wall:.0f} s", flush=True)
         return done
 
+    def train_argv(self, name: str, flags: Sequence[str]) -> list[str]:
+        """The command ``train(name, flags)`` runs and records in ``<root>/<name>/sweep.json``."""
+        return list(flags) + ["--out-dir", str(self.root / name), "--overwrite"]
+
     def train(self, name: str, flags: Sequence[str]) -> tuple[dict, float]:
         """One training run (fresh, ``--overwrite``; resumed when cut short); returns (its final record, wall s)."""
         run_dir = self.root / name
-        done = self.command(name, list(flags) + ["--out-dir", str(run_dir), "--overwrite"],
-                            resume=["--resume", "--out-dir", str(run_dir)])
+        done = self.command(name, self.train_argv(name, flags), resume=["--resume", "--out-dir", str(run_dir)])
         record = final_record(run_dir) if not self.dry_run else {"dev": {}}
         if record is None:
             raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")
