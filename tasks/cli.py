@@ -62,7 +62,7 @@ from tasks.options import default_of, help_text
 from tasks.predict import evaluate_checkpoint
 from tasks.presets import PRESETS, apply_preset
 from tasks.runtime import configure_malloc, resolve_device
-from tasks.sampling import SCHEDULES
+from tasks.sampling import SCHEDULES, SUBSETS
 from tasks.train import run
 
 logger = logging.getLogger("train_multitask")
@@ -232,6 +232,9 @@ def build_parser() -> Parser:
     add(g, "max_length", type=int, metavar="T")
     add(g, "max_train_examples", nargs="+", type=_kv(int), metavar="STREAM=N")
     add(g, "dev_max_examples", nargs="+", type=_kv(int), metavar="TASK=N")
+    add(g, "train_subsets", choices=SUBSETS)
+    add(g, "pair_swap", type=float, metavar="P")
+    add(g, "symmetric_eval", action=argparse.BooleanOptionalAction)
     add(g, "final_dev", choices=FINAL_DEV)
 
     g = p.add_argument_group("model")

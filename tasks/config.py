@@ -25,7 +25,7 @@ from tasks.model import TASKS, ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.options import option
 from tasks.runtime import check_device_string
-from tasks.sampling import SCHEDULES
+from tasks.sampling import SCHEDULES, SUBSETS
 
 NLI = "nli"
 STREAMS = TASKS + (NLI,)
@@ -41,7 +41,10 @@ RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing
 # Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
 # the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
-                "final_dev", "dev_max_examples")
+                "final_dev", "dev_max_examples", "symmetric_eval")
+# Fields added after configs were written, with the value that reproduces a config without them: a saved run
+# resumes and re-predicts as it was trained, whatever today's default.
+LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False}
 
 
 @dataclass
@@ -74,6 +77,14 @@ class TrainConfig:
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
         factory=lambda: {"para": 3000})
+    train_subsets: str = option("fresh", "how a capped stream's examples are chosen each epoch: fresh = a new "
+                                "random subset every epoch (examples may repeat before all were seen); cycle = the "
+                                "next examples of one shuffled pass, so none repeats before all were seen")
+    pair_swap: float = option(0.0, "probability that a training pair (Quora, STS) is shown as (b, a) instead of "
+                              "(a, b): order augmentation, not in the paper; 0 = off")
+    symmetric_eval: bool = option(False, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
+                                  "(b, a) at evaluation and prediction: a cross-encoder is not symmetric; not in "
+                                  "the paper")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)")
@@ -177,7 +188,7 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
-        d = dict(d)
+        d = {**LEGACY_VALUES, **d}
         if "model" in d:
             model_known = {f.name for f in dataclasses.fields(ModelConfig)}
             bad = sorted(set(d["model"]) - model_known)
@@ -216,6 +227,10 @@ class TrainConfig:
             raise ValueError(f"dev_max_examples names {extra}, which this run does not evaluate (tasks: {list(self.tasks)})")
         _positive_ints("max_train_examples", self.max_train_examples, 1)
         _positive_ints("dev_max_examples", self.dev_max_examples, 2)  # Pearson r needs two points
+        if self.train_subsets not in SUBSETS:
+            raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
+        if not 0.0 <= self.pair_swap <= 1.0:
+            raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
         if self.final_dev not in FINAL_DEV:
             raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
         _positive_ints("task_batch_size", self.task_batch_size, 1)

@@ -125,6 +125,11 @@ class PairDataset(_TokenizedDataset):
     batch keys input_ids, attention_mask, token_type_ids.
     Both add ids and labels (float by default: BCE targets for Quora, scores
     for STS). ``lengths`` is the longer side for siamese, the pair for cross.
+
+    Index ``i + len(ds)`` is pair ``i`` with its sentences swapped, (b, a):
+    the schedule's order augmentation and evaluation's both-orders score use
+    it (Quora and STS labels do not depend on the order). A cross dataset
+    tokenizes the swapped sequences the first time one is asked for.
     """
 
     def __init__(
@@ -143,9 +148,10 @@ class PairDataset(_TokenizedDataset):
             raise ValueError(f"{len(no_pair)} examples have no second sentence (first: {no_pair[0]!r})")
         super().__init__(tokenizer, pad_to_multiple_of)
         self.mode = mode
+        self.max_length = max_length
         self.ids = [e.id for e in examples]
-        a = [e.text_a for e in examples]
-        b = [e.text_b for e in examples]
+        self.texts = a, b = [e.text_a for e in examples], [e.text_b for e in examples]
+        self._swapped: tuple[list[list[int]], list[list[int]]] | None = None
         if mode == "siamese":
             self.input_ids_1, self.type_ids_1 = tokenizer.encode_ids(a, max_length=max_length)
             self.input_ids_2, self.type_ids_2 = tokenizer.encode_ids(b, max_length=max_length)
@@ -156,13 +162,31 @@ class PairDataset(_TokenizedDataset):
         self.labels = _labels_tensor([e.label for e in examples], label_dtype)
 
     def collate(self, indices: Sequence[int]) -> dict[str, object]:
-        idx, batch = self._start_batch(indices)
+        n = len(self.ids)
+        idx = [int(i) for i in indices]
+        bad = [i for i in idx if not 0 <= i < 2 * n]
+        if bad:
+            raise IndexError(f"pair index {bad[0]} out of range: {n} pairs, {2 * n} with the swapped ones")
+        pairs, batch = self._start_batch([i % n for i in idx])
+        swapped = [i >= n for i in idx]
         if self.mode == "siamese":
-            batch.update(self._pad([self.input_ids_1[i] for i in idx], [self.type_ids_1[i] for i in idx], "_1"))
-            batch.update(self._pad([self.input_ids_2[i] for i in idx], [self.type_ids_2[i] for i in idx], "_2"))
+            sides = ((self.input_ids_1, self.type_ids_1), (self.input_ids_2, self.type_ids_2))
+            for k, suffix in enumerate(("_1", "_2")):
+                chosen = [sides[k ^ s] for s in swapped]  # side k, or the other side of a swapped pair
+                batch.update(self._pad([ids[i] for (ids, _), i in zip(chosen, pairs)],
+                                       [types[i] for (_, types), i in zip(chosen, pairs)], suffix))
         else:
-            batch.update(self._pad([self.input_ids[i] for i in idx], [self.type_ids[i] for i in idx]))
+            rev_ids, rev_types = self._swapped_cross() if any(swapped) else ([], [])
+            batch.update(self._pad([(rev_ids if s else self.input_ids)[i] for s, i in zip(swapped, pairs)],
+                                   [(rev_types if s else self.type_ids)[i] for s, i in zip(swapped, pairs)]))
         return batch
+
+    def _swapped_cross(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Token and type ids of every "[CLS] b [SEP] a [SEP]", tokenized on first use."""
+        if self._swapped is None:
+            a, b = self.texts
+            self._swapped = self.tokenizer.encode_ids(b, pairs=a, max_length=self.max_length)
+        return self._swapped
 
 
 class TripletDataset(_TokenizedDataset):

@@ -44,6 +44,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from tasks.data import length_bucketed_batches, move_batch
+from tasks.model import PAIR_TASKS, TaskOutput
 from tasks.readers import csv_records
 from tasks.runtime import autocast
 
@@ -162,6 +163,7 @@ def predict_dataset(
     batch_size: int = 128,
     device: str | torch.device = "cpu",
     autocast_dtype: torch.dtype | None = None,
+    both_orders: bool = False,
 ) -> Predictions:
     """Run ``model`` over ``dataset`` and return its outputs in dataset order.
 
@@ -173,7 +175,9 @@ def predict_dataset(
     Batches are length-sorted and unshuffled
     (``length_bucketed_batches(shuffle=False)``); results are scattered back to
     dataset order. ``autocast_dtype`` (e.g. torch.bfloat16) turns on autocast
-    for the device's type; logits come back as float32.
+    for the device's type; logits come back as float32. ``both_orders`` scores
+    a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
+    dataset's index ``i + N``, tasks.data.PairDataset), predictions from that mean.
     """
     _check_task(task)
     device = torch.device(device)
@@ -190,6 +194,11 @@ def predict_dataset(
             batch = move_batch(dataset.collate(indices), device)
             with amp:
                 out = model(task, batch)
+            if both_orders and task in PAIR_TASKS:
+                swapped = move_batch(dataset.collate([i + n for i in indices]), device)
+                with amp:
+                    reverse = model(task, swapped)
+                out = TaskOutput((out.logits.float() + reverse.logits.float()) / 2)
             # Kept on the device until the end: one transfer instead of a sync per batch.
             logit_parts.append(out.logits.float())
             pred_parts.append(predict(task, out))
@@ -220,6 +229,7 @@ def evaluate(
     batch_size: int = 128,
     device: str | torch.device = "cpu",
     autocast_dtype: torch.dtype | None = None,
+    both_orders: bool = False,
 ) -> tuple[dict[str, float], dict[str, Predictions]]:
     """Predict every dataset (keyed by task) and score the labeled ones.
 
@@ -232,7 +242,8 @@ def evaluate(
     predictions: dict[str, Predictions] = {}
     for task, dataset in datasets.items():
         _check_task(task)
-        p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype)
+        p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype,
+                            both_orders=both_orders)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
             metrics[TASK_METRIC[task]] = score(task, p.preds, dataset.labels)

@@ -47,6 +47,7 @@ from minbert.bert import BertModel
 from tasks.options import option
 
 TASKS = ("sst", "para", "sts")
+PAIR_TASKS = ("para", "sts")  # the tasks whose examples are sentence pairs
 ARCHS = ("baseline", "b1")
 PAIR_ENCODINGS = ("siamese", "cross")
 POOLINGS = ("pooler", "cls", "mean")

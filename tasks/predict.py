@@ -144,7 +144,7 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
             datasets[task] = make_dataset(task, examples, tokenizer, cfg)
         t0 = time.perf_counter()
         metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
-                                  autocast_dtype=amp_dtype)
+                                  autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval)
         logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
                     (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
         leaderboard = preds
@@ -243,7 +243,8 @@ class Predictor:
         if task not in self.cfg.tasks:
             raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
         return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
-                               batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp)
+                               batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp,
+                               both_orders=self.cfg.symmetric_eval)
 
     @staticmethod
     def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:

@@ -26,6 +26,7 @@ import torch
 from tasks.data import length_bucketed_batches
 
 SCHEDULES = ("sequential", "round_robin", "even")
+SUBSETS = ("fresh", "cycle")
 
 
 def _generator(*key: object) -> torch.Generator:
@@ -50,6 +51,13 @@ class MultitaskSchedule:
     subset of that size (so a CPU run can use a slice of Quora and still see
     different pairs each epoch); None or a missing task means all examples.
     ``bucket=False`` gives plain random batches.
+
+    ``subsets="cycle"`` instead walks through one seeded shuffle of the task
+    per pass: epoch e takes the next ``cap`` examples, so no example repeats
+    before all were seen (with "fresh" draws, 3 epochs of 16k of Quora's 47k
+    pairs see 71% of them). ``swap`` maps a pair task to the probability that
+    a training pair is shown as (b, a): its index becomes ``i + N`` (see
+    tasks.data.PairDataset), drawn per (seed, epoch, task).
     """
 
     def __init__(
@@ -61,9 +69,17 @@ class MultitaskSchedule:
         max_examples_per_epoch: dict[str, int | None] | None = None,
         bucket: bool = True,
         bucket_batches: int = 50,
+        subsets: str = "fresh",
+        swap: dict[str, float] | None = None,
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
+        if subsets not in SUBSETS:
+            raise ValueError(f"unknown subsets {subsets!r}; choose one of {', '.join(SUBSETS)}")
+        swap = {t: p for t, p in (swap or {}).items() if p > 0}
+        bad = {t: p for t, p in swap.items() if t not in task_lengths or not p <= 1}
+        if bad:
+            raise ValueError(f"swap needs tasks of this schedule and probabilities in [0, 1], got {bad}")
         if not task_lengths:
             raise ValueError("a schedule needs at least one task")
         empty = [t for t, lengths in task_lengths.items() if len(lengths) == 0]
@@ -103,6 +119,8 @@ class MultitaskSchedule:
         # A cap at or above the task size is no cap at all.
         self.caps = {t: c for t, c in caps.items() if c is not None and c < len(task_lengths[t])}
         self.bucket_batches = bucket_batches if bucket else 1
+        self.subsets = subsets
+        self.swap = swap
         if self.bucket_batches < 1:
             raise ValueError(f"bucket_batches must be at least 1, got {bucket_batches}")
 
@@ -122,14 +140,33 @@ class MultitaskSchedule:
         """
         g = _generator("task", self.seed, epoch, task)
         lengths = self.task_lengths[task]
-        if task in self.caps:
-            subset = torch.randperm(len(lengths), generator=g)[: self.caps[task]].tolist()
-        else:
+        if task not in self.caps:
             subset = list(range(len(lengths)))
+        elif self.subsets == "cycle":
+            subset = self._cycled(task, epoch)
+        else:
+            subset = torch.randperm(len(lengths), generator=g)[: self.caps[task]].tolist()
         batches = length_bucketed_batches(
             [lengths[i] for i in subset], self.batch_sizes[task], True, g, self.bucket_batches
         )
-        return [[subset[j] for j in b] for b in batches]
+        batches = [[subset[j] for j in b] for b in batches]
+        if task in self.swap:
+            n = len(lengths)
+            flips = iter((torch.rand(sum(map(len, batches)), generator=_generator("swap", self.seed, epoch, task))
+                          < self.swap[task]).tolist())
+            batches = [[i + n if next(flips) else i for i in b] for b in batches]
+        return batches
+
+    def _cycled(self, task: str, epoch: int) -> list[int]:
+        """Epoch ``epoch``'s ``cap`` examples: the next ones of consecutive seeded shuffles (passes)."""
+        n, cap = len(self.task_lengths[task]), self.caps[task]
+        start = epoch * cap
+        subset: list[int] = []
+        while len(subset) < cap:
+            p, offset = divmod(start + len(subset), n)
+            shuffle = torch.randperm(n, generator=_generator("pass", self.seed, task, p)).tolist()
+            subset += shuffle[offset: offset + cap - len(subset)]
+        return subset
 
     def epoch_plan(self, epoch: int) -> list[tuple[str, list[int]]]:
         """(task, indices) for every step of ``epoch``; a pure function of (seed, epoch).

@@ -82,7 +82,7 @@ from tasks.checkpoint import (
 from tasks.config import NLI, TrainConfig, check_resume_config
 from tasks.data import move_batch
 from tasks.evaluate import evaluate, jsonable
-from tasks.model import TASKS
+from tasks.model import PAIR_TASKS, TASKS
 from tasks.objectives import transform_of
 from tasks.parts import Parts, build_parts
 from tasks.predict import eval_model
@@ -179,7 +179,9 @@ class Trainer:
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
         self.schedule = MultitaskSchedule({s: d.lengths for s, d in self.train_sets.items()}, cfg.batch_sizes(),
-                                          cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples)
+                                          cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples,
+                                          subsets=cfg.train_subsets,
+                                          swap={t: cfg.pair_swap for t in PAIR_TASKS if t in self.train_sets})
         self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
                                    extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
 
@@ -456,7 +458,7 @@ class Trainer:
         if self.rank == 0:
             metrics, _ = evaluate(eval_model(model or self.model, self.objectives, self.cfg.tasks), self.dev_sets,
                                   batch_size=self.cfg.eval_batch_size, device=self.device,
-                                  autocast_dtype=self.amp_dtype)
+                                  autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval)
         return distributed.broadcast_from_main(metrics)
 
     def _end_epoch(self, lr: float, train_time: float) -> None:

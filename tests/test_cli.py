@@ -156,6 +156,9 @@ REFUSED = [
     (["--objective", "distill", "--distill-teachers"], "distill needs teachers"),
     (["--objective", "distill", "--distill-teachers", "no/such/run"], "--predict-train"),
     (["--objective", "distill", "--distill-teachers", "x", "--distill-temperature", "0"], "temperature"),
+    (["--pair-swap", "1.5"], "pair_swap is a probability"),
+    (["--resume", "--pair-swap", "0.5"], "--pair-swap cannot change"),
+    (["--eval-only", "--train-subsets", "cycle"], "--train-subsets cannot change"),
     (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
     (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
     (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),
@@ -357,3 +360,38 @@ def test_eval_only_sets_inference_options_and_a_capped_final_dev(tiny_env, tmp_p
     sst = [(tmp_path / d / "predictions" / "sst-dev-logits.csv").read_text() for d in ("identity", "batch")]
     assert sst[0] != sst[1]  # batch matching mixes each eval batch's representations
     assert set(batch["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+
+
+def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
+    """A config.json without train_subsets / pair_swap / symmetric_eval (written before they existed) loads
+    with the values that reproduce it, whatever today's defaults; a config that has them keeps its own."""
+    from tasks import config as config_module
+    saved = TrainConfig().to_dict()
+    for key in config_module.LEGACY_VALUES:
+        del saved[key]
+    loaded = TrainConfig.from_dict(saved)
+    assert {k: getattr(loaded, k) for k in config_module.LEGACY_VALUES} == {
+        "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False}
+    own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True)
+    assert TrainConfig.from_dict(own.to_dict()) == own
+
+
+def test_eval_only_symmetric_eval_rescores_pairs_of_a_saved_run(tiny_env, tmp_path):  # noqa: F811
+    """A run trained with cycled subsets and swapped pairs resumes to the uninterrupted run's files; --eval-only
+    --symmetric-eval re-scores its pairs (para and STS logits change, SST's do not)."""
+    flags = ["--limit", "24", "--max-train-examples", "para=16", "--train-subsets", "cycle", "--pair-swap", "0.5",
+             "--lr-schedule", "constant"]
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    cli.main([*_tiny_flags(tiny_env, whole), *flags, "--epochs", "2"])
+    cli.main([*_tiny_flags(tiny_env, cut), *flags, "--epochs", "1"])
+    cli.main(["--resume", "--out-dir", str(cut), "--epochs", "2"])
+    for name in ("sst-dev-logits.csv", "para-dev-logits.csv", "sts-dev-logits.csv"):
+        assert (whole / "predictions" / name).read_bytes() == (cut / "predictions" / name).read_bytes(), name
+    sym = tmp_path / "sym"
+    result = cli.main(["--eval-only", "--checkpoint", str(whole / "checkpoints" / "best"), "--out-dir", str(sym),
+                       "--symmetric-eval"])
+    logits = {name: [(d / "predictions" / f"{name}-dev-logits.csv").read_text() for d in (whole, sym)]
+              for name in ("sst", "para", "sts")}
+    assert logits["sst"][0] == logits["sst"][1]
+    assert logits["para"][0] != logits["para"][1] and logits["sts"][0] != logits["sts"][1]
+    assert set(result["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}

@@ -130,3 +130,26 @@ def test_bucketing_reduces_padding_on_skewed_lengths():
     plain = length_bucketed_batches(lengths, 32, True, torch.Generator().manual_seed(1), bucket_batches=1)
     assert padding_ratio(lengths, bucketed) < 0.25 * padding_ratio(lengths, plain)
     assert padding_ratio([4, 4], [[0, 1]]) == 0.0 and padding_ratio([2, 4], [[0, 1]]) == pytest.approx(2 / 6)
+
+
+@pytest.mark.parametrize("mode", ["siamese", "cross"])
+def test_pair_index_plus_n_is_the_swapped_pair(mode):
+    """Index i + N collates pair i as (b, a), as a dataset built from the swapped examples does, also mixed
+    with unswapped pairs in one batch; ids and labels stay the pair's; 2N and beyond are out of range."""
+    tok = WordTokenizer()
+    examples = [Example("p", "a b c d e", "f", 1), Example("q", "g", "h i", 0), Example("r", "j k", "l m n", 1)]
+    ds = PairDataset(examples, tok, mode=mode)
+    plain = PairDataset(examples, tok, mode=mode)
+    reference = PairDataset([Example(e.id, e.text_b, e.text_a, e.label) for e in examples], tok, mode=mode)
+    mixed = ds.collate([3, 1, 5])
+    assert mixed["ids"] == ["p", "q", "r"] and mixed["labels"].tolist() == [1.0, 0.0, 1.0]
+    for row, (source, i) in enumerate([(reference, 0), (plain, 1), (reference, 2)]):
+        alone = source.collate([i])
+        assert alone.keys() == mixed.keys()
+        for key, value in alone.items():
+            if isinstance(value, torch.Tensor) and value.dim() == 2:
+                width = value.shape[1]
+                assert torch.equal(mixed[key][row, :width], value[0]), (key, row)
+                assert not mixed[key][row, width:].any(), (key, row)  # the rest is padding
+    with pytest.raises(IndexError, match="out of range: 3 pairs, 6 with the swapped"):
+        ds.collate([6])

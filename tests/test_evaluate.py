@@ -24,6 +24,7 @@ from tasks.evaluate import (
     write_logits,
     write_predictions,
 )
+from tasks.model import TaskOutput
 from tests.helpers import WordTokenizer
 from tests.test_model import make_model
 
@@ -123,6 +124,25 @@ def test_predict_dataset_in_dataset_order_equals_per_example(task, mode):
                 assert torch.equal(p.preds[i : i + 1], model.predict(task, out))
     if task == "sts":
         assert torch.equal(p.preds, p.logits)
+
+
+@pytest.mark.parametrize("task,mode", [("para", "cross"), ("sts", "cross"), ("para", "siamese")])
+def test_both_orders_scores_the_mean_of_a_pair_and_its_swap(task, mode):
+    """both_orders=True: a pair's logit is the mean of its (a, b) and (b, a) logits (each computed alone),
+    its prediction that mean's; the cross model really is asymmetric, so a one-order score cannot pass."""
+    model = make_model("baseline", mode, pooling="mean").eval()
+    ds = make_dataset(task, mode=mode)
+    swapped = PairDataset([Example(i, b, a, y) for i, a, b, y in zip(ds.ids, *ds.texts, ds.labels.tolist())],
+                          TOK, mode=mode)
+    one, other = (predict_dataset(model, task, d, batch_size=4) for d in (ds, swapped))
+    both = predict_dataset(model, task, ds, batch_size=4, both_orders=True)
+    if mode == "cross":
+        assert float((one.logits - other.logits).abs().max()) > 1e-3
+    torch.testing.assert_close(both.logits, (one.logits + other.logits) / 2, atol=1e-5, rtol=1e-5)
+    assert torch.equal(both.preds, model.predict(task, TaskOutput(both.logits)))
+    sst = make_dataset("sst")
+    assert torch.equal(predict_dataset(model, "sst", sst, both_orders=True).logits,
+                       predict_dataset(model, "sst", sst).logits)
 
 
 def test_predict_dataset_restores_every_module_mode():

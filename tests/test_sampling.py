@@ -99,6 +99,53 @@ def test_per_task_cap_draws_fresh_subsets():
     assert sched.steps_per_epoch(0) == -(-70 // 16) + -(-50 // 16) + -(-45 // 16) == len(sched.epoch_plan(0))
 
 
+def test_cycled_subsets_see_every_example_before_any_repeats():
+    """subsets="cycle": consecutive epochs take the next examples of one shuffled pass (cap 50 of 200: four
+    epochs are exactly one pass); past a pass the next shuffle continues; other tasks are untouched."""
+    lengths = task_lengths()
+    fresh = MultitaskSchedule(lengths, 16, "even", seed=0, max_examples_per_epoch={"para": 50})
+    cycle = MultitaskSchedule(lengths, 16, "even", seed=0, max_examples_per_epoch={"para": 50}, subsets="cycle")
+    seen = []
+    for epoch in range(4):
+        got = per_task(cycle.epoch_plan(epoch))
+        para = [i for b in got["para"] for i in b]
+        assert len(para) == len(set(para)) == 50
+        seen += para
+        assert got["sst"] == per_task(fresh.epoch_plan(epoch))["sst"]
+    assert sorted(seen) == list(range(200))
+    union = set()
+    for epoch in range(4):  # fresh draws repeat examples and miss others over the same four epochs
+        union |= {i for b in per_task(fresh.epoch_plan(epoch))["para"] for i in b}
+    assert len(union) < 200
+    uneven = MultitaskSchedule(lengths, 16, "even", seed=0, max_examples_per_epoch={"para": 60}, subsets="cycle")
+    firsts = [i for epoch in range(3) for b in per_task(uneven.epoch_plan(epoch))["para"] for i in b]
+    assert len(set(firsts)) == 180
+    fourth = {i for b in per_task(uneven.epoch_plan(3))["para"] for i in b}
+    assert set(range(200)) - set(firsts) <= fourth  # the pass's last 20, then the next pass begins
+
+
+def test_swapped_pairs_are_index_plus_n_with_the_given_probability():
+    """swap={"para": p}: each para index i becomes i + N with probability p, drawn per (seed, epoch); mod N
+    the plan is the unswapped one, so batches, order and the other tasks do not change."""
+    lengths = task_lengths()
+    plain = MultitaskSchedule(lengths, 16, "even", seed=2)
+    swapping = MultitaskSchedule(lengths, 16, "even", seed=2, swap={"para": 0.5})
+    flips = []
+    for epoch in range(2):
+        a, b = plain.epoch_plan(epoch), swapping.epoch_plan(epoch)
+        assert [(t, [i % 200 if t == "para" else i for i in batch]) for t, batch in b] == a
+        assert all(i < len(lengths[t]) for t, batch in b if t != "para" for i in batch)
+        flips.append([i >= 200 for t, batch in b if t == "para" for i in batch])
+    assert all(0.35 < sum(f) / 200 < 0.65 for f in flips) and flips[0] != flips[1]
+    assert swapping.epoch_plan(1) == MultitaskSchedule(lengths, 16, "even", seed=2, swap={"para": 0.5}).epoch_plan(1)
+    everything = MultitaskSchedule(lengths, 16, "even", seed=2, swap={"para": 1.0, "sts": 0.0}).epoch_plan(0)
+    assert all(i >= 200 for t, batch in everything if t == "para" for i in batch)
+    with pytest.raises(ValueError, match="swap needs"):
+        MultitaskSchedule(lengths, 16, "even", swap={"nli": 0.5})
+    with pytest.raises(ValueError, match="fresh, cycle"):
+        MultitaskSchedule(lengths, 16, "even", subsets="again")
+
+
 def test_bucketing_switch_changes_composition_not_coverage():
     """bucket=False gives plain random batches: the same coverage, more padding than bucketed batches."""
     lengths = {"sst": [3 + (i * 37) % 120 for i in range(1000)]}
