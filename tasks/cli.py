@@ -235,6 +235,7 @@ def build_parser() -> Parser:
     add(g, "train_subsets", choices=SUBSETS)
     add(g, "pair_swap", type=float, metavar="P")
     add(g, "symmetric_eval", action=argparse.BooleanOptionalAction)
+    add(g, "sts_prior", type=float, metavar="W")
     add(g, "final_dev", choices=FINAL_DEV)
 
     g = p.add_argument_group("model")

@@ -41,10 +41,10 @@ RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing
 # Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
 # the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
-                "final_dev", "dev_max_examples", "symmetric_eval")
+                "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior")
 # Fields added after configs were written, with the value that reproduces a config without them: a saved run
 # resumes and re-predicts as it was trained, whatever today's default.
-LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False}
+LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0}
 
 
 @dataclass
@@ -85,6 +85,9 @@ class TrainConfig:
     symmetric_eval: bool = option(False, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
                                   "(b, a) at evaluation and prediction: a cross-encoder is not symmetric; not in "
                                   "the paper")
+    sts_prior: float = option(0.0, "STS score = (1 - W) x the head's + W x 5 x the cosine of the pretrained "
+                              "encoder's mean-pooled embeddings (a frozen copy, at evaluation only; tasks/prior.py); "
+                              "not in the papers; 0 = off")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)")
@@ -231,6 +234,11 @@ class TrainConfig:
             raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
         if not 0.0 <= self.pair_swap <= 1.0:
             raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
+        if not 0.0 <= self.sts_prior <= 1.0:
+            raise ValueError(f"sts_prior is a weight in [0, 1], got {self.sts_prior}")
+        if self.sts_prior > 0 and "sts" not in self.tasks:
+            raise ValueError(f"sts_prior blends STS scores, but this run does not evaluate sts (tasks: "
+                             f"{list(self.tasks)})")
         if self.final_dev not in FINAL_DEV:
             raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
         _positive_ints("task_batch_size", self.task_batch_size, 1)

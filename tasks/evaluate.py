@@ -164,6 +164,7 @@ def predict_dataset(
     device: str | torch.device = "cpu",
     autocast_dtype: torch.dtype | None = None,
     both_orders: bool = False,
+    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
 ) -> Predictions:
     """Run ``model`` over ``dataset`` and return its outputs in dataset order.
 
@@ -178,6 +179,8 @@ def predict_dataset(
     for the device's type; logits come back as float32. ``both_orders`` scores
     a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
     dataset's index ``i + N``, tasks.data.PairDataset), predictions from that mean.
+    ``sts_prior(dataset, scores)`` replaces STS scores, in dataset order, with
+    its blend of them (tasks.prior.CosinePrior.blend).
     """
     _check_task(task)
     device = torch.device(device)
@@ -219,6 +222,8 @@ def predict_dataset(
     logits[where] = logits_sorted
     preds[where] = preds_sorted
     if task == "sts":
+        if sts_prior is not None:
+            logits = preds = sts_prior(dataset, logits)
         preds = preds.float()
     return Predictions(list(dataset.ids), logits, preds)
 
@@ -230,6 +235,7 @@ def evaluate(
     device: str | torch.device = "cpu",
     autocast_dtype: torch.dtype | None = None,
     both_orders: bool = False,
+    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[dict[str, float], dict[str, Predictions]]:
     """Predict every dataset (keyed by task) and score the labeled ones.
 
@@ -243,7 +249,7 @@ def evaluate(
     for task, dataset in datasets.items():
         _check_task(task)
         p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype,
-                            both_orders=both_orders)
+                            both_orders=both_orders, sts_prior=sts_prior)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
             metrics[TASK_METRIC[task]] = score(task, p.preds, dataset.labels)

@@ -62,6 +62,7 @@ from tasks.evaluate import (
     write_predictions,
 )
 from tasks.model import MultitaskBert
+from tasks.prior import sts_prior_of
 from tasks.objectives import Objective, build_objectives, transform_of
 from tasks.readers import Example, read_pairs, read_sentences
 from tasks.runtime import autocast, autocast_dtype, resolve_device
@@ -111,6 +112,7 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
     "skipped": [...]} plus "train" and each inference's key when computed.
     """
     view = eval_model(model, objectives, cfg.tasks)
+    prior = sts_prior_of(cfg, device, amp_dtype)
     train_sets = dict(train_sets or {})
 
     def train_set(task: str) -> Any:
@@ -144,7 +146,8 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
             datasets[task] = make_dataset(task, examples, tokenizer, cfg)
         t0 = time.perf_counter()
         metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
-                                  autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval)
+                                  autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval,
+                                  sts_prior=prior.blend if prior is not None else None)
         logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
                     (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
         leaderboard = preds
@@ -229,6 +232,7 @@ class Predictor:
         self.view = eval_model(model, objectives, cfg.tasks)
         self.amp = autocast_dtype(cfg.bf16, device)
         self.batch_size = batch_size or cfg.eval_batch_size
+        self.prior = sts_prior_of(cfg, device, self.amp)
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None
@@ -244,7 +248,8 @@ class Predictor:
             raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
         return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
                                batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp,
-                               both_orders=self.cfg.symmetric_eval)
+                               both_orders=self.cfg.symmetric_eval,
+                               sts_prior=self.prior.blend if self.prior is not None else None)
 
     @staticmethod
     def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:

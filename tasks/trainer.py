@@ -86,6 +86,7 @@ from tasks.model import PAIR_TASKS, TASKS
 from tasks.objectives import transform_of
 from tasks.parts import Parts, build_parts
 from tasks.predict import eval_model
+from tasks.prior import CosinePrior, sts_prior_of
 from tasks.progress import RunningSums, progress_logging, sequences
 from tasks.rundir import RunDir
 from tasks.runtime import (
@@ -182,6 +183,7 @@ class Trainer:
                                           cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples,
                                           subsets=cfg.train_subsets,
                                           swap={t: cfg.pair_swap for t in PAIR_TASKS if t in self.train_sets})
+        self.sts_prior: CosinePrior | None = None  # built at the first evaluation (rank 0 evaluates)
         self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
                                    extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
 
@@ -456,9 +458,12 @@ class Trainer:
         """
         metrics: dict[str, float] = {}
         if self.rank == 0:
+            if self.cfg.sts_prior > 0 and self.sts_prior is None:
+                self.sts_prior = sts_prior_of(self.cfg, self.device, self.amp_dtype)
             metrics, _ = evaluate(eval_model(model or self.model, self.objectives, self.cfg.tasks), self.dev_sets,
                                   batch_size=self.cfg.eval_batch_size, device=self.device,
-                                  autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval)
+                                  autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
+                                  sts_prior=self.sts_prior.blend if self.sts_prior is not None else None)
         return distributed.broadcast_from_main(metrics)
 
     def _end_epoch(self, lr: float, train_time: float) -> None:

@@ -159,6 +159,8 @@ REFUSED = [
     (["--pair-swap", "1.5"], "pair_swap is a probability"),
     (["--resume", "--pair-swap", "0.5"], "--pair-swap cannot change"),
     (["--eval-only", "--train-subsets", "cycle"], "--train-subsets cannot change"),
+    (["--sts-prior", "2"], "sts_prior is a weight in [0, 1]"),
+    (["--tasks", "sst", "para", "--sts-prior", "0.5"], "does not evaluate sts"),
     (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
     (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
     (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),
@@ -363,22 +365,22 @@ def test_eval_only_sets_inference_options_and_a_capped_final_dev(tiny_env, tmp_p
 
 
 def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
-    """A config.json without train_subsets / pair_swap / symmetric_eval (written before they existed) loads
-    with the values that reproduce it, whatever today's defaults; a config that has them keeps its own."""
+    """A config.json without train_subsets, pair_swap, symmetric_eval or sts_prior (written before they existed)
+    loads with the values that reproduce it, whatever today's defaults; a config that has them keeps its own."""
     from tasks import config as config_module
     saved = TrainConfig().to_dict()
     for key in config_module.LEGACY_VALUES:
         del saved[key]
     loaded = TrainConfig.from_dict(saved)
     assert {k: getattr(loaded, k) for k in config_module.LEGACY_VALUES} == {
-        "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False}
-    own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True)
+        "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0}
+    own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True, sts_prior=0.5)
     assert TrainConfig.from_dict(own.to_dict()) == own
 
 
-def test_eval_only_symmetric_eval_rescores_pairs_of_a_saved_run(tiny_env, tmp_path):  # noqa: F811
+def test_eval_only_symmetric_eval_and_sts_prior_rescore_pairs_of_a_saved_run(tiny_env, tmp_path):  # noqa: F811
     """A run trained with cycled subsets and swapped pairs resumes to the uninterrupted run's files; --eval-only
-    --symmetric-eval re-scores its pairs (para and STS logits change, SST's do not)."""
+    --symmetric-eval re-scores its pairs (para and STS logits change, SST's do not), --sts-prior its STS scores."""
     flags = ["--limit", "24", "--max-train-examples", "para=16", "--train-subsets", "cycle", "--pair-swap", "0.5",
              "--lr-schedule", "constant"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
@@ -395,3 +397,8 @@ def test_eval_only_symmetric_eval_rescores_pairs_of_a_saved_run(tiny_env, tmp_pa
     assert logits["sst"][0] == logits["sst"][1]
     assert logits["para"][0] != logits["para"][1] and logits["sts"][0] != logits["sts"][1]
     assert set(result["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+    prior = tmp_path / "prior"  # --sts-prior: only the STS scores change
+    cli.main(["--eval-only", "--checkpoint", str(whole / "checkpoints" / "best"), "--out-dir", str(prior),
+              "--sts-prior", "0.5"])
+    read = {name: (prior / "predictions" / f"{name}-dev-logits.csv").read_text() for name in ("sst", "para", "sts")}
+    assert read["sst"] == logits["sst"][0] and read["para"] == logits["para"][0] and read["sts"] != logits["sts"][0]

@@ -1,0 +1,71 @@
+"""Tests for tasks/prior.py: the pretrained encoder's cosine as a second opinion on STS (--sts-prior)."""
+
+from __future__ import annotations
+
+import pytest
+import sentence_transformers  # reference: a missing one fails instead of skipping
+import torch
+
+from minbert.pretrained import default_model_dir
+from tasks.data import Example, PairDataset
+from tasks.evaluate import predict_dataset
+from tasks.prior import CosinePrior
+from tests.helpers import WordTokenizer
+from tests.test_model import make_model
+
+PAIRS = [("A man is playing a guitar.", "A man plays the guitar."),
+         ("Two dogs run on the grass.", "The stock market fell sharply today."),
+         ("A woman is slicing an onion.", "Someone cuts an onion."),
+         ("UN chief welcomes elections in Guinea", "UN chief condemns attack against peacekeepers in Mali")]
+
+
+@pytest.fixture(scope="module")
+def prior() -> CosinePrior:
+    torch.set_num_threads(1)
+    return CosinePrior(None, 0.5, "cpu")
+
+
+def test_embeddings_equal_sentence_transformers_all_minilm(prior):
+    """The prior embeds as sentence-transformers' all-MiniLM-L6-v2 does (mean pooling, unit length), in input
+    order although batches are length-sorted."""
+    reference = sentence_transformers.SentenceTransformer(str(default_model_dir()), device="cpu")
+    texts = [t for pair in PAIRS for t in pair]
+    want = torch.from_numpy(reference.encode(texts, normalize_embeddings=True))
+    prior.batch_size = 3  # several length-sorted batches
+    torch.testing.assert_close(prior.embed(texts), want, atol=2e-5, rtol=1e-4)
+
+
+def test_blend_is_the_weighted_mean_with_five_times_the_cosine(prior):
+    """blend = (1 - W) x scores + W x 5 x cos, per pair in dataset order; similar pairs score above unrelated."""
+    ds = PairDataset([Example(f"x{i}", a, b, 1.0) for i, (a, b) in enumerate(PAIRS)], prior.tokenizer, mode="cross")
+    a, b = prior.embed([p[0] for p in PAIRS]), prior.embed([p[1] for p in PAIRS])
+    cos = (a * b).sum(-1)
+    assert cos[0] > 0.8 and cos[2] > 0.6 and cos[1] < 0.2
+    scores = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    torch.testing.assert_close(prior.blend(ds, scores), 0.5 * scores + 2.5 * cos, atol=1e-5, rtol=1e-5)
+    assert prior.cosines(ds) is prior.cosines(ds)  # computed once per dataset
+
+
+def test_predict_dataset_blends_only_sts_scores(prior):
+    """predict_dataset(sts_prior=...) returns the blended STS scores as logits and predictions; SST and
+    paraphrase outputs never pass through it."""
+    model = make_model("b1", "cross", pooling="mean").eval()  # tiny: its dataset uses the tiny tokenizer
+    ds = PairDataset([Example(f"x{i}", a, b, float(i)) for i, (a, b) in enumerate(PAIRS)], WordTokenizer(),
+                     mode="cross")
+    calls = []
+
+    def spy(dataset, scores):
+        calls.append(dataset)
+        return prior.blend(dataset, scores)
+
+    plain = predict_dataset(model, "sts", ds)
+    blended = predict_dataset(model, "sts", ds, sts_prior=spy)
+    torch.testing.assert_close(blended.logits, prior.blend(ds, plain.logits))
+    assert torch.equal(blended.preds, blended.logits) and calls == [ds]
+    para = predict_dataset(model, "para", ds, sts_prior=spy)
+    assert torch.equal(para.logits, predict_dataset(model, "para", ds).logits) and calls == [ds]
+
+
+def test_weight_must_be_in_range():
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        CosinePrior(None, 0.0, "cpu")
