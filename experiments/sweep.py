@@ -43,6 +43,14 @@ def final_record(run_dir: Path) -> dict | None:
     return final
 
 
+def run_config(argv: Sequence[str]) -> dict:
+    """The config.json that ``train_multitask.py argv`` (a fresh run) would write, with today's defaults."""
+    from tasks import cli  # the CLI's own parsing, so flags mean what they mean to train_multitask.py
+
+    command, explicit = cli.parse(list(argv))
+    return cli.build_invocation(command, explicit).config.to_dict()
+
+
 class Sweep:
     """Runs commands under ``root``, one directory per name, and remembers how long each took."""
 
@@ -67,12 +75,13 @@ class Sweep:
         return env
 
     def command(self, name: str, argv: Sequence[str], *, module: str | None = None,
-                resume: Sequence[str] | None = None) -> dict:
+                resume: Sequence[str] | None = None, stale: bool = False) -> dict:
         """Run ``python train_multitask.py argv`` (or ``python -m module argv``) once; returns {argv, wall_s}.
 
         The record lands in ``<root>/<name>/sweep.json``; a second call with the same
         argv returns it without running, unless ``force``. ``sweep.json`` is written
-        (``wall_s`` null) before the run starts: when a call with the same argv finds
+        (``wall_s`` null) before the run starts (``stale``: what is there was made by another
+        command, however it was recorded: run afresh): when a call with the same argv finds
         it unfinished and ``<root>/<name>/checkpoints/last`` there, it runs ``resume``
         instead, so a training run cut short continues. The wall_s of a resumed run is
         that of the resuming process alone.
@@ -80,7 +89,7 @@ class Sweep:
         run_dir = self.root / name
         marker = run_dir / "sweep.json"
         prior = json.loads(marker.read_text()) if marker.is_file() and not self.force else {}
-        same = prior.get("argv") == list(argv) and prior.get("module") == module
+        same = prior.get("argv") == list(argv) and prior.get("module") == module and not stale
         if same and prior.get("wall_s") is not None:
             print(f"[{name}] reusing the finished run ({prior['wall_s']:.0f} s)", flush=True)
             return prior
@@ -116,10 +125,30 @@ class Sweep:
         """The command ``train(name, flags)`` runs and records in ``<root>/<name>/sweep.json``."""
         return list(flags) + ["--out-dir", str(self.root / name), "--overwrite"]
 
+    def _made_otherwise(self, name: str, argv: Sequence[str]) -> bool:
+        """True when ``<root>/<name>/config.json`` is not what ``argv`` gives today: the same flags recorded
+        before a default changed would otherwise pass for today's recipe (and a --resume would be refused)."""
+        saved_path = self.root / name / "config.json"
+        if not saved_path.is_file():
+            return False
+        from tasks.config import TrainConfig  # fills the fields a config written before them lacks
+
+        try:
+            saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).to_dict()
+            today = run_config(argv)
+        except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
+            return False
+        changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
+        if changed:
+            print(f"[{name}] made with other settings ({', '.join(changed)}): training it again", flush=True)
+        return bool(changed)
+
     def train(self, name: str, flags: Sequence[str]) -> tuple[dict, float]:
         """One training run (fresh, ``--overwrite``; resumed when cut short); returns (its final record, wall s)."""
         run_dir = self.root / name
-        done = self.command(name, self.train_argv(name, flags), resume=["--resume", "--out-dir", str(run_dir)])
+        argv = self.train_argv(name, flags)
+        done = self.command(name, argv, resume=["--resume", "--out-dir", str(run_dir)],
+                            stale=self._made_otherwise(name, argv))
         record = final_record(run_dir) if not self.dry_run else {"dev": {}}
         if record is None:
             raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")

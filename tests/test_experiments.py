@@ -12,7 +12,7 @@ import pytest
 from experiments import ablation, robustness_table
 from experiments.ablation import CONTRASTIVE, LADDER, ROWS, collect, merge_flags, render, row_flags
 from experiments.stats import cell, change, change_cell, plot_rows
-from experiments.sweep import Sweep, _run_lock, final_record
+from experiments.sweep import Sweep, _run_lock, final_record, run_config
 from tasks import cli
 
 
@@ -242,3 +242,33 @@ def test_collect_reads_every_row_and_seed(tmp_path, monkeypatch):
             (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": dev}) + "\n")
     results = collect(Sweep(tmp_path), [0, 1])
     assert set(ROWS) <= set(results) and results["ce"][1]["overall"] == 0.61
+
+
+def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, capsys):
+    """A sweep reuses a finished run only when its config.json is the one its command gives with today's
+    defaults: the same argv recorded before a default changed (here the STS prior) is trained again."""
+    sweep = Sweep(tmp_path, dry_run=True)
+    flags = ["--seed", "3", "--epochs", "2"]
+    run = tmp_path / "member"
+    run.mkdir()
+    (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", flags), "module": None,
+                                                "wall_s": 12.0}))
+    (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
+    today = run_config(sweep.train_argv("member", flags))
+    assert today["seed"] == 3 and today["epochs"] == 2 and today["out_dir"] == str(run)
+    (run / "config.json").write_text(json.dumps(today))
+    sweep.train("member", flags)
+    assert "reusing the finished run" in capsys.readouterr().out
+    (run / "config.json").write_text(json.dumps({**today, "sts_prior": 0.25}))  # as if the default had been 0.25
+    sweep.train("member", flags)
+    out = capsys.readouterr().out
+    assert "reusing" not in out and "made with other settings (sts_prior)" in out and "python" in out
+    older = {k: v for k, v in today.items() if k != "sts_prior"}  # written before the field existed: its legacy 0
+    (run / "config.json").write_text(json.dumps(older))
+    sweep.train("member", [*flags, "--sts-prior", "0"])
+    out = capsys.readouterr().out  # the same settings as the record's (legacy 0), but another argv: it runs
+    assert "made with other settings" not in out and "reusing" not in out and "python" in out
+    (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", [*flags, "--sts-prior", "0"]),
+                                                "module": None, "wall_s": 12.0}))
+    sweep.train("member", [*flags, "--sts-prior", "0"])
+    assert "reusing the finished run" in capsys.readouterr().out
