@@ -272,3 +272,27 @@ def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, caps
                                                 "module": None, "wall_s": 12.0}))
     sweep.train("member", [*flags, "--sts-prior", "0"])
     assert "reusing the finished run" in capsys.readouterr().out
+
+
+def test_training_tokens_count_every_planned_example_once_per_appearance():
+    """token_budget counts the real tokens of each planned example: an uncapped epoch is every example once,
+    Siamese pairs count both sides, a swapped pair (index i + N) counts as pair i, SWA epochs are included."""
+    from experiments.token_budget import example_tokens, training_tokens
+    from tasks.config import TrainConfig
+    from tasks.data import PairDataset, SentenceDataset
+    from tasks.readers import Example
+    from tests.helpers import WordTokenizer
+
+    tok = WordTokenizer()
+    sst = SentenceDataset([Example(f"s{i}", "w " * (i + 1)) for i in range(10)], tok)
+    pairs = [Example(f"p{i}", "a " * (i + 1), "b " * (2 * i + 1), 1.0) for i in range(12)]
+    cross, siamese = PairDataset(pairs, tok, mode="cross"), PairDataset(pairs, tok, mode="siamese")
+    assert example_tokens(sst) == [i + 3 for i in range(10)]  # [CLS] w.. [SEP]: i + 1 words + 2
+    assert example_tokens(cross) == [3 * i + 5 for i in range(12)]  # [CLS] a [SEP] b [SEP]
+    assert example_tokens(siamese) == [3 * i + 6 for i in range(12)]  # [CLS] a [SEP], [CLS] b [SEP]
+    cfg = TrainConfig(tasks=("sst", "para"), batch_size=4, epochs=2, max_train_examples={}, pair_swap=0.5)
+    totals = training_tokens(cfg, {"sst": sst, "para": cross})
+    assert totals == {"sst": 2 * sum(example_tokens(sst)), "para": 2 * sum(example_tokens(cross))}
+    capped = TrainConfig(tasks=("sst", "para"), batch_size=4, epochs=1, swa_epochs=2, max_train_examples={"para": 4},
+                         train_subsets="cycle")
+    assert training_tokens(capped, {"sst": sst, "para": siamese})["para"] == sum(example_tokens(siamese))  # 3 x 4

@@ -1,0 +1,79 @@
+"""Training tokens of a recipe: how much text its training steps read, against a reference recipe.
+
+Compute on a CPU grows with the tokens a run pushes through the encoder, so
+recipes are compared by their training tokens: the real (unpadded) tokens of
+every example in every training step of every epoch (SWA epochs too), read
+from the run's own epoch plans (tasks/sampling.py), not estimated. A Siamese
+pair counts both sentences, a triplet all three. Evaluation is not counted.
+
+Usage:
+    python experiments/token_budget.py --reference "--max-train-examples para=16000" --candidate ""
+    python experiments/token_budget.py --candidate "--epochs 4" --candidate "--max-train-examples para=23000"
+
+Each recipe is the default plus the quoted flags (as given to train_multitask.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from collections.abc import Sequence
+
+from minbert.pretrained import load_pretrained
+from tasks import cli
+from tasks.config import TrainConfig
+from tasks.sampling import MultitaskSchedule
+from tasks.splits import load_run_data
+
+
+def example_tokens(dataset) -> list[int]:
+    """Real tokens of each example of a tasks.data dataset (every sequence it feeds the encoder)."""
+    sides = [name for name in ("input_ids", "input_ids_1", "input_ids_2", "input_ids_3") if hasattr(dataset, name)]
+    return [sum(len(getattr(dataset, side)[i]) for side in sides) for i in range(len(dataset))]
+
+
+def training_tokens(cfg: TrainConfig, train_sets: dict) -> dict[str, int]:
+    """Tokens per stream over all of ``cfg``'s training epochs (and SWA epochs), from its epoch plans."""
+    schedule = MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
+                                 seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples,
+                                 subsets=cfg.train_subsets, swap={t: cfg.pair_swap for t in ("para", "sts")
+                                                                  if t in train_sets})
+    per_example = {s: example_tokens(d) for s, d in train_sets.items()}
+    totals = dict.fromkeys(train_sets, 0)
+    for epoch in range(cfg.epochs + cfg.swa_epochs):
+        for stream, indices in schedule.epoch_plan(epoch):
+            n = len(per_example[stream])
+            totals[stream] += sum(per_example[stream][i % n] for i in indices)  # i + n: the same pair, swapped
+    return totals
+
+
+def recipe(flags: str) -> TrainConfig:
+    command, explicit = cli.parse(shlex.split(flags))
+    return cli.build_invocation(command, explicit).config
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--reference", default="", help="flags of the reference recipe (default: the default recipe)")
+    ap.add_argument("--candidate", action="append", default=[], help="flags of a recipe to compare (repeatable)")
+    args = ap.parse_args(argv)
+    rows = []
+    _, tokenizer = load_pretrained(None, add_pooling_layer=False)
+    for label, flags in [("reference", args.reference)] + [("candidate", f) for f in args.candidate]:
+        try:
+            cfg = recipe(flags)
+        except (ValueError, SystemExit) as e:
+            sys.exit(f"token_budget.py: error: {label} {flags!r}: {e}")
+        train_sets, _, _ = load_run_data(cfg, tokenizer)
+        tokens = training_tokens(cfg, train_sets)
+        rows.append({"recipe": flags or "(the default)", "tokens": tokens, "total": sum(tokens.values())})
+    ref = rows[0]["total"]
+    for row in rows:
+        per = ", ".join(f"{s} {t / 1e6:.2f}M" for s, t in row["tokens"].items())
+        print(f"{row['total'] / 1e6:7.3f}M tokens  {row['total'] / ref:5.3f}x  ({per})  {row['recipe']}")
+    return rows
+
+
+if __name__ == "__main__":
+    main()
