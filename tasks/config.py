@@ -55,8 +55,10 @@ class TrainConfig:
     half the encoder work of Siamese), mean pooling (all-MiniLM-L6-v2 was
     trained with it), lr 1e-4 with warmup and linear decay, bf16 autocast
     where the CPU has native bf16, the fused AdamW kernel, 3 epochs with Quora
-    capped at a fresh 16k pairs per epoch and scored on a fixed 3k dev subset
-    between epochs. ``tasks.presets.apply_preset`` gives the paper's GPU configurations.
+    capped at 23k pairs per epoch (the next ones of a shuffled pass) and scored
+    on a fixed 3k dev subset between epochs; pairs scored in both orders, STS
+    blended with the pretrained encoder's cosine (experiments/RESULTS.md
+    measures each). ``tasks.presets.apply_preset`` gives the paper's GPU configurations.
     """
 
     # -- data --
@@ -70,24 +72,24 @@ class TrainConfig:
                                "at least the batch size")
     max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)")
     max_train_examples: dict[str, int] = option(
-        help="per-stream cap on training examples per epoch, a fresh random subset each epoch (Quora is ~6x SST; "
+        help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is ~6x SST; "
              "on CPU the whole of it does not fit the time budget); STREAM=N or STREAM=all (the paper sees all "
-             "data, §4.2)", factory=lambda: {"para": 16000})
+             "data, §4.2)", factory=lambda: {"para": 23000})
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
         factory=lambda: {"para": 3000})
-    train_subsets: str = option("fresh", "how a capped stream's examples are chosen each epoch: fresh = a new "
+    train_subsets: str = option("cycle", "how a capped stream's examples are chosen each epoch: fresh = a new "
                                 "random subset every epoch (examples may repeat before all were seen); cycle = the "
                                 "next examples of one shuffled pass, so none repeats before all were seen")
     pair_swap: float = option(0.0, "probability that a training pair (Quora, STS) is shown as (b, a) instead of "
                               "(a, b): order augmentation, not in the paper; 0 = off")
-    symmetric_eval: bool = option(False, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
+    symmetric_eval: bool = option(True, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
                                   "(b, a) at evaluation and prediction: a cross-encoder is not symmetric; not in "
                                   "the paper")
-    sts_prior: float = option(0.0, "STS score = (1 - W) x the head's + W x 5 x the cosine of the pretrained "
-                              "encoder's mean-pooled embeddings (a frozen copy, at evaluation only; tasks/prior.py); "
-                              "not in the papers; 0 = off")
+    sts_prior: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of the pretrained "
+                              "encoder's mean-pooled embeddings (a frozen copy, at evaluation only, so evaluation "
+                              "needs --pretrained's directory too; tasks/prior.py); not in the papers; 0 = off")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)")
@@ -236,9 +238,6 @@ class TrainConfig:
             raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
         if not 0.0 <= self.sts_prior <= 1.0:
             raise ValueError(f"sts_prior is a weight in [0, 1], got {self.sts_prior}")
-        if self.sts_prior > 0 and "sts" not in self.tasks:
-            raise ValueError(f"sts_prior blends STS scores, but this run does not evaluate sts (tasks: "
-                             f"{list(self.tasks)})")
         if self.final_dev not in FINAL_DEV:
             raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
         _positive_ints("task_batch_size", self.task_batch_size, 1)
@@ -318,6 +317,8 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
     if "lp_lr" in explicit and cfg.lp_epochs == 0:
         raise ValueError("--lp-lr only acts with --lp-epochs N > 0 (LP-FT stage 1, paper §4.2)")
+    if "sts_prior" in explicit and cfg.sts_prior > 0 and "sts" not in cfg.tasks:
+        raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
 
 
 def check_objectives(cfg: TrainConfig) -> None:

@@ -5,6 +5,8 @@ Usage:
 
 From ../shared/papers/minbert-downstream-generalization.txt:
 - common: 10 epochs (§5.3), batch size 16 (§4.4 "ours is just K = 16"),
+  pairs scored in one order and STS by the head alone (the CPU default's
+  --symmetric-eval and --sts-prior are not in the paper),
   lr 1e-5 (§4.1), encoder dropout 0.3 (§4.5 "keeping the main BERT
   model's dropout rate at 0.3"), every training and dev example (no caps),
   Siamese pairs on the pooled [CLS] (§4.1), no weight decay or gradient
@@ -33,7 +35,7 @@ from tasks.model import ModelConfig
 # Settings every preset shares.
 COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
                               max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
-                              loss_weights={}, objectives={})
+                              loss_weights={}, objectives={}, symmetric_eval=False, sts_prior=0.0)
 _B_MODEL = dict(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256)
 _B_COMMON: dict[str, Any] = dict(schedule="even", lr_schedule="epoch_decay", lr_decay=4e-7, loss_weights={"para": 0.1})
 _SIMCSE = {"tasks": ["sts"], "similarity": "dot", "temperature": 1.0}

@@ -23,7 +23,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from minbert.pretrained import load_pretrained
+from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.data import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.readers import Example
 from tasks.runtime import autocast
@@ -75,6 +75,11 @@ class CosinePrior:
 
 def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> CosinePrior | None:
     """The run's prior (``cfg.sts_prior`` > 0, a tasks.config.TrainConfig), or None."""
-    if cfg.sts_prior <= 0:
+    if cfg.sts_prior <= 0 or "sts" not in cfg.tasks:
         return None
+    try:
+        resolve_model_dir(cfg.pretrained)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"the STS prior (sts_prior {cfg.sts_prior}) blends with the pretrained encoder "
+                                f"{cfg.pretrained}, which is gone: restore it, or pass --sts-prior 0") from None
     return CosinePrior(cfg.pretrained, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)

@@ -160,7 +160,7 @@ REFUSED = [
     (["--resume", "--pair-swap", "0.5"], "--pair-swap cannot change"),
     (["--eval-only", "--train-subsets", "cycle"], "--train-subsets cannot change"),
     (["--sts-prior", "2"], "sts_prior is a weight in [0, 1]"),
-    (["--tasks", "sst", "para", "--sts-prior", "0.5"], "does not evaluate sts"),
+    (["--tasks", "sst", "para", "--sts-prior", "0.5"], "--sts-prior only acts on STS"),
     (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
     (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
     (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),
@@ -382,7 +382,7 @@ def test_eval_only_symmetric_eval_and_sts_prior_rescore_pairs_of_a_saved_run(tin
     """A run trained with cycled subsets and swapped pairs resumes to the uninterrupted run's files; --eval-only
     --symmetric-eval re-scores its pairs (para and STS logits change, SST's do not), --sts-prior its STS scores."""
     flags = ["--limit", "24", "--max-train-examples", "para=16", "--train-subsets", "cycle", "--pair-swap", "0.5",
-             "--lr-schedule", "constant"]
+             "--lr-schedule", "constant", "--no-symmetric-eval", "--sts-prior", "0"]
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     cli.main([*_tiny_flags(tiny_env, whole), *flags, "--epochs", "2"])
     cli.main([*_tiny_flags(tiny_env, cut), *flags, "--epochs", "1"])

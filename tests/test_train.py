@@ -121,10 +121,13 @@ def tiny_env(tmp_path_factory):
 
 
 def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> TrainConfig:
-    """A fast CPU config on the tiny model: 2 epochs of ~15 steps, dropout on (so RNG state matters)."""
+    """A fast CPU config on the tiny model: 2 epochs of ~15 steps, dropout on (so RNG state matters). Pairs are
+    scored in one order without the STS prior (the fixtures' best epochs were found so; tests of their own
+    cover --symmetric-eval and --sts-prior)."""
     pretrained, data = env
     kw = dict(pretrained=str(pretrained), data_dir=str(data), out_dir=str(out_dir), epochs=2, batch_size=8,
               eval_batch_size=16, max_length=32, max_train_examples={}, dev_max_examples={}, lr=1e-3,
+              symmetric_eval=False, sts_prior=0.0,
               lr_schedule="warmup_linear", warmup=0.1, log_every=5, device="cpu", bf16=False,
               model=ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.1))
     kw.update(overrides)
@@ -428,13 +431,17 @@ def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tm
 
 
 def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_path):
-    """evaluate_checkpoint needs no pretrained directory (deleted here) and reproduces the run's final dev metrics."""
+    """evaluate_checkpoint needs no pretrained directory (deleted here) and reproduces the run's final dev metrics;
+    only the STS prior reads it, and without it says so and how to go on."""
     pretrained = shutil.copytree(tiny_env[0], tmp_path / "bert")
-    summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1))
+    summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1, sts_prior=0.0))
     shutil.rmtree(pretrained)
     result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
     assert result["dev"] == summary["dev"]
     assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
+    with pytest.raises(FileNotFoundError, match="STS prior.*is gone: restore it, or pass --sts-prior 0"):
+        evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval2",
+                            overrides={"sts_prior": 0.5})
 
 
 def test_limit_caps_every_split(tiny_env, tmp_path):
