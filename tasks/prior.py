@@ -38,7 +38,10 @@ class CosinePrior:
                  amp_dtype: torch.dtype | None = None, batch_size: int = 128, max_length: int | None = 128) -> None:
         if not 0.0 < weight <= 1.0:
             raise ValueError(f"the prior's weight must be in (0, 1], got {weight}")
-        self.encoder, self.tokenizer = load_pretrained(pretrained, add_pooling_layer=False)
+        # Building the modules draws their random init before the weights replace it: on a forked RNG, so a
+        # run's dropout masks do not depend on when (or whether, after a resume) this process built its prior.
+        with torch.random.fork_rng(devices=[]):
+            self.encoder, self.tokenizer = load_pretrained(pretrained, add_pooling_layer=False)
         self.encoder.to(device).eval().requires_grad_(False)
         self.weight, self.device, self.amp = weight, torch.device(device), amp_dtype
         self.batch_size, self.max_length = batch_size, max_length

@@ -69,3 +69,13 @@ def test_predict_dataset_blends_only_sts_scores(prior):
 def test_weight_must_be_in_range():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
         CosinePrior(None, 0.0, "cpu")
+
+
+def test_building_the_prior_leaves_the_random_state_alone():
+    """Loading the prior's encoder builds modules (whose init draws random numbers) before their weights are
+    loaded: it must not move torch's global RNG, or the dropout masks after the first evaluation would depend on
+    whether this process built it (a resumed run would differ from an uninterrupted one)."""
+    torch.manual_seed(0)
+    state = torch.get_rng_state()
+    CosinePrior(None, 0.5, "cpu")
+    assert torch.equal(torch.get_rng_state(), state)
