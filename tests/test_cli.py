@@ -378,18 +378,25 @@ def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
     assert TrainConfig.from_dict(own.to_dict()) == own
 
 
+def _whole_and_resumed(env, tmp_path: Path, flags: list[str], epochs: int) -> Path:
+    """Train ``flags`` for ``epochs`` in one go and, in another directory, 1 epoch then --resume to ``epochs``;
+    assert both end with the same dev logits files; return the uninterrupted run's directory."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    cli.main([*_tiny_flags(env, whole), *flags, "--epochs", str(epochs)])
+    cli.main([*_tiny_flags(env, cut), *flags, "--epochs", "1"])
+    cli.main(["--resume", "--out-dir", str(cut), "--epochs", str(epochs)])
+    for name in ("sst-dev-logits.csv", "para-dev-logits.csv", "sts-dev-logits.csv"):
+        assert (whole / "predictions" / name).read_bytes() == (cut / "predictions" / name).read_bytes(), name
+    return whole
+
+
 def test_a_run_with_the_sts_prior_resumes_to_the_uninterrupted_run(tiny_env, tmp_path):  # noqa: F811
     """The default's evaluation (both orders, the STS prior, built at the first evaluation) does not change what
     training draws: a run cut after epoch 1 and resumed (which builds the prior again at epoch 2, with epoch 3
     still to train) ends with the uninterrupted run's files."""
     flags = ["--limit", "24", "--lr-schedule", "constant", "--symmetric-eval", "--sts-prior", "0.5",
              "--encoder-dropout", "0.1", "--head-dropout", "0.1"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    cli.main([*_tiny_flags(tiny_env, whole), *flags, "--epochs", "3"])
-    cli.main([*_tiny_flags(tiny_env, cut), *flags, "--epochs", "1"])
-    cli.main(["--resume", "--out-dir", str(cut), "--epochs", "3"])
-    for name in ("sst-dev-logits.csv", "para-dev-logits.csv", "sts-dev-logits.csv"):
-        assert (whole / "predictions" / name).read_bytes() == (cut / "predictions" / name).read_bytes(), name
+    _whole_and_resumed(tiny_env, tmp_path, flags, 3)
 
 
 def test_eval_only_symmetric_eval_and_sts_prior_rescore_pairs_of_a_saved_run(tiny_env, tmp_path):  # noqa: F811
@@ -397,12 +404,7 @@ def test_eval_only_symmetric_eval_and_sts_prior_rescore_pairs_of_a_saved_run(tin
     --symmetric-eval re-scores its pairs (para and STS logits change, SST's do not), --sts-prior its STS scores."""
     flags = ["--limit", "24", "--max-train-examples", "para=16", "--train-subsets", "cycle", "--pair-swap", "0.5",
              "--lr-schedule", "constant", "--no-symmetric-eval", "--sts-prior", "0"]
-    whole, cut = tmp_path / "whole", tmp_path / "cut"
-    cli.main([*_tiny_flags(tiny_env, whole), *flags, "--epochs", "2"])
-    cli.main([*_tiny_flags(tiny_env, cut), *flags, "--epochs", "1"])
-    cli.main(["--resume", "--out-dir", str(cut), "--epochs", "2"])
-    for name in ("sst-dev-logits.csv", "para-dev-logits.csv", "sts-dev-logits.csv"):
-        assert (whole / "predictions" / name).read_bytes() == (cut / "predictions" / name).read_bytes(), name
+    whole = _whole_and_resumed(tiny_env, tmp_path, flags, 2)
     sym = tmp_path / "sym"
     result = cli.main(["--eval-only", "--checkpoint", str(whole / "checkpoints" / "best"), "--out-dir", str(sym),
                        "--symmetric-eval"])
