@@ -23,8 +23,8 @@ from collections.abc import Sequence
 from minbert.pretrained import load_pretrained
 from tasks import cli
 from tasks.config import TrainConfig
-from tasks.sampling import MultitaskSchedule
 from tasks.splits import load_run_data
+from tasks.trainer import build_schedule
 
 
 def example_tokens(dataset) -> list[int]:
@@ -35,10 +35,7 @@ def example_tokens(dataset) -> list[int]:
 
 def training_tokens(cfg: TrainConfig, train_sets: dict) -> dict[str, int]:
     """Tokens per stream over all of ``cfg``'s training epochs (and SWA epochs), from its epoch plans."""
-    schedule = MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
-                                 seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples,
-                                 subsets=cfg.train_subsets, swap={t: cfg.pair_swap for t in ("para", "sts")
-                                                                  if t in train_sets})
+    schedule = build_schedule(cfg, train_sets)  # the plans the Trainer itself follows
     per_example = {s: example_tokens(d) for s, d in train_sets.items()}
     totals = dict.fromkeys(train_sets, 0)
     for epoch in range(cfg.epochs + cfg.swa_epochs):

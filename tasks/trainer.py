@@ -141,6 +141,13 @@ def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> f
     return 1.0
 
 
+def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
+    """The run's epoch plans (tasks/sampling.py) over its tokenized training sets, as ``cfg`` says."""
+    return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
+                             seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples, subsets=cfg.train_subsets,
+                             swap={t: cfg.pair_swap for t in PAIR_TASKS if t in train_sets})
+
+
 class Trainer:
     """One training run over built parts; ``from_config`` builds them and prepares the run directory.
 
@@ -179,10 +186,7 @@ class Trainer:
         self.stage = lpft.stage_at(cfg, start_epoch)
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
-        self.schedule = MultitaskSchedule({s: d.lengths for s, d in self.train_sets.items()}, cfg.batch_sizes(),
-                                          cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples,
-                                          subsets=cfg.train_subsets,
-                                          swap={t: cfg.pair_swap for t in PAIR_TASKS if t in self.train_sets})
+        self.schedule = build_schedule(cfg, self.train_sets)
         self.sts_prior: CosinePrior | None = None  # built at the first evaluation (rank 0 evaluates)
         self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
                                    extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
