@@ -62,7 +62,7 @@ from tasks.evaluate import (
     write_predictions,
 )
 from tasks.model import MultitaskBert
-from tasks.prior import sts_prior_of
+from tasks.prior import CosinePrior, sts_prior_of
 from tasks.objectives import Objective, build_objectives, transform_of
 from tasks.readers import Example, read_pairs, read_sentences
 from tasks.runtime import autocast, autocast_dtype, resolve_device
@@ -98,7 +98,7 @@ def eval_model(model: MultitaskBert, objectives: Sequence[Objective], tasks: Seq
 
 def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective], tokenizer: Any, cfg: TrainConfig,
                           pred_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                          train_sets: dict[str, Any] | None = None) -> dict:
+                          train_sets: dict[str, Any] | None = None, sts_prior: CosinePrior | None = None) -> dict:
     """Full dev metrics, and dev + test prediction and logit files for every task of ``cfg``.
 
     A missing test file (there is no quora-test-student.csv in the shared data)
@@ -108,11 +108,12 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
     no leaderboard file) and its metrics to "train". An objective's
     ``inference`` (KNN-BERT) scores dev under its key and may replace the
     leaderboard predictions. ``train_sets`` (a trainer's tokenized training
-    sets) saves reading them again. Returns {"dev": metrics, "files": [paths],
+    sets) saves reading them again, ``sts_prior`` (a trainer's) loading the
+    prior's encoder again. Returns {"dev": metrics, "files": [paths],
     "skipped": [...]} plus "train" and each inference's key when computed.
     """
     view = eval_model(model, objectives, cfg.tasks)
-    prior = sts_prior_of(cfg, device, amp_dtype)
+    prior = sts_prior if sts_prior is not None else sts_prior_of(cfg, device, amp_dtype)
     train_sets = dict(train_sets or {})
 
     def train_set(task: str) -> Any:
@@ -147,7 +148,7 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
         t0 = time.perf_counter()
         metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
                                   autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval,
-                                  sts_prior=prior.blend if prior is not None else None)
+                                  sts_prior=prior)
         logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
                     (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
         leaderboard = preds
@@ -249,7 +250,7 @@ class Predictor:
         return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
                                batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp,
                                both_orders=self.cfg.symmetric_eval,
-                               sts_prior=self.prior.blend if self.prior is not None else None)
+                               sts_prior=self.prior)
 
     @staticmethod
     def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:

@@ -15,7 +15,7 @@ per dataset), no training.
 
 Usage:
     prior = CosinePrior(cfg.pretrained, 0.5, device, amp_dtype, batch_size=128, max_length=128)
-    scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order
+    scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order; prior(...) is the same
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class CosinePrior:
         self.encoder.to(device).eval().requires_grad_(False)
         self.weight, self.device, self.amp = weight, torch.device(device), amp_dtype
         self.batch_size, self.max_length = batch_size, max_length
-        self._cache: dict[int, tuple[object, torch.Tensor]] = {}  # id(dataset) -> (dataset, cosines)
+        self._cache: dict[int, tuple[object, torch.Tensor]] = {}  # id(dataset) -> (dataset, cosines), the latest
 
     @torch.no_grad()
     def embed(self, texts: list[str]) -> torch.Tensor:
@@ -63,17 +63,20 @@ class CosinePrior:
         return out
 
     def cosines(self, dataset) -> torch.Tensor:
-        """(N,) cosine of each pair of a tasks.data.PairDataset (its ``texts``), computed once per dataset."""
+        """(N,) cosine of each pair of a tasks.data.PairDataset (its ``texts``). Cached for the latest dataset
+        only (a run's dev set is scored every epoch; a Predictor makes a new dataset per call)."""
         key = id(dataset)
         if key not in self._cache:
             a, b = dataset.texts
-            self._cache[key] = (dataset, (self.embed(a) * self.embed(b)).sum(-1))
+            self._cache = {key: (dataset, (self.embed(a) * self.embed(b)).sum(-1))}
         return self._cache[key][1]
 
     def blend(self, dataset, scores: torch.Tensor) -> torch.Tensor:
         """(1 - weight) x ``scores`` + weight x 5 x cosine, per pair of ``dataset`` (scores in dataset order)."""
         prior = STS_SCALE * self.cosines(dataset).to(scores.device, scores.dtype)
         return (1.0 - self.weight) * scores + self.weight * prior
+
+    __call__ = blend  # the ``sts_prior(dataset, scores)`` that tasks.evaluate.predict_dataset takes
 
 
 def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> CosinePrior | None:

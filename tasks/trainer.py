@@ -467,7 +467,7 @@ class Trainer:
             metrics, _ = evaluate(eval_model(model or self.model, self.objectives, self.cfg.tasks), self.dev_sets,
                                   batch_size=self.cfg.eval_batch_size, device=self.device,
                                   autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
-                                  sts_prior=self.sts_prior.blend if self.sts_prior is not None else None)
+                                  sts_prior=self.sts_prior)
         return distributed.broadcast_from_main(metrics)
 
     def _end_epoch(self, lr: float, train_time: float) -> None:

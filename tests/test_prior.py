@@ -79,3 +79,15 @@ def test_building_the_prior_leaves_the_random_state_alone():
     state = torch.get_rng_state()
     CosinePrior(None, 0.5, "cpu")
     assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_the_cache_keeps_only_the_latest_dataset(prior):
+    """Cosines are cached for the dataset last scored (a run's dev set, scored every epoch), not for every
+    dataset ever seen: a long-lived Predictor makes a new dataset per call and must not grow without bound."""
+    sets = [PairDataset([Example(f"x{i}", a, b, 1.0) for i, (a, b) in enumerate(PAIRS[k:])], prior.tokenizer,
+                        mode="cross") for k in range(3)]
+    first = prior.cosines(sets[0])
+    for ds in sets:
+        prior.cosines(ds)
+    assert len(prior._cache) == 1 and prior.cosines(sets[2]) is prior.cosines(sets[2])
+    torch.testing.assert_close(prior.cosines(sets[0]), first)  # computed again, the same
