@@ -43,14 +43,6 @@ def final_record(run_dir: Path) -> dict | None:
     return final
 
 
-def run_config(argv: Sequence[str]) -> dict:
-    """The config.json that ``train_multitask.py argv`` (a fresh run) would write, with today's defaults."""
-    from tasks import cli  # the CLI's own parsing, so flags mean what they mean to train_multitask.py
-
-    command, explicit = cli.parse(list(argv))
-    return cli.build_invocation(command, explicit).config.to_dict()
-
-
 class Sweep:
     """Runs commands under ``root``, one directory per name, and remembers how long each took."""
 
@@ -131,11 +123,12 @@ class Sweep:
         saved_path = self.root / name / "config.json"
         if not saved_path.is_file():
             return False
-        from tasks.config import TrainConfig  # fills the fields a config written before them lacks
+        from tasks.cli import config_for  # the CLI's own parsing: flags mean what they mean to train_multitask.py
+        from tasks.config import TrainConfig  # from_dict fills the fields a config written before them lacks
 
         try:
             saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).to_dict()
-            today = run_config(argv)
+            today = config_for(list(argv)).to_dict()
         except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
             return False
         changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))

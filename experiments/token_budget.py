@@ -45,11 +45,6 @@ def training_tokens(cfg: TrainConfig, train_sets: dict) -> dict[str, int]:
     return totals
 
 
-def recipe(flags: str) -> TrainConfig:
-    command, explicit = cli.parse(shlex.split(flags))
-    return cli.build_invocation(command, explicit).config
-
-
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reference", default="", help="flags of the reference recipe (default: the default recipe)")
@@ -59,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     _, tokenizer = load_pretrained(None, add_pooling_layer=False)
     for label, flags in [("reference", args.reference)] + [("candidate", f) for f in args.candidate]:
         try:
-            cfg = recipe(flags)
+            cfg = cli.config_for(shlex.split(flags))
         except (ValueError, SystemExit) as e:
             sys.exit(f"token_budget.py: error: {label} {flags!r}: {e}")
         train_sets, _, _ = load_run_data(cfg, tokenizer)

@@ -401,6 +401,11 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     return Invocation(c, cfg, explicit)
 
 
+def config_for(argv: list[str]) -> TrainConfig:
+    """The TrainConfig that ``train_multitask.py argv`` would train, with today's defaults (checked; nothing runs)."""
+    return build_invocation(*parse(list(argv))).config
+
+
 def check_max_length(cfg: TrainConfig, ckpt: Path | None = None) -> None:
     """--max-length must fit the encoder's position embeddings: read from its config.json, no weights loaded
     (the checkpoint's encoder/ when there is one, else --pretrained)."""

@@ -12,7 +12,7 @@ import pytest
 from experiments import ablation, robustness_table
 from experiments.ablation import CONTRASTIVE, LADDER, ROWS, collect, merge_flags, render, row_flags
 from experiments.stats import cell, change, change_cell, plot_rows
-from experiments.sweep import Sweep, _run_lock, final_record, run_config
+from experiments.sweep import Sweep, _run_lock, final_record
 from tasks import cli
 
 
@@ -254,7 +254,7 @@ def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, caps
     (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", flags), "module": None,
                                                 "wall_s": 12.0}))
     (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
-    today = run_config(sweep.train_argv("member", flags))
+    today = cli.config_for(sweep.train_argv("member", flags)).to_dict()
     assert today["seed"] == 3 and today["epochs"] == 2 and today["out_dir"] == str(run)
     (run / "config.json").write_text(json.dumps(today))
     sweep.train("member", flags)
