@@ -6,7 +6,10 @@ when ``--threads`` is given. A run whose directory already holds a final
 record made with the same command is reused (``sweep.json`` keeps the
 command and the wall time), and a training run cut short mid-way continues
 from its ``checkpoints/last`` (``--resume``), so an interrupted sweep
-continues where it stopped; ``--force`` reruns everything. ``jobs`` > 1
+continues where it stopped; ``--force`` reruns everything. Paths mean what
+they mean where the sweep was started: each command runs in the sweep's own
+working directory, and ``runs/x`` and ``/abs/path/runs/x`` name one run
+(``--out-dir`` and ``--data-dir`` are compared as absolute paths). ``jobs`` > 1
 runs that many commands at once (``Sweep.map``): on a 2-core CPU two
 one-thread runs side by side get more done than one two-thread run.
 """
@@ -28,6 +31,23 @@ from pathlib import Path
 from tasks.rundir import release_lock, take_lock
 
 ROOT = Path(__file__).resolve().parent.parent
+PATH_FLAGS = ("--out-dir", "--data-dir")  # the directories a sweep names; compared as absolute paths
+
+
+def same_command(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
+    """Whether two argvs are one command: equal but for how they spell the directories of ``PATH_FLAGS``."""
+    return a is not None and b is not None and _canonical(a) == _canonical(b)
+
+
+def _canonical(argv: Sequence[str]) -> list[str]:
+    out = list(argv)
+    for i, arg in enumerate(out):
+        flag, eq, value = arg.partition("=")
+        if flag in PATH_FLAGS and eq:
+            out[i] = f"{flag}={os.path.abspath(value)}"
+        elif i > 0 and out[i - 1] in PATH_FLAGS:
+            out[i] = os.path.abspath(arg)
+    return out
 
 
 def final_record(run_dir: Path) -> dict | None:
@@ -81,7 +101,7 @@ class Sweep:
         run_dir = self.root / name
         marker = run_dir / "sweep.json"
         prior = json.loads(marker.read_text()) if marker.is_file() and not self.force else {}
-        same = prior.get("argv") == list(argv) and prior.get("module") == module and not stale
+        same = same_command(prior.get("argv"), argv) and prior.get("module") == module and not stale
         if same and prior.get("wall_s") is not None:
             print(f"[{name}] reusing the finished run ({prior['wall_s']:.0f} s)", flush=True)
             return prior
@@ -101,7 +121,7 @@ class Sweep:
              marker: Path, resumed: bool) -> dict:
         t0 = time.perf_counter()
         with open(run_dir / "sweep.log", "a", encoding="utf-8") as log:
-            proc = subprocess.run(cmd, cwd=ROOT, env=self.env(), stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.run(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT)  # in our cwd
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
             tail = (run_dir / "sweep.log").read_text(encoding="utf-8", errors="replace")[-3000:]
@@ -131,6 +151,8 @@ class Sweep:
             today = config_for(list(argv)).to_dict()
         except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
             return False
+        for config in (saved, today):  # runs/x and /abs/path/runs/x are one directory
+            config.update({k: os.path.abspath(config[k]) for k in ("out_dir", "data_dir") if config.get(k)})
         changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
         if changed:
             print(f"[{name}] made with other settings ({', '.join(changed)}): training it again", flush=True)

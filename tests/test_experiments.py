@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -296,3 +297,33 @@ def test_training_tokens_count_every_planned_example_once_per_appearance():
     capped = TrainConfig(tasks=("sst", "para"), batch_size=4, epochs=1, swa_epochs=2, max_train_examples={"para": 4},
                          train_subsets="cycle")
     assert training_tokens(capped, {"sst": sst, "para": siamese})["para"] == sum(example_tokens(siamese))  # 3 x 4
+
+
+def test_a_sweeps_relative_paths_mean_what_they_mean_where_it_was_started(tmp_path, monkeypatch):
+    """A sweep started outside the project reads and writes its runs where its own relative paths point: the
+    commands it runs (here python -m json.tool IN OUT) see the same relative paths, not the project's."""
+    monkeypatch.chdir(tmp_path)
+    Path("in.json").write_text('{"a": 1}')
+    Sweep("runs").command("row", ["in.json", "runs/row/out.json"], module="json.tool")
+    assert json.loads((tmp_path / "runs" / "row" / "out.json").read_text()) == {"a": 1}
+
+
+@pytest.mark.parametrize("recorded_absolute", [False, True])
+def test_a_finished_run_is_reused_however_its_directory_is_spelled(tmp_path, monkeypatch, capsys, recorded_absolute):
+    """runs/x and /abs/runs/x are one directory: a second call of a command that spells --out-dir the other way
+    reuses the finished run instead of training it again over it (which --overwrite would delete)."""
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = Sweep("runs", dry_run=True), Sweep(tmp_path / "runs", dry_run=True)
+    first, second = (absolute, relative) if recorded_absolute else (relative, absolute)
+    flags = ["--seed", "3", "--data-dir", "data"]
+    run = tmp_path / "runs" / "member"
+    run.mkdir(parents=True)
+    (run / "sweep.json").write_text(json.dumps({"argv": first.train_argv("member", flags), "module": None,
+                                                "wall_s": 12.0}))
+    (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
+    (run / "config.json").write_text(json.dumps(cli.config_for(first.train_argv("member", flags)).to_dict()))
+    second.train("member", [*flags[:2], "--data-dir", str(tmp_path / "data")])
+    out = capsys.readouterr().out
+    assert "reusing the finished run" in out and "made with other settings" not in out
+    second.train("member", [*flags[:2], "--data-dir", "other"])
+    assert "made with other settings (data_dir)" in capsys.readouterr().out  # another directory is another run
