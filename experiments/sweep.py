@@ -32,6 +32,7 @@ from tasks.rundir import release_lock, take_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH_FLAGS = ("--out-dir", "--data-dir")  # the directories a sweep names; compared as absolute paths
+PATH_FIELDS = tuple(f[2:].replace("-", "_") for f in PATH_FLAGS)  # the same, as TrainConfig fields
 
 
 def same_command(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
@@ -152,7 +153,7 @@ class Sweep:
         except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
             return False
         for config in (saved, today):  # runs/x and /abs/path/runs/x are one directory
-            config.update({k: os.path.abspath(config[k]) for k in ("out_dir", "data_dir") if config.get(k)})
+            config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})
         changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
         if changed:
             print(f"[{name}] made with other settings ({', '.join(changed)}): training it again", flush=True)
