@@ -76,6 +76,15 @@ def main(argv: list[str] | None = None) -> dict:
         extra = extra[1:]
     elif extra:
         ap.error(f"unrecognized arguments: {' '.join(extra)} (member flags go after --)")
+    given = _flag_names(extra)
+    for variant in args.variants:
+        try:
+            both = given & _flag_names(shlex.split(variant))
+        except ValueError as e:
+            ap.error(f"--variants {variant!r}: {e}")
+        if both:  # the variant's flags come last, so they would silently replace the member flags after --
+            ap.error(f"{', '.join(sorted(both))} is given after -- and by the variant {variant!r}; "
+                     "set it in one place")
     if args.members < 2:
         ap.error(f"--members {args.members}: an ensemble needs at least 2")
     if "--data-dir" not in extra:
@@ -84,11 +93,6 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--jobs {args.jobs}: at least 1")
     sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
     t0 = time.perf_counter()
-    for variant in args.variants:
-        try:
-            shlex.split(variant)
-        except ValueError as e:
-            ap.error(f"--variants {variant!r}: {e}")
     plan = members_of(args.members, args.variants)
     trained = sweep.map(lambda item: sweep.train(item[0], member_flags(item[1][0], extra, item[1][1])),
                         list(plan.items()))
@@ -112,6 +116,11 @@ def main(argv: list[str] | None = None) -> dict:
                   "(optimistic)")
     print(f"ensemble of {len(members)} ({args.method}): dev overall {scores}; submission {result['submission']}")
     return result
+
+
+def _flag_names(argv: Sequence[str]) -> set[str]:
+    """The ``--flag`` names of an argv (``--flag=value`` counts as ``--flag``)."""
+    return {arg.partition("=")[0] for arg in argv if arg.startswith("--")}
 
 
 def _overall(summary: dict) -> float:

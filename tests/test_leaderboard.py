@@ -80,3 +80,20 @@ def test_an_unbalanced_variant_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "--lr '1e-4"])
     assert e.value.code == 2 and "No closing quotation" in capsys.readouterr().err
+
+
+def test_a_member_flag_a_variant_would_replace_is_refused(tmp_path, capsys, monkeypatch):
+    """The variant's flags come last: a flag after -- that a variant also sets would be silently dropped."""
+    def no_training(*args, **kwargs):
+        raise AssertionError("the command got past its checks: it would train the members")
+    monkeypatch.setattr(leaderboard, "Sweep", no_training)
+    with pytest.raises(SystemExit) as e:
+        leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "", "--epochs=4 --lr 2e-5",
+                          "--", "--max-train-examples", "para=1000", "--epochs", "2"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--epochs is given after -- and by the variant '--epochs=4 --lr 2e-5'" in err
+    assert not (tmp_path / "lb").exists()
+    with pytest.raises(SystemExit) as e:  # variants that set other flags get past the check
+        leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "", "--lr 2e-5", "--members", "1",
+                          "--", "--max-train-examples", "para=1000", "--epochs", "2"])
+    assert e.value.code == 2 and "needs at least 2" in capsys.readouterr().err
