@@ -41,6 +41,7 @@ def same_command(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
 
 
 def _canonical(argv: Sequence[str]) -> list[str]:
+    """``argv`` with the values of ``PATH_FLAGS`` (``--flag DIR`` and ``--flag=DIR``) made absolute."""
     out = list(argv)
     for i, arg in enumerate(out):
         flag, eq, value = arg.partition("=")
