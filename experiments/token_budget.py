@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import argparse
 import shlex
-import sys
 from collections.abc import Sequence
 
 from minbert.pretrained import load_pretrained
 from tasks import cli
 from tasks.config import TrainConfig
+from tasks.errors import user_errors
 from tasks.splits import load_run_data
 from tasks.trainer import build_schedule
 
@@ -45,21 +45,33 @@ def training_tokens(cfg: TrainConfig, train_sets: dict) -> dict[str, int]:
     return totals
 
 
+def recipe_tokens(argv: Sequence[str], tokenizer) -> dict[str, int]:
+    """Training tokens per stream of ``train_multitask.py argv`` (its data read and tokenized here; nothing trains).
+
+    Raises ValueError or SystemExit for flags train_multitask.py would refuse."""
+    cfg = cli.config_for(list(argv))
+    train_sets, _, _ = load_run_data(cfg, tokenizer)
+    return training_tokens(cfg, train_sets)
+
+
 def main(argv: Sequence[str] | None = None) -> list[dict]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reference", default="", help="flags of the reference recipe (default: the default recipe)")
     ap.add_argument("--candidate", action="append", default=[], help="flags of a recipe to compare (repeatable)")
     args = ap.parse_args(argv)
     rows = []
-    _, tokenizer = load_pretrained(None, add_pooling_layer=False)
+    recipes = []  # (flags as given, as an argv)
     for label, flags in [("reference", args.reference)] + [("candidate", f) for f in args.candidate]:
-        try:
-            cfg = cli.config_for(shlex.split(flags))
+        try:  # every recipe's flags before any work: train_multitask.py's parser names what it refuses
+            recipes.append((flags, shlex.split(flags)))
+            cli.config_for(recipes[-1][1])
         except (ValueError, SystemExit) as e:
-            sys.exit(f"token_budget.py: error: {label} {flags!r}: {e}")
-        train_sets, _, _ = load_run_data(cfg, tokenizer)
-        tokens = training_tokens(cfg, train_sets)
-        rows.append({"recipe": flags or "(the default)", "tokens": tokens, "total": sum(tokens.values())})
+            ap.error(f"{label} {flags!r}" + (f": {e}" if isinstance(e, ValueError) else " (see above)"))
+    with user_errors("token_budget.py"):  # a data file that is missing or unreadable: one line, exit status 1
+        _, tokenizer = load_pretrained(None, add_pooling_layer=False)
+        for flags, recipe in recipes:
+            tokens = recipe_tokens(recipe, tokenizer)
+            rows.append({"recipe": flags or "(the default)", "tokens": tokens, "total": sum(tokens.values())})
     ref = rows[0]["total"]
     for row in rows:
         per = ", ".join(f"{s} {t / 1e6:.2f}M" for s, t in row["tokens"].items())
