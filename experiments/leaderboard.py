@@ -22,7 +22,9 @@ Long runs get interrupted: a member that finished (its final record written
 with the same flags) is reused; a member interrupted mid-run continues from
 its ``checkpoints/last`` with ``--resume`` (experiments/sweep.py); so running
 the same command again continues where it stopped. ``--jobs 2 --threads 1``
-trains two members at a time, one core each.
+trains two members at a time, one core each; when variants differ in cost, the
+members with the most training tokens start first, so that no long member runs
+alone at the end.
 
 Usage:
     python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1]
@@ -42,6 +44,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.sweep import Sweep
+from experiments.token_budget import recipe_tokens
+from minbert.pretrained import load_pretrained
+from tasks import cli
 from tasks.ensemble import METHODS
 from tasks.ensemble import main as ensemble_main
 from tasks.evaluate import TASK_METRIC, overall_score
@@ -59,8 +64,31 @@ def members_of(k: int, variants: Sequence[str]) -> dict[str, tuple[int, str]]:
     return {f"v{seed % len(variants)}-seed{seed}": (seed, variants[seed % len(variants)]) for seed in range(k)}
 
 
+def first_seeds(plan: dict[str, tuple[int, str]]) -> dict[str, int]:
+    """{variant: the seed of its first member}, in plan order."""
+    firsts: dict[str, int] = {}
+    for seed, variant in plan.values():
+        firsts.setdefault(variant, seed)
+    return firsts
+
+
+def variant_tokens(plan: dict[str, tuple[int, str]], extra: Sequence[str]) -> dict[str, int]:
+    """{variant: training tokens of its first member} (experiments/token_budget.py), when the plan's variants
+    differ: the sweep starts the costliest members first. {} for one variant, or when the data cannot be read
+    (the members then say what is missing themselves)."""
+    firsts = first_seeds(plan)
+    if len(firsts) < 2:
+        return {}
+    _, tokenizer = load_pretrained(None, add_pooling_layer=False)
+    try:
+        return {variant: sum(recipe_tokens(member_flags(seed, extra, variant), tokenizer).values())
+                for variant, seed in firsts.items()}
+    except OSError:
+        return {}
+
+
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+    ap = argparse.ArgumentParser(prog="leaderboard.py", description=__doc__.split("\n")[0], allow_abbrev=False,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                  epilog="Flags after -- go to every member's train_multitask.py.")
     ap.add_argument("--out-dir", default="runs/leaderboard", help="members, the ensemble and leaderboard.json")
@@ -91,11 +119,20 @@ def main(argv: list[str] | None = None) -> dict:
         extra = [*extra, "--data-dir", args.data_dir]
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: at least 1")
+    plan = members_of(args.members, args.variants)
+    for variant, seed in first_seeds(plan).items():  # a typo fails here, not in a member after the directories
+        flags = member_flags(seed, extra, variant)
+        try:
+            cli.config_for(flags)
+        except SystemExit:  # train_multitask.py's parser has said why
+            ap.error(f"member flags {shlex.join(flags)} (see above)")
+        except ValueError as e:
+            ap.error(f"member flags {shlex.join(flags)}: {e}")
     sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
     t0 = time.perf_counter()
-    plan = members_of(args.members, args.variants)
+    tokens = variant_tokens(plan, extra) if args.jobs > 1 else {}
     trained = sweep.map(lambda item: sweep.train(item[0], member_flags(item[1][0], extra, item[1][1])),
-                        list(plan.items()))
+                        list(plan.items()), cost=(lambda item: tokens[item[1][1]]) if tokens else None)
     members = {name: {"dev": record["dev"], "wall_s": wall, "variant": plan[name][1]}
                for name, (record, wall) in zip(plan, trained)}
     ens_dir = Path(args.out_dir) / "ensemble"

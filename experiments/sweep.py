@@ -74,13 +74,21 @@ class Sweep:
         self.threads, self.force, self.dry_run, self.jobs = threads, force, dry_run, jobs
         self.root.mkdir(parents=True, exist_ok=True)
 
-    def map(self, fn: Callable, items: Iterable) -> list:
-        """``[fn(item) for item in items]``, ``jobs`` at a time (threads that each wait on one subprocess)."""
+    def map(self, fn: Callable, items: Iterable, cost: Callable | None = None) -> list:
+        """``[fn(item) for item in items]``, ``jobs`` at a time (threads that each wait on one subprocess).
+
+        ``cost(item)``, when given, is an estimate of an item's run time: the costliest items start first
+        (ties in the items' order), so that with jobs > 1 a long item does not run alone at the end while
+        the other cores idle (longest-processing-time-first). Results come in the items' order either way.
+        """
         items = list(items)
+        order = sorted(range(len(items)), key=lambda i: -cost(items[i])) if cost else list(range(len(items)))
         if self.jobs <= 1 or len(items) <= 1:
-            return [fn(item) for item in items]
-        with ThreadPoolExecutor(max_workers=self.jobs) as pool:
-            return list(pool.map(fn, items))
+            done = {i: fn(items[i]) for i in order}
+        else:
+            with ThreadPoolExecutor(max_workers=self.jobs) as pool:  # its workers take items in submission order
+                done = dict(zip(order, pool.map(fn, [items[i] for i in order])))
+        return [done[i] for i in range(len(items))]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -217,6 +218,32 @@ def test_final_record_is_the_last_final_line(tmp_path):
     assert final_record(tmp_path)["dev"]["overall"] == 0.2
 
 
+def test_the_costliest_items_start_first_and_results_keep_their_order(tmp_path):
+    """Longest first: with two jobs the two costliest items start together, the cheap ones after; one job runs
+    them in cost order (ties in the items' order). Results come back in the items' order."""
+    items = ["a", "bb", "c", "dddd", "ee"]
+    started = []
+    one = Sweep(tmp_path, jobs=1)
+    assert one.map(str.upper, items) == ["A", "BB", "C", "DDDD", "EE"]
+    assert one.map(lambda s: started.append(s) or s.upper(), items, cost=len) == ["A", "BB", "C", "DDDD", "EE"]
+    assert started == ["dddd", "bb", "ee", "a", "c"]
+
+    started.clear()
+    both_started = threading.Barrier(2, timeout=30)  # the first two calls wait for each other: nothing else starts
+    lock = threading.Lock()
+
+    def run(item: str) -> str:
+        with lock:
+            started.append(item)
+            first_two = len(started) <= 2
+        if first_two:
+            both_started.wait()
+        return item.upper()
+
+    assert Sweep(tmp_path, jobs=2).map(run, items, cost=len) == ["A", "BB", "C", "DDDD", "EE"]
+    assert set(started[:2]) == {"dddd", "bb"} and set(started) == set(items)
+
+
 def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
     """Two sweep processes must not run the same row (the second's --overwrite would wipe the first's files): a
     lock held by a live process refuses, one left by a dead process is taken over and removed after the run."""
@@ -297,6 +324,22 @@ def test_training_tokens_count_every_planned_example_once_per_appearance():
     capped = TrainConfig(tasks=("sst", "para"), batch_size=4, epochs=1, swa_epochs=2, max_train_examples={"para": 4},
                          train_subsets="cycle")
     assert training_tokens(capped, {"sst": sst, "para": siamese})["para"] == sum(example_tokens(siamese))  # 3 x 4
+
+
+def test_token_budget_refuses_bad_flags_and_missing_data_in_one_line(tmp_path, capsys):
+    """A flag train_multitask.py refuses ends with exit status 2, a data file that is not there with exit status
+    1; both name the recipe and neither is a traceback."""
+    from experiments import token_budget
+
+    with pytest.raises(SystemExit) as e:
+        token_budget.main(["--candidate=--bogus"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "unrecognized argument --bogus" in err and "candidate '--bogus'" in err
+    with pytest.raises(SystemExit) as e:
+        token_budget.main([f"--candidate=--data-dir {tmp_path}"])
+    err = capsys.readouterr().err
+    assert e.value.code == 1 and f"{tmp_path}/ids-sst-train.csv" in err and "Traceback" not in err
+    assert err.startswith("token_budget.py: error: ") and len(err.strip().splitlines()) == 1
 
 
 def test_a_sweeps_relative_paths_mean_what_they_mean_where_it_was_started(tmp_path, monkeypatch):

@@ -4,6 +4,7 @@ a second call reuses finished members and resumes one cut short."""
 from __future__ import annotations
 
 import json
+import threading
 import zipfile
 
 import pytest
@@ -97,3 +98,39 @@ def test_a_member_flag_a_variant_would_replace_is_refused(tmp_path, capsys, monk
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "", "--lr 2e-5", "--members", "1",
                           "--", "--max-train-examples", "para=1000", "--epochs", "2"])
     assert e.value.code == 2 and "needs at least 2" in capsys.readouterr().err
+
+
+def test_the_costliest_members_train_first(tiny_env, tmp_path, monkeypatch):
+    """With two jobs and variants of unequal cost, the members with the most training tokens start first (the
+    two 3-epoch members of four), so no long member runs alone at the end; the result lists them in plan order."""
+    started, lock, both_started = [], threading.Lock(), threading.Barrier(2, timeout=60)
+
+    def train(self, name, flags):
+        with lock:
+            started.append(name)
+            first_two = len(started) <= 2
+        if first_two:  # the first two calls wait for each other: no third member starts before them
+            both_started.wait()
+        return {"dev": {"overall": 0.5}}, 1.0
+
+    monkeypatch.setattr(leaderboard.Sweep, "train", train)
+    monkeypatch.setattr(leaderboard, "ensemble_main", lambda argv: {
+        "tasks": {task: {"ensemble_score": 0.5} for task in leaderboard.TASK_METRIC}, "submission": "s.zip"})
+    flags = [f for f in _tiny_flags(tiny_env) if f not in ("--epochs", "2")]
+    result = leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--members", "4", "--data-dir", str(tiny_env[1]),
+                               "--jobs", "2", "--variants", "--epochs 1", "--epochs 3", "--", *flags])
+    assert set(started[:2]) == {"v1-seed1", "v1-seed3"} and set(started[2:]) == {"v0-seed0", "v0-seed2"}
+    assert list(result["members"]) == ["v0-seed0", "v1-seed1", "v0-seed2", "v1-seed3"]
+
+
+def test_a_member_flag_train_multitask_refuses_is_refused_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """A typo after -- or in a variant ends with exit status 2 naming the member flags, before any directory."""
+    def no_training(*args, **kwargs):
+        raise AssertionError("the command got past its checks: it would train the members")
+    monkeypatch.setattr(leaderboard, "Sweep", no_training)
+    for argv in (["--", "--epochz", "2"], ["--variants", "", "--lr x"]):
+        with pytest.raises(SystemExit) as e:
+            leaderboard.main(["--out-dir", str(tmp_path / "lb"), *argv])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "leaderboard.py: error: member flags" in err, err
+        assert not (tmp_path / "lb").exists()
