@@ -25,7 +25,10 @@ Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math
 
 Dev labels come from the task files (``tasks.readers.load_split(task, "dev",
 data_dir)``), matched by id. Every run must hold the same ids for a task and
-split (a mismatch names the file). Outputs in --out-dir:
+split (a mismatch names the file). A training run trained on some of the tasks
+only (``train_multitask.py --tasks sst``: its ``config.json`` says which) is a
+specialist: it joins the ensembles of its own tasks and no other; every other
+run must have every task's files. Outputs in --out-dir:
 predictions/{sst,para,sts}-{dev,test}-output.csv (leaderboard files),
 predictions/{task}-{split}-logits.csv (the ensemble's logits: SST log of the
 averaged probabilities, paraphrase logit of the averaged probability, STS the
@@ -53,7 +56,7 @@ import shutil
 import sys
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NoReturn
@@ -95,6 +98,24 @@ def logits_path(run_dir: str | os.PathLike[str], task: str, split: str) -> Path:
     if not direct.is_file() and nested.is_file():
         return nested
     return direct
+
+
+def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """The tasks a training run was trained on (its ``config.json``, beside or above ``predictions/``); None
+    for a folder of logits with no training config (an ensemble's output): it is taken to have every task."""
+    run_dir = Path(run_dir)
+    for folder in (run_dir, run_dir.parent) if run_dir.name == "predictions" else (run_dir,):
+        config = folder / "config.json"
+        if config.is_file():
+            try:
+                tasks = json.loads(config.read_text(encoding="utf-8"))["tasks"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{config}: no list of tasks in it ({e}); "
+                                 "is it a training run's config.json?") from None
+            if not isinstance(tasks, list) or not set(tasks) <= set(TASKS):
+                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(TASKS)}")
+            return tuple(tasks)
+    return None
 
 
 @dataclass
@@ -185,6 +206,11 @@ class TaskResult:
     # selective {"n_eval", "models", "simple", "selective", "subsets"}: two folds, chosen on one half, scored on the other
     holdout: dict | None = None
     outputs: dict[str, Predictions] = field(default_factory=dict)  # split -> ensemble predictions
+    runs: list[int] = field(default_factory=list)  # model m is input run runs[m] (specialists join their tasks)
+
+    def by_run(self, per_model: Sequence) -> dict[int, object]:
+        """{input run index: value} of a per-model list (model scores, weights)."""
+        return {self.runs[m]: v for m, v in enumerate(per_model)}
 
 
 def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor, test: TaskLogits | None, method: str, *,
@@ -277,7 +303,8 @@ def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str])
     for name, scores in rows:
         cells = [f"{scores[t]:>8.4f}" if t in scores else f"{'-':>8}" for t in tasks]
         metrics = {TASK_METRIC[t]: v for t, v in scores.items()}
-        overall = f"{overall_score(metrics):>8.4f}" if metrics else f"{'-':>8}"
+        whole = metrics and all(t in scores for t in tasks)  # a specialist's row has no overall
+        overall = f"{overall_score(metrics):>8.4f}" if whole else f"{'-':>8}"
         lines.append(f"{name:<{width}}  " + "  ".join(cells) + f"  {overall}")
     return "\n".join(lines)
 
@@ -378,14 +405,17 @@ def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list
     """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all)."""
     results: dict[str, TaskResult] = {}
     skipped: list[str] = []
+    trained = [trained_tasks(d) for d in args.runs]
     for task in args.tasks:
-        dev = load_task_logits(args.runs, task, "dev")
+        runs = [i for i, own in enumerate(trained) if own is None or task in own]
+        run_dirs = [args.runs[i] for i in runs]
+        dev = load_task_logits(run_dirs, task, "dev")
         if dev is None:
             print(f"{task}: no run has {task}-dev-logits.csv; task skipped", file=sys.stderr)
             skipped.extend([f"{task}-dev", f"{task}-test"])
             continue
         labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
-        test = load_task_logits(args.runs, task, "test")
+        test = load_task_logits(run_dirs, task, "test")
         if test is None:
             print(f"{task}: no run has {task}-test-logits.csv (no {task} test file?); "
                   f"{task}-test-output.csv skipped", file=sys.stderr)
@@ -393,6 +423,7 @@ def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list
         results[task] = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
                                       seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
                                       max_iter=args.regression_iters)
+        results[task].runs = runs
     return results, skipped
 
 
@@ -454,7 +485,8 @@ def _main(argv: Sequence[str] | None) -> dict:
         "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
         "seed": args.seed, "skipped": skipped, "submission": str(out_dir / SUBMISSION_ZIP),
         "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
-                      "ensemble_score": r.ensemble_score, "models": [names[m] for m in r.models],
+                      "ensemble_score": r.ensemble_score, "models": [names[r.runs[m]] for m in r.models],
+                      "runs": [names[i] for i in r.runs],
                       "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
                   for t, r in results.items()},
     }
@@ -464,7 +496,12 @@ def _main(argv: Sequence[str] | None) -> dict:
     written = write_outputs(out_dir, results, summary)
 
     tasks = [t for t in args.tasks if t in results]
-    rows = [(name, {t: results[t].model_scores[m] for t in tasks}) for m, name in enumerate(names)]
+    def per_run(values: Callable[[TaskResult], Sequence]) -> list[tuple[str, dict[str, float]]]:
+        """A table row per input run: its value in each task it is a model of ("-" where a specialist is not)."""
+        cells = {t: results[t].by_run(values(results[t])) for t in tasks}
+        return [(name, {t: cells[t][i] for t in tasks if i in cells[t]}) for i, name in enumerate(names)]
+
+    rows = per_run(lambda r: r.model_scores)
     rows.append(("ensemble: simple", {t: results[t].simple_score for t in tasks}))
     if args.method != "simple":
         rows.append((f"ensemble: {args.method}", {t: results[t].ensemble_score for t in tasks}))
@@ -478,15 +515,15 @@ def _main(argv: Sequence[str] | None) -> dict:
     for t in tasks:
         r = results[t]
         if args.method == "selective":
-            print(f"  {t}: models {[names[m] for m in r.models]}; {r.note}")
+            print(f"  {t}: models {[names[r.runs[m]] for m in r.models]}; {r.note}")
         elif args.method == "regression":
             detail = ""
             if r.weights is not None:
-                detail = "weights " + ", ".join(f"{names[m]} {w:.3f}" for m, w in enumerate(r.weights))
+                detail = "weights " + ", ".join(f"{names[r.runs[m]]} {w:.3f}" for m, w in enumerate(r.weights))
                 detail += f", bias {r.bias:.3f}; " if r.bias is not None else "; "
             print(f"  {t}: {detail}{r.note}")
     if args.method in ("regression", "selective"):
-        hold_rows = [(name, {t: results[t].holdout["models"][m] for t in tasks}) for m, name in enumerate(names)]
+        hold_rows = per_run(lambda r: r.holdout["models"])
         hold_rows.append(("ensemble: simple", {t: results[t].holdout["simple"] for t in tasks}))
         hold_rows.append((f"ensemble: {args.method}", {t: results[t].holdout[args.method] for t in tasks}))
         print(("held-out dev half (the regression weights never saw it; " if args.method == "regression" else

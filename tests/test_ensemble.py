@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import re
 import stat
@@ -16,7 +17,7 @@ import torch
 
 from tasks.ensemble import TaskLogits, build_parser, ensemble_task, load_task_logits, main
 from tasks.ensemble_methods import average, fit_regression, predict, select_subset
-from tasks.evaluate import Predictions, read_predictions, score, write_logits
+from tasks.evaluate import Predictions, read_logits, read_predictions, score, write_logits
 
 N = 400
 
@@ -188,6 +189,34 @@ def test_cli_end_to_end(tmp_path, capsys):
     assert "held-out dev half" in captured.out and "ensemble: regression" in captured.out
     # the ensemble's own output directory is itself a run
     main([str(out / "predictions"), "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "again")])
+
+
+def test_a_run_trained_on_one_task_joins_that_tasks_ensemble_only(tmp_path, capsys):
+    """A specialist (config.json tasks ["sst"], SST logits only) is averaged into SST and nowhere else; its
+    table row shows "-" for the other tasks; the summary names each task's runs. A run whose config.json lists
+    a task it has no logits for is still an error naming the file (exit status 1)."""
+    runs = _make_runs(tmp_path, nested=True)
+    labels = torch.tensor([int(line.split("\t")[3]) for line in
+                           (tmp_path / "data" / "ids-sst-dev.csv").read_text().splitlines()[1:]])
+    special = tmp_path / "sst-only"
+    _write_run(special, "predictions", "sst", "dev", [f"sst{i}" for i in range(60)], _model("sst", labels, 1, 77))
+    _write_run(special, "predictions", "sst", "test", [f"t{i}" for i in range(7)], torch.randn(7, 5))
+    (special / "config.json").write_text(json.dumps({"tasks": ["sst"], "seed": 0}))
+    out = tmp_path / "ens"
+    summary = main([str(special), *runs, "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    assert summary["tasks"]["sst"]["runs"] == ["sst-only", "run0", "run1", "run2"]
+    assert summary["tasks"]["para"]["runs"] == summary["tasks"]["sts"]["runs"] == ["run0", "run1", "run2"]
+    for task, members in (("sst", [str(special), *runs]), ("para", runs)):
+        dev = load_task_logits(members, task, "dev")
+        ids, ens = read_logits(out / "predictions" / f"{task}-dev-logits.csv")
+        assert ids == dev.ids and torch.allclose(ens.double(), average(task, dev.logits)[0], atol=1e-6)
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("sst-only"))
+    assert row.split()[2:] == ["-", "-", "-"]  # SST acc, then no Para, STS or overall
+
+    (special / "config.json").write_text(json.dumps({"tasks": ["sst", "para"]}))
+    with pytest.raises(SystemExit) as e:
+        main([*runs, str(special), "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    assert e.value.code == 1 and "sst-only/para-dev-logits.csv" in capsys.readouterr().err
 
 
 def _snapshot(folder):
