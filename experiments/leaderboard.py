@@ -4,7 +4,12 @@ Members (each a ``train_multitask.py`` run in ``<out-dir>/<member>``) are the
 default recipe with seeds 0..K-1, plus the flags given after ``--`` for every
 member. ``--variants`` makes them diverse: member k also takes variant
 k mod V (a quoted flag string, "" for none), e.g.
-``--variants "" "--epochs 4 --max-train-examples para=12000"``. The ensemble
+``--variants "" "--epochs 4 --max-train-examples para=12000"``.
+``--specialists sst=4`` (the default) adds 4 members trained on SST alone
+(``--tasks sst``, seeds 0..3, about a fifth of a full member's time each),
+which join the SST ensemble only: the minBERT paper (§5) finds that joint
+training transfers negatively to SST, and on this CPU they lift the SST
+ensemble (experiments/RESULTS.md). The ensemble
 (tasks/ensemble.py, ``--method``; default ``simple``, the mean of all
 members, which beat the selective subset on held-out dev halves:
 experiments/RESULTS.md) goes to ``<out-dir>/ensemble``: leaderboard files in
@@ -28,7 +33,7 @@ alone at the end.
 
 Usage:
     python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1]
-        [--variants "" "--head-dropout 0.1"] [-- --epochs 4]
+        [--variants "" "--head-dropout 0.1"] [--specialists sst=4] [-- --epochs 4]
 
 Writes ``<out-dir>/leaderboard.json`` (members, their dev scores and wall
 times, the ensemble's honest and optimistic scores).
@@ -57,11 +62,29 @@ def member_flags(seed: int, extra: Sequence[str], variant: str = "") -> list[str
     return ["--seed", str(seed), *extra, *shlex.split(variant)]
 
 
-def members_of(k: int, variants: Sequence[str]) -> dict[str, tuple[int, str]]:
-    """{member name: (seed, variant)}: seeds 0..k-1, variants in turn; names say both ("seed3", "v1-seed3")."""
+def members_of(k: int, variants: Sequence[str], specialists: dict[str, int] | None = None
+               ) -> dict[str, tuple[int, str]]:
+    """{member name: (seed, variant)}: seeds 0..k-1, variants in turn; names say both ("seed3", "v1-seed3");
+    then ``specialists[task]`` members trained on that task alone, seeds 0..n-1 ("sst-only-seed1", variant
+    "--tasks sst")."""
     if not variants or list(variants) == [""]:
-        return {f"seed{seed}": (seed, "") for seed in range(k)}
-    return {f"v{seed % len(variants)}-seed{seed}": (seed, variants[seed % len(variants)]) for seed in range(k)}
+        plan = {f"seed{seed}": (seed, "") for seed in range(k)}
+    else:
+        plan = {f"v{seed % len(variants)}-seed{seed}": (seed, variants[seed % len(variants)]) for seed in range(k)}
+    for task, n in (specialists or {}).items():
+        plan.update({f"{task}-only-seed{seed}": (seed, f"--tasks {task}") for seed in range(n)})
+    return plan
+
+
+def specialist_counts(values: Sequence[str]) -> dict[str, int]:
+    """``["sst=4"]`` -> {"sst": 4}; raises ValueError naming what is wrong."""
+    counts: dict[str, int] = {}
+    for value in values:
+        task, eq, n = value.partition("=")
+        if not eq or task not in TASK_METRIC or not n.isdigit():
+            raise ValueError(f"{value!r}: give TASK=N with TASK one of {', '.join(TASK_METRIC)} and N a count")
+        counts[task] = int(n)
+    return {task: n for task, n in counts.items() if n}
 
 
 def first_seeds(plan: dict[str, tuple[int, str]]) -> dict[str, int]:
@@ -99,6 +122,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--jobs", type=int, default=1, help="members trained at the same time")
     ap.add_argument("--variants", nargs="+", default=[], metavar="FLAGS",
                     help='member k adds variant k mod V to its flags: quoted flag strings, "" for none')
+    ap.add_argument("--specialists", nargs="*", default=["sst=4"], metavar="TASK=N",
+                    help="N more members trained on TASK alone (--tasks TASK), in that task's ensemble only; "
+                         "--specialists with nothing after it for none")
     args, extra = ap.parse_known_args(argv)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -113,21 +139,27 @@ def main(argv: list[str] | None = None) -> dict:
         if both:  # the variant's flags come last, so they would silently replace the member flags after --
             ap.error(f"{', '.join(sorted(both))} is given after -- and by the variant {variant!r}; "
                      "set it in one place")
+    try:
+        specialists = specialist_counts(args.specialists)
+    except ValueError as e:
+        ap.error(f"--specialists {e}")
     if args.members < 2:
         ap.error(f"--members {args.members}: an ensemble needs at least 2")
     if "--data-dir" not in extra:
         extra = [*extra, "--data-dir", args.data_dir]
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: at least 1")
-    plan = members_of(args.members, args.variants)
+    plan = members_of(args.members, args.variants, specialists)
     for variant, seed in first_seeds(plan).items():  # a typo fails here, not in a member after the directories
         flags = member_flags(seed, extra, variant)
+        hint = (" (the flags after -- go to the specialists too: put what only the full members take in "
+                "--variants)") if variant.startswith("--tasks ") else ""
         try:
             cli.config_for(flags)
         except SystemExit:  # train_multitask.py's parser has said why
-            ap.error(f"member flags {shlex.join(flags)} (see above)")
+            ap.error(f"member flags {shlex.join(flags)} (see above){hint}")
         except ValueError as e:
-            ap.error(f"member flags {shlex.join(flags)}: {e}")
+            ap.error(f"member flags {shlex.join(flags)}: {e}{hint}")
     sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
     t0 = time.perf_counter()
     tokens = variant_tokens(plan, extra) if args.jobs > 1 else {}

@@ -48,12 +48,16 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     trainer.run_dir.close()  # the cut process is gone: its run.lock with it
 
     result = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
-                               "--threads", "1", "--jobs", "2", "--method", "selective", "--", *_tiny_flags(tiny_env)])
-    assert set(result["members"]) == {"seed0", "seed1"}
+                               "--threads", "1", "--jobs", "2", "--method", "selective", "--specialists", "sst=1",
+                               "--", *_tiny_flags(tiny_env)])
+    assert list(result["members"]) == ["seed0", "seed1", "sst-only-seed0"]
+    assert list(result["members"]["sst-only-seed0"]["dev"]) == ["sst_acc", "overall"]
     assert "resumed from" in (member / "train.log").read_text()
     records = [json.loads(line) for line in (member / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records if "epoch" in r and not r.get("final")] == [1, 2] and records[-1]["final"]
     summary = json.loads((out / "ensemble" / "ensemble.json").read_text())
+    assert summary["tasks"]["sst"]["runs"] == ["seed0", "seed1", "sst-only-seed0"]  # the specialist: SST only
+    assert summary["tasks"]["para"]["runs"] == summary["tasks"]["sts"]["runs"] == ["seed0", "seed1"]
     assert result["holdout_overall"] == summary["holdout_overall"] and 0 < result["holdout_overall"] < 1
     assert result["honest_overall"] == result["holdout_overall"]
     names = zipfile.ZipFile(out / "ensemble" / "cs224n_default_final_project_submission.zip").namelist()
@@ -61,15 +65,19 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     assert "held out" in capsys.readouterr().out
 
     again = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
-                              "--threads", "1", "--", *_tiny_flags(tiny_env)])
+                              "--threads", "1", "--specialists", "sst=1", "--", *_tiny_flags(tiny_env)])
     out_text = capsys.readouterr().out  # the default method, simple, on the same members: none retrained
-    assert out_text.count("reusing the finished run") == 2 and "nothing chosen on dev: honest" in out_text
+    assert out_text.count("reusing the finished run") == 3 and "nothing chosen on dev: honest" in out_text
     assert again["method"] == "simple" and again["honest_overall"] == again["whole_dev_overall"]
     assert again["members"] == result["members"]
 
 
 def test_variants_make_members_diverse():
-    """Member k takes seed k and variant k mod V; no variants keeps the seed-only names of earlier runs."""
+    """Member k takes seed k and variant k mod V; no variants keeps the seed-only names of earlier runs;
+    specialists come after them, trained on their task alone."""
+    assert leaderboard.members_of(2, [], {"sst": 2}) == {
+        "seed0": (0, ""), "seed1": (1, ""), "sst-only-seed0": (0, "--tasks sst"), "sst-only-seed1": (1, "--tasks sst")}
+    assert leaderboard.specialist_counts(["sst=4", "sts=0"]) == {"sst": 4}
     assert leaderboard.members_of(2, []) == {"seed0": (0, ""), "seed1": (1, "")}
     plan = leaderboard.members_of(3, ["", "--epochs 4 --head-dropout 0.1"])
     assert plan == {"v0-seed0": (0, ""), "v1-seed1": (1, "--epochs 4 --head-dropout 0.1"), "v0-seed2": (2, "")}
@@ -118,7 +126,8 @@ def test_the_costliest_members_train_first(tiny_env, tmp_path, monkeypatch):
         "tasks": {task: {"ensemble_score": 0.5} for task in leaderboard.TASK_METRIC}, "submission": "s.zip"})
     flags = [f for f in _tiny_flags(tiny_env) if f not in ("--epochs", "2")]
     result = leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--members", "4", "--data-dir", str(tiny_env[1]),
-                               "--jobs", "2", "--variants", "--epochs 1", "--epochs 3", "--", *flags])
+                               "--jobs", "2", "--variants", "--epochs 1", "--epochs 3", "--specialists", "--",
+                               *flags])
     assert set(started[:2]) == {"v1-seed1", "v1-seed3"} and set(started[2:]) == {"v0-seed0", "v0-seed2"}
     assert list(result["members"]) == ["v0-seed0", "v1-seed1", "v0-seed2", "v1-seed3"]
 
@@ -128,9 +137,11 @@ def test_a_member_flag_train_multitask_refuses_is_refused_before_anything_starts
     def no_training(*args, **kwargs):
         raise AssertionError("the command got past its checks: it would train the members")
     monkeypatch.setattr(leaderboard, "Sweep", no_training)
-    for argv in (["--", "--epochz", "2"], ["--variants", "", "--lr x"]):
+    for argv in (["--", "--epochz", "2"], ["--variants", "", "--lr x"], ["--", "--loss-weights", "para=2"],
+                 ["--specialists", "sst"], ["--specialists", "nli=2"]):
         with pytest.raises(SystemExit) as e:
             leaderboard.main(["--out-dir", str(tmp_path / "lb"), *argv])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and "leaderboard.py: error: member flags" in err, err
+        assert e.value.code == 2 and ("leaderboard.py: error: member flags" in err
+                                      or "leaderboard.py: error: --specialists" in err), err
         assert not (tmp_path / "lb").exists()
