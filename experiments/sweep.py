@@ -52,6 +52,13 @@ def _canonical(argv: Sequence[str]) -> list[str]:
     return out
 
 
+def say(line: str) -> None:
+    """One progress line on stdout in one write: print() writes the text and its newline apart, so lines from
+    two jobs' threads could run into one another."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def final_record(run_dir: Path) -> dict | None:
     """The last ``"final": true`` record of a run's metrics.jsonl, or None when the run did not finish."""
     path = run_dir / "metrics.jsonl"
@@ -113,13 +120,13 @@ class Sweep:
         prior = json.loads(marker.read_text()) if marker.is_file() and not self.force else {}
         same = same_command(prior.get("argv"), argv) and prior.get("module") == module and not stale
         if same and prior.get("wall_s") is not None:
-            print(f"[{name}] reusing the finished run ({prior['wall_s']:.0f} s)", flush=True)
+            say(f"[{name}] reusing the finished run ({prior['wall_s']:.0f} s)")
             return prior
         run = list(argv)
         if same and resume is not None and (run_dir / "checkpoints" / "last").is_dir():
             run = list(resume)  # the same run, cut short: continue from its last checkpoint
         cmd = [sys.executable] + (["-m", module] if module else [str(ROOT / "train_multitask.py")]) + run
-        print(f"[{name}] {' '.join(shlex.quote(c) for c in ['python'] + cmd[1:])}", flush=True)
+        say(f"[{name}] {' '.join(shlex.quote(c) for c in ['python'] + cmd[1:])}")
         if self.dry_run:
             return {"argv": list(argv), "module": module, "wall_s": math.nan}
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +147,7 @@ class Sweep:
         done = {"argv": list(argv), "module": module, "wall_s": round(wall, 1), "threads": self.threads,
                 "resumed": resumed}
         marker.write_text(json.dumps(done, indent=2) + "\n")
-        print(f"[{name}] done in {wall:.0f} s", flush=True)
+        say(f"[{name}] done in {wall:.0f} s")
         return done
 
     def train_argv(self, name: str, flags: Sequence[str]) -> list[str]:
@@ -165,7 +172,7 @@ class Sweep:
             config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})
         changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
         if changed:
-            print(f"[{name}] made with other settings ({', '.join(changed)}): training it again", flush=True)
+            say(f"[{name}] made with other settings ({', '.join(changed)}): training it again")
         return bool(changed)
 
     def train(self, name: str, flags: Sequence[str]) -> tuple[dict, float]:

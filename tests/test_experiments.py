@@ -244,6 +244,27 @@ def test_the_costliest_items_start_first_and_results_keep_their_order(tmp_path):
     assert set(started[:2]) == {"dddd", "bb"} and set(started) == set(items)
 
 
+def test_progress_lines_are_written_whole(tmp_path, monkeypatch):
+    """Two jobs' threads print progress at once: each line goes out in one write, newline included, so lines
+    cannot run into one another (print writes the text and its newline apart)."""
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    sweep = Sweep(tmp_path, dry_run=True)
+    sweep.command("row", ["--epochs", "1"])
+    (tmp_path / "row").mkdir()
+    (tmp_path / "row" / "sweep.json").write_text(json.dumps({"argv": ["--epochs", "1"], "module": None, "wall_s": 3}))
+    sweep.command("row", ["--epochs", "1"])
+    assert len(writes) == 2 and all(w.startswith("[row] ") and w.endswith("\n") for w in writes), writes
+
+
 def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
     """Two sweep processes must not run the same row (the second's --overwrite would wipe the first's files): a
     lock held by a live process refuses, one left by a dead process is taken over and removed after the run."""
