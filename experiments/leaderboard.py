@@ -6,10 +6,13 @@ member. ``--variants`` makes them diverse: member k also takes variant
 k mod V (a quoted flag string, "" for none), e.g.
 ``--variants "" "--epochs 4 --max-train-examples para=12000"``.
 ``--specialists sst=4`` (the default) adds 4 members trained on SST alone
-(``--tasks sst``, seeds 0..3, about a fifth of a full member's time each),
+(``--tasks sst``, seeds 0..3, about a sixth of a full member's time each),
 which join the SST ensemble only: the minBERT paper (§5) finds that joint
 training transfers negatively to SST, and on this CPU they lift the SST
-ensemble (experiments/RESULTS.md). The ensemble
+ensemble (experiments/RESULTS.md). The flags after ``--`` go to them too,
+so a flag for Quora or STS alone (``--max-train-examples para=47458``)
+belongs in ``--variants``, or give ``--specialists`` with nothing after it
+for none. The ensemble
 (tasks/ensemble.py, ``--method``; default ``simple``, the mean of all
 members, which beat the selective subset on held-out dev halves:
 experiments/RESULTS.md) goes to ``<out-dir>/ensemble``: leaderboard files in
@@ -48,12 +51,13 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.sweep import Sweep
+from experiments.sweep import Sweep, say
 from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
 from tasks import cli
 from tasks.ensemble import METHODS
 from tasks.ensemble import main as ensemble_main
+from tasks.errors import describe
 from tasks.evaluate import TASK_METRIC, overall_score
 
 
@@ -96,17 +100,19 @@ def first_seeds(plan: dict[str, tuple[int, str]]) -> dict[str, int]:
 
 
 def variant_tokens(plan: dict[str, tuple[int, str]], extra: Sequence[str]) -> dict[str, int]:
-    """{variant: training tokens of its first member} (experiments/token_budget.py), when the plan's variants
-    differ: the sweep starts the costliest members first. {} for one variant, or when the data cannot be read
-    (the members then say what is missing themselves)."""
+    """{variant: training tokens of its first member} (experiments/token_budget.py, counted with the embedded
+    model's tokenizer: they only rank the members), when the plan's variants differ: the sweep starts the
+    costliest members first. {} for one variant, or when the data cannot be read: the members are then
+    trained in plan order and say what is wrong themselves."""
     firsts = first_seeds(plan)
     if len(firsts) < 2:
         return {}
-    _, tokenizer = load_pretrained(None, add_pooling_layer=False)
     try:
+        _, tokenizer = load_pretrained(None, add_pooling_layer=False)
         return {variant: sum(recipe_tokens(member_flags(seed, extra, variant), tokenizer).values())
                 for variant, seed in firsts.items()}
-    except OSError:
+    except (ValueError, OSError) as e:  # a missing or unreadable data file (UnicodeDecodeError is a ValueError)
+        say(f"members in plan order: their training tokens could not be counted ({describe(e)})")
         return {}
 
 
@@ -158,8 +164,8 @@ def main(argv: list[str] | None = None) -> dict:
             cli.config_for(flags)
         except SystemExit:  # train_multitask.py's parser has said why
             ap.error(f"member flags {shlex.join(flags)} (see above){hint}")
-        except ValueError as e:
-            ap.error(f"member flags {shlex.join(flags)}: {e}{hint}")
+        except (ValueError, OSError) as e:  # OSError: a --config or --pretrained that is not there
+            ap.error(f"member flags {shlex.join(flags)}: {describe(e)}{hint}")
     sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
     t0 = time.perf_counter()
     tokens = variant_tokens(plan, extra) if args.jobs > 1 else {}
@@ -183,7 +189,9 @@ def main(argv: list[str] | None = None) -> dict:
     else:
         scores = (f"{result['holdout_overall']:.4f} held out, {whole:.4f} on the dev set it was chosen on "
                   "(optimistic)")
-    print(f"ensemble of {len(members)} ({args.method}): dev overall {scores}; submission {result['submission']}")
+    kinds = ", ".join(f"{n} {task}-only" for task, n in specialists.items())
+    print(f"ensemble of {len(members) - sum(specialists.values())} members" + (f" and {kinds}" if kinds else "")
+          + f" ({args.method}): dev overall {scores}; submission {result['submission']}")
     return result
 
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from minbert.pretrained import load_pretrained
 from tasks import cli
 from tasks.config import TrainConfig
-from tasks.errors import user_errors
+from tasks.errors import describe, user_errors
 from tasks.splits import load_run_data
 from tasks.trainer import build_schedule
 
@@ -65,8 +65,10 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         try:  # every recipe's flags before any work: train_multitask.py's parser names what it refuses
             recipes.append((flags, shlex.split(flags)))
             cli.config_for(recipes[-1][1])
-        except (ValueError, SystemExit) as e:
-            ap.error(f"{label} {flags!r}" + (f": {e}" if isinstance(e, ValueError) else " (see above)"))
+        except SystemExit:  # train_multitask.py's parser has said why
+            ap.error(f"{label} {flags!r} (see above)")
+        except (ValueError, OSError) as e:  # OSError: a --config or --pretrained that is not there
+            ap.error(f"{label} {flags!r}: {describe(e)}")
     with user_errors("token_budget.py"):  # a data file that is missing or unreadable: one line, exit status 1
         _, tokenizer = load_pretrained(None, add_pooling_layer=False)
         for flags, recipe in recipes:

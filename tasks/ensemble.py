@@ -145,7 +145,8 @@ def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, spli
     if not all(present):
         missing = [str(p) for p, ok in zip(paths, present) if not ok]
         raise FileNotFoundError(f"{task}-{split}: {len(missing)} of {len(paths)} runs lack their logits file: "
-                                f"{', '.join(missing)}; every run of an ensemble needs the same files")
+                                f"{', '.join(missing)}; every run of an ensemble needs the same files (a run "
+                                "trained on some tasks only is known by the config.json beside its predictions/)")
     ref_ids: list[str] | None = None
     aligned: list[torch.Tensor] = []
     for path in paths:
@@ -286,6 +287,15 @@ def selective_two_fold(task: str, logits: list[torch.Tensor], labels: torch.Tens
     mean = lambda k: sum(f[k] for f in per_fold) / 2  # noqa: E731
     return {"n_eval": len(labels), "models": [sum(f["models"][m] for f in per_fold) / 2 for m in range(len(logits))],
             "simple": mean("simple"), "selective": mean("selective"), "subsets": [f["subset"] for f in per_fold]}
+
+
+def _named_holdout(result: TaskResult, names: Sequence[str]) -> dict | None:
+    """``result.holdout`` for ensemble.json: the selective folds' subsets as run names (their per-model
+    scores, ``models``, follow the task's ``runs``)."""
+    if not result.holdout or "subsets" not in result.holdout:
+        return result.holdout
+    return {**result.holdout, "subsets": [[names[result.runs[m]] for m in subset]
+                                          for subset in result.holdout["subsets"]]}
 
 
 def _pred_dtype(task: str, preds: torch.Tensor) -> torch.Tensor:
@@ -487,7 +497,7 @@ def _main(argv: Sequence[str] | None) -> dict:
         "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
                       "ensemble_score": r.ensemble_score, "models": [names[r.runs[m]] for m in r.models],
                       "runs": [names[i] for i in r.runs],
-                      "weights": r.weights, "bias": r.bias, "holdout": r.holdout, "note": r.note}
+                      "weights": r.weights, "bias": r.bias, "holdout": _named_holdout(r, names), "note": r.note}
                   for t, r in results.items()},
     }
     if args.method in ("regression", "selective"):  # the honest overall: every task scored on held-out dev

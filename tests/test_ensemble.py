@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.ensemble import TaskLogits, build_parser, ensemble_task, load_task_logits, main
+from tasks.ensemble import TaskLogits, build_parser, dev_labels, ensemble_task, load_task_logits, main
 from tasks.ensemble_methods import average, fit_regression, predict, select_subset
 from tasks.evaluate import Predictions, read_logits, read_predictions, score, write_logits
 
@@ -212,6 +212,23 @@ def test_a_run_trained_on_one_task_joins_that_tasks_ensemble_only(tmp_path, caps
         assert ids == dev.ids and torch.allclose(ens.double(), average(task, dev.logits)[0], atol=1e-6)
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("sst-only"))
     assert row.split()[2:] == ["-", "-", "-"]  # SST acc, then no Para, STS or overall
+
+    # selective and regression name each task's models by input run, not by their place in that task's list
+    summary = main([str(special), *runs, "--method", "selective", "--data-dir", str(tmp_path / "data"),
+                    "--out-dir", str(out)])
+    text = capsys.readouterr().out
+    para = load_task_logits(runs, "para", "dev")
+    chosen, _ = select_subset("para", para.logits, dev_labels("para", para.ids, tmp_path / "data", "x"), 10)
+    assert summary["tasks"]["para"]["models"] == [f"run{m}" for m in chosen] and 2 not in chosen
+    assert f"para: models {[f'run{m}' for m in chosen]}" in text
+    for subset in summary["tasks"]["para"]["holdout"]["subsets"]:  # chosen on each dev half, by name
+        assert subset and set(subset) <= {"run0", "run1", "run2"}
+    held = text.split("two-fold dev")[1]
+    assert next(line for line in held.splitlines() if line.startswith("sst-only")).split()[2:] == ["-", "-", "-"]
+    main([str(special), *runs, "--method", "regression", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
+    text = capsys.readouterr().out
+    para_weights = next(line for line in text.splitlines() if line.strip().startswith("para: weights"))
+    assert "run2" in para_weights and "sst-only" not in para_weights
 
     (special / "config.json").write_text(json.dumps({"tasks": ["sst", "para"]}))
     with pytest.raises(SystemExit) as e:

@@ -138,7 +138,8 @@ def test_a_member_flag_train_multitask_refuses_is_refused_before_anything_starts
         raise AssertionError("the command got past its checks: it would train the members")
     monkeypatch.setattr(leaderboard, "Sweep", no_training)
     for argv in (["--", "--epochz", "2"], ["--variants", "", "--lr x"], ["--", "--loss-weights", "para=2"],
-                 ["--specialists", "sst"], ["--specialists", "nli=2"]):
+                 ["--specialists", "sst"], ["--specialists", "nli=2"], ["--", "--pretrained", str(tmp_path / "no")],
+                 ["--", "--config", str(tmp_path / "no.json")]):
         with pytest.raises(SystemExit) as e:
             leaderboard.main(["--out-dir", str(tmp_path / "lb"), *argv])
         err = capsys.readouterr().err
