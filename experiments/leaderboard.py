@@ -39,7 +39,8 @@ Usage:
         [--variants "" "--head-dropout 0.1"] [--specialists sst=4] [-- --epochs 4]
 
 Writes ``<out-dir>/leaderboard.json`` (members, their dev scores and wall
-times, the ensemble's honest and optimistic scores).
+times, the ensemble's honest and optimistic scores). What other compositions
+of finished members would score: experiments/ensemble_mixes.py.
 """
 
 from __future__ import annotations

@@ -10,12 +10,14 @@ import threading
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments import ablation, robustness_table
 from experiments.ablation import CONTRASTIVE, LADDER, ROWS, collect, merge_flags, render, row_flags
 from experiments.stats import cell, change, change_cell, plot_rows
 from experiments.sweep import Sweep, _run_lock, final_record
 from tasks import cli
+from tasks.evaluate import TASK_METRIC, overall_score
 
 
 def test_merge_flags_replaces_values_and_accumulates_objectives():
@@ -395,3 +397,38 @@ def test_a_finished_run_is_reused_however_its_directory_is_spelled(tmp_path, mon
     assert "reusing the finished run" in out and "made with other settings" not in out
     second.train("member", [*flags[:2], "--data-dir", "other"])
     assert "made with other settings (data_dir)" in capsys.readouterr().out  # another directory is another run
+
+
+def test_ensemble_mixes_score_each_draw_as_the_ensemble_command_would(tmp_path, capsys):
+    """A mix with one possible draw scores what python -m tasks.ensemble gives for those runs, std 0; a
+    specialist joins SST only; a mix larger than its pool is refused (exit 2), one with no full member is a
+    one-line error (exit 1)."""
+    from experiments import ensemble_mixes
+    from tasks.ensemble import main as ensemble_main
+    from tests.test_ensemble import _make_runs, _model, _write_run
+
+    runs = _make_runs(tmp_path)
+    labels = [int(line.split("\t")[3]) for line in (tmp_path / "data" / "ids-sst-dev.csv").read_text().splitlines()[1:]]
+    special = tmp_path / "sst-only"
+    _write_run(special, "predictions", "sst", "dev", [f"sst{i}" for i in range(60)],
+               _model("sst", torch.tensor(labels), 1, 77))
+    _write_run(special, "predictions", "sst", "test", [f"t{i}" for i in range(7)], torch.randn(7, 5))
+    (special / "config.json").write_text(json.dumps({"tasks": ["sst"]}))
+    data = ["--data-dir", str(tmp_path / "data")]
+    rows = ensemble_mixes.main(["--pool", "full", runs[0], runs[1], "--pool", "sst", str(special),
+                                "--mix", "full=2", "--mix", "full=2,sst=1", "--mix", "full=1", "--draws", "20", *data])
+    for row, members in zip(rows, ([runs[0], runs[1]], [runs[0], runs[1], str(special)])):
+        summary = ensemble_main([*members, "--out-dir", str(tmp_path / "ens"), *data])
+        whole = overall_score({TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()})
+        assert row["std"] == 0 and row["mean"] == pytest.approx(whole, abs=1e-12)
+    assert rows[1]["mean"] != rows[0]["mean"] and rows[2]["std"] > 0  # full=1: either run, both drawn
+    assert "| full=2,sst=1 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        ensemble_mixes.main(["--pool", "full", runs[0], "--mix", "full=2", *data])
+    assert e.value.code == 2 and "which has 1 runs" in capsys.readouterr().err
+    for pools, message in ((["--pool", "full", runs[0], "--pool", "sst", str(special)], "has no run for para"),
+                           (["--pool", "sst", str(special)], "no run has para-dev-logits.csv")):
+        with pytest.raises(SystemExit) as e:
+            ensemble_mixes.main([*pools, "--mix", "sst=1", *data])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and message in err and len(err.strip().splitlines()) == 1, err
