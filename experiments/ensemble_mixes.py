@@ -101,14 +101,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         mixes = [(text, parse_mix(text, pools)) for text in args.mix]
     except ValueError as e:
         ap.error(str(e))
-    logging.disable(logging.WARNING)  # every run's data-file report, once per task, would bury the table
     rows = []
-    with user_errors("ensemble_mixes.py"):
-        scorer = Scorer(sorted({run for runs in pools.values() for run in runs}), args.data_dir)
-        for text, mix in mixes:
-            scores = draw_scores(scorer, pools, mix, args.draws, random.Random(args.seed))
-            rows.append({"mix": text, "mean": statistics.mean(scores), "std": statistics.pstdev(scores),
-                         "reach": sum(s >= args.target for s in scores) / len(scores)})
+    logging.disable(logging.WARNING)  # every run's data-file report, once per task, would bury the table
+    try:
+        with user_errors("ensemble_mixes.py"):
+            scorer = Scorer(sorted({run for runs in pools.values() for run in runs}), args.data_dir)
+            for text, mix in mixes:
+                scores = draw_scores(scorer, pools, mix, args.draws, random.Random(args.seed))
+                rows.append({"mix": text, "mean": statistics.mean(scores), "std": statistics.pstdev(scores),
+                             "reach": sum(s >= args.target for s in scores) / len(scores)})
+    finally:
+        logging.disable(logging.NOTSET)  # called in-process (tests), logging must work again afterwards
     print(f"| mix | dev overall, mean ± std over {args.draws} draws | draws ≥ {args.target:.3f} |")
     print("|---|---|---|")
     for row in rows:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -432,3 +433,4 @@ def test_ensemble_mixes_score_each_draw_as_the_ensemble_command_would(tmp_path, 
             ensemble_mixes.main([*pools, "--mix", "sst=1", *data])
         err = capsys.readouterr().err
         assert e.value.code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+    assert logging.root.manager.disable == logging.NOTSET  # the script's quiet spell ends with it
