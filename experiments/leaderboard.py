@@ -7,8 +7,8 @@ k mod V (a quoted flag string, "" for none), e.g.
 ``--variants "" "--epochs 4 --max-train-examples para=12000"``.
 ``--specialists sst=4`` (the default) adds 4 members trained on SST alone
 (``--tasks sst``, seeds 0..3, about a sixth of a full member's time each),
-which join the SST ensemble only: the minBERT paper (§5) finds that joint
-training transfers negatively to SST, and on this CPU they lift the SST
+which join the SST ensemble only: the minBERT paper (§5) reports negative
+transfer to SST from joint training, and on this CPU they lift the SST
 ensemble (experiments/RESULTS.md). The flags after ``--`` go to them too,
 so a flag for Quora or STS alone (``--max-train-examples para=47458``)
 belongs in ``--variants``, or give ``--specialists`` with nothing after it

@@ -48,7 +48,8 @@ def training_tokens(cfg: TrainConfig, train_sets: dict) -> dict[str, int]:
 def recipe_tokens(argv: Sequence[str], tokenizer) -> dict[str, int]:
     """Training tokens per stream of ``train_multitask.py argv`` (its data read and tokenized here; nothing trains).
 
-    Raises ValueError or SystemExit for flags train_multitask.py would refuse."""
+    Raises SystemExit, ValueError or OSError for flags train_multitask.py would refuse (OSError: a --config or
+    --pretrained that is not there) and OSError or ValueError for data it cannot read."""
     cfg = cli.config_for(list(argv))
     train_sets, _, _ = load_run_data(cfg, tokenizer)
     return training_tokens(cfg, train_sets)

@@ -207,7 +207,7 @@ class TaskResult:
     # selective {"n_eval", "models", "simple", "selective", "subsets"}: two folds, chosen on one half, scored on the other
     holdout: dict | None = None
     outputs: dict[str, Predictions] = field(default_factory=dict)  # split -> ensemble predictions
-    runs: list[int] = field(default_factory=list)  # model m is input run runs[m] (specialists join their tasks)
+    runs: list[int] = field(default_factory=list)  # model m is input run runs[m] (specialists join their tasks only)
 
     def by_run(self, per_model: Sequence) -> dict[int, object]:
         """{input run index: value} of a per-model list (model scores, weights)."""
@@ -226,7 +226,8 @@ def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor, test: TaskLo
     model_scores = [score(task, predict(task, x), labels) for x in dev.logits]
     simple_dev = average(task, dev.logits)
     simple_score = score(task, simple_dev[1], labels)
-    result = TaskResult(task, model_scores, simple_score, simple_score, list(range(n_models)))
+    result = TaskResult(task, model_scores, simple_score, simple_score, list(range(n_models)),
+                        runs=list(range(n_models)))  # ensemble_runs maps them to its input runs
 
     def finish(dev_out: tuple[torch.Tensor, torch.Tensor], test_fn) -> TaskResult:
         result.outputs["dev"] = Predictions(dev.ids, dev_out[0].float(), _pred_dtype(task, dev_out[1]))
