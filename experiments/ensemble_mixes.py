@@ -23,7 +23,7 @@ import random
 import statistics
 from collections.abc import Sequence
 
-from tasks.ensemble import dev_labels, load_task_logits, trained_tasks
+from tasks.ensemble import dev_labels, load_task_logits, task_members, trained_tasks
 from tasks.ensemble_methods import average
 from tasks.errors import user_errors
 from tasks.evaluate import TASK_METRIC, overall_score, score
@@ -52,9 +52,9 @@ class Scorer:
     def __init__(self, runs: Sequence[str], data_dir: str) -> None:
         self.logits: dict[str, dict[str, object]] = {}
         self.labels: dict[str, object] = {}
-        trained = {run: trained_tasks(run) for run in runs}
+        trained = [trained_tasks(run) for run in runs]
         for task in TASKS:
-            members = [run for run in runs if trained[run] is None or task in trained[run]]
+            members = [runs[i] for i in task_members(trained, task)]
             dev = load_task_logits(members, task, "dev")
             if dev is None:
                 raise ValueError(f"no run has {task}-dev-logits.csv: every mix needs all three tasks")

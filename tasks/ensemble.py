@@ -118,6 +118,12 @@ def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
     return None
 
 
+def task_members(trained: Sequence[tuple[str, ...] | None], task: str) -> list[int]:
+    """Indices of the runs (their ``trained_tasks``) that are models of ``task``: its specialists and every
+    run that is not one."""
+    return [i for i, own in enumerate(trained) if own is None or task in own]
+
+
 @dataclass
 class TaskLogits:
     """All runs' outputs for one task and split, aligned to ``ids`` (the first run's order).
@@ -213,6 +219,10 @@ class TaskResult:
         """{input run index: value} of a per-model list (model scores, weights)."""
         return {self.runs[m]: v for m, v in enumerate(per_model)}
 
+    def model_names(self, names: Sequence[str]) -> list[str]:
+        """The name of each of this task's models, from the input runs' ``names``."""
+        return [names[i] for i in self.runs]
+
 
 def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor, test: TaskLogits | None, method: str, *,
                   max_exhaustive: int = 10, seed: int = 0, regression_sts: bool = False, l2: float = 1e-3,
@@ -290,13 +300,12 @@ def selective_two_fold(task: str, logits: list[torch.Tensor], labels: torch.Tens
             "simple": mean("simple"), "selective": mean("selective"), "subsets": [f["subset"] for f in per_fold]}
 
 
-def _named_holdout(result: TaskResult, names: Sequence[str]) -> dict | None:
+def _named_holdout(result: TaskResult, model_names: Sequence[str]) -> dict | None:
     """``result.holdout`` for ensemble.json: the selective folds' subsets as run names (their per-model
     scores, ``models``, follow the task's ``runs``)."""
     if not result.holdout or "subsets" not in result.holdout:
         return result.holdout
-    return {**result.holdout, "subsets": [[names[result.runs[m]] for m in subset]
-                                          for subset in result.holdout["subsets"]]}
+    return {**result.holdout, "subsets": [[model_names[m] for m in subset] for subset in result.holdout["subsets"]]}
 
 
 def _pred_dtype(task: str, preds: torch.Tensor) -> torch.Tensor:
@@ -418,7 +427,7 @@ def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list
     skipped: list[str] = []
     trained = [trained_tasks(d) for d in args.runs]
     for task in args.tasks:
-        runs = [i for i, own in enumerate(trained) if own is None or task in own]
+        runs = task_members(trained, task)
         run_dirs = [args.runs[i] for i in runs]
         dev = load_task_logits(run_dirs, task, "dev")
         if dev is None:
@@ -492,13 +501,14 @@ def _main(argv: Sequence[str] | None) -> dict:
     if not results:
         _fail(f"no task had dev logits in {', '.join(args.runs)}; nothing to ensemble", 1)
 
+    model_names = {t: r.model_names(names) for t, r in results.items()}  # specialists are models of their tasks
     summary = {
         "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
         "seed": args.seed, "skipped": skipped, "submission": str(out_dir / SUBMISSION_ZIP),
         "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
-                      "ensemble_score": r.ensemble_score, "models": [names[r.runs[m]] for m in r.models],
-                      "runs": [names[i] for i in r.runs],
-                      "weights": r.weights, "bias": r.bias, "holdout": _named_holdout(r, names), "note": r.note}
+                      "ensemble_score": r.ensemble_score, "models": [model_names[t][m] for m in r.models],
+                      "runs": model_names[t], "weights": r.weights, "bias": r.bias,
+                      "holdout": _named_holdout(r, model_names[t]), "note": r.note}
                   for t, r in results.items()},
     }
     if args.method in ("regression", "selective"):  # the honest overall: every task scored on held-out dev
@@ -526,11 +536,11 @@ def _main(argv: Sequence[str] | None) -> dict:
     for t in tasks:
         r = results[t]
         if args.method == "selective":
-            print(f"  {t}: models {[names[r.runs[m]] for m in r.models]}; {r.note}")
+            print(f"  {t}: models {[model_names[t][m] for m in r.models]}; {r.note}")
         elif args.method == "regression":
             detail = ""
             if r.weights is not None:
-                detail = "weights " + ", ".join(f"{names[r.runs[m]]} {w:.3f}" for m, w in enumerate(r.weights))
+                detail = "weights " + ", ".join(f"{n} {w:.3f}" for n, w in zip(model_names[t], r.weights))
                 detail += f", bias {r.bias:.3f}; " if r.bias is not None else "; "
             print(f"  {t}: {detail}{r.note}")
     if args.method in ("regression", "selective"):
