@@ -236,6 +236,7 @@ def build_parser() -> Parser:
     add(g, "pair_swap", type=float, metavar="P")
     add(g, "symmetric_eval", action=argparse.BooleanOptionalAction)
     add(g, "sts_prior", type=float, metavar="W")
+    add(g, "sts_prior_model", metavar="DIR")
     add(g, "final_dev", choices=FINAL_DEV)
 
     g = p.add_argument_group("model")
@@ -390,6 +391,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
             distributed.check_config(cfg.batch_sizes(), cfg.device)
         resolve_device(cfg.device)
         check_max_length(cfg, ckpt)
+        check_prior_model(cfg, explicit)
         return Invocation(c, cfg, explicit, ckpt)
 
     cfg = config_from_flags(c, explicit)
@@ -398,6 +400,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
     check_max_length(cfg)
+    check_prior_model(cfg, explicit)
     return Invocation(c, cfg, explicit)
 
 
@@ -415,6 +418,17 @@ def check_max_length(cfg: TrainConfig, ckpt: Path | None = None) -> None:
     if cfg.max_length > positions:
         raise ValueError(f"--max-length {cfg.max_length} is more than the {positions} positions of the encoder in "
                          f"{source} (max_position_embeddings): pass --max-length {positions} or less")
+
+
+def check_prior_model(cfg: TrainConfig, explicit: dict[str, Any]) -> None:
+    """An --sts-prior-model given on the command line must be a checkpoint directory: refused before training,
+    not found missing at the first evaluation. (A saved run's that has gone since is reported there.)"""
+    if "sts_prior_model" in explicit and cfg.sts_prior_model is not None:
+        try:
+            resolve_model_dir(cfg.sts_prior_model)
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"--sts-prior-model {cfg.sts_prior_model}: no such checkpoint directory (a "
+                                    "sentence encoder: config.json, weights, vocab.txt)") from None
 
 
 def saved_config(path: str) -> TrainConfig:

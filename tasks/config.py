@@ -41,10 +41,12 @@ RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing
 # Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
 # the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
-                "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior")
+                "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior", "sts_prior_model")
 # Fields added after configs were written, with the value that reproduces a config without them: a saved run
 # resumes and re-predicts as it was trained, whatever today's default.
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0}
+# ... and one whose legacy value is another field's: the prior was --pretrained's encoder before it had its own.
+LEGACY_SAME_AS = {"sts_prior_model": "pretrained"}
 
 
 @dataclass
@@ -87,9 +89,12 @@ class TrainConfig:
     symmetric_eval: bool = option(True, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
                                   "(b, a) at evaluation and prediction: a cross-encoder is not symmetric; not in "
                                   "the paper")
-    sts_prior: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of the pretrained "
-                              "encoder's mean-pooled embeddings (a frozen copy, at evaluation only, so evaluation "
-                              "needs --pretrained's directory too; tasks/prior.py); not in the papers; 0 = off")
+    sts_prior: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence "
+                              "encoder's mean-pooled embeddings (--sts-prior-model, frozen, at evaluation only; "
+                              "tasks/prior.py); not in the papers; 0 = off")
+    sts_prior_model: str | None = option(None, "the sentence encoder of --sts-prior (a checkpoint directory "
+                                         "whose mean-pooled cosine scores similarity); default: the embedded "
+                                         "all-MiniLM-L6-v2, whatever --pretrained is")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)")
@@ -193,7 +198,7 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
-        d = {**LEGACY_VALUES, **d}
+        d = {**LEGACY_VALUES, **{k: d.get(v) for k, v in LEGACY_SAME_AS.items()}, **d}
         if "model" in d:
             model_known = {f.name for f in dataclasses.fields(ModelConfig)}
             bad = sorted(set(d["model"]) - model_known)
@@ -319,6 +324,8 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError("--lp-lr only acts with --lp-epochs N > 0 (LP-FT stage 1, paper §4.2)")
     if "sts_prior" in explicit and cfg.sts_prior > 0 and "sts" not in cfg.tasks:
         raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
+    if "sts_prior_model" in explicit and (cfg.sts_prior == 0 or "sts" not in cfg.tasks):
+        raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
 
 
 def check_objectives(cfg: TrainConfig) -> None:

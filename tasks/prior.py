@@ -1,10 +1,10 @@
-"""The pretrained encoder as a second opinion on STS (``--sts-prior W``; not in the papers).
+"""A sentence encoder as a second opinion on STS (``--sts-prior W``; not in the papers).
 
 all-MiniLM-L6-v2 was trained so that the cosine of two sentences' mean-pooled
 embeddings scores their similarity (sentence-transformers' recipe). Multitask
 fine-tuning of a cross-encoder gives up that geometry: the fine-tuned encoder's
 own Siamese cosine scores STS dev at r 0.58 (the default run, seed 0). So the
-prior is a frozen copy of the *pretrained* weights, used only at evaluation:
+prior is a frozen copy of a sentence encoder, used only at evaluation:
 
     STS score = (1 - W) x the head's score + W x 5 x cos(mean(a), mean(b))
 
@@ -13,8 +13,15 @@ scores, as tasks.ensemble's "simple" method would take it: nothing is fitted.
 It costs one more encoder in memory and one pass over the STS sentences (cached
 per dataset), no training.
 
+The encoder is ``--sts-prior-model`` (default: the embedded all-MiniLM-L6-v2),
+not ``--pretrained``: the encoder a run fine-tunes need not be a sentence
+encoder (bert-base, an MLM checkpoint of tasks/pretrain.py, a fine-tuned run),
+and its cosine can score similarity worse than the head it would be blended
+with. Configs written before the option existed keep ``--pretrained``'s
+(tasks/config.py, LEGACY_SAME_AS), so saved runs re-predict as they were scored.
+
 Usage:
-    prior = CosinePrior(cfg.pretrained, 0.5, device, amp_dtype, batch_size=128, max_length=128)
+    prior = CosinePrior(None, 0.5, device, amp_dtype, batch_size=128, max_length=128)   # None: the embedded
     scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order; prior(...) is the same
 """
 
@@ -84,8 +91,9 @@ def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None)
     if cfg.sts_prior <= 0 or "sts" not in cfg.tasks:
         return None
     try:
-        resolve_model_dir(cfg.pretrained)
+        resolve_model_dir(cfg.sts_prior_model)
     except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"the STS prior (sts_prior {cfg.sts_prior}) blends with the pretrained encoder "
-                                f"{cfg.pretrained}, which is gone: restore it, or pass --sts-prior 0") from None
-    return CosinePrior(cfg.pretrained, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
+        raise FileNotFoundError(f"the STS prior (sts_prior {cfg.sts_prior}) blends with the sentence encoder "
+                                f"{cfg.sts_prior_model}, which is gone: restore it, name another with "
+                                "--sts-prior-model, or pass --sts-prior 0") from None
+    return CosinePrior(cfg.sts_prior_model, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)

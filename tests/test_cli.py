@@ -161,6 +161,9 @@ REFUSED = [
     (["--eval-only", "--train-subsets", "cycle"], "--train-subsets cannot change"),
     (["--sts-prior", "2"], "sts_prior is a weight in [0, 1]"),
     (["--tasks", "sst", "para", "--sts-prior", "0.5"], "--sts-prior only acts on STS"),
+    (["--sts-prior", "0", "--sts-prior-model", "x"], "--sts-prior-model only acts"),
+    (["--tasks", "sst", "--sts-prior-model", "x"], "--sts-prior-model only acts"),
+    (["--sts-prior-model", "no/such/dir"], "--sts-prior-model no/such/dir: no such checkpoint directory"),
     (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
     (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
     (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),
@@ -376,6 +379,11 @@ def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
         "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0}
     own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True, sts_prior=0.5)
     assert TrainConfig.from_dict(own.to_dict()) == own
+    prior_of_pretrained = TrainConfig(pretrained="ckpt/mlm", sts_prior=0.5).to_dict()
+    del prior_of_pretrained["sts_prior_model"]  # the prior was --pretrained's encoder before it had its own option
+    assert TrainConfig.from_dict(prior_of_pretrained).sts_prior_model == "ckpt/mlm"
+    own = TrainConfig(pretrained="ckpt/mlm", sts_prior_model=None)
+    assert TrainConfig.from_dict(own.to_dict()).sts_prior_model is None
 
 
 def _whole_and_resumed(env, tmp_path: Path, flags: list[str], epochs: int) -> Path:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import sentence_transformers  # reference: a missing one fails instead of skipping
 import torch
@@ -91,3 +93,18 @@ def test_the_cache_keeps_only_the_latest_dataset(prior):
         prior.cosines(ds)
     assert len(prior._cache) == 1 and prior.cosines(sets[2]) is prior.cosines(sets[2])
     torch.testing.assert_close(prior.cosines(sets[0]), first)  # computed again, the same
+
+
+def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
+    """--pretrained names the encoder to fine-tune (bert-base, an MLM checkpoint, a fine-tuned run), whose mean
+    pooled cosine need not score similarity at all (a fine-tuned run's: r 0.58 on STS dev): the prior is the
+    embedded all-MiniLM-L6-v2 unless --sts-prior-model names another sentence encoder."""
+    from tasks.config import TrainConfig
+    from tasks.prior import sts_prior_of
+    from tests.test_train import write_tiny_model
+
+    tiny = write_tiny_model(tmp_path / "tiny")
+    fine_tuned_from_tiny = sts_prior_of(TrainConfig(pretrained=str(tiny)), "cpu", None)
+    assert fine_tuned_from_tiny.encoder.config.hidden_size == 384  # all-MiniLM-L6-v2, not the tiny BERT
+    chosen = sts_prior_of(TrainConfig(sts_prior_model=str(tiny)), "cpu", None)
+    assert chosen.encoder.config.hidden_size == json.loads((tiny / "config.json").read_text())["hidden_size"] != 384

@@ -432,16 +432,17 @@ def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tm
 
 def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_path):
     """evaluate_checkpoint needs no pretrained directory (deleted here) and reproduces the run's final dev metrics;
-    only the STS prior reads it, and without it says so and how to go on."""
+    only the STS prior reads one (its sentence encoder's, when that is this one), and without it says so and how
+    to go on."""
     pretrained = shutil.copytree(tiny_env[0], tmp_path / "bert")
     summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1, sts_prior=0.0))
     shutil.rmtree(pretrained)
     result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
     assert result["dev"] == summary["dev"]
     assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
-    with pytest.raises(FileNotFoundError, match="STS prior.*is gone: restore it, or pass --sts-prior 0"):
+    with pytest.raises(FileNotFoundError, match="STS prior.*is gone: restore it, .*or pass --sts-prior 0"):
         evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval2",
-                            overrides={"sts_prior": 0.5})
+                            overrides={"sts_prior": 0.5, "sts_prior_model": str(pretrained)})
 
 
 def test_limit_caps_every_split(tiny_env, tmp_path):
