@@ -13,7 +13,7 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 PIP=".venv/bin/python -m pip"
-# torch first and pinned: a bare `torch` requirement would resolve to a CUDA build.
+# torch first and pinned (its build: requirements.txt says how to get the CPU one).
 $PIP install -q torch==2.13.0
 $PIP install -q -r requirements.txt -r requirements-test.txt
 # the project itself, editable: minbert, tasks, experiments and benchmarks import from anywhere
