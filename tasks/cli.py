@@ -385,6 +385,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
             set_path(cfg, path, value)
         if c.eval_only:
             cfg = eval_config(saved, eval_overrides(cfg))
+            refuse_idle_settings(cfg, explicit)  # e.g. --sts-prior on a run without STS
         else:
             refuse_idle_settings(cfg, explicit)
             cfg.validate()

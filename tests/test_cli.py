@@ -447,3 +447,17 @@ def test_every_flag_of_the_readme_techniques_table_is_accepted():
             cli.config_for(argv)
         except (SystemExit, ValueError) as e:
             pytest.fail(f"README technique flags {cell!r} are refused: {e}")
+
+
+def test_eval_only_refuses_settings_that_would_do_nothing_on_its_tasks(tiny_env, tmp_path, capsys):  # noqa: F811
+    """--eval-only of a run without STS (an SST specialist) with --sts-prior or --sts-prior-model would score
+    exactly as without them: refused with exit status 2, as at training, instead of silently ignored."""
+    run = tmp_path / "sst-only"
+    cli.main([*_tiny_flags(tiny_env, run), "--tasks", "sst", "--limit", "16", "--epochs", "1"])
+    best = str(run / "checkpoints" / "best")
+    for flags, message in ((["--sts-prior", "0.3"], "--sts-prior only acts on STS"),
+                           (["--sts-prior-model", str(tiny_env[0])], "--sts-prior-model only acts")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "eval"), *flags])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
