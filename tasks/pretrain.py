@@ -19,8 +19,14 @@ Hugging Face ``BertForMaskedLM`` checkpoint directory (``save_mlm_checkpoint``)
 plus pretrain_config.json and pretrain_log.jsonl; ``train_multitask.py
 --pretrained DIR`` loads its encoder.
 
+A long run resumes: every ``--checkpoint-every`` steps the whole state goes
+to ``<out-dir>.partial`` (atomically), and the same command again continues
+from it to the uninterrupted run's weights, bit for bit (other settings or
+data are refused); it is removed once the checkpoint is written. On a CPU the
+steps run in fp32 unless ``--bf16`` asks for autocast.
+
 Usage:
-    python -m tasks.pretrain --out-dir checkpoints/mlm-minilm                 # embedded MiniLM, 3 epochs
+    python -m tasks.pretrain --out-dir checkpoints/mlm-minilm                 # embedded MiniLM, 3 epochs (again: resumes)
     python -m tasks.pretrain --out-dir ckpt/mlm --max-sentences 5000 --epochs 1   # a CPU-sized run
     python train_multitask.py --pretrained checkpoints/mlm-minilm ...
 """
@@ -28,10 +34,12 @@ Usage:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import math
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -48,8 +56,9 @@ from minbert.tokenizer import BertTokenizer
 from tasks.argparsing import Parser
 from tasks.data import length_bucketed_batches
 from tasks.errors import user_errors
-from tasks.readers import load_split
 from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, masked_positions, save_mlm_checkpoint
+from tasks.pretrain_resume import Progress, load_progress, partial_dir, save_progress
+from tasks.readers import load_split
 from tasks.runtime import autocast, autocast_dtype, foreach_default, resolve_device
 
 log = logging.getLogger(__name__)
@@ -159,6 +168,7 @@ class PretrainConfig:
     seed: int = 0
     log_every: int = 50
     device: str = "auto"
+    bf16: bool | None = None  # None: bf16 autocast on GPUs with native bf16, fp32 on CPUs (ask with True)
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -181,14 +191,17 @@ class PretrainConfig:
             raise ValueError(f"log_every must be at least 1, got {self.log_every}")
 
 
-def _param_groups(mlm: nn.Module, weight_decay: float) -> list[dict]:
-    """No decay for biases and LayerNorm weights (as BERT and the HF Trainer)."""
+def _param_groups(mlm: nn.Module, weight_decay: float) -> tuple[list[dict], list[str]]:
+    """No decay for biases and LayerNorm weights (as BERT and the HF Trainer); also the parameters' names in
+    group order (the optimizer state's file names them)."""
     decay, no_decay = [], []
     for name, p in mlm.named_parameters():  # shared (tied) parameters appear once
         if not p.requires_grad:
             continue
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append(p)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append((name, p))
+    groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay},
+              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
+    return groups, [n for n, _ in decay + no_decay]
 
 
 def _lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
@@ -227,7 +240,7 @@ def make_eval_batches(tokenizer: BertTokenizer, sentences: Sequence[str], max_le
 def evaluate_mlm(mlm: BertForMaskedLM, data: MaskedBatches, device: str | torch.device = "cpu") -> dict[str, float]:
     """Masked-token loss (mean over masked tokens) and top-1 accuracy, in eval mode (no dropout)."""
     device = torch.device(device)
-    amp_dtype = autocast_dtype(None, device, cpu_default=False)
+    amp_dtype = autocast_dtype(None, device, cpu_default=False)  # as without --bf16: comparable losses
     was_training = mlm.training
     mlm.eval()
     total_loss, correct, count = 0.0, 0, 0
@@ -250,17 +263,25 @@ def pretrain(
     sentences: Sequence[str],
     config: PretrainConfig,
     eval_data: MaskedBatches | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    checkpoint_every: int = 0,
+    identity: dict | None = None,
 ) -> list[dict]:
     """Train ``mlm`` in place on ``sentences``; returns the log records (also logged as lines).
 
     Batches are length-bucketed and reshuffled every epoch, masks redrawn for
     every batch; both come from one generator seeded by ``config.seed``.
     Dropout uses torch's global RNG (seed it before calling for a repeatable run).
+
+    With ``state_dir``, every ``checkpoint_every`` steps the whole state (weights, optimizer, both RNGs, the
+    position in the epoch, the records) is written there atomically, and a call that finds one continues from
+    it: the result is the uninterrupted run's, bit for bit. ``identity`` (the settings and data; the config is
+    added) must equal the saved one, or the call refuses to mix two runs.
     """
     if not sentences:
         raise ValueError("no sentences to pretrain on")
     device = resolve_device(config.device)
-    amp_dtype = autocast_dtype(None, device, cpu_default=False)
+    amp_dtype = autocast_dtype(config.bf16, device, cpu_default=False)
     mlm.to(device).train()
     ids, _ = tokenizer.encode_ids(list(sentences), max_length=config.max_length)
     lengths = [len(x) for x in ids]
@@ -269,35 +290,51 @@ def pretrain(
     if config.max_steps is not None:
         total = min(total, config.max_steps)
     warmup = int(config.warmup_ratio * total)
-    opt = AdamW(_param_groups(mlm, config.weight_decay), lr=config.lr, weight_decay=config.weight_decay,
-                foreach=foreach_default(device))
+    groups, names = _param_groups(mlm, config.weight_decay)
+    opt = AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, foreach=foreach_default(device))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, total, warmup, config.schedule))
     params = [p for group in opt.param_groups for p in group["params"]]
     g = torch.Generator().manual_seed(config.seed)
     special = never_masked_ids(tokenizer)
-    records: list[dict] = []
+    identity = {**(identity or {}), "config": asdict(config), "sentences": len(ids)}
+    state = Path(state_dir) if state_dir is not None else None
     log.info("MLM pretraining: %d sentences, %d steps (%d per epoch, batch %d), lr %g, device %s",
              len(ids), total, steps_per_epoch, config.batch_size, config.lr, device)
-    if eval_data is not None:
-        before = evaluate_mlm(mlm, eval_data, device)
-        records.append({"step": 0, "eval_loss": before["loss"], "eval_accuracy": before["accuracy"]})
-        log.info("held-out MLM (%d sentences, %d masked tokens): loss %.4f, accuracy %.4f",
-                 eval_data.n_sentences, before["masked_tokens"], before["loss"], before["accuracy"])
+    if state is not None and (state / "state.json").is_file():
+        where = load_progress(state, identity, mlm, opt, names, g)
+        log.info("resuming from %s: step %d of %d", state, where.step, total)
+    else:
+        where = Progress()
+        if eval_data is not None:
+            before = evaluate_mlm(mlm, eval_data, device)
+            where.records.append({"step": 0, "eval_loss": before["loss"], "eval_accuracy": before["accuracy"]})
+            log.info("held-out MLM (%d sentences, %d masked tokens): loss %.4f, accuracy %.4f",
+                     eval_data.n_sentences, before["masked_tokens"], before["loss"], before["accuracy"])
+    sched.last_epoch = where.step  # LambdaLR's count of steps taken (the groups' lr came with the optimizer's state)
     progress = None
     if sys.stderr.isatty():
         from tqdm import tqdm
-        progress = tqdm(total=total, desc="mlm", unit="step")
-    step = 0
-    window_loss = torch.zeros((), device=device)
-    window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
+        progress = tqdm(total=total, initial=where.step, desc="mlm", unit="step")
+    step, records = where.step, where.records
+    window_loss = torch.full((), where.window_loss, device=device)
+    window_steps, window_tokens, window_start = where.window_steps, where.window_tokens, time.perf_counter()
     try:
-        for _epoch in range(config.epochs):
+        for epoch in range(where.epoch, config.epochs):
             if step >= total:
                 break
-            for idx in length_bucketed_batches(lengths, config.batch_size, shuffle=True, generator=g):
+            if where.epoch_rng is not None:  # resumed inside this epoch: its batches, drawn again, then on
+                now = g.get_state()
+                g.set_state(where.epoch_rng)
+                batches = length_bucketed_batches(lengths, config.batch_size, shuffle=True, generator=g)
+                g.set_state(now)
+                epoch_rng, first, where.epoch_rng = where.epoch_rng, where.done_in_epoch, None
+            else:
+                epoch_rng, first = g.get_state(), 0
+                batches = length_bucketed_batches(lengths, config.batch_size, shuffle=True, generator=g)
+            for i in range(first, len(batches)):
                 if step >= total:
                     break
-                padded = tokenizer.pad([ids[i] for i in idx])
+                padded = tokenizer.pad([ids[j] for j in batches[i]])
                 inputs, labels = mask_tokens(padded["input_ids"], mask_token_id=tokenizer.mask_token_id,
                                              vocab_size=len(tokenizer), special_ids=special, generator=g,
                                              mlm_probability=config.mlm_probability)
@@ -331,6 +368,9 @@ def pretrain(
                              rec["loss"], lr, rec["tokens_per_s"])
                     window_loss.zero_()
                     window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
+                if state is not None and checkpoint_every and step % checkpoint_every == 0 and step < total:
+                    save_progress(state, identity, mlm, opt, names, g, Progress(
+                        step, epoch, i + 1, epoch_rng, records, float(window_loss), window_steps, window_tokens))
     finally:
         if progress is not None:
             progress.close()
@@ -338,7 +378,7 @@ def pretrain(
         after = evaluate_mlm(mlm, eval_data, device)
         records.append({"step": step, "eval_loss": after["loss"], "eval_accuracy": after["accuracy"]})
         log.info("held-out MLM after %d steps: loss %.4f (was %.4f), accuracy %.4f (was %.4f)", step,
-                 after["loss"], before["loss"], after["accuracy"], before["accuracy"])
+                 after["loss"], records[0]["eval_loss"], after["accuracy"], records[0]["eval_accuracy"])
     mlm.eval()
     return records
 
@@ -379,6 +419,11 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=int, default=d.seed, help="shuffling, masking and a new head's init")
     p.add_argument("--log-every", type=int, default=d.log_every, help="one log line every N steps")
     p.add_argument("--device", default=d.device, help="auto (CUDA if present), cpu, cuda, cuda:1, ...")
+    p.add_argument("--checkpoint-every", type=int, default=500, metavar="STEPS",
+                   help="write the state for resuming to <out-dir>.partial every STEPS steps (0: never); "
+                        "the same command again continues from it")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16,
+                   help="bf16 autocast (default: on GPUs with native bf16; CPUs stay in fp32 unless asked)")
     return p
 
 
@@ -402,6 +447,11 @@ def _main(argv: Sequence[str] | None) -> Path:
         parser.error("--max-sentences must be at least 1")
     if args.eval_sentences < 0:
         parser.error("--eval-sentences must be 0 (off) or positive")
+    if args.checkpoint_every < 0:
+        parser.error("--checkpoint-every must be 0 (never) or positive")
+    out_dir = Path(args.out_dir)
+    if out_dir.is_file() or (out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "config.json").is_file()):
+        parser.error(f"--out-dir {out_dir} exists and is not a checkpoint directory: choose another")
     config = config_from_args(args)
     torch.manual_seed(config.seed)  # a new head's initialisation and dropout
 
@@ -423,8 +473,14 @@ def _main(argv: Sequence[str] | None) -> Path:
     if eval_sentences:
         eval_data = make_eval_batches(tokenizer, eval_sentences, config.max_length, 64, config.seed + 1,
                                       config.mlm_probability)
-    records = pretrain(mlm, tokenizer, train, config, eval_data)
     source = str(resolve_model_dir(args.pretrained))
+    state = partial_dir(out_dir)
+    identity = {"source_checkpoint": source, "train_sentences_sha256": hashlib.sha256(
+        "\n".join(train).encode()).hexdigest(), "eval_sentences": len(eval_sentences)}
+    if args.checkpoint_every:
+        log.info("state for resuming: %s, every %d steps (removed when done)", state, args.checkpoint_every)
+    records = pretrain(mlm, tokenizer, train, config, eval_data, state_dir=state,
+                       checkpoint_every=args.checkpoint_every, identity=identity)
     run_info = {"source_checkpoint": source, "mlm_head_from_checkpoint": had_head, "data_dir": args.data_dir,
                 "tasks": args.tasks, "sentences": len(train), "distinct_train_sentences": n_distinct,
                 "eval_sentences": len(eval_sentences), "config": asdict(config)}
@@ -432,6 +488,7 @@ def _main(argv: Sequence[str] | None) -> Path:
         "pretrain_config.json": json.dumps(run_info, indent=2) + "\n",
         "pretrain_log.jsonl": "".join(json.dumps(r) + "\n" for r in records),
     })
+    shutil.rmtree(state, ignore_errors=True)
     log.info("wrote %s (load it with --pretrained %s; its cls.predictions MLM head is not used by "
              "load_pretrained)", out, out)
     return out

@@ -281,13 +281,40 @@ def test_cli_end_to_end(tmp_path):
     (data / "sts-dev.csv").write_text("\tid\tsentence1\tsentence2\tsimilarity\n0\tt0\tw60 w61\tw62 w63\t1.0\n")
     out = main(["--out-dir", str(tmp_path / "out"), "--pretrained", str(ckpt), "--data-dir", str(data),
                 "--epochs", "1", "--batch-size", "8", "--max-length", "16", "--max-steps", "3",
-                "--log-every", "1", "--device", "cpu"])
+                "--log-every", "1", "--device", "cpu", "--checkpoint-every", "1"])
     info = json.loads((out / "pretrain_config.json").read_text())
     assert info["distinct_train_sentences"] == 60 and info["mlm_head_from_checkpoint"] is False
     assert info["eval_sentences"] == 5
     lines = [json.loads(x) for x in (out / "pretrain_log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3]
     load_pretrained(out)
+    assert not (tmp_path / "out.partial").exists()  # the state for resuming goes once the checkpoint is written
+
+
+def test_an_out_dir_that_is_not_a_checkpoint_is_refused_before_training(tmp_path, capsys):
+    """--out-dir naming a directory of other files fails at once with exit status 2, not after the pretraining
+    (when save_mlm_checkpoint would refuse it too); the files are untouched."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as e:
+        main(["--out-dir", str(tmp_path / "work"), "--data-dir", str(tmp_path / "no-data")])
+    assert e.value.code == 2 and "is not a checkpoint directory" in capsys.readouterr().err
+    assert [p.name for p in (tmp_path / "work").iterdir()] == ["notes.txt"]
+
+
+@pytest.mark.parametrize("bf16,want", [(None, None), (True, torch.bfloat16), (False, None)])
+def test_bf16_autocast_is_asked_for_on_the_cpu(tmp_path, monkeypatch, bf16, want):
+    """--bf16 runs the MLM steps under bf16 autocast on a CPU; unset, a CPU stays in fp32 (the default, as
+    measured before the flag existed), and --no-bf16 keeps it there."""
+    from tasks import pretrain as pretrain_module
+    seen = []
+    real = pretrain_module.autocast
+    monkeypatch.setattr(pretrain_module, "autocast", lambda device, dtype: seen.append(dtype) or real(device, dtype))
+    tok = BertTokenizer(_vocab_dir(tmp_path) / "vocab.txt")
+    mlm = BertForMaskedLM(BertModel(tiny_config()))
+    pretrain(mlm, tok, ["w1 w2 w3 w4", "w5 w6 w7"] * 4, PretrainConfig(max_steps=2, batch_size=4, device="cpu",
+                                                                       bf16=bf16))
+    assert seen == [want, want]
 
 
 def test_every_flag_reaches_its_config_field():
@@ -296,11 +323,76 @@ def test_every_flag_reaches_its_config_field():
 
     values = {"epochs": 2, "batch_size": 7, "lr": 1e-4, "weight_decay": 0.01, "warmup_ratio": 0.1,
               "schedule": "constant", "max_grad_norm": 0.5, "max_length": 64, "mlm_probability": 0.2,
-              "max_steps": 9, "seed": 3, "log_every": 4, "device": "cpu"}
+              "max_steps": 9, "seed": 3, "log_every": 4, "device": "cpu", "bf16": True}
     assert set(values) == {f.name for f in fields(PretrainConfig)}
     renamed = {"warmup_ratio": "--warmup", "schedule": "--lr-schedule", "max_grad_norm": "--grad-clip"}  # train's names
-    argv = ["--out-dir", "x"] + [a for k, v in values.items()
-                                 for a in (renamed.get(k, f"--{k.replace('_', '-')}"), str(v))]
+    argv = ["--out-dir", "x"] + [a for k, v in values.items() if k != "bf16"
+                                 for a in (renamed.get(k, f"--{k.replace('_', '-')}"), str(v))] + ["--bf16"]
     config = config_from_args(build_parser().parse_args(argv))
     assert {f.name: getattr(config, f.name) for f in fields(PretrainConfig)} == values
     assert PretrainConfig() == config_from_args(build_parser().parse_args(["--out-dir", "x"]))
+
+
+def _resume_setup(tmp_path):
+    tok = BertTokenizer(_vocab_dir(tmp_path) / "vocab.txt")
+    g = torch.Generator().manual_seed(0)
+    sentences = [" ".join(f"w{j}" for j in torch.randint(0, 30, (int(n),), generator=g).tolist())
+                 for n in torch.randint(3, 12, (16,), generator=g)]
+    config = PretrainConfig(epochs=2, batch_size=4, lr=1e-3, max_length=16, seed=0, log_every=2)  # 8 steps
+    return tok, sentences, config, make_eval_batches(tok, sentences[:6], max_length=16, batch_size=3, seed=5)
+
+
+def _fresh_mlm(seed: int) -> BertForMaskedLM:
+    torch.manual_seed(seed)  # the new model's init, then the dropout masks (tiny_config has dropout on)
+    return BertForMaskedLM(BertModel(tiny_config()))
+
+
+@pytest.mark.parametrize("crash_at", [5, 8])
+def test_an_interrupted_pretraining_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, crash_at):
+    """Killed during step ``crash_at`` (after the state of step 3, inside epoch 1, or of step 6, inside epoch 2),
+    the same call again continues from the saved state: weights and records (but for speed) are the
+    uninterrupted run's, bit for bit, although the process's RNG and the new model's init differ."""
+    from tasks import pretrain as pretrain_module
+    tok, sentences, config, eval_data = _resume_setup(tmp_path)
+    whole = _fresh_mlm(0)
+    want = pretrain(whole, tok, sentences, config, eval_data)
+
+    state, real = tmp_path / "out.partial", pretrain_module.mask_tokens
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(real, crash_at))  # the process is killed
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, eval_data, state_dir=state, checkpoint_every=3)
+    monkeypatch.setattr(pretrain_module, "mask_tokens", real)
+    cut = _fresh_mlm(123)
+    got = pretrain(cut, tok, sentences, config, eval_data, state_dir=state, checkpoint_every=3)
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), cut.state_dict().values()))
+    speedless = [[{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rs] for rs in (want, got)]
+    assert speedless[0] == speedless[1] and len(want) == 1 + 4 + 1
+
+
+def test_a_saved_state_of_other_settings_is_refused(tmp_path, monkeypatch):
+    """The state of an interrupted run is only continued by the same settings and data: anything else would
+    train a mix of two runs. The error names what differs."""
+    from tasks import pretrain as pretrain_module
+    tok, sentences, config, _ = _resume_setup(tmp_path)
+    state = tmp_path / "out.partial"
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(pretrain_module.mask_tokens, 5))
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    assert (state / "state.json").is_file()
+    other = PretrainConfig(**{**config.__dict__, "lr": 2e-3})
+    with pytest.raises(ValueError, match=r"other settings or data \(config.lr: 0.001 there, 0.002 now\)"):
+        pretrain(_fresh_mlm(0), tok, sentences, other, state_dir=state, checkpoint_every=3)
+    with pytest.raises(ValueError, match="sentences: 16 there, 15 now"):
+        pretrain(_fresh_mlm(0), tok, sentences[:15], config, state_dir=state, checkpoint_every=3)
+
+
+def _dies_at(fn, n: int):
+    """``fn``, but its ``n``-th call raises KeyboardInterrupt (a process killed there)."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return fn(*args, **kwargs)
+    return wrapped
