@@ -3,7 +3,7 @@
 all-MiniLM-L6-v2 was trained so that the cosine of two sentences' mean-pooled
 embeddings scores their similarity (sentence-transformers' recipe). Multitask
 fine-tuning of a cross-encoder gives up that geometry: the fine-tuned encoder's
-own Siamese cosine scores STS dev at r 0.58 (the default run, seed 0). So the
+own Siamese cosine scores STS dev at r 0.54 (the default recipe, seed 0). So the
 prior is a frozen copy of a sentence encoder, used only at evaluation:
 
     STS score = (1 - W) x the head's score + W x 5 x cos(mean(a), mean(b))
