@@ -385,9 +385,8 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
             set_path(cfg, path, value)
         if c.eval_only:
             cfg = eval_config(saved, eval_overrides(cfg))
-            refuse_idle_settings(cfg, explicit)  # e.g. --sts-prior on a run without STS
-        else:
-            refuse_idle_settings(cfg, explicit)
+        refuse_idle_settings(cfg, explicit)  # evaluation too: e.g. --sts-prior on a run without STS
+        if not c.eval_only:
             cfg.validate()
             distributed.check_config(cfg.batch_sizes(), cfg.device)
         resolve_device(cfg.device)

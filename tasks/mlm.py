@@ -211,6 +211,17 @@ def checkpoint_state(mlm: BertForMaskedLM) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
 
 
+def check_replaceable(out: Path) -> None:
+    """``out`` may become a checkpoint directory: absent, empty or a checkpoint (replaced); a file or a directory
+    of other files is a FileExistsError (checked before pretraining, and again when saving)."""
+    if out.exists():
+        if not out.is_dir():
+            raise FileExistsError(f"{out} is a file; --out-dir must be a directory")
+        if any(out.iterdir()) and not (out / "config.json").is_file():
+            raise FileExistsError(f"{out} exists and is not a checkpoint directory (no config.json); "
+                                  "refusing to replace it: choose another --out-dir")
+
+
 def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, tokenizer: BertTokenizer,
                         extra_files: dict[str, str] | None = None) -> Path:
     """Write an HF checkpoint directory atomically (a temporary sibling, then os.replace).
@@ -222,12 +233,7 @@ def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, t
     replaced; an existing directory that is not a checkpoint is refused.
     """
     out = Path(out_dir)
-    if out.exists():
-        if not out.is_dir():
-            raise FileExistsError(f"{out} is a file; --out-dir must be a directory")
-        if any(out.iterdir()) and not (out / "config.json").is_file():
-            raise FileExistsError(f"{out} exists and is not a checkpoint directory (no config.json); "
-                                  "refusing to replace it: choose another --out-dir")
+    check_replaceable(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:

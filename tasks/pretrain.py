@@ -56,7 +56,8 @@ from minbert.tokenizer import BertTokenizer
 from tasks.argparsing import Parser
 from tasks.data import length_bucketed_batches
 from tasks.errors import user_errors
-from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, masked_positions, save_mlm_checkpoint
+from tasks.mlm import (IGNORE_INDEX, BertForMaskedLM, check_replaceable, load_mlm, masked_positions,
+                       save_mlm_checkpoint)
 from tasks.pretrain_resume import Progress, load_progress, partial_dir, save_progress
 from tasks.readers import load_split
 from tasks.runtime import autocast, autocast_dtype, foreach_default, resolve_device
@@ -450,8 +451,10 @@ def _main(argv: Sequence[str] | None) -> Path:
     if args.checkpoint_every < 0:
         parser.error("--checkpoint-every must be 0 (never) or positive")
     out_dir = Path(args.out_dir)
-    if out_dir.is_file() or (out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "config.json").is_file()):
-        parser.error(f"--out-dir {out_dir} exists and is not a checkpoint directory: choose another")
+    try:
+        check_replaceable(out_dir)
+    except FileExistsError as e:
+        parser.error(str(e))
     config = config_from_args(args)
     torch.manual_seed(config.seed)  # a new head's initialisation and dropout
 
