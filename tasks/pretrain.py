@@ -318,7 +318,8 @@ def pretrain(
         progress = tqdm(total=total, initial=where.step, desc="mlm", unit="step")
     step, records = where.step, where.records
     window_loss = torch.full((), where.window_loss, device=device)
-    window_steps, window_tokens, window_start = where.window_steps, where.window_tokens, time.perf_counter()
+    window_steps, window_tokens = where.window_steps, where.window_tokens
+    window_start = time.perf_counter() - where.window_seconds
     try:
         for epoch in range(where.epoch, config.epochs):
             if step >= total:
@@ -371,7 +372,8 @@ def pretrain(
                     window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
                 if state is not None and checkpoint_every and step % checkpoint_every == 0 and step < total:
                     save_progress(state, identity, mlm, opt, names, g, Progress(
-                        step, epoch, i + 1, epoch_rng, records, float(window_loss), window_steps, window_tokens))
+                        step, epoch, i + 1, epoch_rng, records, float(window_loss), window_steps, window_tokens,
+                        time.perf_counter() - window_start))
     finally:
         if progress is not None:
             progress.close()

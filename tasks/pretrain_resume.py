@@ -9,7 +9,7 @@ Every ``--checkpoint-every`` steps ``pretrain`` writes its whole state to
     rng.safetensors        torch's global RNG (dropout), the batch/mask generator, and that
                            generator's state when the current epoch's batch order was drawn
     state.json             the position (step, epoch, batches done in it), the log records and
-                           the open log window's sums, the optimizer's groups, and the identity
+                           the open log window's sums and time, the optimizer's groups, and the identity
                            (settings and a hash of the sentences) a resumed call must match
 
 A resumed call draws the epoch's batch order again from its saved start
@@ -43,6 +43,7 @@ class Progress:
     window_loss: float = 0.0  # the log window's running sums, so the next log line is the uninterrupted one's
     window_steps: int = 0
     window_tokens: int = 0
+    window_seconds: float = 0.0  # and its training time so far, so its speed is not taken over the resumed part
 
 
 def partial_dir(out_dir: str | os.PathLike[str]) -> Path:
@@ -81,6 +82,7 @@ def load_progress(state: Path, identity: dict, mlm: nn.Module, opt: torch.optim.
     rng = load_tensors(state / "rng.safetensors")
     torch.set_rng_state(rng["torch"])
     g.set_state(rng["generator"])
+    saved.setdefault("window_seconds", 0.0)  # a state saved before the window's time was kept
     return Progress(epoch_rng=rng["epoch_generator"],
                     **{f.name: saved[f.name] for f in fields(Progress) if f.name != "epoch_rng"})
 

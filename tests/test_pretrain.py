@@ -369,6 +369,54 @@ def test_an_interrupted_pretraining_resumes_to_the_uninterrupted_result(tmp_path
     assert speedless[0] == speedless[1] and len(want) == 1 + 4 + 1
 
 
+def test_a_resumed_log_window_reports_the_uninterrupted_speed(tmp_path, monkeypatch):
+    """The log window open when the state was saved (step 3 of the window of steps 3-4) keeps its time: its
+    tokens per second after the resume are the uninterrupted run's, not its tokens over the resumed part's
+    time alone. A fake clock ticks one second per step, wherever the process is."""
+    from types import SimpleNamespace
+
+    from tasks import pretrain as pretrain_module
+    tok, sentences, config, _ = _resume_setup(tmp_path)
+    clock, real = [0.0], pretrain_module.mask_tokens
+
+    def ticking(*args, **kwargs):
+        clock[0] += 1.0
+        return real(*args, **kwargs)
+    monkeypatch.setattr(pretrain_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(pretrain_module, "mask_tokens", ticking)
+    want = pretrain(_fresh_mlm(0), tok, sentences, config)
+    state = tmp_path / "out.partial"
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(ticking, 5))
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    clock[0] += 1000.0  # the time between the kill and the new call is not training
+    monkeypatch.setattr(pretrain_module, "mask_tokens", ticking)
+    got = pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    assert [r["tokens_per_s"] for r in got] == [r["tokens_per_s"] for r in want]
+    assert len(want) == 4 and all(r["tokens_per_s"] > 0 for r in want)
+
+
+def test_a_state_saved_before_the_window_time_was_kept_still_resumes(tmp_path, monkeypatch):
+    """A state.json of the first resumable version (no window_seconds) continues to the same weights."""
+    import json
+
+    from tasks import pretrain as pretrain_module
+    tok, sentences, config, _ = _resume_setup(tmp_path)
+    whole = _fresh_mlm(0)
+    pretrain(whole, tok, sentences, config)
+    state, real = tmp_path / "out.partial", pretrain_module.mask_tokens
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(real, 5))
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    monkeypatch.setattr(pretrain_module, "mask_tokens", real)
+    saved = json.loads((state / "state.json").read_text())
+    del saved["window_seconds"]
+    (state / "state.json").write_text(json.dumps(saved))
+    cut = _fresh_mlm(1)
+    pretrain(cut, tok, sentences, config, state_dir=state, checkpoint_every=3)
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), cut.state_dict().values()))
+
+
 def test_a_saved_state_of_other_settings_is_refused(tmp_path, monkeypatch):
     """The state of an interrupted run is only continued by the same settings and data: anything else would
     train a mix of two runs. The error names what differs."""
