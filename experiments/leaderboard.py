@@ -1,7 +1,7 @@
 """One command for a leaderboard submission: train K ensemble members, ensemble them, write the submission zip.
 
 Members (each a ``train_multitask.py`` run in ``<out-dir>/<member>``) are the
-default recipe with seeds 0..K-1, plus the flags given after ``--`` for every
+default recipe with seeds 0..K-1 (``--first-seed S``: S..S+K-1), plus the flags given after ``--`` for every
 member. ``--variants`` makes them diverse: member k also takes variant
 k mod V (a quoted flag string, "" for none), e.g.
 ``--variants "" "--epochs 4 --max-train-examples para=12000"``.
@@ -67,17 +67,18 @@ def member_flags(seed: int, extra: Sequence[str], variant: str = "") -> list[str
     return ["--seed", str(seed), *extra, *shlex.split(variant)]
 
 
-def members_of(k: int, variants: Sequence[str], specialists: dict[str, int] | None = None
+def members_of(k: int, variants: Sequence[str], specialists: dict[str, int] | None = None, first_seed: int = 0
                ) -> dict[str, tuple[int, str]]:
-    """{member name: (seed, variant)}: seeds 0..k-1, variants in turn; names say both ("seed3", "v1-seed3");
-    then ``specialists[task]`` members trained on that task alone, seeds 0..n-1 ("sst-only-seed1", variant
-    "--tasks sst")."""
+    """{member name: (seed, variant)}: seeds first_seed..first_seed+k-1, variants in turn from the first; names
+    say both ("seed3", "v1-seed3"); then ``specialists[task]`` members trained on that task alone, seeds from
+    first_seed too ("sst-only-seed1", variant "--tasks sst")."""
+    seeds = range(first_seed, first_seed + k)
     if not variants or list(variants) == [""]:
-        plan = {f"seed{seed}": (seed, "") for seed in range(k)}
+        plan = {f"seed{seed}": (seed, "") for seed in seeds}
     else:
-        plan = {f"v{seed % len(variants)}-seed{seed}": (seed, variants[seed % len(variants)]) for seed in range(k)}
+        plan = {f"v{i % len(variants)}-seed{seed}": (seed, variants[i % len(variants)]) for i, seed in enumerate(seeds)}
     for task, n in (specialists or {}).items():
-        plan.update({f"{task}-only-seed{seed}": (seed, f"--tasks {task}") for seed in range(n)})
+        plan.update({f"{task}-only-seed{seed}": (seed, f"--tasks {task}") for seed in range(first_seed, first_seed + n)})
     return plan
 
 
@@ -122,7 +123,9 @@ def main(argv: list[str] | None = None) -> dict:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                  epilog="Flags after -- go to every member's train_multitask.py.")
     ap.add_argument("--out-dir", default="runs/leaderboard", help="members, the ensemble and leaderboard.json")
-    ap.add_argument("--members", type=int, default=4, help="number of members (seeds 0..K-1)")
+    ap.add_argument("--members", type=int, default=4, help="number of members (seeds S..S+K-1, S the first seed)")
+    ap.add_argument("--first-seed", type=int, default=0, metavar="S",
+                    help="the first member's and specialist's seed: another S gives an independent ensemble")
     ap.add_argument("--method", choices=METHODS, default="simple", help="the ensemble (tasks/ensemble.py)")
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels for the ensemble)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every member (default: torch's)")
@@ -154,9 +157,11 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--members {args.members}: an ensemble needs at least 2")
     if "--data-dir" not in extra:
         extra = [*extra, "--data-dir", args.data_dir]
+    if args.first_seed < 0:
+        ap.error(f"--first-seed {args.first_seed}: a seed is at least 0")
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: at least 1")
-    plan = members_of(args.members, args.variants, specialists)
+    plan = members_of(args.members, args.variants, specialists, args.first_seed)
     for variant, seed in first_seeds(plan).items():  # a typo fails here, not in a member after the directories
         flags = member_flags(seed, extra, variant)
         hint = (" (the flags after -- go to the specialists too: put what only the full members take in "

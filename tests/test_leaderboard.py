@@ -85,6 +85,22 @@ def test_variants_make_members_diverse():
         "--seed", "1", "--data-dir", "d", "--epochs", "4", "--head-dropout", "0.1"]
 
 
+def test_first_seed_gives_an_independent_ensemble():
+    """--first-seed S: seeds S.. for the members and the specialists, variants still in turn from the first
+    member, so a second ensemble of the same recipe shares no run with the first."""
+    assert leaderboard.members_of(2, [], {"sst": 2}, first_seed=4) == {
+        "seed4": (4, ""), "seed5": (5, ""), "sst-only-seed4": (4, "--tasks sst"), "sst-only-seed5": (5, "--tasks sst")}
+    assert leaderboard.members_of(3, ["a", "b"], first_seed=5) == {
+        "v0-seed5": (5, "a"), "v1-seed6": (6, "b"), "v0-seed7": (7, "a")}
+
+
+def test_a_negative_first_seed_is_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--first-seed", "-1"])
+    assert e.value.code == 2 and "--first-seed -1: a seed is at least 0" in capsys.readouterr().err
+    assert not (tmp_path / "lb").exists()
+
+
 def test_an_unbalanced_variant_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "--lr '1e-4"])
