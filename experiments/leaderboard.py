@@ -78,7 +78,8 @@ def members_of(k: int, variants: Sequence[str], specialists: dict[str, int] | No
     else:
         plan = {f"v{i % len(variants)}-seed{seed}": (seed, variants[i % len(variants)]) for i, seed in enumerate(seeds)}
     for task, n in (specialists or {}).items():
-        plan.update({f"{task}-only-seed{seed}": (seed, f"--tasks {task}") for seed in range(first_seed, first_seed + n)})
+        plan.update({f"{task}-only-seed{seed}": (seed, f"--tasks {task}")
+                     for seed in range(first_seed, first_seed + n)})
     return plan
 
 
