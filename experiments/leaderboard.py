@@ -6,7 +6,7 @@ member. ``--variants`` makes them diverse: member k also takes variant
 k mod V (a quoted flag string, "" for none), e.g.
 ``--variants "" "--epochs 4 --max-train-examples para=12000"``.
 ``--specialists sst=4`` (the default) adds 4 members trained on SST alone
-(``--tasks sst``, seeds 0..3, about a sixth of a full member's time each),
+(``--tasks sst``, seeds 0..3 or S..S+3, about a sixth of a full member's time each),
 which join the SST ensemble only: the minBERT paper (§5) reports negative
 transfer to SST from joint training, and on this CPU they lift the SST
 ensemble (experiments/RESULTS.md). The flags after ``--`` go to them too,
@@ -36,7 +36,11 @@ alone at the end.
 
 Usage:
     python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1]
-        [--variants "" "--head-dropout 0.1"] [--specialists sst=4] [-- --epochs 4]
+        [--variants "" "--head-dropout 0.1"] [--specialists sst=4] [--first-seed S] [-- --epochs 4]
+
+A recipe chosen by looking at dev scores is tested on seeds it was not
+chosen on: ``--first-seed 8 --out-dir runs/other`` trains seeds 8.. (an S at
+or beyond the earlier S + the larger of K and N shares no run with it).
 
 Writes ``<out-dir>/leaderboard.json`` (members, their dev scores and wall
 times, the ensemble's honest and optimistic scores). What other compositions
@@ -124,9 +128,10 @@ def main(argv: list[str] | None = None) -> dict:
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter,
                                  epilog="Flags after -- go to every member's train_multitask.py.")
     ap.add_argument("--out-dir", default="runs/leaderboard", help="members, the ensemble and leaderboard.json")
-    ap.add_argument("--members", type=int, default=4, help="number of members (seeds S..S+K-1, S the first seed)")
+    ap.add_argument("--members", type=int, default=4, metavar="K", help="number of members (seeds S..S+K-1)")
     ap.add_argument("--first-seed", type=int, default=0, metavar="S",
-                    help="the first member's and specialist's seed: another S gives an independent ensemble")
+                    help="seed of the first member and of each task's first specialist; for a second ensemble "
+                         "on unseen seeds give S past the first one's seeds, and its own --out-dir")
     ap.add_argument("--method", choices=METHODS, default="simple", help="the ensemble (tasks/ensemble.py)")
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels for the ensemble)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every member (default: torch's)")
@@ -184,7 +189,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = ensemble_main([*(str(sweep.root / m) for m in members), "--method", args.method,
                              "--data-dir", args.data_dir, "--out-dir", str(ens_dir)])
     whole = _overall(summary)
-    result = {"members": members, "method": args.method, "extra_flags": extra,
+    result = {"members": members, "method": args.method, "extra_flags": extra, "first_seed": args.first_seed,
               "honest_overall": whole if args.method == "simple" else summary.get("holdout_overall"),
               "holdout_overall": summary.get("holdout_overall"),
               "whole_dev_overall": whole, "submission": summary["submission"],

@@ -385,7 +385,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
             set_path(cfg, path, value)
         if c.eval_only:
             cfg = eval_config(saved, eval_overrides(cfg))
-        refuse_idle_settings(cfg, explicit)  # evaluation too: e.g. --sts-prior on a run without STS
+        refuse_idle_settings(cfg, explicit)  # --resume and --eval-only alike: e.g. --sts-prior on a run without STS
         if not c.eval_only:
             cfg.validate()
             distributed.check_config(cfg.batch_sizes(), cfg.device)

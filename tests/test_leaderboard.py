@@ -73,7 +73,7 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
 
 
 def test_variants_make_members_diverse():
-    """Member k takes seed k and variant k mod V; no variants keeps the seed-only names of earlier runs;
+    """Member k takes seed k (first seed 0) and variant k mod V; no variants keeps the seed-only names of earlier runs;
     specialists come after them, trained on their task alone."""
     assert leaderboard.members_of(2, [], {"sst": 2}) == {
         "seed0": (0, ""), "seed1": (1, ""), "sst-only-seed0": (0, "--tasks sst"), "sst-only-seed1": (1, "--tasks sst")}
@@ -92,6 +92,14 @@ def test_first_seed_gives_an_independent_ensemble():
         "seed4": (4, ""), "seed5": (5, ""), "sst-only-seed4": (4, "--tasks sst"), "sst-only-seed5": (5, "--tasks sst")}
     assert leaderboard.members_of(3, ["a", "b"], first_seed=5) == {
         "v0-seed5": (5, "a"), "v1-seed6": (6, "b"), "v0-seed7": (7, "a")}
+
+
+def test_first_seed_reaches_the_members_flags(tmp_path, capsys):
+    """main passes --first-seed on: the first member's flags (checked before anything trains) carry seed 4."""
+    with pytest.raises(SystemExit) as e:
+        leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--first-seed", "4", "--specialists", "--",
+                          "--no-such-flag"])
+    assert e.value.code == 2 and "member flags --seed 4 " in capsys.readouterr().err
 
 
 def test_a_negative_first_seed_is_refused(tmp_path, capsys):

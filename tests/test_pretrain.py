@@ -292,14 +292,18 @@ def test_cli_end_to_end(tmp_path):
 
 
 def test_an_out_dir_that_is_not_a_checkpoint_is_refused_before_training(tmp_path, capsys):
-    """--out-dir naming a directory of other files fails at once with exit status 2, not after the pretraining
-    (when save_mlm_checkpoint would refuse it too); the files are untouched."""
+    """--out-dir naming a directory of other files, or a file, fails at once with exit status 2, not after the
+    pretraining (when save_mlm_checkpoint would refuse it too); the files are untouched."""
     (tmp_path / "work").mkdir()
     (tmp_path / "work" / "notes.txt").write_text("keep me")
     with pytest.raises(SystemExit) as e:
         main(["--out-dir", str(tmp_path / "work"), "--data-dir", str(tmp_path / "no-data")])
     assert e.value.code == 2 and "is not a checkpoint directory" in capsys.readouterr().err
     assert [p.name for p in (tmp_path / "work").iterdir()] == ["notes.txt"]
+    with pytest.raises(SystemExit) as e:
+        main(["--out-dir", str(tmp_path / "work" / "notes.txt"), "--data-dir", str(tmp_path / "no-data")])
+    assert e.value.code == 2 and "notes.txt is a file; --out-dir must be a directory" in capsys.readouterr().err
+    assert (tmp_path / "work" / "notes.txt").read_text() == "keep me"
 
 
 @pytest.mark.parametrize("bf16,want", [(None, None), (True, torch.bfloat16), (False, None)])
