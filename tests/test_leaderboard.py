@@ -49,6 +49,7 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
 
     result = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
                                "--threads", "1", "--jobs", "2", "--method", "selective", "--specialists", "sst=1",
+                               "--variants", "",
                                "--", *_tiny_flags(tiny_env)])
     assert list(result["members"]) == ["seed0", "seed1", "sst-only-seed0"]
     assert list(result["members"]["sst-only-seed0"]["dev"]) == ["sst_acc", "overall"]
@@ -65,7 +66,8 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     assert "held out" in capsys.readouterr().out
 
     again = leaderboard.main(["--out-dir", str(out), "--members", "2", "--data-dir", str(tiny_env[1]),
-                              "--threads", "1", "--specialists", "sst=1", "--", *_tiny_flags(tiny_env)])
+                              "--threads", "1", "--specialists", "sst=1", "--variants", "", "--",
+                              *_tiny_flags(tiny_env)])
     out_text = capsys.readouterr().out  # the default method, simple, on the same members: none retrained
     assert out_text.count("reusing the finished run") == 3 and "nothing chosen on dev: honest" in out_text
     assert again["method"] == "simple" and again["honest_overall"] == again["whole_dev_overall"]
@@ -100,6 +102,16 @@ def test_first_seed_reaches_the_members_flags(tmp_path, capsys):
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--first-seed", "4", "--specialists", "--",
                           "--no-such-flag"])
     assert e.value.code == 2 and "member flags --seed 4 " in capsys.readouterr().err
+
+
+def test_by_default_the_full_members_train_on_all_of_quora(tmp_path, capsys):
+    """The command's default members (experiments/RESULTS.md) are the default recipe on all of Quora every
+    epoch; --variants "" gives the default recipe's own members."""
+    for argv, flags in ((["--"], "member flags --seed 0 --no-such-flag --data-dir data --max-train-examples para=all"),
+                        (["--variants", "", "--"], "member flags --seed 0 --no-such-flag --data-dir data (see")):
+        with pytest.raises(SystemExit) as e:
+            leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--specialists", *argv, "--no-such-flag"])
+        assert e.value.code == 2 and flags in capsys.readouterr().err
 
 
 def test_a_negative_first_seed_is_refused(tmp_path, capsys):
