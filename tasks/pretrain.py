@@ -372,8 +372,9 @@ def pretrain(
                     window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
                 if state is not None and checkpoint_every and step % checkpoint_every == 0 and step < total:
                     save_progress(state, identity, mlm, opt, names, g, Progress(
-                        step, epoch, i + 1, epoch_rng, records, float(window_loss), window_steps, window_tokens,
-                        time.perf_counter() - window_start))
+                        step=step, epoch=epoch, done_in_epoch=i + 1, epoch_rng=epoch_rng, records=records,
+                        window_loss=float(window_loss), window_steps=window_steps, window_tokens=window_tokens,
+                        window_seconds=time.perf_counter() - window_start))
     finally:
         if progress is not None:
             progress.close()
