@@ -14,9 +14,9 @@ time each), which join the SST ensemble only: the minBERT paper (§5) reports
 negative transfer to SST from joint training, and on this CPU they lift the
 SST ensemble. The flags after ``--`` go to them too, so a flag for Quora or
 STS alone belongs in ``--variants``; ``--specialists`` with nothing after it
-for none. On the 2-core CPU this default took 94 minutes and scored dev
-overall 0.7699 on seeds never trained before (0.7704 ± 0.0011 over resampled
-members; experiments/RESULTS.md). The ensemble
+for none. On the 2-core CPU this default took 81 and 94 minutes (two
+machines) and scored dev overall 0.7712 and 0.7699 in two runs on seeds never
+trained before (experiments/RESULTS.md). The ensemble
 (tasks/ensemble.py, ``--method``; default ``simple``, the mean of all
 members, which beat the selective subset on held-out dev halves:
 experiments/RESULTS.md) goes to ``<out-dir>/ensemble``: leaderboard files in
