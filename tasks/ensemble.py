@@ -53,6 +53,7 @@ import json
 import logging
 import os
 import shutil
+import stat
 import sys
 import tempfile
 import zipfile
@@ -330,6 +331,7 @@ def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str])
 
 
 SUBMISSION_ZIP = "cs224n_default_final_project_submission.zip"
+ZIP_ENTRY_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip entry can hold: entries carry no file times
 
 
 def project_sources() -> list[tuple[Path, str]]:
@@ -345,17 +347,20 @@ def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
 
     As the CS224N starter's prepare_submit.py zips its folder (it writes
     ``./<file>``, which zipfile stores as ``<file>``): the code as ``<path>.py``
-    and the leaderboard files as ``predictions/<name>``.
+    and the leaderboard files as ``predictions/<name>``. Entries carry a fixed
+    date and mode instead of the files' own, so the same files give the same
+    bytes (a rerun that reuses every member writes the same zip).
     """
     path = out_dir / SUBMISSION_ZIP
     fd, tmp = temp_file_beside(path)  # the umask's mode (0644), not mkstemp's 0600
     os.close(fd)
     try:
         with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            for f, arcname in project_sources():
-                z.write(f, arcname=arcname)
-            for f in written:
-                z.write(f, arcname=f"predictions/{f.name}")
+            for f, arcname in [*project_sources(), *((f, f"predictions/{f.name}") for f in written)]:
+                entry = zipfile.ZipInfo(arcname, date_time=ZIP_ENTRY_DATE)
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                entry.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file, rw-r--r--
+                z.writestr(entry, f.read_bytes())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

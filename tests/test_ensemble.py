@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.ensemble import TaskLogits, build_parser, dev_labels, ensemble_task, load_task_logits, main
+from tasks.ensemble import (TaskLogits, build_parser, dev_labels, ensemble_task, load_task_logits, main,
+                            write_submission_zip)
 from tasks.ensemble_methods import average, fit_regression, predict, select_subset
 from tasks.evaluate import Predictions, read_logits, read_predictions, score, write_logits
 
@@ -356,6 +357,28 @@ def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
     files = [f for f in (tmp_path / "ens").rglob("*") if f.is_file()]
     assert (tmp_path / "ens" / "cs224n_default_final_project_submission.zip") in files
     assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o644" for f in files}
+
+
+def test_submission_zip_depends_on_the_files_contents_not_their_times(tmp_path):
+    """The same predictions zipped again give the same bytes, whenever their files were written: a leaderboard
+    command run again (every member reused) once wrote a zip that differed from the first in its entry times."""
+    preds = tmp_path / "predictions"
+    preds.mkdir()
+    written = []
+    for name, text in (("sst-dev-output.csv", "id \t Predicted_Sentiment \na , 1 \n"),
+                       ("sts-dev-output.csv", "id \t Predicted_Similiary \nb , 2.5 \n")):
+        (preds / name).write_text(text)
+        written.append(preds / name)
+    zips = []
+    for k, when in enumerate((1_700_000_000, 1_800_000_000)):
+        for f in written:
+            os.utime(f, (when, when))
+        (tmp_path / f"out{k}").mkdir()
+        zips.append(write_submission_zip(tmp_path / f"out{k}", written).read_bytes())
+    assert zips[0] == zips[1]
+    z = zipfile.ZipFile(tmp_path / "out0" / "cs224n_default_final_project_submission.zip")
+    assert z.read("predictions/sts-dev-output.csv") == (preds / "sts-dev-output.csv").read_bytes()
+    assert "tasks/ensemble.py" in z.namelist()
 
 
 def _hand_average(task, xs):
