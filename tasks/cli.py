@@ -237,6 +237,8 @@ def build_parser() -> Parser:
     add(g, "symmetric_eval", action=argparse.BooleanOptionalAction)
     add(g, "sts_prior", type=float, metavar="W")
     add(g, "sts_prior_model", metavar="DIR")
+    add(g, "sst_prior", type=float, metavar="W")
+    add(g, "sst_prior_model", metavar="DIR")
     add(g, "final_dev", choices=FINAL_DEV)
 
     g = p.add_argument_group("model")
@@ -421,14 +423,16 @@ def check_max_length(cfg: TrainConfig, ckpt: Path | None = None) -> None:
 
 
 def check_prior_model(cfg: TrainConfig, explicit: dict[str, Any]) -> None:
-    """An --sts-prior-model given on the command line must be a checkpoint directory: refused before training,
-    not found missing at the first evaluation. (A saved run's that has gone since is reported there.)"""
-    if "sts_prior_model" in explicit and cfg.sts_prior_model is not None:
-        try:
-            resolve_model_dir(cfg.sts_prior_model)
-        except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"--sts-prior-model {cfg.sts_prior_model}: no such checkpoint directory (a "
-                                    "sentence encoder: config.json, weights, vocab.txt)") from None
+    """An --sts-prior-model or --sst-prior-model given on the command line must be a checkpoint directory:
+    refused before training, not found missing at the first evaluation. (A saved run's that has gone since is
+    reported there.)"""
+    for name in ("sts_prior_model", "sst_prior_model"):
+        if name in explicit and getattr(cfg, name) is not None:
+            try:
+                resolve_model_dir(getattr(cfg, name))
+            except (FileNotFoundError, NotADirectoryError):
+                raise FileNotFoundError(f"--{name.replace('_', '-')} {getattr(cfg, name)}: no such checkpoint "
+                                        "directory (a sentence encoder: config.json, weights, vocab.txt)") from None
 
 
 def saved_config(path: str) -> TrainConfig:

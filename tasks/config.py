@@ -41,10 +41,12 @@ RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing
 # Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
 # the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
-                "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior", "sts_prior_model")
+                "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior", "sts_prior_model", "sst_prior",
+                "sst_prior_model")
 # Fields added after configs were written, with the value that reproduces a config without them: a saved run
 # resumes and re-predicts as it was trained, whatever today's default.
-LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0}
+LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
+                 "sst_prior": 0.0}
 # ... and one whose legacy value is another field's: the prior was --pretrained's encoder before it had its own.
 LEGACY_SAME_AS = {"sts_prior_model": "pretrained"}
 
@@ -95,6 +97,12 @@ class TrainConfig:
     sts_prior_model: str | None = option(None, "the sentence encoder of --sts-prior (a checkpoint directory "
                                          "whose mean-pooled cosine scores similarity); default: the embedded "
                                          "all-MiniLM-L6-v2, whatever --pretrained is")
+    sst_prior: float = option(0.5, "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
+                              "regression on a frozen sentence encoder's embeddings of the SST training "
+                              "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
+                              "checkpoints; tasks/prior.py); not in the papers; 0 = off")
+    sst_prior_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
+                                         "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)")
@@ -241,8 +249,9 @@ class TrainConfig:
             raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
         if not 0.0 <= self.pair_swap <= 1.0:
             raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
-        if not 0.0 <= self.sts_prior <= 1.0:
-            raise ValueError(f"sts_prior is a weight in [0, 1], got {self.sts_prior}")
+        for name in ("sts_prior", "sst_prior"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} is a weight in [0, 1], got {getattr(self, name)}")
         if self.final_dev not in FINAL_DEV:
             raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
         _positive_ints("task_batch_size", self.task_batch_size, 1)
@@ -326,6 +335,10 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
     if "sts_prior_model" in explicit and (cfg.sts_prior == 0 or "sts" not in cfg.tasks):
         raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
+    if "sst_prior" in explicit and cfg.sst_prior > 0 and "sst" not in cfg.tasks:
+        raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
+    if "sst_prior_model" in explicit and (cfg.sst_prior == 0 or "sst" not in cfg.tasks):
+        raise ValueError("--sst-prior-model only acts with --sst-prior W > 0 on a run with sst")
 
 
 def check_objectives(cfg: TrainConfig) -> None:

@@ -106,7 +106,8 @@ class SentenceDataset(_TokenizedDataset):
     ) -> None:
         super().__init__(tokenizer, pad_to_multiple_of)
         self.ids = [e.id for e in examples]
-        self.input_ids, self.type_ids = tokenizer.encode_ids([e.text_a for e in examples], max_length=max_length)
+        self.texts = [e.text_a for e in examples]  # the raw sentences (a sentence encoder's prior reads them)
+        self.input_ids, self.type_ids = tokenizer.encode_ids(self.texts, max_length=max_length)
         self.labels = _labels_tensor([e.label for e in examples], label_dtype)
         self.lengths = [len(x) for x in self.input_ids]
 

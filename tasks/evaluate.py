@@ -165,6 +165,7 @@ def predict_dataset(
     autocast_dtype: torch.dtype | None = None,
     both_orders: bool = False,
     sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
+    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
 ) -> Predictions:
     """Run ``model`` over ``dataset`` and return its outputs in dataset order.
 
@@ -180,7 +181,9 @@ def predict_dataset(
     a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
     dataset's index ``i + N``, tasks.data.PairDataset), predictions from that mean.
     ``sts_prior(dataset, scores)`` replaces STS scores, in dataset order, with
-    its blend of them (tasks.prior.CosinePrior.blend).
+    its blend of them (tasks.prior.CosinePrior.blend); ``sst_prior(dataset,
+    logits)`` SST logits with its blend (tasks.prior.SentimentPrior.blend), the
+    predictions then its argmax.
     """
     _check_task(task)
     device = torch.device(device)
@@ -225,6 +228,9 @@ def predict_dataset(
         if sts_prior is not None:
             logits = preds = sts_prior(dataset, logits)
         preds = preds.float()
+    if task == "sst" and sst_prior is not None:
+        logits = sst_prior(dataset, logits)
+        preds = logits.argmax(-1)
     return Predictions(list(dataset.ids), logits, preds)
 
 
@@ -236,6 +242,7 @@ def evaluate(
     autocast_dtype: torch.dtype | None = None,
     both_orders: bool = False,
     sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
+    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[dict[str, float], dict[str, Predictions]]:
     """Predict every dataset (keyed by task) and score the labeled ones.
 
@@ -249,7 +256,7 @@ def evaluate(
     for task, dataset in datasets.items():
         _check_task(task)
         p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype,
-                            both_orders=both_orders, sts_prior=sts_prior)
+                            both_orders=both_orders, sts_prior=sts_prior, sst_prior=sst_prior)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
             metrics[TASK_METRIC[task]] = score(task, p.preds, dataset.labels)

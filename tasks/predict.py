@@ -62,7 +62,7 @@ from tasks.evaluate import (
     write_predictions,
 )
 from tasks.model import MultitaskBert
-from tasks.prior import CosinePrior, sts_prior_of
+from tasks.prior import CosinePrior, SentimentPrior, sst_prior_of, sts_prior_of
 from tasks.objectives import Objective, build_objectives, transform_of
 from tasks.readers import Example, read_pairs, read_sentences
 from tasks.runtime import autocast, autocast_dtype, resolve_device
@@ -98,7 +98,8 @@ def eval_model(model: MultitaskBert, objectives: Sequence[Objective], tasks: Seq
 
 def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective], tokenizer: Any, cfg: TrainConfig,
                           pred_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                          train_sets: dict[str, Any] | None = None, sts_prior: CosinePrior | None = None) -> dict:
+                          train_sets: dict[str, Any] | None = None, sts_prior: CosinePrior | None = None,
+                          sst_prior: SentimentPrior | None = None, checkpoint: Path | None = None) -> dict:
     """Full dev metrics, and dev + test prediction and logit files for every task of ``cfg``.
 
     A missing test file (there is no quora-test-student.csv in the shared data)
@@ -108,12 +109,14 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
     no leaderboard file) and its metrics to "train". An objective's
     ``inference`` (KNN-BERT) scores dev under its key and may replace the
     leaderboard predictions. ``train_sets`` (a trainer's tokenized training
-    sets) saves reading them again, ``sts_prior`` (a trainer's) loading the
-    prior's encoder again. Returns {"dev": metrics, "files": [paths],
+    sets) saves reading them again, ``sts_prior`` and ``sst_prior`` (a trainer's)
+    loading the priors' encoder again; without an ``sst_prior``, the probe
+    saved in ``checkpoint`` is used, or one fitted on SST train. Returns {"dev": metrics, "files": [paths],
     "skipped": [...]} plus "train" and each inference's key when computed.
     """
     view = eval_model(model, objectives, cfg.tasks)
     prior = sts_prior if sts_prior is not None else sts_prior_of(cfg, device, amp_dtype)
+    sst_prior = sst_prior if sst_prior is not None else sst_prior_of(cfg, device, amp_dtype, checkpoint)
     train_sets = dict(train_sets or {})
 
     def train_set(task: str) -> Any:
@@ -148,7 +151,7 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
         t0 = time.perf_counter()
         metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
                                   autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval,
-                                  sts_prior=prior)
+                                  sts_prior=prior, sst_prior=sst_prior)
         logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
                     (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
         leaderboard = preds
@@ -211,7 +214,8 @@ def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike |
     if out_dir is None:
         # runs/<name>/checkpoints/best -> runs/<name>; a checkpoint copied elsewhere -> its saved out_dir
         out_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else saved.out_dir
-    result = write_all_predictions(model, objectives, tokenizer, cfg, Path(out_dir) / "predictions", device, amp)
+    result = write_all_predictions(model, objectives, tokenizer, cfg, Path(out_dir) / "predictions", device, amp,
+                                   checkpoint=ckpt)
     result["checkpoint"] = str(ckpt)
     return result
 
@@ -228,12 +232,14 @@ class Predictor:
     """
 
     def __init__(self, model: MultitaskBert, objectives: Sequence[Objective], tokenizer: BertTokenizer,
-                 cfg: TrainConfig, device: torch.device, batch_size: int | None = None) -> None:
+                 cfg: TrainConfig, device: torch.device, batch_size: int | None = None,
+                 checkpoint: str | os.PathLike | None = None) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
         self.view = eval_model(model, objectives, cfg.tasks)
         self.amp = autocast_dtype(cfg.bf16, device)
         self.batch_size = batch_size or cfg.eval_batch_size
         self.prior = sts_prior_of(cfg, device, self.amp)
+        self.sst_prior = sst_prior_of(cfg, device, self.amp, checkpoint)  # the checkpoint's probe: no data needed
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None
@@ -241,8 +247,9 @@ class Predictor:
         """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present)."""
         run_best = Path(path) / "checkpoints" / "best"
         dev = resolve_device(device)
-        model, objectives, tokenizer, cfg = load_checkpoint_model(run_best if run_best.is_dir() else path, dev)
-        return cls(model, objectives, tokenizer, cfg, dev, batch_size)
+        ckpt = run_best if run_best.is_dir() else Path(path)
+        model, objectives, tokenizer, cfg = load_checkpoint_model(ckpt, dev)
+        return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=resolve_checkpoint(ckpt))
 
     def _predict(self, task: str, examples: list[Example]) -> Predictions:
         if task not in self.cfg.tasks:
@@ -250,7 +257,7 @@ class Predictor:
         return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
                                batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp,
                                both_orders=self.cfg.symmetric_eval,
-                               sts_prior=self.prior)
+                               sts_prior=self.prior, sst_prior=self.sst_prior)
 
     @staticmethod
     def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:

@@ -35,7 +35,8 @@ from tasks.model import ModelConfig
 # Settings every preset shares.
 COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
                               max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
-                              loss_weights={}, objectives={}, symmetric_eval=False, sts_prior=0.0)
+                              loss_weights={}, objectives={}, symmetric_eval=False, sts_prior=0.0,
+                              sst_prior=0.0)
 _B_MODEL = dict(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256)
 _B_COMMON: dict[str, Any] = dict(schedule="even", lr_schedule="epoch_decay", lr_decay=4e-7, loss_weights={"para": 0.1})
 _SIMCSE = {"tasks": ["sts"], "similarity": "dot", "temperature": 1.0}

@@ -1,4 +1,5 @@
-"""A sentence encoder as a second opinion on STS (``--sts-prior W``; not in the papers).
+"""A frozen sentence encoder as a second opinion at evaluation (``--sts-prior W``, ``--sst-prior W``; not in
+the papers).
 
 all-MiniLM-L6-v2 was trained so that the cosine of two sentences' mean-pooled
 embeddings scores their similarity (sentence-transformers' recipe). Multitask
@@ -13,33 +14,66 @@ scores, as tasks.ensemble's "simple" method would take it: nothing is fitted.
 It costs one more encoder in memory and one pass over the STS sentences (cached
 per dataset), no training.
 
-The encoder is ``--sts-prior-model`` (default: the embedded all-MiniLM-L6-v2),
-not ``--pretrained``: the encoder a run fine-tunes need not be a sentence
-encoder (bert-base, an MLM checkpoint of tasks/pretrain.py, a fine-tuned run),
-and its cosine can score similarity worse than the head it would be blended
-with. Configs written before the option existed keep ``--pretrained``'s
-(tasks/config.py, LEGACY_SAME_AS), so saved runs re-predict as they were scored.
+SST gets the same kind of second opinion (SentimentPrior): a multinomial
+logistic regression on the frozen encoder's embeddings of the SST training
+sentences (a linear probe: 5 x 384 weights, fitted in a second by L-BFGS), mixed
+with the head's class probabilities:
+
+    p(class) = (1 - W) x softmax(head logits) + W x softmax(probe(mean(sentence)))
+
+Joint training costs the head SST accuracy (the minBERT paper's negative
+transfer, §5; on this CPU a model trained on SST alone scores 0.487 against a
+multitask member's 0.479, experiments/RESULTS.md), and the frozen encoder's
+view of the sentence has not paid it. The probe's L2 strength was chosen by
+5-fold cross-validation on SST train, W = 0.5 is the simple mean, as for STS.
+The probe is saved in every checkpoint (``sst_prior.safetensors``), so a
+checkpoint predicts without the training data; where a checkpoint has none,
+it is fitted again from the run's SST training file (the fit is deterministic).
+
+The encoder is ``--sts-prior-model`` / ``--sst-prior-model`` (default: the
+embedded all-MiniLM-L6-v2), not ``--pretrained``: the encoder a run fine-tunes
+need not be a sentence encoder (bert-base, an MLM checkpoint of tasks/pretrain.py,
+a fine-tuned run), and its view can be worse than the head it would be blended
+with. Configs written before the options existed keep what they were scored with
+(tasks/config.py, LEGACY_VALUES and LEGACY_SAME_AS), so saved runs re-predict as
+they were scored.
 
 Usage:
     prior = CosinePrior(None, 0.5, device, amp_dtype, batch_size=128, max_length=128)   # None: the embedded
     scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order; prior(...) is the same
+    sst = SentimentPrior(None, 0.5, device, train=(sentences, labels))   # or state=SentimentPrior.load(path)
+    logits = sst.blend(sst_dataset, head_logits)        # (N, 5) log of the mixed probabilities
 """
 
 from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
+from tasks.checkpoint import load_tensors, save_tensors
 from tasks.data import SentenceDataset, length_bucketed_batches, move_batch
-from tasks.readers import Example
+from tasks.evaluate import NUM_SST_CLASSES
+from tasks.readers import DataFileMissing, Example
 from tasks.runtime import autocast
+from tasks.splits import load_examples
 
 STS_SCALE = 5.0  # cosine -> the 0-5 STS scale (paper §4.1's 5 x cosine)
+# The SST probe's inverse L2 strength, in scikit-learn's convention (C x the summed loss + ||W||^2 / 2): 5-fold
+# cross-validation on SST train over C in 0.03, 0.1, 0.2, 0.3, 0.5 gave accuracies 0.403, 0.428, 0.433, 0.428,
+# 0.424 (the embedded MiniLM's embeddings).
+SST_PRIOR_C = 0.2
+SST_PRIOR_FILE = "sst_prior.safetensors"  # the fitted probe, in a checkpoint directory
+
+logger = logging.getLogger(__name__)
 
 
-class CosinePrior:
-    """5 x cosine of the pretrained encoder's mean-pooled embeddings, blended into STS scores with weight ``weight``."""
+class FrozenEncoder:
+    """A sentence encoder used as it is: unit-length mean-pooled embeddings, no gradients, its own tokenizer."""
 
     def __init__(self, pretrained: str | None, weight: float, device: torch.device | str,
                  amp_dtype: torch.dtype | None = None, batch_size: int = 128, max_length: int | None = 128) -> None:
@@ -69,6 +103,10 @@ class CosinePrior:
             out[indices] = F.normalize(((h * m).sum(1) / m.sum(1).clamp_min(1.0)).float(), dim=-1).cpu()
         return out
 
+
+class CosinePrior(FrozenEncoder):
+    """5 x cosine of the pretrained encoder's mean-pooled embeddings, blended into STS scores with weight ``weight``."""
+
     def cosines(self, dataset) -> torch.Tensor:
         """(N,) cosine of each pair of a tasks.data.PairDataset (its ``texts``). Cached for the latest dataset
         only (a run's dev set is scored every epoch; a Predictor makes a new dataset per call)."""
@@ -97,3 +135,139 @@ def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None)
                                 f"{cfg.sts_prior_model}, which is gone: restore it, name another with "
                                 "--sts-prior-model, or pass --sts-prior 0") from None
     return CosinePrior(cfg.sts_prior_model, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
+
+
+def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, c: float = SST_PRIOR_C
+                            ) -> dict[str, torch.Tensor]:
+    """Multinomial logistic regression with scikit-learn's objective, C x sum of cross-entropies + ||W||^2 / 2
+    (the bias not penalized), minimized by full-batch L-BFGS in float64 (deterministic on the CPU).
+
+    x (N, H) features, y (N,) class indices. Returns {"weight": (num_classes, H), "bias": (num_classes,)},
+    float32 on the CPU.
+    """
+    x = x.detach().to("cpu", torch.float64)
+    y = y.detach().to("cpu", torch.long)
+    weight = torch.zeros(num_classes, x.shape[1], dtype=torch.float64, requires_grad=True)
+    bias = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
+    # The objective divided by C x N (the same minimizer, better scaled): mean cross-entropy + ||W||^2 / (2 C N).
+    penalty = 1.0 / (2.0 * c * len(x))
+    opt = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=1000, history_size=20, tolerance_grad=1e-9,
+                            tolerance_change=1e-12, line_search_fn="strong_wolfe")
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = F.cross_entropy(x @ weight.T + bias, y) + penalty * weight.pow(2).sum()
+        loss.backward()
+        return loss
+
+    with torch.enable_grad():
+        opt.step(closure)
+    return {"weight": weight.detach().float(), "bias": bias.detach().float()}
+
+
+class SentimentPrior(FrozenEncoder):
+    """A linear probe on the frozen encoder's sentence embeddings, mixed into SST class probabilities with weight
+    ``weight``. Built from ``train`` = (sentences, labels 0-4), fitting the probe, or from ``state`` (a saved
+    probe: ``state_dict()``, SST_PRIOR_FILE)."""
+
+    def __init__(self, pretrained: str | None, weight: float, device: torch.device | str,
+                 amp_dtype: torch.dtype | None = None, batch_size: int = 128, max_length: int | None = 128, *,
+                 train: tuple[list[str], list[int]] | None = None, state: dict[str, torch.Tensor] | None = None
+                 ) -> None:
+        if (train is None) == (state is None):
+            raise ValueError("a SentimentPrior is built from its training sentences or from a saved probe: "
+                             "give exactly one of train and state")
+        super().__init__(pretrained, weight, device, amp_dtype, batch_size, max_length)
+        if state is None:
+            texts, labels = train
+            state = fit_logistic_regression(self.embed(list(texts)), torch.as_tensor(labels), NUM_SST_CLASSES)
+        hidden = self.encoder.config.hidden_size
+        if set(state) != {"weight", "bias"} or tuple(state["weight"].shape) != (NUM_SST_CLASSES, hidden) \
+                or tuple(state["bias"].shape) != (NUM_SST_CLASSES,):
+            raise ValueError(f"the SST prior's probe must be weight ({NUM_SST_CLASSES}, {hidden}) and bias "
+                             f"({NUM_SST_CLASSES},) for this encoder, got "
+                             + ", ".join(f"{k} {tuple(v.shape)}" for k, v in state.items()))
+        self.probe = {k: v.detach().to("cpu", torch.float32) for k, v in state.items()}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return dict(self.probe)
+
+    def save(self, directory: str | Path) -> None:
+        """Write the probe to ``directory``/SST_PRIOR_FILE."""
+        save_tensors(Path(directory) / SST_PRIOR_FILE, self.state_dict())
+
+    def probabilities(self, dataset) -> torch.Tensor:
+        """(N, 5) the probe's class probabilities for each sentence of a tasks.data.SentenceDataset (its
+        ``texts``); cached for the latest dataset only, as CosinePrior.cosines."""
+        key = id(dataset)
+        if key not in self._cache:
+            logits = self.embed(dataset.texts) @ self.probe["weight"].T + self.probe["bias"]
+            self._cache = {key: (dataset, logits.softmax(-1))}
+        return self._cache[key][1]
+
+    def blend(self, dataset, logits: torch.Tensor) -> torch.Tensor:
+        """log((1 - weight) x softmax(``logits``) + weight x the probe's probabilities), (N, 5) in dataset order:
+        logits whose softmax is the mixture (tasks.ensemble averages members' softmax, so an ensemble of
+        blended members is the mixture of their mean and the probe)."""
+        prior = self.probabilities(dataset).to(logits.device, torch.float32)
+        return torch.log((1.0 - self.weight) * logits.float().softmax(-1) + self.weight * prior)
+
+    __call__ = blend  # the ``sst_prior(dataset, logits)`` that tasks.evaluate.predict_dataset takes
+
+
+def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
+                 checkpoint: str | Path | None = None) -> SentimentPrior | None:
+    """The run's SST prior (``cfg.sst_prior`` > 0 on a run with sst), or None: the probe saved in ``checkpoint``
+    when it holds one, else fitted on the run's SST training file."""
+    if cfg.sst_prior <= 0 or "sst" not in cfg.tasks:
+        return None
+    try:
+        resolve_model_dir(cfg.sst_prior_model)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"the SST prior (sst_prior {cfg.sst_prior}) is a probe on the sentence encoder "
+                                f"{cfg.sst_prior_model}, which is gone: restore it, name another with "
+                                "--sst-prior-model, or pass --sst-prior 0") from None
+    args = (cfg.sst_prior_model, cfg.sst_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
+    saved = Path(checkpoint) / SST_PRIOR_FILE if checkpoint is not None else None
+    if saved is not None and saved.is_file():
+        return SentimentPrior(*args, state=load_tensors(saved))
+    try:
+        examples = load_examples("sst", "train", cfg)
+    except DataFileMissing as e:
+        raise FileNotFoundError(f"the SST prior (sst_prior {cfg.sst_prior}) is a probe fitted on SST train, and "
+                                f"there is no SST training file at {e.path}: point --data-dir at the data, or "
+                                "pass --sst-prior 0") from None
+    t0 = time.perf_counter()
+    prior = SentimentPrior(*args, train=([e.text_a for e in examples], [int(e.label) for e in examples]))
+    logger.info("SST prior: a probe on %s fitted to %d training sentences in %.0f s", cfg.sst_prior_model or
+                "the embedded all-MiniLM-L6-v2", len(examples), time.perf_counter() - t0)
+    return prior
+
+
+class RunPriors:
+    """A training run's priors, each built the first time it is asked for (rank 0, at the first evaluation;
+    None when off). The SST probe comes from ``checkpoint`` when that holds one (a resumed run: set it to the
+    checkpoint resumed from), else it is fitted; ``save`` puts it in every checkpoint written after that."""
+
+    def __init__(self, cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> None:
+        self.cfg, self.device, self.amp = cfg, device, amp_dtype
+        self.checkpoint: Path | None = None
+        self._sts: CosinePrior | None = None
+        self._sst: SentimentPrior | None = None
+
+    @property
+    def sts(self) -> CosinePrior | None:
+        if self._sts is None:
+            self._sts = sts_prior_of(self.cfg, self.device, self.amp)
+        return self._sts
+
+    @property
+    def sst(self) -> SentimentPrior | None:
+        if self._sst is None:
+            self._sst = sst_prior_of(self.cfg, self.device, self.amp, self.checkpoint)
+        return self._sst
+
+    def save(self, directory: Path) -> None:
+        """The SST probe into checkpoint ``directory``, once it exists."""
+        if self._sst is not None:
+            self._sst.save(directory)

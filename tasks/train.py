@@ -80,7 +80,8 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     logger.info("writing predictions from %s", source)
     final = write_all_predictions(trainer.model, trainer.objectives, trainer.tokenizer, cfg,
                                   trainer.run_dir.path / "predictions", trainer.device, trainer.amp_dtype,
-                                  train_sets=trainer.train_sets, sts_prior=trainer.sts_prior)
+                                  train_sets=trainer.train_sets, sts_prior=trainer.priors.sts,
+                                  sst_prior=trainer.priors.sst)
     extra = sorted((k for k in final if k not in ("dev", "files", "skipped")), key=lambda k: k != "train")
     record = {"final": True, "best_epoch": summary["best"]["epoch"], "predictions_from": str(source),
               "dev": final["dev"], **{k: final[k] for k in extra},  # training-set metrics, objectives' inference

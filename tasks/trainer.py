@@ -86,7 +86,7 @@ from tasks.model import PAIR_TASKS, TASKS
 from tasks.objectives import transform_of
 from tasks.parts import Parts, build_parts
 from tasks.predict import eval_model
-from tasks.prior import CosinePrior, sts_prior_of
+from tasks.prior import RunPriors
 from tasks.progress import RunningSums, progress_logging, sequences
 from tasks.rundir import RunDir
 from tasks.runtime import (
@@ -187,7 +187,7 @@ class Trainer:
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
-        self.sts_prior: CosinePrior | None = None  # built at the first evaluation (rank 0 evaluates)
+        self.priors = RunPriors(cfg, self.device, self.amp_dtype)  # STS and SST, built at the first evaluation
         self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
                                    extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
 
@@ -462,12 +462,10 @@ class Trainer:
         """
         metrics: dict[str, float] = {}
         if self.rank == 0:
-            if self.cfg.sts_prior > 0 and self.sts_prior is None:
-                self.sts_prior = sts_prior_of(self.cfg, self.device, self.amp_dtype)
             metrics, _ = evaluate(eval_model(model or self.model, self.objectives, self.cfg.tasks), self.dev_sets,
                                   batch_size=self.cfg.eval_batch_size, device=self.device,
                                   autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
-                                  sts_prior=self.sts_prior)
+                                  sts_prior=self.priors.sts, sst_prior=self.priors.sst)
         return distributed.broadcast_from_main(metrics)
 
     def _end_epoch(self, lr: float, train_time: float) -> None:
@@ -546,6 +544,7 @@ class Trainer:
             write_json(tmp / "optimizer.json", meta)
             write_json(tmp / "state.json", state)
             write_json(tmp / "config.json", self.cfg.to_dict())
+            self.priors.save(tmp)
             save_encoder_files(tmp / "encoder", self.model.encoder, self.tokenizer, max_length=self.cfg.max_length,
                                pooling=self.cfg.model.pooling)
         self.run_dir.checkpoint_written()  # a run that --overwrite moved aside is deleted now
@@ -570,6 +569,7 @@ class Trainer:
                                        for k, (v, _) in saved_sums.items()},
                                       {k: c for k, (_, c) in saved_sums.items()})
         self._rng_to_restore = self._rank_rng(state)
+        self.priors.checkpoint = ckpt  # its SST probe, not a new fit
         if self.run_dir is not None:
             self.run_dir.rewrite(self.history)  # metrics.jsonl continues from the checkpoint
         logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,

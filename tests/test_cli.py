@@ -12,6 +12,7 @@ import dataclasses
 import json
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,7 @@ from tasks import train as train_mod
 from tasks.config import TrainConfig
 from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
+from tasks.prior import SST_PRIOR_FILE
 from tests.test_train import tiny_env  # noqa: F401  (fixture: tiny model + data)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -166,6 +168,10 @@ REFUSED = [
     (["--sts-prior", "0", "--sts-prior-model", "x"], "--sts-prior-model only acts"),
     (["--tasks", "sst", "--sts-prior-model", "x"], "--sts-prior-model only acts"),
     (["--sts-prior-model", "no/such/dir"], "--sts-prior-model no/such/dir: no such checkpoint directory"),
+    (["--sst-prior", "-0.1"], "sst_prior is a weight in [0, 1]"),
+    (["--tasks", "para", "sts", "--sst-prior", "0.5"], "--sst-prior only acts on SST"),
+    (["--sst-prior", "0", "--sst-prior-model", "x"], "--sst-prior-model only acts"),
+    (["--sst-prior-model", "no/such/dir"], "--sst-prior-model no/such/dir: no such checkpoint directory"),
     (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
     (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
     (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),
@@ -370,16 +376,16 @@ def test_eval_only_sets_inference_options_and_a_capped_final_dev(tiny_env, tmp_p
 
 
 def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
-    """A config.json without train_subsets, pair_swap, symmetric_eval or sts_prior (written before they existed)
-    loads with the values that reproduce it, whatever today's defaults; a config that has them keeps its own."""
+    """A config.json without train_subsets, pair_swap, symmetric_eval, sts_prior or sst_prior (written before they
+    existed) loads with the values that reproduce it, whatever today's defaults; a config that has them keeps its own."""
     from tasks import config as config_module
     saved = TrainConfig().to_dict()
     for key in config_module.LEGACY_VALUES:
         del saved[key]
     loaded = TrainConfig.from_dict(saved)
     assert {k: getattr(loaded, k) for k in config_module.LEGACY_VALUES} == {
-        "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0}
-    own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True, sts_prior=0.5)
+        "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0, "sst_prior": 0.0}
+    own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True, sts_prior=0.5, sst_prior=0.25)
     assert TrainConfig.from_dict(own.to_dict()) == own
     prior_of_pretrained = TrainConfig(pretrained="ckpt/mlm", sts_prior=0.5).to_dict()
     del prior_of_pretrained["sts_prior_model"]  # the prior was --pretrained's encoder before it had its own option
@@ -400,12 +406,13 @@ def _whole_and_resumed(env, tmp_path: Path, flags: list[str], epochs: int) -> Pa
     return whole
 
 
-def test_a_run_with_the_sts_prior_resumes_to_the_uninterrupted_run(tiny_env, tmp_path):  # noqa: F811
-    """The default's evaluation (both orders, the STS prior, built at the first evaluation) does not change what
-    training draws: a run cut after epoch 1 and resumed (which builds the prior again at epoch 2, with epoch 3
-    still to train) ends with the uninterrupted run's files."""
+def test_a_run_with_the_priors_resumes_to_the_uninterrupted_run(tiny_env, tmp_path):  # noqa: F811
+    """The default's evaluation (both orders, the STS and SST priors, built at the first evaluation) does not
+    change what training draws: a run cut after epoch 1 and resumed (which builds the STS prior again and takes
+    the SST probe from its checkpoint at epoch 2, with epoch 3 still to train) ends with the uninterrupted run's
+    files."""
     flags = ["--limit", "24", "--lr-schedule", "constant", "--symmetric-eval", "--sts-prior", "0.5",
-             "--encoder-dropout", "0.1", "--head-dropout", "0.1"]
+             "--sst-prior", "0.5", "--encoder-dropout", "0.1", "--head-dropout", "0.1"]
     _whole_and_resumed(tiny_env, tmp_path, flags, 3)
 
 
@@ -428,6 +435,29 @@ def test_eval_only_symmetric_eval_and_sts_prior_rescore_pairs_of_a_saved_run(tin
               "--sts-prior", "0.5"])
     read = {name: (prior / "predictions" / f"{name}-dev-logits.csv").read_text() for name in ("sst", "para", "sts")}
     assert read["sst"] == logits["sst"][0] and read["para"] == logits["para"][0] and read["sts"] != logits["sts"][0]
+
+
+def test_the_sst_probe_travels_with_the_checkpoint(tiny_env, tmp_path):  # noqa: F811
+    """Every checkpoint written after the first evaluation holds the SST prior's probe: --eval-only re-predicts
+    the run's files byte for byte from a data directory without the SST training file; --sst-prior 0 changes
+    the SST logits alone."""
+    run = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run), "--limit", "24", "--lr-schedule", "constant", "--epochs", "1",
+              "--sst-prior", "0.5"])
+    best = run / "checkpoints" / "best"
+    assert (best / SST_PRIOR_FILE).is_file() and (run / "checkpoints" / "last" / SST_PRIOR_FILE).is_file()
+    data = tmp_path / "data-without-sst-train"
+    shutil.copytree(tiny_env[1], data)
+    (data / "ids-sst-train.csv").unlink()
+    names = [f"{t}-dev-logits.csv" for t in ("sst", "para", "sts")]
+    again, off = tmp_path / "again", tmp_path / "off"
+    cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(again), "--data-dir", str(data)])
+    for name in names:
+        assert (again / "predictions" / name).read_bytes() == (run / "predictions" / name).read_bytes(), name
+    cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(off), "--sst-prior", "0"])
+    changed = [name for name in names
+               if (off / "predictions" / name).read_bytes() != (run / "predictions" / name).read_bytes()]
+    assert changed == ["sst-dev-logits.csv"]
 
 
 def test_every_flag_of_the_readme_techniques_table_is_accepted():

@@ -1,4 +1,5 @@
-"""Tests for tasks/prior.py: the pretrained encoder's cosine as a second opinion on STS (--sts-prior)."""
+"""Tests for tasks/prior.py: a frozen sentence encoder as a second opinion on STS (--sts-prior) and SST
+(--sst-prior)."""
 
 from __future__ import annotations
 
@@ -6,12 +7,13 @@ import json
 
 import pytest
 import sentence_transformers  # reference: a missing one fails instead of skipping
+import sklearn.linear_model  # reference for the SST probe: a missing one fails instead of skipping
 import torch
 
 from minbert.pretrained import default_model_dir
-from tasks.data import Example, PairDataset
+from tasks.data import Example, PairDataset, SentenceDataset
 from tasks.evaluate import predict_dataset
-from tasks.prior import CosinePrior
+from tasks.prior import SST_PRIOR_FILE, CosinePrior, SentimentPrior, fit_logistic_regression, sst_prior_of
 from tests.helpers import WordTokenizer
 from tests.test_model import make_model
 
@@ -108,3 +110,87 @@ def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
     assert fine_tuned_from_tiny.encoder.config.hidden_size == 384  # all-MiniLM-L6-v2, not the tiny BERT
     chosen = sts_prior_of(TrainConfig(sts_prior_model=str(tiny)), "cpu", None)
     assert chosen.encoder.config.hidden_size == json.loads((tiny / "config.json").read_text())["hidden_size"] != 384
+
+
+# ---- the SST prior -----------------------------------------------------------------------------------------------
+
+SENTENCES = [("A gorgeous, witty, seductive movie.", 4), ("An utterly charming and hilarious film.", 4),
+             ("It's a pleasant enough diversion.", 3), ("Solid, if unspectacular, entertainment.", 3),
+             ("The film is neither good nor bad.", 2), ("It runs two hours.", 2),
+             ("A tedious, forgettable exercise.", 1), ("The plot makes little sense.", 1),
+             ("The worst movie of the year.", 0), ("A dreadful, unwatchable mess.", 0)]
+
+
+@pytest.fixture(scope="module")
+def sst_prior() -> SentimentPrior:
+    torch.set_num_threads(1)
+    return SentimentPrior(None, 0.5, "cpu", train=([t for t, _ in SENTENCES], [y for _, y in SENTENCES]))
+
+
+def test_logistic_regression_equals_scikit_learn():
+    """The probe minimizes scikit-learn's multinomial objective (C x summed cross-entropy + ||W||^2 / 2, bias
+    free): same class probabilities as sklearn's LogisticRegression with the same C."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(400, 12, generator=g)
+    y = (x[:, :5] + 0.8 * torch.randn(400, 5, generator=g)).argmax(-1)
+    for c in (0.2, 5.0):
+        ours = fit_logistic_regression(x, y, 5, c=c)
+        reference = sklearn.linear_model.LogisticRegression(C=c, max_iter=5000, tol=1e-10).fit(x.numpy(), y.numpy())
+        want = torch.from_numpy(reference.predict_proba(x.numpy())).float()
+        torch.testing.assert_close((x @ ours["weight"].T + ours["bias"]).softmax(-1), want, atol=2e-4, rtol=0)
+
+
+def test_sst_blend_is_the_log_of_the_mixed_probabilities(sst_prior):
+    """blend = log((1 - W) softmax(logits) + W p_probe): its softmax is the mixture, rows sum to 1; the probe
+    fitted on ten sentences puts a new positive sentence above a new negative one."""
+    texts = ["A charming, witty delight.", "An unwatchable, tedious mess.", "It is a film."]
+    ds = SentenceDataset([Example(f"s{i}", t, None, 0) for i, t in enumerate(texts)], sst_prior.tokenizer)
+    probe = sst_prior.probabilities(ds)
+    assert probe.shape == (3, 5) and probe[0, 3:].sum() > probe[1, 3:].sum()
+    logits = torch.tensor([[3.0, 0, 0, 0, 0], [0, 0, 0, 0, 3.0], [0.0, 0, 0, 0, 0]])
+    blended = sst_prior.blend(ds, logits)
+    torch.testing.assert_close(blended.exp(), 0.5 * logits.softmax(-1) + 0.5 * probe)
+    torch.testing.assert_close(blended.exp().sum(-1), torch.ones(3))
+    assert sst_prior.probabilities(ds) is probe  # computed once per dataset
+
+
+def test_predict_dataset_blends_only_sst_logits(sst_prior):
+    """predict_dataset(sst_prior=...) returns the blended SST logits and their argmax as predictions; pair
+    tasks never pass through it."""
+    model = make_model("b1", "cross", pooling="mean").eval()
+    sentences = SentenceDataset([Example(f"s{i}", t, None, y) for i, (t, y) in enumerate(SENTENCES)],
+                                WordTokenizer())
+    sentences.texts = [t for t, _ in SENTENCES]
+    plain = predict_dataset(model, "sst", sentences)
+    blended = predict_dataset(model, "sst", sentences, sst_prior=sst_prior)
+    torch.testing.assert_close(blended.logits, sst_prior.blend(sentences, plain.logits))
+    assert torch.equal(blended.preds, blended.logits.argmax(-1))
+    reversed_ = predict_dataset(model, "sst", sentences, sst_prior=lambda ds, logits: -logits)  # preds follow
+    assert torch.equal(reversed_.preds, (-plain.logits).argmax(-1)) and not torch.equal(reversed_.preds, plain.preds)
+    pairs = PairDataset([Example(f"x{i}", a, b, 1.0) for i, (a, b) in enumerate(PAIRS)], WordTokenizer(), mode="cross")
+    assert torch.equal(predict_dataset(model, "para", pairs, sst_prior=sst_prior).logits,
+                       predict_dataset(model, "para", pairs).logits)
+
+
+def test_a_saved_probe_predicts_without_the_training_data(sst_prior, tmp_path):
+    """A checkpoint's sst_prior.safetensors is the probe: read back, it blends exactly as the fitted one, with
+    no SST training file anywhere. Without it and without the data, the error names the data and --sst-prior 0."""
+    from tasks.config import TrainConfig
+
+    sst_prior.save(tmp_path)
+    cfg = TrainConfig(data_dir=str(tmp_path / "no-data"))
+    loaded = sst_prior_of(cfg, "cpu", None, checkpoint=tmp_path)
+    for key in ("weight", "bias"):
+        assert torch.equal(loaded.state_dict()[key], sst_prior.state_dict()[key])
+    (tmp_path / SST_PRIOR_FILE).unlink()
+    with pytest.raises(FileNotFoundError, match=r"no SST training file at .*no-data.*--sst-prior 0"):
+        sst_prior_of(cfg, "cpu", None, checkpoint=tmp_path)
+    assert sst_prior_of(TrainConfig(sst_prior=0.0), "cpu", None) is None
+    assert sst_prior_of(TrainConfig(tasks=["para", "sts"]), "cpu", None) is None
+
+
+def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"weight \(5, 384\)"):
+        SentimentPrior(None, 0.5, "cpu", state={"weight": torch.zeros(5, 8), "bias": torch.zeros(5)})
+    with pytest.raises(ValueError, match="exactly one"):
+        SentimentPrior(None, 0.5, "cpu")
