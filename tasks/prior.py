@@ -124,16 +124,21 @@ class CosinePrior(FrozenEncoder):
     __call__ = blend  # the ``sts_prior(dataset, scores)`` that tasks.evaluate.predict_dataset takes
 
 
+def _check_encoder(task: str, weight: float, model: str | None) -> None:
+    """A saved run's prior encoder must still exist: refused naming the flags that fix it."""
+    try:
+        resolve_model_dir(model)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(f"the {task.upper()} prior ({task}_prior {weight}) uses the sentence encoder {model}, "
+                                f"which is gone: restore it, name another with --{task}-prior-model, or pass "
+                                f"--{task}-prior 0") from None
+
+
 def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> CosinePrior | None:
     """The run's prior (``cfg.sts_prior`` > 0, a tasks.config.TrainConfig), or None."""
     if cfg.sts_prior <= 0 or "sts" not in cfg.tasks:
         return None
-    try:
-        resolve_model_dir(cfg.sts_prior_model)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"the STS prior (sts_prior {cfg.sts_prior}) blends with the sentence encoder "
-                                f"{cfg.sts_prior_model}, which is gone: restore it, name another with "
-                                "--sts-prior-model, or pass --sts-prior 0") from None
+    _check_encoder("sts", cfg.sts_prior, cfg.sts_prior_model)
     return CosinePrior(cfg.sts_prior_model, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
 
 
@@ -221,12 +226,7 @@ def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
     when it holds one, else fitted on the run's SST training file."""
     if cfg.sst_prior <= 0 or "sst" not in cfg.tasks:
         return None
-    try:
-        resolve_model_dir(cfg.sst_prior_model)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"the SST prior (sst_prior {cfg.sst_prior}) is a probe on the sentence encoder "
-                                f"{cfg.sst_prior_model}, which is gone: restore it, name another with "
-                                "--sst-prior-model, or pass --sst-prior 0") from None
+    _check_encoder("sst", cfg.sst_prior, cfg.sst_prior_model)
     args = (cfg.sst_prior_model, cfg.sst_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
     saved = Path(checkpoint) / SST_PRIOR_FILE if checkpoint is not None else None
     if saved is not None and saved.is_file():

@@ -194,3 +194,14 @@ def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
         SentimentPrior(None, 0.5, "cpu", state={"weight": torch.zeros(5, 8), "bias": torch.zeros(5)})
     with pytest.raises(ValueError, match="exactly one"):
         SentimentPrior(None, 0.5, "cpu")
+
+
+@pytest.mark.parametrize("task", ["sts", "sst"])
+def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp_path):
+    from tasks.config import TrainConfig
+    from tasks.prior import sts_prior_of
+
+    cfg = TrainConfig(**{f"{task}_prior_model": str(tmp_path / "gone")})
+    build = sts_prior_of if task == "sts" else sst_prior_of
+    with pytest.raises(FileNotFoundError, match=rf"gone: .*--{task}-prior-model, or pass --{task}-prior 0"):
+        build(cfg, "cpu", None)
