@@ -17,8 +17,8 @@ STS alone belongs in ``--variants``; ``--specialists`` with nothing after it
 for none. On the 2-core CPU this default took 81 and 94 minutes (two
 machines) and scored dev overall 0.7712 and 0.7699 in two runs on seeds never
 trained before (experiments/RESULTS.md; members trained before ``--sst-prior``
-was a default: with it in every member, the first run's ensemble scores 0.7709,
-computed from its members' logits). The ensemble
+was a default: with it in every member, the 0.7712 run's ensemble scores 0.7709,
+re-predicted from its members' checkpoints). The ensemble
 (tasks/ensemble.py, ``--method``; default ``simple``, the mean of all
 members, which beat the selective subset on held-out dev halves:
 experiments/RESULTS.md) goes to ``<out-dir>/ensemble``: leaderboard files in
