@@ -111,8 +111,9 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
     leaderboard predictions. ``train_sets`` (a trainer's tokenized training
     sets) saves reading them again, ``sts_prior`` and ``sst_prior`` (a trainer's)
     loading the priors' encoder again; without an ``sst_prior``, the probe
-    saved in ``checkpoint`` is used, or one fitted on SST train. Returns {"dev": metrics, "files": [paths],
-    "skipped": [...]} plus "train" and each inference's key when computed.
+    saved in ``checkpoint`` is used, or one fitted on SST train. Returns
+    {"dev": metrics, "files": [paths], "skipped": [...]} plus "train" and each
+    inference's key when computed.
     """
     view = eval_model(model, objectives, cfg.tasks)
     prior = sts_prior if sts_prior is not None else sts_prior_of(cfg, device, amp_dtype)

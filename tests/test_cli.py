@@ -19,10 +19,12 @@ import pytest
 import torch
 
 from tasks import cli, parts, splits
+from tasks import prior as prior_module
 from tasks import train as train_mod
 from tasks.config import TrainConfig
 from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
+from tasks.predict import Predictor
 from tasks.prior import SST_PRIOR_FILE
 from tests.test_train import tiny_env  # noqa: F401  (fixture: tiny model + data)
 
@@ -437,7 +439,7 @@ def test_eval_only_symmetric_eval_and_sts_prior_rescore_pairs_of_a_saved_run(tin
     assert read["sst"] == logits["sst"][0] and read["para"] == logits["para"][0] and read["sts"] != logits["sts"][0]
 
 
-def test_the_sst_probe_travels_with_the_checkpoint(tiny_env, tmp_path):  # noqa: F811
+def test_the_sst_probe_travels_with_the_checkpoint(tiny_env, tmp_path, monkeypatch):  # noqa: F811
     """Every checkpoint written after the first evaluation holds the SST prior's probe: --eval-only re-predicts
     the run's files byte for byte from a data directory without the SST training file; --sst-prior 0 changes
     the SST logits alone."""
@@ -458,6 +460,13 @@ def test_the_sst_probe_travels_with_the_checkpoint(tiny_env, tmp_path):  # noqa:
     changed = [name for name in names
                if (off / "predictions" / name).read_bytes() != (run / "predictions" / name).read_bytes()]
     assert changed == ["sst-dev-logits.csv"]
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the Predictor fitted a new probe instead of reading the checkpoint's")
+
+    monkeypatch.setattr(prior_module, "load_examples", no_data)
+    labels, probs = Predictor.from_checkpoint(run).sentiment(["a gripping, funny film"])
+    assert labels.shape == (1,) and probs.shape == (1, 5)
 
 
 def test_every_flag_of_the_readme_techniques_table_is_accepted():
