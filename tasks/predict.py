@@ -116,7 +116,7 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
     inference's key when computed.
     """
     view = eval_model(model, objectives, cfg.tasks)
-    prior = sts_prior if sts_prior is not None else sts_prior_of(cfg, device, amp_dtype)
+    sts_prior = sts_prior if sts_prior is not None else sts_prior_of(cfg, device, amp_dtype)
     sst_prior = sst_prior if sst_prior is not None else sst_prior_of(cfg, device, amp_dtype, checkpoint)
     train_sets = dict(train_sets or {})
 
@@ -152,7 +152,7 @@ def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective],
         t0 = time.perf_counter()
         metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
                                   autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval,
-                                  sts_prior=prior, sst_prior=sst_prior)
+                                  sts_prior=sts_prior, sst_prior=sst_prior)
         logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
                     (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
         leaderboard = preds
@@ -239,7 +239,7 @@ class Predictor:
         self.view = eval_model(model, objectives, cfg.tasks)
         self.amp = autocast_dtype(cfg.bf16, device)
         self.batch_size = batch_size or cfg.eval_batch_size
-        self.prior = sts_prior_of(cfg, device, self.amp)
+        self.sts_prior = sts_prior_of(cfg, device, self.amp)
         self.sst_prior = sst_prior_of(cfg, device, self.amp, checkpoint)  # the checkpoint's probe: no data needed
 
     @classmethod
@@ -258,7 +258,7 @@ class Predictor:
         return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
                                batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp,
                                both_orders=self.cfg.symmetric_eval,
-                               sts_prior=self.prior, sst_prior=self.sst_prior)
+                               sts_prior=self.sts_prior, sst_prior=self.sst_prior)
 
     @staticmethod
     def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:

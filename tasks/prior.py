@@ -11,8 +11,8 @@ prior is a frozen copy of a sentence encoder, used only at evaluation:
 
 Both terms are on the 0-5 scale, so W = 0.5 is the simple mean of two models'
 scores, as tasks.ensemble's "simple" method would take it: nothing is fitted.
-It costs one more encoder in memory and one pass over the STS sentences (cached
-per dataset), no training.
+It costs one more encoder in memory (one copy for both priors) and one pass
+over the STS sentences (cached per dataset), no training.
 
 SST gets the same kind of second opinion (SentimentPrior): a multinomial
 logistic regression on the frozen encoder's embeddings of the SST training
@@ -72,6 +72,23 @@ SST_PRIOR_FILE = "sst_prior.safetensors"  # the fitted probe, in a checkpoint di
 logger = logging.getLogger(__name__)
 
 
+_LOADED: dict[tuple[str, str], tuple[torch.nn.Module, object]] = {}  # the latest frozen encoder, by (dir, device)
+
+
+def frozen_encoder(pretrained: str | None, device: torch.device | str) -> tuple[torch.nn.Module, object]:
+    """(encoder, tokenizer) of ``pretrained`` in eval mode without gradients, on ``device``. The latest one is
+    kept: the STS and SST priors of a run (both the embedded MiniLM by default) share one copy."""
+    key = (str(resolve_model_dir(pretrained)), str(torch.device(device)))
+    if key not in _LOADED:
+        # Building the modules draws their random init before the weights replace it: on a forked RNG, so a
+        # run's dropout masks do not depend on when (or whether, after a resume) this process built its prior.
+        with torch.random.fork_rng(devices=[]):
+            encoder, tokenizer = load_pretrained(pretrained, add_pooling_layer=False)
+        _LOADED.clear()
+        _LOADED[key] = (encoder.to(device).eval().requires_grad_(False), tokenizer)
+    return _LOADED[key]
+
+
 class FrozenEncoder:
     """A sentence encoder used as it is: unit-length mean-pooled embeddings, no gradients, its own tokenizer."""
 
@@ -79,14 +96,18 @@ class FrozenEncoder:
                  amp_dtype: torch.dtype | None = None, batch_size: int = 128, max_length: int | None = 128) -> None:
         if not 0.0 < weight <= 1.0:
             raise ValueError(f"the prior's weight must be in (0, 1], got {weight}")
-        # Building the modules draws their random init before the weights replace it: on a forked RNG, so a
-        # run's dropout masks do not depend on when (or whether, after a resume) this process built its prior.
-        with torch.random.fork_rng(devices=[]):
-            self.encoder, self.tokenizer = load_pretrained(pretrained, add_pooling_layer=False)
-        self.encoder.to(device).eval().requires_grad_(False)
+        self.encoder, self.tokenizer = frozen_encoder(pretrained, device)
         self.weight, self.device, self.amp = weight, torch.device(device), amp_dtype
         self.batch_size, self.max_length = batch_size, max_length
-        self._cache: dict[int, tuple[object, torch.Tensor]] = {}  # id(dataset) -> (dataset, cosines), the latest
+        self._cache: dict[int, tuple[object, torch.Tensor]] = {}  # id(dataset) -> (dataset, its values), the latest
+
+    def _latest(self, dataset, compute) -> torch.Tensor:
+        """``compute(dataset)``, cached for the latest dataset only (a run's dev set is scored every epoch; a
+        Predictor makes a new dataset per call and must not grow a cache without bound)."""
+        key = id(dataset)
+        if key not in self._cache:
+            self._cache = {key: (dataset, compute(dataset))}
+        return self._cache[key][1]
 
     @torch.no_grad()
     def embed(self, texts: list[str]) -> torch.Tensor:
@@ -108,13 +129,8 @@ class CosinePrior(FrozenEncoder):
     """5 x cosine of the pretrained encoder's mean-pooled embeddings, blended into STS scores with weight ``weight``."""
 
     def cosines(self, dataset) -> torch.Tensor:
-        """(N,) cosine of each pair of a tasks.data.PairDataset (its ``texts``). Cached for the latest dataset
-        only (a run's dev set is scored every epoch; a Predictor makes a new dataset per call)."""
-        key = id(dataset)
-        if key not in self._cache:
-            a, b = dataset.texts
-            self._cache = {key: (dataset, (self.embed(a) * self.embed(b)).sum(-1))}
-        return self._cache[key][1]
+        """(N,) cosine of each pair of a tasks.data.PairDataset (its ``texts``); cached for the latest dataset."""
+        return self._latest(dataset, lambda ds: (self.embed(ds.texts[0]) * self.embed(ds.texts[1])).sum(-1))
 
     def blend(self, dataset, scores: torch.Tensor) -> torch.Tensor:
         """(1 - weight) x ``scores`` + weight x 5 x cosine, per pair of ``dataset`` (scores in dataset order)."""
@@ -203,12 +219,9 @@ class SentimentPrior(FrozenEncoder):
 
     def probabilities(self, dataset) -> torch.Tensor:
         """(N, 5) the probe's class probabilities for each sentence of a tasks.data.SentenceDataset (its
-        ``texts``); cached for the latest dataset only, as CosinePrior.cosines."""
-        key = id(dataset)
-        if key not in self._cache:
-            logits = self.embed(dataset.texts) @ self.probe["weight"].T + self.probe["bias"]
-            self._cache = {key: (dataset, logits.softmax(-1))}
-        return self._cache[key][1]
+        ``texts``); cached for the latest dataset."""
+        return self._latest(dataset, lambda ds: (self.embed(ds.texts) @ self.probe["weight"].T
+                                                  + self.probe["bias"]).softmax(-1))
 
     def blend(self, dataset, logits: torch.Tensor) -> torch.Tensor:
         """log((1 - weight) x softmax(``logits``) + weight x the probe's probabilities), (N, 5) in dataset order:

@@ -79,6 +79,9 @@ def test_building_the_prior_leaves_the_random_state_alone():
     """Loading the prior's encoder builds modules (whose init draws random numbers) before their weights are
     loaded: it must not move torch's global RNG, or the dropout masks after the first evaluation would depend on
     whether this process built it (a resumed run would differ from an uninterrupted one)."""
+    import tasks.prior
+
+    tasks.prior._LOADED.clear()  # build it, not the copy an earlier test loaded
     torch.manual_seed(0)
     state = torch.get_rng_state()
     CosinePrior(None, 0.5, "cpu")
@@ -205,3 +208,13 @@ def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp
     build = sts_prior_of if task == "sts" else sst_prior_of
     with pytest.raises(FileNotFoundError, match=rf"gone: .*--{task}-prior-model, or pass --{task}-prior 0"):
         build(cfg, "cpu", None)
+
+
+def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):
+    """Both priors of a run are the embedded MiniLM by default: one copy in memory, loaded once."""
+    from tasks.config import TrainConfig
+    from tasks.prior import sts_prior_of
+
+    sts = sts_prior_of(TrainConfig(), "cpu", None)
+    assert sts.encoder is sst_prior.encoder and sts.tokenizer is sst_prior.tokenizer
+    assert not any(p.requires_grad for p in sts.encoder.parameters()) and not sts.encoder.training
