@@ -8,7 +8,7 @@ Usage:
 The flags, their checks and what runs are in tasks/cli.py.
 """
 
-from tasks.cli import main
+from tasks.train import main
 
 if __name__ == "__main__":
     main()

@@ -28,7 +28,7 @@ import time
 import torch
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
-from tasks.runtime import peak_memory_bytes, synchronize
+from tasks.training.runtime import peak_memory_bytes, synchronize
 
 
 def build_models(model_dir: str | None, device: str, dtype: torch.dtype):

@@ -93,12 +93,12 @@ from torch import nn
 
 from minbert.config import BertConfig
 from minbert.pretrained import resolve_model_dir
-from tasks import lpft
 from tasks.config import TrainConfig
-from tasks.data import move_batch
+from tasks.data.datasets import move_batch
+from tasks.data.schedule import MultitaskSchedule
 from tasks.model import MultitaskBert
-from tasks.parts import build_parts
-from tasks.runtime import (
+from tasks.training import lpft
+from tasks.training.runtime import (
     autocast,
     configure_malloc,
     memory_bytes,
@@ -107,8 +107,7 @@ from tasks.runtime import (
     resolve_device,
     synchronize,
 )
-from tasks.sampling import MultitaskSchedule
-from tasks.trainer import Trainer
+from tasks.training.trainer import Trainer, build_parts
 
 VARIANTS = {
     "ours": "ours: length buckets, padded to the batch's longest",

@@ -70,9 +70,9 @@ from pathlib import Path
 
 from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, fmt, markdown_table
+from tasks.data.readers import load_split
 from tasks.ensemble import main as ensemble_main
-from tasks.evaluate import TASK_METRIC, overall_score
-from tasks.readers import load_split
+from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
 BASELINE = ["--arch", "baseline", "--pair-encoding", "siamese", "--pooling", "mean", "--head-dropout", "0.3",
             "--schedule", "sequential"]

@@ -23,10 +23,9 @@ import random
 import statistics
 from collections.abc import Sequence
 
-from tasks.ensemble import dev_labels, load_task_logits, task_members, trained_tasks
-from tasks.ensemble_methods import average
-from tasks.errors import user_errors
-from tasks.evaluate import TASK_METRIC, overall_score, score
+from tasks.cli import user_errors
+from tasks.evaluation.ensemble import average, dev_labels, load_task_logits, task_members, trained_tasks
+from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
 
 TASKS = tuple(TASK_METRIC)
 

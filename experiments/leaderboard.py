@@ -65,12 +65,11 @@ from pathlib import Path
 from experiments.sweep import Sweep, say
 from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
-from tasks import cli
-from tasks.ensemble import METHODS
+from tasks import train as cli
+from tasks.cli import describe
 from tasks.ensemble import main as ensemble_main
-from tasks.errors import describe
-from tasks.evaluate import TASK_METRIC, overall_score
-
+from tasks.evaluation.ensemble import METHODS
+from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
 DEFAULT_SPECIALISTS = ("sst=16",)  # measured best within 2 hours of the 2-core CPU: experiments/RESULTS.md

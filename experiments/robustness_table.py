@@ -68,8 +68,9 @@ from pathlib import Path
 from experiments.ablation import majority_accuracies, merge_flags, row_flags
 from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, markdown_table
-from tasks.readers import load_split
-from tasks.robustness import dev_scores, perturb, perturbed_data_dir
+from tasks.data.perturb import perturb, perturbed_data_dir
+from tasks.data.readers import load_split
+from tasks.robustness import dev_scores
 
 METHODS = {
     "ce": ("CE baseline", []),

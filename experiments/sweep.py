@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from tasks.rundir import release_lock, take_lock
+from tasks.training.rundir import release_lock, take_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH_FLAGS = ("--out-dir", "--data-dir")  # the directories a sweep names; compared as absolute paths
@@ -160,8 +160,8 @@ class Sweep:
         saved_path = self.root / name / "config.json"
         if not saved_path.is_file():
             return False
-        from tasks.cli import config_for  # the CLI's own parsing: flags mean what they mean to train_multitask.py
         from tasks.config import TrainConfig  # from_dict fills the fields a config written before them lacks
+        from tasks.train import config_for  # the CLI's own parsing: flags mean what they mean to train_multitask.py
 
         try:
             saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).to_dict()

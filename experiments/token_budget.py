@@ -20,11 +20,11 @@ import shlex
 from collections.abc import Sequence
 
 from minbert.pretrained import load_pretrained
-from tasks import cli
+from tasks import train as cli
+from tasks.cli import describe, user_errors
 from tasks.config import TrainConfig
-from tasks.errors import describe, user_errors
-from tasks.splits import load_run_data
-from tasks.trainer import build_schedule
+from tasks.data.selection import load_run_data
+from tasks.training.trainer import build_schedule
 
 
 def example_tokens(dataset) -> list[int]:

@@ -17,36 +17,53 @@ experiments/RESULTS.md).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import TASKS, ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.options import option
-from tasks.runtime import check_device_string
-from tasks.sampling import SCHEDULES, SUBSETS
+from tasks.training.runtime import check_device_string
 
 NLI = "nli"
+
+
 STREAMS = TASKS + (NLI,)
+
+
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
+
+
 FINAL_DEV = ("full", "capped")
+
+
 MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refuse it (see TrainConfig.to_dict)
+
+
 # Config fields that may change when a run is resumed: none of them changes the
 # arithmetic of the steps already taken or the batches still to come.
 # SWA and train-set predictions come after the training steps, so they may change too
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
 RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
                   "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train")
+
+
 # Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
 # the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
                 "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior", "sts_prior_model", "sst_prior",
                 "sst_prior_model")
+
+
 # Fields added after configs were written, with the value that reproduces a config without them: a saved run
 # resumes and re-predicts as it was trained, whatever today's default.
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
                  "sst_prior": 0.0}
+
+
 # ... and one whose legacy value is another field's: the prior was --pretrained's encoder before it had its own.
 LEGACY_SAME_AS = {"sts_prior_model": "pretrained"}
 
@@ -429,3 +446,41 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
 
 __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "TrainConfig",
            "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides", "refuse_idle_settings")
+
+
+# ---- presets: the paper's configurations (minbert §4.1, §4.3; Figure 2) ----
+# Settings every preset shares.
+COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
+                              max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
+                              loss_weights={}, objectives={}, symmetric_eval=False, sts_prior=0.0,
+                              sst_prior=0.0)
+
+
+_B_MODEL = dict(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256)
+
+
+_B_COMMON: dict[str, Any] = dict(schedule="even", lr_schedule="epoch_decay", lr_decay=4e-7, loss_weights={"para": 0.1})
+
+
+_SIMCSE = {"tasks": ["sts"], "similarity": "dot", "temperature": 1.0}
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "baseline": dict(model=dict(arch="baseline", pair_encoding="siamese", pooling="pooler", head_dropout=0.3),
+                     schedule="sequential", lr_schedule="constant"),
+    "b1": dict(_B_COMMON, model=dict(_B_MODEL, head_dropout=0.0), nli=True,
+               objectives={"mnr": {"tasks": ["sts", NLI], "hard_negatives": False}, "simcse": _SIMCSE}),
+    "b2": dict(_B_COMMON, model=dict(_B_MODEL, head_dropout=0.0),
+               objectives={"mnr": {"tasks": ["sts"], "hard_negatives": False}, "simcse": _SIMCSE}),
+    "b3": dict(_B_COMMON, model=dict(_B_MODEL, head_dropout=0.3),
+               objectives={"mnr": {"tasks": ["sts"], "hard_negatives": False}, "simcse": _SIMCSE}),
+}
+
+
+def apply_preset(cfg: TrainConfig, name: str) -> TrainConfig:
+    """A copy of ``cfg`` with the paper's configuration ``name`` (baseline, b1, b2, b3)."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+    settings = copy.deepcopy({**COMMON, **PRESETS[name]})
+    settings["model"] = ModelConfig(**settings["model"])
+    return dataclasses.replace(cfg, **settings)

@@ -36,7 +36,9 @@ between encoder and head (Match-Tuning), and ``embed`` for extra passes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
@@ -46,11 +48,62 @@ from torch import nn
 from minbert.bert import BertModel
 from tasks.options import option
 
+# ---- from tasks.objectives.knn_vote ----
+logger = logging.getLogger(__name__)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The MultitaskBert inside DistributedDataParallel (.module) and/or torch.compile (._orig_mod)."""
+    while True:
+        inner = getattr(model, "module", None)
+        if not isinstance(inner, nn.Module):
+            inner = getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner
+
+
+@contextmanager
+def preserved_modes(model: nn.Module) -> Iterator[nn.Module]:
+    """Restore the train/eval mode of every submodule of ``model`` on exit (also on an exception).
+
+    ``model.train(was_training)`` would put *every* submodule in the top module's
+    mode, turning dropout back on in an encoder that LP-FT keeps in eval mode
+    under heads in train mode; this puts each one back as it was.
+    """
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
+    """Give each submodule of ``copy_`` (a deep copy of ``original``) the train/eval mode of its original.
+
+    Module by module, so a frozen encoder in eval mode under heads in train
+    mode (LP-FT stage 1) is copied as such.
+    """
+    for m, o in zip(copy_.modules(), original.modules(), strict=True):
+        m.training = o.training
+
+# ---- from tasks.model ----
 TASKS = ("sst", "para", "sts")
+
+
 PAIR_TASKS = ("para", "sts")  # the tasks whose examples are sentence pairs
+
+
 ARCHS = ("baseline", "b1")
+
+
 PAIR_ENCODINGS = ("siamese", "cross")
+
+
 POOLINGS = ("pooler", "cls", "mean")
+
+
 NUM_SST_CLASSES = 5
 
 
@@ -288,3 +341,4 @@ class MultitaskBert(nn.Module):
 
     def head_parameters(self) -> list[nn.Parameter]:
         return [p for n, p in self.named_parameters() if not n.startswith("encoder.")]
+

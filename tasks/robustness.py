@@ -24,7 +24,6 @@ inputs are points in embedding space, not real words.
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import logging
 import math
@@ -35,50 +34,17 @@ from pathlib import Path
 
 import torch
 
-from tasks import cli
-from tasks.argparsing import Parser
-from tasks.data import PairDataset, SentenceDataset, move_batch
-from tasks.evaluate import read_predictions
+from tasks import train as cli
+from tasks.cli import Parser
+from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
+from tasks.data.perturb import perturb, perturbed_data_dir
+from tasks.data.readers import Example, load_split
+from tasks.evaluation.evaluator import load_checkpoint_model
+from tasks.evaluation.files import read_predictions
 from tasks.objectives.rift import pgd_attack
-from tasks.predict import load_checkpoint_model
-from tasks.readers import TASK_FILES, Example, load_split
-from tasks.runtime import resolve_device
-from tasks.subsets import few_shot, label_noise, minority
+from tasks.training.runtime import resolve_device
 
 log = logging.getLogger(__name__)
-
-CLASSES = {"sst": 5, "para": 2}
-LABEL_COLUMN = {"sst": "sentiment", "para": "is_duplicate", "sts": "similarity", "cfimdb": "sentiment"}
-
-
-def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
-    """Write examples in the CS224N tab-separated format the readers parse (index column first)."""
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, delimiter="\t")
-        if task in ("sst", "cfimdb"):
-            w.writerow(["", "id", "sentence", LABEL_COLUMN[task]])
-            for i, e in enumerate(examples):
-                w.writerow([i, e.id, e.text_a, e.label])
-        else:
-            w.writerow(["", "id", "sentence1", "sentence2", LABEL_COLUMN[task]])
-            for i, e in enumerate(examples):
-                label = float(e.label) if task == "para" else e.label
-                w.writerow([i, e.id, e.text_a, e.text_b, label])
-
-
-def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) -> Path:
-    """A data directory whose train files for ``changed`` tasks are rewritten; everything else is linked."""
-    dst.mkdir(parents=True, exist_ok=True)
-    rewritten = {TASK_FILES[t]["train"] for t in changed}
-    for f in sorted(src.iterdir()):
-        if f.suffix == ".csv" and f.name not in rewritten:
-            link = dst / f.name
-            if link.is_symlink() or link.exists():
-                link.unlink()
-            link.symlink_to(f.resolve())
-    for task, examples in changed.items():
-        write_task_file(dst / TASK_FILES[task]["train"], task, examples)
-    return dst
 
 
 def _train(flags: Sequence[str], data_dir: Path, out_dir: Path, seed: int) -> dict:
@@ -98,23 +64,6 @@ def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> f
 def _summary(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "n": len(values)}
-
-
-def perturb(command: str, train: dict[str, list[Example]], seed: int, *, n: int = 0, rate: float = 0.0,
-            task: str = "sst", label: int = 0, keep: float = 1.0) -> dict[str, list[Example]]:
-    """The training sets one experiment changes, for one seed (tasks/subsets.py: exact counts, seeded).
-
-    few-shot: ``n`` examples of every task in ``train``; label-noise: ``rate`` of every
-    classification task's labels flipped to another class; minority: ``keep`` of class
-    ``label`` of ``task``.
-    """
-    if command == "few-shot":
-        return {t: few_shot(train[t], n, seed) for t in train}
-    if command == "label-noise":
-        return {t: label_noise(train[t], rate, CLASSES[t], seed)[0] for t in train if t in CLASSES}
-    if command == "minority":
-        return {task: minority(train[task], label, keep, seed)}
-    raise ValueError(f"unknown experiment {command!r}")
 
 
 def dev_scores(record: dict) -> dict[str, float]:
@@ -193,6 +142,8 @@ def attack_experiment(args: argparse.Namespace) -> dict:
 
 PASS_THROUGH = ("-- TRAIN_FLAGS: everything after -- goes to train_multitask.py for every seed (e.g. -- --epochs 3 "
                 "--objective scl); --data-dir, --out-dir, --seed and --tasks are the experiment's own")
+
+
 SET_BY_EXPERIMENT = ("--data-dir", "--out-dir", "--seed", "--tasks")
 
 
@@ -273,3 +224,4 @@ def main(argv: list[str] | None = None) -> dict:
 
 if __name__ == "__main__":
     main()
+

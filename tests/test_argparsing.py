@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks import cli, ensemble, predict, pretrain, robustness
+from tasks import ensemble, predict, pretrain, robustness
+from tasks import train as cli
 from tasks.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,14 +18,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks import cli, parts, splits
-from tasks import prior as prior_module
-from tasks import train as train_mod
+from tasks import train as cli
 from tasks.config import TrainConfig
+from tasks.data import selection as splits
+from tasks.evaluation import priors as prior_module
+from tasks.evaluation.evaluator import Predictor
+from tasks.evaluation.priors import SST_PRIOR_FILE
 from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
-from tasks.predict import Predictor
-from tasks.prior import SST_PRIOR_FILE
+from tasks.training import run as train_mod
+from tasks.training import trainer as parts
 from tests.test_train import tiny_env  # noqa: F401  (fixture: tiny model + data)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tasks import checkpoint as ckpt_mod
-from tasks import rundir as rundir_mod
-from tasks import train as train_mod
-from tasks import trainer as trainer_mod
-from tasks.checkpoint import atomic_directory, read_json, temporary_prefix
 from tasks.config import TrainConfig
-from tasks.rundir import RunDir
-from tasks.train import run
+from tasks.training import checkpoint as ckpt_mod
+from tasks.training import run as train_mod
+from tasks.training import rundir as rundir_mod
+from tasks.training import trainer as trainer_mod
+from tasks.training.checkpoint import atomic_directory, read_json, temporary_prefix
+from tasks.training.run import run
+from tasks.training.rundir import RunDir
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

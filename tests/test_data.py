@@ -5,18 +5,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.data import (
-    Example,
+from tasks.data.datasets import (
     PairDataset,
     SentenceDataset,
-    Triplet,
     TripletDataset,
     length_bucketed_batches,
     move_batch,
     padding_ratio,
 )
+from tasks.data.readers import Example, Triplet
 from tests.helpers import WordTokenizer
-
 
 # ---- datasets and collate --------------------------------------------------------------
 

@@ -13,12 +13,11 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.evaluate import Predictions, write_logits
-from tasks.model import ModelConfig
+from tasks.evaluation.files import Predictions, write_logits
+from tasks.model import ModelConfig, preserved_modes
 from tasks.objectives import REGISTRY, import_all
 from tasks.objectives.knn_bert import KNNBert, KNNBertConfig
-from tasks.objectives.knn_vote import preserved_modes
-from tasks.trainer import Hook, Trainer
+from tasks.training.trainer import Hook, Trainer
 from tests.test_objectives_knn_rift import make_batch, tiny_model
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 

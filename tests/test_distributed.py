@@ -20,10 +20,11 @@ import torch
 import torch.multiprocessing as mp
 from safetensors.torch import load_file, save_file
 
-from tasks import cli, distributed
+from tasks import train as cli
 from tasks.model import ModelConfig
-from tasks.train import run
-from tasks.trainer import Hook, Trainer
+from tasks.training import distributed
+from tasks.training.run import run
+from tasks.training.trainer import Hook, Trainer
 from tests.test_train import _Interrupt, _StopAt, tiny_env, tiny_train_config  # noqa: F401  (tiny_env: fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +277,7 @@ def test_torchrun_refuses_bad_combinations_before_any_work(argv, message, monkey
     refused by the CLI with a sentence (exit status 2) before any data is read."""
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("RANK", "0")
-    monkeypatch.setattr("tasks.train.Trainer", None)  # any attempt to train would fail differently
+    monkeypatch.setattr("tasks.training.trainer.Trainer", None)  # any attempt to train would fail differently
     with pytest.raises(SystemExit) as e:
         cli.main([*argv, "--out-dir", str(tmp_path / "run")])
     assert e.value.code == 2

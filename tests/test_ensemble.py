@@ -15,10 +15,20 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.ensemble import (TaskLogits, build_parser, dev_labels, ensemble_task, load_task_logits, main,
-                            write_submission_zip)
-from tasks.ensemble_methods import average, fit_regression, predict, select_subset
-from tasks.evaluate import Predictions, read_logits, read_predictions, score, write_logits
+from tasks.ensemble import build_parser, main
+from tasks.evaluation.ensemble import (
+    TaskLogits,
+    average,
+    dev_labels,
+    ensemble_task,
+    fit_regression,
+    load_task_logits,
+    predict,
+    select_subset,
+    write_submission_zip,
+)
+from tasks.evaluation.files import Predictions, read_logits, read_predictions, write_logits
+from tasks.evaluation.metrics import score
 
 N = 400
 
@@ -107,7 +117,7 @@ def test_regression_scores_the_held_out_half():
 
 
 def _task_logits(task, y, models):
-    from tasks.ensemble import TaskLogits
+    from tasks.evaluation.ensemble import TaskLogits
 
     return TaskLogits(task, "dev", [str(i) for i in range(y.shape[0])], models, [])
 
@@ -455,8 +465,7 @@ def test_regression_test_outputs_use_the_weights_fit_on_the_dev_half(task):
 def test_selective_two_fold_score_is_computed_on_the_half_the_subset_never_saw():
     """The honest selective score: each fold's subset is chosen on one half and scored on the other (computed by
     hand here), the two folds averaged; ensemble_task reports it beside the optimistic whole-dev score."""
-    from tasks.ensemble import selective_two_fold
-    from tasks.ensemble_methods import split_halves
+    from tasks.evaluation.ensemble import selective_two_fold, split_halves
 
     y = _labels("para")
     models = [_model("para", y, 0, seed=20 + i) for i in range(6)]  # noise only

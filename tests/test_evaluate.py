@@ -10,20 +10,11 @@ import pytest
 import scipy.stats  # test dependency: a missing reference fails instead of skipping
 import torch
 
-from tasks.data import Example, PairDataset, SentenceDataset, length_bucketed_batches
-from tasks.evaluate import (
-    TASK_METRIC,
-    Predictions,
-    evaluate,
-    overall_score,
-    pearson_r,
-    predict_dataset,
-    read_logits,
-    read_predictions,
-    score,
-    write_logits,
-    write_predictions,
-)
+from tasks.data.datasets import PairDataset, SentenceDataset, length_bucketed_batches
+from tasks.data.readers import Example
+from tasks.evaluation.evaluator import evaluate, predict_dataset
+from tasks.evaluation.files import Predictions, read_logits, read_predictions, write_logits, write_predictions
+from tasks.evaluation.metrics import TASK_METRIC, overall_score, pearson_r, score
 from tasks.model import TaskOutput
 from tests.helpers import WordTokenizer
 from tests.test_model import make_model

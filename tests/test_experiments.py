@@ -17,8 +17,8 @@ from experiments import ablation, robustness_table
 from experiments.ablation import CONTRASTIVE, LADDER, ROWS, collect, merge_flags, render, row_flags
 from experiments.stats import cell, change, change_cell, plot_rows
 from experiments.sweep import Sweep, _run_lock, final_record
-from tasks import cli
-from tasks.evaluate import TASK_METRIC, overall_score
+from tasks import train as cli
+from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
 
 def test_merge_flags_replaces_values_and_accumulates_objectives():
@@ -140,7 +140,7 @@ def test_every_robustness_cell_is_the_ablation_ce_row_on_two_tasks():
 def test_robustness_condition_data_is_written_once_and_perturbed_exactly(tmp_path):
     """clean trains on the data itself; a perturbed copy has exactly its rate / size, is the same for the same
     seed, and is reused as it is (never rewritten under a run that reads it)."""
-    from tasks.readers import load_split
+    from tasks.data.readers import load_split
     from tests.test_train import write_tiny_data
 
     src = write_tiny_data(tmp_path / "data", n_train=150)
@@ -331,8 +331,8 @@ def test_training_tokens_count_every_planned_example_once_per_appearance():
     Siamese pairs count both sides, a swapped pair (index i + N) counts as pair i, SWA epochs are included."""
     from experiments.token_budget import example_tokens, training_tokens
     from tasks.config import TrainConfig
-    from tasks.data import PairDataset, SentenceDataset
-    from tasks.readers import Example
+    from tasks.data.datasets import PairDataset, SentenceDataset
+    from tasks.data.readers import Example
     from tests.helpers import WordTokenizer
 
     tok = WordTokenizer()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.evaluate import predict_dataset
+from tasks.evaluation.evaluator import predict_dataset
 from tests.test_evaluate import make_dataset
 from tests.test_model import make_model
 

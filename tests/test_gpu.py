@@ -11,10 +11,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tasks.data import move_batch
+from tasks.data.datasets import move_batch
 from tasks.model import ModelConfig
 from tasks.objectives import REGISTRY, import_all
-from tasks.trainer import Trainer
+from tasks.training.trainer import Trainer
 from tests.test_device_faults import OBJECTIVE_SETTINGS
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 

@@ -17,10 +17,10 @@ import torch
 import transformers
 
 from minbert.pretrained import load_pretrained
-from tasks.checkpoint import save_encoder_files
+from tasks.evaluation.evaluator import load_checkpoint_model
 from tasks.model import ModelConfig, MultitaskBert
-from tasks.predict import load_checkpoint_model
-from tasks.train import run
+from tasks.training.checkpoint import save_encoder_files
+from tasks.training.run import run
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env is a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -1,4 +1,4 @@
-"""The shape of the code: the import graph is a tree, no module reaches into another's privates, rooms stay small.
+"""The shape of the code: the import graph is a tree, no module reaches into another's privates, commands apart.
 
 The graph is built from the source with ``ast`` (imports inside functions
 count too), over every module of minbert/, tasks/, experiments/, benchmarks/
@@ -12,8 +12,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("minbert", "tasks", "experiments", "benchmarks")
-MAX_LINES = {"tasks": 600, "minbert": 600}
-MAX_TRAIN_LINES = 400
 
 
 def _modules() -> dict[str, Path]:
@@ -96,7 +94,7 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_has_no_cycle():
     """No project module imports itself back through others (swa <-> train was one)."""
     graph, _ = _graph()
-    assert graph["tasks.train"], "the graph builder found no imports at all: it is broken"
+    assert graph["tasks.training.run"], "the graph builder found no imports at all: it is broken"
     assert _cycles(graph) == []
 
 
@@ -125,17 +123,33 @@ def test_no_sys_path_edits():
     assert offenders == []
 
 
-def test_modules_stay_small():
-    """A module over 600 lines holds more than one concern; tasks/train.py is only the run's outline."""
-    too_long = {}
-    for name, path in _modules().items():
-        limit = MAX_LINES.get(name.split(".")[0])
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        if name == "tasks.train":
-            limit = MAX_TRAIN_LINES
-        if limit is not None and lines > limit:
-            too_long[name] = lines
-    assert too_long == {}
+COMMANDS = {"tasks.train", "tasks.predict", "tasks.ensemble", "tasks.pretrain", "tasks.robustness", "tasks.cli"}
+
+
+def argparse_users(modules: dict[str, Path]) -> list[str]:
+    """Modules of minbert/ and tasks/ outside COMMANDS that parse flags or import a command."""
+    found = []
+    for name, path in modules.items():
+        if name.split(".")[0] not in ("tasks", "minbert") or name in COMMANDS:
+            continue
+        deps, _ = _imports(name, path, modules)
+        text = path.read_text(encoding="utf-8")
+        if "import argparse" in text or deps & COMMANDS:
+            found.append(name)
+    return found
+
+
+def test_library_modules_neither_parse_flags_nor_call_a_command():
+    """Commands (tasks.train, .predict, .ensemble, .pretrain, .robustness and their shared tasks.cli) live apart:
+    no library module imports argparse or a command (a trainer importing the predict command was one)."""
+    assert argparse_users(_modules()) == []
+
+
+def test_the_command_scan_finds_a_planted_import(tmp_path):
+    lib = tmp_path / "lib.py"
+    lib.write_text("from tasks.predict import main\n")
+    assert argparse_users({"tasks.training.lib": lib, "tasks.predict": ROOT / "tasks/predict.py"}) == [
+        "tasks.training.lib"]
 
 
 # ---- one device policy -------------------------------------------------------------------------------------------
@@ -144,7 +158,7 @@ DEVICE_PATTERNS = ("torch.cuda.", "device.type ==", "device.type !=", ".is_cuda"
 # Files allowed to test the device themselves, and why.
 DEVICE_EXCEPTIONS = {
     # The device policy itself.
-    "tasks/runtime.py": "the one module of device decisions",
+    "tasks/training/runtime.py": "the one module of device decisions",
     # The encoder's own kernel choices (SDPA vs the math path with a cheaper dropout mask on CPU, the
     # padding fast path): minbert knows nothing of tasks/ (DESIGN.md), so it cannot ask tasks.runtime.
     "minbert/bert.py": "the encoder's kernels; minbert may not import tasks",

@@ -10,8 +10,8 @@ import zipfile
 import pytest
 
 from experiments import leaderboard
-from tasks import cli
-from tasks.trainer import Hook, Trainer
+from tasks import train as cli
+from tasks.training.trainer import Hook, Trainer
 from tests.test_train import tiny_env  # noqa: F401,F811  (tiny_env: the session fixture)
 
 

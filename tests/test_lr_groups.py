@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.trainer import Trainer, lr_scale
+from tasks.training.trainer import Trainer, lr_scale
 from tests.test_train import run_whole_and_cut, tiny_env, tiny_train_config  # noqa: F401,F811
 
 

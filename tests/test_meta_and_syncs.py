@@ -210,7 +210,7 @@ def test_masked_lm_loss_with_host_positions_equals_the_boolean_index_and_runs_on
     """masked_lm_loss with positions computed on the CPU (and without them) equals the old h[labels != -100] form
     exactly; on the meta device, with the positions given, it runs without reading a device value."""
     from minbert.bert import BertModel as Bert
-    from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, masked_positions, mlm_loss
+    from tasks.training.mlm import IGNORE_INDEX, BertForMaskedLM, masked_positions, mlm_loss
 
     torch.manual_seed(0)
     mlm = BertForMaskedLM(Bert(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))).eval()

@@ -8,10 +8,10 @@ import pytest
 import torch
 
 from minbert.bert import BertModel
-from tasks.data import Example, PairDataset, SentenceDataset
+from tasks.data.datasets import PairDataset, SentenceDataset
+from tasks.data.readers import Example
 from tasks.model import TASKS, ModelConfig, MultitaskBert
 from tests.helpers import DATA, WordTokenizer, read_column, tiny_config
-
 
 SENTENCES = [
     "a gripping and funny film",
@@ -164,7 +164,7 @@ def test_baseline_para_offset_starts_at_the_log_odds_of_its_batch():
 
 def test_build_parts_starts_the_baseline_para_offset_from_training_pairs(tmp_path):
     from tasks.config import TrainConfig
-    from tasks.parts import build_parts
+    from tasks.training.trainer import build_parts
 
     read_column("quora-train.csv", ("id",), 1)  # skips where setup.sh has not linked the data
     cfg = TrainConfig(data_dir=str(DATA), limit=64, tasks=("para",), out_dir=str(tmp_path),

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tasks.objectives import REGISTRY, Objective
-from tasks.train import run
+from tasks.training.run import run
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -51,7 +51,7 @@ def test_a_minimal_objective_runs_through_a_whole_run(probe, tiny_env, tmp_path)
 
 def test_the_probe_term_enters_the_loss_with_its_weight(probe, tiny_env, tmp_path):
     """The trainer adds weight x term to the step's loss (checked against the head loss alone)."""
-    from tasks.trainer import Trainer
+    from tasks.training.trainer import Trainer
 
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, objectives={"probe_minimal": {"weight": 0.5}})
     trainer = Trainer.from_config(cfg)

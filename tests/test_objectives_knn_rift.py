@@ -11,11 +11,26 @@ import torch.nn.functional as F
 from minbert.bert import BertModel
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import REGISTRY, build_objectives
-from tasks.objectives.knn_bert import (KNNBert, KNNBertConfig, KNNClassifier, class_probabilities, knn_predict,
-                                       supervised_moco_loss)
 from tasks.objectives import rift as rift_mod
-from tasks.objectives.rift import (RIFT, RIFTConfig, conditional_infonce, conditional_infonce_logits,
-                                   kl_divergence, kl_per_example, pgd_attack, projection, same_class_mask)
+from tasks.objectives.knn_bert import (
+    KNNBert,
+    KNNBertConfig,
+    KNNClassifier,
+    class_probabilities,
+    knn_predict,
+    supervised_moco_loss,
+)
+from tasks.objectives.rift import (
+    RIFT,
+    RIFTConfig,
+    conditional_infonce,
+    conditional_infonce_logits,
+    kl_divergence,
+    kl_per_example,
+    pgd_attack,
+    projection,
+    same_class_mask,
+)
 from tests.helpers import tiny_config
 
 

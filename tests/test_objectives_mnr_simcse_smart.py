@@ -13,11 +13,16 @@ from torch import nn
 from minbert.bert import BertModel
 from tasks.model import ModelConfig, MultitaskBert, TaskOutput
 from tasks.objectives import REGISTRY, build_objectives
-from tasks.objectives.mnr import (MNRConfig, MultipleNegativesRanking, masked_mnr_loss, mnr_loss,
-                                 sts_label_weights)
+from tasks.objectives.mnr import MNRConfig, MultipleNegativesRanking, masked_mnr_loss, mnr_loss, sts_label_weights
 from tasks.objectives.simcse import SimCSEConfig, simcse_loss
-from tasks.objectives.smart import (SMARTConfig, bernoulli_logits, smart_divergence, smart_penalty,
-                                    smart_perturbation, symmetric_kl)
+from tasks.objectives.smart import (
+    SMARTConfig,
+    bernoulli_logits,
+    smart_divergence,
+    smart_penalty,
+    smart_perturbation,
+    symmetric_kl,
+)
 from tests.helpers import tiny_config
 
 B, T = 6, 7

@@ -13,7 +13,7 @@ from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import REGISTRY, build_objectives
 from tasks.objectives.match_tuning import MatchTuning, match_transform, matching_matrix
 from tasks.objectives.scl import SupervisedContrastive, scl_loss
-from tasks.trainer import Trainer
+from tasks.training.trainer import Trainer
 from tests.helpers import tiny_config
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 

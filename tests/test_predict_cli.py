@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.evaluate import read_logits
+from tasks.evaluation.evaluator import Predictor, load_checkpoint_model
+from tasks.evaluation.files import read_logits
 from tasks.model import ModelConfig
-from tasks.predict import Predictor, load_checkpoint_model, main, read_inputs
-from tasks.train import run
+from tasks.predict import main, read_inputs
+from tasks.training.run import run
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env is a fixture)
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -14,16 +14,18 @@ from safetensors.torch import save_file
 from minbert.bert import BertModel
 from minbert.pretrained import load_pretrained, read_state_dict
 from minbert.tokenizer import BertTokenizer
-from tasks.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, mlm_loss, save_mlm_checkpoint
-from tasks.pretrain import (
+from tasks.pretrain import build_parser, config_from_args, main
+from tasks.training.mlm import (
+    IGNORE_INDEX,
+    BertForMaskedLM,
     PretrainConfig,
-    build_parser,
-    config_from_args,
     evaluate_mlm,
-    main,
+    load_mlm,
     make_eval_batches,
     mask_tokens,
+    mlm_loss,
     pretrain,
+    save_mlm_checkpoint,
 )
 from tests.helpers import tiny_config
 
@@ -203,7 +205,7 @@ def test_a_full_disk_while_saving_is_a_full_disk_and_leaves_nothing(tmp_path, mo
 
     from safetensors import SafetensorError
 
-    from tasks import checkpoint
+    from tasks.training import checkpoint
 
     def full(tensors, filename, metadata=None):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
@@ -255,7 +257,7 @@ def test_new_head_when_checkpoint_has_none(tmp_path, caplog):
     """A plain BertModel checkpoint gets a new head (logged as such), tied to its word embeddings."""
     cfg = tiny_config()
     d = _checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
-    with caplog.at_level(logging.INFO, logger="tasks.mlm"):
+    with caplog.at_level(logging.INFO, logger="tasks.training.mlm"):
         mlm, _, had_head = load_mlm(d)
     assert not had_head
     assert "created a new one" in caplog.text
@@ -310,7 +312,7 @@ def test_an_out_dir_that_is_not_a_checkpoint_is_refused_before_training(tmp_path
 def test_bf16_autocast_is_asked_for_on_the_cpu(tmp_path, monkeypatch, bf16, want):
     """--bf16 runs the MLM steps under bf16 autocast on a CPU; unset, a CPU stays in fp32 (the default, as
     measured before the flag existed), and --no-bf16 keeps it there."""
-    from tasks import pretrain as pretrain_module
+    from tasks.training import mlm as pretrain_module
     seen = []
     real = pretrain_module.autocast
     monkeypatch.setattr(pretrain_module, "autocast", lambda device, dtype: seen.append(dtype) or real(device, dtype))
@@ -356,7 +358,7 @@ def test_an_interrupted_pretraining_resumes_to_the_uninterrupted_result(tmp_path
     """Killed during step ``crash_at`` (after the state of step 3, inside epoch 1, or of step 6, inside epoch 2),
     the same call again continues from the saved state: weights and records (but for speed) are the
     uninterrupted run's, bit for bit, although the process's RNG and the new model's init differ."""
-    from tasks import pretrain as pretrain_module
+    from tasks.training import mlm as pretrain_module
     tok, sentences, config, eval_data = _resume_setup(tmp_path)
     whole = _fresh_mlm(0)
     want = pretrain(whole, tok, sentences, config, eval_data)
@@ -379,7 +381,7 @@ def test_a_resumed_log_window_reports_the_uninterrupted_speed(tmp_path, monkeypa
     time alone. A fake clock ticks one second per step, wherever the process is."""
     from types import SimpleNamespace
 
-    from tasks import pretrain as pretrain_module
+    from tasks.training import mlm as pretrain_module
     tok, sentences, config, _ = _resume_setup(tmp_path)
     clock, real = [0.0], pretrain_module.mask_tokens
 
@@ -404,7 +406,7 @@ def test_a_state_saved_before_the_window_time_was_kept_still_resumes(tmp_path, m
     """A state.json of the first resumable version (no window_seconds) continues to the same weights."""
     import json
 
-    from tasks import pretrain as pretrain_module
+    from tasks.training import mlm as pretrain_module
     tok, sentences, config, _ = _resume_setup(tmp_path)
     whole = _fresh_mlm(0)
     pretrain(whole, tok, sentences, config)
@@ -424,7 +426,7 @@ def test_a_state_saved_before_the_window_time_was_kept_still_resumes(tmp_path, m
 def test_a_saved_state_of_other_settings_is_refused(tmp_path, monkeypatch):
     """The state of an interrupted run is only continued by the same settings and data: anything else would
     train a mix of two runs. The error names what differs."""
-    from tasks import pretrain as pretrain_module
+    from tasks.training import mlm as pretrain_module
     tok, sentences, config, _ = _resume_setup(tmp_path)
     state = tmp_path / "out.partial"
     monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(pretrain_module.mask_tokens, 5))

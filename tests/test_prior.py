@@ -11,9 +11,10 @@ import sklearn.linear_model  # reference for the SST probe: a missing one fails 
 import torch
 
 from minbert.pretrained import default_model_dir
-from tasks.data import Example, PairDataset, SentenceDataset
-from tasks.evaluate import predict_dataset
-from tasks.prior import SST_PRIOR_FILE, CosinePrior, SentimentPrior, fit_logistic_regression, sst_prior_of
+from tasks.data.datasets import PairDataset, SentenceDataset
+from tasks.data.readers import Example
+from tasks.evaluation.evaluator import predict_dataset
+from tasks.evaluation.priors import SST_PRIOR_FILE, CosinePrior, SentimentPrior, fit_logistic_regression, sst_prior_of
 from tests.helpers import WordTokenizer
 from tests.test_model import make_model
 
@@ -79,9 +80,9 @@ def test_building_the_prior_leaves_the_random_state_alone():
     """Loading the prior's encoder builds modules (whose init draws random numbers) before their weights are
     loaded: it must not move torch's global RNG, or the dropout masks after the first evaluation would depend on
     whether this process built it (a resumed run would differ from an uninterrupted one)."""
-    import tasks.prior
+    import tasks.evaluation.priors as priors_module
 
-    tasks.prior._LOADED.clear()  # build it, not the copy an earlier test loaded
+    priors_module._LOADED.clear()  # build it, not the copy an earlier test loaded
     torch.manual_seed(0)
     state = torch.get_rng_state()
     CosinePrior(None, 0.5, "cpu")
@@ -105,7 +106,7 @@ def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
     pooled cosine need not score similarity at all (a fine-tuned run's: r 0.54 on STS dev): the prior is the
     embedded all-MiniLM-L6-v2 unless --sts-prior-model names another sentence encoder."""
     from tasks.config import TrainConfig
-    from tasks.prior import sts_prior_of
+    from tasks.evaluation.priors import sts_prior_of
     from tests.test_train import write_tiny_model
 
     tiny = write_tiny_model(tmp_path / "tiny")
@@ -202,7 +203,7 @@ def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
 @pytest.mark.parametrize("task", ["sts", "sst"])
 def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp_path):
     from tasks.config import TrainConfig
-    from tasks.prior import sts_prior_of
+    from tasks.evaluation.priors import sts_prior_of
 
     cfg = TrainConfig(**{f"{task}_prior_model": str(tmp_path / "gone")})
     build = sts_prior_of if task == "sts" else sst_prior_of
@@ -213,7 +214,7 @@ def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):
     """Both priors of a run are the embedded MiniLM by default: one copy in memory, loaded once."""
     from tasks.config import TrainConfig
-    from tasks.prior import sts_prior_of
+    from tasks.evaluation.priors import sts_prior_of
 
     sts = sts_prior_of(TrainConfig(), "cpu", None)
     assert sts.encoder is sst_prior.encoder and sts.tokenizer is sst_prior.tokenizer

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.readers import (
+from tasks.data.readers import (
     TASK_FILES,
     DataFileMissing,
     Example,
@@ -213,7 +213,7 @@ def test_missing_files(tmp_path, caplog):
         load_split("sst", "train", tmp_path)
     assert str(tmp_path / "ids-sst-train.csv") in str(err.value) and "setup.sh" in str(err.value)
     assert isinstance(err.value, FileNotFoundError)
-    with caplog.at_level(logging.WARNING, logger="tasks.readers"):
+    with caplog.at_level(logging.WARNING, logger="tasks.data.readers"):
         assert load_split("para", "test", tmp_path) is None
     assert "quora-test-student.csv" in caplog.text and "skipped" in caplog.text
     with pytest.raises(ValueError, match="valid tasks"):
@@ -225,7 +225,7 @@ def test_load_split_limit_and_logged_summary(tmp_path, caplog):
     rows = ["\tid\tsentence1\tsentence2\tsimilarity"] + [f"{i}\ts{i}\ta\tb\t{i % 6}.0" for i in range(10)]
     rows.insert(3, "99\tbad\ta\tb\t")
     write(tmp_path / TASK_FILES["sts"]["dev"], rows)
-    with caplog.at_level(logging.WARNING, logger="tasks.readers"):
+    with caplog.at_level(logging.WARNING, logger="tasks.data.readers"):
         examples, report = load_split("sts", "dev", tmp_path)
     assert len(examples) == 10 and report.rows_total == 11
     assert "line 4: empty label" in caplog.text

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 
 from tasks.config import TrainConfig
-from tasks.rundir import RunDir
-from tasks.train import run
-from tasks.trainer import Hook, Trainer
+from tasks.training.run import run
+from tasks.training.rundir import RunDir
+from tasks.training.trainer import Hook, Trainer
 from tests.test_crash_windows import _dead_pid
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 import torch
 
-from tasks.sampling import SCHEDULES, LossWeights, MultitaskSchedule
+from tasks.data.schedule import SCHEDULES, LossWeights, MultitaskSchedule
 
 
 def task_lengths() -> dict[str, list[int]]:

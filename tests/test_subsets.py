@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from tasks.readers import Example
-from tasks.subsets import few_shot, label_noise, minority
+from tasks.data.perturb import few_shot, label_noise, minority
+from tasks.data.readers import Example
 
 
 def _sst(n: int = 1000) -> list[Example]:
@@ -64,8 +64,8 @@ def test_bad_rates_raise():
 
 def test_perturbed_files_round_trip_through_the_readers(tmp_path):
     """Rewritten train files parse back to the same examples; other files are links to the originals."""
-    from tasks.readers import load_split
-    from tasks.robustness import perturbed_data_dir
+    from tasks.data.perturb import perturbed_data_dir
+    from tasks.data.readers import load_split
 
     src = tmp_path / "src"
     src.mkdir()

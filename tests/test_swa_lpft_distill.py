@@ -18,15 +18,16 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from tasks import cli, splits
-from tasks import swa as swa_mod
-from tasks.checkpoint import load_tensors
+from tasks import train as cli
 from tasks.config import TrainConfig
-from tasks.evaluate import Predictions, read_logits, read_predictions, write_logits
+from tasks.data import selection as splits
+from tasks.evaluation.evaluator import evaluate_checkpoint, load_checkpoint_model
+from tasks.evaluation.files import Predictions, read_logits, read_predictions, write_logits
 from tasks.objectives.distill import Distill, DistillConfig, distill_loss, load_teachers, teacher_targets
-from tasks.predict import evaluate_checkpoint, load_checkpoint_model
-from tasks.train import run
-from tasks.trainer import Hook, Trainer
+from tasks.training import swa as swa_mod
+from tasks.training.checkpoint import load_tensors
+from tasks.training.run import run
+from tasks.training.trainer import Hook, Trainer
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 
 

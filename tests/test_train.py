@@ -21,17 +21,17 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from minbert.bert import BertModel
-from tasks import checkpoint as ckpt_mod
-from tasks import runtime
-from tasks import trainer as trainer_mod
-from tasks.checkpoint import atomic_directory, read_json, resolve_checkpoint
 from tasks.config import TrainConfig, check_resume_config
-from tasks.evaluate import read_predictions
+from tasks.evaluation.evaluator import evaluate_checkpoint
+from tasks.evaluation.files import read_predictions
 from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
-from tasks.predict import evaluate_checkpoint
-from tasks.train import run
-from tasks.trainer import Hook, Trainer
+from tasks.training import checkpoint as ckpt_mod
+from tasks.training import runtime
+from tasks.training import trainer as trainer_mod
+from tasks.training.checkpoint import atomic_directory, read_json, resolve_checkpoint
+from tasks.training.run import run
+from tasks.training.trainer import Hook, Trainer
 from tests.helpers import tiny_config
 
 POSITIVE = ["good", "great", "fun", "superb", "lovely"]
@@ -569,7 +569,7 @@ def test_fused_adamw_is_the_default_and_the_foreach_path_stays_selectable(tiny_e
 
 def test_final_log_line_says_what_dev_was_scored_on():
     """Under --limit the final line must not claim the full dev sets (it used the first N rows)."""
-    from tasks.train import final_dev_scope
+    from tasks.training.run import final_dev_scope
 
     assert final_dev_scope(TrainConfig()) == "full sets"
     assert final_dev_scope(TrainConfig(final_dev="capped")) == "capped subsets"

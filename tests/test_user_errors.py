@@ -20,9 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from tasks import checkpoint as ckpt_mod
-from tasks import cli
-from tasks import trainer as trainer_mod
+from tasks import train as cli
+from tasks.training import checkpoint as ckpt_mod
+from tasks.training import trainer as trainer_mod
 from tests.test_run_dir import snapshot
 from tests.test_train import tiny_env  # noqa: F401  (the session fixture)
 
@@ -196,7 +196,7 @@ def test_a_full_disk_while_writing_tensors_is_reported_as_a_full_disk(tmp_path, 
     import torch
     from safetensors import SafetensorError
 
-    from tasks.errors import describe
+    from tasks.cli import describe
 
     def full(tensors, filename, metadata=None):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")

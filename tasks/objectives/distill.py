@@ -62,9 +62,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.ensemble import load_task_logits, logits_path
+from tasks.evaluation.ensemble import load_task_logits, logits_path
 from tasks.objectives import Objective, check_tasks
-from tasks.runtime import full_precision
+from tasks.training.runtime import full_precision
 
 DISTILL_TASKS = ("sst", "para", "sts")
 

@@ -75,7 +75,7 @@ import torch
 from torch import nn
 
 from tasks.objectives import Objective, check_tasks
-from tasks.runtime import full_precision
+from tasks.training.runtime import full_precision
 
 MATCH_TASKS = ("sst", "para", "sts")
 INFERENCE_MODES = ("identity", "batch")

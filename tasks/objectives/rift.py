@@ -68,9 +68,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks.model import preserved_modes, unwrap
 from tasks.objectives import Objective
-from tasks.objectives.knn_vote import preserved_modes, unwrap
-from tasks.runtime import full_precision
+from tasks.training.runtime import full_precision
 
 NUM_CLASSES = {"sst": 5, "para": 2}
 NORMS = ("l2", "linf")

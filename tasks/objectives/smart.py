@@ -67,7 +67,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.objectives import Objective, check_tasks
-from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
+from tasks.training.runtime import device_rng_state, full_precision, set_device_rng_state
 
 SMART_TASKS = ("sst", "para", "sts")
 

@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from tasks.data import length_bucketed_batches
+from tasks.data.datasets import length_bucketed_batches
 
 SCHEDULES = ("sequential", "round_robin", "even")
+
+
 SUBSETS = ("fresh", "cycle")
 
 
@@ -221,3 +223,4 @@ class LossWeights:
         if task in ("sst", "para", "sts"):
             return getattr(self, task)
         return self.extra.get(task, 1.0)
+

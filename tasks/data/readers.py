@@ -36,13 +36,15 @@ from typing import Literal, TypeVar
 
 logger = logging.getLogger(__name__)
 
+
 T = TypeVar("T")
 
+
 CUT_RECORD = "file ends without a newline: the last record may be cut"
+
+
 # No field of the task files spans lines; a record over more lines than this is an unbalanced quote.
 MAX_RECORD_LINES = 5
-
-# ---- records ------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,6 @@ class DataFileMissing(FileNotFoundError):
             f"data file not found: {self.path}. Run `bash setup.sh` to link ../shared/data "
             f"(or set MINBERT_DATA=/dir/with/csvs before running it), or copy the CS224N file to {self.path}."
         )
-        # OSError.filename stays unset: setting it would replace this message in str(err).
 
 
 @dataclass
@@ -132,9 +133,6 @@ def _reason_kind(reason: str) -> str:
     reason = re.sub(r" \(record spans lines [^)]*\)$", "", reason)
     reason = re.sub(r"'[^']*'", "'…'", reason)
     return re.sub(r"\bline \d+", "line N", reason)
-
-
-# ---- CSV reading ------------------------------------------------------------------
 
 
 def csv_records(reader) -> Iterator[tuple[int, list[str] | None, str | None, int]]:
@@ -383,15 +381,17 @@ def read_nli(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple
     return _read_rows(path, ",", ["sent0", "sent1", "hard_neg"], parse, limit)
 
 
-# ---- task files ----------------------------------------------------------------------
-
 TASK_FILES: dict[str, dict[str, str]] = {
     "sst": {"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
     "para": {"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
     "sts": {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
     "cfimdb": {"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv", "test": "ids-cfimdb-test-student.csv"},
 }
+
+
 NLI_FILE = "nli-train.csv"
+
+
 SPLITS = ("train", "dev", "test")
 
 
@@ -439,3 +439,4 @@ def load_nli(data_dir: str | os.PathLike[str], limit: int | None = None) -> tupl
     triplets, report = read_nli(Path(data_dir) / NLI_FILE, limit=limit)
     _log_report(report)
     return triplets, report
+

@@ -55,19 +55,24 @@ import torch
 import torch.nn.functional as F
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
-from tasks.checkpoint import load_tensors, save_tensors
-from tasks.data import SentenceDataset, length_bucketed_batches, move_batch
-from tasks.evaluate import NUM_SST_CLASSES
-from tasks.readers import DataFileMissing, Example
-from tasks.runtime import autocast
-from tasks.splits import load_examples
+from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
+from tasks.data.readers import DataFileMissing, Example
+from tasks.data.selection import load_examples
+from tasks.evaluation.metrics import NUM_SST_CLASSES
+from tasks.training.checkpoint import load_tensors, save_tensors
+from tasks.training.runtime import autocast
 
 STS_SCALE = 5.0  # cosine -> the 0-5 STS scale (paper §4.1's 5 x cosine)
+
+
 # The SST probe's inverse L2 strength, in scikit-learn's convention (C x the summed loss + ||W||^2 / 2): 5-fold
 # cross-validation on SST train over C in 0.03, 0.1, 0.2, 0.3, 0.5 gave accuracies 0.403, 0.428, 0.433, 0.428,
 # 0.424 (the embedded MiniLM's embeddings).
 SST_PRIOR_C = 0.2
+
+
 SST_PRIOR_FILE = "sst_prior.safetensors"  # the fitted probe, in a checkpoint directory
+
 
 logger = logging.getLogger(__name__)
 
@@ -284,3 +289,4 @@ class RunPriors:
         """The SST probe into checkpoint ``directory``, once it exists."""
         if self._sst is not None:
             self._sst.save(directory)
+

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from tasks.config import NLI, TrainConfig
-from tasks.data import PairDataset, SentenceDataset, TripletDataset
-from tasks.readers import Example, load_nli, load_split
+from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
+from tasks.data.readers import Example, load_nli, load_split
 
 logger = logging.getLogger(__name__)
 
@@ -86,3 +86,4 @@ def load_run_data(cfg: TrainConfig, tokenizer: Any) -> tuple[dict[str, Any], dic
     logger.info("data: %s (read and tokenized in %.1f s)",
                 ", ".join(f"{s} {len(d)} train" for s, d in train_sets.items()), time.perf_counter() - t0)
     return train_sets, dev_sets, reports
+

@@ -17,9 +17,7 @@ from typing import Literal, Protocol
 
 import torch
 
-from tasks.readers import Example, Triplet
-
-# ---- tokenized datasets -------------------------------------------------------------------
+from tasks.data.readers import Example, Triplet
 
 
 class TokenizerLike(Protocol):
@@ -234,9 +232,6 @@ def move_batch(batch: dict[str, object], device: torch.device | str) -> dict[str
     return {k: v.to(device, non_blocking=True) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
-# ---- length bucketing -----------------------------------------------------------------
-
-
 def length_bucketed_batches(
     lengths: Sequence[int],
     batch_size: int,
@@ -281,3 +276,4 @@ def padding_ratio(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> f
     real = sum(lengths[i] for b in batches for i in b)
     padded = sum(max(lengths[i] for i in b) * len(b) for b in batches if b)
     return (padded - real) / real if real else 0.0
+

@@ -40,82 +40,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch import nn
-from torch.utils.data import Dataset
 
-from tasks.data import length_bucketed_batches, move_batch
-from tasks.model import PAIR_TASKS, TaskOutput
-from tasks.readers import csv_records
-from tasks.runtime import autocast
+from tasks.data.readers import csv_records
+from tasks.evaluation.metrics import NUM_SST_CLASSES, check_task
 
-TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 # Column after "id" in the leaderboard files (CS224N default project names).
 # Column after "id" in the leaderboard files: the CS224N starter's names (STS sic: its spelling), which we write;
 # plain "id,Predicted_*" CSV files with "Predicted_Similarity" are read too.
 STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
+
+
 PREDICTION_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
-NUM_SST_CLASSES = 5
+
+
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
-
-
-# ---- metrics ------------------------------------------------------------------------
-
-
-def jsonable(metrics: dict[str, float]) -> dict[str, float | None]:
-    """Non-finite values (an undefined Pearson r) become null: JSON has no NaN."""
-    return {k: (float(v) if math.isfinite(v) else None) for k, v in metrics.items()}
-
-
-def overall_score(metrics: dict) -> float:
-    """Mean of the normalized task scores present in ``metrics``.
-
-    sst_acc and para_acc count as they are; sts_r counts as (r + 1) / 2, so with
-    all three tasks this is (sst_acc + para_acc + (sts_r + 1) / 2) / 3. Other
-    keys (losses, "overall" itself) are ignored. Raises when no task metric is
-    present; a nan metric makes the result nan (never silently dropped).
-    """
-    parts = []
-    for name in TASK_METRIC.values():
-        if name in metrics:
-            value = float(metrics[name])
-            parts.append((value + 1.0) / 2.0 if name == "sts_r" else value)
-    if not parts:
-        raise ValueError(f"no task metric in {sorted(metrics)}; expected some of {list(TASK_METRIC.values())}")
-    return sum(parts) / len(parts)
-
-
-def pearson_r(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Pearson correlation of two 1-D tensors, computed in float64.
-
-    nan when either side has zero variance (r is undefined there), like scipy.
-    """
-    x = x.detach().reshape(-1).to("cpu", torch.float64)
-    y = y.detach().reshape(-1).to("cpu", torch.float64)
-    if x.numel() != y.numel():
-        raise ValueError(f"pearson_r: {x.numel()} predictions but {y.numel()} labels")
-    if x.numel() < 2:
-        raise ValueError(f"pearson_r needs at least 2 values, got {x.numel()}")
-    xc, yc = x - x.mean(), y - y.mean()
-    denom = math.sqrt(float((xc * xc).sum()) * float((yc * yc).sum()))
-    if denom == 0.0:
-        return math.nan
-    return max(-1.0, min(1.0, float((xc * yc).sum()) / denom))
-
-
-def score(task: str, preds: torch.Tensor, labels: torch.Tensor) -> float:
-    """The task's metric: accuracy for sst / para (class ids vs labels), Pearson r for sts."""
-    _check_task(task)
-    if preds.shape[0] != labels.shape[0]:
-        raise ValueError(f"{task}: {preds.shape[0]} predictions but {labels.shape[0]} labels")
-    if preds.shape[0] == 0:
-        raise ValueError(f"{task}: cannot score an empty set")
-    if task == "sts":
-        return pearson_r(preds, labels)
-    # Quora labels are floats 0.0 / 1.0; compare as class ids.
-    return (preds.detach().cpu().long() == labels.detach().cpu().long()).double().mean().item()
-
-
-# ---- predictions -------------------------------------------------------------------------
 
 
 @dataclass
@@ -138,134 +76,6 @@ class Predictions:
 
     def __len__(self) -> int:
         return len(self.ids)
-
-
-def _check_task(task: str) -> None:
-    if task not in TASK_METRIC:
-        raise ValueError(f"unknown task {task!r}; tasks are {list(TASK_METRIC)}")
-
-
-def _predict_fn(model: nn.Module) -> Callable:
-    """model.predict, also through a DistributedDataParallel wrapper (torch.compile forwards attributes)."""
-    fn = getattr(model, "predict", None)
-    if fn is None and isinstance(getattr(model, "module", None), nn.Module):
-        fn = getattr(model.module, "predict", None)
-    if fn is None:
-        raise TypeError(f"{type(model).__name__} has no predict(task, out) method")
-    return fn
-
-
-@torch.no_grad()
-def predict_dataset(
-    model: nn.Module,
-    task: str,
-    dataset: Dataset,
-    batch_size: int = 128,
-    device: str | torch.device = "cpu",
-    autocast_dtype: torch.dtype | None = None,
-    both_orders: bool = False,
-    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
-    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
-) -> Predictions:
-    """Run ``model`` over ``dataset`` and return its outputs in dataset order.
-
-    ``dataset`` is a tasks.data SentenceDataset / PairDataset (``ids``,
-    ``lengths``, ``collate(indices)``); its pair mode must match the model's
-    ``pair_encoding``. The model must already be on ``device``. It runs in
-    eval mode and every submodule gets back its previous train/eval mode
-    afterwards (LP-FT keeps a frozen encoder in eval while heads train).
-    Batches are length-sorted and unshuffled
-    (``length_bucketed_batches(shuffle=False)``); results are scattered back to
-    dataset order. ``autocast_dtype`` (e.g. torch.bfloat16) turns on autocast
-    for the device's type; logits come back as float32. ``both_orders`` scores
-    a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
-    dataset's index ``i + N``, tasks.data.PairDataset), predictions from that mean.
-    ``sts_prior(dataset, scores)`` replaces STS scores, in dataset order, with
-    its blend of them (tasks.prior.CosinePrior.blend); ``sst_prior(dataset,
-    logits)`` SST logits with its blend (tasks.prior.SentimentPrior.blend), the
-    predictions then its argmax.
-    """
-    _check_task(task)
-    device = torch.device(device)
-    n = len(dataset)
-    modes = [(m, m.training) for m in model.modules()]
-    model.eval()
-    predict = _predict_fn(model)
-    amp = autocast(device, autocast_dtype)
-    order: list[int] = []
-    logit_parts: list[torch.Tensor] = []
-    pred_parts: list[torch.Tensor] = []
-    try:
-        for indices in length_bucketed_batches(dataset.lengths, batch_size, shuffle=False):
-            batch = move_batch(dataset.collate(indices), device)
-            with amp:
-                out = model(task, batch)
-            if both_orders and task in PAIR_TASKS:
-                swapped = move_batch(dataset.collate([i + n for i in indices]), device)
-                with amp:
-                    reverse = model(task, swapped)
-                out = TaskOutput((out.logits.float() + reverse.logits.float()) / 2)
-            # Kept on the device until the end: one transfer instead of a sync per batch.
-            logit_parts.append(out.logits.float())
-            pred_parts.append(predict(task, out))
-            order.extend(indices)
-    finally:
-        for m, was_training in modes:
-            m.train(was_training)
-    if n == 0:
-        shape = (0, NUM_SST_CLASSES) if task == "sst" else (0,)
-        return Predictions([], torch.empty(shape), torch.empty(0, dtype=torch.float32 if task == "sts" else torch.long))
-    if sorted(order) != list(range(n)):
-        raise RuntimeError(f"{task}: the evaluation batches did not cover each of the {n} examples exactly once")
-    where = torch.tensor(order, dtype=torch.long)  # (N,) dataset index of each computed row
-    logits_sorted = torch.cat(logit_parts).cpu()
-    preds_sorted = torch.cat(pred_parts).cpu()
-    logits = torch.empty_like(logits_sorted)
-    preds = torch.empty_like(preds_sorted)
-    logits[where] = logits_sorted
-    preds[where] = preds_sorted
-    if task == "sts":
-        if sts_prior is not None:
-            logits = preds = sts_prior(dataset, logits)
-        preds = preds.float()
-    if task == "sst" and sst_prior is not None:
-        logits = sst_prior(dataset, logits)
-        preds = logits.argmax(-1)
-    return Predictions(list(dataset.ids), logits, preds)
-
-
-def evaluate(
-    model: nn.Module,
-    datasets: dict[str, Dataset],
-    batch_size: int = 128,
-    device: str | torch.device = "cpu",
-    autocast_dtype: torch.dtype | None = None,
-    both_orders: bool = False,
-    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
-    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[dict[str, float], dict[str, Predictions]]:
-    """Predict every dataset (keyed by task) and score the labeled ones.
-
-    Returns (metrics, predictions). metrics has TASK_METRIC[task] for each
-    dataset with labels (``dataset.labels is not None``) and "overall" (see
-    ``overall_score``) when at least one was scored; unlabeled datasets (test
-    splits) only get predictions.
-    """
-    metrics: dict[str, float] = {}
-    predictions: dict[str, Predictions] = {}
-    for task, dataset in datasets.items():
-        _check_task(task)
-        p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype,
-                            both_orders=both_orders, sts_prior=sts_prior, sst_prior=sst_prior)
-        predictions[task] = p
-        if getattr(dataset, "labels", None) is not None:
-            metrics[TASK_METRIC[task]] = score(task, p.preds, dataset.labels)
-    if metrics:
-        metrics["overall"] = overall_score(metrics)
-    return metrics, predictions
-
-
-# ---- files ----------------------------------------------------------------------------------
 
 
 def _check_split(split: str) -> None:
@@ -315,7 +125,7 @@ def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, p
     ``preds`` order; SST class ids 0-4, paraphrase 0/1, STS float scores
     (full precision). ``read_predictions`` reads it back.
     """
-    _check_task(task)
+    check_task(task)
     _check_split(split)
     p = preds.preds.detach().cpu().reshape(-1)
     if p.shape[0] != len(preds.ids):
@@ -366,7 +176,7 @@ def write_logits(pred_dir: str | os.PathLike[str], task: str, split: str, preds:
     / id,score (STS predicted score). Values are written with Python's
     shortest round-trip repr, so ``read_logits`` gives back the same float32s.
     """
-    _check_task(task)
+    check_task(task)
     _check_split(split)
     columns = _logit_columns(task)
     logits = preds.logits.detach().cpu().float()
@@ -483,3 +293,4 @@ def read_predictions(path: str | os.PathLike[str]) -> tuple[list[str], torch.Ten
     ids, values = _read_id_value_csv(path, parse_header, parse_value)
     dtype = torch.float32 if found["task"] == "sts" else torch.long
     return ids, torch.tensor([v[0] for v in values], dtype=dtype)
+

@@ -73,3 +73,4 @@ def train_mode(model: nn.Module, stage: str) -> None:
     model.train()
     if stage == LP:
         model.encoder.eval()
+

@@ -12,15 +12,19 @@ with round(), and tests check the counts.
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import logging
 from collections import defaultdict
 from collections.abc import Sequence
+from pathlib import Path
 
 import torch
 
-from tasks.readers import Example
+from tasks.data.readers import TASK_FILES, Example
 
 
+# ---- from tasks.subsets ----
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -88,3 +92,60 @@ def minority(examples: Sequence[Example], label: int, keep: float, seed: int) ->
     k = round(keep * len(of_class))
     kept = {of_class[i] for i in torch.randperm(len(of_class), generator=g)[:k].tolist()}
     return [e for i, e in enumerate(examples) if e.label != label or i in kept]
+
+# ---- from tasks.robustness ----
+log = logging.getLogger(__name__)
+
+
+CLASSES = {"sst": 5, "para": 2}
+
+
+LABEL_COLUMN = {"sst": "sentiment", "para": "is_duplicate", "sts": "similarity", "cfimdb": "sentiment"}
+
+
+def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
+    """Write examples in the CS224N tab-separated format the readers parse (index column first)."""
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter="\t")
+        if task in ("sst", "cfimdb"):
+            w.writerow(["", "id", "sentence", LABEL_COLUMN[task]])
+            for i, e in enumerate(examples):
+                w.writerow([i, e.id, e.text_a, e.label])
+        else:
+            w.writerow(["", "id", "sentence1", "sentence2", LABEL_COLUMN[task]])
+            for i, e in enumerate(examples):
+                label = float(e.label) if task == "para" else e.label
+                w.writerow([i, e.id, e.text_a, e.text_b, label])
+
+
+def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) -> Path:
+    """A data directory whose train files for ``changed`` tasks are rewritten; everything else is linked."""
+    dst.mkdir(parents=True, exist_ok=True)
+    rewritten = {TASK_FILES[t]["train"] for t in changed}
+    for f in sorted(src.iterdir()):
+        if f.suffix == ".csv" and f.name not in rewritten:
+            link = dst / f.name
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(f.resolve())
+    for task, examples in changed.items():
+        write_task_file(dst / TASK_FILES[task]["train"], task, examples)
+    return dst
+
+
+def perturb(command: str, train: dict[str, list[Example]], seed: int, *, n: int = 0, rate: float = 0.0,
+            task: str = "sst", label: int = 0, keep: float = 1.0) -> dict[str, list[Example]]:
+    """The training sets one experiment changes, for one seed (tasks/subsets.py: exact counts, seeded).
+
+    few-shot: ``n`` examples of every task in ``train``; label-noise: ``rate`` of every
+    classification task's labels flipped to another class; minority: ``keep`` of class
+    ``label`` of ``task``.
+    """
+    if command == "few-shot":
+        return {t: few_shot(train[t], n, seed) for t in train}
+    if command == "label-noise":
+        return {t: label_noise(train[t], rate, CLASSES[t], seed)[0] for t in train if t in CLASSES}
+    if command == "minority":
+        return {task: minority(train[task], label, keep, seed)}
+    raise ValueError(f"unknown experiment {command!r}")
+

@@ -57,12 +57,13 @@ import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
-from tasks import lpft
-from tasks.evaluate import jsonable
-from tasks.progress import RunningSums, progress_logging
+from tasks.evaluation.metrics import jsonable
+from tasks.training import lpft
+from tasks.training.progress import RunningSums, progress_logging
 
 if TYPE_CHECKING:
-    from tasks.trainer import Trainer
+    from tasks.training.trainer import Trainer
+
 
 logger = logging.getLogger(__name__)
 
@@ -142,3 +143,4 @@ def run_swa(trainer: Trainer) -> dict:
                 " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), "SWA" if used else "the best epoch")
     trainer.run_dir.append({"stage": "swa", "swa_model": True, **summary})
     return summary
+

@@ -52,16 +52,18 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tasks import distributed
+from tasks.training import distributed
 
 logger = logging.getLogger(__name__)
 
+
 CHECKPOINT_FORMAT = 1
+
+
 REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", "state.json", "config.json")
+
+
 _OLD_SUFFIX = ".old"
-
-
-# ---- atomic directories -------------------------------------------------------------------
 
 
 def _fsync_path(path: Path) -> None:
@@ -205,9 +207,6 @@ def repair_best(ckpt: Path, best: Path) -> bool:
     return True
 
 
-# ---- files --------------------------------------------------------------------------------
-
-
 def write_json(path: Path, obj: Any) -> None:
     """Plain JSON (no NaN/Infinity tokens: a non-finite float is an error, never silently written)."""
     with open(path, "w", encoding="utf-8") as f:
@@ -282,9 +281,6 @@ def resumable_checkpoint(path: str | os.PathLike[str]) -> Path:
         raise ValueError(f"{e}; neither last.old nor best beside it is intact: start afresh (--overwrite)") from e
 
 
-# ---- optimizer state ------------------------------------------------------------------------
-
-
 def optimizer_state(optimizer: torch.optim.Optimizer, param_names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:
     """(tensors, JSON metadata) of an optimizer whose parameters, in group order, are named ``param_names``."""
     sd = optimizer.state_dict()
@@ -316,9 +312,6 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, tensors: dict[str, to
         state.setdefault(int(idx), {})[key] = value
     groups = [{k: (tuple(v) if k == "betas" else v) for k, v in g.items()} for g in meta["param_groups"]]
     optimizer.load_state_dict({"state": state, "param_groups": groups})
-
-
-# ---- objectives' state and the encoder's files -------------------------------------------------------------
 
 
 def _storages(module: nn.Module) -> set[int]:

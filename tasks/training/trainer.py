@@ -54,15 +54,27 @@ import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from minbert.optimizer import AdamW
-from tasks import distributed, lpft
-from tasks.checkpoint import (
+from minbert.pretrained import load_pretrained, resolve_model_dir
+from tasks.config import NLI, TrainConfig, check_resume_config
+from tasks.data.datasets import move_batch
+from tasks.data.schedule import LossWeights, MultitaskSchedule
+from tasks.data.selection import load_run_data
+from tasks.evaluation.evaluator import eval_model, evaluate
+from tasks.evaluation.metrics import jsonable
+from tasks.evaluation.priors import RunPriors
+from tasks.model import PAIR_TASKS, TASKS, MultitaskBert
+from tasks.objectives import Objective, build_objectives, transform_of
+from tasks.training import distributed, lpft
+from tasks.training.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_directory,
     load_objectives_state,
@@ -79,26 +91,20 @@ from tasks.checkpoint import (
     save_tensors,
     write_json,
 )
-from tasks.config import NLI, TrainConfig, check_resume_config
-from tasks.data import move_batch
-from tasks.evaluate import evaluate, jsonable
-from tasks.model import PAIR_TASKS, TASKS
-from tasks.objectives import transform_of
-from tasks.parts import Parts, build_parts
-from tasks.predict import eval_model
-from tasks.prior import RunPriors
-from tasks.progress import RunningSums, progress_logging, sequences
-from tasks.rundir import RunDir
-from tasks.runtime import (
+from tasks.training.progress import RunningSums, progress_logging, sequences
+from tasks.training.rundir import RunDir
+from tasks.training.runtime import (
     autocast,
+    autocast_dtype,
+    configure_device,
     pin_and_prefetch,
     resolve_device,
     rng_state,
     seed_everything,
     set_rng_state,
 )
-from tasks.sampling import LossWeights, MultitaskSchedule
 
+# ---- from tasks.trainer ----
 logger = logging.getLogger(__name__)
 
 
@@ -117,9 +123,6 @@ class Hook:
     def on_epoch_end(self, trainer: Trainer, record: dict) -> None: ...
 
     def on_train_end(self, trainer: Trainer) -> None: ...
-
-
-# ---- the trainer ------------------------------------------------------------------------------------------------
 
 
 def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> float:
@@ -596,3 +599,43 @@ class Trainer:
         self.model.load_state_dict(load_tensors(best / "model.safetensors", self.device))
         load_objectives_state(self.objectives, self.model, best, self.device, self.rank)
         return best
+
+# ---- from tasks.parts ----
+OFFSET_INIT_PAIRS = 256  # training pairs (in file order) that start the baseline's paraphrase offset
+
+
+@dataclass
+class Parts:
+    """What a Trainer trains: built from a TrainConfig by ``build_parts``, or by hand in tests."""
+
+    model: MultitaskBert
+    objectives: list[Objective]
+    train_sets: dict[str, Any]
+    dev_sets: dict[str, Any]
+    tokenizer: Any = None
+    encoder_dir: Path | None = None  # the pretrained directory: its tokenizer files go into every checkpoint
+    amp_dtype: torch.dtype | None = None
+    data: dict[str, dict] | None = None  # ReadReport.to_dict() of every file read, by "<task> <split>"
+
+
+def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
+    """Seed, then load the encoder, read and tokenize the data, build the model and objectives on ``device``.
+
+    Seeding first makes the initial weights a function of ``cfg.seed`` alone (the same on every rank).
+    """
+    seed_everything(cfg.seed)
+    amp_dtype = autocast_dtype(cfg.bf16, device)
+    configure_device(device, cfg.deterministic)
+    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
+    if cfg.encoder_dropout is not None:
+        overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
+    encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
+    encoder_dir = resolve_model_dir(cfg.pretrained)
+    train_sets, dev_sets, data = load_run_data(cfg, tokenizer)
+    model = MultitaskBert(encoder, cfg.model).to(device)
+    if hasattr(model, "para_bias") and "para" in train_sets:  # the baseline's Siamese paraphrase offset
+        pairs = train_sets["para"]
+        model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
+    objectives = build_objectives(cfg.objectives, model)
+    return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype, data)
+

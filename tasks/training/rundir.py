@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks import distributed
-from tasks.checkpoint import (
+from tasks.training import distributed
+from tasks.training.checkpoint import (
     link_or_copy_directory,
     process_alive,
     remove_stale_temporaries,
@@ -37,6 +37,7 @@ from tasks.checkpoint import (
 )
 
 logger = logging.getLogger(__name__)
+
 
 def check_writable_dir(path: Path, flag: str) -> None:
     """``path`` is, or can be made, a writable directory (NotADirectoryError / PermissionError naming ``flag``)."""
@@ -48,9 +49,6 @@ def check_writable_dir(path: Path, flag: str) -> None:
     if not os.access(existing, os.W_OK | os.X_OK):
         raise PermissionError(f"{flag} {path} is not writable ({existing} is not): fix its permissions or pick "
                               "another directory")
-
-
-# ---- locks --------------------------------------------------------------------------------------------------
 
 
 def _lock_owner(lock: Path) -> dict | None:
@@ -96,8 +94,6 @@ def release_lock(lock: Path) -> None:
     if _lock_owner(lock) == {"pid": os.getpid(), "host": socket.gethostname()}:
         lock.unlink(missing_ok=True)
 
-
-# ---- the run directory ---------------------------------------------------------------------------------------
 
 RUN_FILES = ("checkpoints", "metrics.jsonl", "predictions", "config.json", "data.json", "training.png")
 
@@ -216,7 +212,7 @@ class RunDir:
         if improved:
             link_or_copy_directory(self.checkpoints / "last", self.checkpoints / "best")
         self.append(record)
-        from tasks.plots import plot_history  # matplotlib loads only when a run reaches its first plot
+        from tasks.training.progress import plot_history  # matplotlib loads only when a run reaches its first plot
 
         plot_history(history, self.path / "training.png")
 
@@ -232,3 +228,4 @@ class RunDir:
             with open(self.metrics, "w", encoding="utf-8") as f:
                 for record in records:
                     f.write(json.dumps(record, allow_nan=False) + "\n")
+

@@ -45,7 +45,10 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
+
+
 _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters (malloc.h)
 
 
@@ -225,9 +228,6 @@ def bind_local_device(device: torch.device, local_rank: int) -> torch.device:
     return device
 
 
-# ---- synchronization and peak memory (benchmarks) ----------------------------------------------------------------
-
-
 def synchronize(device: torch.device) -> None:
     """Wait for the work queued on ``device`` (that device, not cuda:0); nothing to wait for on CPU."""
     if device.type == "cuda":
@@ -275,9 +275,6 @@ def peak_memory_bytes(device: torch.device) -> int:
         return torch.cuda.max_memory_allocated(device)
     hwm = _proc_status_bytes("VmHWM")
     return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-
-# ---- global RNG state ------------------------------------------------------------------------------------------
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -347,3 +344,4 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
             return
         saved = saved[index]
     torch.cuda.set_rng_state(_unb64(saved), device)
+

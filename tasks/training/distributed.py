@@ -47,12 +47,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from tasks.runtime import bind_local_device, cuda_device_count, distributed_backend
+from tasks.training.runtime import bind_local_device, cuda_device_count, distributed_backend
 
 # Long enough for rank 0's dev evaluation between epochs (the other ranks wait in a collective meanwhile).
 TIMEOUT = datetime.timedelta(hours=1)
+
+
 # Gradients are all-reduced in flat buckets of at most this many elements (64 MiB in fp32).
 BUCKET_NUMEL = 1 << 24
+
 
 _cpu_group: Any = None  # gloo group for host-side values; the default group itself on CPU
 
@@ -234,3 +237,4 @@ def broadcast_from_main(value: Any) -> Any:
     box = [value if is_main() else None]
     dist.broadcast_object_list(box, src=0, group=_cpu_group)
     return box[0]
+

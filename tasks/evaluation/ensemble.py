@@ -1,0 +1,472 @@
+"""How an ensemble combines its models' logits: simple average, selective subset, regression weights.
+
+The three methods of the minBERT paper §4.6 as functions of in-memory logits
+(float64 tensors, one per model); tasks.ensemble reads the runs' files, applies
+them per task and writes the leaderboard files.
+
+Usage:
+    logits, preds = average("sst", [run_a, run_b])                 # (N, 5), (N,)
+    subset, dev_score = select_subset("sst", [run_a, run_b, run_c], dev_labels)
+    fit = fit_regression("para", [run_a, run_b], labels); logits, preds = fit.apply([a_test, b_test])
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import os
+import stat
+import zipfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tasks.data.readers import load_split
+from tasks.evaluation.files import Predictions, read_logits, temp_file_beside
+from tasks.evaluation.metrics import NUM_SST_CLASSES, TASK_METRIC, overall_score, score
+from tasks.model import TASKS
+
+
+# ---- from tasks.ensemble_methods ----
+def predict(task: str, logits: torch.Tensor) -> torch.Tensor:
+    """A single model's predictions, the rule of tasks.model.MultitaskBert.predict."""
+    if task == "sst":
+        return logits.argmax(-1)
+    if task == "para":
+        return (logits > 0).long()
+    return logits
+
+
+def average(task: str, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Simple ensemble of models' logits: (ensemble logits, predictions), in float64.
+
+    SST: mean of softmax probabilities; logits = log of that mean; prediction its argmax.
+    Paraphrase: mean of sigmoid probabilities, computed as the mean of
+    tanh(x/2) = 2p - 1 so that its sign (p > 1/2) is exact even for tiny
+    logits; logits = log(p̄ / (1 - p̄)), which has the prediction's sign.
+    STS: mean score. One model, or identical models, give back that model's
+    predictions exactly.
+    """
+    if not logits:
+        raise ValueError("average of no models")
+    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
+    m = x.shape[0]
+    if task == "sst":
+        probs = x.softmax(-1).mean(0)  # (N, 5)
+        ens = torch.logsumexp(x.log_softmax(-1), 0) - math.log(m)  # log mean p, finite
+        return ens, probs.argmax(-1)
+    if task == "para":
+        centred = torch.tanh(x / 2).mean(0)  # (N,) = 2 p̄ - 1
+        # log p̄ - log(1 - p̄): as 2 atanh(2p̄ - 1) near p̄ = 1/2 (keeps the sign of tiny logits),
+        # through log-sigmoids elsewhere (finite where tanh has saturated to ±1)
+        far = torch.logsumexp(F.logsigmoid(x), 0) - torch.logsumexp(F.logsigmoid(-x), 0)
+        near = 2 * torch.atanh(centred.clamp(-0.5, 0.5))
+        ens = torch.where(centred.abs() < 0.5, near, far)
+        return ens, (centred > 0).long()
+    mean = x.mean(0)  # (N,)
+    return mean, mean
+
+
+def _contributions(task: str, logits: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Per-model quantities whose mean decides the simple ensemble's prediction (for fast subset search)."""
+    x = torch.stack([t.double() for t in logits])
+    if task == "sst":
+        return x.softmax(-1)
+    if task == "para":
+        return torch.tanh(x / 2)
+    return x
+
+
+def _safe(value: float) -> float:
+    """nan scores (constant STS predictions) rank below everything."""
+    return -math.inf if math.isnan(value) else value
+
+
+def select_subset(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor,
+                  max_exhaustive: int = 10) -> tuple[tuple[int, ...], float]:
+    """The model subset whose simple average scores best on (``logits``, ``labels``), and that score.
+
+    Every non-empty subset when there are at most ``max_exhaustive`` models
+    (2^M - 1 of them), greedy forward selection otherwise (add the model that
+    helps most, stop when none helps). Ties go to the smaller subset, then the
+    earlier models.
+    """
+    contrib = _contributions(task, logits)  # (M, N[, 5])
+    n_models = contrib.shape[0]
+
+    def subset_score(subset: Sequence[int]) -> float:
+        mean = contrib[list(subset)].mean(0)
+        return _safe(score(task, predict(task, mean), labels))  # para: mean tanh(x/2) > 0 iff mean p > 1/2
+
+    if n_models <= max_exhaustive:
+        best, best_score = (), -math.inf
+        for k in range(1, n_models + 1):
+            for subset in itertools.combinations(range(n_models), k):
+                s = subset_score(subset)
+                if s > best_score:
+                    best, best_score = subset, s
+        return best, best_score
+    chosen: list[int] = []
+    best_score = -math.inf
+    while len(chosen) < n_models:
+        candidates = [(subset_score(chosen + [m]), -m) for m in range(n_models) if m not in chosen]
+        s, neg_m = max(candidates)
+        if s <= best_score:
+            break
+        chosen.append(-neg_m)
+        best_score = s
+    return tuple(sorted(chosen)), best_score
+
+
+@dataclass
+class RegressionFit:
+    """Weights of the regression ensembler for one task: z = Σ_m w_m · logits_m (+ bias)."""
+
+    task: str
+    weights: list[float]
+    bias: float | None
+    n_fit: int
+    objective: str
+
+    def apply(self, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(ensemble logits, predictions); SST logits (N, 5), paraphrase logit / STS score (N,)."""
+        x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
+        if x.shape[0] != len(self.weights):
+            raise ValueError(f"{self.task}: fit on {len(self.weights)} models, applied to {x.shape[0]}")
+        w = torch.tensor(self.weights, dtype=torch.float64).view(-1, *([1] * (x.dim() - 1)))
+        z = (w * x).sum(0)
+        if self.bias is not None:
+            z = z + self.bias
+        return z, predict(self.task, z)
+
+
+def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor, l2: float = 1e-3,
+                   max_iter: int = 300) -> RegressionFit:
+    """Fit the regression ensembler's weights on (``logits``, ``labels``).
+
+    SST: softmax(Σ w_m x_m), cross-entropy; paraphrase: sigmoid(Σ w_m x_m + b),
+    binary cross-entropy; both minimised by L-BFGS (strong Wolfe line search)
+    from w = 1/M, with ``l2`` · Σ w_m² added so that a useless model's weight
+    goes to 0 rather than wandering. STS: least squares of the gold score on
+    [scores, 1] (closed form; the paper did not ensemble STS this way).
+    """
+    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
+    n_models, n = x.shape[0], x.shape[1]
+    y = labels.double()
+    if task == "sts":
+        design = torch.cat([x.T, torch.ones(n, 1, dtype=torch.float64)], dim=1)  # (N, M + 1)
+        sol = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)  # (M + 1,)
+        return RegressionFit(task, sol[:-1].tolist(), float(sol[-1]), n, "least squares")
+    w = torch.full((n_models,), 1.0 / n_models, dtype=torch.float64, requires_grad=True)
+    b = torch.zeros((), dtype=torch.float64, requires_grad=task == "para")
+    params = [w, b] if task == "para" else [w]
+    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
+                            history_size=20, line_search_fn="strong_wolfe")
+
+    def objective() -> torch.Tensor:
+        if task == "sst":
+            z = torch.einsum("m,mnc->nc", w, x)  # (N, 5)
+            data = F.cross_entropy(z, y.long())
+        else:
+            z = torch.einsum("m,mn->n", w, x) + b  # (N,)
+            data = F.binary_cross_entropy_with_logits(z, y)
+        return data + l2 * (w * w).sum()
+
+    def closure() -> torch.Tensor:
+        opt.zero_grad()
+        loss = objective()
+        loss.backward()
+        return loss
+
+    opt.step(closure)
+    return RegressionFit(task, w.detach().tolist(), float(b.detach()) if task == "para" else None, n,
+                         "softmax cross-entropy" if task == "sst" else "sigmoid binary cross-entropy")
+
+
+def split_halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A seeded random split of range(n): (dev-train indices, dev-dev indices), sizes n//2 and n - n//2."""
+    if n < 2:
+        raise ValueError(f"cannot split {n} dev examples into two halves")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    return perm[: n // 2].sort().values, perm[n // 2:].sort().values
+
+# ---- from tasks.ensemble ----
+log = logging.getLogger(__name__)
+
+
+METHODS = ("simple", "selective", "regression")
+
+
+TASK_LABELS = {"sst": "SST acc", "para": "Para acc", "sts": "STS r"}
+
+
+def logits_path(run_dir: str | os.PathLike[str], task: str, split: str) -> Path:
+    """``run_dir/{task}-{split}-logits.csv``, or under ``run_dir/predictions/`` when only that exists."""
+    run_dir = Path(run_dir)
+    name = f"{task}-{split}-logits.csv"
+    direct = run_dir / name
+    nested = run_dir / "predictions" / name
+    if not direct.is_file() and nested.is_file():
+        return nested
+    return direct
+
+
+def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """The tasks a training run was trained on (its ``config.json``, beside or above ``predictions/``); None
+    for a folder of logits with no training config (an ensemble's output): it is taken to have every task."""
+    run_dir = Path(run_dir)
+    for folder in (run_dir, run_dir.parent) if run_dir.name == "predictions" else (run_dir,):
+        config = folder / "config.json"
+        if config.is_file():
+            try:
+                tasks = json.loads(config.read_text(encoding="utf-8"))["tasks"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{config}: no list of tasks in it ({e}); "
+                                 "is it a training run's config.json?") from None
+            if not isinstance(tasks, list) or not set(tasks) <= set(TASKS):
+                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(TASKS)}")
+            return tuple(tasks)
+    return None
+
+
+def task_members(trained: Sequence[tuple[str, ...] | None], task: str) -> list[int]:
+    """Indices of the runs (their ``trained_tasks``) that are models of ``task``: its specialists and every
+    run that is not one."""
+    return [i for i, own in enumerate(trained) if own is None or task in own]
+
+
+@dataclass
+class TaskLogits:
+    """All runs' outputs for one task and split, aligned to ``ids`` (the first run's order).
+
+    logits[m]: float64, SST (N, 5), paraphrase / STS (N,). files[m]: where run m's came from.
+    """
+
+    task: str
+    split: str
+    ids: list[str]
+    logits: list[torch.Tensor]
+    files: list[Path]
+
+
+def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, split: str) -> TaskLogits | None:
+    """Read and align every run's ``{task}-{split}-logits.csv``; None when no run has the file.
+
+    A file missing from some runs only, a file with a repeated id, a wrong
+    shape, or ids that differ from the first run's raise, naming the file.
+    """
+    paths = [logits_path(d, task, split) for d in run_dirs]
+    present = [p.is_file() for p in paths]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = [str(p) for p, ok in zip(paths, present) if not ok]
+        raise FileNotFoundError(f"{task}-{split}: {len(missing)} of {len(paths)} runs lack their logits file: "
+                                f"{', '.join(missing)}; every run of an ensemble needs the same files (a run "
+                                "trained on some tasks only is known by the config.json beside its predictions/)")
+    ref_ids: list[str] | None = None
+    aligned: list[torch.Tensor] = []
+    for path in paths:
+        ids, values = read_logits(path)
+        want = (len(ids), NUM_SST_CLASSES) if task == "sst" else (len(ids),)
+        if tuple(values.shape) != want:
+            raise ValueError(f"{path}: logits of shape {tuple(values.shape)}; {task} needs {want}")
+        position = {i: n for n, i in enumerate(ids)}
+        if len(position) != len(ids):
+            dup = next(i for n, i in enumerate(ids) if position[i] != n)
+            raise ValueError(f"{path}: id {dup!r} appears more than once")
+        if ref_ids is None:
+            ref_ids, ref_path = ids, path
+            aligned.append(values.double())
+            continue
+        if set(ids) != set(ref_ids):
+            missing = [i for i in ref_ids if i not in position]
+            extra = sorted(set(ids) - set(ref_ids))
+            raise ValueError(
+                f"{path}: its ids differ from {ref_path}'s: {len(missing)} missing (e.g. {missing[:3]}), "
+                f"{len(extra)} extra (e.g. {extra[:3]}); were the runs made on the same data files?")
+        order = torch.tensor([position[i] for i in ref_ids], dtype=torch.long)
+        aligned.append(values.double()[order])
+    return TaskLogits(task, split, list(ref_ids), aligned, paths)
+
+
+def dev_labels(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str], source: str) -> torch.Tensor:
+    """The dev labels for ``ids`` from ``data_dir``'s dev file, in the order of ``ids``.
+
+    Ids the data file lacks are an error naming ``source`` (the logits file);
+    data-file ids the logits lack (a run made with --limit) are allowed with a warning.
+    """
+    examples, report = load_split(task, "dev", data_dir)
+    label = {e.id: e.label for e in examples}
+    unknown = [i for i in ids if i not in label]
+    if unknown:
+        raise ValueError(f"{source}: {len(unknown)} ids are not in {report.path} (e.g. {unknown[:3]}); "
+                         "is --data-dir the data these predictions were made on?")
+    if len(label) > len(ids):
+        log.warning("%s: covers %d of the %d ids in %s; scoring on those", source, len(ids), len(label), report.path)
+    return torch.tensor([label[i] for i in ids], dtype=torch.float64)
+
+
+@dataclass
+class TaskResult:
+    task: str
+    model_scores: list[float]  # full dev, per model
+    simple_score: float  # full dev
+    ensemble_score: float  # full dev (selective: optimistic; regression: includes the fit half)
+    models: list[int]  # models used
+    weights: list[float] | None = None
+    bias: float | None = None
+    note: str = ""
+    # held-out scores: regression {"n_eval", "models", "simple", "regression"} on the half it was not fit on;
+    # selective {"n_eval", "models", "simple", "selective", "subsets"}: two folds, chosen on one half, scored on the other
+    holdout: dict | None = None
+    outputs: dict[str, Predictions] = field(default_factory=dict)  # split -> ensemble predictions
+    runs: list[int] = field(default_factory=list)  # model m is input run runs[m] (specialists join their tasks only)
+
+    def by_run(self, per_model: Sequence) -> dict[int, object]:
+        """{input run index: value} of a per-model list (model scores, weights)."""
+        return {self.runs[m]: v for m, v in enumerate(per_model)}
+
+    def model_names(self, names: Sequence[str]) -> list[str]:
+        """The name of each of this task's models, from the input runs' ``names``."""
+        return [names[i] for i in self.runs]
+
+
+def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor, test: TaskLogits | None, method: str, *,
+                  max_exhaustive: int = 10, seed: int = 0, regression_sts: bool = False, l2: float = 1e-3,
+                  max_iter: int = 300) -> TaskResult:
+    """Run ``method`` on one task: choose on dev, apply to dev and test; scores on dev."""
+    if method not in METHODS:
+        raise ValueError(f"unknown method {method!r}; methods: {METHODS}")
+    n_models = len(dev.logits)
+    if test is not None and len(test.logits) != n_models:
+        raise ValueError(f"{task}: {n_models} runs have dev logits but {len(test.logits)} have test logits")
+    model_scores = [score(task, predict(task, x), labels) for x in dev.logits]
+    simple_dev = average(task, dev.logits)
+    simple_score = score(task, simple_dev[1], labels)
+    result = TaskResult(task, model_scores, simple_score, simple_score, list(range(n_models)),
+                        runs=list(range(n_models)))  # ensemble_runs maps them to its input runs
+
+    def finish(dev_out: tuple[torch.Tensor, torch.Tensor], test_fn) -> TaskResult:
+        result.outputs["dev"] = Predictions(dev.ids, dev_out[0].float(), _pred_dtype(task, dev_out[1]))
+        if test is not None:
+            z, p = test_fn(test.logits)
+            result.outputs["test"] = Predictions(test.ids, z.float(), _pred_dtype(task, p))
+        return result
+
+    if method == "simple":
+        return finish(simple_dev, lambda xs: average(task, xs))
+    if method == "selective":
+        subset, best = select_subset(task, dev.logits, labels, max_exhaustive)
+        result.models, result.ensemble_score = list(subset), best
+        result.holdout = selective_two_fold(task, dev.logits, labels, max_exhaustive, seed)
+        result.note = (f"subset chosen on this dev set (optimistic); chosen on one half and scored on the other, "
+                       f"both ways: {result.holdout['selective']:.4f}")
+        pick = lambda xs: [xs[m] for m in subset]  # noqa: E731
+        return finish(average(task, pick(dev.logits)), lambda xs: average(task, pick(xs)))
+    # regression
+    fit_idx, eval_idx = split_halves(len(dev.ids), seed)
+    half = lambda xs, idx: [x[idx] for x in xs]  # noqa: E731
+    held_x, held_y = half(dev.logits, eval_idx), labels[eval_idx]
+    holdout = {"n_fit": len(fit_idx), "n_eval": len(eval_idx),
+               "models": [score(task, predict(task, x), held_y) for x in held_x],
+               "simple": score(task, average(task, held_x)[1], held_y)}
+    if task == "sts" and not regression_sts:
+        result.note = ("the paper fit no regression ensembler for STS: simple average "
+                       "(--regression-sts fits least-squares weights)")
+        holdout["regression"] = holdout["simple"]
+        result.holdout = holdout
+        return finish(simple_dev, lambda xs: average(task, xs))
+    fit = fit_regression(task, half(dev.logits, fit_idx), labels[fit_idx], l2=l2, max_iter=max_iter)
+    holdout["regression"] = score(task, fit.apply(held_x)[1], held_y)
+    result.weights, result.bias, result.holdout = fit.weights, fit.bias, holdout
+    dev_out = fit.apply(dev.logits)
+    result.ensemble_score = score(task, dev_out[1], labels)
+    result.note = f"weights fit on {len(fit_idx)} dev examples ({fit.objective}); honest score on the other {len(eval_idx)}"
+    return finish(dev_out, fit.apply)
+
+
+def selective_two_fold(task: str, logits: list[torch.Tensor], labels: torch.Tensor, max_exhaustive: int,
+                       seed: int) -> dict:
+    """The selective ensemble scored honestly: a subset chosen on one dev half is scored on the other, both ways.
+
+    Returns {"n_eval", "models", "simple", "selective"} like the regression's
+    held-out record: each score the mean over the two folds (each fold scored
+    on its own half, so ``selective`` never saw the examples it is scored on).
+    """
+    a, b = split_halves(len(labels), seed)
+    per_fold: list[dict[str, object]] = []
+    for fit_idx, eval_idx in ((a, b), (b, a)):
+        subset, _ = select_subset(task, [x[fit_idx] for x in logits], labels[fit_idx], max_exhaustive)
+        held = [x[eval_idx] for x in logits]
+        per_fold.append({"models": [score(task, predict(task, x), labels[eval_idx]) for x in held],
+                         "simple": score(task, average(task, held)[1], labels[eval_idx]),
+                         "selective": score(task, average(task, [held[m] for m in subset])[1], labels[eval_idx]),
+                         "subset": list(subset)})
+    mean = lambda k: sum(f[k] for f in per_fold) / 2  # noqa: E731
+    return {"n_eval": len(labels), "models": [sum(f["models"][m] for f in per_fold) / 2 for m in range(len(logits))],
+            "simple": mean("simple"), "selective": mean("selective"), "subsets": [f["subset"] for f in per_fold]}
+
+
+def _pred_dtype(task: str, preds: torch.Tensor) -> torch.Tensor:
+    return preds.float() if task == "sts" else preds.long()
+
+
+def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str]) -> str:
+    """A fixed-width table: name, one column per task metric, overall."""
+    width = max([len(name) for name, _ in rows] + [10])
+    header = f"{'':<{width}}  " + "  ".join(f"{TASK_LABELS[t]:>8}" for t in tasks) + f"  {'overall':>8}"
+    lines = [header]
+    for name, scores in rows:
+        cells = [f"{scores[t]:>8.4f}" if t in scores else f"{'-':>8}" for t in tasks]
+        metrics = {TASK_METRIC[t]: v for t, v in scores.items()}
+        whole = metrics and all(t in scores for t in tasks)  # a specialist's row has no overall
+        overall = f"{overall_score(metrics):>8.4f}" if whole else f"{'-':>8}"
+        lines.append(f"{name:<{width}}  " + "  ".join(cells) + f"  {overall}")
+    return "\n".join(lines)
+
+
+SUBMISSION_ZIP = "cs224n_default_final_project_submission.zip"
+
+
+ZIP_ENTRY_DATE = (1980, 1, 1, 0, 0, 0)  # the earliest date a zip entry can hold: entries carry no file times
+
+
+def project_sources() -> list[tuple[Path, str]]:
+    """(file, path in the zip) of the project's code: train_multitask.py, minbert/ and tasks/ (.py files)."""
+    root = Path(__file__).resolve().parents[2]
+    files = [root / "train_multitask.py"] + sorted((root / "minbert").rglob("*.py")) + sorted(
+        (root / "tasks").rglob("*.py"))
+    return [(f, f.relative_to(root).as_posix()) for f in files if f.is_file()]
+
+
+def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
+    """``out_dir/cs224n_default_final_project_submission.zip`` in the starter's layout, written atomically.
+
+    As the CS224N starter's prepare_submit.py zips its folder (it writes
+    ``./<file>``, which zipfile stores as ``<file>``): the code as ``<path>.py``
+    and the leaderboard files as ``predictions/<name>``. Entries carry a fixed
+    date and mode instead of the files' own, so the same files give the same
+    bytes (a rerun that reuses every member writes the same zip).
+    """
+    path = out_dir / SUBMISSION_ZIP
+    fd, tmp = temp_file_beside(path)  # the umask's mode (0644), not mkstemp's 0600
+    os.close(fd)
+    try:
+        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+            for f, arcname in [*project_sources(), *((f, f"predictions/{f.name}") for f in written)]:
+                entry = zipfile.ZipInfo(arcname, date_time=ZIP_ENTRY_DATE)
+                entry.compress_type = zipfile.ZIP_DEFLATED
+                entry.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file, rw-r--r--
+                z.writestr(entry, f.read_bytes())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+

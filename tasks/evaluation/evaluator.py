@@ -1,0 +1,397 @@
+"""Predictions of a trained model: new text (command and Predictor API), the files of a run, --eval-only.
+
+Usage:
+    python -m tasks.predict --checkpoint runs/try/checkpoints/best --task sst --input sentences.txt
+    printf 'a cat sits\ta cat is sitting\n' | python -m tasks.predict --checkpoint runs/try --task sts
+
+    p = Predictor.from_checkpoint("runs/try/checkpoints/best")           # device="auto": CUDA when present
+    labels, probs = p.sentiment(["a gripping film", "dull"])             # (N,) classes 0-4, (N, 5) probabilities
+    labels, probs = p.paraphrase([("how do i cook rice", "how to cook rice")])   # (N,) 0/1, (N,) P(paraphrase)
+    scores = p.similarity([("a cat sits", "a cat is sitting")])          # (N,) 0-5
+    vectors = p.embed(["a gripping film"])                               # (N, H) what the heads read
+
+    result = evaluate_checkpoint("runs/try/checkpoints/best")      # dev metrics + predictions/ of a saved model
+    model, objectives, tokenizer, cfg = load_checkpoint_model("runs/try/checkpoints/best")
+    result = write_all_predictions(model, objectives, tokenizer, cfg, Path("runs/try/predictions"), device, None)
+
+What is written, for every task of the config: ``{task}-{split}-output.csv``
+(the leaderboard files) and ``{task}-{split}-logits.csv`` (raw outputs, for
+ensembles and distillation) for dev and test (a missing test file is skipped
+with a message), and with ``predict_train`` the training sets' logits
+(distillation teachers). An objective may change the final evaluation through
+its ``inference`` hook (KNN-BERT's vote: its metrics go to the record under
+the inference's ``key``, and its predictions to the leaderboard files).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from minbert.bert import BertModel
+from minbert.config import BertConfig
+from minbert.tokenizer import BertTokenizer
+from tasks.config import TrainConfig, eval_config
+from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
+from tasks.data.readers import Example
+from tasks.data.selection import capped_dev, load_examples, make_dataset
+from tasks.evaluation.files import Predictions, write_logits, write_predictions
+from tasks.evaluation.metrics import NUM_SST_CLASSES, TASK_METRIC, check_task, jsonable, overall_score, score
+from tasks.evaluation.priors import CosinePrior, SentimentPrior, sst_prior_of, sts_prior_of
+from tasks.model import PAIR_TASKS, MultitaskBert, TaskOutput
+from tasks.objectives import Objective, build_objectives, transform_of
+from tasks.training import distributed
+from tasks.training.checkpoint import load_objectives_state, load_tensors, read_json, resolve_checkpoint
+from tasks.training.runtime import autocast, autocast_dtype, resolve_device
+
+
+# ---- from tasks.evaluate ----
+def _predict_fn(model: nn.Module) -> Callable:
+    """model.predict, also through a DistributedDataParallel wrapper (torch.compile forwards attributes)."""
+    fn = getattr(model, "predict", None)
+    if fn is None and isinstance(getattr(model, "module", None), nn.Module):
+        fn = getattr(model.module, "predict", None)
+    if fn is None:
+        raise TypeError(f"{type(model).__name__} has no predict(task, out) method")
+    return fn
+
+
+@torch.no_grad()
+def predict_dataset(
+    model: nn.Module,
+    task: str,
+    dataset: Dataset,
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    both_orders: bool = False,
+    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
+    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
+) -> Predictions:
+    """Run ``model`` over ``dataset`` and return its outputs in dataset order.
+
+    ``dataset`` is a tasks.data SentenceDataset / PairDataset (``ids``,
+    ``lengths``, ``collate(indices)``); its pair mode must match the model's
+    ``pair_encoding``. The model must already be on ``device``. It runs in
+    eval mode and every submodule gets back its previous train/eval mode
+    afterwards (LP-FT keeps a frozen encoder in eval while heads train).
+    Batches are length-sorted and unshuffled
+    (``length_bucketed_batches(shuffle=False)``); results are scattered back to
+    dataset order. ``autocast_dtype`` (e.g. torch.bfloat16) turns on autocast
+    for the device's type; logits come back as float32. ``both_orders`` scores
+    a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
+    dataset's index ``i + N``, tasks.data.PairDataset), predictions from that mean.
+    ``sts_prior(dataset, scores)`` replaces STS scores, in dataset order, with
+    its blend of them (tasks.prior.CosinePrior.blend); ``sst_prior(dataset,
+    logits)`` SST logits with its blend (tasks.prior.SentimentPrior.blend), the
+    predictions then its argmax.
+    """
+    check_task(task)
+    device = torch.device(device)
+    n = len(dataset)
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    predict = _predict_fn(model)
+    amp = autocast(device, autocast_dtype)
+    order: list[int] = []
+    logit_parts: list[torch.Tensor] = []
+    pred_parts: list[torch.Tensor] = []
+    try:
+        for indices in length_bucketed_batches(dataset.lengths, batch_size, shuffle=False):
+            batch = move_batch(dataset.collate(indices), device)
+            with amp:
+                out = model(task, batch)
+            if both_orders and task in PAIR_TASKS:
+                swapped = move_batch(dataset.collate([i + n for i in indices]), device)
+                with amp:
+                    reverse = model(task, swapped)
+                out = TaskOutput((out.logits.float() + reverse.logits.float()) / 2)
+            # Kept on the device until the end: one transfer instead of a sync per batch.
+            logit_parts.append(out.logits.float())
+            pred_parts.append(predict(task, out))
+            order.extend(indices)
+    finally:
+        for m, was_training in modes:
+            m.train(was_training)
+    if n == 0:
+        shape = (0, NUM_SST_CLASSES) if task == "sst" else (0,)
+        return Predictions([], torch.empty(shape), torch.empty(0, dtype=torch.float32 if task == "sts" else torch.long))
+    if sorted(order) != list(range(n)):
+        raise RuntimeError(f"{task}: the evaluation batches did not cover each of the {n} examples exactly once")
+    where = torch.tensor(order, dtype=torch.long)  # (N,) dataset index of each computed row
+    logits_sorted = torch.cat(logit_parts).cpu()
+    preds_sorted = torch.cat(pred_parts).cpu()
+    logits = torch.empty_like(logits_sorted)
+    preds = torch.empty_like(preds_sorted)
+    logits[where] = logits_sorted
+    preds[where] = preds_sorted
+    if task == "sts":
+        if sts_prior is not None:
+            logits = preds = sts_prior(dataset, logits)
+        preds = preds.float()
+    if task == "sst" and sst_prior is not None:
+        logits = sst_prior(dataset, logits)
+        preds = logits.argmax(-1)
+    return Predictions(list(dataset.ids), logits, preds)
+
+
+def evaluate(
+    model: nn.Module,
+    datasets: dict[str, Dataset],
+    batch_size: int = 128,
+    device: str | torch.device = "cpu",
+    autocast_dtype: torch.dtype | None = None,
+    both_orders: bool = False,
+    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
+    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
+) -> tuple[dict[str, float], dict[str, Predictions]]:
+    """Predict every dataset (keyed by task) and score the labeled ones.
+
+    Returns (metrics, predictions). metrics has TASK_METRIC[task] for each
+    dataset with labels (``dataset.labels is not None``) and "overall" (see
+    ``overall_score``) when at least one was scored; unlabeled datasets (test
+    splits) only get predictions.
+    """
+    metrics: dict[str, float] = {}
+    predictions: dict[str, Predictions] = {}
+    for task, dataset in datasets.items():
+        check_task(task)
+        p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype,
+                            both_orders=both_orders, sts_prior=sts_prior, sst_prior=sst_prior)
+        predictions[task] = p
+        if getattr(dataset, "labels", None) is not None:
+            metrics[TASK_METRIC[task]] = score(task, p.preds, dataset.labels)
+    if metrics:
+        metrics["overall"] = overall_score(metrics)
+    return metrics, predictions
+
+# ---- from tasks.predict ----
+logger = logging.getLogger(__name__)
+
+
+class EvalView(nn.Module):
+    """The model as evaluation sees it: objectives' inference transforms (Match-Tuning "batch") applied."""
+
+    def __init__(self, model: MultitaskBert, transforms: dict[str, Callable]):
+        super().__init__()
+        self.model = model
+        self.transforms = transforms
+
+    def forward(self, task: str, batch: dict):
+        return self.model(task, batch, transform=self.transforms.get(task))
+
+    def predict(self, task: str, out) -> torch.Tensor:
+        return self.model.predict(task, out)
+
+
+def eval_model(model: MultitaskBert, objectives: Sequence[Objective], tasks: Sequence[str]) -> nn.Module:
+    """``model`` itself, or a view applying the objectives' evaluation transforms where they have one."""
+    transforms = {}
+    for task in tasks:
+        fn = transform_of(objectives, task, training=False)
+        if fn is not None:
+            transforms[task] = fn
+    return EvalView(model, transforms) if transforms else model
+
+
+def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective], tokenizer: Any, cfg: TrainConfig,
+                          pred_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
+                          train_sets: dict[str, Any] | None = None, sts_prior: CosinePrior | None = None,
+                          sst_prior: SentimentPrior | None = None, checkpoint: Path | None = None) -> dict:
+    """Full dev metrics, and dev + test prediction and logit files for every task of ``cfg``.
+
+    A missing test file (there is no quora-test-student.csv in the shared data)
+    is skipped with a message. With ``cfg.predict_train`` the whole training
+    file of each task (no per-epoch caps) is predicted too: its logits go to
+    ``{task}-train-logits.csv`` (distillation teachers, tasks/objectives/distill.py;
+    no leaderboard file) and its metrics to "train". An objective's
+    ``inference`` (KNN-BERT) scores dev under its key and may replace the
+    leaderboard predictions. ``train_sets`` (a trainer's tokenized training
+    sets) saves reading them again, ``sts_prior`` and ``sst_prior`` (a trainer's)
+    loading the priors' encoder again; without an ``sst_prior``, the probe
+    saved in ``checkpoint`` is used, or one fitted on SST train. Returns
+    {"dev": metrics, "files": [paths], "skipped": [...]} plus "train" and each
+    inference's key when computed.
+    """
+    view = eval_model(model, objectives, cfg.tasks)
+    sts_prior = sts_prior if sts_prior is not None else sts_prior_of(cfg, device, amp_dtype)
+    sst_prior = sst_prior if sst_prior is not None else sst_prior_of(cfg, device, amp_dtype, checkpoint)
+    train_sets = dict(train_sets or {})
+
+    def train_set(task: str) -> Any:
+        if task not in train_sets:
+            examples = load_examples(task, "train", cfg)
+            if examples is None:
+                raise FileNotFoundError(f"{task} train: no input file in {cfg.data_dir}; --predict-train and "
+                                        "KNN-BERT inference need the training data")
+            train_sets[task] = make_dataset(task, examples, tokenizer, cfg)
+        return train_sets[task]
+
+    inferences = [inf for o in objectives
+                  if (inf := o.inference(model, cfg.tasks, train_set, cfg.eval_batch_size, device)) is not None]
+    files: list[str] = []
+    skipped: list[str] = []
+    result: dict[str, Any] = {}
+    for split in ("dev", "test") + (("train",) if cfg.predict_train else ()):
+        datasets = {}
+        for task in cfg.tasks:
+            if split == "train":
+                datasets[task] = train_set(task)
+                continue
+            examples = load_examples(task, split, cfg)
+            if examples is not None and split == "dev" and cfg.final_dev == "capped":
+                examples = capped_dev(task, examples, cfg)
+            if examples is None:
+                msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
+                logger.warning(msg)
+                skipped.append(msg)
+                continue
+            datasets[task] = make_dataset(task, examples, tokenizer, cfg)
+        t0 = time.perf_counter()
+        metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
+                                  autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval,
+                                  sts_prior=sts_prior, sst_prior=sst_prior)
+        logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
+                    (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
+        leaderboard = preds
+        if split != "train":  # a training example is its own nearest neighbour
+            for inference in inferences:
+                leaderboard, extra_metrics = inference.score(split, datasets, leaderboard, metrics)
+                if extra_metrics:
+                    result.setdefault(inference.key, dict(inference.info)).update(extra_metrics)
+        for task, p in preds.items():
+            if split != "train":
+                files.append(str(write_predictions(pred_dir, task, split, leaderboard[task])))
+            files.append(str(write_logits(pred_dir, task, split, p)))
+        if split in ("dev", "train"):
+            result[split] = jsonable(metrics)
+    result["files"] = files
+    result["skipped"] = skipped
+    return result
+
+
+def load_checkpoint_model(path: str | os.PathLike, device: torch.device | str = "cpu"
+                          ) -> tuple[MultitaskBert, list[Objective], BertTokenizer, TrainConfig]:
+    """Rebuild (model, objectives, tokenizer, config) from a checkpoint directory alone."""
+    ckpt = resolve_checkpoint(path)
+    cfg = TrainConfig.from_dict(read_json(ckpt / "config.json"))
+    enc_dir = ckpt / "encoder"
+    encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))
+    tokenizer = BertTokenizer.from_pretrained(enc_dir)
+    model = MultitaskBert(encoder, cfg.model)
+    model.load_state_dict(load_tensors(ckpt / "model.safetensors"))
+    model.to(device)
+    objectives = build_objectives(cfg.objectives, model)
+    for o in objectives:
+        o.to(device)
+    load_objectives_state(objectives, model, ckpt, torch.device(device))
+    return model, objectives, tokenizer, cfg
+
+
+def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
+                        overrides: dict[str, Any] | None = None) -> dict:
+    """--eval-only: dev metrics and dev + test predictions of a saved model.
+
+    ``overrides`` may set the fields ``tasks.config.eval_mutable()`` lists
+    (data_dir, device, bf16, eval_batch_size, limit, ... and the objectives'
+    inference options, e.g. knn_bert's knn_k and knn_phi): an objective whose
+    options differ from the saved ones gets a new Config (checked as at training).
+    Files go to ``<out_dir>/predictions`` (default: the run directory holding the checkpoint).
+    """
+    if distributed.env()[1] > 1:
+        raise ValueError("evaluation runs in one process: start --eval-only with python, not torchrun")
+    ckpt = resolve_checkpoint(path)
+    saved = TrainConfig.from_dict(read_json(ckpt / "config.json"))
+    cfg = eval_config(saved, dict(overrides or {}))
+    device = resolve_device(cfg.device)
+    amp = autocast_dtype(cfg.bf16, device)
+    model, objectives, tokenizer, _ = load_checkpoint_model(ckpt, device)
+    for o in objectives:
+        changed = cfg.objectives.get(o.name)
+        if changed is not None and changed != saved.objectives.get(o.name):
+            o.config = type(o.config)(**{**dataclasses.asdict(o.config), **changed})
+    if out_dir is None:
+        # runs/<name>/checkpoints/best -> runs/<name>; a checkpoint copied elsewhere -> its saved out_dir
+        out_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else saved.out_dir
+    result = write_all_predictions(model, objectives, tokenizer, cfg, Path(out_dir) / "predictions", device, amp,
+                                   checkpoint=ckpt)
+    result["checkpoint"] = str(ckpt)
+    return result
+
+
+class Predictor:
+    """A trained model's predictions on new sentences, batched, in eval mode, under torch.no_grad().
+
+    Objectives' evaluation transforms apply as in the run's own dev predictions
+    (Match-Tuning's batch matching); KNN-BERT's vote needs the training set and
+    is not applied (``--eval-only`` applies it). Outputs are float32 CPU tensors.
+    """
+
+    def __init__(self, model: MultitaskBert, objectives: Sequence[Objective], tokenizer: BertTokenizer,
+                 cfg: TrainConfig, device: torch.device, batch_size: int | None = None,
+                 checkpoint: str | os.PathLike | None = None) -> None:
+        self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
+        self.view = eval_model(model, objectives, cfg.tasks)
+        self.amp = autocast_dtype(cfg.bf16, device)
+        self.batch_size = batch_size or cfg.eval_batch_size
+        self.sts_prior = sts_prior_of(cfg, device, self.amp)
+        self.sst_prior = sst_prior_of(cfg, device, self.amp, checkpoint)  # the checkpoint's probe: no data needed
+
+    @classmethod
+    def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None
+                        ) -> Predictor:
+        """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present)."""
+        run_best = Path(path) / "checkpoints" / "best"
+        dev = resolve_device(device)
+        ckpt = run_best if run_best.is_dir() else Path(path)
+        model, objectives, tokenizer, cfg = load_checkpoint_model(ckpt, dev)
+        return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=resolve_checkpoint(ckpt))
+
+    def _predict(self, task: str, examples: list[Example]) -> Predictions:
+        if task not in self.cfg.tasks:
+            raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
+        return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
+                               batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp,
+                               both_orders=self.cfg.symmetric_eval,
+                               sts_prior=self.sts_prior, sst_prior=self.sst_prior)
+
+    @staticmethod
+    def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:
+        return [Example(str(i), a, b) for i, (a, b) in enumerate(pairs)]
+
+    def sentiment(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(labels (N,) in 0-4, probabilities (N, 5)) of SST-5 sentiment."""
+        out = self._predict("sst", [Example(str(i), t) for i, t in enumerate(texts)])
+        return out.preds, torch.softmax(out.logits, dim=-1)
+
+    def paraphrase(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(labels (N,) 1 = paraphrase, P(paraphrase) (N,)) of sentence pairs."""
+        out = self._predict("para", self._pairs(pairs))
+        return out.preds, torch.sigmoid(out.logits)
+
+    def similarity(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
+        """STS similarity scores (N,) of sentence pairs (0-5; the baseline's Siamese cosine head: -5 to 5)."""
+        return self._predict("sts", self._pairs(pairs)).preds
+
+    @torch.no_grad()
+    def embed(self, texts: Sequence[str]) -> torch.Tensor:
+        """The pooled sentence embeddings (N, H) the heads read (per the run's pooling), float32, in input order."""
+        ds = SentenceDataset([Example(str(i), t) for i, t in enumerate(texts)], self.tokenizer,
+                             max_length=self.cfg.max_length)
+        parts = []
+        for start in range(0, len(ds), self.batch_size):
+            batch = move_batch(ds.collate(list(range(start, min(start + self.batch_size, len(ds))))), self.device)
+            with autocast(self.device, self.amp):
+                parts.append(self.model.embed(batch["input_ids"], batch["attention_mask"],
+                                              batch.get("token_type_ids")).float())
+        return torch.cat(parts).cpu() if parts else torch.empty(0, self.model.encoder.config.hidden_size)
+
