@@ -13,7 +13,8 @@ same arithmetic. ``--compile`` adds a row for our encoder under torch.compile
 (the reference stays eager). Peak memory is measured per (model, mode, length) in a
 fresh child process holding only that model: on CPU the growth of the child's
 max resident set from before the model is built to after one step (weights,
-gradients and activations), on CUDA the tensors the child allocated on the device (tasks.runtime.peak_memory_bytes).
+gradients and activations), on CUDA the tensors the child allocated on the
+device (tasks.training.runtime.peak_memory_bytes).
 Nothing here is asserted; it prints a Markdown table for the README.
 """
 

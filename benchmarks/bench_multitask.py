@@ -5,7 +5,7 @@ Usage:
     python benchmarks/bench_multitask.py --steps 24 --rounds 5 --threads 2 --json runs/bench_multitask.json
     python benchmarks/bench_multitask.py --variants ours hf --no-bf16 --no-memory --profile
 
-What is timed is the Trainer's own ``train_step`` (tasks/train.py): forward of
+What is timed is the Trainer's own ``train_step`` (tasks.training.trainer): forward of
 the task head + loss under autocast, backward, gradient clipping and our AdamW
 step, on batches of the real training files in the default configuration
 (``TrainConfig()``: b1 heads, cross-encoded pairs, mean pooling, batch 32, the
@@ -16,15 +16,15 @@ sample is steps ``warmup .. warmup + steps`` of epoch 0's plan, collated once
 before timing (collation is not part of a step; its cost is in the JSON).
 Each variant first trains on the ``warmup`` steps, then makes one untimed pass
 over the sample: oneDNN builds its kernels once per shape (per padded length),
-which a real epoch amortizes over ~1000 steps and a short sample would not.
+which a real epoch amortizes over its many steps and a short sample would not.
 
 Variants (``--variants``):
     ours      the default run: length-bucketed batches, each padded to its longest sequence
     fixed     plain random batches (MultitaskSchedule(bucket=False)), every batch padded to max_length
     nobucket  plain random batches, padded to their longest (what bucketing alone adds)
     hf        ours, with transformers.BertModel (sdpa, the same weights) in place of our encoder
-    foreach   ours, with our AdamW's foreach path (--no-fused-adamw, the default before) in place of the fused kernel
-    pad8      ours, each batch padded to a multiple of 8 tokens (pad_to_multiple_of=8: 8x fewer shapes)
+    foreach   ours, with our AdamW's foreach path (--no-fused-adamw) in place of the fused kernel
+    pad8      ours, each batch padded to a multiple of 8 tokens (pad_to_multiple_of=8: fewer distinct shapes)
     compile   ours, with the encoder under torch.compile (--compile; compiled during the untimed pass)
 "ours", "hf", "foreach", "pad8" and "compile" run the very same examples in the very same batches. "fixed" and
 "nobucket" run the same steps of the unbucketed plan: the same task of every
@@ -44,7 +44,7 @@ the growth of the child's peak resident set (VmHWM, reset through
 set before the first step, i.e. gradients, AdamW moments, autocast weight
 copies and activations of the largest batch; on CUDA the same growth of the
 tensors allocated on the training device (the CUDA allocator's peak of
-that device, through tasks.runtime). The matmul peak times batches of calls
+that device, through tasks.training.runtime). The matmul peak times batches of calls
 with one synchronization each, so a GPU's launch queue stays full.
 
 MFU (model FLOPs utilization) counts only useful work, on real tokens:
@@ -394,7 +394,7 @@ def _memory_child(q: Any, cfg_dict: dict, name: str, warmup: int, steps: int, th
 
 def peak_train_mib(cfg: TrainConfig, name: str, warmup: int, steps: int, threads: int) -> float:
     """Peak memory of ``name``'s training steps in a fresh process over what it held before the first (MiB):
-    on CPU its resident set, on CUDA the tensors on the training device (tasks.runtime.peak_memory_bytes);
+    on CPU its resident set, on CUDA the tensors on the training device (tasks.training.runtime.peak_memory_bytes);
     nan where the peak cannot be reset."""
     ctx = mp.get_context("spawn")  # not fork: a fork after OpenMP threads have run can deadlock
     q = ctx.Queue()
@@ -607,7 +607,7 @@ def benchmark(cfg: TrainConfig, variants: Sequence[str] = DEFAULT_VARIANTS, step
 
     for name, v in built.items():
         # The warm-up batches, then one untimed pass over the sample: oneDNN builds its kernels once per
-        # shape (per padded length), which a real epoch amortizes over ~1000 steps and a short sample would not.
+        # shape (per padded length), which a real epoch amortizes over its many steps and a short sample would not.
         log(f"warm-up: {name}")
         if v.warmup:
             train_steps(v, v.warmup, warm_lrs)

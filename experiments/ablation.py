@@ -27,7 +27,8 @@ KNN vote, φ 0.25), match_tuning, rift.
 Differences from the paper, all of them budget: every row pools by the mean
 over tokens, not the pooled [CLS] of §4.1 (all-MiniLM-L6-v2 is trained as a
 mean-pooled sentence encoder; its pooler is not, and on it the B1 heads'
-SST and Siamese paraphrase outputs stayed at a constant at this budget), and
+SST and Siamese paraphrase outputs stayed constant at this budget:
+experiments/RESULTS.md), and
 the heads train at 10x the encoder's lr (``--head-lr-scale 10``): with one
 epoch on a slice, the randomly initialized heads otherwise barely leave the
 constant prediction before the lr has decayed.

@@ -5,24 +5,21 @@ seeds 0..K-1 (``--first-seed S``: S..S+K-1) of the default recipe, plus the
 flags given after ``--`` for every member. ``--variants`` sets what the full
 members add: member k takes variant k mod V (a quoted flag string, "" for
 none). The default, one variant ``--max-train-examples para=all``, trains
-every member on all of Quora every epoch (on this copy of the data 47,458
-pairs, 2.0x the default's; on a larger Quora file cap it, e.g. ``para=48000``,
-to stay within the 2 hours); ``--variants ""`` gives the default recipe's
+every member on all of Quora every epoch instead of the default recipe's slice
+(on a larger Quora file than this copy, cap it, e.g. ``para=48000``, to stay
+within the 2-hour budget); ``--variants ""`` gives the default recipe's
 members. ``--specialists sst=16`` (the default) adds 16 members trained on SST
-alone (``--tasks sst``, seeds 0..15 or S..S+15, about a ninth of a member's
-time each), which join the SST ensemble only: the minBERT paper (§5) reports
-negative transfer to SST from joint training, and on this CPU they lift the
+alone (``--tasks sst``, seeds 0..15 or S..S+15, each far cheaper than a full
+member), which join the SST ensemble only: the minBERT paper (§5) reports
+negative transfer to SST from joint training, and on the CPU they lift the
 SST ensemble. The flags after ``--`` go to them too, so a flag for Quora or
 STS alone belongs in ``--variants``; ``--specialists`` with nothing after it
-for none. On the 2-core CPU this default took 81 and 94 minutes (two
-machines) and scored dev overall 0.7712 and 0.7699 in two runs on seeds never
-trained before (experiments/RESULTS.md; members trained before ``--sst-prior``
-was a default: with it in every member, the 0.7712 run's ensemble scores 0.7709,
-re-predicted from its members' checkpoints). The ensemble
-(tasks/ensemble.py, ``--method``; default ``simple``, the mean of all
-members, which beat the selective subset on held-out dev halves:
-experiments/RESULTS.md) goes to ``<out-dir>/ensemble``: leaderboard files in
-the CS224N starter's format and ``cs224n_default_final_project_submission.zip``.
+for none. The time and dev scores of this default, on seeds never trained
+before, are in experiments/RESULTS.md. The ensemble (tasks.ensemble,
+``--method``; default ``simple``, the mean of all members, which beat the
+selective subset on held-out dev halves: experiments/RESULTS.md) goes to
+``<out-dir>/ensemble``: leaderboard files in the CS224N starter's format and
+``cs224n_default_final_project_submission.zip``.
 
 Honest scores: a subset (selective) or weights (regression) chosen on dev are
 scored on dev examples they were not chosen on (selective: two folds, chosen
@@ -72,7 +69,7 @@ from tasks.evaluation.ensemble import METHODS
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
-DEFAULT_SPECIALISTS = ("sst=16",)  # measured best within 2 hours of the 2-core CPU: experiments/RESULTS.md
+DEFAULT_SPECIALISTS = ("sst=16",)  # chosen by measurement within the 2-hour budget: experiments/RESULTS.md
 
 
 def member_flags(seed: int, extra: Sequence[str], variant: str = "") -> list[str]:
@@ -141,7 +138,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--first-seed", type=int, default=0, metavar="S",
                     help="seed of the first member and of each task's first specialist; for a second ensemble "
                          "on unseen seeds give S past the first one's seeds, and its own --out-dir")
-    ap.add_argument("--method", choices=METHODS, default="simple", help="the ensemble (tasks/ensemble.py)")
+    ap.add_argument("--method", choices=METHODS, default="simple", help="the ensemble (python -m tasks.ensemble)")
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels for the ensemble)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every member (default: torch's)")
     ap.add_argument("--jobs", type=int, default=1, help="members trained at the same time")

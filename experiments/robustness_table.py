@@ -12,9 +12,9 @@ b1 heads, cross-encoded pairs, mean pooling, even batching):
 
 Conditions, on SST and the paraphrase task trained together:
   clean         the training sets as they are
-  fs100, fs1000 few-shot: N training examples per task (stratified, tasks/subsets.py)
+  fs100, fs1000 few-shot: N training examples per task (stratified, tasks.data.perturb)
   noise10       exactly 10% of each task's training-file labels flipped to another class
-                (a run's random 2,000-example slice of the file holds about 10%)
+                (a run's random slice of the file holds that share in expectation)
   attack        accuracy of each seed's clean model under the embedding-space PGD attack
                 (L∞ ball per token, an approximation of word substitution: the adversarial
                 inputs are points in embedding space, not words); the classifier is attacked,
@@ -42,7 +42,7 @@ data, with 20 few-shot-100 epochs and the paper-scale attack.
 Each training cell is one ``train_multitask.py`` run in
 ``<out-dir>/<method>/<condition>/seed<k>`` on a copy of the data whose
 changed train files are in ``<out-dir>/data/<condition>-seed<k>``
-(tasks/robustness.py); a finished run is reused and one cut short resumes
+(tasks.data.perturb); a finished run is reused and one cut short resumes
 from its last checkpoint (experiments/sweep.py), so the same command again
 continues where it stopped.
 

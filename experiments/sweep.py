@@ -10,8 +10,8 @@ continues where it stopped; ``--force`` reruns everything. Paths mean what
 they mean where the sweep was started: each command runs in the sweep's own
 working directory, and ``runs/x`` and ``/abs/path/runs/x`` name one run
 (``--out-dir`` and ``--data-dir`` are compared as absolute paths). ``jobs`` > 1
-runs that many commands at once (``Sweep.map``): on a 2-core CPU two
-one-thread runs side by side get more done than one two-thread run.
+runs that many commands at once (``Sweep.map``), e.g. two one-thread runs
+side by side on a 2-core CPU (``--jobs 2 --threads 1``).
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ class Sweep:
 @contextlib.contextmanager
 def _run_lock(run_dir: Path, name: str):
     """Refuse to start a run whose directory another live sweep process is running (its --overwrite would
-    wipe that run's files); a lock left by a dead process is taken over (tasks.rundir.take_lock)."""
+    wipe that run's files); a lock left by a dead process is taken over (tasks.training.rundir.take_lock)."""
     lock = run_dir / "sweep.lock"
     try:
         take_lock(lock, f"[{name}] {run_dir}", reentrant=False)

@@ -3,7 +3,7 @@
 Compute on a CPU grows with the tokens a run pushes through the encoder, so
 recipes are compared by their training tokens: the real (unpadded) tokens of
 every example in every training step of every epoch (SWA epochs too), read
-from the run's own epoch plans (tasks/sampling.py), not estimated. A Siamese
+from the run's own epoch plans (tasks.data.schedule), not estimated. A Siamese
 pair counts both sentences, a triplet all three. Evaluation is not counted.
 
 Usage:
@@ -28,7 +28,7 @@ from tasks.training.trainer import build_schedule
 
 
 def example_tokens(dataset) -> list[int]:
-    """Real tokens of each example of a tasks.data dataset (every sequence it feeds the encoder)."""
+    """Real tokens of each example of a tasks.data.datasets dataset (every sequence it feeds the encoder)."""
     sides = [name for name in ("input_ids", "input_ids_1", "input_ids_2", "input_ids_3") if hasattr(dataset, name)]
     return [sum(len(getattr(dataset, side)[i]) for side in sides) for i in range(len(dataset))]
 

@@ -31,12 +31,11 @@ from minbert.config import BertConfig
 def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     """A {0, 1} mask keeping each element of ``x`` with probability 1 - p.
 
-    Drawn as uniform(0, 1) >= p: on CPU this is about twice as fast as
-    ``bernoulli_`` (what ``F.dropout`` uses) and has the same distribution.
-    The uniforms are float32 whatever ``x``'s dtype: under bf16 autocast this
-    is 1.5x faster than drawing bf16 uniforms (0.72 vs 1.09 ms for a 928 x 384
-    mask on the 2-core EPYC), and keeps p exact to 2^-24 instead of rounding
-    the threshold to bf16's 8-bit mantissa. So the mask is float32 for
+    Drawn as uniform(0, 1) >= p: on CPU this is faster than ``bernoulli_``
+    (what ``F.dropout`` uses) and has the same distribution (benchmarks/README.md).
+    The uniforms are float32 whatever ``x``'s dtype: under bf16 autocast that is
+    faster than drawing bf16 uniforms, and keeps p exact to 2^-24 instead of
+    rounding the threshold to bf16's 8-bit mantissa. So the mask is float32 for
     reduced-precision ``x`` (callers cast where the dtype matters).
     """
     dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32

@@ -26,8 +26,7 @@ the update, ``p <- (p - u) * (1 - lr * weight_decay)`` with ``u`` the Adam
 step; the two differ by ``lr * weight_decay * u`` per step, i.e.
 O(lr² · weight_decay) since ``|u| <~ lr``: at most ~1e-10 per step at lr 1e-4 and
 weight decay 0.01. We keep torch's order so that all three paths share one
-definition and ``torch.optim.AdamW`` is the reference the tests compare with
-(test_weight_decay_comes_before_the_adam_update_as_in_torch).
+definition and ``torch.optim.AdamW`` is the reference the tests compare with.
 
 Why ``eps`` sits where it does: folding both bias corrections into the scalar
 ``a_t`` (Kingma & Ba, end of section 2) saves two tensor divisions per step,
@@ -55,8 +54,8 @@ gives bit-identical results to the per-parameter loop.
 given ``eps / sqrt(1 - beta2**t)`` as its eps: by the identity above that is
 exactly our update (equal to the loop path up to float rounding, not bit for
 bit). It reads and writes each parameter, gradient and moment once instead of
-~8 times: measured on the 2-core Xeon (1 thread, the 22.7M MiniLM parameters)
-26 ms per step against 86 ms for ``foreach``. Needs ``correct_bias=True``.
+once per ``foreach`` op, which makes it the fastest path on CPU
+(benchmarks/README.md). Needs ``correct_bias=True``.
 """
 
 from __future__ import annotations
@@ -96,7 +95,7 @@ class AdamW(Optimizer):
         correct_bias: apply Adam's bias correction (BERT turned it off).
         foreach: use the ``torch._foreach_*`` fast path; same numbers.
         fused: one fused kernel per tensor list (``torch._fused_adamw_``); the
-            same update up to float rounding, ~3x faster than foreach on CPU.
+            same update up to float rounding, faster than foreach on CPU.
     """
 
     def __init__(
@@ -143,7 +142,7 @@ class AdamW(Optimizer):
         state = {}
         for key, entry in state_dict["state"].items():
             if isinstance(entry, dict) and isinstance(entry.get("step"), torch.Tensor):
-                entry = {**entry, "step": int(entry["step"])}  # once per load; a float32 step from older checkpoints too
+                entry = {**entry, "step": int(entry["step"])}  # once per load; int() reads a float32 step too
             state[key] = entry
         super().load_state_dict({**state_dict, "state": state})
         for entry in self.state.values():

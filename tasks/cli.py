@@ -1,9 +1,15 @@
-"""The argument parser every command uses: train, pretrain, ensemble, robustness, predict.
+"""What every command shares: its argument parser, and user errors as one line.
+
+The commands (train, pretrain, ensemble, robustness, predict) build their flags
+on ``Parser`` and run their work inside ``user_errors``, so a bad flag or a
+user-caused error reads the same whichever command met it.
 
 Usage:
     p = Parser(prog="python -m tasks.predict", description="...")
     p.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
     args = p.parse_args(argv)
+    with user_errors(p.prog):
+        run(args)          # a ValueError/OSError/... prints "<prog>: error: <one line>", exit status 1
 
 What it adds to argparse.ArgumentParser:
 - no abbreviations (``allow_abbrev=False``): ``--epoch 2`` is an error naming
@@ -31,7 +37,7 @@ from typing import NoReturn
 
 from safetensors import SafetensorError
 
-# ---- from tasks.argparsing ----
+# ---- the parser: foreign flags, no abbreviations, short errors ----
 # foreign flag -> (our flag the hint names, or None, hint); a renamed flag is hinted only where the command has it
 FOREIGN_FLAGS: dict[str, tuple[str | None, str]] = {
     "--use_gpu": ("--device", "the device is automatic (CUDA when present); to choose one pass --device cuda"),
@@ -74,7 +80,8 @@ def _option_strings(parser: argparse.ArgumentParser) -> set[str]:
 def foreign_flag_hint(argv: Sequence[str], known: set[str], renamed: dict[str, str] | None = None) -> str | None:
     """The error for the first flag in ``argv`` (before ``--``) that is not ours, with what to use instead.
 
-    ``renamed``: a command's old flag names -> the current ones (refused with the new name, never half-accepted).
+    ``renamed``: flag names a command no longer accepts -> the current ones (refused with the new name, never
+    half-accepted).
     """
     for i, token in enumerate(argv):
         if token == "--":
@@ -121,7 +128,7 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"usage: {self.prog} [options]  (--help for all of them)\n{self.prog}: error: {message}\n")
 
-# ---- from tasks.errors ----
+# ---- user errors: one line and exit status 1 ----
 VERBOSE_ENV = "MINBERT_VERBOSE"
 
 
@@ -138,8 +145,8 @@ def describe(error: BaseException) -> str:
     """One line for ``error``: its own message, with the path and a remedy where the OS gave only an errno."""
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
         where = f" writing {error.filename}" if error.filename else ""
-        return (f"disk full{where}: free space (a checkpoint takes 90-360 MB), then continue with --resume; "
-                "the last complete checkpoint is intact")
+        return (f"disk full{where}: free space (a checkpoint holds the model and optimizer state), "
+                "then continue with --resume; the last complete checkpoint is intact")
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         text = f"{error.filename}: {error.strerror}"
         if isinstance(error, PermissionError):

@@ -1,11 +1,15 @@
-"""Ensembles of saved predictions: simple, selective and regression (minBERT paper §4.6).
+"""The ensemble command: combine the saved predictions of several runs (minBERT paper §4.6).
+
+A thin command over tasks.evaluation.ensemble (reading the logits, the three
+methods, the submission zip): it parses the flags, checks the paths, and writes
+the outputs so that a failure leaves --out-dir as it was.
 
 Each run is a predictions directory holding the raw outputs that
-``tasks.evaluate.write_logits`` saves: ``{task}-{split}-logits.csv`` for the
+``tasks.evaluation.files.write_logits`` saves: ``{task}-{split}-logits.csv`` for the
 dev and test splits (SST: id,logit_0..logit_4; paraphrase: id,logit; STS:
 id,score). A run directory that holds them under ``predictions/`` works too.
 
-Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math is in tasks.ensemble_methods):
+Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math is in tasks.evaluation.ensemble):
   simple      the average prediction of all models: SST averages the softmax
               probabilities, paraphrase the sigmoid probabilities, STS the scores.
   selective   per task, the subset of models whose simple average scores best
@@ -23,7 +27,7 @@ Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math
               STS falls back to the simple average unless --regression-sts, which
               fits per-model linear weights and a bias by least squares.
 
-Dev labels come from the task files (``tasks.readers.load_split(task, "dev",
+Dev labels come from the task files (``tasks.data.readers.load_split(task, "dev",
 data_dir)``), matched by id. Every run must hold the same ids for a task and
 split (a mismatch names the file). A training run trained on some of the tasks
 only (``train_multitask.py --tasks sst``: its ``config.json`` says which) is a
@@ -202,7 +206,7 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
-    """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks/errors.py)."""
+    """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks.cli)."""
     with user_errors(PROG):
         return _main(argv)
 

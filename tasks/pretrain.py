@@ -1,4 +1,8 @@
-"""Additional masked-LM pretraining of the encoder on the task sentences.
+"""The pretrain command: additional masked-LM pretraining of the encoder on the task sentences.
+
+A thin command over tasks.training.mlm, which holds the MLM head, the
+pretraining loop and its resumable state: this module parses the flags, picks
+the sentences and writes the checkpoint.
 
 Sun et al. (2020), "How to fine-tune BERT for text classification?", further
 pretrain on in-domain text before fine-tuning; the minBERT paper (§4.2,
@@ -12,9 +16,9 @@ Masking is BERT's (Devlin et al., 2019, §3.1): 15% of the tokens are chosen
 of those, 80% become [MASK], 10% a random vocabulary token, 10% stay. Masks are
 drawn afresh for every batch (dynamic masking) from one seeded generator. The
 loss is cross-entropy over the chosen positions only; the MLM head's vocabulary
-projection runs on those positions only (about 7x fewer rows than all tokens).
+projection runs on those positions only, not on every token.
 
-The MLM head and its checkpoint format are in tasks/mlm.py. The result is a
+The MLM head and its checkpoint format are in tasks.training.mlm. The result is a
 Hugging Face ``BertForMaskedLM`` checkpoint directory (``save_mlm_checkpoint``)
 plus pretrain_config.json and pretrain_log.jsonl; ``train_multitask.py
 --pretrained DIR`` loads its encoder.
@@ -109,7 +113,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
 
 
 def main(argv: Sequence[str] | None = None) -> Path:
-    """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks/errors.py)."""
+    """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks.cli)."""
     with user_errors("python -m tasks.pretrain"):
         return _main(argv)
 

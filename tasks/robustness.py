@@ -7,16 +7,20 @@ Usage:
     python -m tasks.robustness attack --checkpoint runs/default/checkpoints/best --norm linf --epsilon 0.01
 
 The three training-set experiments write a perturbed copy of the training
-files (tasks/subsets.py: exact counts, seeded) into ``<out-dir>/data-*`` — the
+files (tasks.data.perturb: exact counts, seeded) into ``<out-dir>/data-*`` — the
 dev and test files are links to the originals — and run ``train_multitask.py``
 on it with the flags after ``--`` (any train_multitask.py flags except
 --data-dir, --out-dir, --seed and --tasks, which the experiment sets), once per seed; they print and save
 (``results.json``) dev scores as mean ± std over seeds. ``minority`` also
 reports the accuracy on the reduced class.
 
+A command only: the perturbations are tasks.data.perturb, each training run is
+the train command (tasks.train) in-process, and the attack is
+tasks.objectives.rift on a model from tasks.evaluation.evaluator.
+
 ``attack`` measures accuracy under an embedding-space attack on a trained
 model: PGD on the word embeddings (per-token ε-balls, L2 or L∞) maximizing the
-true label's loss (tasks/objectives/rift.pgd_attack). This is an approximation
+true label's loss (tasks.objectives.rift.pgd_attack). This is an approximation
 of the word-substitution attacks of the RIFT/KNN-BERT papers: the adversarial
 inputs are points in embedding space, not real words.
 """

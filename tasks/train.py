@@ -45,7 +45,6 @@ from tasks.config import (
     FINAL_DEV,
     LR_SCHEDULES,
     PRESETS,
-    RESUME_MUTABLE,
     STREAMS,
     TrainConfig,
     apply_preset,
@@ -55,15 +54,16 @@ from tasks.config import (
     refuse_idle_settings,
 )
 from tasks.data.schedule import SCHEDULES, SUBSETS
-from tasks.evaluation.evaluator import evaluate_checkpoint
+from tasks.evaluation.evaluator import default_out_dir, predict_checkpoint
 from tasks.model import ARCHS, PAIR_ENCODINGS, POOLINGS, TASKS, ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.options import default_of, help_text
 from tasks.training import distributed
-from tasks.training.checkpoint import read_json, resumable_checkpoint, verify_checkpoint
-from tasks.training.run import run
+from tasks.training.checkpoint import load_config, read_json, verify_checkpoint
+from tasks.training.run import run_plan
 from tasks.training.rundir import check_writable_dir
 from tasks.training.runtime import configure_malloc, resolve_device
+from tasks.training.trainer import RunPlan, prepare_run, resume_point
 
 logger = logging.getLogger("train_multitask")
 
@@ -90,12 +90,13 @@ class Command:
 
 @dataclass
 class Invocation:
-    """A parsed command line: the command, the config it runs, and the config paths set explicitly."""
+    """A checked command line: the command, the config it runs, the checkpoint it evaluates or continues, and
+    for training the checked run (``prepare_run``)."""
 
     command: Command
     config: TrainConfig
-    explicit: dict[str, Any]
     checkpoint: Path | None = None
+    plan: RunPlan | None = None
 
 
 def _kv(value_type: type) -> typing.Callable[[str], tuple[str, Any]]:
@@ -363,44 +364,39 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
                          "the checkpoint's own, and --preset would replace it: drop one")
     if c.eval_only or c.resume:
         what = "--eval-only" if c.eval_only else "--resume"
-        mutable = eval_mutable() if c.eval_only else RESUME_MUTABLE
         if c.preset or c.objective or c.no_objective:
             raise ValueError(f"{what} uses the checkpoint's own configuration; --preset, --objective and "
                              "--no-objective cannot change it")
-        fixed = [_flag(p) for p in explicit if p not in mutable]
-        if fixed:
-            raise ValueError(f"{what} uses the configuration saved in the checkpoint, so {', '.join(fixed)} "
-                             f"cannot change (allowed: {', '.join(_flag(p) for p in mutable)})")
         out_dir = Path(explicit.get("out_dir", TrainConfig().out_dir))
         default = out_dir / "checkpoints" / ("best" if c.eval_only else "last")
         where = c.checkpoint if c.checkpoint is not None else default
-        ckpt = resumable_checkpoint(where) if c.resume else verify_checkpoint(where)  # a damaged last: last.old/best
-        saved = TrainConfig.from_dict(read_json(ckpt / "config.json"))
+        if c.eval_only and (fixed := [_flag(p) for p in explicit if p not in eval_mutable()]):
+            raise ValueError(f"--eval-only uses the configuration saved in the checkpoint, so {', '.join(fixed)} "
+                             f"cannot change (allowed: {', '.join(_flag(p) for p in eval_mutable())})")
+        if c.resume:
+            ckpt, saved = resume_point(where)  # a damaged last: an intact last.old or best
+        else:
+            ckpt = verify_checkpoint(where)
+            saved = load_config(ckpt)
         cfg = copy.deepcopy(saved)
         if "out_dir" not in explicit:
-            explicit = {**explicit, "out_dir": str(ckpt.parent.parent) if ckpt.parent.name == "checkpoints"
-                        else cfg.out_dir}
+            explicit = {**explicit, "out_dir": str(default_out_dir(ckpt, saved))}
         for path, value in explicit.items():
             set_path(cfg, path, value)
         if c.eval_only:
             cfg = eval_config(saved, eval_overrides(cfg))
+            resolve_device(cfg.device)
         refuse_idle_settings(cfg, explicit)  # --resume and --eval-only alike: e.g. --sts-prior on a run without STS
-        if not c.eval_only:
-            cfg.validate()
-            distributed.check_config(cfg.batch_sizes(), cfg.device)
-        resolve_device(cfg.device)
         check_max_length(cfg, ckpt)
         check_prior_model(cfg, explicit)
-        return Invocation(c, cfg, explicit, ckpt)
+        plan = None if c.eval_only else prepare_run(cfg, (ckpt, saved))  # the one resume rule
+        return Invocation(c, cfg, ckpt, plan)
 
     cfg = config_from_flags(c, explicit)
     refuse_idle_settings(cfg, explicit)
-    cfg.validate()
-    distributed.check_config(cfg.batch_sizes(), cfg.device)
-    resolve_device(cfg.device)
     check_max_length(cfg)
     check_prior_model(cfg, explicit)
-    return Invocation(c, cfg, explicit)
+    return Invocation(c, cfg, plan=prepare_run(cfg))
 
 
 def config_for(argv: list[str]) -> TrainConfig:
@@ -526,11 +522,9 @@ def main(argv: list[str] | None = None) -> dict:
                         {s: b // world for s, b in cfg.batch_sizes().items()})
         try:
             if command.eval_only:
-                result = evaluate_checkpoint(inv.checkpoint, out_dir=cfg.out_dir, overrides=eval_overrides(cfg))
-            elif command.resume:
-                result = run(cfg, resume_from=inv.checkpoint)
+                result = predict_checkpoint(inv.checkpoint, cfg, cfg.out_dir)
             else:
-                result = run(cfg, overwrite=command.overwrite)
+                result = run_plan(inv.plan, overwrite=command.overwrite)
         finally:
             distributed.cleanup()  # leave torchrun's process group (no-op in one process)
     return result

@@ -22,6 +22,7 @@ from tasks import train as cli
 from tasks.config import TrainConfig
 from tasks.data import selection as splits
 from tasks.evaluation import priors as prior_module
+from tasks.evaluation import priors as priors_module
 from tasks.evaluation.evaluator import Predictor
 from tasks.evaluation.priors import SST_PRIOR_FILE
 from tasks.model import ModelConfig
@@ -131,7 +132,6 @@ REFUSED = [
     (["--eval-only", "--resume"], "choose one"),
     (["--checkpoint", "runs/x/checkpoints/best"], "--checkpoint"),
     (["--overwrite", "--resume"], "--overwrite"),
-    (["--resume", "--lr", "1e-3"], "--lr cannot change"),
     (["--eval-only", "--epochs", "3"], "--epochs cannot change"),
     (["--eval-only", "--preset", "b1"], "--preset"),
     (["--limit", "4", "--batch-size", "8"], "limit=4"),
@@ -155,7 +155,6 @@ REFUSED = [
     (["--max-train-examples", "para=0"], ">= 1"),
     (["--eval-only", "--swa-epochs", "2"], "--swa-epochs cannot change"),
     (["--eval-only", "--lp-epochs", "2"], "--lp-epochs cannot change"),
-    (["--resume", "--lp-epochs", "2"], "--lp-epochs cannot change"),
     (["--swa-lr", "1e-4"], "--swa-lr only acts"),
     (["--lp-lr", "1e-3"], "--lp-lr only acts"),
     (["--swa-epochs", "-1"], "swa_epochs must be >= 0"),
@@ -165,7 +164,6 @@ REFUSED = [
     (["--objective", "distill", "--distill-teachers", "no/such/run"], "--predict-train"),
     (["--objective", "distill", "--distill-teachers", "x", "--distill-temperature", "0"], "temperature"),
     (["--pair-swap", "1.5"], "pair_swap is a probability"),
-    (["--resume", "--pair-swap", "0.5"], "--pair-swap cannot change"),
     (["--eval-only", "--train-subsets", "cycle"], "--train-subsets cannot change"),
     (["--sts-prior", "2"], "sts_prior is a weight in [0, 1]"),
     (["--tasks", "sst", "para", "--sts-prior", "0.5"], "--sts-prior only acts on STS"),
@@ -196,8 +194,8 @@ def test_refused_combinations_fail_before_any_work(argv, message, monkeypatch, c
     for module, name in ((parts, "load_pretrained"), (splits, "load_split"), (splits, "load_nli"),
                          (train_mod, "Trainer")):
         monkeypatch.setattr(module, name, forbidden)
-    monkeypatch.setattr(cli, "run", forbidden)
-    monkeypatch.setattr(cli, "evaluate_checkpoint", forbidden)
+    monkeypatch.setattr(cli, "run_plan", forbidden)
+    monkeypatch.setattr(cli, "predict_checkpoint", forbidden)
     with pytest.raises(SystemExit) as exc:
         cli.main([*argv, "--out-dir", str(tmp_path / "nothing-here")])
     assert exc.value.code == 2
@@ -209,7 +207,7 @@ def test_refused_combinations_fail_before_any_work(argv, message, monkeypatch, c
 def test_cuda_request_without_cuda_is_refused(monkeypatch, capsys):
     """--device cuda on a machine without CUDA exits with a reason instead of failing mid-run."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(cli, "run", lambda *a, **k: pytest.fail("run started"))
+    monkeypatch.setattr(cli, "run_plan", lambda *a, **k: pytest.fail("run started"))
     with pytest.raises(SystemExit):
         cli.main(["--device", "cuda"])
     assert "cuda" in capsys.readouterr().err
@@ -273,7 +271,7 @@ def test_preset_with_an_unregistered_objective_names_it(monkeypatch, capsys):
     """A preset whose objective is missing fails with a message naming it; it is never silently dropped."""
     registry = {k: v for k, v in registered_objectives().items() if k != "mnr"}
     monkeypatch.setattr(cli, "registered_objectives", lambda: registry)
-    monkeypatch.setattr(cli, "run", lambda *a, **k: pytest.fail("run started"))
+    monkeypatch.setattr(cli, "run_plan", lambda *a, **k: pytest.fail("run started"))
     with pytest.raises(SystemExit):
         cli.main(["--preset", "b3"])
     err = capsys.readouterr().err
@@ -307,8 +305,9 @@ def _tiny_flags(env, out_dir: Path) -> list[str]:
             "--lr", "1e-3", "--log-every", "2"]
 
 
-def test_cli_train_limit_resume_and_eval_only(tiny_env, tmp_path):  # noqa: F811
-    """--limit caps every split; --resume continues to more epochs; --eval-only writes every prediction file."""
+def test_cli_train_limit_resume_and_eval_only(tiny_env, tmp_path, capsys):  # noqa: F811
+    """--limit caps every split; --resume refuses a changed setting by name, accepts the original flags restated
+    and continues to more epochs; --eval-only writes every prediction file."""
     run_dir = tmp_path / "run"
     cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "16", "--lr-schedule", "constant"])
     pred = run_dir / "predictions"
@@ -318,7 +317,11 @@ def test_cli_train_limit_resume_and_eval_only(tiny_env, tmp_path):  # noqa: F811
     assert saved["limit"] == 16 and saved["model"]["fcn_size"] == 16
     assert (run_dir / "train.log").read_text().count("seq/s") >= 1
 
-    cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--resume", "--out-dir", str(run_dir), "--lr", "2e-3"])
+    assert refused.value.code == 2 and "lr: checkpoint 0.001, now 0.002" in capsys.readouterr().err
+    cli.main(["--resume", *_tiny_flags(tiny_env, run_dir), "--limit", "16", "--lr-schedule", "constant",
+              "--epochs", "2"])
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("epoch") for r in records if not r.get("final")] == [1, 2]
 
@@ -502,3 +505,47 @@ def test_eval_only_refuses_settings_that_would_do_nothing_on_its_tasks(tiny_env,
             cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "eval"), *flags])
         assert e.value.code == 2 and message in capsys.readouterr().err
     assert not (tmp_path / "eval").exists()
+
+
+# ---- one path: each command checks and reads once ------------------------------------------------------------------
+
+
+def test_a_training_command_validates_its_config_once(tiny_env, tmp_path, monkeypatch):  # noqa: F811
+    """The command checks the config before any work; the trainer trusts it (a fresh run and a resume alike)."""
+    calls = []
+    real = TrainConfig.validate
+    monkeypatch.setattr(TrainConfig, "validate", lambda self: calls.append(self.out_dir) or real(self))
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "8", "--lr-schedule", "constant"])
+    assert calls == [str(run_dir)]
+    calls.clear()
+    cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
+    assert calls == [str(run_dir)]
+
+
+def test_eval_only_reads_the_checkpoints_config_once(tiny_env, tmp_path, monkeypatch):  # noqa: F811
+    """--eval-only resolves its checkpoint and reads its config.json once, however many layers use it."""
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "8"])
+    config = run_dir / "checkpoints" / "best" / "config.json"
+    reads, real_open = [], open
+
+    def counting_open(file, *args, **kwargs):
+        if Path(file) == config:
+            reads.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    cli.main(["--eval-only", "--out-dir", str(run_dir), "--limit", "8"])
+    assert len(reads) == 1
+
+
+def test_a_run_builds_each_prior_once(tiny_env, tmp_path, monkeypatch):  # noqa: F811
+    """The STS and SST priors are built at the first evaluation and serve every later one and the final files."""
+    built = []
+    for name in ("sts_prior_of", "sst_prior_of"):
+        real = getattr(priors_module, name)
+        monkeypatch.setattr(priors_module, name, lambda *a, _real=real, _name=name, **k: built.append(_name)
+                            or _real(*a, **k))
+    cli.main([*_tiny_flags(tiny_env, tmp_path / "run"), "--epochs", "2", "--limit", "8"])
+    assert sorted(built) == ["sst_prior_of", "sts_prior_of"]

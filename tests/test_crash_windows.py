@@ -19,8 +19,8 @@ import pytest
 from safetensors.torch import load_file
 
 from tasks.config import TrainConfig
+from tasks.evaluation.evaluator import Evaluator
 from tasks.training import checkpoint as ckpt_mod
-from tasks.training import run as train_mod
 from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as trainer_mod
 from tasks.training.checkpoint import atomic_directory, read_json, temporary_prefix
@@ -131,7 +131,7 @@ PHASES = {
     "between the renames of best": lambda mp: _dies_on_call(
         mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
     "after best, before the metrics record": lambda mp: _dies_on_call(mp, rundir_mod.RunDir, "append", 2),
-    "after the epoch, before predictions": lambda mp: _dies_on_call(mp, train_mod, "write_all_predictions", 1),
+    "after the epoch, before predictions": lambda mp: _dies_on_call(mp, Evaluator, "write_all", 1),
 }
 
 

@@ -1,9 +1,17 @@
-"""Training-set perturbations for the robustness evaluations the papers report.
+"""Perturbed training sets for the robustness evaluations the papers report.
+
+Three perturbations of one task's training examples (few-shot subsets, label
+noise, a shrunken minority class), ``perturb`` to apply one experiment to every
+task it changes, and ``perturbed_data_dir`` to write the result as a data
+directory a training run reads like the original (python -m tasks.robustness,
+experiments/robustness_table.py).
 
 Usage:
     few = few_shot(examples, n=100, seed=0)                        # N examples, class-stratified
     noisy, flipped = label_noise(examples, rate=0.1, num_classes=5, seed=0)
     skewed = minority(examples, label=0, keep=0.1, seed=0)         # keep 10% of class 0
+    changed = perturb("label-noise", train, seed=0, rate=0.1)      # {task: examples}
+    perturbed_data_dir(Path("data"), Path("runs/noise/data-0"), changed)
 
 Every function is deterministic in its seed (an explicit generator, never the
 global RNG) and hits the requested count exactly: rates are turned into counts
@@ -24,7 +32,7 @@ import torch
 from tasks.data.readers import TASK_FILES, Example
 
 
-# ---- from tasks.subsets ----
+# ---- perturbations of one task's training examples ----
 def _gen(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
@@ -93,7 +101,7 @@ def minority(examples: Sequence[Example], label: int, keep: float, seed: int) ->
     kept = {of_class[i] for i in torch.randperm(len(of_class), generator=g)[:k].tolist()}
     return [e for i, e in enumerate(examples) if e.label != label or i in kept]
 
-# ---- from tasks.robustness ----
+# ---- one experiment's perturbed training sets, written as a data directory ----
 log = logging.getLogger(__name__)
 
 
@@ -135,7 +143,7 @@ def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) 
 
 def perturb(command: str, train: dict[str, list[Example]], seed: int, *, n: int = 0, rate: float = 0.0,
             task: str = "sst", label: int = 0, keep: float = 1.0) -> dict[str, list[Example]]:
-    """The training sets one experiment changes, for one seed (tasks/subsets.py: exact counts, seeded).
+    """The training sets one experiment changes, for one seed (exact counts, seeded: see above).
 
     few-shot: ``n`` examples of every task in ``train``; label-noise: ``rate`` of every
     classification task's labels flipped to another class; minority: ``keep`` of class

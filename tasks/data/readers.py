@@ -94,7 +94,7 @@ class ReadReport:
     limit: int | None = None
 
     def summary(self, max_listed: int = 10) -> str:
-        """One line, e.g. 'data/quora-dev.csv: kept 20212 of 20214 rows; skipped 2: line 2577: empty label; ...'."""
+        """One line, e.g. 'data/quora-dev.csv: kept N of M rows; skipped 2: line 17: empty label; ...'."""
         text = f"{self.path}: kept {self.rows_kept} of {self.rows_total} rows"
         if self.limit is not None:
             text += f" (stopped at limit={self.limit})"

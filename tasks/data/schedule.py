@@ -5,7 +5,7 @@ Three schedules over the per-task batches of one epoch:
   round_robin  one batch of each task in turn; a task that runs out drops out
   even         every task's batches, one batch size, shuffled together: the
                paper's "even batching" (minbert-downstream-generalization §4.2)
-Per-task batches are length-bucketed (tasks.data.length_bucketed_batches) and
+Per-task batches are length-bucketed (tasks.data.datasets.length_bucketed_batches) and
 every plan is a pure function of (seed, epoch), so ``--resume`` rebuilds the
 same plan and skips the steps already done.
 
@@ -56,10 +56,10 @@ class MultitaskSchedule:
 
     ``subsets="cycle"`` instead walks through one seeded shuffle of the task
     per pass: epoch e takes the next ``cap`` examples, so no example repeats
-    before all were seen (with "fresh" draws, 3 epochs of 16k of Quora's 47k
-    pairs see 71% of them). ``swap`` maps a pair task to the probability that
-    a training pair is shown as (b, a): its index becomes ``i + N`` (see
-    tasks.data.PairDataset), drawn per (seed, epoch, task).
+    before all were seen (independent "fresh" draws repeat some examples
+    while others are never drawn). ``swap`` maps a pair task to the probability
+    that a training pair is shown as (b, a): its index becomes ``i + N`` (see
+    tasks.data.datasets.PairDataset), drawn per (seed, epoch, task).
     """
 
     def __init__(
@@ -192,7 +192,7 @@ class MultitaskSchedule:
 class LossWeights:
     """Per-task loss multipliers; the trainer sums weight * loss over the tasks of a step.
 
-    ``LossWeights.paper()`` is §4.2 "loss rescaling": Quora is ~25x larger
+    ``LossWeights.paper()`` is §4.2 "loss rescaling": Quora is many times larger
     than SST or STS, so its loss is multiplied by 0.1 to keep its pull on the
     shared encoder comparable while still seeing all its data. Tasks other
     than sst/para/sts (e.g. "nli", "cfimdb") take their weight from ``extra``

@@ -1,13 +1,22 @@
-"""How an ensemble combines its models' logits: simple average, selective subset, regression weights.
+"""Ensembles of saved runs: reading their logits, the three methods, the submission zip.
 
-The three methods of the minBERT paper §4.6 as functions of in-memory logits
-(float64 tensors, one per model); tasks.ensemble reads the runs' files, applies
-them per task and writes the leaderboard files.
+- The methods of the minBERT paper §4.6 as functions of in-memory logits
+  (float64 tensors, one per model): ``average`` (simple), ``select_subset``
+  (selective), ``fit_regression`` (the regression ensembler), and
+  ``ensemble_task``, which runs one of them on a task's dev and test logits
+  with its honest held-out score.
+- Reading the runs: each run's ``{task}-{split}-logits.csv`` (as
+  tasks.evaluation.files writes them), aligned by id (``load_task_logits``),
+  which tasks a run was trained on (``trained_tasks``), and the dev labels.
+- ``write_submission_zip``: the CS224N submission zip of the code and the
+  leaderboard files.
+The command around them is tasks.ensemble (python -m tasks.ensemble).
 
 Usage:
     logits, preds = average("sst", [run_a, run_b])                 # (N, 5), (N,)
     subset, dev_score = select_subset("sst", [run_a, run_b, run_c], dev_labels)
     fit = fit_regression("para", [run_a, run_b], labels); logits, preds = fit.apply([a_test, b_test])
+    dev = load_task_logits(["runs/a", "runs/b"], "sst", "dev")      # TaskLogits, or None when no run has it
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ from tasks.evaluation.metrics import NUM_SST_CLASSES, TASK_METRIC, overall_score
 from tasks.model import TASKS
 
 
-# ---- from tasks.ensemble_methods ----
+# ---- the methods, on in-memory logits ----
 def predict(task: str, logits: torch.Tensor) -> torch.Tensor:
     """A single model's predictions, the rule of tasks.model.MultitaskBert.predict."""
     if task == "sst":
@@ -195,7 +204,7 @@ def split_halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return perm[: n // 2].sort().values, perm[n // 2:].sort().values
 
-# ---- from tasks.ensemble ----
+# ---- reading the runs' logits and labels; one task's ensemble ----
 log = logging.getLogger(__name__)
 
 
@@ -431,6 +440,7 @@ def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str])
     return "\n".join(lines)
 
 
+# ---- the submission zip ----
 SUBMISSION_ZIP = "cs224n_default_final_project_submission.zip"
 
 

@@ -25,7 +25,6 @@ the inference's ``key``, and its predictions to the leaderboard files).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import time
@@ -46,11 +45,10 @@ from tasks.data.readers import Example
 from tasks.data.selection import capped_dev, load_examples, make_dataset
 from tasks.evaluation.files import Predictions, write_logits, write_predictions
 from tasks.evaluation.metrics import NUM_SST_CLASSES, TASK_METRIC, check_task, jsonable, overall_score, score
-from tasks.evaluation.priors import CosinePrior, SentimentPrior, sst_prior_of, sts_prior_of
+from tasks.evaluation.priors import RunPriors
 from tasks.model import PAIR_TASKS, MultitaskBert, TaskOutput
 from tasks.objectives import Objective, build_objectives, transform_of
-from tasks.training import distributed
-from tasks.training.checkpoint import load_objectives_state, load_tensors, read_json, resolve_checkpoint
+from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
 from tasks.training.runtime import autocast, autocast_dtype, resolve_device
 
 
@@ -174,7 +172,7 @@ def evaluate(
         metrics["overall"] = overall_score(metrics)
     return metrics, predictions
 
-# ---- from tasks.predict ----
+# ---- the evaluator: a model's predictions as training, --eval-only and the Predictor make them ----
 logger = logging.getLogger(__name__)
 
 
@@ -203,87 +201,119 @@ def eval_model(model: MultitaskBert, objectives: Sequence[Objective], tasks: Seq
     return EvalView(model, transforms) if transforms else model
 
 
-def write_all_predictions(model: MultitaskBert, objectives: Sequence[Objective], tokenizer: Any, cfg: TrainConfig,
-                          pred_dir: Path, device: torch.device, amp_dtype: torch.dtype | None,
-                          train_sets: dict[str, Any] | None = None, sts_prior: CosinePrior | None = None,
-                          sst_prior: SentimentPrior | None = None, checkpoint: Path | None = None) -> dict:
-    """Full dev metrics, and dev + test prediction and logit files for every task of ``cfg``.
+class Evaluator:
+    """How a model becomes predictions, one object for the trainer's dev scores, the final files, ``--eval-only``
+    and the Predictor: the objectives' evaluation view, both-order scoring of pairs (``symmetric_eval``), the
+    STS and SST priors (built once, at the first use; the SST probe from ``checkpoint`` when it holds one) and
+    an objective's inference-time vote (KNN-BERT) for the files.
 
-    A missing test file (there is no quora-test-student.csv in the shared data)
-    is skipped with a message. With ``cfg.predict_train`` the whole training
-    file of each task (no per-epoch caps) is predicted too: its logits go to
-    ``{task}-train-logits.csv`` (distillation teachers, tasks/objectives/distill.py;
-    no leaderboard file) and its metrics to "train". An objective's
-    ``inference`` (KNN-BERT) scores dev under its key and may replace the
-    leaderboard predictions. ``train_sets`` (a trainer's tokenized training
-    sets) saves reading them again, ``sts_prior`` and ``sst_prior`` (a trainer's)
-    loading the priors' encoder again; without an ``sst_prior``, the probe
-    saved in ``checkpoint`` is used, or one fitted on SST train. Returns
-    {"dev": metrics, "files": [paths], "skipped": [...]} plus "train" and each
-    inference's key when computed.
+    Usage:
+        evaluator = Evaluator(cfg, objectives, device, amp_dtype)
+        metrics, preds = evaluator.evaluate(model, {"sst": sst_dev, "sts": sts_dev})
+        result = evaluator.write_all(model, tokenizer, Path("runs/try/predictions"))
     """
-    view = eval_model(model, objectives, cfg.tasks)
-    sts_prior = sts_prior if sts_prior is not None else sts_prior_of(cfg, device, amp_dtype)
-    sst_prior = sst_prior if sst_prior is not None else sst_prior_of(cfg, device, amp_dtype, checkpoint)
-    train_sets = dict(train_sets or {})
 
-    def train_set(task: str) -> Any:
-        if task not in train_sets:
-            examples = load_examples(task, "train", cfg)
-            if examples is None:
-                raise FileNotFoundError(f"{task} train: no input file in {cfg.data_dir}; --predict-train and "
-                                        "KNN-BERT inference need the training data")
-            train_sets[task] = make_dataset(task, examples, tokenizer, cfg)
-        return train_sets[task]
+    def __init__(self, cfg: TrainConfig, objectives: Sequence[Objective], device: torch.device,
+                 amp_dtype: torch.dtype | None, checkpoint: Path | None = None) -> None:
+        self.cfg, self.objectives, self.device, self.amp_dtype = cfg, list(objectives), device, amp_dtype
+        self.priors = RunPriors(cfg, device, amp_dtype)
+        self.priors.checkpoint = checkpoint
 
-    inferences = [inf for o in objectives
-                  if (inf := o.inference(model, cfg.tasks, train_set, cfg.eval_batch_size, device)) is not None]
-    files: list[str] = []
-    skipped: list[str] = []
-    result: dict[str, Any] = {}
-    for split in ("dev", "test") + (("train",) if cfg.predict_train else ()):
-        datasets = {}
-        for task in cfg.tasks:
-            if split == "train":
-                datasets[task] = train_set(task)
-                continue
-            examples = load_examples(task, split, cfg)
-            if examples is not None and split == "dev" and cfg.final_dev == "capped":
-                examples = capped_dev(task, examples, cfg)
-            if examples is None:
-                msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
-                logger.warning(msg)
-                skipped.append(msg)
-                continue
-            datasets[task] = make_dataset(task, examples, tokenizer, cfg)
-        t0 = time.perf_counter()
-        metrics, preds = evaluate(view, datasets, batch_size=cfg.eval_batch_size, device=device,
-                                  autocast_dtype=amp_dtype, both_orders=cfg.symmetric_eval,
-                                  sts_prior=sts_prior, sst_prior=sst_prior)
-        logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
-                    (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
-        leaderboard = preds
-        if split != "train":  # a training example is its own nearest neighbour
-            for inference in inferences:
-                leaderboard, extra_metrics = inference.score(split, datasets, leaderboard, metrics)
-                if extra_metrics:
-                    result.setdefault(inference.key, dict(inference.info)).update(extra_metrics)
-        for task, p in preds.items():
-            if split != "train":
-                files.append(str(write_predictions(pred_dir, task, split, leaderboard[task])))
-            files.append(str(write_logits(pred_dir, task, split, p)))
-        if split in ("dev", "train"):
-            result[split] = jsonable(metrics)
-    result["files"] = files
-    result["skipped"] = skipped
-    return result
+    def view(self, model: MultitaskBert) -> nn.Module:
+        return eval_model(model, self.objectives, self.cfg.tasks)
+
+    def predict(self, model: MultitaskBert, task: str, dataset: Dataset, batch_size: int | None = None
+                ) -> Predictions:
+        """One dataset's predictions in dataset order (``predict_dataset`` with the run's settings and priors)."""
+        return predict_dataset(self.view(model), task, dataset, batch_size=batch_size or self.cfg.eval_batch_size,
+                               device=self.device, autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
+                               sts_prior=self.priors.sts, sst_prior=self.priors.sst)
+
+    def evaluate(self, model: MultitaskBert, datasets: dict[str, Dataset]
+                 ) -> tuple[dict[str, float], dict[str, Predictions]]:
+        """Metrics and predictions of every dataset (``evaluate`` with the run's settings and priors)."""
+        return evaluate(self.view(model), datasets, batch_size=self.cfg.eval_batch_size, device=self.device,
+                        autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
+                        sts_prior=self.priors.sts, sst_prior=self.priors.sst)
+
+    def write_all(self, model: MultitaskBert, tokenizer: Any, pred_dir: Path,
+                  train_sets: dict[str, Any] | None = None) -> dict:
+        """Full dev metrics, and dev + test prediction and logit files for every task of the config.
+
+        A missing test file is skipped with a message. With ``predict_train``
+        the whole training file of each task (no per-epoch caps) is predicted
+        too: its logits go to ``{task}-train-logits.csv`` (distillation teachers,
+        tasks/objectives/distill.py; no leaderboard file) and its metrics to
+        "train". An objective's ``inference`` (KNN-BERT) scores dev under its
+        key and may replace the leaderboard predictions. ``train_sets`` (a
+        trainer's tokenized training sets) saves reading them again. Returns
+        {"dev": metrics, "files": [paths], "skipped": [...]} plus "train" and
+        each inference's key when computed.
+        """
+        cfg, device = self.cfg, self.device
+        train_sets = dict(train_sets or {})
+
+        def train_set(task: str) -> Any:
+            if task not in train_sets:
+                examples = load_examples(task, "train", cfg)
+                if examples is None:
+                    raise FileNotFoundError(f"{task} train: no input file in {cfg.data_dir}; --predict-train and "
+                                            "KNN-BERT inference need the training data")
+                train_sets[task] = make_dataset(task, examples, tokenizer, cfg)
+            return train_sets[task]
+
+        inferences = [inf for o in self.objectives
+                      if (inf := o.inference(model, cfg.tasks, train_set, cfg.eval_batch_size, device)) is not None]
+        files: list[str] = []
+        skipped: list[str] = []
+        result: dict[str, Any] = {}
+        for split in ("dev", "test") + (("train",) if cfg.predict_train else ()):
+            datasets = {}
+            for task in cfg.tasks:
+                if split == "train":
+                    datasets[task] = train_set(task)
+                    continue
+                examples = load_examples(task, split, cfg)
+                if examples is not None and split == "dev" and cfg.final_dev == "capped":
+                    examples = capped_dev(task, examples, cfg)
+                if examples is None:
+                    msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
+                    logger.warning(msg)
+                    skipped.append(msg)
+                    continue
+                datasets[task] = make_dataset(task, examples, tokenizer, cfg)
+            t0 = time.perf_counter()
+            metrics, preds = self.evaluate(model, datasets)
+            logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
+                        (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
+            leaderboard = preds
+            if split != "train":  # a training example is its own nearest neighbour
+                for inference in inferences:
+                    leaderboard, extra_metrics = inference.score(split, datasets, leaderboard, metrics)
+                    if extra_metrics:
+                        result.setdefault(inference.key, dict(inference.info)).update(extra_metrics)
+            for task, p in preds.items():
+                if split != "train":
+                    files.append(str(write_predictions(pred_dir, task, split, leaderboard[task])))
+                files.append(str(write_logits(pred_dir, task, split, p)))
+            if split in ("dev", "train"):
+                result[split] = jsonable(metrics)
+        result["files"] = files
+        result["skipped"] = skipped
+        return result
 
 
-def load_checkpoint_model(path: str | os.PathLike, device: torch.device | str = "cpu"
+# ---- a saved checkpoint: the model, and its predictions (--eval-only) ----
+
+
+def load_checkpoint_model(path: str | os.PathLike, device: torch.device | str = "cpu", cfg: TrainConfig | None = None
                           ) -> tuple[MultitaskBert, list[Objective], BertTokenizer, TrainConfig]:
-    """Rebuild (model, objectives, tokenizer, config) from a checkpoint directory alone."""
+    """Rebuild (model, objectives, tokenizer, config) from a checkpoint directory alone.
+
+    ``cfg``, when the caller has read it (``load_config``), is used as it is: the objectives are built from its
+    options (an evaluation config may change their inference options, ``eval_config``)."""
     ckpt = resolve_checkpoint(path)
-    cfg = TrainConfig.from_dict(read_json(ckpt / "config.json"))
+    cfg = cfg if cfg is not None else load_config(ckpt)
     enc_dir = ckpt / "encoder"
     encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))
     tokenizer = BertTokenizer.from_pretrained(enc_dir)
@@ -297,35 +327,37 @@ def load_checkpoint_model(path: str | os.PathLike, device: torch.device | str = 
     return model, objectives, tokenizer, cfg
 
 
+def predict_checkpoint(ckpt: Path, cfg: TrainConfig, out_dir: str | os.PathLike) -> dict:
+    """Dev metrics and dev + test predictions of the model saved in ``ckpt`` (resolved), evaluated with ``cfg``
+    (its saved config with the evaluation's changes, ``eval_config``), into ``<out_dir>/predictions``."""
+    device = resolve_device(cfg.device)
+    amp = autocast_dtype(cfg.bf16, device)
+    model, objectives, tokenizer, _ = load_checkpoint_model(ckpt, device, cfg)
+    evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=ckpt)
+    result = evaluator.write_all(model, tokenizer, Path(out_dir) / "predictions")
+    result["checkpoint"] = str(ckpt)
+    return result
+
+
+def default_out_dir(ckpt: Path, saved: TrainConfig) -> Path:
+    """Where a checkpoint's predictions go: runs/<name>/checkpoints/best -> runs/<name>; a checkpoint copied
+    elsewhere -> its saved out_dir."""
+    return ckpt.parent.parent if ckpt.parent.name == "checkpoints" else Path(saved.out_dir)
+
+
 def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike | None = None,
                         overrides: dict[str, Any] | None = None) -> dict:
-    """--eval-only: dev metrics and dev + test predictions of a saved model.
+    """Dev metrics and dev + test predictions of a saved model (the Python form of --eval-only).
 
     ``overrides`` may set the fields ``tasks.config.eval_mutable()`` lists
     (data_dir, device, bf16, eval_batch_size, limit, ... and the objectives'
-    inference options, e.g. knn_bert's knn_k and knn_phi): an objective whose
-    options differ from the saved ones gets a new Config (checked as at training).
+    inference options, e.g. knn_bert's knn_k and knn_phi), checked by ``eval_config``.
     Files go to ``<out_dir>/predictions`` (default: the run directory holding the checkpoint).
     """
-    if distributed.env()[1] > 1:
-        raise ValueError("evaluation runs in one process: start --eval-only with python, not torchrun")
     ckpt = resolve_checkpoint(path)
-    saved = TrainConfig.from_dict(read_json(ckpt / "config.json"))
+    saved = load_config(ckpt)
     cfg = eval_config(saved, dict(overrides or {}))
-    device = resolve_device(cfg.device)
-    amp = autocast_dtype(cfg.bf16, device)
-    model, objectives, tokenizer, _ = load_checkpoint_model(ckpt, device)
-    for o in objectives:
-        changed = cfg.objectives.get(o.name)
-        if changed is not None and changed != saved.objectives.get(o.name):
-            o.config = type(o.config)(**{**dataclasses.asdict(o.config), **changed})
-    if out_dir is None:
-        # runs/<name>/checkpoints/best -> runs/<name>; a checkpoint copied elsewhere -> its saved out_dir
-        out_dir = ckpt.parent.parent if ckpt.parent.name == "checkpoints" else saved.out_dir
-    result = write_all_predictions(model, objectives, tokenizer, cfg, Path(out_dir) / "predictions", device, amp,
-                                   checkpoint=ckpt)
-    result["checkpoint"] = str(ckpt)
-    return result
+    return predict_checkpoint(ckpt, cfg, out_dir if out_dir is not None else default_out_dir(ckpt, saved))
 
 
 class Predictor:
@@ -340,11 +372,12 @@ class Predictor:
                  cfg: TrainConfig, device: torch.device, batch_size: int | None = None,
                  checkpoint: str | os.PathLike | None = None) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
-        self.view = eval_model(model, objectives, cfg.tasks)
         self.amp = autocast_dtype(cfg.bf16, device)
         self.batch_size = batch_size or cfg.eval_batch_size
-        self.sts_prior = sts_prior_of(cfg, device, self.amp)
-        self.sst_prior = sst_prior_of(cfg, device, self.amp, checkpoint)  # the checkpoint's probe: no data needed
+        # the checkpoint's SST probe: no data needed; both priors built now, so a missing encoder fails here
+        self.evaluator = Evaluator(cfg, objectives, device, self.amp,
+                                   checkpoint=Path(checkpoint) if checkpoint is not None else None)
+        self.evaluator.priors.build()
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None
@@ -352,17 +385,15 @@ class Predictor:
         """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present)."""
         run_best = Path(path) / "checkpoints" / "best"
         dev = resolve_device(device)
-        ckpt = run_best if run_best.is_dir() else Path(path)
+        ckpt = resolve_checkpoint(run_best if run_best.is_dir() else Path(path))
         model, objectives, tokenizer, cfg = load_checkpoint_model(ckpt, dev)
-        return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=resolve_checkpoint(ckpt))
+        return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=ckpt)
 
     def _predict(self, task: str, examples: list[Example]) -> Predictions:
         if task not in self.cfg.tasks:
             raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
-        return predict_dataset(self.view, task, make_dataset(task, examples, self.tokenizer, self.cfg),
-                               batch_size=self.batch_size, device=self.device, autocast_dtype=self.amp,
-                               both_orders=self.cfg.symmetric_eval,
-                               sts_prior=self.sts_prior, sst_prior=self.sst_prior)
+        return self.evaluator.predict(self.model, task, make_dataset(task, examples, self.tokenizer, self.cfg),
+                                      batch_size=self.batch_size)
 
     @staticmethod
     def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:

@@ -1,30 +1,19 @@
-"""Metrics, model predictions over whole datasets, and leaderboard prediction files.
+"""The Predictions container and the files it is written to: leaderboard predictions and raw logits.
 
-The three tasks are scored as the CS224N default project scores them: SST and
-paraphrase by accuracy, STS by the Pearson correlation r between predicted and
-gold similarity. The overall score is
-
-    overall = (sst_acc + para_acc + (sts_r + 1) / 2) / 3
-
-i.e. the mean of the per-task scores mapped to [0, 1] (r is in [-1, 1]). When
-only some tasks are evaluated, ``overall_score`` is the mean over the tasks
-present, so a one-task run still gets a comparable [0, 1] number.
-
-Predictions are made in length-sorted batches (little padding, fast) and put
-back in dataset order, so row i of ``Predictions`` is ``dataset.ids[i]``.
-Leaderboard files (``predictions/{sst,para,sts}-{dev,test}-output.csv``) hold
-one row per input id in input order; raw logits go beside them
-(``{task}-{split}-logits.csv``) for ensembling and distillation. Every writer
-is atomic (temporary file + ``os.replace``) and leaves the mode the umask gives
-(0644 typically); every reader names the file and line of a malformed row.
+``Predictions`` holds a model's outputs on a dataset in dataset order (row i is
+``dataset.ids[i]``), as tasks.evaluation.evaluator makes them. Leaderboard
+files (``predictions/{sst,para,sts}-{dev,test}-output.csv``) hold one row per
+input id in input order, in the CS224N starter's format; raw logits go beside
+them (``{task}-{split}-logits.csv``) for ensembling and distillation. Every
+writer is atomic (temporary file + ``os.replace``) and leaves the mode the
+umask gives; every reader names the file and line of a malformed row.
 
 Usage:
-    metrics, preds = evaluate(model, {"sst": sst_dev, "para": para_dev, "sts": sts_dev}, device=device)
-    metrics   # {"sst_acc": ..., "para_acc": ..., "sts_r": ..., "overall": ...}
-    for task, p in preds.items():
-        write_predictions("predictions", task, "dev", p)
-        write_logits("predictions", task, "dev", p)
+    preds = Predictions(ids, logits, logits.argmax(-1))          # SST: (N, 5) logits, (N,) classes
+    write_predictions("predictions", "sst", "dev", preds)         # predictions/sst-dev-output.csv
+    write_logits("predictions", "sst", "dev", preds)              # predictions/sst-dev-logits.csv
     ids, logits = read_logits("predictions/sst-dev-logits.csv")   # (N, 5)
+    ids, classes = read_predictions("predictions/sst-dev-output.csv")
 """
 
 from __future__ import annotations
@@ -44,12 +33,11 @@ import torch
 from tasks.data.readers import csv_records
 from tasks.evaluation.metrics import NUM_SST_CLASSES, check_task
 
-# Column after "id" in the leaderboard files (CS224N default project names).
-# Column after "id" in the leaderboard files: the CS224N starter's names (STS sic: its spelling), which we write;
-# plain "id,Predicted_*" CSV files with "Predicted_Similarity" are read too.
+# Column after "id" in the leaderboard files: the CS224N starter's names (STS sic: its spelling), which we write.
 STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
 
 
+# Also read: plain comma-separated "id,Predicted_*" files, with STS spelled "Predicted_Similarity".
 PREDICTION_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
 
 

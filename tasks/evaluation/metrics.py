@@ -1,8 +1,7 @@
-"""Metrics, model predictions over whole datasets, and leaderboard prediction files.
+"""The task metrics and the overall score, as the CS224N default project scores them.
 
-The three tasks are scored as the CS224N default project scores them: SST and
-paraphrase by accuracy, STS by the Pearson correlation r between predicted and
-gold similarity. The overall score is
+SST and paraphrase are scored by accuracy, STS by the Pearson correlation r
+between predicted and gold similarity. The overall score is
 
     overall = (sst_acc + para_acc + (sts_r + 1) / 2) / 3
 
@@ -10,21 +9,10 @@ i.e. the mean of the per-task scores mapped to [0, 1] (r is in [-1, 1]). When
 only some tasks are evaluated, ``overall_score`` is the mean over the tasks
 present, so a one-task run still gets a comparable [0, 1] number.
 
-Predictions are made in length-sorted batches (little padding, fast) and put
-back in dataset order, so row i of ``Predictions`` is ``dataset.ids[i]``.
-Leaderboard files (``predictions/{sst,para,sts}-{dev,test}-output.csv``) hold
-one row per input id in input order; raw logits go beside them
-(``{task}-{split}-logits.csv``) for ensembling and distillation. Every writer
-is atomic (temporary file + ``os.replace``) and leaves the mode the umask gives
-(0644 typically); every reader names the file and line of a malformed row.
-
 Usage:
-    metrics, preds = evaluate(model, {"sst": sst_dev, "para": para_dev, "sts": sts_dev}, device=device)
-    metrics   # {"sst_acc": ..., "para_acc": ..., "sts_r": ..., "overall": ...}
-    for task, p in preds.items():
-        write_predictions("predictions", task, "dev", p)
-        write_logits("predictions", task, "dev", p)
-    ids, logits = read_logits("predictions/sst-dev-logits.csv")   # (N, 5)
+    acc = score("sst", preds, labels)                              # accuracy; "sts": Pearson r
+    overall = overall_score({"sst_acc": acc, "sts_r": r})          # mean over the tasks present
+    record = jsonable({"sts_r": float("nan")})                     # {"sts_r": None}
 """
 
 from __future__ import annotations

@@ -285,6 +285,10 @@ class RunPriors:
             self._sst = sst_prior_of(self.cfg, self.device, self.amp, self.checkpoint)
         return self._sst
 
+    def build(self) -> None:
+        """Both priors now (otherwise each is built at its first use)."""
+        _ = self.sts, self.sst
+
     def save(self, directory: Path) -> None:
         """The SST probe into checkpoint ``directory``, once it exists."""
         if self._sst is not None:

@@ -52,6 +52,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tasks.config import TrainConfig
 from tasks.training import distributed
 
 logger = logging.getLogger(__name__)
@@ -247,11 +248,17 @@ def load_tensors(path: Path, device: str | torch.device = "cpu") -> dict[str, to
         raise ValueError(f"{path} is truncated or corrupted ({e})") from e
 
 
+def load_config(ckpt: Path) -> TrainConfig:
+    """The TrainConfig saved in checkpoint directory ``ckpt``: the one read of its config.json per command."""
+    return TrainConfig.from_dict(read_json(ckpt / "config.json"))
+
+
 def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """``resolve_checkpoint``, then every JSON file parsed and every safetensors header read (a truncated or
-    corrupted file is a ValueError naming it; flipped bits inside tensor data are not detected)."""
+    """``resolve_checkpoint``, then its state files parsed and every safetensors header read (a truncated or
+    corrupted file is a ValueError naming it; flipped bits inside tensor data are not detected). Its config.json
+    is checked where it is read, by ``load_config``."""
     path = resolve_checkpoint(path)
-    for name in ("config.json", "state.json", "optimizer.json"):
+    for name in ("state.json", "optimizer.json"):
         read_json(path / name)
     for file in sorted(path.glob("*.safetensors")):
         try:

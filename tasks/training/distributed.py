@@ -3,7 +3,7 @@
 Usage:
     torchrun --nproc_per_node=2 train_multitask.py --batch-size 32 ...   # 2 ranks, 16 examples each per step
 
-    from tasks import distributed
+    from tasks.training import distributed
     device = distributed.setup(resolve_device("auto"))   # joins the group when WORLD_SIZE > 1; cuda -> cuda:LOCAL_RANK
     mine = distributed.shard(indices)                     # this rank's share of a global batch
     loss.backward(); distributed.all_reduce_gradients(params)   # gradients averaged over ranks
@@ -17,7 +17,7 @@ the device is CUDA and gloo on CPU. Host-side values (which gradients exist,
 the logged loss sums, RNG states, evaluation results) travel over a separate
 gloo group, so under NCCL they never wait on the GPU.
 
-Semantics (tasks/train.py builds on them):
+Semantics (the Trainer, tasks.training.trainer, builds on them):
 - ``batch_size`` is the global batch: every rank builds the same schedule from
   the same seed (which stream comes next, which indices form each global
   batch), and rank r trains on ``indices[r::world]``. Every batch size must be

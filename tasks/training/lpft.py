@@ -9,7 +9,7 @@ Usage:
     run(TrainConfig(lp_epochs=2, epochs=3))     # 2 epochs heads only, then 3 of full fine-tuning
     python train_multitask.py --lp-epochs 2 --epochs 3
 
-How the stages map onto the training loop (tasks/trainer.py):
+How the stages map onto the training loop (tasks/training/trainer.py):
 - Epochs are numbered across both stages: epochs 1..lp_epochs are stage "lp",
   the next ``epochs`` are stage "ft". Every metrics.jsonl epoch record carries
   its ``"stage"`` ("ft" for every epoch of a run without LP-FT).

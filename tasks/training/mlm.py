@@ -1,4 +1,14 @@
-"""BERT's masked-LM head and the Hugging Face BertForMaskedLM checkpoint it is saved as.
+"""Masked-LM pretraining: BERT's MLM head and its checkpoint, the training loop, its resumable state.
+
+The library behind python -m tasks.pretrain (the command parses flags and picks
+the sentences; everything it runs is here), in three parts:
+
+- the MLM head and the Hugging Face ``BertForMaskedLM`` checkpoint it is saved as;
+- the resumable state of a run (``Progress``, ``save_progress`` /
+  ``load_progress`` in ``<out-dir>.partial``), so that an interrupted run
+  continues to the uninterrupted run's weights;
+- BERT's masking (``mask_tokens``), the task sentences (``collect_sentences``),
+  ``PretrainConfig`` and the loop itself (``pretrain``, ``evaluate_mlm``).
 
 The MLM head (``BertMLMHead``) is BERT's: transform (dense H->H, activation,
 LayerNorm) and a decoder whose weight is the word-embedding matrix (tied, same
@@ -16,6 +26,8 @@ which load_pretrained does not use.
 Usage:
     mlm, tokenizer, had_head = load_mlm()               # embedded MiniLM + a new head
     loss, logits, targets = mlm.masked_lm_loss(input_ids, attention_mask, labels)
+    records = pretrain(mlm, tokenizer, collect_sentences("data"), PretrainConfig(epochs=1),
+                       state_dir=partial_dir("checkpoints/mlm"), checkpoint_every=500)
     save_mlm_checkpoint("checkpoints/mlm", mlm, tokenizer)
 """
 
@@ -55,7 +67,7 @@ from tasks.training.checkpoint import (
 )
 from tasks.training.runtime import autocast, autocast_dtype, foreach_default, resolve_device
 
-# ---- from tasks.mlm ----
+# ---- the MLM head and its checkpoint ----
 log = logging.getLogger(__name__)
 
 
@@ -70,7 +82,7 @@ HEAD_KEYS = ("transform.dense.weight", "transform.dense.bias",
              "transform.LayerNorm.weight", "transform.LayerNorm.bias", "bias")
 
 
-# Our config fields that are runtime choices, not HF config keys.
+# Tokenizer files copied into a checkpoint when the source directory has them.
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
 
 
@@ -287,7 +299,8 @@ def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, t
         raise
     return out
 
-# ---- from tasks.pretrain_resume ----
+
+# ---- the resumable state of a pretraining run ----
 @dataclass
 class Progress:
     """Where a pretraining run stands: ``step`` steps taken, ``done_in_epoch`` batches of epoch ``epoch`` done,
@@ -340,7 +353,7 @@ def load_progress(state: Path, identity: dict, mlm: nn.Module, opt: torch.optim.
     rng = load_tensors(state / "rng.safetensors")
     torch.set_rng_state(rng["torch"])
     g.set_state(rng["generator"])
-    saved.setdefault("window_seconds", 0.0)  # a state saved before the window's time was kept
+    saved.setdefault("window_seconds", 0.0)  # a state.json without it resumes its log window's time from 0
     return Progress(epoch_rng=rng["epoch_generator"],
                     **{f.name: saved[f.name] for f in fields(Progress) if f.name != "epoch_rng"})
 
@@ -352,7 +365,8 @@ def _flat(d: dict, prefix: str = "") -> dict:
         out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
     return out
 
-# ---- from tasks.pretrain ----
+
+# ---- masking, the task sentences, and the pretraining loop ----
 log = logging.getLogger(__name__)
 
 

@@ -1,4 +1,10 @@
-"""Loss bookkeeping and progress display of the training loop.
+"""How a run shows its progress: loss sums for the log lines, tqdm-safe logging, and training.png.
+
+``RunningSums`` keeps each loss term summed on the device and turns the sums
+into means (over every torchrun rank) when a log line or an epoch record asks;
+``progress_logging`` routes log lines around a tqdm bar on a terminal;
+``plot_history`` draws the per-epoch records of metrics.jsonl as the run
+directory's training.png.
 
 Usage:
     sums = RunningSums()
@@ -6,6 +12,7 @@ Usage:
     sums.means()                    # one device sync: {"loss": ..., "sst/loss": ...}
     with progress_logging():        # log lines go through tqdm.write while a bar is shown
         ...
+    plot_history(history, "runs/x/training.png")    # history: the epoch records
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from matplotlib.ticker import MaxNLocator  # noqa: E402
 from tasks.training import distributed
 
 
-# ---- from tasks.progress ----
+# ---- loss sums and progress lines ----
 class RunningSums:
     """Loss terms summed on the device (no sync per step); read back as means on demand.
 
@@ -92,7 +99,8 @@ def progress_logging() -> Iterator[None]:
     else:
         yield
 
-# ---- from tasks.plots ----
+
+# ---- training.png: per-epoch loss terms and dev metrics ----
 matplotlib.use("Agg")  # files only; never needs a display
 
 

@@ -41,21 +41,29 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.config import TrainConfig
-from tasks.evaluation.evaluator import write_all_predictions
 from tasks.training.swa import run_swa
-from tasks.training.trainer import Hook, Trainer
+from tasks.training.trainer import Hook, RunPlan, Trainer, prepare_run, resume_point
 
 logger = logging.getLogger(__name__)
 
 
 def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overwrite: bool = False,
         hooks: Sequence[Hook] = ()) -> dict:
-    """Train, keep the best checkpoint (or SWA's average, when it scores higher), write predictions.
+    """Check ``cfg`` (``prepare_run``; with ``resume_from``, against the checkpoint found there), then ``run_plan``.
+
+    Returns the final summary, also appended to metrics.jsonl.
+    """
+    resume = resume_point(resume_from) if resume_from is not None else None
+    return run_plan(prepare_run(cfg, resume), overwrite=overwrite, hooks=hooks)
+
+
+def run_plan(plan: RunPlan, *, overwrite: bool = False, hooks: Sequence[Hook] = ()) -> dict:
+    """Train a checked run, keep the best checkpoint (or SWA's average, when it scores higher), write predictions.
 
     Returns the final summary, also appended to metrics.jsonl.
     """
     t0 = time.perf_counter()
-    trainer = Trainer.from_config(cfg, hooks=hooks, resume_from=resume_from, overwrite=overwrite)
+    trainer = Trainer.from_plan(plan, hooks=hooks, overwrite=overwrite)
     try:
         return _train_and_predict(trainer, t0)
     except BaseException:
@@ -78,10 +86,8 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
         return {"final": True, "rank": trainer.rank, "best_epoch": summary["best"]["epoch"],
                 "predictions_from": str(source)}
     logger.info("writing predictions from %s", source)
-    final = write_all_predictions(trainer.model, trainer.objectives, trainer.tokenizer, cfg,
-                                  trainer.run_dir.path / "predictions", trainer.device, trainer.amp_dtype,
-                                  train_sets=trainer.train_sets, sts_prior=trainer.priors.sts,
-                                  sst_prior=trainer.priors.sst)
+    final = trainer.evaluator.write_all(trainer.model, trainer.tokenizer, trainer.run_dir.path / "predictions",
+                                        train_sets=trainer.train_sets)
     extra = sorted((k for k in final if k not in ("dev", "files", "skipped")), key=lambda k: k != "train")
     record = {"final": True, "best_epoch": summary["best"]["epoch"], "predictions_from": str(source),
               "dev": final["dev"], **{k: final[k] for k in extra},  # training-set metrics, objectives' inference

@@ -6,7 +6,7 @@ new run has written its first checkpoint (or puts it back when the new run
 fails before). ``run.lock`` (pid and host) refuses a second live run on the
 same directory and is taken over from a dead owner. On resume, a ``best``
 left stale by a crash between saving ``last`` and linking ``best`` is repaired
-(tasks/checkpoint.py ``repair_best``). Only the main process writes.
+(tasks.training.checkpoint ``repair_best``). Only the main process writes.
 
 Usage:
     run_dir = RunDir("runs/try")
@@ -212,7 +212,7 @@ class RunDir:
         if improved:
             link_or_copy_directory(self.checkpoints / "last", self.checkpoints / "best")
         self.append(record)
-        from tasks.training.progress import plot_history  # matplotlib loads only when a run reaches its first plot
+        from tasks.training.progress import plot_history
 
         plot_history(history, self.path / "training.png")
 

@@ -5,7 +5,7 @@ Every decision that depends on the machine lives here, so the rest of the code
 asks one function instead of testing ``device.type`` itself.
 
 Resume guarantees. On CPU a resumed run repeats the interrupted one bit for bit
-(tests/test_train.py). On CUDA it does only with ``--deterministic``
+(tested). On CUDA it does only with ``--deterministic``
 (``torch.use_deterministic_algorithms`` and a fixed cuBLAS workspace) and on the
 same GPU model and count: without it, atomics in some backward kernels (index_add,
 embedding backward, SDPA) sum in a varying order, so a resumed run drifts from the
@@ -63,7 +63,7 @@ def configure_malloc() -> bool:
     """Make glibc keep freed memory for reuse instead of returning it to the OS each step.
 
     Without this, every large tensor of a CPU training step (activations,
-    gradients, the 47 MB word-embedding gradient and AdamW temporaries) is
+    gradients, the word-embedding gradient and AdamW temporaries) is
     mmapped and unmapped again, and the pages are zero-filled on each fault.
     M_MMAP_MAX=0 serves all allocations from the heap; M_TRIM_THRESHOLD at
     its maximum stops the heap from being trimmed. (Raising M_MMAP_THRESHOLD,
@@ -321,9 +321,9 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
 def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> None:
     """Inverse of ``rng_state``: the CUDA state goes to the training ``device``.
 
-    Checkpoints written before one state per device was kept hold a list (one
-    state per visible GPU): the entry of ``device``'s index is taken when present,
-    else a warning says the dropout masks will differ.
+    A ``cuda`` entry may also be a list, one state per visible GPU (a checkpoint
+    that saved every GPU's state): the entry of ``device``'s index is taken when
+    present, else a warning says the dropout masks will differ.
     """
     torch.set_rng_state(_unb64(state["torch"]))
     version, internal, gauss = state["python"]
@@ -336,7 +336,7 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
         logger.warning("the checkpoint has a CUDA RNG state but this run is not on CUDA; dropout masks will differ")
         return
     saved = state["cuda"]
-    if isinstance(saved, list):  # the older format: one state per visible GPU
+    if isinstance(saved, list):  # one state per visible GPU
         index = _cuda_index(device)
         if index >= len(saved):
             logger.warning("the checkpoint holds CUDA RNG states for %d GPU(s), none for %s; dropout masks will "

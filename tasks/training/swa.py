@@ -1,4 +1,4 @@
-"""SWA: stochastic weight averaging after training, a post-training phase of ``tasks.train.run``.
+"""SWA: stochastic weight averaging after training, a post-training phase of ``tasks.training.run.run``.
 
 Paper: ../shared/papers/minbert-downstream-generalization.txt §4.6 "Stochastic
 Weight Averaging" (after Izmailov et al.): "a few epochs of SWA at the end of

@@ -68,15 +68,15 @@ from tasks.config import NLI, TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights, MultitaskSchedule
 from tasks.data.selection import load_run_data
-from tasks.evaluation.evaluator import eval_model, evaluate
+from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
-from tasks.evaluation.priors import RunPriors
 from tasks.model import PAIR_TASKS, TASKS, MultitaskBert
 from tasks.objectives import Objective, build_objectives, transform_of
 from tasks.training import distributed, lpft
 from tasks.training.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_directory,
+    load_config,
     load_objectives_state,
     load_optimizer_state,
     load_tensors,
@@ -151,6 +151,36 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
                              swap={t: cfg.pair_swap for t in PAIR_TASKS if t in train_sets})
 
 
+@dataclass(frozen=True)
+class RunPlan:
+    """A training run checked before any work (``prepare_run``): the config, validated once, and for a resume the
+    checkpoint it continues."""
+
+    cfg: TrainConfig
+    checkpoint: Path | None = None
+
+
+def resume_point(path: str | os.PathLike) -> tuple[Path, TrainConfig]:
+    """The checkpoint a resume continues (a damaged ``last``: an intact ``last.old`` or ``best``, warned) and the
+    config saved in it, read once."""
+    ckpt = resumable_checkpoint(path)
+    return ckpt, load_config(ckpt)
+
+
+def prepare_run(cfg: TrainConfig, resume: tuple[Path, TrainConfig] | None = None) -> RunPlan:
+    """Every check of a training run, once, before any data is read: the config (``TrainConfig.validate``), its
+    per-process batches under torchrun, its device, and for a ``resume`` (``resume_point``) the one resume rule
+    (``check_resume_config``: only RESUME_MUTABLE fields may differ from the checkpoint's)."""
+    cfg.validate()
+    distributed.check_config(cfg.batch_sizes(), cfg.device)
+    resolve_device(cfg.device)
+    if resume is None:
+        return RunPlan(cfg)
+    ckpt, saved = resume
+    check_resume_config(saved, cfg)
+    return RunPlan(cfg, ckpt)
+
+
 class Trainer:
     """One training run over built parts; ``from_config`` builds them and prepares the run directory.
 
@@ -185,12 +215,12 @@ class Trainer:
                            self.world_size, ", ".join(coupled),
                            {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
         # LP-FT: the stage of the position to start from decides which parameters the optimizer sees.
-        start_epoch = read_json(checkpoint / "state.json")["epoch"] if checkpoint is not None else 0
-        self.stage = lpft.stage_at(cfg, start_epoch)
+        state = read_json(checkpoint / "state.json") if checkpoint is not None else None
+        self.stage = lpft.stage_at(cfg, state["epoch"] if state is not None else 0)
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
-        self.priors = RunPriors(cfg, self.device, self.amp_dtype)  # STS and SST, built at the first evaluation
+        self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype)  # priors: at the first use
         self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
                                    extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
 
@@ -204,7 +234,7 @@ class Trainer:
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self._rng_to_restore = None
         if checkpoint is not None:
-            self._load_checkpoint(checkpoint)
+            self._load_checkpoint(checkpoint, state)
         elif self.rank > 0:
             seed_everything(distributed.rank_seed(cfg.seed, self.rank))  # this rank's own dropout masks
         if cfg.compile:
@@ -213,18 +243,18 @@ class Trainer:
     @classmethod
     def from_config(cls, cfg: TrainConfig, *, hooks: Sequence[Hook] = (),
                     resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> Trainer:
-        """Validate ``cfg``, prepare and lock its run directory (RunDir.start), build the parts, record what
-        was read (data.json) and, with ``resume_from``, restore that checkpoint (its config.json must equal
-        ``cfg`` except for RESUME_MUTABLE fields)."""
-        cfg.validate()
-        distributed.check_config(cfg.batch_sizes(), cfg.device)
+        """``from_plan`` of ``cfg`` checked by ``prepare_run`` (and, with ``resume_from``, the checkpoint found there)."""
+        resume = resume_point(resume_from) if resume_from is not None else None
+        return cls.from_plan(prepare_run(cfg, resume), hooks=hooks, overwrite=overwrite)
+
+    @classmethod
+    def from_plan(cls, plan: RunPlan, *, hooks: Sequence[Hook] = (), overwrite: bool = False) -> Trainer:
+        """Prepare and lock the run directory (RunDir.start), build the parts, record what was read (data.json)
+        and, for a resume, restore the plan's checkpoint. The plan is trusted: nothing is checked again."""
+        cfg, ckpt = plan.cfg, plan.checkpoint
         # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
         device = distributed.setup(resolve_device(cfg.device))
         run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
-        ckpt = None
-        if resume_from is not None:
-            ckpt = resumable_checkpoint(resume_from)  # a damaged last: an intact last.old or best, warned
-            check_resume_config(TrainConfig.from_dict(read_json(ckpt / "config.json")), cfg)
         run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
         try:
             parts = build_parts(cfg, device)
@@ -465,10 +495,7 @@ class Trainer:
         """
         metrics: dict[str, float] = {}
         if self.rank == 0:
-            metrics, _ = evaluate(eval_model(model or self.model, self.objectives, self.cfg.tasks), self.dev_sets,
-                                  batch_size=self.cfg.eval_batch_size, device=self.device,
-                                  autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
-                                  sts_prior=self.priors.sts, sst_prior=self.priors.sst)
+            metrics, _ = self.evaluator.evaluate(model or self.model, self.dev_sets)
         return distributed.broadcast_from_main(metrics)
 
     def _end_epoch(self, lr: float, train_time: float) -> None:
@@ -547,13 +574,13 @@ class Trainer:
             write_json(tmp / "optimizer.json", meta)
             write_json(tmp / "state.json", state)
             write_json(tmp / "config.json", self.cfg.to_dict())
-            self.priors.save(tmp)
+            self.evaluator.priors.save(tmp)
             save_encoder_files(tmp / "encoder", self.model.encoder, self.tokenizer, max_length=self.cfg.max_length,
                                pooling=self.cfg.model.pooling)
         self.run_dir.checkpoint_written()  # a run that --overwrite moved aside is deleted now
         return final
 
-    def _load_checkpoint(self, ckpt: Path) -> None:
+    def _load_checkpoint(self, ckpt: Path, state: dict) -> None:
         if "swa" in read_json(ckpt / "state.json"):
             raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
                              "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
@@ -561,7 +588,6 @@ class Trainer:
         load_objectives_state(self.objectives, self.model, ckpt, self.device, self.rank)
         load_optimizer_state(self.optimizer, load_tensors(ckpt / "optimizer.safetensors", self.device),
                              read_json(ckpt / "optimizer.json"), self.param_names)
-        state = read_json(ckpt / "state.json")
         if state.get("format") != CHECKPOINT_FORMAT:
             raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
         self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
@@ -572,7 +598,7 @@ class Trainer:
                                        for k, (v, _) in saved_sums.items()},
                                       {k: c for k, (_, c) in saved_sums.items()})
         self._rng_to_restore = self._rank_rng(state)
-        self.priors.checkpoint = ckpt  # its SST probe, not a new fit
+        self.evaluator.priors.checkpoint = ckpt  # its SST probe, not a new fit
         if self.run_dir is not None:
             self.run_dir.rewrite(self.history)  # metrics.jsonl continues from the checkpoint
         logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
