@@ -155,23 +155,28 @@ def _objective_reference(cls: type) -> str:
 
 
 def _field_help(config_cls: type) -> dict[str, str]:
-    """Each field's help: its ``tasks.options.option`` text, else the '# ...' comment on or above it in the source."""
+    """Each field's help: its ``tasks.options.option`` text, else the '# ...' comment on or above it in the source
+    of the class that declares it last (a Config redeclaring ``weight`` has its own help; others the base's)."""
     found = {f.name: f.metadata["help"] for f in dataclasses.fields(config_cls) if f.metadata.get("help")}
-    try:
-        source = inspect.getsource(config_cls)
-    except (OSError, TypeError):
-        return found
-    above: list[str] = []
-    for line in source.splitlines():
-        comment = re.match(r"\s+#\s*(.+)$", line)
-        if comment:
-            above.append(comment.group(1).strip())
+    commented: dict[str, str] = {}
+    for klass in reversed(config_cls.__mro__):  # the base first: a subclass's comment replaces it
+        if not dataclasses.is_dataclass(klass):
             continue
-        m = re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*(?:#\s*(.+))?$", line)
-        if m and m.group(1) not in found and (m.group(2) or above):
-            found[m.group(1)] = (m.group(2) or " ".join(above)).strip()
-        above = []
-    return found
+        try:
+            source = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        above: list[str] = []
+        for line in source.splitlines():
+            comment = re.match(r"\s+#\s*(.+)$", line)
+            if comment:
+                above.append(comment.group(1).strip())
+                continue
+            m = re.match(r"\s+(\w+)\s*:[^=#]+=[^#]*(?:#\s*(.+))?$", line)
+            if m and (m.group(2) or above):
+                commented[m.group(1)] = (m.group(2) or " ".join(above)).strip()
+            above = []
+    return {**commented, **found}
 
 
 def _objective_field_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
@@ -300,8 +305,9 @@ def build_parser() -> Parser:
             default = default_of(f)
             if isinstance(default, tuple):
                 default = " ".join(default) or "()"
+            text = helps.get(f.name, f.name) + (f"; it can take {' '.join(cls.tasks)}" if f.name == "tasks" else "")
             g.add_argument(flag, dest=f"objectives.{name}.{f.name}", metavar=f.name.upper(),
-                           **_objective_field_kwargs(cls, f), help=f"{helps.get(f.name, f.name)} (default: {default})")
+                           **_objective_field_kwargs(cls, f), help=f"{text} (default: {default})")
     return p
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tasks.objectives import REGISTRY, Objective
+from tasks.objectives import REGISTRY, Objective, ObjectiveConfig
 from tasks.training.run import run
 from tests.test_train import tiny_env, tiny_train_config  # noqa: F401  (tiny_env: the session fixture)
 
@@ -20,8 +20,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @dataclass
-class ProbeConfig:
+class ProbeConfig(ObjectiveConfig):
     weight: float = 0.5
+
+
+def test_a_config_that_is_not_an_objective_config_is_refused_at_registration():
+    """Every Config has weight and tasks because it subclasses ObjectiveConfig: a plain dataclass is refused by
+    name when its objective class is defined, not found missing mid-run."""
+
+    @dataclass
+    class Plain:
+        weight: float = 1.0
+
+    with pytest.raises(TypeError, match="'probe_plain': its Config must subclass"):
+        class PlainProbe(Objective):
+            name = "probe_plain"
+            Config = Plain
+
+            def forward(self, model, task, batch, out):
+                return {}
+    assert "probe_plain" not in REGISTRY
 
 
 @pytest.fixture

@@ -41,7 +41,14 @@ REGISTRY: dict[str, type["Objective"]] = {}
 
 @dataclass
 class ObjectiveConfig:
-    weight: float = 1.0
+    """The fields every objective's ``Config`` has; subclass it (``class MyConfig(ObjectiveConfig)``) and redeclare
+    a field to change its default or help."""
+
+    weight: float = 1.0  # the factor the trainer puts on every term of the objective
+    tasks: tuple[str, ...] = ()  # the streams it applies to; empty = every stream it can take
+
+    def __post_init__(self) -> None:
+        self.tasks = tuple(self.tasks)  # a list from JSON or the command line
 
 
 class Inference(Protocol):
@@ -77,6 +84,9 @@ class Objective(nn.Module, abc.ABC):
         super().__init_subclass__(**kwargs)
         if not cls.name:
             return  # an abstract helper base
+        if not (isinstance(cls.Config, type) and issubclass(cls.Config, ObjectiveConfig)):
+            raise TypeError(f"objective {cls.name!r}: its Config must subclass tasks.objectives.ObjectiveConfig "
+                            "(which gives it weight and tasks)")
         if cls.name in REGISTRY:
             raise ValueError(f"objective name {cls.name!r} registered twice "
                              f"({REGISTRY[cls.name].__module__} and {cls.__module__})")
@@ -96,10 +106,9 @@ class Objective(nn.Module, abc.ABC):
         return 1.0
 
     @classmethod
-    def tasks_of(cls, config: Any) -> tuple[str, ...]:
+    def tasks_of(cls, config: ObjectiveConfig) -> tuple[str, ...]:
         """The streams an objective with ``config`` applies to: its config's ``tasks`` when set, else ``tasks``."""
-        chosen = getattr(config, "tasks", None)
-        return tuple(chosen) if chosen else cls.tasks
+        return tuple(config.tasks) or cls.tasks
 
     def active_tasks(self) -> tuple[str, ...]:
         return type(self).tasks_of(self.config)

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.evaluation.ensemble import load_task_logits, logits_path
-from tasks.objectives import Objective, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 from tasks.training.runtime import full_precision
 
 DISTILL_TASKS = ("sst", "para", "sts")
@@ -152,17 +152,16 @@ def load_teachers(teachers: Sequence[str], task: str, temperature: float = 1.0) 
 
 
 @dataclass
-class DistillConfig:
+class DistillConfig(ObjectiveConfig):
     """Options of the "distill" objective (CLI: ``--distill-<field>``)."""
 
     weight: float = 2 / 3  # factor on the distillation term, the head's loss keeps 1 (§4.6: 2/3 of the main loss)
     teachers: tuple[str, ...] = ()  # prediction dirs with {task}-train-logits.csv (--predict-train); several: ensemble
     temperature: float = 1.0  # T: SST / para targets softmax(z/T) / sigmoid(z/T), terms x T²; 1 = plain soft labels
-    tasks: tuple[str, ...] = ()  # subset of ("sst", "para", "sts"); empty = all three
 
     def __post_init__(self) -> None:
         self.teachers = tuple(str(t) for t in self.teachers)
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         if not self.teachers:
             raise ValueError("distill needs teachers: --distill-teachers DIR [DIR ...], prediction directories "
                              "holding {task}-train-logits.csv (written by --predict-train)")

@@ -70,7 +70,7 @@ from torch import nn
 from tasks.evaluation.files import Predictions
 from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
 from tasks.model import follow_modes, preserved_modes, unwrap
-from tasks.objectives import Objective
+from tasks.objectives import Objective, ObjectiveConfig
 from tasks.training.runtime import full_precision
 
 # ---- from tasks.objectives.knn_vote ----
@@ -289,9 +289,8 @@ __all__ = ("NUM_CLASSES", "REPRESENTATIONS", "KNNClassifier", "KNNInference", "c
 
 # ---- from tasks.objectives.knn_bert ----
 @dataclass
-class KNNBertConfig:
+class KNNBertConfig(ObjectiveConfig):
     weight: float = 0.1  # λ of eq. 6 (paper: 0.1); the head's own loss is scaled by 1 − λ
-    tasks: tuple[str, ...] = ()  # subset of ("sst", "para"); empty = both
     momentum: float = 0.999  # m of eq. 5
     temperature: float = 0.07  # τ of eq. 3
     queue_size: int = 32000  # capped at the train size by set_train_size (paper: 32,000 or the whole train set)
@@ -304,7 +303,7 @@ class KNNBertConfig:
     knn_phi: float = 0.25
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         unknown = [t for t in self.tasks if t not in NUM_CLASSES]
         if unknown:
             raise ValueError(f"knn_bert applies to {tuple(NUM_CLASSES)} only, got tasks {unknown}")

@@ -74,7 +74,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
-from tasks.objectives import Objective, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 from tasks.training.runtime import full_precision
 
 MATCH_TASKS = ("sst", "para", "sts")
@@ -104,16 +104,15 @@ def match_transform(h: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
 
 
 @dataclass
-class MatchTuningConfig:
+class MatchTuningConfig(ObjectiveConfig):
     """Options of the "match_tuning" objective (CLI: ``--match_tuning-<field>``)."""
 
     weight: float = 1.0  # interface field only: Match-Tuning adds no loss term, so it must stay 1
     temperature: float = 1.0  # T dividing h hᵀ (paper App. B grid: 1–6)
     inference: str = "identity"  # at evaluation: "identity" (z = h) or "batch" (match each eval batch)
-    tasks: tuple[str, ...] = ()  # subset of ("sst", "para", "sts"); empty = all three
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         if self.weight != 1.0:
             raise ValueError("match_tuning adds no loss term (it changes the forward), so its weight does "
                              f"nothing; leave it at 1, got {self.weight}")

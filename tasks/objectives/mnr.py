@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.objectives import Objective, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 
 MNR_TASKS = ("sts", "nli", "para")
 # Σ_{j=0..5} e^j: the §4.4 normaliser of the STS label weights.
@@ -127,10 +127,9 @@ def sts_label_weights(labels: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
-class MNRConfig:
+class MNRConfig(ObjectiveConfig):
     """Options of the "mnr" objective (CLI: ``--mnr-<field>``)."""
 
-    weight: float = 1.0  # factor on the MNR term
     scale: float = 20.0  # multiplies cosine similarities; 1 / temperature (20 = 0.05)
     sts_label_weighting: bool = True  # STS pairs weighted by e^label / Σ_{j=0..5} e^j (§4.4); off = plain MNR
     hard_negatives: bool = True  # NLI: use the contradiction (_3) as an extra column when the batch has it
@@ -138,7 +137,7 @@ class MNRConfig:
     tasks: tuple[str, ...] = ()  # task streams; empty = ("sts", "nli") plus "para" with para_positives
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
         check_tasks("mnr", self.tasks, MNR_TASKS, " (it needs sentence pairs)")

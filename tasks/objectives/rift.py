@@ -69,7 +69,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import preserved_modes, unwrap
-from tasks.objectives import Objective
+from tasks.objectives import Objective, ObjectiveConfig
 from tasks.training.runtime import full_precision
 
 NUM_CLASSES = {"sst": 5, "para": 2}
@@ -78,9 +78,8 @@ ATTACK_OBJECTIVES = ("kl", "ce")
 
 
 @dataclass
-class RIFTConfig:
+class RIFTConfig(ObjectiveConfig):
     weight: float = 1.0  # keep 1.0: beta and alpha are applied inside (the trainer multiplies all terms by weight)
-    tasks: tuple[str, ...] = ()  # subset of ("sst", "para"); empty = both
     beta: float = 1.0  # β on KL(p(x) ‖ p(x')) (authors' scripts: 10 IMDB, 5 SNLI, for a word-substitution attack)
     alpha: float = 0.3  # α on L_I (paper: 0.1 IMDB, 0.7 SNLI)
     temperature: float = 0.2  # τ of the InfoNCE score
@@ -92,7 +91,7 @@ class RIFTConfig:
     proj_dim: int = 256
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         unknown = [t for t in self.tasks if t not in NUM_CLASSES]
         if unknown:
             raise ValueError(f"rift applies to {tuple(NUM_CLASSES)} only (it needs class labels), got tasks {unknown}")

@@ -60,7 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import ModelConfig
-from tasks.objectives import Objective, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 from tasks.training.runtime import full_precision
 
 SCL_TASKS = ("sst", "para")
@@ -102,17 +102,16 @@ def scl_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float = 
 
 
 @dataclass
-class SCLConfig:
+class SCLConfig(ObjectiveConfig):
     """Options of the "scl" objective (CLI: ``--scl-<field>``)."""
 
     weight: float = 0.1  # λ of eq. 1: the SCL term gets λ, the head's CE/BCE gets 1 − λ
     temperature: float = 0.3  # τ of eq. 3 (paper: lower = harder negatives; try 0.1–0.7)
     embedding: str = "pooled"  # Φ: "pooled" sentence/pair embedding ([CLS] pooler by default) or "head_input"
     reduction: str = "sum"  # "sum" over anchors = eq. 3 exactly; "mean" = sum / batch size
-    tasks: tuple[str, ...] = ()  # subset of ("sst", "para"); empty = both
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         if not 0.0 <= self.weight <= 1.0:
             raise ValueError(f"scl weight is λ of (1 − λ)·CE + λ·SCL and must be in [0, 1], got {self.weight}")
         if not self.temperature > 0:

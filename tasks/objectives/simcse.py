@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.objectives import Objective, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -75,16 +75,15 @@ def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.05,
 
 
 @dataclass
-class SimCSEConfig:
+class SimCSEConfig(ObjectiveConfig):
     """Options of the "simcse" objective (CLI: ``--simcse-<field>``)."""
 
-    weight: float = 1.0  # factor on the SimCSE term
     temperature: float = 0.05  # τ dividing the similarities (Gao et al.: 0.05 with cosine)
     similarity: str = "cos"  # "cos" (Gao et al.) or "dot" (the minbert paper's choice; use τ ≈ 1)
     tasks: tuple[str, ...] = ("sts",)  # which task batches' sentences to use (paper B1: STS)
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         if self.similarity not in SIMILARITIES:
             raise ValueError(f"simcse similarity must be one of {SIMILARITIES}, got {self.similarity!r}")
         if not self.temperature > 0:

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.objectives import Objective, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 from tasks.training.runtime import device_rng_state, full_precision, set_device_rng_state
 
 SMART_TASKS = ("sst", "para", "sts")
@@ -184,7 +184,7 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
 
 
 @dataclass
-class SMARTConfig:
+class SMARTConfig(ObjectiveConfig):
     """Options of the "smart" objective (CLI: ``--smart-<field>``)."""
 
     weight: float = 1.0  # λ_s, the factor on the penalty
@@ -196,7 +196,7 @@ class SMARTConfig:
     tasks: tuple[str, ...] = SMART_TASKS  # the tasks it regularizes
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        super().__post_init__()
         if self.sigma < 0 or self.step_size < 0 or self.epsilon < 0:
             raise ValueError(f"smart sigma, step_size and epsilon must be >= 0, got "
                              f"{self.sigma}, {self.step_size}, {self.epsilon}")
