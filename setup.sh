@@ -16,7 +16,7 @@ PIP=".venv/bin/python -m pip"
 # torch first and pinned (its build: requirements.txt says how to get the CPU one).
 $PIP install -q torch==2.13.0
 $PIP install -q -r requirements.txt -r requirements-test.txt
-# the project itself, editable: minbert, tasks, experiments and benchmarks import from anywhere
+# the project itself, editable: minbert and tasks import from anywhere; experiments/ and benchmarks/ run from the checkout (python -m ...)
 $PIP install -q --no-deps -e .
 
 DATA_SRC=${MINBERT_DATA:-../shared/data}

@@ -1,9 +1,9 @@
 """Encoder speed: our BertModel vs transformers.BertModel on the same weights, same process.
 
 Usage:
-    python benchmarks/bench_encoder.py                       # embedded MiniLM, CPU fp32
-    python benchmarks/bench_encoder.py --seq-lens 32 128 --batch-size 32 --repeats 10
-    python benchmarks/bench_encoder.py --device cuda --dtype bf16
+    python -m benchmarks.bench_encoder                       # embedded MiniLM, CPU fp32
+    python -m benchmarks.bench_encoder --seq-lens 32 128 --batch-size 32 --repeats 10
+    python -m benchmarks.bench_encoder --device cuda --dtype bf16
 
 For each sequence length and mode (inference = forward under no_grad; train =
 forward + backward of the summed outputs) both models run alternately, several

@@ -1,9 +1,9 @@
 """Multitask training-step speed on the real data: ours vs fixed padding vs transformers, with an MFU estimate.
 
 Usage:
-    python benchmarks/bench_multitask.py                               # defaults: 40 steps, 5 rounds, all cores
-    python benchmarks/bench_multitask.py --steps 24 --rounds 5 --threads 2 --json runs/bench_multitask.json
-    python benchmarks/bench_multitask.py --variants ours hf --no-bf16 --no-memory --profile
+    python -m benchmarks.bench_multitask                               # defaults: 40 steps, 5 rounds, all cores
+    python -m benchmarks.bench_multitask --steps 24 --rounds 5 --threads 2 --json runs/bench_multitask.json
+    python -m benchmarks.bench_multitask --variants ours hf --no-bf16 --no-memory --profile
 
 What is timed is the Trainer's own ``train_step`` (tasks.training.trainer): forward of
 the task head + loss under autocast, backward, gradient clipping and our AdamW
@@ -761,7 +761,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = TrainConfig(data_dir=args.data_dir, pretrained=args.pretrained, bf16=args.bf16)
     res = benchmark(cfg, args.variants, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
                     memory=not args.no_memory, profile=args.profile, threads=args.threads, square=args.square)
-    res["command"] = "python benchmarks/bench_multitask.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    res["command"] = "python -m benchmarks.bench_multitask " + " ".join(sys.argv[1:] if argv is None else argv)
     print(markdown(res))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -55,7 +55,7 @@ resumes from its last checkpoint (experiments/sweep.py), so the same command
 again continues where it stopped.
 
 Usage:
-    python experiments/ablation.py --out-dir runs/ablation --jobs 2 --threads 1 [--seeds 0 1 2] [--only ROW ...]
+    python -m experiments.ablation --out-dir runs/ablation --jobs 2 --threads 1 [--seeds 0 1 2] [--only ROW ...]
 
 Writes ``<out-dir>/ablation.json``, ``ablation.md`` (the tables) and the two plots.
 """

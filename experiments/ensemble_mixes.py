@@ -11,7 +11,7 @@ an ensemble of that composition has from its members' seeds alone. The
 draws share runs, so this describes the pools; it is not a test.
 
 Usage:
-    python experiments/ensemble_mixes.py --pool default runs/leaderboard-new/seed{0..7} \\
+    python -m experiments.ensemble_mixes --pool default runs/leaderboard-new/seed{0..7} \\
         --pool sst runs/probe-sstonly-seed{0..7} --mix default=4 --mix default=4,sst=4 [--draws 400]
 """
 

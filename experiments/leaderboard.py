@@ -38,7 +38,7 @@ members with the most training tokens start first, so that no long member runs
 alone at the end.
 
 Usage:
-    python experiments/leaderboard.py --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1]
+    python -m experiments.leaderboard --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1]
         [--variants "" "--head-dropout 0.1"] [--specialists sst=16] [--first-seed S] [-- --epochs 4]
 
 A recipe chosen by looking at dev scores is tested on seeds it was not

@@ -47,7 +47,7 @@ from its last checkpoint (experiments/sweep.py), so the same command again
 continues where it stopped.
 
 Usage:
-    python experiments/robustness_table.py --out-dir runs/robustness --jobs 2 --threads 1 [--seeds 0 1 2]
+    python -m experiments.robustness_table --out-dir runs/robustness --jobs 2 --threads 1 [--seeds 0 1 2]
         [--methods ...] [--conditions ...] [--dry-run]
 
 Writes ``<out-dir>/robustness.json``, ``robustness.md`` (the tables) and ``robustness-sst.png``,

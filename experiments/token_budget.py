@@ -7,8 +7,8 @@ from the run's own epoch plans (tasks.data.schedule), not estimated. A Siamese
 pair counts both sentences, a triplet all three. Evaluation is not counted.
 
 Usage:
-    python experiments/token_budget.py --reference "--max-train-examples para=16000" --candidate ""
-    python experiments/token_budget.py --candidate "--epochs 4" --candidate "--max-train-examples para=23000"
+    python -m experiments.token_budget --reference "--max-train-examples para=16000" --candidate ""
+    python -m experiments.token_budget --candidate "--epochs 4" --candidate "--max-train-examples para=23000"
 
 Each recipe is the default plus the quoted flags (as given to train_multitask.py).
 """
