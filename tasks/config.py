@@ -7,12 +7,10 @@ Usage:
     check_resume_config(saved, cfg)                  # --resume: only RESUME_MUTABLE fields may change
     cfg = eval_config(saved, {"tasks": ("sst",)})    # --eval-only: only eval_mutable() fields may change
 
-Every field carries its help text (``tasks.options.option``); the CLI
-(train_multitask.py) turns each field into a flag with that help and the
-default written here, and ``tasks.presets`` fills them with the paper's
-configurations. The defaults are the CPU recipe of ``python train_multitask.py``
-(embedded MiniLM, about 10 minutes on 2 cores; chosen by measurement, see
-experiments/RESULTS.md).
+Every field carries its help text (``tasks.options.option``); the train command
+(tasks/train.py) turns each field into a flag with that help and the default
+written here. ``apply_preset`` (PRESETS, at the bottom of this module) fills
+the fields with the paper's configurations.
 """
 
 from __future__ import annotations
@@ -58,13 +56,13 @@ EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "lim
                 "sst_prior_model")
 
 
-# Fields added after configs were written, with the value that reproduces a config without them: a saved run
-# resumes and re-predicts as it was trained, whatever today's default.
+# Fields a saved config.json may lack, with the value that reproduces a config without them: a saved run must
+# resume and re-predict as it was trained and scored, whatever today's default.
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
                  "sst_prior": 0.0}
 
 
-# ... and one whose legacy value is another field's: the prior was --pretrained's encoder before it had its own.
+# ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
 LEGACY_SAME_AS = {"sts_prior_model": "pretrained"}
 
 
@@ -72,14 +70,8 @@ LEGACY_SAME_AS = {"sts_prior_model": "pretrained"}
 class TrainConfig:
     """Everything one training run needs; saved as plain JSON (config.json) with every checkpoint.
 
-    The defaults are the CPU recipe: cross-encoded pairs (one sequence per pair,
-    half the encoder work of Siamese), mean pooling (all-MiniLM-L6-v2 was
-    trained with it), lr 1e-4 with warmup and linear decay, bf16 autocast
-    where the CPU has native bf16, the fused AdamW kernel, 3 epochs with Quora
-    capped at 23k pairs per epoch (the next ones of a shuffled pass) and scored
-    on a fixed 3k dev subset between epochs; pairs scored in both orders, STS
-    blended with the pretrained encoder's cosine (experiments/RESULTS.md
-    measures each). ``tasks.presets.apply_preset`` gives the paper's GPU configurations.
+    The defaults are the CPU recipe (README "Training"; each choice measured in
+    experiments/RESULTS.md). ``apply_preset`` below gives the paper's GPU configurations.
     """
 
     # -- data --
@@ -93,9 +85,9 @@ class TrainConfig:
                                "at least the batch size")
     max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)")
     max_train_examples: dict[str, int] = option(
-        help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is ~6x SST; "
-             "on CPU the whole of it does not fit the time budget); STREAM=N or STREAM=all (the paper sees all "
-             "data, §4.2)", factory=lambda: {"para": 23000})
+        help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is the largest "
+             "set; all of it every epoch does not fit the CPU budget: experiments/RESULTS.md); STREAM=N or "
+             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000})
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
@@ -110,14 +102,14 @@ class TrainConfig:
                                   "the paper")
     sts_prior: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence "
                               "encoder's mean-pooled embeddings (--sts-prior-model, frozen, at evaluation only; "
-                              "tasks/prior.py); not in the papers; 0 = off")
+                              "tasks/evaluation/priors.py); not in the papers; 0 = off")
     sts_prior_model: str | None = option(None, "the sentence encoder of --sts-prior (a checkpoint directory "
                                          "whose mean-pooled cosine scores similarity); default: the embedded "
                                          "all-MiniLM-L6-v2, whatever --pretrained is")
     sst_prior: float = option(0.5, "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
                               "regression on a frozen sentence encoder's embeddings of the SST training "
                               "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
-                              "checkpoints; tasks/prior.py); not in the papers; 0 = off")
+                              "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off")
     sst_prior_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
                                          "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
@@ -162,7 +154,7 @@ class TrainConfig:
     grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)")
     seed: int = option(0, "seed of python, numpy and torch and of the batch order")
 
-    # -- stages and post-training (tasks/lpft.py, tasks/swa.py) --
+    # -- stages and post-training (tasks/training/lpft.py, tasks/training/swa.py) --
     lp_epochs: int = option(0, "LP-FT (paper §4.2): N epochs training only the heads (encoder frozen and in eval "
                             "mode, so no dropout; the optimizer never sees it), then --epochs of full fine-tuning "
                             "from those weights with a fresh optimizer, in one run; records carry stage lp / ft; "
@@ -216,7 +208,7 @@ class TrainConfig:
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load)."""
         d = dict(d)
-        model_type = d.pop("model_type", MODEL_TYPE)  # absent in checkpoints written before the marker
+        model_type = d.pop("model_type", MODEL_TYPE)  # a config without the marker is read as ours
         if model_type != MODEL_TYPE:
             raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
         known = {f.name for f in dataclasses.fields(cls)}

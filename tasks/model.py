@@ -30,14 +30,14 @@ The encoder may run under autocast (bf16); the heads always compute in float32
 
 Heads own their task loss (cross-entropy, BCE with logits, MSE). Objectives that
 need more get it through explicit arguments: ``inputs_embeds`` to start from
-(perturbed) word embeddings, ``transform`` to change the pooled embedding
-between encoder and head (Match-Tuning), and ``embed`` for extra passes.
+(perturbed) word embeddings and ``embed`` for extra passes; a model option that changes the pooled
+embedding between encoder and head (Match-Tuning) installs it with ``set_pooled_transform``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -48,10 +48,10 @@ from torch import nn
 from minbert.bert import BertModel
 from tasks.options import option
 
-# ---- from tasks.objectives.knn_vote ----
 logger = logging.getLogger(__name__)
 
 
+# ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
 def unwrap(model: nn.Module) -> nn.Module:
     """The MultitaskBert inside DistributedDataParallel (.module) and/or torch.compile (._orig_mod)."""
     while True:
@@ -88,7 +88,8 @@ def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
     for m, o in zip(copy_.modules(), original.modules(), strict=True):
         m.training = o.training
 
-# ---- from tasks.model ----
+
+# ---- the tasks, the heads' config and the model ----
 TASKS = ("sst", "para", "sts")
 
 
@@ -154,7 +155,7 @@ class TaskOutput:
 
 def _float32(x: torch.Tensor) -> torch.autocast:
     """Autocast off on ``x``'s device: the heads compute in float32 whatever the encoder's precision, so
-    scores and logits keep float32 precision (bf16 would leave ~345 distinct STS scores in 1,725)."""
+    scores and logits keep float32 precision (bf16's 8-bit significand would round STS scores into ties)."""
     return torch.autocast(x.device.type, enabled=False)
 
 
@@ -194,6 +195,9 @@ class MultitaskBert(nn.Module):
             # cross: [shared, own] of the pair sequence; Siamese: products of both + both raw embeddings
             self.para_head = _mlp([2 * Fs, Fs, 1], p) if cross else _mlp([2 * Fs + 2 * H, Fs, 1], p)
             self.sts_head = _mlp([2 * Fs, Fs, 1], p) if cross else nn.Identity()
+        # Changes of a task's pooled embeddings between encoder and head, installed by a model option such as
+        # Match-Tuning's batch matching (an nn.Module without parameters: it follows train()/eval()).
+        self.pooled_transforms = nn.ModuleDict()
         self._init_heads()
 
     def _init_heads(self) -> None:
@@ -201,9 +205,9 @@ class MultitaskBert(nn.Module):
         head Linear (to logits and scores, the baseline's Siamese projections): BERT's N(0, 0.02²); biases 0.
 
         BERT's 0.02 suits its own LayerNorm'd layers, not bare ReLU stacks: there each layer scales the
-        signal by ~0.02 · √(fan_in / 2) (0.23 for F = 256), b1's logits started within ~1e-3 of one
-        another, and a one-epoch cross-encoded run (seed 1) never left that start (STS r 0.46, Quora at
-        the majority class); with He init the same run reached r 0.79 and Quora 0.77.
+        signal by 0.02 · √(fan_in / 2) (≈ 0.23 for F = 256), so b1's logits start almost equal and a short
+        run can stay at that start, a constant prediction (measured: experiments/RESULTS.md, the ablation
+        ladder).
         """
         std = self.encoder.config.initializer_range
         leaves = [m for name, m in self.named_modules() if not name.startswith("encoder") and not list(m.children())]
@@ -222,9 +226,10 @@ class MultitaskBert(nn.Module):
         weight-normalized layers): the logits of ``batch`` (eval mode) then average the log-odds of its
         paraphrase rate.
 
-        At 0 the offset left the threshold where the dot products of any two questions' projections
-        start (mean-pooled embeddings point alike: 98% of Quora dev pairs above 0), and Adam moves it by
-        about lr a step: a one-epoch run (63 Quora steps) stayed below the majority class (0.48).
+        At 0 the offset leaves the threshold where the dot products of any two questions' projections
+        start (mean-pooled embeddings point alike: nearly every pair starts above 0), and Adam moves it by
+        roughly lr a step, so a short run stays below the majority class (measured: experiments/RESULTS.md,
+        the ablation ladder).
         """
         training = self.training
         self.eval()
@@ -262,17 +267,25 @@ class MultitaskBert(nn.Module):
 
     # ---- heads ------------------------------------------------------------------
 
-    def forward(self, task: str, batch: dict, inputs_embeds: dict[str, torch.Tensor] | None = None,
-                transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> TaskOutput:
+    def set_pooled_transform(self, task: str, transform: nn.Module) -> None:
+        """Apply ``transform`` to ``task``'s pooled embeddings (B, H) -> (B, H) before its head, in every forward
+        (Match-Tuning's batch matching). It holds no parameters of its own and reads ``self.training`` to act
+        differently in evaluation."""
+        if task not in TASKS:
+            raise ValueError(f"unknown task {task!r}; tasks are {TASKS}")
+        if any(True for _ in transform.parameters()):
+            raise ValueError("a pooled transform may not hold parameters: the checkpoint format has no place for them")
+        self.pooled_transforms[task] = transform
+
+    def forward(self, task: str, batch: dict, inputs_embeds: dict[str, torch.Tensor] | None = None) -> TaskOutput:
         """Run ``task``'s head on a collated batch.
 
         inputs_embeds: word embeddings to start from, keyed by the batch's key
         suffix ("" for one sequence, "_1"/"_2" for Siamese sides).
-        transform: applied to each pooled embedding (B, H) before the head.
         """
         if task not in TASKS:
             raise ValueError(f"unknown task {task!r}; tasks are {TASKS}")
-        t = transform or (lambda e: e)
+        t = self.pooled_transforms[task] if task in self.pooled_transforms else (lambda e: e)
         cfg = self.config
         if task == "sst" or (cfg.pair_encoding == "cross" and "input_ids" in batch):
             e = self._embed_side(batch, "", inputs_embeds)  # (B, H), in the autocast dtype
@@ -300,8 +313,8 @@ class MultitaskBert(nn.Module):
             if task == "para":
                 if cfg.arch == "baseline":
                     u, v = self.para_head(e1), self.para_head(e2)  # (B, P)
-                    # + a learned offset: at 0 alone the threshold is where any two similar sentences start
-                    # out, and short runs called 95% of Quora pairs paraphrases (below the majority class)
+                    # + a learned offset: at 0 the threshold is where any two similar sentences start out
+                    # (init_para_offset says why it starts from data)
                     logits = (u * v).sum(-1) + self.para_bias
                 else:
                     f1, f2 = self._features("para", e1), self._features("para", e2)  # (B, 2F)

@@ -1,26 +1,13 @@
-"""Predictions of a trained model: new text (command and Predictor API), the files of a run, --eval-only.
+"""The predict command: a trained model's predictions on new text, as CSV.
 
 Usage:
     python -m tasks.predict --checkpoint runs/try/checkpoints/best --task sst --input sentences.txt
     printf 'a cat sits\ta cat is sitting\n' | python -m tasks.predict --checkpoint runs/try --task sts
 
-    p = Predictor.from_checkpoint("runs/try/checkpoints/best")           # device="auto": CUDA when present
-    labels, probs = p.sentiment(["a gripping film", "dull"])             # (N,) classes 0-4, (N, 5) probabilities
-    labels, probs = p.paraphrase([("how do i cook rice", "how to cook rice")])   # (N,) 0/1, (N,) P(paraphrase)
-    scores = p.similarity([("a cat sits", "a cat is sitting")])          # (N,) 0-5
-    vectors = p.embed(["a gripping film"])                               # (N, H) what the heads read
-
-    result = evaluate_checkpoint("runs/try/checkpoints/best")      # dev metrics + predictions/ of a saved model
-    model, objectives, tokenizer, cfg = load_checkpoint_model("runs/try/checkpoints/best")
-    result = write_all_predictions(model, objectives, tokenizer, cfg, Path("runs/try/predictions"), device, None)
-
-What is written, for every task of the config: ``{task}-{split}-output.csv``
-(the leaderboard files) and ``{task}-{split}-logits.csv`` (raw outputs, for
-ensembles and distillation) for dev and test (a missing test file is skipped
-with a message), and with ``predict_train`` the training sets' logits
-(distillation teachers). An objective may change the final evaluation through
-its ``inference`` hook (KNN-BERT's vote: its metrics go to the record under
-the inference's ``key``, and its predictions to the leaderboard files).
+A thin command over ``tasks.evaluation.evaluator.Predictor``, which gives the
+same predictions from Python (``sentiment``, ``paraphrase``, ``similarity``,
+``embed``). A run's prediction files and ``--eval-only`` are
+``Evaluator.write_all`` and ``evaluate_checkpoint`` in that module.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The command line of train_multitask.py (a thin script that calls ``main``).
 
 Usage:
-    python train_multitask.py                                 # CPU recipe: embedded MiniLM, about 10 min on 2 cores
+    python train_multitask.py                                 # the CPU recipe (README "Training")
     python train_multitask.py --preset b1 --pretrained ~/bert-base-uncased --out-dir runs/b1   # the paper's best (GPU)
     python train_multitask.py --preset b3 --no-objective mnr  # an ablation ("B3 - MNR", paper Figure 2)
     python train_multitask.py --resume --out-dir runs/b1      # continue runs/b1/checkpoints/last exactly
@@ -16,11 +16,11 @@ Usage:
 
 Flags map one to one onto TrainConfig / ModelConfig / objective Config fields
 (tasks/config.py, tasks/model.py, tasks/objectives/), whose help texts and
-defaults are written there; ``--preset`` (tasks/presets.py) fills them with a paper configuration first and
-explicit flags override it. Every registered objective's Config field is a
-flag ``--<objective>-<field>``. Contradictory flags are refused before any
-data is read. The run writes config.json, metrics.jsonl, training.png,
-train.log, checkpoints/{last,best} and predictions/ under --out-dir.
+defaults are written there; ``--preset`` (``apply_preset``, tasks/config.py)
+fills them with a paper configuration first and explicit flags override it.
+Every registered objective's Config field is a flag ``--<objective>-<field>``.
+Contradictory flags are refused before any data is read. The run writes under
+--out-dir (what a run directory holds: README "Training").
 """
 
 from __future__ import annotations
@@ -204,7 +204,8 @@ def build_parser() -> Parser:
     p = Parser(
         prog="train_multitask.py", argument_default=argparse.SUPPRESS,
         description=__doc__.split("\n\n")[0] + f"\nPaper: {PAPER} (section numbers below).",
-        epilog="Defaults are the CPU recipe (measured on 2 cores); --preset gives the paper's GPU configurations.")
+        epilog="Defaults are the CPU recipe (README 'Training'; measured in experiments/RESULTS.md); --preset gives "
+               "the paper's GPU configurations.")
 
     def add(group, path: str, **kw: Any) -> None:
         """A flag for config field ``path`` ("lr", "model.arch"): help and default from where the field is written."""
@@ -272,8 +273,9 @@ def build_parser() -> Parser:
     add(g, "grad_clip", type=float, metavar="NORM")
     add(g, "seed", type=int)
 
-    g = p.add_argument_group("stages and post-training", "LP-FT (paper §4.2, tasks/lpft.py), SWA (§4.6, "
-                             "tasks/swa.py), training-set logits for distillation (§4.6, tasks/objectives/distill.py)")
+    g = p.add_argument_group("stages and post-training", "LP-FT (paper §4.2, tasks/training/lpft.py), SWA "
+                             "(§4.6, tasks/training/swa.py), training-set logits for distillation (§4.6, "
+                             "tasks/objectives/distill.py)")
     add(g, "lp_epochs", type=int, metavar="N")
     add(g, "lp_lr", type=float, metavar="LR")
     add(g, "swa_epochs", type=int, metavar="N")
@@ -518,7 +520,7 @@ def main(argv: list[str] | None = None) -> dict:
     except (ValueError, OSError) as e:  # also a checkpoint's or --pretrained's damaged files, named
         parser.error(describe(e))
     cfg = inv.config
-    # After argument checking, what the user's files or disk cause is one line and exit status 1 (tasks/errors.py).
+    # After argument checking, what the user's files or disk cause is one line and exit status 1 (tasks/cli.py).
     with user_errors(parser.prog):
         _setup_logging(Path(cfg.out_dir))
         logger.info("glibc malloc tuned for reuse: %s", malloc_tuned)

@@ -1,10 +1,17 @@
-"""Shared fixtures: the packaged MiniLM loaded once; deterministic seeds."""
+"""Shared fixtures: the packaged MiniLM loaded once, deterministic seeds, the tiny model and data of a session,
+finished tiny runs. Helper functions that tests call directly live in tests/helpers.py."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 import transformers
+
+from tasks.model import ModelConfig
+from tasks.training.run import run
+from tests.helpers import tiny_train_config, write_tiny_data, write_tiny_model
 
 
 def pytest_collection_modifyitems(config, items):
@@ -41,3 +48,30 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="session")
+def tiny_env(tmp_path_factory):
+    """(pretrained dir, data dir) shared by the tests of a session (both read-only)."""
+    root = tmp_path_factory.mktemp("tiny")
+    return write_tiny_model(root / "bert"), write_tiny_data(root / "data")
+
+
+@pytest.fixture
+def restore_determinism(monkeypatch):
+    """--deterministic sets process-wide state: torch's flag and CUBLAS_WORKSPACE_CONFIG are put back after."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    before = torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.use_deterministic_algorithms(before)
+
+
+@pytest.fixture(scope="module", params=["cross", "siamese"])
+def finished(request, tiny_env, tmp_path_factory) -> Path:
+    """A finished tiny run directory for the predict command and the Predictor, cross or Siamese pairs (baseline
+    heads on mean pooling: the tiny model's b1 heads and pooler give nearly the same output for every sentence, too
+    alike to test equality)."""
+    out = tmp_path_factory.mktemp("predict") / "run"
+    run(tiny_train_config(tiny_env, out, epochs=1,
+                          model=ModelConfig(arch="baseline", pair_encoding=request.param, pooling="mean")))
+    return out

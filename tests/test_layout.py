@@ -1,4 +1,5 @@
-"""The shape of the code: the import graph is a tree, no module reaches into another's privates, commands apart.
+"""The shape of the code: the import graph is a tree, no module reaches into another's privates, commands apart,
+one device policy, no host reads in the hot path.
 
 The graph is built from the source with ``ast`` (imports inside functions
 count too), over every module of minbert/, tasks/, experiments/, benchmarks/
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import ast
 from pathlib import Path
+
+from tasks.objectives import REGISTRY, import_all
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("minbert", "tasks", "experiments", "benchmarks")
@@ -186,3 +189,171 @@ def test_the_device_scan_finds_a_planted_test():
     assert device_tests('x = 1\nif batch.device.type == "cuda":\n    torch.cuda.synchronize()\n') == [
         'if batch.device.type == "cuda":', "torch.cuda.synchronize()"]
     assert device_tests("pin = runtime.pin_and_prefetch(device)\n") == []
+
+
+# ---- no host reads in the hot path (issue 13): a source scan --------------------------------------------------------
+# The rewrites that removed them are checked against the formulas they replaced in tests/objectives/test_scl.py,
+# test_distill.py and tests/training/test_mlm.py; tests/objectives/test_init.py runs every objective on the meta
+# device, where a host read raises.
+
+
+ALLOW = "# host-read:"  # end-of-line marker of an allowed read, followed by its reason
+HOST_METHODS = {"item", "tolist", "numpy", "cpu"}
+HOST_CASTS = {"int", "float", "bool"}
+
+
+def _literal(node: ast.expr) -> bool:
+    if isinstance(node, ast.UnaryOp):
+        return _literal(node.operand)
+    return isinstance(node, ast.Constant)
+
+
+def host_reads(fn: ast.AST) -> list[tuple[int, str]]:
+    """(line, what) of each host read in a function: .item() / .tolist() / .numpy() / .cpu(), int( / float( /
+    bool( of anything but a literal, and torch.tensor(..., device=...) (a host-to-device copy)."""
+    found = []
+    for node in ast.walk(fn):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        if isinstance(f, ast.Attribute) and f.attr in HOST_METHODS:
+            found.append((node.lineno, f".{f.attr}()"))
+        elif isinstance(f, ast.Name) and f.id in HOST_CASTS and node.args and not all(map(_literal, node.args)):
+            found.append((node.lineno, f"{f.id}(...)"))
+        elif (isinstance(f, ast.Attribute) and f.attr == "tensor" and isinstance(f.value, ast.Name)
+              and f.value.id == "torch" and any(k.arg == "device" for k in node.keywords)):
+            found.append((node.lineno, "torch.tensor(..., device=...)"))
+    return found
+
+
+def hot_functions(root: Path = ROOT) -> list[tuple[Path, str, ast.AST]]:
+    """(file, qualified name, node) of every function a training step runs: AdamW's ``step`` methods
+    (minbert/optimizer.py), every ``forward`` of a class under tasks/objectives/, and every function named
+    ``train_step`` or ``step_loss`` anywhere under tasks/ (found by name, wherever the training loop lives);
+    with each, the module-level functions of the same file that it calls by name, transitively (the fused
+    update, the loss functions), named ``caller -> helper``."""
+    out = []
+    for path in [root / "minbert" / "optimizer.py", *sorted((root / "tasks").rglob("*.py"))]:
+        tree = ast.parse(path.read_text(), filename=str(path))
+        objectives = "objectives" in path.relative_to(root).parts
+        roots = []
+        for cls in [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]:
+            for fn in cls.body:
+                if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                        (path.name == "optimizer.py" and fn.name == "step") or (objectives and fn.name == "forward")):
+                    roots.append((f"{cls.name}.{fn.name}", fn))
+        for fn in ast.walk(tree):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in ("train_step", "step_loss"):
+                roots.append((fn.name, fn))
+        helpers = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for name, fn in roots:
+            out.append((path, name, fn))
+            todo, seen = [fn], set()
+            while todo:
+                for call in ast.walk(todo.pop()):
+                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
+                            and call.func.id in helpers and call.func.id not in seen):
+                        seen.add(call.func.id)
+                        todo.append(helpers[call.func.id])
+                        out.append((path, f"{name} -> {call.func.id}", helpers[call.func.id]))
+    return out
+
+
+def offending_lines(root: Path = ROOT) -> list[str]:
+    """file:line (function: what) of every host read in the hot functions not marked ``# host-read: <reason>``."""
+    bad = []
+    for path, name, fn in hot_functions(root):
+        lines = path.read_text().splitlines()
+        for line, what in host_reads(fn):
+            text = lines[line - 1]
+            reason = text.split(ALLOW, 1)[1].strip() if ALLOW in text else ""
+            if not reason:
+                bad.append(f"{path.relative_to(root)}:{line} ({name}: {what})")
+    return sorted(set(bad))
+
+
+def test_hot_path_source_has_no_unmarked_host_reads():
+    """No host read in the optimizer step, the objectives' forwards, train_step or step_loss, except lines marked
+    ``# host-read: <reason>``. The scan finds what it must scan (not vacuous if files move)."""
+    found = {(p.name, name) for p, name, _ in hot_functions()}
+    assert ("optimizer.py", "AdamW.step") in found
+    assert {"train_step", "step_loss"} <= {name for _, name, _ in hot_functions()}
+    import_all()
+    for cls in REGISTRY.values():
+        module = Path(__import__(cls.__module__, fromlist=["_"]).__file__).name
+        assert (module, f"{cls.__name__}.forward") in found, cls.__name__
+    assert offending_lines() == []
+
+
+def test_source_scan_catches_each_kind_of_host_read(tmp_path):
+    """The scan flags .item(), .tolist(), int/float/bool of a non-literal, torch.tensor(..., device=...), lists them
+    as file:line, accepts a line marked with a reason and refuses the marker without one."""
+    tree = copy_tree(tmp_path)
+    target = tree / "tasks" / "objectives" / "scl.py"
+    source = target.read_text()
+    anchor = '        labels = batch["labels"]\n'
+    assert anchor in source
+    injected = ("        a = out.features[key].sum().item()\n"
+                "        b = labels.tolist()\n"
+                "        c = int(labels.sum())\n"
+                "        d = float(3) + bool(0) + int(-1)\n"
+                "        e = torch.tensor(1.0, device=labels.device)\n"
+                "        f = bool(labels.any())  # host-read: a test says why\n"
+                "        g = float(labels.max())  # host-read:\n")
+    target.write_text(source.replace(anchor, anchor + injected, 1))
+    first = source[:source.index(anchor)].count("\n") + 2  # line of the first injected statement
+    bad = offending_lines(tree)
+    path = "tasks/objectives/scl.py"
+    assert bad == sorted([f"{path}:{first} (SupervisedContrastive.forward: .item())",
+                          f"{path}:{first + 1} (SupervisedContrastive.forward: .tolist())",
+                          f"{path}:{first + 2} (SupervisedContrastive.forward: int(...))",
+                          f"{path}:{first + 4} (SupervisedContrastive.forward: torch.tensor(..., device=...))",
+                          f"{path}:{first + 6} (SupervisedContrastive.forward: float(...))"])
+
+
+def copy_tree(tmp_path: Path) -> Path:
+    """A copy of minbert/ and tasks/ (python sources only) under tmp_path, to scan edited versions of."""
+    import shutil
+
+    for package in ("minbert", "tasks"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+# ---- tests mirror the package -------------------------------------------------------------------------------------
+
+TESTS = ROOT / "tests"
+def mirrored_module(test_file: Path) -> Path:
+    """The module a test file tests: tests/test_x.py -> tasks/x.py, tests/minbert/test_x.py -> minbert/x.py,
+    tests/<dir>/test_x.py -> tasks/<dir>/x.py (experiments/ and benchmarks/ at the top), test_init -> __init__."""
+    rel = test_file.relative_to(TESTS)
+    name = ("__init__" if rel.stem == "test_init" else rel.stem.removeprefix("test_")) + ".py"
+    if len(rel.parts) == 1:
+        return ROOT / "tasks" / name
+    top = rel.parts[0]
+    return ROOT / (top if top in ("minbert", "experiments", "benchmarks") else f"tasks/{top}") / name
+
+
+def test_every_test_file_mirrors_a_module_and_every_module_has_one():
+    """tests/training/test_trainer.py tests tasks/training/trainer.py (STYLE.md principle 17): no test file named
+    after a work item, no module of minbert/ or tasks/ without its test file."""
+    test_files = [p for p in TESTS.rglob("test_*.py") if p.name != "test_layout.py"]
+    assert [str(p.relative_to(ROOT)) for p in test_files if not mirrored_module(p).is_file()] == []
+    mirrored = {mirrored_module(p) for p in test_files}
+    modules = [p for package in ("minbert", "tasks") for p in (ROOT / package).rglob("*.py")
+               if p.name != "__init__.py" or p.parent.name == "objectives"]
+    untested = sorted(str(p.relative_to(ROOT)) for p in modules if p not in mirrored)
+    assert untested == []
+
+
+def test_no_test_file_imports_another_test_module():
+    """Shared fixtures live in tests/conftest.py and shared helpers in tests/helpers.py; a test module imported by
+    another (``from tests.test_train import tiny_env  # noqa``) is a hidden dependency between test files."""
+    found = []
+    for path in sorted(TESTS.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
+                      if n.startswith("tests.") and n.split(".")[-1].startswith("test_")]
+    assert found == []

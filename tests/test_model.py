@@ -1,4 +1,5 @@
-"""Tests for tasks/model.py: head shapes, gradient routing, the paper's formulas, config checks."""
+"""Tests of tasks/model.py: head shapes, gradient routing, the paper's formulas, float32 heads under bf16
+autocast, module modes, config checks."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ import math
 
 import pytest
 import torch
+from torch import nn
 
 from minbert.bert import BertModel
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
-from tasks.model import TASKS, ModelConfig, MultitaskBert
-from tests.helpers import DATA, WordTokenizer, read_column, tiny_config
+from tasks.evaluation.evaluator import predict_dataset
+from tasks.model import TASKS, ModelConfig, MultitaskBert, preserved_modes
+from tests.helpers import WordTokenizer, make_dataset, make_model, tiny_config, tiny_model
 
 SENTENCES = [
     "a gripping and funny film",
@@ -25,26 +28,7 @@ PAIRS = [(SENTENCES[i], SENTENCES[(i + 2) % len(SENTENCES)]) for i in range(len(
 B = len(SENTENCES)
 TOK = WordTokenizer()
 GRID = [(arch, enc) for arch in ("baseline", "b1") for enc in ("siamese", "cross")]
-
-
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def make_model(arch: str = "baseline", pair_encoding: str = "siamese", dropout: float | None = None,
-               **config) -> MultitaskBert:
-    """A tiny random MultitaskBert; ``dropout`` (when given) sets both encoder dropouts."""
-    torch.manual_seed(0)
-    over = {} if dropout is None else dict(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout)
-    config.setdefault("fcn_size", 16)
-    model = MultitaskBert(BertModel(tiny_config(**over)), ModelConfig(arch=arch, pair_encoding=pair_encoding, **config))
-    # The real init (std 0.02) through b1's three layers leaves logits within ~1e-6 of
-    # each other, where order and equality checks would pass vacuously; spread them.
-    with torch.no_grad():
-        for name, m in model.named_modules():
-            if isinstance(m, torch.nn.Linear) and not name.startswith("encoder."):
-                m.weight.normal_(0.0, m.in_features ** -0.5)
-                m.bias.normal_(0.0, 0.1)
-    return model
 
 
 def make_batch(task: str, pair_encoding: str = "siamese") -> dict:
@@ -162,22 +146,6 @@ def test_baseline_para_offset_starts_at_the_log_odds_of_its_batch():
     assert out.logits.mean().item() == pytest.approx(math.log(0.5), abs=1e-5)
 
 
-def test_build_parts_starts_the_baseline_para_offset_from_training_pairs(tmp_path):
-    from tasks.config import TrainConfig
-    from tasks.training.trainer import build_parts
-
-    read_column("quora-train.csv", ("id",), 1)  # skips where setup.sh has not linked the data
-    cfg = TrainConfig(data_dir=str(DATA), limit=64, tasks=("para",), out_dir=str(tmp_path),
-                      model=ModelConfig(arch="baseline", pair_encoding="siamese", pooling="mean"))
-    parts = build_parts(cfg, torch.device("cpu"))
-    ds = parts.train_sets["para"]
-    batch = ds.collate(range(len(ds)))
-    p = batch["labels"].float().mean().item()
-    with torch.no_grad():
-        z = parts.model.eval()("para", batch).logits
-    assert z.mean().item() == pytest.approx(math.log(p / (1 - p)), abs=1e-3)
-
-
 @pytest.mark.parametrize("pair_encoding", ["siamese", "cross"])
 def test_b1_relu_layers_keep_the_signal_scale_at_init(pair_encoding):
     """Every head layer that feeds a ReLU starts He-initialized (std √(2/fan_in)), so unit-scale
@@ -220,11 +188,23 @@ def test_head_dropout_is_active_in_train_mode():
     assert not torch.equal(model("sst", batch).logits, model("sst", batch).logits)
 
 
+class PooledFn(nn.Module):
+    """A pooled transform from a plain function (the model's transforms are parameter-free modules)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, e):
+        return self.fn(e)
+
+
 @pytest.mark.parametrize("arch,pair_encoding", GRID)
-def test_transform_applied_to_pooled_embeddings(arch, pair_encoding):
-    """``transform`` sees each pooled (B, H) embedding: identity keeps the output, zeros change it."""
-    model = make_model(arch, pair_encoding).eval()
+def test_a_pooled_transform_sees_each_pooled_embedding(arch, pair_encoding):
+    """``set_pooled_transform`` sees each pooled (B, H) embedding of its task only: identity keeps the output,
+    zeros change it; a transform with parameters is refused (the checkpoint has no place for them)."""
     for task in TASKS:
+        model = make_model(arch, pair_encoding).eval()
         batch = make_batch(task, pair_encoding)
         plain = model(task, batch)
         seen = []
@@ -233,13 +213,20 @@ def test_transform_applied_to_pooled_embeddings(arch, pair_encoding):
             seen.append(e)
             return e
 
-        same = model(task, batch, transform=identity)
+        model.set_pooled_transform(task, PooledFn(identity))
+        same = model(task, batch)
         assert torch.equal(same.logits, plain.logits)
         pooled = [v for k, v in plain.features.items() if k.startswith("pooled")]
         assert len(seen) == len(pooled) and all(torch.equal(a, b) for a, b in zip(seen, pooled))
         assert all(e.shape == (B, model.encoder.config.hidden_size) for e in seen)
-        zeroed = model(task, batch, transform=torch.zeros_like)
-        assert not torch.allclose(zeroed.logits, plain.logits), task
+        other = next(t for t in TASKS if t != task)
+        model(other, make_batch(other, pair_encoding))
+        assert len(seen) == len(pooled)  # another task's forward is untouched
+        model.set_pooled_transform(task, PooledFn(torch.zeros_like))
+        assert not torch.allclose(model(task, batch).logits, plain.logits), task
+        assert model.state_dict().keys() == make_model(arch, pair_encoding).state_dict().keys()
+    with pytest.raises(ValueError, match="may not hold parameters"):
+        model.set_pooled_transform("sst", nn.Linear(2, 2))
 
 
 @pytest.mark.parametrize("arch,pair_encoding", GRID)
@@ -331,7 +318,7 @@ def test_b1_para_and_sts_heads_equal_hand_computation(pair_encoding):
     MLP([shared, own]) of the pair's embedding, STS 5 · σ(MLP([shared, own]))."""
     model = make_model("b1", pair_encoding, head_dropout=0.0).eval()
     # The tiny encoder's pooled embeddings barely differ between sentences; a fixed offset per example and side
-    # (through ``transform``, whose output the features record) makes the head outputs vary, so the comparison is
+    # (through a pooled transform, whose output the features record) makes the head outputs vary, so the comparison is
     # not vacuous.
     spread = torch.randn(2, B, model.encoder.config.hidden_size, generator=torch.Generator().manual_seed(1))
 
@@ -341,8 +328,10 @@ def test_b1_para_and_sts_heads_equal_hand_computation(pair_encoding):
 
     with torch.no_grad():
         para, sts = make_batch("para", pair_encoding), make_batch("sts", pair_encoding)
-        out_p = model("para", para, transform=offsets())
-        out_s = model("sts", sts, transform=offsets())
+        model.set_pooled_transform("para", PooledFn(offsets()))
+        model.set_pooled_transform("sts", PooledFn(offsets()))
+        out_p = model("para", para)
+        out_s = model("sts", sts)
         if pair_encoding == "siamese":
             e1, e2 = out_p.features["pooled_1"], out_p.features["pooled_2"]
             f1, f2 = _b1_features(model, "para", e1), _b1_features(model, "para", e2)
@@ -377,3 +366,58 @@ def test_task_losses_equal_hand_formulas(arch, pair_encoding):
                 want = ((z - y) ** 2).mean()
             got = model.task_loss(task, out, batch)
             assert got.item() == pytest.approx(want.item(), rel=1e-5), task
+
+
+# ---- outputs keep float32 precision under bf16 autocast (issue 16, item 3) ------------------------------------
+# The encoder may run in bf16; the heads run in float32 (autocast off), so STS scores and the logits ensembles
+# average are not rounded to bf16's 8 bits.
+
+
+def _bf16_rounded(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).float()
+
+
+@pytest.mark.parametrize("arch", ["baseline", "b1"])
+@pytest.mark.parametrize("pair_encoding", ["siamese", "cross"])
+@pytest.mark.parametrize("task", ["sst", "para", "sts"])
+def test_logits_are_not_rounded_to_bf16(arch, pair_encoding, task):
+    model = make_model(arch, pair_encoding=pair_encoding).eval()
+    ds = make_dataset(task, n=23, mode=pair_encoding)
+    out = predict_dataset(model, task, ds, autocast_dtype=torch.bfloat16).logits
+    assert out.dtype == torch.float32
+    # float32 values: bf16 can hold ~ 1 in 2^16 of them, so nearly every score differs from its bf16 rounding
+    assert (out != _bf16_rounded(out)).float().mean() > 0.5, out
+
+
+def test_sts_score_is_the_float32_head_on_the_bf16_encoder_output():
+    model = make_model("b1", pair_encoding="cross").eval()
+    ds = make_dataset("sts", n=8, mode="cross")
+    batch = ds.collate(list(range(len(ds))))
+    with torch.no_grad():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            got = model("sts", batch).logits
+            e = model.embed(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+        assert e.dtype == torch.bfloat16
+        e = e.float()
+        want = model.config.sts_scale * torch.sigmoid(model.sts_head(model._features("sts", e)).squeeze(-1))
+    torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
+
+
+# ---- the mode helper -------------------------------------------------------------------------------------------
+
+
+def test_preserved_modes_restores_every_submodule():
+    """A model with a submodule in eval mode (LP-FT's frozen encoder) comes back with that submodule in eval,
+    not with the top module's mode spread over all of them as ``model.train(was_training)`` would."""
+    model = tiny_model()
+    model.train()
+    model.encoder.eval()
+    before = {n: m.training for n, m in model.named_modules()}
+    with preserved_modes(model):
+        model.eval()
+        assert not any(m.training for m in model.modules())
+    assert {n: m.training for n, m in model.named_modules()} == before
+    with pytest.raises(RuntimeError), preserved_modes(model):  # restored on an exception too
+        model.train()
+        raise RuntimeError
+    assert {n: m.training for n, m in model.named_modules()} == before

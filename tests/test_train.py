@@ -1,576 +1,706 @@
-"""Tests for tasks/trainer.py, tasks/train.py and tasks/checkpoint.py: the training loop, loss weights, checkpoints,
-exact resume.
+"""Tests of tasks/train.py, the train command (train_multitask.py calls it): every flag reaches its config field,
+refusals happen before any work, presets, --resume and --eval-only end to end, and every user-caused error ends
+in one line with the right exit status and an untouched run directory (issue 15).
 
-Everything runs on a tiny random BERT (hidden 32, 2 layers, 4 heads, vocab 99)
-saved as a HF-style checkpoint directory in tmp, with small synthetic task
-files in the CS224N formats, so the real code path (load_pretrained, the
-tokenizer, the readers) is exercised end to end on CPU in seconds.
+The end-to-end tests run the real command on the tiny random BERT and synthetic
+data of ``tiny_env`` (tests/conftest.py).
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import errno
 import json
-import random
+import os
+import re
+import shlex
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
-from safetensors.torch import load_file, save_file
 
-from minbert.bert import BertModel
-from tasks.config import TrainConfig, check_resume_config
-from tasks.evaluation.evaluator import evaluate_checkpoint
-from tasks.evaluation.files import read_predictions
+from tasks import train as cli
+from tasks.config import TrainConfig
+from tasks.data import selection as splits
+from tasks.evaluation import priors as prior_module
+from tasks.evaluation import priors as priors_module
+from tasks.evaluation.evaluator import Predictor
+from tasks.evaluation.priors import SST_PRIOR_FILE
 from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.training import checkpoint as ckpt_mod
-from tasks.training import runtime
+from tasks.training import run as train_mod
+from tasks.training import trainer as parts
 from tasks.training import trainer as trainer_mod
-from tasks.training.checkpoint import atomic_directory, read_json, resolve_checkpoint
-from tasks.training.run import run
-from tasks.training.trainer import Hook, Trainer
-from tests.helpers import tiny_config
-
-POSITIVE = ["good", "great", "fun", "superb", "lovely"]
-NEGATIVE = ["bad", "awful", "dull", "boring", "poor"]
-NEUTRAL = ["movie", "film", "plot", "story", "actor", "scene", "the", "a", "is", "was", "very", "quite"]
-QUESTION = ["how", "what", "why", "do", "i", "learn", "cook", "python", "rice", "code", "fast", "best", "way", "to"]
-WORDS = POSITIVE + NEGATIVE + NEUTRAL + QUESTION + ["?", ".", "cat", "dog", "sits", "runs", "on", "mat", "park"]
-
-
-# ---- fixtures: a tiny pretrained checkpoint and synthetic data ------------------------------------------
-
-
-def write_tiny_model(directory: Path) -> Path:
-    """A HF-style BERT directory: config.json, model.safetensors (random tiny BERT), vocab.txt (99 tokens)."""
-    directory.mkdir(parents=True, exist_ok=True)
-    cfg = tiny_config()
-    torch.manual_seed(1234)
-    model = BertModel(cfg)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(directory / "model.safetensors"))
-    cfg.to_json_file(directory / "config.json")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + WORDS
-    vocab += [f"[unused{i}]" for i in range(cfg.vocab_size - len(vocab))]
-    assert len(vocab) == cfg.vocab_size
-    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
-    return directory
-
-
-def _sentence(rng: random.Random, label: int) -> str:
-    """A sentence whose sentiment words say its label (0 = very negative ... 4 = very positive)."""
-    pos, neg = {0: (0, 3), 1: (0, 1), 2: (0, 0), 3: (1, 0), 4: (3, 0)}[label]
-    words = rng.sample(NEUTRAL, 4) + rng.choices(POSITIVE, k=pos) + rng.choices(NEGATIVE, k=neg)
-    rng.shuffle(words)
-    return " ".join(words) + " ."
-
-
-def _question(rng: random.Random) -> str:
-    return " ".join(rng.sample(QUESTION, 5)) + " ?"
-
-
-def write_tiny_data(directory: Path, n_train: int = 48, n_dev: int = 24, n_test: int = 16,
-                    quora_test: bool = False) -> Path:
-    """CS224N-format task files (tab-separated, unnamed index column) and an NLI file, all synthetic."""
-    directory.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-
-    def write(name: str, header: list[str], rows: list[list]) -> None:
-        lines = ["\t".join(header)] + ["\t".join(str(x) for x in row) for row in rows]
-        (directory / name).write_text("\n".join(lines) + "\n")
-
-    for split, n in (("train", n_train), ("dev", n_dev), ("test", n_test)):
-        labels = [i % 5 for i in range(n)]
-        sst = [[i, f"sst-{split}-{i}", " " + _sentence(rng, y)] + ([y] if split != "test" else [])
-               for i, y in enumerate(labels)]
-        para, sts = [], []
-        for i in range(n):
-            a = _question(rng)
-            dup = i % 2
-            b = a.replace("?", "") + " ?" if dup else _question(rng)
-            para.append([i, f"para-{split}-{i}", a, b] + ([f"{float(dup)}"] if split != "test" else []))
-            s1 = _sentence(rng, i % 5)
-            overlap = i % 6
-            s2 = " ".join(s1.split()[:overlap] + rng.sample(NEUTRAL, max(1, 5 - overlap))) + " ."
-            sts.append([i, f"sts-{split}-{i}", s1, s2] + ([f"{float(overlap * 5 / 5)}"] if split != "test" else []))
-        if split == "test":
-            write("ids-sst-test-student.csv", ["0", "", "id", "sentence"], [[i, float(i), *r[1:]] for i, r in enumerate(sst)])
-            if quora_test:
-                write("quora-test-student.csv", ["", "id", "sentence1", "sentence2"], para)
-            write("sts-test-student.csv", ["", "id", "sentence1", "sentence2"], sts)
-        else:
-            write(f"ids-sst-{split}.csv", ["", "id", "sentence", "sentiment"], sst)
-            write(f"quora-{split}.csv", ["", "id", "sentence1", "sentence2", "is_duplicate"], para)
-            write(f"sts-{split}.csv", ["", "id", "sentence1", "sentence2", "similarity"], sts)
-    nli = ["sent0,sent1,hard_neg"] + [f"{_sentence(rng, 4)},{_sentence(rng, 3)},{_sentence(rng, 0)}"
-                                      for _ in range(n_train)]
-    (directory / "nli-train.csv").write_text("\n".join(nli) + "\n")
-    return directory
-
+from tests.helpers import ROOT, bad_data, snapshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="session")
-def tiny_env(tmp_path_factory):
-    """(pretrained dir, data dir) shared by the tests of a session (both read-only)."""
-    root = tmp_path_factory.mktemp("tiny")
-    return write_tiny_model(root / "bert"), write_tiny_data(root / "data")
 
 
-def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> TrainConfig:
-    """A fast CPU config on the tiny model: 2 epochs of ~15 steps, dropout on (so RNG state matters). Pairs are
-    scored in one order without the STS and SST priors (the fixtures' best epochs were found so; tests of their
-    own cover --symmetric-eval, --sts-prior and --sst-prior)."""
-    pretrained, data = env
-    kw = dict(pretrained=str(pretrained), data_dir=str(data), out_dir=str(out_dir), epochs=2, batch_size=8,
-              eval_batch_size=16, max_length=32, max_train_examples={}, dev_max_examples={}, lr=1e-3,
-              symmetric_eval=False, sts_prior=0.0, sst_prior=0.0,
-              lr_schedule="warmup_linear", warmup=0.1, log_every=5, device="cpu", bf16=False,
-              model=ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.1))
-    kw.update(overrides)
-    return TrainConfig(**kw)
+COMMAND_FIELDS = {f.name for f in dataclasses.fields(cli.Command)}
 
 
-def _optimizer_tensors(trainer: Trainer) -> dict[str, torch.Tensor]:
-    return {f"{i}.{k}": v for i, p in enumerate(trainer.params) for k, v in trainer.optimizer.state[p].items()}
+def _default_at(path: str) -> object:
+    """The value a config path has before any flag (objective fields: their Config default)."""
+    if path.startswith("objectives."):
+        _, name, key = path.split(".")
+        f = {f.name: f for f in dataclasses.fields(registered_objectives()[name].Config)}[key]
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return cli.get_path(TrainConfig(), path)
 
 
-def _assert_same_state(a: Trainer, b: Trainer) -> None:
-    sa, sb = a.model.state_dict(), b.model.state_dict()
-    assert sa.keys() == sb.keys()
-    for k in sa:
-        assert torch.equal(sa[k], sb[k]), f"weights differ at {k}"
-    oa, ob = _optimizer_tensors(a), _optimizer_tensors(b)
-    assert oa.keys() == ob.keys() and oa
-    for k in oa:
-        assert torch.equal(oa[k], ob[k]), f"optimizer state differs at {k}"
-
-
-class _Interrupt(Exception):
-    pass
-
-
-class _StopAt(Hook):
-    """Raises after global step ``step`` (mid-epoch) or after epoch ``epoch`` ended: a crash mid-run."""
-
-    def __init__(self, step: int | None = None, epoch: int | None = None):
-        self.at_step, self.at_epoch = step, epoch
-
-    def on_step_end(self, trainer: Trainer) -> None:
-        if trainer.global_step == self.at_step:
-            raise _Interrupt
-
-    def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
-        if trainer.epoch == self.at_epoch:
-            raise _Interrupt
-
-
-def run_whole_and_cut(env, tmp_path: Path, stop_step: int, **overrides) -> tuple[Trainer, Trainer]:
-    """(a whole run, the same run cut after global step ``stop_step`` and resumed), checked equal bit for bit."""
-    full = Trainer.from_config(tiny_train_config(env, tmp_path / "full", **overrides))
-    full.fit()
-    cfg = tiny_train_config(env, tmp_path / "cut", **overrides)
-    with pytest.raises(_Interrupt):
-        Trainer.from_config(cfg, hooks=[_StopAt(step=stop_step)]).fit()
-    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
-    resumed.fit()
-    _assert_same_state(full, resumed)
-    return full, resumed
-
-
-# ---- the loop -------------------------------------------------------------------------------------------
-
-
-def test_a_few_epochs_reduce_the_loss(tiny_env, tmp_path):
-    """Training lowers every task's mean head loss from the first epoch to the last and logs every term."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=4, lr=2e-3, warmup=0.0)
-    trainer = Trainer.from_config(cfg)
-    trainer.fit()
-    first, last = trainer.history[0]["train"], trainer.history[-1]["train"]
-    assert set(first) == {"loss", "sst/loss", "para/loss", "sts/loss"}
-    for term in first:
-        assert last[term] < first[term], (term, first[term], last[term])
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
-    assert {"sst_acc", "para_acc", "sts_r", "overall"} <= set(records[0]["dev"])
-    assert (tmp_path / "run" / "training.png").stat().st_size > 0
-
-
-@pytest.mark.parametrize("weight", [0.0, 2.0])
-def test_loss_weights_scale_the_task_gradients(tiny_env, tmp_path, weight):
-    """A stream's loss weight multiplies its gradients: weight 0 gives exactly zero gradients, 2 doubles them."""
-    base = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "a"))
-    weighted = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "b", loss_weights={"para": weight}))
-    weighted.model.load_state_dict(base.model.state_dict())
-    batch = base.train_sets["para"].collate(list(range(8)))
-    grads = []
-    for trainer in (base, weighted):
-        trainer.model.eval()  # no dropout: both passes compute the same function
-        trainer.model.zero_grad(set_to_none=True)
-        loss, terms = trainer.step_loss("para", batch)
-        loss.backward()
-        grads.append({n: p.grad for n, p in trainer.model.named_parameters() if p.grad is not None})
-        assert set(terms) == {"para/loss"}
-    assert grads[0], "the paraphrase loss reaches no parameter"
-    for name, g in grads[0].items():
-        assert torch.allclose(grads[1][name], weight * g, atol=1e-7), name
-    if weight == 0.0:
-        assert all(torch.count_nonzero(g) == 0 for g in grads[1].values())
-
-
-def test_learning_rate_schedules(tiny_env, tmp_path):
-    """constant stays; epoch_decay is lr - decay·epoch (paper §4.5); warmup_linear rises then decays to ~0."""
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
-    assert t.lr_at(0, 5, 10) == 1e-5 and t.lr_at(3, 0, 10) == pytest.approx(1e-5 - 3 * 4e-7)
-    t.cfg = dataclasses.replace(t.cfg, lr_schedule="constant")
-    assert t.lr_at(1, 3, 10) == 1e-5
-    t.cfg = dataclasses.replace(t.cfg, lr_schedule="warmup_linear", warmup=0.25, epochs=2)
-    lrs = [t.lr_at(e, s, 10) for e in range(2) for s in range(10)]
-    assert lrs[4] == pytest.approx(1e-5) and lrs[0] < lrs[1] < lrs[4]
-    assert all(a > b for a, b in zip(lrs[5:], lrs[6:])) and 0 < lrs[-1] < 1e-6
-
-
-def test_optimizer_excludes_biases_and_layernorm_from_weight_decay(tiny_env, tmp_path):
-    """AdamW groups: matrices decay, biases and LayerNorm weights (1-D) do not."""
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", weight_decay=0.05))
-    decay, no_decay = t.optimizer.param_groups
-    assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
-    assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
-    names = dict(zip(map(id, t.params), t.param_names))
-    assert any("LayerNorm" in names[id(p)] for p in no_decay["params"])
-    assert len(t.params) == sum(1 for p in t.model.parameters() if p.requires_grad)
-
-
-# ---- checkpoints ------------------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("where", ["mid-epoch", "epoch-end"])
-def test_resume_is_bit_identical(tiny_env, tmp_path, where):
-    """A run interrupted and resumed from its checkpoint ends with the same weights and optimizer state, bit for bit."""
-    full = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4))
-    full.fit()
-    cfg = tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4)
-    stop = _StopAt(step=9) if where == "mid-epoch" else _StopAt(epoch=1)
-    with pytest.raises(_Interrupt):
-        Trainer.from_config(cfg, hooks=[stop]).fit()
-    last = tmp_path / "cut" / "checkpoints" / "last"
-    state = read_json(last / "state.json")
-    if where == "mid-epoch":
-        assert (state["epoch"], state["global_step"]) == (0, 8) and state["step"] == 8
+def _non_default(action: argparse.Action) -> tuple[list[str], object]:
+    """(argv, expected value at action.dest) that sets the flag to something other than its default."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        default = _default_at(action.dest)
+        return ([f"--no-{flag[2:]}"], False) if default is True else ([flag], True)
+    if isinstance(action, argparse._StoreTrueAction):
+        return [flag], True
+    if isinstance(action, argparse._AppendAction):
+        return [flag, "mnr"], ["mnr"]
+    if action.dest in COMMAND_FIELDS:  # --preset, --checkpoint
+        value = action.choices[-1] if action.choices else "some/checkpoint"
+        return [flag, value], value
+    default = _default_at(action.dest)
+    if action.nargs in ("+", "*"):
+        if getattr(action.type, "__name__", "").endswith("pair"):  # STREAM=VALUE mappings, merged into the default
+            value = 7 if action.type.__name__.startswith("int") else 0.5
+            return [flag, f"sts={value}"], {**default, "sts": value}
+        if action.dest == "tasks":  # a subset that keeps para (whose default caps would otherwise go too)
+            return [flag, "para", "sts"], ("para", "sts")
+        choices = action.choices or ["sts"]
+        value = [c for c in choices if c not in (default or ())][:1] or [choices[0]]
+        return [flag, *value], value
+    if action.choices:
+        value = next(c for c in action.choices if c != default)
+        return [flag, str(value)], value
+    if action.type is int:
+        value = (default or 0) + 3
+    elif action.type is float:
+        value = (default or 0.0) + 0.0625
     else:
-        assert (state["epoch"], state["step"]) == (1, 0)
-    resumed = Trainer.from_config(cfg, resume_from=last)
-    resumed.fit()
-    _assert_same_state(full, resumed)
-    assert [r["train"] for r in resumed.history] == [r["train"] for r in full.history]
-    assert [r["dev"] for r in resumed.history] == [r["dev"] for r in full.history]
-    lines = (tmp_path / "cut" / "metrics.jsonl").read_text().splitlines()
-    assert [json.loads(x)["epoch"] for x in lines] == [1, 2]
+        value = f"{action.dest}-value"
+    return [flag, str(value)], value
+
+
+def test_every_flag_reaches_its_config_field():
+    """Each flag of the parser, given a non-default value, sets exactly its TrainConfig / ModelConfig / objective field."""
+    parser = cli.build_parser()
+    actions = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    assert len(actions) > 40
+    seen = set()
+    for action in actions:
+        argv, expected = _non_default(action)
+        command, explicit = cli.parse(argv, parser)
+        if action.dest in COMMAND_FIELDS:
+            assert getattr(command, action.dest) == expected, action.option_strings
+            assert not explicit
+            continue
+        assert set(explicit) == {action.dest}, (argv, explicit)
+        if action.dest.startswith("objectives."):
+            command.objective = [action.dest.split(".")[1]]
+        cfg = cli.config_from_flags(command, explicit)
+        got = cli.get_path(cfg, action.dest)
+        assert got == expected, (argv, got, expected)
+        assert got != _default_at(action.dest), argv
+        # and nothing else moved
+        base = cli.config_from_flags(dataclasses.replace(command), {})
+        diff = {k for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
+        top = action.dest.split(".")[0]
+        assert diff == {top}, (argv, diff)
+        seen.add(action.dest)
+    model_fields = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "objectives"}
+    assert model_fields | train_fields <= seen, sorted((model_fields | train_fields) - seen)
+    for name, cls in registered_objectives().items():
+        assert {f"objectives.{name}.{f.name}" for f in dataclasses.fields(cls.Config)} <= seen, name
+
+
+def test_help_documents_every_flag_with_paper_references(capsys):
+    """--help lists every flag with text; the paper's hyper-parameters cite their section."""
+    parser = cli.build_parser()
+    for action in parser._actions:
+        assert action.help, action.option_strings
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    for flag in ("--lr", "--lr-decay", "--schedule", "--loss-weights", "--head-dropout", "--fcn-size", "--arch",
+                 "--encoder-dropout", "--batch-size", "--epochs", "--nli", "--preset", "--baseline-proj-size",
+                 "--lp-epochs", "--lp-lr", "--swa-epochs", "--swa-lr", "--predict-train", "--distill-weight"):
+        assert flag in text and "§" in by_flag[flag].help, flag
+
+
+REFUSED = [
+    (["--eval-only", "--resume"], "choose one"),
+    (["--checkpoint", "runs/x/checkpoints/best"], "--checkpoint"),
+    (["--overwrite", "--resume"], "--overwrite"),
+    (["--eval-only", "--epochs", "3"], "--epochs cannot change"),
+    (["--eval-only", "--preset", "b1"], "--preset"),
+    (["--limit", "4", "--batch-size", "8"], "limit=4"),
+    (["--tasks", "nli"], "invalid choice"),
+    (["--loss-weights", "foo=1"], "not a stream"),
+    (["--loss-weights", "para"], "STREAM=VALUE"),
+    (["--tasks", "sst", "--loss-weights", "para=0.1"], "does not train"),
+    (["--task-batch-size", "para=64"], "even"),
+    (["--lr-decay", "1e-6"], "--lr-decay only acts"),
+    (["--lr-schedule", "constant", "--warmup", "0.2"], "--warmup only acts"),
+    (["--lr-schedule", "epoch_decay", "--lr", "1e-6", "--lr-decay", "1e-6", "--epochs", "3"], "not positive"),
+    (["--dev-max-examples", "sst=1"], ">= 2"),
+    (["--objective", "no_such_objective"], "not registered"),
+    (["--no-objective", "mnr"], "no objective 'mnr'"),
+    (["--mnr-scale", "10"], "add --objective mnr"),
+    (["--objective", "mnr", "--pair-encoding", "cross"], "siamese"),
+    (["--nli"], "nli stream"),
+    (["--objective", "scl", "--tasks", "sts"], "none of which"),
+    (["--head-dropout", "1.5"], "head_dropout"),
+    (["--device", "tpu"], "device"),
+    (["--max-train-examples", "para=0"], ">= 1"),
+    (["--eval-only", "--swa-epochs", "2"], "--swa-epochs cannot change"),
+    (["--eval-only", "--lp-epochs", "2"], "--lp-epochs cannot change"),
+    (["--swa-lr", "1e-4"], "--swa-lr only acts"),
+    (["--lp-lr", "1e-3"], "--lp-lr only acts"),
+    (["--swa-epochs", "-1"], "swa_epochs must be >= 0"),
+    (["--lp-epochs", "-2"], "lp_epochs must be >= 0"),
+    (["--objective", "distill"], "distill needs teachers"),
+    (["--objective", "distill", "--distill-teachers"], "distill needs teachers"),
+    (["--objective", "distill", "--distill-teachers", "no/such/run"], "--predict-train"),
+    (["--objective", "distill", "--distill-teachers", "x", "--distill-temperature", "0"], "temperature"),
+    (["--pair-swap", "1.5"], "pair_swap is a probability"),
+    (["--eval-only", "--train-subsets", "cycle"], "--train-subsets cannot change"),
+    (["--sts-prior", "2"], "sts_prior is a weight in [0, 1]"),
+    (["--tasks", "sst", "para", "--sts-prior", "0.5"], "--sts-prior only acts on STS"),
+    (["--sts-prior", "0", "--sts-prior-model", "x"], "--sts-prior-model only acts"),
+    (["--tasks", "sst", "--sts-prior-model", "x"], "--sts-prior-model only acts"),
+    (["--sts-prior-model", "no/such/dir"], "--sts-prior-model no/such/dir: no such checkpoint directory"),
+    (["--sst-prior", "-0.1"], "sst_prior is a weight in [0, 1]"),
+    (["--tasks", "para", "sts", "--sst-prior", "0.5"], "--sst-prior only acts on SST"),
+    (["--sst-prior", "0", "--sst-prior-model", "x"], "--sst-prior-model only acts"),
+    (["--sst-prior-model", "no/such/dir"], "--sst-prior-model no/such/dir: no such checkpoint directory"),
+    (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
+    (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
+    (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),
+]
+
+
+@pytest.mark.parametrize("argv,message", REFUSED, ids=[" ".join(a) for a, _ in REFUSED])
+def test_refused_combinations_fail_before_any_work(argv, message, monkeypatch, capsys, tmp_path):
+    """A contradictory or invalid command line exits with status 2 and a reason before data or model are touched."""
+    registry = registered_objectives()
+    for needed in ("mnr", "scl"):
+        if needed in " ".join(argv) and needed not in registry:
+            pytest.skip(f"objective {needed} is not registered")
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("work started before the command line was checked")
+
+    for module, name in ((parts, "load_pretrained"), (splits, "load_split"), (splits, "load_nli"),
+                         (train_mod, "Trainer")):
+        monkeypatch.setattr(module, name, forbidden)
+    monkeypatch.setattr(cli, "run_plan", forbidden)
+    monkeypatch.setattr(cli, "predict_checkpoint", forbidden)
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*argv, "--out-dir", str(tmp_path / "nothing-here")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not (tmp_path / "nothing-here").exists()
+
+
+def test_cuda_request_without_cuda_is_refused(monkeypatch, capsys):
+    """--device cuda on a machine without CUDA exits with a reason instead of failing mid-run."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(cli, "run_plan", lambda *a, **k: pytest.fail("run started"))
+    with pytest.raises(SystemExit):
+        cli.main(["--device", "cuda"])
+    assert "cuda" in capsys.readouterr().err
+
+
+def test_short_error_from_the_script():
+    proc = subprocess.run([sys.executable, "train_multitask.py", "--epoch", "2"], capture_output=True, text=True,
+                          cwd=ROOT, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == ["usage: train_multitask.py [options]  (--help for all of them)",
+                                        "train_multitask.py: error: unrecognized argument --epoch: did you mean "
+                                        "--epochs?"]
+
+
+# ---- presets --------------------------------------------------------------------------------------------------
+
+
+def _preset(name: str, *argv: str) -> TrainConfig:
+    command, explicit = cli.parse(["--preset", name, *argv])
+    return cli.build_invocation(command, explicit).config
 
 
 @pytest.fixture
-def restore_determinism(monkeypatch):
-    """--deterministic sets process-wide state: torch's flag and CUBLAS_WORKSPACE_CONFIG are put back after."""
-    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
-    before = torch.are_deterministic_algorithms_enabled()
-    yield
-    torch.use_deterministic_algorithms(before)
+def paper_objectives():
+    registry = registered_objectives()
+    if not {"mnr", "simcse"} <= set(registry):
+        pytest.skip("the presets need the mnr and simcse objectives")
 
 
-def test_deterministic_run_resumes_bit_identically(tiny_env, tmp_path, restore_determinism):
-    """--deterministic (the CUDA resume guarantee, tasks/runtime.py) reaches torch, and training and resuming with
-    it on stays bit-exact on CPU."""
-    cfg_full = tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4, deterministic=True)
-    full = Trainer.from_config(cfg_full)
-    assert torch.are_deterministic_algorithms_enabled()
-    full.fit()
-    cfg = tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4, deterministic=True)
-    with pytest.raises(_Interrupt):
-        Trainer.from_config(cfg, hooks=[_StopAt(step=9)]).fit()
-    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
-    resumed.fit()
-    _assert_same_state(full, resumed)
-    with pytest.raises(ValueError, match="deterministic"):  # not a field a resume may change
-        check_resume_config(cfg, tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4))
+def test_baseline_preset_is_paper_section_4_1():
+    """baseline: §4.1 heads (Siamese, linear, dropout 0.3), lr 1e-5 constant, sequential schedule, all data."""
+    cfg = _preset("baseline")
+    m = cfg.model
+    assert (m.arch, m.pair_encoding, m.pooling, m.head_dropout, m.baseline_proj_size, m.sts_scale) == \
+        ("baseline", "siamese", "pooler", 0.3, 32, 5.0)
+    assert (cfg.lr, cfg.lr_schedule, cfg.schedule, cfg.epochs, cfg.batch_size) == (1e-5, "constant", "sequential", 10, 16)
+    assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
+    assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3
 
 
-@pytest.mark.parametrize("objective", ["simcse", "knn_bert"])
-def test_resume_with_objective_state_is_bit_identical(tiny_env, tmp_path, objective):
-    """Objectives' terms and state (KNN-BERT's queues and momentum encoder) survive a resume bit for bit."""
-    if objective not in registered_objectives():
-        pytest.skip(f"objective {objective} is not registered")
-    kw = dict(objectives={objective: {}}, checkpoint_every=5, epochs=1)
-    if objective == "knn_bert":
-        kw["objectives"] = {objective: {"m_most": 2, "m_least": 2, "queue_size": 20}}
-    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 6, **kw)
-    a, b = full.objectives[0].state_dict(), resumed.objectives[0].state_dict()
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-    assert any(k.startswith(f"{objective}/") or "/" + objective in k for k in full.history[0]["train"])
+@pytest.mark.usefixtures("paper_objectives")
+def test_b_presets_are_paper_section_5_4():
+    """b3 = b1 arch + even batching + para 0.1 + MNR + SimCSE on STS + lr 1e-5 − 4e-7/epoch + head dropout 0.3 + FCN 256;
+    b2 = b3 without head dropout; b1 = b2 + the NLI stream trained by MNR."""
+    b3, b2, b1 = _preset("b3"), _preset("b2"), _preset("b1")
+    for cfg in (b1, b2, b3):
+        assert (cfg.model.arch, cfg.model.fcn_size, cfg.model.pair_encoding) == ("b1", 256, "siamese")
+        assert (cfg.schedule, cfg.loss_weights, cfg.lr, cfg.lr_schedule, cfg.lr_decay) == \
+            ("even", {"para": 0.1}, 1e-5, "epoch_decay", 4e-7)
+        assert set(cfg.objectives) == {"mnr", "simcse"} and cfg.objectives["simcse"]["tasks"] == ["sts"]
+        assert cfg.encoder_dropout == 0.3 and cfg.max_train_examples == {}
+    assert b3.model.head_dropout == 0.3 and b2.model.head_dropout == 0.0 and b1.model.head_dropout == 0.0
+    assert not b3.nli and not b2.nli and b1.nli
+    assert b3.objectives["mnr"]["tasks"] == ["sts"] and b1.objectives["mnr"]["tasks"] == ["sts", "nli"]
+    assert dataclasses.replace(b2, model=b3.model) == b3
+    assert dataclasses.replace(b1, nli=False, objectives=b2.objectives) == b2
 
 
-def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monkeypatch):
-    """A checkpoint holds only safetensors and JSON (plus the vocabulary); nothing is pickled or torch.loaded."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    Trainer.from_config(cfg).fit()
-    ckpt = tmp_path / "run" / "checkpoints" / "last"
-    files = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
-    encoder = ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json",
-               "sentence_bert_config.json", "special_tokens_map.json", "tokenizer_config.json", "vocab.txt"]
-    assert files == sorted(["config.json", *("encoder/" + f for f in encoder), "model.safetensors",
-                            "optimizer.json", "optimizer.safetensors", "state.json"])
-    for name in files:
-        raw = (ckpt / name).read_bytes()
-        assert not raw.startswith(b"\x80"), f"{name} looks like a pickle"
-        if name.endswith(".json"):
-            json.loads(raw)
-        elif name.endswith(".safetensors"):
-            assert load_file(str(ckpt / name))
-    with safe_open(str(ckpt / "optimizer.safetensors"), "pt") as f:
-        assert any(k.endswith(".exp_avg_sq") for k in f.keys())
-    state = read_json(ckpt / "state.json")
-    assert {"torch", "python", "numpy"} <= set(state["rng"]) and isinstance(state["rng"]["torch"], str)
-    assert TrainConfig.from_dict(read_json(ckpt / "config.json")) == cfg
-
-    def no_torch_load(*a, **k):
-        raise AssertionError("torch.load must not be used to read a checkpoint")
-
-    monkeypatch.setattr(torch, "load", no_torch_load)
-    Trainer.from_config(cfg, resume_from=ckpt)  # loads model, optimizer, state without torch.load
-    evaluate_checkpoint(ckpt, out_dir=tmp_path / "eval")
+@pytest.mark.usefixtures("paper_objectives")
+def test_explicit_flags_override_the_preset():
+    """--preset b3 --lr 2e-5 --head-dropout 0.1 --mnr-scale 10: the flags win, the rest stays the paper's."""
+    cfg = _preset("b3", "--lr", "2e-5", "--head-dropout", "0.1", "--mnr-scale", "10", "--loss-weights", "sst=2")
+    assert cfg.lr == 2e-5 and cfg.model.head_dropout == 0.1 and cfg.objectives["mnr"]["scale"] == 10.0
+    assert cfg.loss_weights == {"para": 0.1, "sst": 2.0} and cfg.schedule == "even"
+    ablation = _preset("b3", "--no-objective", "mnr")
+    assert set(ablation.objectives) == {"simcse"}
 
 
-def test_atomic_directory_leaves_no_partial_checkpoint(tmp_path):
-    """A failure while writing leaves the previous checkpoint untouched and no stray temporary directory."""
-    final = tmp_path / "checkpoints" / "last"
-    with atomic_directory(final) as tmp:
-        (tmp / "a.json").write_text('{"v": 1}')
-    with pytest.raises(RuntimeError):
-        with atomic_directory(final) as tmp:
-            (tmp / "a.json").write_text('{"v": 2}')
-            raise RuntimeError("disk full")
-    assert json.loads((final / "a.json").read_text()) == {"v": 1}
-    assert sorted(p.name for p in final.parent.iterdir()) == ["last"]
-    fresh = tmp_path / "checkpoints" / "best"
-    with pytest.raises(RuntimeError):
-        with atomic_directory(fresh) as tmp:
-            raise RuntimeError("killed")
-    assert not fresh.exists() and sorted(p.name for p in final.parent.iterdir()) == ["last"]
+def test_preset_with_an_unregistered_objective_names_it(monkeypatch, capsys):
+    """A preset whose objective is missing fails with a message naming it; it is never silently dropped."""
+    registry = {k: v for k, v in registered_objectives().items() if k != "mnr"}
+    monkeypatch.setattr(cli, "registered_objectives", lambda: registry)
+    monkeypatch.setattr(cli, "run_plan", lambda *a, **k: pytest.fail("run started"))
+    with pytest.raises(SystemExit):
+        cli.main(["--preset", "b3"])
+    err = capsys.readouterr().err
+    assert "preset b3 needs the objective(s) mnr" in err
 
 
-def test_failed_checkpoint_write_keeps_the_previous_one(tiny_env, tmp_path, monkeypatch):
-    """Trainer.save_checkpoint failing half-way keeps the old 'last' complete and loadable."""
-    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
-    trainer.fit()
-    last = trainer.run_dir.checkpoints / "last"
-    before = (last / "model.safetensors").read_bytes()
+def test_tasks_subset_drops_default_caps_of_untrained_tasks():
+    """--tasks sst sts works with the default Quora caps (they follow the tasks); an explicit cap does not."""
+    command, explicit = cli.parse(["--tasks", "sst", "sts"])
+    cfg = cli.build_invocation(command, explicit).config
+    assert cfg.tasks == ("sst", "sts") and "para" not in cfg.max_train_examples and "para" not in cfg.dev_max_examples
+
+
+def test_default_config_is_the_measured_cpu_recipe():
+    """No flags: the embedded MiniLM, cross-encoded pairs, a per-epoch Quora cap, on the automatic device."""
+    command, explicit = cli.parse([])
+    cfg = cli.build_invocation(command, explicit).config
+    assert cfg == TrainConfig()
+    assert cfg.pretrained is None and cfg.model.pair_encoding == "cross" and "para" in cfg.max_train_examples
+    json.dumps(cfg.to_dict())  # plain JSON
+
+
+def test_config_reruns_a_saved_config_with_flags_overriding_it(tmp_path):
+    saved = TrainConfig(lr=3e-5, epochs=4, seed=7, tasks=("sst", "sts"), max_train_examples={"sst": 10})
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))
+    command, explicit = cli.parse(["--config", str(tmp_path / "config.json"), "--seed", "2"])
+    cfg = cli.build_invocation(command, explicit).config
+    assert cfg.lr == 3e-5 and cfg.epochs == 4 and cfg.tasks == ("sst", "sts") and cfg.seed == 2
+    assert cfg.max_train_examples == {"sst": 10}
+    for bad, message in ((tmp_path, "is a directory"), (tmp_path / "none.json", "no such file")):
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            cli.build_invocation(*cli.parse(["--config", str(bad)]))
+
+
+def test_every_flag_of_the_readme_techniques_table_is_accepted():
+    """The README's technique table is what a newcomer copies: each flag cell must be a command line that
+    train_multitask.py accepts on top of the defaults (placeholders N and P filled in; cells naming a DIR need
+    one and are left out). It once showed `--objective mnr`, which the default cross-encoder refuses."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## Techniques", 1)[1].split("\n## ", 1)[0]
+    cells = [cell for row in table.splitlines() if row.startswith("|")
+             for cell in re.findall(r"`(--[^`]+)`", row.rsplit("|", 2)[-2])]
+    assert len(cells) >= 15, cells
+    for cell in cells:
+        if "DIR" in cell:
+            continue
+        argv = shlex.split(re.sub(r"\bN\b", "1", re.sub(r"\bP\b", "0.5", cell)))
+        try:
+            cli.config_for(argv)
+        except (SystemExit, ValueError) as e:
+            pytest.fail(f"README technique flags {cell!r} are refused: {e}")
+
+
+# ---- end to end ---------------------------------------------------------------------------------------------------
+
+
+def _tiny_flags(env, out_dir: Path) -> list[str]:
+    pretrained, data = env
+    return ["--pretrained", str(pretrained), "--data-dir", str(data), "--out-dir", str(out_dir), "--device", "cpu",
+            "--no-bf16",
+            "--batch-size", "8", "--eval-batch-size", "16", "--max-length", "32", "--fcn-size", "16",
+            "--lr", "1e-3", "--log-every", "2"]
+
+
+def test_cli_train_limit_resume_and_eval_only(tiny_env, tmp_path, capsys):
+    """--limit caps every split; --resume refuses a changed setting by name, accepts the original flags restated
+    and continues to more epochs; --eval-only writes every prediction file."""
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "16", "--lr-schedule", "constant"])
+    pred = run_dir / "predictions"
+    assert len((pred / "sst-dev-output.csv").read_text().splitlines()) == 1 + 16
+    assert len((pred / "sts-test-output.csv").read_text().splitlines()) == 1 + 16
+    saved = json.loads((run_dir / "config.json").read_text())
+    assert saved["limit"] == 16 and saved["model"]["fcn_size"] == 16
+    assert (run_dir / "train.log").read_text().count("seq/s") >= 1
+
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--resume", "--out-dir", str(run_dir), "--lr", "2e-3"])
+    assert refused.value.code == 2 and "lr: checkpoint 0.001, now 0.002" in capsys.readouterr().err
+    cli.main(["--resume", *_tiny_flags(tiny_env, run_dir), "--limit", "16", "--lr-schedule", "constant",
+              "--epochs", "2"])
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("epoch") for r in records if not r.get("final")] == [1, 2]
+
+    eval_dir = tmp_path / "eval"
+    result = cli.main(["--eval-only", "--checkpoint", str(run_dir / "checkpoints" / "best"),
+                       "--out-dir", str(eval_dir), "--limit", "8"])
+    names = sorted(p.name for p in (eval_dir / "predictions").iterdir())
+    assert names == sorted(f"{t}-{s}-{k}.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
+                           for k in ("output", "logits") if (t, s) != ("para", "test"))
+    header = (eval_dir / "predictions" / "para-dev-output.csv").read_text().splitlines()
+    assert header[0] == "id \t Predicted_Is_Paraphrase " and len(header) == 1 + 8
+    assert set(result["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+
+
+def test_cli_lp_ft_then_swa_on_resume_then_teacher_logits_and_distill(tiny_env, tmp_path):
+    """--lp-epochs runs both stages in one command; --resume --swa-epochs adds SWA to the finished run;
+    --eval-only --predict-train writes the training-set logits a --distill-teachers student then trains on."""
+    run_dir = tmp_path / "run"
+    common = ["--limit", "16", "--epochs", "1"]
+    cli.main([*_tiny_flags(tiny_env, run_dir), *common, "--lp-epochs", "1", "--lp-lr", "2e-3"])
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["epoch"], r["stage"]) for r in records if not r.get("final")] == [(1, "lp"), (2, "ft")]
+
+    final = cli.main(["--resume", "--out-dir", str(run_dir), "--swa-epochs", "1", "--swa-lr", "1e-4"])
+    assert final["swa"]["n_averaged"] == 1 and final["swa"]["lr"] == 1e-4
+    assert (run_dir / "checkpoints" / "swa" / "model.safetensors").is_file()
+
+    teacher = tmp_path / "teacher"
+    result = cli.main(["--eval-only", "--checkpoint", str(run_dir / "checkpoints" / "swa"), "--out-dir",
+                       str(teacher), "--predict-train"])
+    assert set(result["train"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+    for task in ("sst", "para", "sts"):
+        rows = (teacher / "predictions" / f"{task}-train-logits.csv").read_text().splitlines()
+        assert len(rows) == 1 + 16
+
+    student = tmp_path / "student"
+    cli.main([*_tiny_flags(tiny_env, student), *common, "--objective", "distill", "--distill-teachers",
+              str(teacher / "predictions"), "--distill-tasks", "sst", "sts"])
+    saved = json.loads((student / "config.json").read_text())
+    assert saved["objectives"]["distill"]["teachers"] == [str(teacher / "predictions")]
+    terms = json.loads((student / "metrics.jsonl").read_text().splitlines()[0])["train"]
+    assert "sst/distill.loss" in terms and "sts/distill.loss" in terms and "para/distill.loss" not in terms
+
+
+def test_eval_only_sets_inference_options_and_a_capped_final_dev(tiny_env, tmp_path):
+    """--eval-only may switch Match-Tuning's inference and score the capped dev subset; the model is unchanged."""
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "16", "--objective", "match_tuning"])
+    best = str(run_dir / "checkpoints" / "best")
+    identity = cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "identity")])
+    batch = cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "batch"),
+                      "--match-tuning-inference", "batch", "--final-dev", "capped", "--dev-max-examples", "para=8"])
+    assert identity["dev"] == json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])["dev"]
+    rows = (tmp_path / "batch" / "predictions" / "para-dev-logits.csv").read_text().splitlines()
+    assert len(rows) == 1 + 8
+    sst = [(tmp_path / d / "predictions" / "sst-dev-logits.csv").read_text() for d in ("identity", "batch")]
+    assert sst[0] != sst[1]  # batch matching mixes each eval batch's representations
+    assert set(batch["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+
+
+def _whole_and_resumed(env, tmp_path: Path, flags: list[str], epochs: int) -> Path:
+    """Train ``flags`` for ``epochs`` in one go and, in another directory, 1 epoch then --resume to ``epochs``;
+    assert both end with the same dev logits files; return the uninterrupted run's directory."""
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    cli.main([*_tiny_flags(env, whole), *flags, "--epochs", str(epochs)])
+    cli.main([*_tiny_flags(env, cut), *flags, "--epochs", "1"])
+    cli.main(["--resume", "--out-dir", str(cut), "--epochs", str(epochs)])
+    for name in ("sst-dev-logits.csv", "para-dev-logits.csv", "sts-dev-logits.csv"):
+        assert (whole / "predictions" / name).read_bytes() == (cut / "predictions" / name).read_bytes(), name
+    return whole
+
+
+def test_a_run_with_the_priors_resumes_to_the_uninterrupted_run(tiny_env, tmp_path):
+    """The default's evaluation (both orders, the STS and SST priors, built at the first evaluation) does not
+    change what training draws: a run cut after epoch 1 and resumed (which builds the STS prior again and takes
+    the SST probe from its checkpoint at epoch 2, with epoch 3 still to train) ends with the uninterrupted run's
+    files."""
+    flags = ["--limit", "24", "--lr-schedule", "constant", "--symmetric-eval", "--sts-prior", "0.5",
+             "--sst-prior", "0.5", "--encoder-dropout", "0.1", "--head-dropout", "0.1"]
+    _whole_and_resumed(tiny_env, tmp_path, flags, 3)
+
+
+def test_eval_only_symmetric_eval_and_sts_prior_rescore_pairs_of_a_saved_run(tiny_env, tmp_path):
+    """A run trained with cycled subsets and swapped pairs resumes to the uninterrupted run's files; --eval-only
+    --symmetric-eval re-scores its pairs (para and STS logits change, SST's do not), --sts-prior its STS scores."""
+    flags = ["--limit", "24", "--max-train-examples", "para=16", "--train-subsets", "cycle", "--pair-swap", "0.5",
+             "--lr-schedule", "constant", "--no-symmetric-eval", "--sts-prior", "0"]
+    whole = _whole_and_resumed(tiny_env, tmp_path, flags, 2)
+    sym = tmp_path / "sym"
+    result = cli.main(["--eval-only", "--checkpoint", str(whole / "checkpoints" / "best"), "--out-dir", str(sym),
+                       "--symmetric-eval"])
+    logits = {name: [(d / "predictions" / f"{name}-dev-logits.csv").read_text() for d in (whole, sym)]
+              for name in ("sst", "para", "sts")}
+    assert logits["sst"][0] == logits["sst"][1]
+    assert logits["para"][0] != logits["para"][1] and logits["sts"][0] != logits["sts"][1]
+    assert set(result["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+    prior = tmp_path / "prior"  # --sts-prior: only the STS scores change
+    cli.main(["--eval-only", "--checkpoint", str(whole / "checkpoints" / "best"), "--out-dir", str(prior),
+              "--sts-prior", "0.5"])
+    read = {name: (prior / "predictions" / f"{name}-dev-logits.csv").read_text() for name in ("sst", "para", "sts")}
+    assert read["sst"] == logits["sst"][0] and read["para"] == logits["para"][0] and read["sts"] != logits["sts"][0]
+
+
+def test_the_sst_probe_travels_with_the_checkpoint(tiny_env, tmp_path, monkeypatch):
+    """Every checkpoint written after the first evaluation holds the SST prior's probe: --eval-only re-predicts
+    the run's files byte for byte from a data directory without the SST training file; --sst-prior 0 changes
+    the SST logits alone."""
+    run = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run), "--limit", "24", "--lr-schedule", "constant", "--epochs", "1",
+              "--sst-prior", "0.5"])
+    best = run / "checkpoints" / "best"
+    assert (best / SST_PRIOR_FILE).is_file() and (run / "checkpoints" / "last" / SST_PRIOR_FILE).is_file()
+    data = tmp_path / "data-without-sst-train"
+    shutil.copytree(tiny_env[1], data)
+    (data / "ids-sst-train.csv").unlink()
+    names = [f"{t}-dev-logits.csv" for t in ("sst", "para", "sts")]
+    again, off = tmp_path / "again", tmp_path / "off"
+    cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(again), "--data-dir", str(data)])
+    for name in names:
+        assert (again / "predictions" / name).read_bytes() == (run / "predictions" / name).read_bytes(), name
+    cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(off), "--sst-prior", "0"])
+    changed = [name for name in names
+               if (off / "predictions" / name).read_bytes() != (run / "predictions" / name).read_bytes()]
+    assert changed == ["sst-dev-logits.csv"]
+
+    def no_data(*args, **kwargs):
+        raise AssertionError("the Predictor fitted a new probe instead of reading the checkpoint's")
+
+    monkeypatch.setattr(prior_module, "load_examples", no_data)
+    labels, probs = Predictor.from_checkpoint(run).sentiment(["a gripping, funny film"])
+    assert labels.shape == (1,) and probs.shape == (1, 5)
+
+
+def test_eval_only_refuses_settings_that_would_do_nothing_on_its_tasks(tiny_env, tmp_path, capsys):
+    """--eval-only of a run without STS (an SST specialist) with --sts-prior or --sts-prior-model would score
+    exactly as without them: refused with exit status 2, as at training, instead of silently ignored."""
+    run = tmp_path / "sst-only"
+    cli.main([*_tiny_flags(tiny_env, run), "--tasks", "sst", "--limit", "16", "--epochs", "1"])
+    best = str(run / "checkpoints" / "best")
+    for flags, message in ((["--sts-prior", "0.3"], "--sts-prior only acts on STS"),
+                           (["--sts-prior-model", str(tiny_env[0])], "--sts-prior-model only acts")):
+        with pytest.raises(SystemExit) as e:
+            cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "eval"), *flags])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "eval").exists()
+
+
+# ---- one path: each command checks and reads once ------------------------------------------------------------------
+
+
+def test_a_training_command_validates_its_config_once(tiny_env, tmp_path, monkeypatch):
+    """The command checks the config before any work; the trainer trusts it (a fresh run and a resume alike)."""
     calls = []
-
-    def failing(path, tensors, metadata=None):
-        calls.append(path)
-        if len(calls) == 2:
-            raise OSError("no space left on device")
-        ckpt_mod.save_tensors(path, tensors, metadata)
-
-    monkeypatch.setattr(trainer_mod, "save_tensors", failing)
-    trainer.global_step += 1
-    with pytest.raises(OSError):
-        trainer.save_checkpoint("last")
-    assert (last / "model.safetensors").read_bytes() == before
-    assert resolve_checkpoint(last) == last
-    assert sorted(p.name for p in trainer.run_dir.checkpoints.iterdir()) == ["best", "last"]
+    real = TrainConfig.validate
+    monkeypatch.setattr(TrainConfig, "validate", lambda self: calls.append(self.out_dir) or real(self))
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "8", "--lr-schedule", "constant"])
+    assert calls == [str(run_dir)]
+    calls.clear()
+    cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
+    assert calls == [str(run_dir)]
 
 
-def test_fresh_run_refuses_existing_checkpoints(tiny_env, tmp_path):
-    """A fresh run into a directory with checkpoints raises unless overwrite is set."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    Trainer.from_config(cfg).fit()
-    with pytest.raises(FileExistsError, match="--resume"):
-        Trainer.from_config(cfg)
-    Trainer.from_config(cfg, overwrite=True)
+def test_eval_only_reads_the_checkpoints_config_once(tiny_env, tmp_path, monkeypatch):
+    """--eval-only resolves its checkpoint and reads its config.json once, however many layers use it."""
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "8"])
+    config = run_dir / "checkpoints" / "best" / "config.json"
+    reads, real_open = [], open
+
+    def counting_open(file, *args, **kwargs):
+        if Path(file) == config:
+            reads.append(file)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    cli.main(["--eval-only", "--out-dir", str(run_dir), "--limit", "8"])
+    assert len(reads) == 1
 
 
-def test_resume_refuses_a_changed_config(tiny_env, tmp_path):
-    """Resuming with a different learning rate is refused; more epochs or another device is allowed."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, lr_schedule="constant")
-    Trainer.from_config(cfg).fit()
-    last = tmp_path / "run" / "checkpoints" / "last"
-    with pytest.raises(ValueError, match="lr"):
-        Trainer.from_config(dataclasses.replace(cfg, lr=5e-4), resume_from=last)
-    t = Trainer.from_config(dataclasses.replace(cfg, epochs=2, log_every=3), resume_from=last)
-    assert t.epoch == 1
+def test_a_run_builds_each_prior_once(tiny_env, tmp_path, monkeypatch):
+    """The STS and SST priors are built at the first evaluation and serve every later one and the final files."""
+    built = []
+    for name in ("sts_prior_of", "sst_prior_of"):
+        real = getattr(priors_module, name)
+        monkeypatch.setattr(priors_module, name, lambda *a, _real=real, _name=name, **k: built.append(_name)
+                            or _real(*a, **k))
+    cli.main([*_tiny_flags(tiny_env, tmp_path / "run"), "--epochs", "2", "--limit", "8"])
+    assert sorted(built) == ["sst_prior_of", "sts_prior_of"]
 
 
-# ---- predictions ------------------------------------------------------------------------------------------
+# ---- user errors: one line, the right exit status, the run directory untouched (issue 15) -------------------------
+# One table: each case damages an input (a data file, a checkpoint file, a flag, the disk), runs the command
+# (tasks.train.main in-process, or ``python train_multitask.py`` in a subprocess) against a copy of a finished
+# run, and checks the exit status (2: found while checking the arguments; 1: found at run time), that the last
+# line of stderr is ``<program>: error: <message naming the file or flag>`` with no traceback, and that no file
+# of the existing run directory changed (train.log aside: it logs the failed attempt by design).
 
 
-def _rows(path: Path) -> list[str]:
-    return path.read_text().splitlines()
+def _flags(env, out_dir: Path, data: Path | None = None) -> list[str]:
+    pretrained, tiny_data = env
+    return ["--pretrained", str(pretrained), "--data-dir", str(data or tiny_data), "--out-dir", str(out_dir),
+            "--device", "cpu", "--no-bf16", "--batch-size", "8", "--eval-batch-size", "16", "--max-length", "32",
+            "--fcn-size", "16", "--lr", "1e-3", "--log-every", "2", "--epochs", "1"]
 
 
-def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tmp_path, caplog):
-    """run() reloads the best checkpoint and writes every task's dev and test files; the missing Quora test is skipped."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    caplog.set_level("WARNING")
-    summary = run(cfg)
-    pred = tmp_path / "run" / "predictions"
-    names = sorted(p.name for p in pred.iterdir())
-    assert names == sorted(f"{t}-{s}-{kind}.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
-                           for kind in ("output", "logits") if not (t == "para" and s == "test"))
-    assert _rows(pred / "sst-dev-output.csv")[0] == "id \t Predicted_Sentiment "
-    assert len(_rows(pred / "sst-test-output.csv")) == 1 + 16
-    assert _rows(pred / "sts-dev-output.csv")[0] == "id \t Predicted_Similiary "  # sic, the CS224N starter's
-    assert any("para test" in s for s in summary["skipped"])
-    assert "quora-test-student.csv" in caplog.text
-    final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
-    assert final["final"] and set(final["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+@pytest.fixture(scope="module")
+def finished_cli_run(tiny_env, tmp_path_factory):
+    """A finished one-epoch run made by the CLI (copied by each case, never changed)."""
+    out = tmp_path_factory.mktemp("finished") / "run"
+    cli.main(_flags(tiny_env, out))
+    return out
 
 
-def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_path):
-    """evaluate_checkpoint needs no pretrained directory (deleted here) and reproduces the run's final dev metrics;
-    only the STS prior reads one (its sentence encoder's, when that is this one), and without it says so and how
-    to go on."""
-    pretrained = shutil.copytree(tiny_env[0], tmp_path / "bert")
-    summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1, sts_prior=0.0))
-    shutil.rmtree(pretrained)
-    result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
-    assert result["dev"] == summary["dev"]
-    assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
-    with pytest.raises(FileNotFoundError, match="STS prior.*is gone: restore it, .*or pass --sts-prior 0"):
-        evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval2",
-                            overrides={"sts_prior": 0.5, "sts_prior_model": str(pretrained)})
+def _damage(run: Path, names: list[str], edit) -> None:
+    for name in names:
+        path = run / "checkpoints" / name
+        path.write_bytes(edit(path.read_bytes()))
 
 
-def test_limit_caps_every_split(tiny_env, tmp_path):
-    """limit=N reads at most N examples of every split of every task, NLI included, and predictions follow."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, limit=10, nli=True,
-                            objectives={"mnr": {}}, model=ModelConfig(arch="b1", pair_encoding="siamese", fcn_size=16))
-    if "mnr" not in registered_objectives():
-        pytest.skip("objective mnr is not registered")
-    trainer = Trainer.from_config(cfg)
-    assert {s: len(d) for s, d in trainer.train_sets.items()} == {"sst": 10, "para": 10, "sts": 10, "nli": 10}
-    assert {t: len(d) for t, d in trainer.dev_sets.items()} == {"sst": 10, "para": 10, "sts": 10}
-    trainer.fit()
-    assert "nli/mnr.loss" in trainer.history[0]["train"]
-    assert "nli/loss" not in trainer.history[0]["train"]  # the NLI stream has no head loss
+def _truncate(b: bytes) -> bytes:
+    return b[: len(b) // 2]
 
 
-def test_dev_subset_between_epochs_is_fixed(tiny_env, tmp_path):
-    """dev_max_examples scores a fixed subset between epochs; the final evaluation reads the whole dev set."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, dev_max_examples={"para": 8})
-    t1, t2 = Trainer.from_config(cfg), Trainer.from_config(cfg, overwrite=True)
-    assert len(t1.dev_sets["para"]) == 8 and t1.dev_sets["para"].ids == t2.dev_sets["para"].ids
-    assert len(t1.dev_sets["sst"]) == 24
+def _garbage(b: bytes) -> bytes:
+    return b"\x00garbage" + b[10:]
 
 
-@pytest.mark.parametrize("final_dev", ["full", "capped"])
-def test_final_dev_full_or_capped(tiny_env, tmp_path, final_dev):
-    """final_dev capped scores the between-epoch subset at the end too (the same ids); full reads every row."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, dev_max_examples={"para": 8}, final_dev=final_dev)
-    run(cfg)
-    ids, _ = read_predictions(tmp_path / "run" / "predictions" / "para-dev-output.csv")
-    if final_dev == "capped":
-        assert sorted(ids) == sorted(Trainer.from_config(cfg, overwrite=True).dev_sets["para"].ids)
+def _live_lock(run: Path) -> None:
+    (run / "run.lock").write_text(json.dumps({"pid": os.getppid(), "host": __import__("socket").gethostname()}))
+
+
+def _disk_full(monkeypatch) -> None:
+    def full(path, tensors, metadata=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(trainer_mod, "save_tensors", full)
+
+
+# (id, setup(env, tmp, run, monkeypatch) -> argv, exit status, pattern of the message, via)
+CASES = [
+    ("non-utf8 data", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "ids-sst-train.csv", lambda b: b.replace(
+        b"good", b"g\xffod", 1))) + ["--overwrite"], 1, r"ids-sst-train\.csv: line \d+: bytes that are not UTF-8",
+     "subprocess"),
+    ("empty data file", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "sts-train.csv", lambda b: b""))
+     + ["--overwrite"], 1, r"sts-train\.csv: the file is empty", "main"),
+    ("missing column", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "quora-train.csv", lambda b: b.replace(
+        b"is_duplicate", b"label", 1))) + ["--overwrite"], 1, r"quora-train\.csv: line 1: the header has no column",
+     "main"),
+    ("header-only file", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "sts-dev.csv", lambda b: b.split(
+        b"\n")[0] + b"\n")) + ["--overwrite"], 1, r"sts-dev\.csv: has a header but no rows", "main"),
+    ("truncated model.safetensors, --resume", lambda e, t, r, m: _damage(
+        r, ["last/model.safetensors", "best/model.safetensors"], _truncate) or ["--resume", "--out-dir", str(r)],
+     2, r"last/model\.safetensors is truncated or corrupted.*neither last\.old nor best", "subprocess"),
+    ("corrupted state.json, --resume", lambda e, t, r, m: _damage(
+        r, ["last/state.json", "best/state.json"], _garbage) or ["--resume", "--out-dir", str(r)],
+     2, r"last/state\.json is truncated or corrupted", "main"),
+    ("corrupted config.json, --resume", lambda e, t, r, m: _damage(
+        r, ["last/config.json", "best/config.json"], _truncate) or ["--resume", "--out-dir", str(r)],
+     2, r"last/config\.json is truncated or corrupted", "main"),
+    ("truncated model.safetensors, --eval-only", lambda e, t, r, m: _damage(
+        r, ["best/model.safetensors"], _truncate) or ["--eval-only", "--out-dir", str(r)],
+     2, r"best/model\.safetensors is truncated or corrupted", "main"),
+    ("corrupted state.json, --eval-only", lambda e, t, r, m: _damage(
+        r, ["best/state.json"], _garbage) or ["--eval-only", "--out-dir", str(r)],
+     2, r"best/state\.json is truncated or corrupted", "main"),
+    ("corrupted config.json, --eval-only", lambda e, t, r, m: _damage(
+        r, ["best/config.json"], _garbage) or ["--eval-only", "--out-dir", str(r)],
+     2, r"best/config\.json is truncated or corrupted", "main"),
+    ("--pretrained does not exist", lambda e, t, r, m: [*_flags(e, r), "--pretrained", str(t / "no-such-model"),
+                                                        "--overwrite"], 2, r"no-such-model", "main"),
+    ("--out-dir is a file", lambda e, t, r, m: _flags(e, r / "metrics.jsonl"), 2,
+     r"--out-dir .*metrics\.jsonl is a file", "main"),
+    ("--out-dir below a file", lambda e, t, r, m: _flags(e, r / "config.json" / "sub"), 2,
+     r"config\.json is a file, so the directory cannot be created", "main"),
+    ("--out-dir not writable", lambda e, t, r, m: m.setattr(ckpt_mod.os, "access", lambda *a, **k: False)
+     or _flags(e, r) + ["--overwrite"], 2, r"--out-dir .* is not writable", "main"),
+    ("--max-length above the positions", lambda e, t, r, m: [*_flags(e, r), "--max-length", "4096", "--overwrite"],
+     2, r"--max-length 4096 is more than the 64 positions .*max_position_embeddings", "main"),
+    ("finished run re-entered", lambda e, t, r, m: _flags(e, r), 1,
+     r"holds an earlier run: resume it \(--resume\), pick another --out-dir, or pass --overwrite", "main"),
+    ("run directory in use", lambda e, t, r, m: _live_lock(r) or _flags(e, r) + ["--overwrite"], 1,
+     rf"in use by process {os.getppid()}", "main"),
+    ("disk full", lambda e, t, r, m: _disk_full(m) or _flags(e, r) + ["--overwrite"], 1,
+     r"disk full writing .*model\.safetensors: free space", "main"),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_a_user_error_is_one_line_with_its_exit_status_and_changes_nothing(tiny_env, finished_cli_run, tmp_path,
+                                                                         monkeypatch, capsys, case):
+    """See the comment above _flags; each case names the file or flag at fault."""
+    _, setup, status, pattern, via = case
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_cli_run, run_dir)
+    argv = setup(tiny_env, tmp_path, run_dir, monkeypatch)
+    before = {k: v for k, v in snapshot(run_dir).items() if k != "train.log"}
+    if via == "subprocess":
+        proc = subprocess.run([sys.executable, str(ROOT / "train_multitask.py"), *argv], capture_output=True,
+                              text=True, cwd=tmp_path, env={**os.environ, "MINBERT_VERBOSE": ""})
+        code, err = proc.returncode, proc.stderr
     else:
-        assert len(ids) == 24
+        monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+        with pytest.raises(SystemExit) as exc:
+            cli.main(argv)
+        code, err = exc.value.code, capsys.readouterr().err
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert "Traceback" not in err, err
+    assert code == status, err
+    assert re.search(r"error: ", lines[-1]) and re.search(pattern, lines[-1]), lines[-1]
+    assert {k: v for k, v in snapshot(run_dir).items() if k != "train.log"} == before
 
 
-def test_encoder_dropout_reaches_the_encoder_and_cpu_bf16_trains(tiny_env, tmp_path):
-    """encoder_dropout sets every dropout inside the encoder (not only the heads); bf16 autocast trains on CPU."""
-    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, encoder_dropout=0.25, bf16=True))
-    enc = trainer.model.encoder
-    rates = [m.dropout_p for m in enc.modules() if hasattr(m, "dropout_p")]
-    assert len(rates) >= 1 + 3 * enc.config.num_hidden_layers and set(rates) == {0.25}
-    assert enc.config.hidden_dropout_prob == enc.config.attention_probs_dropout_prob == 0.25
-    assert trainer.amp_dtype == torch.bfloat16
-    trainer.fit()
-    assert all(v is not None for v in trainer.history[0]["train"].values())
+def test_verbose_keeps_the_traceback(tiny_env, finished_cli_run, tmp_path, monkeypatch):
+    """MINBERT_VERBOSE=1 lets the exception through for a bug report."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_cli_run, run_dir)
+    monkeypatch.setenv("MINBERT_VERBOSE", "1")
+    with pytest.raises(FileExistsError, match="holds an earlier run"):
+        cli.main(_flags(tiny_env, run_dir))
 
 
-@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")  # inductor's imports
-def test_compile_takes_the_same_steps_as_eager(tiny_env, tmp_path):
-    """compile=True (torch.compile of the encoder, inductor on CPU: ~20 s cold, ~6 s with inductor's cache) gives the
-    losses and weights of eager mode over two training steps (fp32, no dropout, atol 1e-5)."""
-    no_dropout = ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.0)
-    trainers = [Trainer.from_config(tiny_train_config(tiny_env, tmp_path / str(c), tasks=("sst",), encoder_dropout=0.0,
-                                          compile=c, model=no_dropout)) for c in (False, True)]
-    batch = trainers[0].train_sets["sst"].collate(list(range(8)))  # one shape: compiled once
-    losses = []
-    for t in trainers:
-        t.model.train()
-        losses.append([t.train_step("sst", batch, 1e-3)["loss"] for _ in range(2)])
-    assert losses[0][0] != losses[0][1]  # the first step changed the model
-    torch.testing.assert_close(torch.stack(losses[1]), torch.stack(losses[0]), atol=1e-5, rtol=0)
-    eager, compiled = (t.model.state_dict() for t in trainers)
-    assert eager.keys() == compiled.keys()
-    for k in eager:
-        torch.testing.assert_close(compiled[k], eager[k], atol=1e-5, rtol=0)
-
-
-def test_fused_adamw_trains_like_the_foreach_path(tiny_env, tmp_path):
-    """fused_adamw uses the fused kernel for the same update: the same epoch losses and weights up to rounding."""
-    trainers = []
-    for fused in (False, True):
-        t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / f"run{fused}", epochs=2, fused_adamw=fused))
-        assert all(g["fused"] is fused and g["foreach"] is not fused for g in t.optimizer.param_groups)
-        t.fit()
-        trainers.append(t)
-    a, b = trainers
-    for ra, rb in zip(a.history, b.history):
-        for k in ra["train"]:
-            assert abs(ra["train"][k] - rb["train"][k]) < 1e-4, k
-    for (n, pa), pb in zip(a.model.named_parameters(), b.model.parameters()):
-        torch.testing.assert_close(pa, pb, atol=1e-4, rtol=1e-4, msg=n)
-
-
-def test_gradient_checkpointing_trains_exactly_as_without(tiny_env, tmp_path):
-    """gradient_checkpointing=True recomputes each encoder layer in backward (dropout on: the recomputation must
-    draw the same masks): the same epoch losses and final weights as storing the activations."""
-    trainers = []
-    for ckpt in (False, True):
-        t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / f"run{ckpt}", epochs=1, encoder_dropout=0.1,
-                                      gradient_checkpointing=ckpt))
-        assert t.model.encoder.encoder.gradient_checkpointing is ckpt
-        t.fit()
-        trainers.append(t)
-    plain, checkpointed = trainers
-    assert plain.history[0]["train"].keys() == checkpointed.history[0]["train"].keys()
-    for k, v in plain.history[0]["train"].items():
-        assert checkpointed.history[0]["train"][k] == pytest.approx(v, abs=1e-6), k
-    for (n, pa), pb in zip(plain.model.named_parameters(), checkpointed.model.parameters()):
-        torch.testing.assert_close(pb, pa, atol=1e-6, rtol=0, msg=n)
-
-
-@pytest.mark.parametrize("amx, avx512_bf16, expected", [
-    (True, False, torch.bfloat16), (False, True, torch.bfloat16), (False, False, None)])
-def test_bf16_is_the_cpu_default_where_the_cpu_multiplies_bf16_natively(monkeypatch, amx, avx512_bf16, expected):
-    """bf16=None: autocast on CPUs with AMX or AVX512_BF16 (both measured faster), off where bf16 is emulated;
-    an explicit choice always wins."""
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx, raising=False)
-    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16, raising=False)
-    cpu = torch.device("cpu")
-    assert runtime.autocast_dtype(None, cpu) is expected
-    assert runtime.autocast_dtype(True, cpu) is torch.bfloat16
-    assert runtime.autocast_dtype(False, cpu) is None
-
-
-def test_fused_adamw_is_the_default_and_the_foreach_path_stays_selectable(tiny_env, tmp_path):
-    """TrainConfig() trains with the fused kernel; fused_adamw=False (--no-fused-adamw) builds the foreach path."""
-    assert TrainConfig().fused_adamw is True
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "default", epochs=1))
-    assert all(g["fused"] and not g["foreach"] for g in t.optimizer.param_groups)
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "foreach", epochs=1, fused_adamw=False))
-    assert all(g["foreach"] and not g["fused"] for g in t.optimizer.param_groups)
-
-
-def test_final_log_line_says_what_dev_was_scored_on():
-    """Under --limit the final line must not claim the full dev sets (it used the first N rows)."""
-    from tasks.training.run import final_dev_scope
-
-    assert final_dev_scope(TrainConfig()) == "full sets"
-    assert final_dev_scope(TrainConfig(final_dev="capped")) == "capped subsets"
-    assert "--limit" in final_dev_scope(TrainConfig(limit=64)) and "full" not in final_dev_scope(TrainConfig(limit=64))
+def test_resume_falls_back_from_a_damaged_last_to_best_with_a_warning(tiny_env, finished_cli_run, tmp_path, caplog):
+    """--resume with a truncated last/model.safetensors resumes from the intact best and says so."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_cli_run, run_dir)
+    _damage(run_dir, ["last/model.safetensors"], _truncate)
+    result = cli.main(["--resume", "--out-dir", str(run_dir)])
+    assert "resuming from" in caplog.text and str(run_dir / "checkpoints" / "best") in caplog.text
+    assert result["final"] and result["best_epoch"] == 1
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("epoch") for r in records if not r.get("final")] == [1]

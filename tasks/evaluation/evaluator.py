@@ -1,18 +1,18 @@
-"""Predictions of a trained model: new text (command and Predictor API), the files of a run, --eval-only.
+"""The one path from a model to predictions: the trainer's dev scores, a run's files, --eval-only, the Predictor.
 
 Usage:
-    python -m tasks.predict --checkpoint runs/try/checkpoints/best --task sst --input sentences.txt
-    printf 'a cat sits\ta cat is sitting\n' | python -m tasks.predict --checkpoint runs/try --task sts
+    evaluator = Evaluator(cfg, objectives, device, amp_dtype)
+    metrics, preds = evaluator.evaluate(model, {"sst": sst_dev, "sts": sts_dev})   # dev scores between epochs
+    result = evaluator.write_all(model, tokenizer, Path("runs/try/predictions"))    # a run's prediction files
+
+    result = evaluate_checkpoint("runs/try/checkpoints/best")      # dev metrics + predictions/ of a saved model
+    model, objectives, tokenizer, cfg = load_checkpoint_model("runs/try/checkpoints/best")
 
     p = Predictor.from_checkpoint("runs/try/checkpoints/best")           # device="auto": CUDA when present
     labels, probs = p.sentiment(["a gripping film", "dull"])             # (N,) classes 0-4, (N, 5) probabilities
     labels, probs = p.paraphrase([("how do i cook rice", "how to cook rice")])   # (N,) 0/1, (N,) P(paraphrase)
     scores = p.similarity([("a cat sits", "a cat is sitting")])          # (N,) 0-5
     vectors = p.embed(["a gripping film"])                               # (N, H) what the heads read
-
-    result = evaluate_checkpoint("runs/try/checkpoints/best")      # dev metrics + predictions/ of a saved model
-    model, objectives, tokenizer, cfg = load_checkpoint_model("runs/try/checkpoints/best")
-    result = write_all_predictions(model, objectives, tokenizer, cfg, Path("runs/try/predictions"), device, None)
 
 What is written, for every task of the config: ``{task}-{split}-output.csv``
 (the leaderboard files) and ``{task}-{split}-logits.csv`` (raw outputs, for
@@ -21,6 +21,8 @@ with a message), and with ``predict_train`` the training sets' logits
 (distillation teachers). An objective may change the final evaluation through
 its ``inference`` hook (KNN-BERT's vote: its metrics go to the record under
 the inference's ``key``, and its predictions to the leaderboard files).
+Match-Tuning's matching is part of the model (``MultitaskBert.set_pooled_transform``),
+so every path here applies it alike.
 """
 
 from __future__ import annotations
@@ -47,12 +49,12 @@ from tasks.evaluation.files import Predictions, write_logits, write_predictions
 from tasks.evaluation.metrics import NUM_SST_CLASSES, TASK_METRIC, check_task, jsonable, overall_score, score
 from tasks.evaluation.priors import RunPriors
 from tasks.model import PAIR_TASKS, MultitaskBert, TaskOutput
-from tasks.objectives import Objective, build_objectives, transform_of
+from tasks.objectives import Objective, build_objectives
 from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
 from tasks.training.runtime import autocast, autocast_dtype, resolve_device
 
 
-# ---- from tasks.evaluate ----
+# ---- a model's predictions and metrics over datasets ----
 def _predict_fn(model: nn.Module) -> Callable:
     """model.predict, also through a DistributedDataParallel wrapper (torch.compile forwards attributes)."""
     fn = getattr(model, "predict", None)
@@ -77,7 +79,7 @@ def predict_dataset(
 ) -> Predictions:
     """Run ``model`` over ``dataset`` and return its outputs in dataset order.
 
-    ``dataset`` is a tasks.data SentenceDataset / PairDataset (``ids``,
+    ``dataset`` is a tasks.data.datasets SentenceDataset / PairDataset (``ids``,
     ``lengths``, ``collate(indices)``); its pair mode must match the model's
     ``pair_encoding``. The model must already be on ``device``. It runs in
     eval mode and every submodule gets back its previous train/eval mode
@@ -87,10 +89,10 @@ def predict_dataset(
     dataset order. ``autocast_dtype`` (e.g. torch.bfloat16) turns on autocast
     for the device's type; logits come back as float32. ``both_orders`` scores
     a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
-    dataset's index ``i + N``, tasks.data.PairDataset), predictions from that mean.
+    dataset's index ``i + N``, tasks.data.datasets.PairDataset), predictions from that mean.
     ``sts_prior(dataset, scores)`` replaces STS scores, in dataset order, with
-    its blend of them (tasks.prior.CosinePrior.blend); ``sst_prior(dataset,
-    logits)`` SST logits with its blend (tasks.prior.SentimentPrior.blend), the
+    its blend of them (tasks.evaluation.priors.CosinePrior.blend); ``sst_prior(dataset,
+    logits)`` SST logits with its blend (tasks.evaluation.priors.SentimentPrior.blend), the
     predictions then its argmax.
     """
     check_task(task)
@@ -176,41 +178,11 @@ def evaluate(
 logger = logging.getLogger(__name__)
 
 
-class EvalView(nn.Module):
-    """The model as evaluation sees it: objectives' inference transforms (Match-Tuning "batch") applied."""
-
-    def __init__(self, model: MultitaskBert, transforms: dict[str, Callable]):
-        super().__init__()
-        self.model = model
-        self.transforms = transforms
-
-    def forward(self, task: str, batch: dict):
-        return self.model(task, batch, transform=self.transforms.get(task))
-
-    def predict(self, task: str, out) -> torch.Tensor:
-        return self.model.predict(task, out)
-
-
-def eval_model(model: MultitaskBert, objectives: Sequence[Objective], tasks: Sequence[str]) -> nn.Module:
-    """``model`` itself, or a view applying the objectives' evaluation transforms where they have one."""
-    transforms = {}
-    for task in tasks:
-        fn = transform_of(objectives, task, training=False)
-        if fn is not None:
-            transforms[task] = fn
-    return EvalView(model, transforms) if transforms else model
-
-
 class Evaluator:
     """How a model becomes predictions, one object for the trainer's dev scores, the final files, ``--eval-only``
-    and the Predictor: the objectives' evaluation view, both-order scoring of pairs (``symmetric_eval``), the
+    and the Predictor: both-order scoring of pairs (``symmetric_eval``), the
     STS and SST priors (built once, at the first use; the SST probe from ``checkpoint`` when it holds one) and
-    an objective's inference-time vote (KNN-BERT) for the files.
-
-    Usage:
-        evaluator = Evaluator(cfg, objectives, device, amp_dtype)
-        metrics, preds = evaluator.evaluate(model, {"sst": sst_dev, "sts": sts_dev})
-        result = evaluator.write_all(model, tokenizer, Path("runs/try/predictions"))
+    an objective's inference-time vote (KNN-BERT) for the files (usage: the module's docstring).
     """
 
     def __init__(self, cfg: TrainConfig, objectives: Sequence[Objective], device: torch.device,
@@ -219,20 +191,17 @@ class Evaluator:
         self.priors = RunPriors(cfg, device, amp_dtype)
         self.priors.checkpoint = checkpoint
 
-    def view(self, model: MultitaskBert) -> nn.Module:
-        return eval_model(model, self.objectives, self.cfg.tasks)
-
     def predict(self, model: MultitaskBert, task: str, dataset: Dataset, batch_size: int | None = None
                 ) -> Predictions:
         """One dataset's predictions in dataset order (``predict_dataset`` with the run's settings and priors)."""
-        return predict_dataset(self.view(model), task, dataset, batch_size=batch_size or self.cfg.eval_batch_size,
+        return predict_dataset(model, task, dataset, batch_size=batch_size or self.cfg.eval_batch_size,
                                device=self.device, autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
                                sts_prior=self.priors.sts, sst_prior=self.priors.sst)
 
     def evaluate(self, model: MultitaskBert, datasets: dict[str, Dataset]
                  ) -> tuple[dict[str, float], dict[str, Predictions]]:
         """Metrics and predictions of every dataset (``evaluate`` with the run's settings and priors)."""
-        return evaluate(self.view(model), datasets, batch_size=self.cfg.eval_batch_size, device=self.device,
+        return evaluate(model, datasets, batch_size=self.cfg.eval_batch_size, device=self.device,
                         autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
                         sts_prior=self.priors.sts, sst_prior=self.priors.sst)
 
@@ -363,8 +332,8 @@ def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike |
 class Predictor:
     """A trained model's predictions on new sentences, batched, in eval mode, under torch.no_grad().
 
-    Objectives' evaluation transforms apply as in the run's own dev predictions
-    (Match-Tuning's batch matching); KNN-BERT's vote needs the training set and
+    The model's pooled transforms act as in the run's own dev predictions
+    (Match-Tuning's matching); KNN-BERT's vote needs the training set and
     is not applied (``--eval-only`` applies it). Outputs are float32 CPU tensors.
     """
 

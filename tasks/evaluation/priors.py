@@ -4,28 +4,29 @@ the papers).
 all-MiniLM-L6-v2 was trained so that the cosine of two sentences' mean-pooled
 embeddings scores their similarity (sentence-transformers' recipe). Multitask
 fine-tuning of a cross-encoder gives up that geometry: the fine-tuned encoder's
-own Siamese cosine scores STS dev at r 0.54 (the default recipe, seed 0). So the
-prior is a frozen copy of a sentence encoder, used only at evaluation:
+own Siamese cosine scores STS dev far below the original's (experiments/RESULTS.md,
+"The STS prior's encoder"). So the prior is a frozen copy of a sentence encoder,
+used only at evaluation:
 
     STS score = (1 - W) x the head's score + W x 5 x cos(mean(a), mean(b))
 
 Both terms are on the 0-5 scale, so W = 0.5 is the simple mean of two models'
-scores, as tasks.ensemble's "simple" method would take it: nothing is fitted.
+scores, as the "simple" ensemble (tasks.evaluation.ensemble) takes it: nothing is fitted.
 It costs one more encoder in memory (one copy for both priors) and one pass
 over the STS sentences (cached per dataset), no training.
 
 SST gets the same kind of second opinion (SentimentPrior): a multinomial
 logistic regression on the frozen encoder's embeddings of the SST training
-sentences (a linear probe: 5 x 384 weights, fitted in a second by L-BFGS), mixed
+sentences (a linear probe: 5 x H weights, fitted by L-BFGS), mixed
 with the head's class probabilities:
 
     p(class) = (1 - W) x softmax(head logits) + W x softmax(probe(mean(sentence)))
 
 Joint training costs the head SST accuracy (the minBERT paper's negative
-transfer, §5; on this CPU a model trained on SST alone scores 0.487 against a
-multitask member's 0.479, experiments/RESULTS.md), and the frozen encoder's
-view of the sentence has not paid it. The probe's L2 strength was chosen by
-5-fold cross-validation on SST train, W = 0.5 is the simple mean, as for STS.
+transfer, §5; here too a model trained on SST alone scores higher:
+experiments/RESULTS.md, "SST specialists"), and the frozen encoder's view of
+the sentence has not paid it. The probe's L2 strength was chosen by
+cross-validation on SST train (SST_PRIOR_C); W = 0.5 is the simple mean, as for STS.
 The probe is saved in every checkpoint (``sst_prior.safetensors``), so a
 checkpoint predicts without the training data; where a checkpoint has none,
 it is fitted again from the run's SST training file (the fit is deterministic).
@@ -34,14 +35,14 @@ The encoder is ``--sts-prior-model`` / ``--sst-prior-model`` (default: the
 embedded all-MiniLM-L6-v2), not ``--pretrained``: the encoder a run fine-tunes
 need not be a sentence encoder (bert-base, an MLM checkpoint of tasks/pretrain.py,
 a fine-tuned run), and its view can be worse than the head it would be blended
-with. Configs written before the options existed keep what they were scored with
-(tasks/config.py, LEGACY_VALUES and LEGACY_SAME_AS), so saved runs re-predict as
-they were scored.
+with. A config.json without these options is read with the values it was scored
+with (tasks/config.py, LEGACY_VALUES and LEGACY_SAME_AS), so saved runs re-predict
+as they were scored.
 
 Usage:
     prior = CosinePrior(None, 0.5, device, amp_dtype, batch_size=128, max_length=128)   # None: the embedded
     scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order; prior(...) is the same
-    sst = SentimentPrior(None, 0.5, device, train=(sentences, labels))   # or state=SentimentPrior.load(path)
+    sst = SentimentPrior(None, 0.5, device, train=(sentences, labels))   # or state=load_tensors(probe_file)
     logits = sst.blend(sst_dataset, head_logits)        # (N, 5) log of the mixed probabilities
 """
 
@@ -65,9 +66,8 @@ from tasks.training.runtime import autocast
 STS_SCALE = 5.0  # cosine -> the 0-5 STS scale (paper §4.1's 5 x cosine)
 
 
-# The SST probe's inverse L2 strength, in scikit-learn's convention (C x the summed loss + ||W||^2 / 2): 5-fold
-# cross-validation on SST train over C in 0.03, 0.1, 0.2, 0.3, 0.5 gave accuracies 0.403, 0.428, 0.433, 0.428,
-# 0.424 (the embedded MiniLM's embeddings).
+# The SST probe's inverse L2 strength, in scikit-learn's convention (C x the summed loss + ||W||^2 / 2): the
+# best of C in 0.03, 0.1, 0.2, 0.3, 0.5 by 5-fold cross-validation on SST train (the embedded MiniLM's embeddings).
 SST_PRIOR_C = 0.2
 
 
@@ -134,7 +134,8 @@ class CosinePrior(FrozenEncoder):
     """5 x cosine of the pretrained encoder's mean-pooled embeddings, blended into STS scores with weight ``weight``."""
 
     def cosines(self, dataset) -> torch.Tensor:
-        """(N,) cosine of each pair of a tasks.data.PairDataset (its ``texts``); cached for the latest dataset."""
+        """(N,) cosine of each pair of a tasks.data.datasets.PairDataset (its ``texts``); cached for the latest
+        dataset."""
         return self._latest(dataset, lambda ds: (self.embed(ds.texts[0]) * self.embed(ds.texts[1])).sum(-1))
 
     def blend(self, dataset, scores: torch.Tensor) -> torch.Tensor:
@@ -142,7 +143,7 @@ class CosinePrior(FrozenEncoder):
         prior = STS_SCALE * self.cosines(dataset).to(scores.device, scores.dtype)
         return (1.0 - self.weight) * scores + self.weight * prior
 
-    __call__ = blend  # the ``sts_prior(dataset, scores)`` that tasks.evaluate.predict_dataset takes
+    __call__ = blend  # the ``sts_prior(dataset, scores)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
 def _check_encoder(task: str, weight: float, model: str | None) -> None:
@@ -223,19 +224,19 @@ class SentimentPrior(FrozenEncoder):
         save_tensors(Path(directory) / SST_PRIOR_FILE, self.state_dict())
 
     def probabilities(self, dataset) -> torch.Tensor:
-        """(N, 5) the probe's class probabilities for each sentence of a tasks.data.SentenceDataset (its
+        """(N, 5) the probe's class probabilities for each sentence of a tasks.data.datasets.SentenceDataset (its
         ``texts``); cached for the latest dataset."""
         return self._latest(dataset, lambda ds: (self.embed(ds.texts) @ self.probe["weight"].T
                                                   + self.probe["bias"]).softmax(-1))
 
     def blend(self, dataset, logits: torch.Tensor) -> torch.Tensor:
         """log((1 - weight) x softmax(``logits``) + weight x the probe's probabilities), (N, 5) in dataset order:
-        logits whose softmax is the mixture (tasks.ensemble averages members' softmax, so an ensemble of
+        logits whose softmax is the mixture (tasks.evaluation.ensemble averages members' softmax, so an ensemble of
         blended members is the mixture of their mean and the probe)."""
         prior = self.probabilities(dataset).to(logits.device, torch.float32)
         return torch.log((1.0 - self.weight) * logits.float().softmax(-1) + self.weight * prior)
 
-    __call__ = blend  # the ``sst_prior(dataset, logits)`` that tasks.evaluate.predict_dataset takes
+    __call__ = blend  # the ``sst_prior(dataset, logits)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
 def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,

@@ -75,7 +75,7 @@ class Objective(nn.Module, abc.ABC):
     needs_siamese: ClassVar[bool] = False
     # True when the loss couples the examples of a batch (in-batch negatives, batch mixing, a
     # queue filled from the batch). Under torchrun such an objective sees each rank's shard of
-    # the global batch as its batch (tasks/distributed.py); the trainer warns.
+    # the global batch as its batch (tasks/training/distributed.py); the trainer warns.
     batch_coupled: ClassVar[bool] = False
     # Config fields that act only at inference, so --eval-only may change them.
     inference_options: ClassVar[tuple[str, ...]] = ()
@@ -125,10 +125,6 @@ class Objective(nn.Module, abc.ABC):
     def on_train_start(self, model: nn.Module, train_sets: dict[str, Any]) -> None:
         """Before the optimizer is built and a checkpoint loaded, with the run's training datasets by stream."""
 
-    def transform_for(self, task: str, training: bool) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """A change of the pooled embedding between encoder and head for ``task`` (Match-Tuning), or None."""
-        return None
-
     @abc.abstractmethod
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         """The objective's unweighted loss terms for this batch (may be empty)."""
@@ -138,7 +134,7 @@ class Objective(nn.Module, abc.ABC):
 
     def rank_local(self, key: str) -> bool:
         """Whether state_dict entry ``key`` differs between torchrun ranks (KNN-BERT's queues, filled from each
-        rank's shard): such entries are checkpointed per rank (tasks/checkpoint.py)."""
+        rank's shard): such entries are checkpointed per rank (tasks/training/checkpoint.py)."""
         return False
 
     def inference(self, model: nn.Module, tasks: Sequence[str], train_set: Callable[[str], Any], batch_size: int,
@@ -168,23 +164,6 @@ def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> l
             raise ValueError(f"objective {name!r} has no option(s) {sorted(bad)}; options: {sorted(known)}")
         objs.append(cls(cls.Config(**overrides), model))
     return objs
-
-
-def transform_of(objectives: Sequence[Objective], task: str, training: bool
-                 ) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """The objectives' changes of ``task``'s pooled embedding (``transform_for``) composed in order, or None."""
-    fns = [f for f in (o.transform_for(task, training) for o in objectives) if f is not None]
-    if not fns:
-        return None
-    if len(fns) == 1:
-        return fns[0]
-
-    def composed(h: torch.Tensor) -> torch.Tensor:
-        for f in fns:
-            h = f(h)
-        return h
-
-    return composed
 
 
 def registered_objectives() -> dict[str, type[Objective]]:

@@ -73,7 +73,7 @@ from tasks.model import follow_modes, preserved_modes, unwrap
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.training.runtime import full_precision
 
-# ---- from tasks.objectives.knn_vote ----
+# ---- inference: the KNN vote (§3.1, eq. 1) ----
 logger = logging.getLogger(__name__)
 
 
@@ -237,7 +237,7 @@ def compute_representations(model: nn.Module, task: str, dataset: Any, represent
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """(features (N, D), logits) of every example of ``dataset`` in dataset order, eval mode, on CPU.
 
-    ``dataset`` is a tasks.data dataset (``collate(indices)``, ``lengths``);
+    ``dataset`` is a tasks.data.datasets dataset (``collate(indices)``, ``lengths``);
     batches are length-sorted for little padding and put back in order.
     """
     if batch_size < 1:
@@ -287,7 +287,8 @@ def knn_predict(model: nn.Module, task: str, train_dataset: Any, eval_dataset: A
 __all__ = ("NUM_CLASSES", "REPRESENTATIONS", "KNNClassifier", "KNNInference", "check_representation", "class_probabilities",
            "compute_representations", "follow_modes", "knn_predict", "preserved_modes", "unwrap")
 
-# ---- from tasks.objectives.knn_bert ----
+
+# ---- training: supervised momentum contrast (eq. 3, 5, 6) ----
 @dataclass
 class KNNBertConfig(ObjectiveConfig):
     weight: float = 0.1  # λ of eq. 6 (paper: 0.1); the head's own loss is scaled by 1 − λ

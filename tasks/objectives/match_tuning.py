@@ -19,12 +19,12 @@ What the paper fixes, and what we follow:
   combination of the batch's h.
 - Gradients flow through both M and h (nothing is detached).
 - T: eq. 2 has no temperature, Appendix B grid-searches T ∈ {1, ..., 6}
-  without reporting a best value. Default T = 1, the grid's sharpest: on the
-  embedded MiniLM the pooler outputs are small (‖h‖² ≈ 1.6, hidden 384; measured
-  on 16 SST train sentences), so even T = 1 gives a near-uniform M (diagonal ≈
-  0.11 at batch 16) and larger T only flattens it further. Raw [CLS]
-  (``pooling="cls"``, ‖h‖² ≈ 55) gives diagonals 0.999 / 0.90 / 0.54 at
-  T = 1 / 3 / 6. Larger T = more in-batch mixing ("perturbation").
+  without reporting a best value. Default T = 1, the grid's sharpest: the
+  embedded MiniLM's pooler outputs have small norms, so even T = 1 gives a
+  nearly uniform M and larger T only flattens it further; raw [CLS]
+  (``pooling="cls"``) has far larger norms, where M is nearly the identity at
+  T = 1 and T decides how much is mixed. Larger T = more in-batch mixing
+  ("perturbation").
 - Pairs: with ``pair_encoding="cross"`` a pair is one sequence and one h. With
   Siamese pairs the model applies the transform to each side separately, so
   sentence-1 embeddings are matched among the batch's sentence-1s and
@@ -42,18 +42,16 @@ and its experiments report no evaluation batch setup; the released code is a
   inputs distributed as in training. Predictions then depend on the batch: use
   the training batch size for evaluation (M's diagonal shrinks as the batch
   grows) and expect the short last batch to be matched over fewer examples.
-Chosen on dev (DESIGN.md): one CPU-budget run (experiments/robustness_table.py,
-SST + Quora, 1 epoch, mean pooling, T = 1, where M's diagonal averages 0.51 on
-SST and 0.67 on Quora in a batch of 32), scored both ways from the same
-checkpoint: identity 0.3996 SST / 0.7360 Quora (2,000-pair dev subset),
-batch at evaluation batch 32 0.3996 / 0.7340; 2 of 1,101 SST and 6 of 2,000
-Quora predictions changed. Hence identity: as good, and batch-independent.
+Chosen on dev, as ../shared/DESIGN.md asks: one checkpoint of a CPU-budget run
+scored both ways, where batch matching at evaluation was no better than
+identity and changed only a handful of predictions. Hence identity: as good,
+and batch-independent.
 
-Not an additive loss: the objective returns no terms. It changes the forward:
-the trainer passes ``transform_for(task, training=True)`` as ``transform=`` to
-the model's main forward for the batch (once: no second pass), and evaluation
-passes ``transform_for(task, training=False)`` (``eval_transform()``: None for
-"identity").
+Not an additive loss: the objective returns no terms. It changes the model:
+building it installs ``BatchMatching`` as the model's pooled transform for its
+tasks (``MultitaskBert.set_pooled_transform``), so every forward of the model
+in training mode reads z = M h (the trainer's, and the extra passes other
+objectives make), and evaluation applies it only with ``inference="batch"``.
 
 Related: mixup (fixed random interpolation weights, mixes labels too);
 SCL (``scl.py``: pulls same-label examples together with a loss rather than
@@ -61,15 +59,13 @@ by mixing); SMART/R3F (input/parameter noise instead of in-batch noise).
 
 Usage:
     z = match_transform(h, temperature=1.0)       # (B, H) -> (B, H)
-    mt = build_objectives({"match_tuning": {"temperature": 2.0}}, model)[0]
-    out = model(task, batch, transform=mt.transform_for(task, training=True))
+    build_objectives({"match_tuning": {"temperature": 2.0}}, model)   # installs the matching on model
+    out = model(task, batch)                       # the head reads z = M h (train mode)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 from torch import nn
@@ -123,29 +119,32 @@ class MatchTuningConfig(ObjectiveConfig):
         check_tasks("match_tuning", self.tasks, MATCH_TASKS)
 
 
+class BatchMatching(nn.Module):
+    """z = M h in training; in evaluation the same matching over each evaluation batch ("batch") or z = h
+    ("identity"). No parameters: it follows the model's train()/eval()."""
+
+    def __init__(self, temperature: float, at_inference: bool) -> None:
+        super().__init__()
+        self.temperature, self.at_inference = temperature, at_inference
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return match_transform(h, self.temperature) if self.training or self.at_inference else h
+
+
 class MatchTuning(Objective):
-    """Match-Tuning: the trainer runs the head on z = M h (see ``transform_for``); no loss terms."""
+    """Match-Tuning: the model's heads read z = M h (``BatchMatching``, installed on the model); no loss terms."""
 
     name = "match_tuning"
     Config = MatchTuningConfig
     tasks = MATCH_TASKS
     batch_coupled = True  # mixes the embeddings of the batch
     inference_options = ("inference",)
-    train_transform: ClassVar[bool] = True  # the trainer must pass transform_for(task, True) to model(...)
 
-    def transform(self, h: torch.Tensor) -> torch.Tensor:
-        """z = M h for a batch of pooled embeddings h (B, H)."""
-        return match_transform(h, self.config.temperature)
-
-    def eval_transform(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """What evaluation passes as ``transform=``: None ("identity") or the matching ("batch")."""
-        return self.transform if self.config.inference == "batch" else None
-
-    def transform_for(self, task: str, training: bool) -> Callable[[torch.Tensor], torch.Tensor] | None:
-        """The ``transform=`` for ``task``'s forward: the matching in training, ``eval_transform()`` in evaluation."""
-        if not self.applies_to(task):
-            return None
-        return self.transform if training else self.eval_transform()
+    def __init__(self, config: MatchTuningConfig, model: nn.Module | None = None) -> None:
+        super().__init__(config, model)
+        if model is not None:
+            for task in self.active_tasks():
+                model.set_pooled_transform(task, BatchMatching(config.temperature, config.inference == "batch"))
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        return {}  # the effect is in the head's forward (transform=), not in a loss term
+        return {}  # the effect is in the model's forward (its pooled transform), not in a loss term

@@ -30,8 +30,8 @@ Inputs (one objective, three task streams):
 - ``para`` (opt-in, ``para_positives``): the pairs labelled paraphrase in the
   batch, on the pooled sentence embeddings (``masked_mnr_loss``: a mask, not an
   index, so the batch's positives are never counted on the host); a batch with
-  fewer than 2 positives gives a term of exactly 0 (it used to give none, so the
-  logged mean of ``para/mnr.loss`` now counts those batches as 0).
+  fewer than 2 positives gives a term of exactly 0 (so the logged mean of
+  ``para/mnr.loss`` counts those batches as 0).
 
 Related losses: sentence-transformers ``MultipleNegativesRankingLoss`` (this,
 unweighted, equals its default query_to_doc form; tests check it),

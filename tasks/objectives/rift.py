@@ -84,7 +84,7 @@ class RIFTConfig(ObjectiveConfig):
     alpha: float = 0.3  # α on L_I (paper: 0.1 IMDB, 0.7 SNLI)
     temperature: float = 0.2  # τ of the InfoNCE score
     norm: str = "l2"  # "l2" | "linf": the per-token ball of the embedding perturbation
-    epsilon: float = 0.1  # ball radius (MiniLM words: norm ~1.1, nearest other word ~1.0 away in L2)
+    epsilon: float = 0.1  # ball radius per token (well inside the L2 distance from a word to its nearest other word)
     step_size: float = 0.1  # PGD step (L2: along the normalized gradient; L∞: along its sign)
     steps: int = 2  # PGD ascent steps (0 = random perturbation in the ball only)
     proj_hidden: int = 512  # per-class projection H -> proj_hidden -> ReLU -> proj_dim

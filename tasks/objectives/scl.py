@@ -40,7 +40,7 @@ How the pieces map onto the objective interface:
   not of either sentence), so SCL on "para" there raises at construction.
   STS (regression) has no classes and is refused.
 - Computed in float32 with autocast off: logits Φ·Φ/τ reach ±1/τ, and bf16
-  (8-bit mantissa) would round them by up to ~0.03 at 1/τ = 10.
+  (8 significant bits) would round them by up to 1/32 near 1/τ = 10.
 
 Related losses: SupConLoss of Khosla et al. (the vision form: mean over anchors
 with positives), KNN-BERT's L'_sc (same loss against a MoCo queue), MNR and

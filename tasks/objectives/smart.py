@@ -37,11 +37,11 @@ Choices made here:
   ``reuse_head_output`` the head's own forward is f(e) instead (mt-dnn's code:
   one forward cheaper, but its dropout mask differs from the perturbed pass,
   and with ε = 1e-5 the penalty then mostly measures dropout noise).
-- Precision: a perturbation of 1e-5 on embeddings of size ~1e-2 is below
-  bf16 resolution (and TF32's) and would vanish in the first matmul, so the
-  passes that compare f(e) with f(e + δ) run in true fp32
-  (runtime.full_precision: autocast and TF32 off) whatever the run's
-  precision: SMART acts under the default bf16 autocast too, at the price of
+- Precision: a perturbation of 1e-5 is below the resolution of bf16 (8
+  significant bits) and TF32 (11) at the scale of word-embedding components
+  and would vanish in the first matmul, so the passes that compare f(e) with
+  f(e + δ) run in true fp32 (runtime.full_precision: autocast and TF32 off)
+  whatever the run's precision: SMART acts under the default bf16 autocast too, at the price of
   fp32 speed for its passes. With ``reuse_head_output`` under bf16 the clean
   output is the head's bf16-encoder forward, so the penalty then also
   measures bf16 rounding; the default recomputes f(e) in fp32.

@@ -2,31 +2,26 @@
 
 Usage:
     from tasks.config import TrainConfig
-    from tasks.train import run
+    from tasks.training.run import run
     summary = run(TrainConfig(out_dir="runs/try"))        # train, keep the best epoch, write predictions
     summary = run(cfg, resume_from="runs/try/checkpoints/last")
 
 What a run does (``tasks.config.TrainConfig`` documents every setting):
-1. ``Trainer.from_config`` (tasks/trainer.py): seed, read and tokenize each
-   task's train and dev files (tasks/splits.py), build the encoder, the
+1. ``Trainer.from_plan`` (tasks/training/trainer.py): seed, read and tokenize each
+   task's train and dev files (tasks/data/selection.py), build the encoder, the
    ``MultitaskBert`` heads (tasks/model.py), the objectives
    (tasks/objectives/) and our AdamW.
 2. ``fit``: every epoch of the schedule, dev metrics after each, a JSONL
    record, the plot, checkpoint ``last``, and ``best`` when the overall dev
-   score improved (LP-FT's stages inside the loop, tasks/lpft.py).
+   score improved (LP-FT's stages inside the loop, tasks/training/lpft.py).
 3. The best checkpoint is loaded; with ``swa_epochs`` the SWA phase runs from
-   it (tasks/swa.py, paper §4.6) and its averaged model replaces the best one
+   it (tasks/training/swa.py, paper §4.6) and its averaged model replaces the best one
    when it scores higher on dev.
-4. Dev and test predictions and logits for every task (tasks/predict.py),
+4. Dev and test predictions and logits for every task (``Evaluator.write_all``),
    training-set logits too with ``predict_train``, and the final record in
    metrics.jsonl.
 
-What a run directory holds after it: config.json (the TrainConfig), data.json
-(``{"files": {"<task> <split>": ReadReport.to_dict()}}``: rows seen, kept and
-skipped with reasons, for every train and dev file read), metrics.jsonl (one
-record per epoch, the first of which also carries those reports under
-"data", then the final record), training.png, checkpoints/ and predictions/.
-The directory is locked (run.lock) while a run uses it.
+What a run directory holds after it: README "Training".
 
 Under torchrun every rank trains (and runs SWA); the ranks other than 0 then
 return a short summary and rank 0 writes the predictions.

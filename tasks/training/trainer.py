@@ -18,11 +18,11 @@ What ``fit`` does:
    only its objectives (MNR, §4.2) train on it. Every term is logged under
    ``<stream>/loss`` (the head) or ``<stream>/<objective>.<term>``, plus the
    weighted total ``loss``.
-2. After every epoch: dev metrics (tasks.evaluate), a JSONL record, the plot,
+2. After every epoch: dev metrics (tasks.evaluation.evaluator), a JSONL record, the plot,
    and checkpoint ``last``; ``best`` when the overall dev score improved.
 
-``run_epoch`` is the one loop over a plan's steps; the SWA phase (tasks/swa.py)
-runs its epochs through it too. LP-FT (``lp_epochs``, tasks/lpft.py): the first
+``run_epoch`` is the one loop over a plan's steps; the SWA phase (tasks/training/swa.py)
+runs its epochs through it too. LP-FT (``lp_epochs``, tasks/training/lpft.py): the first
 ``lp_epochs`` epochs train the heads only (stage "lp", encoder frozen), then
 ``epochs`` of full fine-tuning follow with a fresh optimizer, in the same loop.
 
@@ -35,7 +35,7 @@ only at log time (one sync per ``log_every`` steps). On CUDA the next batch is
 collated and pinned in a background thread while the current one trains, and
 copied to the GPU with non_blocking=True.
 
-Several processes (``torchrun``, tasks/distributed.py): ``batch_size`` is the
+Several processes (``torchrun``, tasks/training/distributed.py): ``batch_size`` is the
 global batch, rank r trains on every N-th example of each global batch (same
 schedule and seed on every rank) and gradients are averaged over the ranks
 after backward, so N processes take the steps one process would take with the
@@ -71,7 +71,7 @@ from tasks.data.selection import load_run_data
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import PAIR_TASKS, TASKS, MultitaskBert
-from tasks.objectives import Objective, build_objectives, transform_of
+from tasks.objectives import Objective, build_objectives
 from tasks.training import distributed, lpft
 from tasks.training.checkpoint import (
     CHECKPOINT_FORMAT,
@@ -104,7 +104,6 @@ from tasks.training.runtime import (
     set_rng_state,
 )
 
-# ---- from tasks.trainer ----
 logger = logging.getLogger(__name__)
 
 
@@ -145,7 +144,7 @@ def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> f
 
 
 def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
-    """The run's epoch plans (tasks/sampling.py) over its tokenized training sets, as ``cfg`` says."""
+    """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
                              seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples, subsets=cfg.train_subsets,
                              swap={t: cfg.pair_swap for t in PAIR_TASKS if t in train_sets})
@@ -326,7 +325,7 @@ class Trainer:
         out = None
         with autocast(self.device, self.amp_dtype):
             if stream != NLI:
-                out = self.model(stream, batch, transform=transform_of(applying, stream, training=True))
+                out = self.model(stream, batch)
                 head = self.model.task_loss(stream, out, batch)
                 terms[f"{stream}/loss"] = head
                 total = math.prod(o.task_loss_scale for o in applying) * head
@@ -513,7 +512,7 @@ class Trainer:
                   "dev": jsonable(metrics), "dev_examples": {t: len(d) for t, d in self.dev_sets.items()},
                   "train_time_s": round(train_time, 2), "eval_time_s": round(eval_time, 2),
                   "elapsed_s": round(self.elapsed, 2), "best": improved,
-                  **({"data": self.data} if self.epoch == 0 and self.data else {})}  # files read: tasks/train.py
+                  **({"data": self.data} if self.epoch == 0 and self.data else {})}  # every file's ReadReport
         self.history.append(record)
         logger.info("epoch %d done in %.0f s (+%.0f s dev): %s | dev %s%s", self.epoch + 1, train_time, eval_time,
                     " ".join(f"{k} {v:.4f}" for k, v in means.items()),
@@ -555,7 +554,7 @@ class Trainer:
                 "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
 
     def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
-        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/checkpoint.py),
+        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/training/checkpoint.py),
         ``extra_state`` merged into state.json (SWA's marks itself "swa"). Under torchrun every rank calls it;
         rank 0 writes, the others add their rank-local objective state."""
         if self.run_dir is None:
@@ -626,7 +625,7 @@ class Trainer:
         load_objectives_state(self.objectives, self.model, best, self.device, self.rank)
         return best
 
-# ---- from tasks.parts ----
+# ---- the parts a Trainer trains, built from a config ----
 OFFSET_INIT_PAIRS = 256  # training pairs (in file order) that start the baseline's paraphrase offset
 
 

@@ -1,0 +1,46 @@
+"""Tests of tasks/data/selection.py: which examples a run reads (the fixed dev subsets, the dataset of each task)."""
+
+from __future__ import annotations
+
+from tasks.config import TrainConfig
+from tasks.data.datasets import PairDataset, SentenceDataset
+from tasks.data.readers import Example
+from tasks.data.selection import capped_dev, fixed_subset, make_dataset
+from tasks.model import ModelConfig
+from tests.helpers import WordTokenizer
+
+EXAMPLES = [Example(f"x{i}", f"sentence number {i}", None, i % 5) for i in range(100)]
+
+
+def test_fixed_subset_is_seeded_in_file_order_and_whole_when_not_capped():
+    """n of the examples, kept in file order, the same for the same seed and another for another seed; asking for
+    as many or more gives the list itself."""
+    subset = fixed_subset(EXAMPLES, 10, seed=0)
+    positions = [EXAMPLES.index(e) for e in subset]
+    assert len(subset) == 10 and positions == sorted(positions) and len(set(positions)) == 10
+    assert fixed_subset(EXAMPLES, 10, seed=0) == subset
+    assert fixed_subset(EXAMPLES, 10, seed=1) != subset
+    assert fixed_subset(EXAMPLES, 100, seed=0) is EXAMPLES and fixed_subset(EXAMPLES, 500, seed=0) is EXAMPLES
+
+
+def test_capped_dev_caps_only_the_tasks_it_names():
+    """dev_max_examples caps a task's between-epoch dev set to the run seed's fixed subset; other tasks keep theirs."""
+    cfg = TrainConfig(dev_max_examples={"para": 8}, seed=3)
+    assert capped_dev("para", EXAMPLES, cfg) == fixed_subset(EXAMPLES, 8, seed=3)
+    assert capped_dev("sst", EXAMPLES, cfg) is EXAMPLES
+    assert capped_dev("para", EXAMPLES[:8], cfg) == EXAMPLES[:8]
+
+
+def test_make_dataset_follows_the_task_and_the_models_pair_encoding():
+    """SST reads single sentences; pairs are encoded as the model's pair_encoding says (Siamese: two sequences);
+    max_length cuts every sequence."""
+    tok = WordTokenizer()
+    pairs = [Example(f"p{i}", "a long first sentence of many words", "and a second one", 1.0) for i in range(3)]
+    sst = make_dataset("sst", EXAMPLES[:3], tok, TrainConfig(max_length=4))
+    assert isinstance(sst, SentenceDataset) and sst.collate([0, 1, 2])["input_ids"].shape == (3, 4)
+    for encoding, keys in (("siamese", {"input_ids_1", "input_ids_2"}), ("cross", {"input_ids"})):
+        cfg = TrainConfig(max_length=6, model=ModelConfig(pair_encoding=encoding))
+        batch = make_dataset("para", pairs, tok, cfg).collate([0, 1, 2])
+        assert isinstance(make_dataset("sts", pairs, tok, cfg), PairDataset)
+        assert {k for k in batch if k.startswith("input_ids")} == keys
+        assert all(batch[k].shape[1] == 6 for k in keys)

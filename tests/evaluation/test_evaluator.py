@@ -1,0 +1,175 @@
+"""Tests of tasks/evaluation/evaluator.py: predictions in dataset order, both-order pair scoring, module modes and
+autocast kept, evaluation of a saved checkpoint from the checkpoint alone, and the Predictor API (issue 16, item 2)
+on a tiny finished run."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tasks.data.datasets import PairDataset, length_bucketed_batches
+from tasks.data.readers import Example
+from tasks.evaluation.evaluator import Predictor, evaluate, evaluate_checkpoint, load_checkpoint_model, predict_dataset
+from tasks.evaluation.files import read_logits
+from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
+from tasks.model import TaskOutput
+from tasks.predict import read_inputs
+from tasks.training.run import run
+from tests.helpers import TOK, make_dataset, make_model, tiny_train_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---- predict_dataset / evaluate ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task,mode", [("sst", "siamese"), ("para", "siamese"), ("sts", "siamese"),
+                                       ("para", "cross"), ("sts", "cross")])
+def test_predict_dataset_in_dataset_order_equals_per_example(task, mode):
+    """Length-sorted batches are put back in dataset order: row i equals running example i alone."""
+    # Mean pooling: a random pooler's output barely depends on the input, mean pooling does.
+    model = make_model("b1" if mode == "siamese" else "baseline", mode, pooling="mean").eval()
+    ds = make_dataset(task, mode=mode)
+    if task != "sts":  # center the last layer's output so class predictions vary across examples
+        (*_, last) = (m for m in getattr(model, f"{task}_head").modules() if isinstance(m, torch.nn.Linear))
+        with torch.no_grad():
+            last.bias -= model(task, ds.collate(range(len(ds)))).logits.mean(0)
+    batches = length_bucketed_batches(ds.lengths, 4, shuffle=False)
+    assert [i for b in batches for i in b] != list(range(len(ds)))  # the batching really reorders
+    p = predict_dataset(model, task, ds, batch_size=4)
+    assert p.ids == ds.ids
+    # Examples differ, so a wrong order cannot pass.
+    assert float(p.logits.std(0).min()) > 1e-3 and len(set(p.preds.tolist())) > 1
+    assert p.logits.dtype == torch.float32 and p.logits.device.type == "cpu"
+    assert p.logits.shape == ((len(ds), 5) if task == "sst" else (len(ds),))
+    with torch.no_grad():
+        for i in range(len(ds)):
+            out = model(task, ds.collate([i]))
+            torch.testing.assert_close(p.logits[i : i + 1], out.logits, atol=1e-5, rtol=1e-5)
+            if task != "sts":  # class ids; for STS preds are the scores just checked
+                assert torch.equal(p.preds[i : i + 1], model.predict(task, out))
+    if task == "sts":
+        assert torch.equal(p.preds, p.logits)
+
+
+@pytest.mark.parametrize("task,mode", [("para", "cross"), ("sts", "cross"), ("para", "siamese")])
+def test_both_orders_scores_the_mean_of_a_pair_and_its_swap(task, mode):
+    """both_orders=True: a pair's logit is the mean of its (a, b) and (b, a) logits (each computed alone),
+    its prediction that mean's; the cross model really is asymmetric, so a one-order score cannot pass."""
+    model = make_model("baseline", mode, pooling="mean").eval()
+    ds = make_dataset(task, mode=mode)
+    swapped = PairDataset([Example(i, b, a, y) for i, a, b, y in zip(ds.ids, *ds.texts, ds.labels.tolist())],
+                          TOK, mode=mode)
+    one, other = (predict_dataset(model, task, d, batch_size=4) for d in (ds, swapped))
+    both = predict_dataset(model, task, ds, batch_size=4, both_orders=True)
+    if mode == "cross":
+        assert float((one.logits - other.logits).abs().max()) > 1e-3
+    torch.testing.assert_close(both.logits, (one.logits + other.logits) / 2, atol=1e-5, rtol=1e-5)
+    assert torch.equal(both.preds, model.predict(task, TaskOutput(both.logits)))
+    sst = make_dataset("sst")
+    assert torch.equal(predict_dataset(model, "sst", sst, both_orders=True).logits,
+                       predict_dataset(model, "sst", sst).logits)
+
+
+def test_predict_dataset_restores_every_module_mode():
+    """predict runs the model in eval mode and gives each submodule back its own previous mode."""
+    model = make_model("b1").train()
+    model.encoder.eval()  # mixed modes, as with a frozen encoder during LP-FT
+    before = {name: m.training for name, m in model.named_modules()}
+    seen = []
+    handle = model.register_forward_pre_hook(lambda m, args: seen.append(any(x.training for x in m.modules())))
+    predict_dataset(model, "sst", make_dataset("sst", n=5), batch_size=2)
+    handle.remove()
+    assert seen and not any(seen)
+    assert {name: m.training for name, m in model.named_modules()} == before
+    model.eval()
+    predict_dataset(model, "sst", make_dataset("sst", n=5))
+    assert not any(m.training for m in model.modules())
+
+
+def test_predict_dataset_autocast_bf16_on_cpu():
+    """autocast_dtype=bfloat16 runs under CPU autocast and still returns float32 logits close to fp32."""
+    model = make_model("baseline").eval()
+    ds = make_dataset("sst", n=6)
+    fp32 = predict_dataset(model, "sst", ds)
+    bf16 = predict_dataset(model, "sst", ds, autocast_dtype=torch.bfloat16)
+    assert bf16.logits.dtype == torch.float32
+    torch.testing.assert_close(bf16.logits, fp32.logits, atol=5e-2, rtol=5e-2)
+
+
+def test_evaluate_scores_labeled_and_skips_unlabeled():
+    """evaluate returns each labeled task's metric and 'overall'; unlabeled datasets get predictions only."""
+    model = make_model("b1").eval()
+    datasets = {"sst": make_dataset("sst"), "para": make_dataset("para"), "sts": make_dataset("sts")}
+    metrics, preds = evaluate(model, datasets, batch_size=8)
+    assert set(metrics) == {*TASK_METRIC.values(), "overall"}
+    for task, ds in datasets.items():
+        assert metrics[TASK_METRIC[task]] == pytest.approx(score(task, preds[task].preds, ds.labels))
+    assert metrics["overall"] == pytest.approx(overall_score(metrics))
+    metrics, preds = evaluate(model, {"sst": make_dataset("sst"), "sts": make_dataset("sts", labeled=False)})
+    assert set(metrics) == {"sst_acc", "overall"} and set(preds) == {"sst", "sts"}
+    assert metrics["overall"] == pytest.approx(metrics["sst_acc"])
+
+
+# ---- a saved checkpoint ------------------------------------------------------------------------------
+
+
+def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_path):
+    """evaluate_checkpoint needs no pretrained directory (deleted here) and reproduces the run's final dev metrics;
+    only the STS prior reads one (its sentence encoder's, when that is this one), and without it says so and how
+    to go on."""
+    pretrained = shutil.copytree(tiny_env[0], tmp_path / "bert")
+    summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1, sts_prior=0.0))
+    shutil.rmtree(pretrained)
+    result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
+    assert result["dev"] == summary["dev"]
+    assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
+    with pytest.raises(FileNotFoundError, match="STS prior.*is gone: restore it, .*or pass --sts-prior 0"):
+        evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval2",
+                            overrides={"sts_prior": 0.5, "sts_prior_model": str(pretrained)})
+
+
+# ---- the Predictor, on a tiny finished run (the ``finished`` fixture, tests/conftest.py) --------------------
+
+
+DEV_FILES = {"sst": "ids-sst-dev.csv", "para": "quora-dev.csv", "sts": "sts-dev.csv"}
+
+
+def test_predictor_equals_the_runs_own_dev_predictions(finished, tiny_env):
+    """Same numbers as predictions/*-dev-logits.csv, compared as logits to 1e-6 (outputs differ across examples by
+    more than 1e-3, so a wrong sentence order or pairing fails)."""
+    p = Predictor.from_checkpoint(finished / "checkpoints" / "best", device="cpu", batch_size=5)
+    for task, name in DEV_FILES.items():
+        examples = read_inputs(task, str(tiny_env[1] / name))  # the CS224N CSV format
+        ids, saved = read_logits(finished / "predictions" / f"{task}-dev-logits.csv")
+        assert [e.id for e in examples] == ids
+        assert (saved.max(0).values - saved.min(0).values).min() > 1e-3, "outputs too alike to test anything"
+        if task == "sst":
+            labels, probs = p.sentiment([e.text_a for e in examples])
+            assert torch.equal(labels, saved.argmax(-1))
+            got, saved = probs.double().log(), saved.double()
+            got, saved = got - got.mean(-1, keepdim=True), saved - saved.mean(-1, keepdim=True)
+        elif task == "para":
+            labels, probs = p.paraphrase([(e.text_a, e.text_b) for e in examples])
+            assert torch.equal(labels, (saved > 0).long())
+            got = torch.logit(probs.double())
+        else:
+            got = p.similarity([(e.text_a, e.text_b) for e in examples])
+        torch.testing.assert_close(got, saved.to(got.dtype), atol=1e-6, rtol=0)
+
+
+def test_embed_is_what_the_heads_read_in_input_order(finished):
+    p = Predictor.from_checkpoint(finished, device="auto", batch_size=2)  # a run directory: its best checkpoint
+    texts = ["the movie was great .", "a dull film", "how do i learn python fast ?"]
+    got = p.embed(texts)
+    model, _, tok, _ = load_checkpoint_model(finished / "checkpoints" / "best")
+    model.eval()
+    with torch.no_grad():
+        for i, t in enumerate(texts):
+            b = tok([t], max_length=32)
+            torch.testing.assert_close(got[i], model.embed(b["input_ids"], b["attention_mask"],
+                                                           b["token_type_ids"])[0], atol=1e-5, rtol=0)
+    assert p.embed([]).shape == (0, got.shape[1])
+    assert not any(m.training for m in p.model.modules())

@@ -1,0 +1,47 @@
+"""Tests of experiments/ensemble_mixes.py: each draw scored as python -m tasks.ensemble would score it."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+import torch
+
+from tasks.evaluation.metrics import TASK_METRIC, overall_score
+
+
+def test_ensemble_mixes_score_each_draw_as_the_ensemble_command_would(tmp_path, capsys):
+    """A mix with one possible draw scores what python -m tasks.ensemble gives for those runs, std 0; a
+    specialist joins SST only; a mix larger than its pool is refused (exit 2), one with no full member is a
+    one-line error (exit 1)."""
+    from experiments import ensemble_mixes
+    from tasks.ensemble import main as ensemble_main
+    from tests.helpers import make_runs, model_logits, write_run_logits
+
+    runs = make_runs(tmp_path)
+    labels = [int(line.split("\t")[3]) for line in (tmp_path / "data" / "ids-sst-dev.csv").read_text().splitlines()[1:]]
+    special = tmp_path / "sst-only"
+    write_run_logits(special, "predictions", "sst", "dev", [f"sst{i}" for i in range(60)],
+                     model_logits("sst", torch.tensor(labels), 1, 77))
+    write_run_logits(special, "predictions", "sst", "test", [f"t{i}" for i in range(7)], torch.randn(7, 5))
+    (special / "config.json").write_text(json.dumps({"tasks": ["sst"]}))
+    data = ["--data-dir", str(tmp_path / "data")]
+    rows = ensemble_mixes.main(["--pool", "full", runs[0], runs[1], "--pool", "sst", str(special),
+                                "--mix", "full=2", "--mix", "full=2,sst=1", "--mix", "full=1", "--draws", "20", *data])
+    for row, members in zip(rows, ([runs[0], runs[1]], [runs[0], runs[1], str(special)])):
+        summary = ensemble_main([*members, "--out-dir", str(tmp_path / "ens"), *data])
+        whole = overall_score({TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()})
+        assert row["std"] == 0 and row["mean"] == pytest.approx(whole, abs=1e-12)
+    assert rows[1]["mean"] != rows[0]["mean"] and rows[2]["std"] > 0  # full=1: either run, both drawn
+    assert "| full=2,sst=1 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        ensemble_mixes.main(["--pool", "full", runs[0], "--mix", "full=2", *data])
+    assert e.value.code == 2 and "which has 1 runs" in capsys.readouterr().err
+    for pools, message in ((["--pool", "full", runs[0], "--pool", "sst", str(special)], "has no run for para"),
+                           (["--pool", "sst", str(special)], "no run has para-dev-logits.csv")):
+        with pytest.raises(SystemExit) as e:
+            ensemble_mixes.main([*pools, "--mix", "sst=1", *data])
+        err = capsys.readouterr().err
+        assert e.value.code == 1 and message in err and len(err.strip().splitlines()) == 1, err
+    assert logging.root.manager.disable == logging.NOTSET  # the script's quiet spell ends with it

@@ -1,0 +1,145 @@
+"""Tests of experiments/sweep.py: the costliest items first, whole progress lines, run locks, reusing a finished
+run only when its settings are today's, relative paths."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from experiments.sweep import Sweep, _run_lock, final_record
+from tasks import train as cli
+
+
+def test_final_record_is_the_last_final_line(tmp_path):
+    assert final_record(tmp_path) is None
+    (tmp_path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in (
+        {"epoch": 1}, {"final": True, "dev": {"overall": 0.1}}, {"final": True, "dev": {"overall": 0.2}})) + "\n")
+    assert final_record(tmp_path)["dev"]["overall"] == 0.2
+
+
+def test_the_costliest_items_start_first_and_results_keep_their_order(tmp_path):
+    """Longest first: with two jobs the two costliest items start together, the cheap ones after; one job runs
+    them in cost order (ties in the items' order). Results come back in the items' order."""
+    items = ["a", "bb", "c", "dddd", "ee"]
+    started = []
+    one = Sweep(tmp_path, jobs=1)
+    assert one.map(str.upper, items) == ["A", "BB", "C", "DDDD", "EE"]
+    assert one.map(lambda s: started.append(s) or s.upper(), items, cost=len) == ["A", "BB", "C", "DDDD", "EE"]
+    assert started == ["dddd", "bb", "ee", "a", "c"]
+
+    started.clear()
+    both_started = threading.Barrier(2, timeout=30)  # the first two calls wait for each other: nothing else starts
+    lock = threading.Lock()
+
+    def run(item: str) -> str:
+        with lock:
+            started.append(item)
+            first_two = len(started) <= 2
+        if first_two:
+            both_started.wait()
+        return item.upper()
+
+    assert Sweep(tmp_path, jobs=2).map(run, items, cost=len) == ["A", "BB", "C", "DDDD", "EE"]
+    assert set(started[:2]) == {"dddd", "bb"} and set(started) == set(items)
+
+
+def test_progress_lines_are_written_whole(tmp_path, monkeypatch):
+    """Two jobs' threads print progress at once: each line goes out in one write, newline included, so lines
+    cannot run into one another (print writes the text and its newline apart)."""
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    sweep = Sweep(tmp_path, dry_run=True)
+    sweep.command("row", ["--epochs", "1"])
+    (tmp_path / "row").mkdir()
+    (tmp_path / "row" / "sweep.json").write_text(json.dumps({"argv": ["--epochs", "1"], "module": None, "wall_s": 3}))
+    sweep.command("row", ["--epochs", "1"])
+    assert len(writes) == 2 and all(w.startswith("[row] ") and w.endswith("\n") for w in writes), writes
+
+
+def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
+    """Two sweep processes must not run the same row (the second's --overwrite would wipe the first's files): a
+    lock held by a live process refuses, one left by a dead process is taken over and removed after the run."""
+    lock = tmp_path / "sweep.lock"
+    lock.write_text(str(os.getpid()))  # a live owner
+    with pytest.raises(SystemExit, match=rf"in use by process {os.getpid()}"):
+        with _run_lock(tmp_path, "row"):
+            pass
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    lock.write_text(dead.stdout.strip())  # its owner has exited
+    with _run_lock(tmp_path, "row"):
+        assert json.loads(lock.read_text())["pid"] == os.getpid()
+    assert not lock.exists()
+
+
+def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, capsys):
+    """A sweep reuses a finished run only when its config.json is the one its command gives with today's
+    defaults: the same argv recorded before a default changed (here the STS prior) is trained again."""
+    sweep = Sweep(tmp_path, dry_run=True)
+    flags = ["--seed", "3", "--epochs", "2"]
+    run = tmp_path / "member"
+    run.mkdir()
+    (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", flags), "module": None,
+                                                "wall_s": 12.0}))
+    (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
+    today = cli.config_for(sweep.train_argv("member", flags)).to_dict()
+    assert today["seed"] == 3 and today["epochs"] == 2 and today["out_dir"] == str(run)
+    (run / "config.json").write_text(json.dumps(today))
+    sweep.train("member", flags)
+    assert "reusing the finished run" in capsys.readouterr().out
+    (run / "config.json").write_text(json.dumps({**today, "sts_prior": 0.25}))  # as if the default had been 0.25
+    sweep.train("member", flags)
+    out = capsys.readouterr().out
+    assert "reusing" not in out and "made with other settings (sts_prior)" in out and "python" in out
+    older = {k: v for k, v in today.items() if k != "sts_prior"}  # written before the field existed: its legacy 0
+    (run / "config.json").write_text(json.dumps(older))
+    sweep.train("member", [*flags, "--sts-prior", "0"])
+    out = capsys.readouterr().out  # the same settings as the record's (legacy 0), but another argv: it runs
+    assert "made with other settings" not in out and "reusing" not in out and "python" in out
+    (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", [*flags, "--sts-prior", "0"]),
+                                                "module": None, "wall_s": 12.0}))
+    sweep.train("member", [*flags, "--sts-prior", "0"])
+    assert "reusing the finished run" in capsys.readouterr().out
+
+
+def test_a_sweeps_relative_paths_mean_what_they_mean_where_it_was_started(tmp_path, monkeypatch):
+    """A sweep started outside the project reads and writes its runs where its own relative paths point: the
+    commands it runs (here python -m json.tool IN OUT) see the same relative paths, not the project's."""
+    monkeypatch.chdir(tmp_path)
+    Path("in.json").write_text('{"a": 1}')
+    Sweep("runs").command("row", ["in.json", "runs/row/out.json"], module="json.tool")
+    assert json.loads((tmp_path / "runs" / "row" / "out.json").read_text()) == {"a": 1}
+
+
+@pytest.mark.parametrize("recorded_absolute", [False, True])
+def test_a_finished_run_is_reused_however_its_directory_is_spelled(tmp_path, monkeypatch, capsys, recorded_absolute):
+    """runs/x and /abs/runs/x are one directory: a second call of a command that spells --out-dir the other way
+    reuses the finished run instead of training it again over it (which --overwrite would delete)."""
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = Sweep("runs", dry_run=True), Sweep(tmp_path / "runs", dry_run=True)
+    first, second = (absolute, relative) if recorded_absolute else (relative, absolute)
+    flags = ["--seed", "3", "--data-dir", "data"]
+    run = tmp_path / "runs" / "member"
+    run.mkdir(parents=True)
+    (run / "sweep.json").write_text(json.dumps({"argv": first.train_argv("member", flags), "module": None,
+                                                "wall_s": 12.0}))
+    (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
+    (run / "config.json").write_text(json.dumps(cli.config_for(first.train_argv("member", flags)).to_dict()))
+    second.train("member", [*flags[:2], "--data-dir", str(tmp_path / "data")])
+    out = capsys.readouterr().out
+    assert "reusing the finished run" in out and "made with other settings" not in out
+    second.train("member", [*flags[:2], "--data-dir", "other"])
+    assert "made with other settings (data_dir)" in capsys.readouterr().out  # another directory is another run

@@ -1,0 +1,178 @@
+"""Tests of minbert/bert.py, the encoder: parity with transformers.BertModel, and properties of its parts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from minbert.bert import BertModel, dropout, dropout_add
+from tests.helpers import read_column, tiny_config
+
+ATOL = 1e-5
+
+
+def _compare(ours, ref, batch):
+    with torch.no_grad():
+        a = ours(**batch)
+        r = ref(**batch)
+    real = batch["attention_mask"].bool()  # (B, T): compare at real tokens
+    err_h = (a["last_hidden_state"] - r.last_hidden_state)[real].abs().max().item()
+    err_p = (a["pooler_output"] - r.pooler_output).abs().max().item()
+    return err_h, err_p
+
+
+def test_parity_real_sentences_with_padding(minilm):
+    """last_hidden_state and pooler_output equal transformers' within 1e-5 on real SST sentences of mixed lengths."""
+    ours, tok, ref = minilm
+    sents = [r[0] for r in read_column("ids-sst-dev.csv", ("sentence",), 64)]
+    batch = tok(sents)
+    assert (batch["attention_mask"] == 0).any(), "the batch should contain padding"
+    err_h, err_p = _compare(ours, ref, batch)
+    assert err_h < ATOL and err_p < ATOL, (err_h, err_p)
+
+
+def test_parity_sentence_pairs_with_token_types(minilm):
+    """Pairs (token types 0/1) from STS dev give transformers' outputs within 1e-5."""
+    ours, tok, ref = minilm
+    rows = read_column("sts-dev.csv", ("sentence1", "sentence2"), 48)
+    batch = tok([a for a, _ in rows], [b for _, b in rows])
+    assert batch["token_type_ids"].max() == 1
+    err_h, err_p = _compare(ours, ref, batch)
+    assert err_h < ATOL and err_p < ATOL, (err_h, err_p)
+
+
+def test_parity_both_attention_paths(minilm):
+    """The math path also matches the reference, on the same padded batch."""
+    ours, tok, ref = minilm
+    batch = tok(["a short one", "a considerably longer sentence with many more word pieces in it"])
+    ours.set_attn_implementation("math")
+    try:
+        err_h, err_p = _compare(ours, ref, batch)
+    finally:
+        ours.set_attn_implementation("sdpa")
+    assert err_h < ATOL and err_p < ATOL
+
+
+def test_sdpa_equals_math_path_tiny():
+    """SDPA and the written-out softmax(QKᵀ/√d + mask)V give the same outputs and gradients."""
+    torch.manual_seed(0)
+    cfg = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    m = BertModel(cfg)
+    ids = torch.randint(1, 99, (3, 11))
+    mask = torch.ones(3, 11, dtype=torch.long)
+    mask[1, 7:] = 0
+    mask[2, 3:] = 0
+    outs, grads = [], []
+    for impl in ("sdpa", "math"):
+        m.set_attn_implementation(impl)
+        m.zero_grad()
+        h = m(ids, mask)["last_hidden_state"]
+        (h * mask[..., None]).sum().backward()
+        outs.append(h.detach())
+        grads.append(m.encoder.layer[0].attention.self.qkv.weight.grad.clone())
+    assert torch.allclose(outs[0], outs[1], atol=1e-6)
+    assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+def test_padding_does_not_change_real_token_outputs():
+    """Appending padding to a sequence leaves its real-token outputs and pooled output unchanged."""
+    m = BertModel(tiny_config()).eval()
+    ids = torch.randint(1, 99, (1, 9))
+    short = m(ids, torch.ones(1, 9, dtype=torch.long))
+    padded_ids = torch.cat([ids, torch.zeros(1, 6, dtype=torch.long)], dim=1)
+    padded_mask = torch.cat([torch.ones(1, 9), torch.zeros(1, 6)], dim=1).long()
+    long = m(padded_ids, padded_mask)
+    assert torch.allclose(short["last_hidden_state"], long["last_hidden_state"][:, :9], atol=1e-6)
+    assert torch.allclose(short["pooler_output"], long["pooler_output"], atol=1e-6)
+
+
+def test_eval_mode_is_deterministic_and_train_mode_is_not():
+    """eval() gives identical repeats; train() applies dropout (outputs differ)."""
+    m = BertModel(tiny_config())
+    ids = torch.randint(1, 99, (2, 8))
+    m.eval()
+    assert torch.equal(m(ids)["last_hidden_state"], m(ids)["last_hidden_state"])
+    m.train()
+    assert not torch.equal(m(ids)["last_hidden_state"], m(ids)["last_hidden_state"])
+
+
+def test_inputs_embeds_equals_input_ids():
+    """Starting from word embeddings (embed_tokens) is the same as starting from ids."""
+    m = BertModel(tiny_config()).eval()
+    ids = torch.randint(1, 99, (2, 8))
+    tt = torch.randint(0, 2, (2, 8))
+    a = m(ids, token_type_ids=tt, output_embeddings=True)
+    b = m(inputs_embeds=m.embed_tokens(ids), token_type_ids=tt, output_embeddings=True)
+    assert torch.equal(a["last_hidden_state"], b["last_hidden_state"])
+    assert a["embedding_output"].shape == (2, 8, 32)
+
+
+def test_hidden_states_count_and_last():
+    """output_hidden_states returns embeddings + one tensor per layer, the last equal to last_hidden_state."""
+    m = BertModel(tiny_config()).eval()
+    out = m(torch.randint(1, 99, (2, 5)), output_hidden_states=True)
+    assert len(out["hidden_states"]) == 3
+    assert torch.equal(out["hidden_states"][-1], out["last_hidden_state"])
+
+
+def test_state_dict_uses_hf_names_and_round_trips():
+    """state_dict() holds HF query/key/value names (no fused qkv) and loads back exactly."""
+    m = BertModel(tiny_config())
+    sd = m.state_dict()
+    assert "encoder.layer.0.attention.self.query.weight" in sd
+    assert not any(".qkv." in k for k in sd)
+    m2 = BertModel(tiny_config())
+    m2.load_state_dict(sd)
+    for (k, a), b in zip(m.state_dict().items(), m2.state_dict().values()):
+        assert torch.equal(a, b), k
+
+
+def test_gradient_checkpointing_same_loss_and_grads():
+    """Activation checkpointing changes memory, not numbers: same loss and gradients."""
+    torch.manual_seed(1)
+    cfg = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    a = BertModel(cfg)
+    b = BertModel(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                              gradient_checkpointing=True))
+    b.load_state_dict(a.state_dict())
+    ids = torch.randint(1, 99, (2, 7))
+    for m in (a, b):
+        m.train()
+        m(ids)["pooler_output"].pow(2).sum().backward()
+    for (n, p), q in zip(a.named_parameters(), b.parameters()):
+        assert torch.allclose(p.grad, q.grad, atol=1e-6), n
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cpu_dropout_keeps_1_minus_p_scales_the_kept_and_keeps_the_dtype(dtype):
+    """Our CPU dropout (float32 uniforms >= p, whatever the input dtype): keep rate 1 - p, kept values x / (1 - p),
+    dropped values 0, the input's dtype; in eval mode the identity."""
+    p = 0.1
+    torch.manual_seed(0)
+    x = torch.rand(1000, 1000, dtype=dtype) + 0.5  # nonzero, so zeros mark dropped elements
+    y = dropout(x, p, True)
+    assert y.dtype == dtype
+    kept = y != 0
+    assert abs(kept.float().mean().item() - (1 - p)) < 2e-3  # std of the rate over 1e6 draws: 3e-4
+    expected = (x * torch.tensor(1 / (1 - p), dtype=dtype))[kept]
+    torch.testing.assert_close(y[kept], expected, atol=0, rtol=0)
+    assert dropout(x, p, False) is x
+
+
+@pytest.mark.parametrize("x_dtype, res_dtype", [(torch.bfloat16, torch.float32), (torch.float32, torch.float32),
+                                                (torch.bfloat16, torch.bfloat16)])
+def test_cpu_dropout_add_is_residual_plus_dropout_in_the_sums_dtype(x_dtype, res_dtype):
+    """dropout_add(x, r) = r + mask·x/(1 - p) in one pass, with the dtype x + r would have (bf16 linear output +
+    float32 LayerNorm output under autocast: float32), and the same mask as dropout() draws from the same seed."""
+    p = 0.25
+    x = torch.randn(300, 400).to(x_dtype)
+    r = torch.randn(300, 400).to(res_dtype)
+    torch.manual_seed(1)
+    got = dropout_add(x, r, p, True)
+    torch.manual_seed(1)
+    ref = r + dropout(x.to(torch.promote_types(x_dtype, res_dtype)), p, True)  # same shape: the same mask
+    assert got.dtype == torch.promote_types(x_dtype, res_dtype)
+    assert abs((got == r).float().mean().item() - p) < 0.01  # the dropped elements leave r unchanged
+    tol = 1e-6 if got.dtype == torch.float32 else 4e-2  # bf16: ref rounds twice (|values| < 6, ulp <= 2^-5)
+    torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
+    assert torch.equal(dropout_add(x, r, p, False), x + r)

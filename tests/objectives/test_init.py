@@ -1,0 +1,206 @@
+"""Tests of tasks/objectives/__init__.py, the registry and the interface every objective implements: each
+registered objective runs its forward, backward and a fused AdamW step on the meta device (issue 13).
+
+The meta device holds shapes and no values: any read of a tensor's value (``.item()``, ``int(t)``, ``bool(t)``,
+a boolean-mask index whose size depends on the data) raises, and so does mixing a CPU tensor with a device one.
+Running forward, backward and a fused AdamW step there exercises the non-CPU branches of the code without a GPU.
+The source scan for host reads in the hot path is in tests/test_layout.py.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from minbert.bert import BertModel
+from minbert.optimizer import AdamW
+from tasks.model import ModelConfig, MultitaskBert
+from tasks.objectives import REGISTRY, Objective, ObjectiveConfig, build_objectives, registered_objectives
+from tasks.objectives.distill import Distill, TaskTargets
+from tasks.training.run import run
+from tests.helpers import tiny_config, tiny_train_config
+
+META = torch.device("meta")
+
+N, T = 8, 7
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+def _side(suffix: str, g: torch.Generator, width: int = T) -> dict[str, torch.Tensor]:
+    ids = torch.randint(5, 99, (N, width), generator=g)
+    mask = torch.ones(N, width, dtype=torch.long)
+    mask[1, width - 2:] = 0
+    return {"input_ids" + suffix: ids * mask, "attention_mask" + suffix: mask,
+            "token_type_ids" + suffix: torch.zeros_like(ids)}
+
+def meta_batch(task: str, pair_encoding: str, seed: int = 0) -> dict:
+    """A collated-looking batch (ids, masks, labels) on the meta device, plus its example ids (strings)."""
+    g = torch.Generator().manual_seed(seed)
+    if task == "nli":
+        batch = {**_side("_1", g), **_side("_2", g, T - 1), **_side("_3", g)}
+    elif task == "sst" or pair_encoding == "cross":
+        batch = _side("", g)
+    else:
+        batch = {**_side("_1", g), **_side("_2", g, T - 2)}
+    if task != "nli":
+        batch["labels"] = {"sst": torch.arange(N) % 5, "para": (torch.arange(N) % 2).float(),
+                           "sts": torch.linspace(0, 5, N)}[task]
+    batch = {k: v.to(META) for k, v in batch.items()}
+    batch["ids"] = [f"{task}-{i}" for i in range(N)]
+    return batch
+
+def meta_settings(pair_encoding: str) -> dict[str, dict]:
+    """Options that let each registered objective apply to every task it can take with this pair encoding; an
+    objective not named here (a new one) runs with its defaults."""
+    pair_vector = {} if pair_encoding == "cross" else {"representation": "head_input"}
+    special = {
+        "distill": {"teachers": ["unused: targets are set by hand"]},
+        "knn_bert": {"m_most": 2, "m_least": 2, "queue_size": 12, **pair_vector},
+        "mnr": {"para_positives": True},
+        "rift": {"steps": 1},
+        "scl": {} if pair_encoding == "cross" else {"embedding": "head_input"},
+        "simcse": {"tasks": ("sst", "para", "sts", "nli")},
+    }
+    return {name: special.get(name, {}) for name in sorted(registered_objectives())}
+
+
+META_CASES = [(name, enc) for name in sorted(meta_settings("cross")) for enc in ("siamese", "cross")
+              if not (enc == "cross" and REGISTRY[name].needs_siamese)]
+
+
+@pytest.fixture
+
+
+def meta_autocast(monkeypatch):
+    """torch.autocast("meta", ...) raises "unsupported scalarType" (the meta device has no autocast, torch 2.13):
+    inside the objectives' float32 regions (``torch.autocast(x.device.type, enabled=False)``) it becomes a no-op
+    for meta tensors. Autocast only chooses precisions, which the meta device does not compute; any other
+    device type gets the real torch.autocast."""
+    real = torch.autocast
+
+    class Autocast(real):
+        def __init__(self, device_type, *args, **kwargs):
+            self.meta = device_type == "meta"
+            if not self.meta:
+                super().__init__(device_type, *args, **kwargs)
+
+        def __enter__(self):
+            return None if self.meta else super().__enter__()
+
+        def __exit__(self, *exc):
+            return None if self.meta else super().__exit__(*exc)
+
+    monkeypatch.setattr(torch, "autocast", Autocast)
+
+
+@pytest.mark.usefixtures("meta_autocast")
+
+
+@pytest.mark.parametrize("name,pair_encoding", META_CASES)
+
+
+def test_objective_runs_on_the_meta_device(name, pair_encoding):
+    """Forward (head loss + the objective's terms), backward, a fused AdamW step over model and objective parameters,
+    and on_step_end, for every task stream the objective applies to, with every tensor on the meta device."""
+    torch.manual_seed(0)
+    model = MultitaskBert(BertModel(tiny_config()), ModelConfig(arch="b1", pair_encoding=pair_encoding, fcn_size=16))
+    model.to(META).train()
+    (obj,) = build_objectives({name: meta_settings(pair_encoding)[name]}, model)
+    obj.to(META)
+    if isinstance(obj, Distill):  # teacher targets as read from files: on the CPU
+        g = torch.Generator().manual_seed(1)
+        obj.targets = {t: TaskTargets({f"{t}-{i}": i for i in range(N)}, x, [])
+                       for t, x in (("sst", torch.rand(N, 5, generator=g).softmax(-1)),
+                                    ("para", torch.rand(N, generator=g)), ("sts", torch.rand(N, generator=g) * 5))}
+    opt = AdamW([*model.parameters(), *obj.parameters()], lr=1e-3, weight_decay=0.01, fused=True)
+    streams = [s for s in ("sst", "para", "sts", "nli") if obj.applies_to(s)]
+    if pair_encoding == "cross":
+        streams = [s for s in streams if s != "nli"]  # the NLI stream feeds Siamese triplets only
+    assert streams
+    for step, stream in enumerate(streams):
+        batch = meta_batch(stream, pair_encoding, seed=step)
+        out, total = None, None
+        if stream != "nli":
+            out = model(stream, batch)
+            total = obj.task_loss_scale * model.task_loss(stream, out, batch)
+        terms = obj(model, stream, batch, out)
+        for term in terms.values():
+            assert term.device == META and term.dim() == 0, (stream, term)
+            total = obj.weight * term if total is None else total + obj.weight * term
+        total.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        obj.on_step_end(model)
+    assert all(int(s["step"]) >= 1 for s in opt.state.values())
+    if isinstance(obj, Distill):  # moved to the device once, then indexed there: no per-step blocking copy
+        assert {t.targets.device for t in obj.targets.values()} == {META}
+
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@dataclass
+
+
+class ProbeConfig(ObjectiveConfig):
+    weight: float = 0.5
+
+
+def test_a_config_that_is_not_an_objective_config_is_refused_at_registration():
+    """Every Config has weight and tasks because it subclasses ObjectiveConfig: a plain dataclass is refused by
+    name when its objective class is defined, not found missing mid-run."""
+
+    @dataclass
+    class Plain:
+        weight: float = 1.0
+
+    with pytest.raises(TypeError, match="'probe_plain': its Config must subclass"):
+        class PlainProbe(Objective):
+            name = "probe_plain"
+            Config = Plain
+
+            def forward(self, model, task, batch, out):
+                return {}
+    assert "probe_plain" not in REGISTRY
+
+
+@pytest.fixture
+
+
+def probe():
+    """A minimal objective, registered for this test only (the registry is global)."""
+
+    class Probe(Objective):
+        name = "probe_minimal"
+        Config = ProbeConfig
+        tasks = ("sst",)
+
+        def forward(self, model, task, batch, out):
+            return {"logit_norm": out.logits.float().pow(2).mean()}
+
+    yield Probe
+    del REGISTRY["probe_minimal"]
+
+
+def test_a_minimal_objective_runs_through_a_whole_run(probe, tiny_env, tmp_path):
+    """name + Config + tasks + forward suffice: the run trains, checkpoints and predicts, and logs the term."""
+    summary = run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, objectives={"probe_minimal": {}}))
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["train"]["sst/probe_minimal.logit_norm"] > 0
+    assert "para/probe_minimal.logit_norm" not in records[0]["train"]  # tasks = ("sst",)
+    assert summary["final"] and (tmp_path / "run" / "predictions" / "sst-dev-output.csv").is_file()
+
+
+def test_the_probe_term_enters_the_loss_with_its_weight(probe, tiny_env, tmp_path):
+    """The trainer adds weight x term to the step's loss (checked against the head loss alone)."""
+    from tasks.training.trainer import Trainer
+
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, objectives={"probe_minimal": {"weight": 0.5}})
+    trainer = Trainer.from_config(cfg)
+    trainer.model.eval()  # no dropout: the two losses see the same forward
+    batch = trainer.train_sets["sst"].collate(list(range(8)))
+    loss, terms = trainer.step_loss("sst", batch)
+    torch.testing.assert_close(loss, terms["sst/loss"] + 0.5 * terms["sst/probe_minimal.logit_norm"])

@@ -1,0 +1,73 @@
+"""Tests of tasks/predict.py, python -m tasks.predict: predictions on new text end to end on a tiny finished run
+(issue 16, item 2), and its one-line errors. The Predictor it calls is tested in tests/evaluation/test_evaluator.py."""
+
+from __future__ import annotations
+
+import csv
+import io
+import subprocess
+import sys
+
+import pytest
+
+from tasks.predict import main
+from tests.helpers import ROOT
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _csv(text: str) -> list[list[str]]:
+    return list(csv.reader(io.StringIO(text)))
+
+
+def test_predict_command_in_process(finished, tmp_path, capsys):
+    (tmp_path / "in.txt").write_text("the movie was great .\n\na dull and boring film\n")
+    main(["--checkpoint", str(finished / "checkpoints" / "best"), "--task", "sst", "--input", str(tmp_path / "in.txt")])
+    rows = _csv(capsys.readouterr().out)
+    assert rows[0] == ["id", "label", "p0", "p1", "p2", "p3", "p4"]
+    assert [r[0] for r in rows[1:]] == ["1", "3"]  # line numbers; the blank line is skipped
+    assert all(abs(sum(map(float, r[2:])) - 1) < 1e-5 for r in rows[1:])
+    (tmp_path / "pairs.txt").write_text("how do i cook rice ?\thow to cook rice ?\n")
+    main(["--checkpoint", str(finished), "--task", "para", "--input", str(tmp_path / "pairs.txt"),
+          "--output", str(tmp_path / "out.csv")])
+    rows = _csv((tmp_path / "out.csv").read_text())
+    assert rows[0] == ["id", "label", "p_paraphrase"] and rows[1][0] == "1" and rows[1][1] in ("0", "1")
+
+
+def test_predict_command_subprocess_reads_stdin(finished):
+    proc = subprocess.run([sys.executable, "-m", "tasks.predict", "--checkpoint", str(finished), "--task", "sts"],
+                          input="a cat sits on the mat\ta cat runs in the park\n", capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    rows = _csv(proc.stdout)
+    assert rows[0] == ["id", "score"] and len(rows) == 2 and 0 <= float(rows[1][1]) <= 5
+
+
+@pytest.mark.parametrize("argv, text, message", [
+    (["--task", "sts"], "no tab here\n", "line 1: expected two sentences separated by one tab"),
+    (["--task", "sst", "--input", "missing.txt"], "", "--input missing.txt: no such file"),
+])
+def test_predict_command_errors_are_one_line(finished, tmp_path, capsys, monkeypatch, argv, text, message):
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(finished)] + argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 2 and err[0].startswith("usage: python -m tasks.predict")
+    assert message in err[1]
+
+
+def test_a_damaged_checkpoint_is_one_line_with_exit_status_1(finished, tmp_path, capsys, monkeypatch):
+    """A checkpoint whose weights file is cut short: one line naming the problem, exit status 1 (a run-time error,
+    not an argument error), no traceback."""
+    import shutil
+
+    damaged = tmp_path / "damaged"
+    shutil.copytree(finished / "checkpoints" / "best" if (finished / "checkpoints").is_dir() else finished, damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a fine film\n"))
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(damaged), "--task", "sst"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 1 and len(err) == 1 and "Traceback" not in err[0], err

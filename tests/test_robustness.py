@@ -1,0 +1,72 @@
+"""Tests of tasks/robustness.py, the robustness experiments command: its documented examples parse, each experiment
+trains on its perturbed copy of the data, and the minority-class accuracy reads any prediction file format."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from tasks import robustness
+from tasks.data.readers import Example
+from tasks.evaluation.files import Predictions, write_predictions
+
+
+def test_robustness_docstring_examples_parse():
+    examples = [ln.strip() for ln in robustness.__doc__.split("Usage:\n")[1].split("\n\n")[0].splitlines()]
+    assert len(examples) == 4
+    for line in examples:
+        args, flags = robustness.split_argv(line.split()[3:])
+        assert args.command == line.split()[3]
+    assert "-- TRAIN_FLAGS" in robustness.build_parser().format_help()
+
+
+@pytest.mark.parametrize("command, extra, changed", [
+    ("few-shot", ["--sizes", "10"], {"ids-sst-train.csv": 10, "quora-train.csv": 10}),
+    ("label-noise", ["--rate", "0.25"], {"ids-sst-train.csv": 48, "quora-train.csv": 48}),
+    ("minority", ["--task", "sst", "--label", "1", "--keep", "0.5"], {"ids-sst-train.csv": 48 - 5}),
+])
+def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkeypatch, command, extra, changed):
+    """Each experiment writes its changed train files, trains on them once per seed and reports its scores;
+    ``minority`` trains its one task and scores the reduced class from the run's prediction file."""
+    from tests.helpers import write_tiny_data
+
+    data = write_tiny_data(tmp_path / "data")
+    calls = []
+
+    def fake_train(flags, data_dir, out_dir, seed):
+        calls.append((list(flags), Path(data_dir), seed))
+        (out_dir / "predictions").mkdir(parents=True)
+        rows = [f"sst-dev-{i} , {i % 5} " for i in range(24)]
+        (out_dir / "predictions" / "sst-dev-output.csv").write_text(" id \t Predicted_Sentiment \n" + "\n".join(rows))
+        return {"dev": {"sst_acc": 0.4 + seed / 10, "para_acc": None}}
+
+    monkeypatch.setattr(robustness, "_train", fake_train)
+    out = tmp_path / "out"
+    res = robustness.main([command, *extra, "--seeds", "0", "1", "--data-dir", str(data), "--out-dir", str(out),
+                           "--", "--epochs", "1"])
+    assert [seed for _, _, seed in calls] == [0, 1]
+    flags, used, _ = calls[0]
+    assert flags[:2] == ["--epochs", "1"] and flags[flags.index("--tasks") + 1:] == (
+        ["sst"] if command == "minority" else ["sst", "para"])
+    for name, rows in changed.items():  # rewritten files with the perturbed number of rows, the rest linked
+        assert not (used / name).is_symlink() and len((used / name).read_text().splitlines()) == rows + 1
+    assert (used / "sts-train.csv").is_symlink() and (used / "ids-sst-dev.csv").is_symlink()
+    (setting,) = res["settings"].values()
+    assert setting["sst_acc"]["mean"] == pytest.approx(0.45) and "para_acc" not in setting
+    if command == "minority":
+        assert setting["sst_class1_acc"]["mean"] == 1.0  # the fake predicts every class-1 dev sentence right
+
+
+def test_minority_class_accuracy_reads_starter_files(tmp_path):
+    """tasks.robustness.class_accuracy scores a starter-format prediction file by id, as it does our own."""
+    from tasks.robustness import class_accuracy
+
+    examples = [Example("b757", "x", label=1), Example("d17a", "y", label=1), Example("e3", "z", label=0)]
+    starter = tmp_path / "sst-dev-output.csv"
+    starter.write_text("id \t Predicted_Sentiment \nb757 , 1 \nd17a , 4 \ne3 , 0 \n")
+    assert class_accuracy(starter, examples, 1) == 0.5
+    ours = write_predictions(tmp_path / "ours", "sst", "dev",
+                             Predictions(["b757", "d17a", "e3"], torch.zeros(3, 5), torch.tensor([1, 4, 0])))
+    assert class_accuracy(ours, examples, 1) == 0.5

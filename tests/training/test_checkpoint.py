@@ -1,0 +1,216 @@
+"""Tests of tasks/training/checkpoint.py: a checkpoint is safetensors and JSON only, written atomically, and loads
+in the reference libraries as it is (issue 16, item 1).
+
+checkpoints/best/encoder is a plain HF BERT directory and a sentence-transformers
+model whose outputs equal ours (fp32, atol 1e-5); the checkpoint's top level is
+refused by transformers' Auto classes instead of becoming a random BERT; and
+``--pretrained`` pointed at a checkpoint continues from its fine-tuned encoder.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+import sentence_transformers
+import torch
+import transformers
+from safetensors import safe_open
+from safetensors.torch import load_file
+
+from minbert.pretrained import load_pretrained
+from tasks.config import TrainConfig
+from tasks.evaluation.evaluator import evaluate_checkpoint, load_checkpoint_model
+from tasks.model import ModelConfig, MultitaskBert
+from tasks.training import checkpoint as ckpt_mod
+from tasks.training.checkpoint import atomic_directory, read_json, save_encoder_files, temporary_prefix
+from tasks.training.run import run
+from tasks.training.rundir import RunDir
+from tasks.training.trainer import Trainer
+from tests.helpers import dead_pid, tiny_train_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---- what a checkpoint holds, and how it is written --------------------------------------------------------
+
+
+def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monkeypatch):
+    """A checkpoint holds only safetensors and JSON (plus the vocabulary); nothing is pickled or torch.loaded."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
+    Trainer.from_config(cfg).fit()
+    ckpt = tmp_path / "run" / "checkpoints" / "last"
+    files = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
+    encoder = ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json",
+               "sentence_bert_config.json", "special_tokens_map.json", "tokenizer_config.json", "vocab.txt"]
+    assert files == sorted(["config.json", *("encoder/" + f for f in encoder), "model.safetensors",
+                            "optimizer.json", "optimizer.safetensors", "state.json"])
+    for name in files:
+        raw = (ckpt / name).read_bytes()
+        assert not raw.startswith(b"\x80"), f"{name} looks like a pickle"
+        if name.endswith(".json"):
+            json.loads(raw)
+        elif name.endswith(".safetensors"):
+            assert load_file(str(ckpt / name))
+    with safe_open(str(ckpt / "optimizer.safetensors"), "pt") as f:
+        assert any(k.endswith(".exp_avg_sq") for k in f.keys())
+    state = read_json(ckpt / "state.json")
+    assert {"torch", "python", "numpy"} <= set(state["rng"]) and isinstance(state["rng"]["torch"], str)
+    assert TrainConfig.from_dict(read_json(ckpt / "config.json")) == cfg
+
+    def no_torch_load(*a, **k):
+        raise AssertionError("torch.load must not be used to read a checkpoint")
+
+    monkeypatch.setattr(torch, "load", no_torch_load)
+    Trainer.from_config(cfg, resume_from=ckpt)  # loads model, optimizer, state without torch.load
+    evaluate_checkpoint(ckpt, out_dir=tmp_path / "eval")
+
+
+def test_atomic_directory_leaves_no_partial_checkpoint(tmp_path):
+    """A failure while writing leaves the previous checkpoint untouched and no stray temporary directory."""
+    final = tmp_path / "checkpoints" / "last"
+    with atomic_directory(final) as tmp:
+        (tmp / "a.json").write_text('{"v": 1}')
+    with pytest.raises(RuntimeError):
+        with atomic_directory(final) as tmp:
+            (tmp / "a.json").write_text('{"v": 2}')
+            raise RuntimeError("disk full")
+    assert json.loads((final / "a.json").read_text()) == {"v": 1}
+    assert sorted(p.name for p in final.parent.iterdir()) == ["last"]
+    fresh = tmp_path / "checkpoints" / "best"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(fresh) as tmp:
+            raise RuntimeError("killed")
+    assert not fresh.exists() and sorted(p.name for p in final.parent.iterdir()) == ["last"]
+
+
+def test_stale_temporary_checkpoints_of_dead_writers_are_removed(tmp_path):
+    """A crash mid-write leaves a temporary sibling named after its writer (pid@host); the next save, and the
+    next start of a run, delete those of dead writers and keep a live writer's."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with atomic_directory(checkpoints / "last") as tmp:
+        assert tmp.name.startswith(temporary_prefix("last")) and str(os.getpid()) in tmp.name
+    dead = checkpoints / (temporary_prefix("last", dead_pid()) + "abc123")
+    live = checkpoints / (temporary_prefix("best", os.getppid()) + "def456")
+    for d in (dead, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 100)
+    with atomic_directory(checkpoints / "last") as tmp:
+        pass
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(["last", live.name])
+    dead.mkdir()
+    shutil.rmtree(checkpoints / "last")  # temporaries alone do not make the folder a run's: a fresh start is allowed
+    RunDir(tmp_path / "run").start(TrainConfig(out_dir=str(tmp_path / "run")))
+    assert not dead.exists() and live.exists()
+
+
+def test_a_full_disk_while_writing_tensors_is_reported_as_a_full_disk(tmp_path, monkeypatch):
+    """safetensors reports a failed write as a SafetensorError, not an OSError: it must still read "disk full
+    writing <file>", not "truncated or corrupted: use another checkpoint" (what a full disk printed before)."""
+    import torch
+    from safetensors import SafetensorError
+
+    from tasks.cli import describe
+
+    def full(tensors, filename, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(ckpt_mod, "save_file", full)
+    path = tmp_path / "model.safetensors"
+    with pytest.raises(OSError) as exc:
+        ckpt_mod.save_tensors(path, {"w": torch.zeros(2)})
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(path)
+    assert describe(exc.value).startswith(f"disk full writing {path}: free space")
+
+
+# ---- the checkpoint in transformers and sentence-transformers ---------------------------------------------
+
+
+SENTENCES = ["the movie was great .", "a dull and boring film", "how do i learn python fast ?"]
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_env, tmp_path_factory) -> Path:
+    """A finished tiny run (Siamese b1, mean pooling): its checkpoints/best."""
+    out = tmp_path_factory.mktemp("interop") / "run"
+    run(tiny_train_config(tiny_env, out, epochs=1,
+                          model=ModelConfig(arch="b1", pair_encoding="siamese", pooling="mean", fcn_size=16)))
+    return out / "checkpoints" / "best"
+
+
+def _ours(model: MultitaskBert, tokenizer, sentences: list[str]) -> tuple[dict, torch.Tensor]:
+    batch = tokenizer(sentences, max_length=32)
+    with torch.no_grad():
+        out = model.encoder(**batch)
+        return out, model.embed(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
+
+
+def test_encoder_dir_loads_in_transformers_and_sentence_transformers(trained):
+    model, _, tokenizer, cfg = load_checkpoint_model(trained)
+    model.eval()
+    enc = trained / "encoder"
+    hf, info = transformers.AutoModel.from_pretrained(enc, output_loading_info=True)
+    assert type(hf).__name__ == "BertModel"
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    hf.eval()
+    hf_tok = transformers.AutoTokenizer.from_pretrained(enc)
+    ours, emb = _ours(model, tokenizer, SENTENCES)
+    theirs = hf_tok(SENTENCES, padding=True, return_tensors="pt")
+    assert torch.equal(theirs["input_ids"], tokenizer(SENTENCES, max_length=32)["input_ids"])
+    with torch.no_grad():
+        ref = hf(**theirs)
+    torch.testing.assert_close(ref.last_hidden_state, ours["last_hidden_state"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(ref.pooler_output, ours["pooler_output"], atol=1e-5, rtol=0)
+
+    st = sentence_transformers.SentenceTransformer(str(enc), device="cpu")
+    assert st.max_seq_length == cfg.max_length
+    got = st.encode(SENTENCES, convert_to_tensor=True)
+    torch.testing.assert_close(got, emb, atol=1e-5, rtol=0)  # mean pooling: what the heads read
+
+
+@pytest.mark.parametrize("pooling", ["cls", "pooler"])
+def test_sentence_transformers_pooling_follows_the_run(tiny_env, tmp_path, pooling):
+    """cls: ST's embedding is ours; pooler: ST gives the raw [CLS] state, transformers' pooler_output ours."""
+    encoder, tokenizer = load_pretrained(tiny_env[0])
+    model = MultitaskBert(encoder, ModelConfig(pooling=pooling)).eval()
+    save_encoder_files(tmp_path / "enc", encoder, tokenizer, max_length=32, pooling=pooling)
+    out, emb = _ours(model, tokenizer, SENTENCES)
+    got = sentence_transformers.SentenceTransformer(str(tmp_path / "enc"), device="cpu").encode(
+        SENTENCES, convert_to_tensor=True)
+    torch.testing.assert_close(got, out["last_hidden_state"][:, 0], atol=1e-5, rtol=0)
+    if pooling == "cls":
+        torch.testing.assert_close(got, emb, atol=1e-5, rtol=0)
+    else:
+        hf = transformers.AutoModel.from_pretrained(tmp_path / "enc").eval()
+        with torch.no_grad():
+            pooled = hf(**tokenizer(SENTENCES, max_length=32)).pooler_output
+        torch.testing.assert_close(pooled, emb, atol=1e-5, rtol=0)
+
+
+def test_top_level_checkpoint_is_never_a_random_model(trained, caplog):
+    """AutoModel / SentenceTransformer refuse the top level; BertModel (explicit class) loads none of it, saying so."""
+    for path in (trained, trained.parent.parent):  # checkpoints/best and the run directory
+        with pytest.raises(ValueError, match="minbert-multitask"):
+            transformers.AutoModel.from_pretrained(path)
+        with pytest.raises(ValueError, match="minbert-multitask"):
+            transformers.AutoConfig.from_pretrained(path)
+        with pytest.raises(ValueError, match="minbert-multitask"):
+            sentence_transformers.SentenceTransformer(str(path), device="cpu")
+    transformers.logging.enable_propagation()
+    with caplog.at_level(logging.WARNING):
+        model, info = transformers.BertModel.from_pretrained(trained, output_loading_info=True)
+    assert "minbert-multitask" in caplog.text  # "a model of type minbert-multitask to instantiate ... bert"
+    assert set(info["missing_keys"]) == set(model.state_dict()) - {"embeddings.position_ids"}  # nothing loaded
+
+
+def test_pretrained_checkpoint_continues_from_its_fine_tuned_encoder(trained):
+    fine_tuned = load_checkpoint_model(trained)[0].encoder.state_dict()
+    for path in (trained, trained.parent.parent):
+        encoder, _ = load_pretrained(path)
+        for k, v in encoder.state_dict().items():
+            assert torch.equal(v, fine_tuned[k]), k

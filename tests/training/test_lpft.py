@@ -1,0 +1,183 @@
+"""Tests of tasks/training/lpft.py: with every objective, LP-FT's first stage leaves the frozen encoder frozen and
+in eval mode (issue 13, fault 1).
+
+The tests train the tiny random BERT of ``tiny_env`` (tests/conftest.py) on its synthetic data, capped with
+``limit`` so that an epoch is six steps, and stop at the end of stage 1.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tasks.evaluation.files import Predictions, write_logits
+from tasks.model import ModelConfig
+from tasks.objectives import REGISTRY
+from tasks.objectives.knn_bert import KNNBert
+from tasks.training.trainer import Hook, Trainer
+from tests.helpers import OBJECTIVE_SETTINGS, tiny_train_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+def _write_teachers(directory: Path, n: int = 48) -> str:
+    """Teacher logits for every training id of the tiny data (tests/helpers.write_tiny_data)."""
+    g = torch.Generator().manual_seed(0)
+    for task, shape in (("sst", (n, 5)), ("para", (n,)), ("sts", (n,))):
+        ids = [f"{task}-train-{i}" for i in range(n)]
+        x = torch.randn(shape, generator=g) if task != "sts" else torch.rand(shape, generator=g) * 5
+        write_logits(directory, task, "train", Predictions(ids, x, torch.zeros(n)))
+    return str(directory)
+
+class _Stop(Exception):
+    pass
+
+class _WatchFrozen(Hook):
+    """Records, during stage "lp", every forward of a module of the frozen encoder (and of KNN-BERT's key encoder,
+    which must follow it) that runs in train mode, and the modes left at each step's end."""
+
+    def __init__(self):
+        self.train_mode_forwards: set[str] = set()
+        self.train_mode_after_step: set[str] = set()
+        self.start: dict[str, torch.Tensor] = {}
+        self.after_lp: dict[str, torch.Tensor] = {}
+        self.steps = 0
+
+    def _watched(self, trainer) -> dict[str, nn.Module]:
+        watched = {"encoder": trainer.model.encoder}
+        for o in trainer.objectives:
+            if isinstance(o, KNNBert):
+                watched["key_model.encoder"] = o.key_model.encoder
+        return watched
+
+    def on_train_start(self, trainer):
+        self.start = {k: v.clone() for k, v in trainer.model.encoder.state_dict().items()}
+        for prefix, root in self._watched(trainer).items():
+            for name, m in root.named_modules():
+                def record(module, args, name=f"{prefix}.{name}"):
+                    if trainer.stage == "lp" and module.training:
+                        self.train_mode_forwards.add(name)
+                m.register_forward_pre_hook(record)
+
+    def on_step_end(self, trainer):
+        assert trainer.stage == "lp"
+        self.steps += 1
+        for prefix, root in self._watched(trainer).items():
+            self.train_mode_after_step |= {f"{prefix}.{n}" for n, m in root.named_modules() if m.training}
+
+    def on_epoch_end(self, trainer, record):
+        self.after_lp = {k: v.clone() for k, v in trainer.model.encoder.state_dict().items()}
+        raise _Stop
+
+@pytest.mark.parametrize("name", sorted(OBJECTIVE_SETTINGS))
+def test_lp_stage_keeps_the_frozen_encoder_in_eval_mode_with_every_objective(tiny_env, tmp_path, name):
+    """--lp-epochs 1 with each objective: through stage 1 no module of the frozen encoder (nor of KNN-BERT's key
+    encoder) runs a forward in train mode or is left in train mode after a step, and the encoder's weights are
+    bit-identical at the end of the stage. Siamese-only objectives run with pair_encoding 'siamese'."""
+    settings = OBJECTIVE_SETTINGS[name]
+    if name == "distill":
+        settings = {"teachers": [_write_teachers(tmp_path / "teacher")]}
+    model = ModelConfig(arch="b1", pair_encoding="siamese" if REGISTRY[name].needs_siamese else "cross",
+                        fcn_size=16, head_dropout=0.1)
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", limit=16, epochs=1, lp_epochs=1, model=model,
+                            objectives={name: settings})
+    watch = _WatchFrozen()
+    trainer = Trainer.from_config(cfg, hooks=[watch])
+    assert trainer.model.encoder.config.hidden_dropout_prob > 0  # dropout exists: the mode matters
+    with pytest.raises(_Stop):
+        trainer.fit()
+    assert watch.steps == 6
+    assert watch.train_mode_forwards == set(), f"train-mode forwards in stage 1: {sorted(watch.train_mode_forwards)[:5]}"
+    assert watch.train_mode_after_step == set(), f"left in train mode: {sorted(watch.train_mode_after_step)[:5]}"
+    assert watch.after_lp.keys() == watch.start.keys()
+    for k, v in watch.start.items():
+        assert torch.equal(watch.after_lp[k], v), f"stage 1 changed encoder.{k}"
+
+
+def _cfg(env, out_dir: Path, **overrides):
+    """The tiny config capped at 16 examples per split: 2 batches of 8 per task and epoch."""
+    return tiny_train_config(env, out_dir, **{"limit": 16, "epochs": 1, **overrides})
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def _encoder_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items() if k.startswith("encoder.")}
+
+
+def _head_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("encoder.")}
+
+
+class _Watch(Hook):
+    """Records what LP-FT must guarantee at each point of the run."""
+
+    def __init__(self):
+        self.start_encoder = self.start_heads = None
+        self.lp_param_names: list[str] = []
+        self.lp_encoder_training: set[bool] = set()
+        self.after_lp = None
+
+    def on_train_start(self, trainer):
+        self.start_encoder, self.start_heads = _encoder_state(trainer.model), _head_state(trainer.model)
+        self.lp_param_names = list(trainer.param_names)
+
+    def on_step_end(self, trainer):
+        if trainer.stage == "lp":
+            self.lp_encoder_training.add(trainer.model.encoder.training)
+            assert all(p.grad is None for p in trainer.model.encoder.parameters())
+
+    def on_epoch_end(self, trainer, record):
+        if record["stage"] == "lp":
+            self.after_lp = {"encoder": _encoder_state(trainer.model), "heads": _head_state(trainer.model),
+                             "optimizer_state": len(trainer.optimizer.state), "names": list(trainer.param_names)}
+
+
+def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_env, tmp_path):
+    """Stage 1 leaves every encoder tensor bit-identical (the optimizer never sees one, the encoder runs in eval mode)
+    while the heads change; stage 2 starts a fresh optimizer over everything and changes the encoder; records carry
+    the stage; a run interrupted at the stage boundary and resumed ends bit-identical."""
+    watch = _Watch()
+    full = Trainer.from_config(_cfg(tiny_env, tmp_path / "full", lp_epochs=1, epochs=1), hooks=[watch])
+    full.fit()
+    assert watch.lp_param_names and not any(n.startswith("model.encoder.") for n in watch.lp_param_names)
+    assert watch.lp_encoder_training == {False}
+    for k, v in watch.start_encoder.items():
+        assert torch.equal(watch.after_lp["encoder"][k], v), f"stage 1 changed {k}"
+    assert any(not torch.equal(watch.after_lp["heads"][k], v) for k, v in watch.start_heads.items())
+    assert watch.after_lp["optimizer_state"] == 0  # the stage-2 optimizer is fresh
+    assert any(n.startswith("model.encoder.") for n in watch.after_lp["names"])
+    end = _encoder_state(full.model)
+    assert any(not torch.equal(end[k], v) for k, v in watch.after_lp["encoder"].items())
+    assert full.model.encoder.training and all(p.requires_grad for p in full.model.encoder.parameters())
+    assert [(r["epoch"], r["stage"]) for r in _records(tmp_path / "full")] == [(1, "lp"), (2, "ft")]
+
+    class Stop(Exception):
+        pass
+
+    class StopAfterLP(Hook):
+        def on_epoch_end(self, trainer, record):
+            raise Stop
+
+    cut = _cfg(tiny_env, tmp_path / "cut", lp_epochs=1, epochs=1)
+    with pytest.raises(Stop):
+        Trainer.from_config(cut, hooks=[StopAfterLP()]).fit()
+    resumed = Trainer.from_config(cut, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+    assert resumed.stage == "ft" and resumed.epoch == 1
+    resumed.fit()
+    a, b = full.model.state_dict(), resumed.model.state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_lp_ft_learning_rate_restarts_per_stage(tiny_env, tmp_path):
+    """Each stage runs the schedule over its own epochs: stage 1 peaks at lp_lr, stage 2 at lr."""
+    t = Trainer.from_config(_cfg(tiny_env, tmp_path / "r", lp_epochs=2, epochs=2, lp_lr=1e-2, lr=1e-3,
+                     lr_schedule="epoch_decay", lr_decay=1e-4))
+    assert t.stage == "lp" and t.total_epochs == 4
+    assert [t.lr_at(e, 0, 5) for e in range(4)] == pytest.approx([1e-2, 1e-2 - 1e-4, 1e-3, 1e-3 - 1e-4])

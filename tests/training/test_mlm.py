@@ -1,0 +1,403 @@
+"""Tests of tasks/training/mlm.py (MLM pretraining): masking, the masked-only loss, the tied head, the loop,
+checkpoints, exact resume. The command (python -m tasks.pretrain) is tested in tests/test_pretrain.py."""
+
+from __future__ import annotations
+
+import copy
+import json
+import logging
+
+import pytest
+import torch
+import transformers
+
+from minbert.bert import BertModel
+from minbert.pretrained import load_pretrained, read_state_dict
+from minbert.tokenizer import BertTokenizer
+from tasks.training.mlm import (
+    IGNORE_INDEX,
+    BertForMaskedLM,
+    PretrainConfig,
+    evaluate_mlm,
+    load_mlm,
+    make_eval_batches,
+    mask_tokens,
+    masked_positions,
+    mlm_loss,
+    pretrain,
+    save_mlm_checkpoint,
+)
+from tests.helpers import hf_config_dict, tiny_config, write_hf_checkpoint, write_vocab_dir
+
+PAD, UNK, CLS, SEP, MASK = range(5)
+META = torch.device("meta")
+
+
+def _batch(n=400, t=40, vocab=1000, seed=0):
+    """[CLS] tokens [SEP] [PAD]..., random lengths; token ids 5..vocab-1."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (n, t), generator=g)
+    lengths = torch.randint(3, t + 1, (n,), generator=g)
+    for i, L in enumerate(lengths.tolist()):
+        ids[i, 0], ids[i, L - 1] = CLS, SEP
+        ids[i, L:] = PAD
+    ids[0, 1] = UNK
+    return ids
+
+
+def test_masking_rate_and_never_specials():
+    """About 15% of ordinary tokens are chosen; [CLS]/[SEP]/[PAD]/[UNK] never are, and stay unchanged."""
+    ids = _batch()
+    g = torch.Generator().manual_seed(1)
+    masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[PAD, UNK, CLS, SEP, MASK],
+                                 generator=g)
+    special = torch.isin(ids, torch.tensor([PAD, UNK, CLS, SEP]))
+    chosen = labels != IGNORE_INDEX
+    assert not (chosen & special).any()
+    assert torch.equal(masked[special], ids[special])
+    rate = chosen.sum().item() / (~special).sum().item()
+    assert abs(rate - 0.15) < 0.01, rate
+    assert torch.equal(labels[chosen], ids[chosen])
+    assert torch.equal(masked[~chosen], ids[~chosen])  # only chosen positions change
+
+
+def test_80_10_10_rule():
+    """Of the chosen tokens ~80% become [MASK], ~10% a random non-special token, ~10% stay as they were."""
+    ids = _batch(n=4000)  # ~11,000 chosen tokens: the 10% shares have a standard deviation of 0.003
+    g = torch.Generator().manual_seed(2)
+    masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[PAD, UNK, CLS, SEP, MASK],
+                                 generator=g)
+    chosen = labels != IGNORE_INDEX
+    n = chosen.sum().item()
+    to_mask = (masked[chosen] == MASK).sum().item() / n
+    kept = (masked[chosen] == ids[chosen]).sum().item() / n
+    replaced = masked[chosen][(masked[chosen] != MASK) & (masked[chosen] != ids[chosen])]
+    assert abs(to_mask - 0.8) < 0.02
+    assert abs(kept - 0.1) < 0.015  # 1/995 of the random draws hit the original token too
+    assert abs(replaced.numel() / n - 0.1) < 0.015
+    assert replaced.min() >= 5  # never a special token
+
+
+def test_masking_is_seeded_and_never_empty():
+    """The same generator seed gives the same masks; a batch of tiny sentences still gets one masked token."""
+    ids = _batch()
+    a = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[0, 1, 2, 3, 4],
+                    generator=torch.Generator().manual_seed(3))
+    b = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[0, 1, 2, 3, 4],
+                    generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    tiny = torch.tensor([[CLS, 7, SEP]])
+    for seed in range(20):
+        _, labels = mask_tokens(tiny, mask_token_id=MASK, vocab_size=99, special_ids=[0, 1, 2, 3, 4],
+                                generator=torch.Generator().manual_seed(seed))
+        assert labels.tolist() == [[IGNORE_INDEX, 7, IGNORE_INDEX]]
+
+
+def test_loss_counts_masked_positions_only():
+    """Changing the logits at unmasked positions (label -100) leaves the MLM loss unchanged."""
+    logits = torch.randn(3, 7, 11)
+    labels = torch.full((3, 7), IGNORE_INDEX)
+    labels[0, 2], labels[1, 5], labels[2, 0] = 4, 9, 1
+    loss = mlm_loss(logits, labels)
+    other = logits.clone()
+    other[labels == IGNORE_INDEX] = torch.randn_like(other[labels == IGNORE_INDEX]) * 100
+    assert torch.equal(loss, mlm_loss(other, labels))
+    where = labels != IGNORE_INDEX
+    expect = torch.nn.functional.cross_entropy(logits[where], labels[where])
+    torch.testing.assert_close(loss, expect)
+
+
+def test_masked_only_head_equals_full_logits_loss():
+    """masked_lm_loss (head on masked rows only) equals mlm_loss over the full (B, T, V) logits."""
+    mlm = BertForMaskedLM(BertModel(tiny_config())).eval()
+    ids = _batch(n=4, t=12, vocab=99)
+    masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=99, special_ids=[0, 1, 2, 3, 4],
+                                 generator=torch.Generator().manual_seed(0))
+    am = (ids != PAD).long()
+    loss, _, _ = mlm.masked_lm_loss(masked, am, labels)
+    torch.testing.assert_close(loss, mlm_loss(mlm(masked, am), labels), rtol=1e-6, atol=1e-6)
+
+
+def test_masked_lm_loss_with_host_positions_equals_the_boolean_index_and_runs_on_meta():
+    """masked_lm_loss with positions computed on the CPU (and without them) equals the old h[labels != -100] form
+    exactly; on the meta device, with the positions given, it runs without reading a device value."""
+    torch.manual_seed(0)
+    mlm = BertForMaskedLM(BertModel(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))).eval()
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(5, 99, (4, 9), generator=g)
+    mask = torch.ones_like(ids)
+    mask[2, 6:] = 0
+    labels = torch.where(torch.rand(4, 9, generator=g) < 0.3, ids, torch.full_like(ids, IGNORE_INDEX))
+    labels[0, 1] = ids[0, 1]  # at least one masked position
+    with torch.no_grad():
+        h = mlm.bert(ids, mask)["last_hidden_state"]
+        where = labels != IGNORE_INDEX
+        old_logits = mlm.head(h[where])
+        old = mlm_loss(old_logits, labels[where])
+        for positions in (masked_positions(labels), None):
+            loss, logits, targets = mlm.masked_lm_loss(ids, mask, labels, positions)
+            assert torch.equal(loss, old) and torch.equal(logits, old_logits) and torch.equal(targets, labels[where])
+
+    meta = copy.deepcopy(mlm).to(META)
+    loss, logits, _ = meta.masked_lm_loss(ids.to(META), mask.to(META), labels.to(META),
+                                          masked_positions(labels).to(META))
+    loss.backward()
+    assert loss.device == META and logits.shape == old_logits.shape
+
+
+def test_decoder_tied_to_word_embeddings():
+    """The decoder weight is the word-embedding Parameter (same storage), before and after an update."""
+    from minbert.optimizer import AdamW
+
+    mlm = BertForMaskedLM(BertModel(tiny_config()))
+    emb = mlm.bert.embeddings.word_embeddings.weight
+    assert mlm.head.decoder.weight is emb
+    assert mlm.head.decoder.weight.data_ptr() == emb.data_ptr()
+    assert sum(p is emb for p in mlm.parameters()) == 1  # one parameter for the optimizer
+    opt = AdamW(mlm.parameters(), lr=1e-2)
+    mlm(torch.randint(5, 99, (2, 6))).sum().backward()
+    opt.step()
+    assert mlm.head.decoder.weight.data_ptr() == mlm.bert.embeddings.word_embeddings.weight.data_ptr()
+
+
+def test_pretrain_reduces_loss_and_writes_loadable_checkpoint(tmp_path):
+    """A tiny model on tiny sentences: held-out-masks loss goes down; the checkpoint loads with equal weights."""
+    torch.manual_seed(0)
+    cfg = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
+    mlm = BertForMaskedLM(BertModel(cfg))
+    # sentences over 10 of the 94 words: learnable in a few steps (ln 99 -> towards ln 10)
+    g = torch.Generator().manual_seed(0)
+    sentences = [" ".join(f"w{j}" for j in torch.randint(0, 10, (8,), generator=g).tolist()) for _ in range(64)]
+    data = make_eval_batches(tok, sentences, max_length=16, batch_size=32, seed=123)  # fixed masks
+    before = evaluate_mlm(mlm, data)["loss"]
+    config = PretrainConfig(epochs=5, batch_size=16, lr=3e-3, max_length=16, seed=0, log_every=5)
+    records = pretrain(mlm, tok, sentences, config)
+    after = evaluate_mlm(mlm, data)["loss"]
+    assert after < before - 0.8, (before, after)
+    assert [r["step"] for r in records] == [5, 10, 15, 20] and records[-1]["loss"] < records[0]["loss"]
+
+    out = save_mlm_checkpoint(tmp_path / "mlm", mlm, tok, extra_files={"pretrain_log.jsonl": "{}\n"})
+    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    loaded, tok2 = load_pretrained(out)
+    assert len(tok2) == 99
+    ours = mlm.bert.state_dict()
+    theirs = loaded.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
+    mlm2, _, had_head = load_mlm(out)
+    assert had_head
+    assert all(torch.equal(a, b) for a, b in zip(mlm.head.state_dict().values(), mlm2.head.state_dict().values()))
+    assert mlm2.head.decoder.weight is mlm2.bert.embeddings.word_embeddings.weight
+    # written again over itself: replaced atomically, no temporary siblings left behind
+    save_mlm_checkpoint(tmp_path / "mlm", mlm2, tok)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlm", "vocab"]
+
+
+def test_refuses_to_replace_a_non_checkpoint_directory(tmp_path):
+    """--out-dir pointing at a directory with other files (no config.json) is refused, untouched."""
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "notes.txt").write_text("keep me")
+    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
+    with pytest.raises(FileExistsError, match="not a checkpoint directory"):
+        save_mlm_checkpoint(tmp_path / "work", BertForMaskedLM(BertModel(tiny_config())), tok)
+    assert (tmp_path / "work" / "notes.txt").read_text() == "keep me"
+
+
+def test_a_full_disk_while_saving_is_a_full_disk_and_leaves_nothing(tmp_path, monkeypatch):
+    """A failed write of model.safetensors (safetensors' own error) is the OSError it names, so it reads "disk full
+    writing ...", not "truncated or corrupted"; no half-written directory is left at --out-dir."""
+    import errno
+
+    from safetensors import SafetensorError
+
+    from tasks.training import checkpoint
+
+    def full(tensors, filename, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(checkpoint, "save_file", full)
+    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
+    with pytest.raises(OSError) as exc:
+        save_mlm_checkpoint(tmp_path / "mlm", BertForMaskedLM(BertModel(tiny_config())), tok)
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename.endswith("model.safetensors")
+    assert not (tmp_path / "mlm").exists()
+
+
+def test_mlm_head_matches_transformers(tmp_path):
+    """A BertForMaskedLM checkpoint's head is loaded: logits equal transformers.BertForMaskedLM's (fp32, padding)."""
+    cfg = tiny_config()
+    hf_cfg = transformers.BertConfig(**hf_config_dict(cfg))
+    torch.manual_seed(0)
+    ref = transformers.BertForMaskedLM(hf_cfg).eval()
+    with torch.no_grad():  # non-trivial values for the parameters HF initialises to 0 / 1
+        for name, p in ref.named_parameters():
+            if "LayerNorm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    d = tmp_path / "hf"
+    ref.save_pretrained(str(d))
+    (d / "vocab.txt").write_text((write_vocab_dir(tmp_path) / "vocab.txt").read_text())
+    assert any(k.startswith("cls.predictions.") for k in read_state_dict(d))
+    mlm, _, had_head = load_mlm(d)
+    assert had_head
+    mlm.eval()
+    ids = torch.randint(5, 99, (3, 9))
+    am = torch.ones_like(ids)
+    am[1, 6:] = 0
+    am[2, 3:] = 0
+    with torch.no_grad():
+        want = ref(input_ids=ids, attention_mask=am).logits
+        got = mlm(ids, am)
+    real = am.bool()
+    torch.testing.assert_close(got[real], want[real], atol=1e-5, rtol=1e-5)
+    # and the directory we write is a BertForMaskedLM checkpoint for transformers too
+    tok = BertTokenizer(d / "vocab.txt")
+    out = save_mlm_checkpoint(tmp_path / "ours", mlm, tok)
+    again = transformers.BertForMaskedLM.from_pretrained(str(out)).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(again(input_ids=ids, attention_mask=am).logits[real], want[real],
+                                   atol=1e-5, rtol=1e-5)
+
+
+def test_new_head_when_checkpoint_has_none(tmp_path, caplog):
+    """A plain BertModel checkpoint gets a new head (logged as such), tied to its word embeddings."""
+    cfg = tiny_config()
+    d = write_hf_checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
+    with caplog.at_level(logging.INFO, logger="tasks.training.mlm"):
+        mlm, _, had_head = load_mlm(d)
+    assert not had_head
+    assert "created a new one" in caplog.text
+    assert torch.equal(mlm.head.bias, torch.zeros(99))
+    assert mlm.head.decoder.weight is mlm.bert.embeddings.word_embeddings.weight
+
+
+@pytest.mark.parametrize("bf16,want", [(None, None), (True, torch.bfloat16), (False, None)])
+def test_bf16_autocast_is_asked_for_on_the_cpu(tmp_path, monkeypatch, bf16, want):
+    """--bf16 runs the MLM steps under bf16 autocast on a CPU; unset, a CPU stays in fp32 (the default, as
+    measured before the flag existed), and --no-bf16 keeps it there."""
+    from tasks.training import mlm as pretrain_module
+    seen = []
+    real = pretrain_module.autocast
+    monkeypatch.setattr(pretrain_module, "autocast", lambda device, dtype: seen.append(dtype) or real(device, dtype))
+    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
+    mlm = BertForMaskedLM(BertModel(tiny_config()))
+    pretrain(mlm, tok, ["w1 w2 w3 w4", "w5 w6 w7"] * 4, PretrainConfig(max_steps=2, batch_size=4, device="cpu",
+                                                                       bf16=bf16))
+    assert seen == [want, want]
+
+
+# ---- an interrupted pretraining resumes -------------------------------------------------------------------
+
+
+def _resume_setup(tmp_path):
+    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
+    g = torch.Generator().manual_seed(0)
+    sentences = [" ".join(f"w{j}" for j in torch.randint(0, 30, (int(n),), generator=g).tolist())
+                 for n in torch.randint(3, 12, (16,), generator=g)]
+    config = PretrainConfig(epochs=2, batch_size=4, lr=1e-3, max_length=16, seed=0, log_every=2)  # 8 steps
+    return tok, sentences, config, make_eval_batches(tok, sentences[:6], max_length=16, batch_size=3, seed=5)
+
+
+def _fresh_mlm(seed: int) -> BertForMaskedLM:
+    torch.manual_seed(seed)  # the new model's init, then the dropout masks (tiny_config has dropout on)
+    return BertForMaskedLM(BertModel(tiny_config()))
+
+
+@pytest.mark.parametrize("crash_at", [5, 8])
+def test_an_interrupted_pretraining_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, crash_at):
+    """Killed during step ``crash_at`` (after the state of step 3, inside epoch 1, or of step 6, inside epoch 2),
+    the same call again continues from the saved state: weights and records (but for speed) are the
+    uninterrupted run's, bit for bit, although the process's RNG and the new model's init differ."""
+    from tasks.training import mlm as pretrain_module
+    tok, sentences, config, eval_data = _resume_setup(tmp_path)
+    whole = _fresh_mlm(0)
+    want = pretrain(whole, tok, sentences, config, eval_data)
+
+    state, real = tmp_path / "out.partial", pretrain_module.mask_tokens
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(real, crash_at))  # the process is killed
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, eval_data, state_dir=state, checkpoint_every=3)
+    monkeypatch.setattr(pretrain_module, "mask_tokens", real)
+    cut = _fresh_mlm(123)
+    got = pretrain(cut, tok, sentences, config, eval_data, state_dir=state, checkpoint_every=3)
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), cut.state_dict().values()))
+    speedless = [[{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rs] for rs in (want, got)]
+    assert speedless[0] == speedless[1] and len(want) == 1 + 4 + 1
+
+
+def test_a_resumed_log_window_reports_the_uninterrupted_speed(tmp_path, monkeypatch):
+    """The log window open when the state was saved (step 3 of the window of steps 3-4) keeps its time: its
+    tokens per second after the resume are the uninterrupted run's, not its tokens over the resumed part's
+    time alone. A fake clock ticks one second per step, wherever the process is."""
+    from types import SimpleNamespace
+
+    from tasks.training import mlm as pretrain_module
+    tok, sentences, config, _ = _resume_setup(tmp_path)
+    clock, real = [0.0], pretrain_module.mask_tokens
+
+    def ticking(*args, **kwargs):
+        clock[0] += 1.0
+        return real(*args, **kwargs)
+    monkeypatch.setattr(pretrain_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(pretrain_module, "mask_tokens", ticking)
+    want = pretrain(_fresh_mlm(0), tok, sentences, config)
+    state = tmp_path / "out.partial"
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(ticking, 5))
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    clock[0] += 1000.0  # the time between the kill and the new call is not training
+    monkeypatch.setattr(pretrain_module, "mask_tokens", ticking)
+    got = pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    assert [r["tokens_per_s"] for r in got] == [r["tokens_per_s"] for r in want]
+    assert len(want) == 4 and all(r["tokens_per_s"] > 0 for r in want)
+
+
+def test_a_state_saved_before_the_window_time_was_kept_still_resumes(tmp_path, monkeypatch):
+    """A state.json of the first resumable version (no window_seconds) continues to the same weights."""
+    import json
+
+    from tasks.training import mlm as pretrain_module
+    tok, sentences, config, _ = _resume_setup(tmp_path)
+    whole = _fresh_mlm(0)
+    pretrain(whole, tok, sentences, config)
+    state, real = tmp_path / "out.partial", pretrain_module.mask_tokens
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(real, 5))
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    monkeypatch.setattr(pretrain_module, "mask_tokens", real)
+    saved = json.loads((state / "state.json").read_text())
+    del saved["window_seconds"]
+    (state / "state.json").write_text(json.dumps(saved))
+    cut = _fresh_mlm(1)
+    pretrain(cut, tok, sentences, config, state_dir=state, checkpoint_every=3)
+    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), cut.state_dict().values()))
+
+
+def test_a_saved_state_of_other_settings_is_refused(tmp_path, monkeypatch):
+    """The state of an interrupted run is only continued by the same settings and data: anything else would
+    train a mix of two runs. The error names what differs."""
+    from tasks.training import mlm as pretrain_module
+    tok, sentences, config, _ = _resume_setup(tmp_path)
+    state = tmp_path / "out.partial"
+    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(pretrain_module.mask_tokens, 5))
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
+    assert (state / "state.json").is_file()
+    other = PretrainConfig(**{**config.__dict__, "lr": 2e-3})
+    with pytest.raises(ValueError, match=r"other settings or data \(config.lr: 0.001 there, 0.002 now\)"):
+        pretrain(_fresh_mlm(0), tok, sentences, other, state_dir=state, checkpoint_every=3)
+    with pytest.raises(ValueError, match="sentences: 16 there, 15 now"):
+        pretrain(_fresh_mlm(0), tok, sentences[:15], config, state_dir=state, checkpoint_every=3)
+
+
+def _dies_at(fn, n: int):
+    """``fn``, but its ``n``-th call raises KeyboardInterrupt (a process killed there)."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == n:
+            raise KeyboardInterrupt
+        return fn(*args, **kwargs)
+    return wrapped

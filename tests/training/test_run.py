@@ -1,0 +1,197 @@
+"""Tests of tasks/training/run.py: a whole run (train, reload the best checkpoint, write every prediction file),
+and its crash windows (issue 15): a failure injected at each checkpoint phase, then a resume.
+
+Every crash-window test kills a run at one exact point (a monkeypatched function
+raises, as the resume tests of tests/training/test_trainer.py do) and checks
+that resuming it ends where an uninterrupted run ends: the same best weights,
+the same metrics.jsonl records (timing fields aside) and the same prediction files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+from tasks.config import TrainConfig
+from tasks.evaluation.evaluator import Evaluator
+from tasks.evaluation.files import read_predictions
+from tasks.training import checkpoint as ckpt_mod
+from tasks.training import rundir as rundir_mod
+from tasks.training import trainer as trainer_mod
+from tasks.training.checkpoint import read_json
+from tasks.training.run import run
+from tasks.training.trainer import Trainer
+from tests.helpers import tiny_train_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+# ---- what a run writes -----------------------------------------------------------------------------------
+
+
+def _rows(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
+def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tmp_path, caplog):
+    """run() reloads the best checkpoint and writes every task's dev and test files; the missing Quora test is skipped."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
+    caplog.set_level("WARNING")
+    summary = run(cfg)
+    pred = tmp_path / "run" / "predictions"
+    names = sorted(p.name for p in pred.iterdir())
+    assert names == sorted(f"{t}-{s}-{kind}.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
+                           for kind in ("output", "logits") if not (t == "para" and s == "test"))
+    assert _rows(pred / "sst-dev-output.csv")[0] == "id \t Predicted_Sentiment "
+    assert len(_rows(pred / "sst-test-output.csv")) == 1 + 16
+    assert _rows(pred / "sts-dev-output.csv")[0] == "id \t Predicted_Similiary "  # sic, the CS224N starter's
+    assert any("para test" in s for s in summary["skipped"])
+    assert "quora-test-student.csv" in caplog.text
+    final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert final["final"] and set(final["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+
+
+@pytest.mark.parametrize("final_dev", ["full", "capped"])
+def test_final_dev_full_or_capped(tiny_env, tmp_path, final_dev):
+    """final_dev capped scores the between-epoch subset at the end too (the same ids); full reads every row."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, dev_max_examples={"para": 8}, final_dev=final_dev)
+    run(cfg)
+    ids, _ = read_predictions(tmp_path / "run" / "predictions" / "para-dev-output.csv")
+    if final_dev == "capped":
+        assert sorted(ids) == sorted(Trainer.from_config(cfg, overwrite=True).dev_sets["para"].ids)
+    else:
+        assert len(ids) == 24
+
+
+def test_final_log_line_says_what_dev_was_scored_on():
+    """Under --limit the final line must not claim the full dev sets (it used the first N rows)."""
+    from tasks.training.run import final_dev_scope
+
+    assert final_dev_scope(TrainConfig()) == "full sets"
+    assert final_dev_scope(TrainConfig(final_dev="capped")) == "capped subsets"
+    assert "--limit" in final_dev_scope(TrainConfig(limit=64)) and "full" not in final_dev_scope(TrainConfig(limit=64))
+
+
+# ---- crash windows ---------------------------------------------------------------------------------------
+
+
+TIMING = {"train_time_s", "eval_time_s", "elapsed_s", "process_time_s"}
+
+
+class Killed(Exception):
+    """Stands for the process dying at the injected point."""
+
+
+def _records(run_dir: Path) -> list[dict]:
+    out = []
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        r = {k: v for k, v in json.loads(line).items() if k not in TIMING}
+        r.pop("predictions_from", None)  # the path differs between the two run directories
+        r.pop("predictions", None)
+        out.append(r)
+    return out
+
+
+def _predictions(run_dir: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted((run_dir / "predictions").iterdir())}
+
+
+def _assert_same_run(a: Path, b: Path) -> None:
+    wa = load_file(str(a / "checkpoints" / "best" / "model.safetensors"))
+    wb = load_file(str(b / "checkpoints" / "best" / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa), "best weights differ"
+    assert _records(a) == _records(b)
+    pa, pb = _predictions(a), _predictions(b)
+    assert pa.keys() == pb.keys() and pa
+    assert [n for n in pa if pa[n] != pb[n]] == []
+
+
+# Two tiny 2-epoch runs: epoch 1 stays the best, or every epoch improves (checked by ``uninterrupted``).
+SETTINGS = {"best-1": ({}, [True, False]), "best-2": ({"lr": 5e-3}, [True, True])}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tiny_env, tmp_path_factory):
+    """run_dir_of(setting): the directory of an uninterrupted run with that setting (made once)."""
+    made: dict[str, Path] = {}
+
+    def run_dir_of(setting: str) -> Path:
+        if setting not in made:
+            overrides, improving = SETTINGS[setting]
+            out = tmp_path_factory.mktemp(setting) / "run"
+            run(tiny_train_config(tiny_env, out, **overrides))
+            history = read_json(out / "checkpoints" / "last" / "state.json")["history"]
+            assert [r["best"] for r in history] == improving, f"setting {setting} no longer improves as assumed"
+            made[setting] = out
+        return made[setting]
+
+    return run_dir_of
+
+
+@pytest.mark.parametrize("setting,epoch", [("best-1", 1), ("best-2", 2)])
+def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, monkeypatch, uninterrupted, setting,
+                                                          epoch):
+    """Killed after `last` is written but before `best` is linked (epoch 1: resume used to fail with 'no
+    checkpoint at best'; the last epoch: predictions came from the stale best): resume re-links best."""
+    calls = []
+    real = rundir_mod.link_or_copy_directory
+
+    def dies(src, final):
+        calls.append(final)
+        if len(calls) == epoch:
+            raise Killed
+        real(src, final)
+
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", **SETTINGS[setting][0])
+    monkeypatch.setattr(rundir_mod, "link_or_copy_directory", dies)
+    with pytest.raises(Killed):
+        run(cfg)
+    monkeypatch.setattr(rundir_mod, "link_or_copy_directory", real)
+    run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
+    _assert_same_run(uninterrupted(setting), tmp_path / "run")
+
+
+def _dies_on_call(monkeypatch, owner, name: str, n: int, when=lambda *a, **k: True) -> None:
+    """Make ``owner.name`` raise Killed on its ``n``-th call for which ``when(*args)`` holds."""
+    real, seen = getattr(owner, name), []
+
+    def wrapper(*args, **kwargs):
+        if when(*args, **kwargs):
+            seen.append(args)
+            if len(seen) == n:
+                raise Killed
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, wrapper)
+
+
+# Where the second (last) epoch's end is killed, in the order the phases happen. Setting best-2: both
+# epochs improve, so the first epoch wrote last and linked best, and the second one does both again.
+PHASES = {
+    "before writing last": lambda mp: _dies_on_call(mp, trainer_mod, "atomic_directory", 2),
+    "during writing last": lambda mp: _dies_on_call(mp, trainer_mod, "save_tensors", 3),
+    "between the renames of last": lambda mp: _dies_on_call(
+        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "last"),
+    "after last, before best": lambda mp: _dies_on_call(mp, rundir_mod, "link_or_copy_directory", 2),
+    "between the renames of best": lambda mp: _dies_on_call(
+        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
+    "after best, before the metrics record": lambda mp: _dies_on_call(mp, rundir_mod.RunDir, "append", 2),
+    "after the epoch, before predictions": lambda mp: _dies_on_call(mp, Evaluator, "write_all", 1),
+}
+
+
+@pytest.mark.parametrize("phase", PHASES)
+def test_a_run_killed_at_any_checkpoint_phase_resumes_to_the_uninterrupted_result(
+        tiny_env, tmp_path, monkeypatch, uninterrupted, phase):
+    """Killed at each phase of the last epoch's checkpoint, ``run(cfg, resume_from=last)`` ends with the best
+    weights, metrics.jsonl records (timing aside) and prediction files of the uninterrupted run."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", **SETTINGS["best-2"][0])
+    with monkeypatch.context() as mp:
+        PHASES[phase](mp)
+        with pytest.raises(Killed):
+            run(cfg)
+    run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
+    _assert_same_run(uninterrupted("best-2"), tmp_path / "run")
