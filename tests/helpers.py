@@ -390,3 +390,68 @@ def make_runs(tmp_path, nested=False):
                 write_run_logits(tmp_path, name, task, "test", [f"t{i}" for i in range(7)], x[:7])
         runs.append(str(tmp_path / f"run{r}"))
     return runs
+
+
+# ---- tiny batches of the objective tests (MNR, SimCSE, SMART; SCL, Match-Tuning) --------------------------------
+
+OBJECTIVE_B, OBJECTIVE_T = 6, 7  # batch size, sequence length
+
+
+def siamese_model(arch: str = "b1", dropout: float = 0.1) -> MultitaskBert:
+    torch.manual_seed(0)
+    enc = BertModel(tiny_config(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+    return MultitaskBert(enc, ModelConfig(arch=arch, fcn_size=16, head_dropout=0.0))
+
+
+def sides_seq(suffix: str, g: torch.Generator, n: int = OBJECTIVE_B) -> dict[str, torch.Tensor]:
+    ids = torch.randint(1, 99, (n, OBJECTIVE_T), generator=g)
+    mask = torch.ones(n, OBJECTIVE_T, dtype=torch.long)
+    mask[0, 4:] = 0  # one padded row: masking is exercised
+    ids[mask == 0] = 0
+    return {"input_ids" + suffix: ids, "attention_mask" + suffix: mask,
+            "token_type_ids" + suffix: torch.zeros(n, OBJECTIVE_T, dtype=torch.long)}
+
+
+def siamese_batch(task: str, seed: int = 0) -> dict:
+    """A hand-made collated batch with the data module's keys."""
+    g = torch.Generator().manual_seed(seed)
+    ids = [str(i) for i in range(OBJECTIVE_B)]
+    if task == "sst":
+        return {**sides_seq("", g), "labels": torch.randint(0, 5, (OBJECTIVE_B,), generator=g), "ids": ids}
+    if task == "para":
+        return {**sides_seq("_1", g), **sides_seq("_2", g), "labels": torch.tensor([1., 0., 1., 1., 0., 0.]), "ids": ids}
+    if task == "sts":
+        return {**sides_seq("_1", g), **sides_seq("_2", g), "labels": torch.rand(OBJECTIVE_B, generator=g) * 5, "ids": ids}
+    if task == "nli":
+        return {**sides_seq("_1", g), **sides_seq("_2", g), **sides_seq("_3", g), "ids": ids}
+    raise ValueError(task)
+
+
+def contrast_model(arch: str = "baseline", pair_encoding: str = "siamese") -> MultitaskBert:
+    torch.manual_seed(0)
+    return MultitaskBert(BertModel(tiny_config()), ModelConfig(arch=arch, pair_encoding=pair_encoding, fcn_size=16))
+
+
+def _labeled_seq(g: torch.Generator, suffix: str = "", pair: bool = False) -> dict[str, torch.Tensor]:
+    """Random ids in tiny_config's vocabulary; row r padded after 4 + r % 3 tokens; token types 0/1 for a pair."""
+    ids = torch.randint(5, 99, (OBJECTIVE_B, OBJECTIVE_T), generator=g)
+    mask = torch.zeros(OBJECTIVE_B, OBJECTIVE_T, dtype=torch.long)
+    for r in range(OBJECTIVE_B):
+        mask[r, : 4 + r % 3] = 1
+    types = torch.zeros(OBJECTIVE_B, OBJECTIVE_T, dtype=torch.long)
+    if pair:
+        types[:, 3:] = 1
+    return {"input_ids" + suffix: ids * mask, "attention_mask" + suffix: mask, "token_type_ids" + suffix: types * mask}
+
+
+def labeled_batch(task: str, pair_encoding: str = "siamese") -> dict[str, torch.Tensor]:
+    """A labeled batch of B examples: SST classes with repeats, para 0/1 floats, STS scores."""
+    g = torch.Generator().manual_seed(1)
+    if task == "sst" or pair_encoding == "cross":
+        batch = _labeled_seq(g, pair=task != "sst")
+    else:
+        batch = {**_labeled_seq(g, "_1"), **_labeled_seq(g, "_2")}
+    batch["labels"] = {"sst": torch.tensor([0, 1, 0, 2, 1, 4]),
+                       "para": torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0]),
+                       "sts": torch.linspace(0.0, 5.0, OBJECTIVE_B)}[task]
+    return batch

@@ -29,12 +29,14 @@ N, T = 8, 7
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
 def _side(suffix: str, g: torch.Generator, width: int = T) -> dict[str, torch.Tensor]:
     ids = torch.randint(5, 99, (N, width), generator=g)
     mask = torch.ones(N, width, dtype=torch.long)
     mask[1, width - 2:] = 0
     return {"input_ids" + suffix: ids * mask, "attention_mask" + suffix: mask,
             "token_type_ids" + suffix: torch.zeros_like(ids)}
+
 
 def meta_batch(task: str, pair_encoding: str, seed: int = 0) -> dict:
     """A collated-looking batch (ids, masks, labels) on the meta device, plus its example ids (strings)."""
@@ -51,6 +53,7 @@ def meta_batch(task: str, pair_encoding: str, seed: int = 0) -> dict:
     batch = {k: v.to(META) for k, v in batch.items()}
     batch["ids"] = [f"{task}-{i}" for i in range(N)]
     return batch
+
 
 def meta_settings(pair_encoding: str) -> dict[str, dict]:
     """Options that let each registered objective apply to every task it can take with this pair encoding; an

@@ -32,6 +32,7 @@ from tests.helpers import make_batch, tiny_model, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
 def test_knn_key_model_follows_the_query_models_mode_per_module():
     """With the query encoder frozen in eval (LP stage 1) and the heads in train mode, the key model encodes with
     its encoder in eval and its heads in train mode; in full training both are in train mode."""

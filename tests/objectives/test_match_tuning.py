@@ -8,41 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minbert.bert import BertModel
-from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import REGISTRY, build_objectives
 from tasks.objectives.match_tuning import MatchTuning, match_transform, matching_matrix
 from tasks.objectives.scl import SupervisedContrastive
-from tests.helpers import tiny_config
+from tests.helpers import contrast_model as make_model
+from tests.helpers import labeled_batch as make_batch
 
-B, T = 6, 7  # batch size, sequence length of the tiny batches
-
-def make_model(arch: str = "baseline", pair_encoding: str = "siamese") -> MultitaskBert:
-    torch.manual_seed(0)
-    return MultitaskBert(BertModel(tiny_config()), ModelConfig(arch=arch, pair_encoding=pair_encoding, fcn_size=16))
-
-def _seq(g: torch.Generator, suffix: str = "", pair: bool = False) -> dict[str, torch.Tensor]:
-    """Random ids in tiny_config's vocabulary; row r padded after 4 + r % 3 tokens; token types 0/1 for a pair."""
-    ids = torch.randint(5, 99, (B, T), generator=g)
-    mask = torch.zeros(B, T, dtype=torch.long)
-    for r in range(B):
-        mask[r, : 4 + r % 3] = 1
-    types = torch.zeros(B, T, dtype=torch.long)
-    if pair:
-        types[:, 3:] = 1
-    return {"input_ids" + suffix: ids * mask, "attention_mask" + suffix: mask, "token_type_ids" + suffix: types * mask}
-
-def make_batch(task: str, pair_encoding: str = "siamese") -> dict[str, torch.Tensor]:
-    """A labeled batch of B examples: SST classes with repeats, para 0/1 floats, STS scores."""
-    g = torch.Generator().manual_seed(1)
-    if task == "sst" or pair_encoding == "cross":
-        batch = _seq(g, pair=task != "sst")
-    else:
-        batch = {**_seq(g, "_1"), **_seq(g, "_2")}
-    batch["labels"] = {"sst": torch.tensor([0, 1, 0, 2, 1, 4]),
-                       "para": torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0]),
-                       "sts": torch.linspace(0.0, 5.0, B)}[task]
-    return batch
 
 def test_match_transform_is_row_stochastic_mixing():
     """M is nonnegative with rows summing to 1, includes the diagonal, and z = M h as eq. 3 term by term."""
@@ -58,17 +29,20 @@ def test_match_transform_is_row_stochastic_mixing():
     # convex hull: each coordinate of z_i lies between the batch's min and max of that coordinate
     assert (z <= h.max(0).values + 1e-6).all() and (z >= h.min(0).values - 1e-6).all()
 
+
 def test_match_transform_small_temperature_is_identity():
     """Distinct rows of equal (large) norm make h_i·h_i the row maximum, so T -> 0 gives M -> I and z -> h."""
     h = 10.0 * F.normalize(torch.randn(6, 8, generator=torch.Generator().manual_seed(7)), dim=-1)
     assert torch.allclose(matching_matrix(h, 1e-3), torch.eye(6), atol=1e-6)
     assert torch.allclose(match_transform(h, 1e-3), h, atol=1e-5)
 
+
 def test_match_transform_large_temperature_is_batch_mean():
     """T -> ∞ makes M uniform: every z_i is the batch mean."""
     h = torch.randn(6, 8, generator=torch.Generator().manual_seed(8))
     z = match_transform(h, 1e7)
     assert torch.allclose(z, h.mean(0, keepdim=True).expand_as(h), atol=1e-5)
+
 
 def test_match_transform_batch_of_one_and_permutation():
     """A batch of one is unchanged (M = [1]); permuting the batch permutes z the same way."""
@@ -77,6 +51,7 @@ def test_match_transform_batch_of_one_and_permutation():
     h = torch.randn(6, 4)
     perm = torch.randperm(6)
     assert torch.allclose(match_transform(h[perm], 3.0), match_transform(h, 3.0)[perm], atol=1e-6)
+
 
 def test_match_tuning_config_and_what_it_installs_on_the_model():
     """weight must stay 1 (no term); forward returns {}; building it installs the matching on the chosen tasks
@@ -98,6 +73,7 @@ def test_match_tuning_config_and_what_it_installs_on_the_model():
         assert torch.allclose(matching.train()(h), match_transform(h, 2.0))
         assert torch.allclose(matching.eval()(h), at_eval)
 
+
 @pytest.mark.parametrize("arch,pair_encoding", [("baseline", "siamese"), ("b1", "siamese"), ("b1", "cross")])
 @pytest.mark.parametrize("task", ["sst", "para", "sts"])
 def test_match_tuning_runs_through_the_model(task, arch, pair_encoding):
@@ -116,6 +92,7 @@ def test_match_tuning_runs_through_the_model(task, arch, pair_encoding):
     assert out.logits.shape == plain.logits.shape and not torch.equal(out.logits, plain.logits)
     model.task_loss(task, out, batch).backward()
     assert model.encoder.embeddings.word_embeddings.weight.grad.abs().sum() > 0
+
 
 def test_registry_has_scl_and_match_tuning():
     """Both objectives are registered under their names and build from settings dicts."""

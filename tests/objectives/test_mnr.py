@@ -20,36 +20,11 @@ from tasks.objectives.smart import (
     smart_divergence,
     smart_penalty,
 )
-from tests.helpers import tiny_config
+from tests.helpers import OBJECTIVE_B as B
+from tests.helpers import siamese_batch as make_batch
+from tests.helpers import siamese_model as tiny_model
+from tests.helpers import sides_seq, tiny_config
 
-B, T = 6, 7
-
-def tiny_model(arch: str = "b1", dropout: float = 0.1) -> MultitaskBert:
-    torch.manual_seed(0)
-    enc = BertModel(tiny_config(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
-    return MultitaskBert(enc, ModelConfig(arch=arch, fcn_size=16, head_dropout=0.0))
-
-def _seq(suffix: str, g: torch.Generator, n: int = B) -> dict[str, torch.Tensor]:
-    ids = torch.randint(1, 99, (n, T), generator=g)
-    mask = torch.ones(n, T, dtype=torch.long)
-    mask[0, 4:] = 0  # one padded row: masking is exercised
-    ids[mask == 0] = 0
-    return {"input_ids" + suffix: ids, "attention_mask" + suffix: mask,
-            "token_type_ids" + suffix: torch.zeros(n, T, dtype=torch.long)}
-
-def make_batch(task: str, seed: int = 0) -> dict:
-    """A hand-made collated batch with the data module's keys."""
-    g = torch.Generator().manual_seed(seed)
-    ids = [str(i) for i in range(B)]
-    if task == "sst":
-        return {**_seq("", g), "labels": torch.randint(0, 5, (B,), generator=g), "ids": ids}
-    if task == "para":
-        return {**_seq("_1", g), **_seq("_2", g), "labels": torch.tensor([1., 0., 1., 1., 0., 0.]), "ids": ids}
-    if task == "sts":
-        return {**_seq("_1", g), **_seq("_2", g), "labels": torch.rand(B, generator=g) * 5, "ids": ids}
-    if task == "nli":
-        return {**_seq("_1", g), **_seq("_2", g), **_seq("_3", g), "ids": ids}
-    raise ValueError(task)
 
 def test_registry_contains_the_three_objectives():
     """Importing the modules registers "mnr", "simcse" and "smart"; build_objectives finds them by name."""
@@ -58,6 +33,7 @@ def test_registry_contains_the_three_objectives():
     objs = build_objectives({"mnr": {}, "simcse": {}, "smart": {}}, None)
     assert [o.name for o in objs] == ["mnr", "simcse", "smart"]
     assert REGISTRY["mnr"].needs_siamese is True
+
 
 def test_configs_refuse_contradictions():
     """Contradictory or unknown options raise with a reason instead of being ignored."""
@@ -74,11 +50,13 @@ def test_configs_refuse_contradictions():
     with pytest.raises(ValueError):
         build_objectives({"smart": {"radius": 1.0}}, None)
 
+
 def test_mnr_default_tasks_follow_para_positives():
     """Empty tasks = ("sts", "nli"), plus "para" exactly when para_positives is set."""
     assert MultipleNegativesRanking(MNRConfig()).active_tasks() == ("sts", "nli")
     assert MultipleNegativesRanking(MNRConfig(para_positives=True)).active_tasks() == ("sts", "nli", "para")
     assert MultipleNegativesRanking(MNRConfig(tasks=("nli",))).active_tasks() == ("nli",)
+
 
 @pytest.mark.parametrize("n_neg", [0, 1, 2])
 def test_mnr_equals_sentence_transformers(n_neg):
@@ -88,6 +66,7 @@ def test_mnr_equals_sentence_transformers(n_neg):
     ref = MultipleNegativesRankingLoss(nn.Identity(), scale=20.0).compute_loss_from_embeddings([a, b, *negs], None)
     ours = mnr_loss(a, b, negatives=negs or None, scale=20.0)
     torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6)
+
 
 def test_mnr_weighted_is_plain_when_labels_are_equal():
     """Unit weights give the plain loss; equal labels l give it times e^l / Σ_{j=0..5} e^j (§4.4 equation)."""
@@ -99,6 +78,7 @@ def test_mnr_weighted_is_plain_when_labels_are_equal():
         w = sts_label_weights(torch.full((8,), label))
         common = math.exp(label) / sum(math.exp(j) for j in range(6))
         torch.testing.assert_close(mnr_loss(a, b, weights=w), common * plain)
+
 
 def test_mnr_weighted_matches_paper_equation():
     """The STS variant equals -1/K Σ_i w_i log softmax_i(20·cos) written as explicit loops."""
@@ -114,6 +94,7 @@ def test_mnr_weighted_matches_paper_equation():
     expected = -total / 5
     assert mnr_loss(a, b, weights=sts_label_weights(labels)).item() == pytest.approx(expected, rel=1e-5)
 
+
 @pytest.mark.parametrize("hard_negatives", [True, False])
 def test_mnr_nli_uses_sts_head_and_hard_negative_column(hard_negatives):
     """NLI triplets go through sts_embeddings; the stacked pass equals separate passes; _3 is a column iff enabled."""
@@ -128,6 +109,7 @@ def test_mnr_nli_uses_sts_head_and_hard_negative_column(hard_negatives):
     expected = mnr_loss(z[0], z[1], negatives=z[2] if hard_negatives else None)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
+
 def test_mnr_sts_uses_head_features_and_label_weights():
     """On STS, MNR reads out.features sts_1/sts_2 and weights by the batch labels (on by default)."""
     model = tiny_model().eval()
@@ -138,6 +120,7 @@ def test_mnr_sts_uses_head_features_and_label_weights():
     torch.testing.assert_close(got, expected)
     plain = MultipleNegativesRanking(MNRConfig(sts_label_weighting=False))(model, "sts", batch, out)["loss"]
     torch.testing.assert_close(plain, mnr_loss(out.features["sts_1"], out.features["sts_2"]))
+
 
 def test_mnr_para_positives_only_and_zero_below_two():
     """Para MNR ranks only the label-1 pairs on pooled embeddings (equal to mnr_loss of the indexed positives, the
@@ -157,6 +140,7 @@ def test_mnr_para_positives_only_and_zero_below_two():
         assert loss.item() == 0.0 and torch.count_nonzero(a.grad) == 0
         assert obj(model, "para", batch, out)["loss"].item() == 0.0
 
+
 @pytest.mark.parametrize("seed", range(4))
 def test_masked_mnr_equals_mnr_of_the_kept_pairs(seed):
     """masked_mnr_loss(a, b, keep) = mnr_loss(a[keep], b[keep]) for random masks (2 or more kept pairs), value and
@@ -173,19 +157,22 @@ def test_masked_mnr_equals_mnr_of_the_kept_pairs(seed):
     indexed.backward()
     torch.testing.assert_close(a1.grad, a2.grad, rtol=1e-5, atol=1e-7)
 
+
 def test_mnr_refuses_cross_encoded_pairs():
     """Without Siamese features (pair_encoding='cross') MNR raises instead of guessing."""
     torch.manual_seed(0)
     model = MultitaskBert(BertModel(tiny_config()), ModelConfig(arch="b1", fcn_size=16, pair_encoding="cross")).eval()
     g = torch.Generator().manual_seed(0)
-    batch = {**_seq("", g), "labels": torch.rand(B) * 5}
+    batch = {**sides_seq("", g), "labels": torch.rand(B) * 5}
     with pytest.raises(ValueError, match="Siamese"):
         MultipleNegativesRanking(MNRConfig())(model, "sts", batch, model("sts", batch))
+
 
 CASES = [("mnr", {}, "sts"), ("mnr", {}, "nli"), ("mnr", {"para_positives": True}, "para"),
          ("simcse", {"tasks": ("sst", "para", "sts", "nli")}, "sst"), ("simcse", {}, "sts"),
          ("smart", {"epsilon": 1e-3}, "sst"), ("smart", {"epsilon": 1e-3}, "para"),
          ("smart", {"epsilon": 1e-3}, "sts")]
+
 
 @pytest.mark.parametrize("name,overrides,task", CASES)
 def test_objective_gradients_reach_the_encoder(name, overrides, task):
@@ -201,6 +188,7 @@ def test_objective_gradients_reach_the_encoder(name, overrides, task):
     for pname in ("embeddings.word_embeddings.weight", "encoder.layer.0.attention.self.qkv.weight"):
         grad = model.encoder.get_parameter(pname).grad
         assert grad is not None and grad.abs().sum() > 0, pname
+
 
 def _expected_term(model, name: str, task: str, batch: dict, out, seed: int) -> torch.Tensor:
     """The term of objective ``name`` on ``batch`` computed from the model's passes, not through the objective
@@ -225,6 +213,7 @@ def _expected_term(model, name: str, task: str, batch: dict, out, seed: int) -> 
     e = {s: model.encoder.embed_tokens(batch["input_ids" + s]) for s in sides}
     adv = model(task, batch, inputs_embeds={s: e[s] + delta[s] for s in sides}).logits
     return smart_divergence(task, adv, model(task, batch).logits)
+
 
 @pytest.mark.parametrize("arch", ["baseline", "b1"])
 def test_objectives_end_to_end_terms_equal_independent_computations(arch):
@@ -259,6 +248,7 @@ def test_objectives_end_to_end_terms_equal_independent_computations(arch):
         total.backward()
     assert seen == {("mnr", "sts"), ("mnr", "nli"), ("mnr", "para"), ("simcse", "sst"), ("simcse", "para"),
                     ("simcse", "sts"), ("simcse", "nli"), ("smart", "sst"), ("smart", "para"), ("smart", "sts")}
+
 
 @pytest.mark.parametrize("task", ["sst", "para", "sts"])
 def test_smart_acts_under_bf16_autocast(task):

@@ -8,8 +8,6 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minbert.bert import BertModel
-from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import rift as rift_mod
 from tasks.objectives.rift import (
     RIFT,
@@ -22,38 +20,7 @@ from tasks.objectives.rift import (
     projection,
     same_class_mask,
 )
-from tests.helpers import tiny_config
-
-
-def tiny_model(arch: str = "baseline", pair_encoding: str = "cross", seed: int = 0, init: float = 0.02,
-               **model_config) -> MultitaskBert:
-    """A tiny random MultitaskBert without dropout (deterministic forward passes)."""
-    torch.manual_seed(seed)
-    encoder = BertModel(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                                    initializer_range=init))
-    return MultitaskBert(encoder, ModelConfig(arch=arch, pair_encoding=pair_encoding, fcn_size=16,
-                                              head_dropout=0.0, **model_config))
-
-
-def make_batch(task: str, pair_encoding: str = "cross", n: int = 8, width: int = 7, seed: int = 0) -> dict:
-    """A collated-looking batch of n examples with random ids in tiny_config's vocabulary and some padding."""
-    g = torch.Generator().manual_seed(seed)
-
-    def side(w: int) -> dict:
-        ids = torch.randint(5, 99, (n, w), generator=g)
-        ids[:, 0] = 2  # [CLS]
-        lengths = torch.randint(3, w + 1, (n,), generator=g)
-        lengths[0] = w
-        mask = (torch.arange(w)[None, :] < lengths[:, None]).long()  # (n, w)
-        return {"input_ids": ids * mask, "attention_mask": mask, "token_type_ids": torch.zeros_like(ids)}
-
-    labels = torch.arange(n) % 5 if task == "sst" else (torch.arange(n) % 2).float()
-    if task == "sst" or pair_encoding == "cross":
-        batch = side(width)
-    else:
-        batch = {f"{k}_1": v for k, v in side(width).items()} | {f"{k}_2": v for k, v in side(width - 2).items()}
-    batch["labels"] = labels
-    return batch
+from tests.helpers import make_batch, tiny_model
 
 
 def _projections(n_classes: int, hidden: int = 8, seed: int = 0):

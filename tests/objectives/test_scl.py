@@ -8,13 +8,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minbert.bert import BertModel
-from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import build_objectives
 from tasks.objectives.match_tuning import match_transform, matching_matrix
 from tasks.objectives.scl import SupervisedContrastive, scl_loss
 from tasks.training.trainer import Trainer
-from tests.helpers import tiny_config, tiny_train_config
+from tests.helpers import contrast_model as make_model
+from tests.helpers import labeled_batch as make_batch
+from tests.helpers import tiny_train_config
 
 
 def _scl_before(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -48,39 +48,6 @@ def test_scl_without_host_read_equals_the_old_formula(labels):
     want.backward()
     assert torch.isfinite(new.grad).all()
     torch.testing.assert_close(new.grad, old.grad, rtol=1e-5, atol=1e-7)
-
-
-B, T = 6, 7  # batch size, sequence length of the tiny batches
-
-
-def make_model(arch: str = "baseline", pair_encoding: str = "siamese") -> MultitaskBert:
-    torch.manual_seed(0)
-    return MultitaskBert(BertModel(tiny_config()), ModelConfig(arch=arch, pair_encoding=pair_encoding, fcn_size=16))
-
-
-def _seq(g: torch.Generator, suffix: str = "", pair: bool = False) -> dict[str, torch.Tensor]:
-    """Random ids in tiny_config's vocabulary; row r padded after 4 + r % 3 tokens; token types 0/1 for a pair."""
-    ids = torch.randint(5, 99, (B, T), generator=g)
-    mask = torch.zeros(B, T, dtype=torch.long)
-    for r in range(B):
-        mask[r, : 4 + r % 3] = 1
-    types = torch.zeros(B, T, dtype=torch.long)
-    if pair:
-        types[:, 3:] = 1
-    return {"input_ids" + suffix: ids * mask, "attention_mask" + suffix: mask, "token_type_ids" + suffix: types * mask}
-
-
-def make_batch(task: str, pair_encoding: str = "siamese") -> dict[str, torch.Tensor]:
-    """A labeled batch of B examples: SST classes with repeats, para 0/1 floats, STS scores."""
-    g = torch.Generator().manual_seed(1)
-    if task == "sst" or pair_encoding == "cross":
-        batch = _seq(g, pair=task != "sst")
-    else:
-        batch = {**_seq(g, "_1"), **_seq(g, "_2")}
-    batch["labels"] = {"sst": torch.tensor([0, 1, 0, 2, 1, 4]),
-                       "para": torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0]),
-                       "sts": torch.linspace(0.0, 5.0, B)}[task]
-    return batch
 
 
 def scl_double_loop(features: torch.Tensor, labels: list[int], tau: float) -> float:

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from minbert.bert import BertModel
-from tasks.model import ModelConfig, MultitaskBert, TaskOutput
+from tasks.model import TaskOutput
 from tasks.objectives.smart import (
     bernoulli_logits,
     smart_divergence,
@@ -15,36 +15,12 @@ from tasks.objectives.smart import (
     smart_perturbation,
     symmetric_kl,
 )
+from tests.helpers import OBJECTIVE_B as B
+from tests.helpers import OBJECTIVE_T as T
+from tests.helpers import siamese_batch as make_batch
+from tests.helpers import siamese_model as tiny_model
 from tests.helpers import tiny_config
 
-B, T = 6, 7
-
-def tiny_model(arch: str = "b1", dropout: float = 0.1) -> MultitaskBert:
-    torch.manual_seed(0)
-    enc = BertModel(tiny_config(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
-    return MultitaskBert(enc, ModelConfig(arch=arch, fcn_size=16, head_dropout=0.0))
-
-def _seq(suffix: str, g: torch.Generator, n: int = B) -> dict[str, torch.Tensor]:
-    ids = torch.randint(1, 99, (n, T), generator=g)
-    mask = torch.ones(n, T, dtype=torch.long)
-    mask[0, 4:] = 0  # one padded row: masking is exercised
-    ids[mask == 0] = 0
-    return {"input_ids" + suffix: ids, "attention_mask" + suffix: mask,
-            "token_type_ids" + suffix: torch.zeros(n, T, dtype=torch.long)}
-
-def make_batch(task: str, seed: int = 0) -> dict:
-    """A hand-made collated batch with the data module's keys."""
-    g = torch.Generator().manual_seed(seed)
-    ids = [str(i) for i in range(B)]
-    if task == "sst":
-        return {**_seq("", g), "labels": torch.randint(0, 5, (B,), generator=g), "ids": ids}
-    if task == "para":
-        return {**_seq("_1", g), **_seq("_2", g), "labels": torch.tensor([1., 0., 1., 1., 0., 0.]), "ids": ids}
-    if task == "sts":
-        return {**_seq("_1", g), **_seq("_2", g), "labels": torch.rand(B, generator=g) * 5, "ids": ids}
-    if task == "nli":
-        return {**_seq("_1", g), **_seq("_2", g), **_seq("_3", g), "ids": ids}
-    raise ValueError(task)
 
 def test_symmetric_kl_identity_and_formula():
     """sym-KL of identical distributions is 0; otherwise it equals KL(P‖Q)+KL(Q‖P) and is symmetric."""
@@ -59,6 +35,7 @@ def test_symmetric_kl_identity_and_formula():
     torch.testing.assert_close(bernoulli_logits(z).softmax(-1)[:, 0], torch.sigmoid(z))
     assert smart_divergence("para", z, z.clone()).item() == pytest.approx(0.0, abs=1e-7)
 
+
 @pytest.mark.parametrize("task", ["sst", "para", "sts"])
 def test_smart_perturbation_stays_in_the_ball(task):
     """After the ascent step δ lies in the L∞ ball of radius ε (and reaches it: the step is ≫ ε)."""
@@ -69,6 +46,7 @@ def test_smart_perturbation_stays_in_the_ball(task):
     for d in delta.values():
         assert d.abs().max().item() <= eps
         assert d.abs().max().item() == pytest.approx(eps)
+
 
 class _LinearPairScore(nn.Module):
     """An STS "model" linear in the word embeddings: f(e) = Σ_{t,h} A_1 ⊙ e_1 + Σ_{t,h} A_2 ⊙ e_2 per example, so
@@ -82,6 +60,7 @@ class _LinearPairScore(nn.Module):
     def forward(self, task, batch, inputs_embeds=None, transform=None):
         e = inputs_embeds or {s: self.encoder.embed_tokens(batch["input_ids" + s]) for s in self.a}
         return TaskOutput(sum((e[s] * self.a[s]).sum(dim=(1, 2)) for s in self.a))
+
 
 @pytest.mark.parametrize("epsilon", [1.0, 2e-4])
 def test_smart_ascent_step_is_the_per_example_linf_normalized_gradient(epsilon):
@@ -111,6 +90,7 @@ def test_smart_ascent_step_is_the_per_example_linf_normalized_gradient(epsilon):
         moved = torch.stack([(got[s] - delta0[s]).abs().amax(dim=(1, 2)) for s in ("_1", "_2")]).amax(0)
         torch.testing.assert_close(moved, torch.full((B,), eta), rtol=1e-5, atol=0.0)
 
+
 def test_smart_ascent_beats_random_sign_perturbation():
     """The ascent direction raises l_s more than a random ±ε perturbation of the same L∞ radius."""
     model = tiny_model().eval()
@@ -123,6 +103,7 @@ def test_smart_ascent_beats_random_sign_perturbation():
                                   model("sst", batch).logits)
     assert penalty.item() > random_pen.item()
 
+
 @pytest.mark.parametrize("task", ["sst", "para", "sts"])
 def test_smart_penalty_zero_when_epsilon_zero(task):
     """ε = 0 leaves no perturbation: with replayed dropout masks the penalty is 0 even in train mode."""
@@ -130,6 +111,7 @@ def test_smart_penalty_zero_when_epsilon_zero(task):
     penalty, delta = smart_penalty(model, task, make_batch(task), epsilon=0.0)
     assert all(d.abs().max().item() == 0.0 for d in delta.values())
     assert penalty.item() == pytest.approx(0.0, abs=1e-10)
+
 
 class _ConstantModel(nn.Module):
     """A model whose outputs ignore its input embeddings (they stay in the graph with zero gradient)."""
@@ -143,11 +125,13 @@ class _ConstantModel(nn.Module):
         e = inputs_embeds[""] if inputs_embeds else self.encoder.embed_tokens(batch["input_ids"])
         return TaskOutput(self.logits + 0.0 * e.sum())
 
+
 def test_smart_penalty_zero_for_constant_model():
     """A constant model is perfectly smooth: zero gradient, zero step, zero penalty, no NaN."""
     penalty, delta = smart_penalty(_ConstantModel(), "sst", make_batch("sst"))
     assert penalty.item() == 0.0
     assert all(torch.isfinite(d).all() for d in delta.values())
+
 
 def test_smart_reuse_head_output_matches_eval_mode():
     """With no dropout, reusing the head's forward as f(e) gives the same penalty as the replayed clean pass."""

@@ -23,6 +23,7 @@ from tests.helpers import OBJECTIVE_SETTINGS, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
+
 def _write_teachers(directory: Path, n: int = 48) -> str:
     """Teacher logits for every training id of the tiny data (tests/helpers.write_tiny_data)."""
     g = torch.Generator().manual_seed(0)
@@ -32,8 +33,10 @@ def _write_teachers(directory: Path, n: int = 48) -> str:
         write_logits(directory, task, "train", Predictions(ids, x, torch.zeros(n)))
     return str(directory)
 
+
 class _Stop(Exception):
     pass
+
 
 class _WatchFrozen(Hook):
     """Records, during stage "lp", every forward of a module of the frozen encoder (and of KNN-BERT's key encoder,
@@ -71,6 +74,7 @@ class _WatchFrozen(Hook):
     def on_epoch_end(self, trainer, record):
         self.after_lp = {k: v.clone() for k, v in trainer.model.encoder.state_dict().items()}
         raise _Stop
+
 
 @pytest.mark.parametrize("name", sorted(OBJECTIVE_SETTINGS))
 def test_lp_stage_keeps_the_frozen_encoder_in_eval_mode_with_every_objective(tiny_env, tmp_path, name):
