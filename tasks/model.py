@@ -36,7 +36,6 @@ embedding between encoder and head (Match-Tuning) installs it with ``set_pooled_
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -48,20 +47,7 @@ from torch import nn
 from minbert.bert import BertModel
 from tasks.options import option
 
-logger = logging.getLogger(__name__)
-
-
 # ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
-def unwrap(model: nn.Module) -> nn.Module:
-    """The MultitaskBert inside DistributedDataParallel (.module) and/or torch.compile (._orig_mod)."""
-    while True:
-        inner = getattr(model, "module", None)
-        if not isinstance(inner, nn.Module):
-            inner = getattr(model, "_orig_mod", None)
-        if not isinstance(inner, nn.Module):
-            return model
-        model = inner
-
 
 @contextmanager
 def preserved_modes(model: nn.Module) -> Iterator[nn.Module]:
@@ -351,7 +337,4 @@ class MultitaskBert(nn.Module):
         if task == "para":
             return (out.logits > 0).long()
         return out.logits
-
-    def head_parameters(self) -> list[nn.Parameter]:
-        return [p for n, p in self.named_parameters() if not n.startswith("encoder.")]
 

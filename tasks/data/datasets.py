@@ -269,11 +269,3 @@ def length_bucketed_batches(
         batches.extend(part[s : s + batch_size] for s in range(0, len(part), batch_size))
     order = torch.randperm(len(batches), generator=generator).tolist()
     return [batches[i] for i in order]
-
-
-def padding_ratio(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
-    """Pad tokens / real tokens when each batch is padded to its longest example (0.0 = no waste)."""
-    real = sum(lengths[i] for b in batches for i in b)
-    padded = sum(max(lengths[i] for i in b) * len(b) for b in batches if b)
-    return (padded - real) / real if real else 0.0
-

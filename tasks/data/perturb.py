@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import dataclasses
-import logging
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -102,7 +101,6 @@ def minority(examples: Sequence[Example], label: int, keep: float, seed: int) ->
     return [e for i, e in enumerate(examples) if e.label != label or i in kept]
 
 # ---- one experiment's perturbed training sets, written as a data directory ----
-log = logging.getLogger(__name__)
 
 
 CLASSES = {"sst": 5, "para": 2}

@@ -130,8 +130,8 @@ class MultitaskSchedule:
         """How many of ``task``'s examples one epoch uses (its cap, or all)."""
         return self.caps.get(task, len(self.task_lengths[task]))
 
-    def steps_per_epoch(self, epoch: int = 0) -> int:
-        """Number of batches in ``epoch``'s plan (the same for every epoch; the argument is for symmetry)."""
+    def steps_per_epoch(self) -> int:
+        """Number of batches in an epoch's plan (the same for every epoch)."""
         return sum(-(-self.examples_per_epoch(t) // self.batch_sizes[t]) for t in self.tasks)
 
     def task_batches(self, task: str, epoch: int) -> list[list[int]]:
@@ -192,7 +192,7 @@ class MultitaskSchedule:
 class LossWeights:
     """Per-task loss multipliers; the trainer sums weight * loss over the tasks of a step.
 
-    ``LossWeights.paper()`` is §4.2 "loss rescaling": Quora is many times larger
+    §4.2 "loss rescaling" (``--loss-weights para=0.1``): Quora is many times larger
     than SST or STS, so its loss is multiplied by 0.1 to keep its pull on the
     shared encoder comparable while still seeing all its data. Tasks other
     than sst/para/sts (e.g. "nli", "cfimdb") take their weight from ``extra``
@@ -212,11 +212,6 @@ class LossWeights:
         clash = {"sst", "para", "sts"} & set(self.extra)
         if clash:
             raise ValueError(f"set {sorted(clash)} through the named fields, not extra")
-
-    @classmethod
-    def paper(cls) -> LossWeights:
-        """The §4.2 loss rescaling: paraphrase 0.1, the others 1.0."""
-        return cls(para=0.1)
 
     def get(self, task: str) -> float:
         """The weight of ``task`` (1.0 for a task never mentioned)."""

@@ -53,17 +53,7 @@ from tasks.objectives import Objective, build_objectives
 from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
 from tasks.training.runtime import autocast, autocast_dtype, resolve_device
 
-
 # ---- a model's predictions and metrics over datasets ----
-def _predict_fn(model: nn.Module) -> Callable:
-    """model.predict, also through a DistributedDataParallel wrapper (torch.compile forwards attributes)."""
-    fn = getattr(model, "predict", None)
-    if fn is None and isinstance(getattr(model, "module", None), nn.Module):
-        fn = getattr(model.module, "predict", None)
-    if fn is None:
-        raise TypeError(f"{type(model).__name__} has no predict(task, out) method")
-    return fn
-
 
 @torch.no_grad()
 def predict_dataset(
@@ -100,7 +90,6 @@ def predict_dataset(
     n = len(dataset)
     modes = [(m, m.training) for m in model.modules()]
     model.eval()
-    predict = _predict_fn(model)
     amp = autocast(device, autocast_dtype)
     order: list[int] = []
     logit_parts: list[torch.Tensor] = []
@@ -117,7 +106,7 @@ def predict_dataset(
                 out = TaskOutput((out.logits.float() + reverse.logits.float()) / 2)
             # Kept on the device until the end: one transfer instead of a sync per batch.
             logit_parts.append(out.logits.float())
-            pred_parts.append(predict(task, out))
+            pred_parts.append(model.predict(task, out))
             order.extend(indices)
     finally:
         for m, was_training in modes:

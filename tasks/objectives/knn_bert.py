@@ -69,7 +69,7 @@ from torch import nn
 
 from tasks.evaluation.files import Predictions
 from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
-from tasks.model import follow_modes, preserved_modes, unwrap
+from tasks.model import follow_modes, preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.training.runtime import full_precision
 
@@ -85,7 +85,7 @@ REPRESENTATIONS = ("pooled", "head_input")
 
 def check_representation(model: nn.Module, task: str, representation: str) -> None:
     """Raise when ``model`` yields no single (B, D) ``representation`` for ``task`` (Siamese paraphrase)."""
-    cfg = unwrap(model).config
+    cfg = model.config
     if task == "para" and cfg.pair_encoding == "siamese":
         if representation == "pooled":
             raise ValueError("knn_bert on 'para' with pair_encoding='siamese' has no single pooled embedding per "
@@ -284,8 +284,6 @@ def knn_predict(model: nn.Module, task: str, train_dataset: Any, eval_dataset: A
     return knn.predict_proba(eval_feats, class_probabilities(task, eval_logits), phi)
 
 
-__all__ = ("NUM_CLASSES", "REPRESENTATIONS", "KNNClassifier", "KNNInference", "check_representation", "class_probabilities",
-           "compute_representations", "follow_modes", "knn_predict", "preserved_modes", "unwrap")
 
 
 # ---- training: supervised momentum contrast (eq. 3, 5, 6) ----
@@ -385,7 +383,7 @@ class KNNBert(Objective):
             raise ValueError("knn_bert needs the model at construction: its key model is a copy of it")
         for task in self.active_tasks():
             check_representation(model, task, config.representation)
-        key = copy.deepcopy(unwrap(model))
+        key = copy.deepcopy(model)
         key.requires_grad_(False)
         key.zero_grad(set_to_none=True)
         # A plain list, not an attribute nn.Module would register: the key model must
@@ -505,7 +503,7 @@ class KNNBert(Objective):
         device = batch["attention_mask" if "attention_mask" in batch else "attention_mask_1"].device
         if next(key.parameters()).device != device:
             key.to(device)
-        follow_modes(key, unwrap(model))
+        follow_modes(key, model)
         out = key(task, batch)
         return F.normalize(out.features[self.config.representation].float(), dim=-1)
 
@@ -531,7 +529,7 @@ class KNNBert(Objective):
     def on_step_end(self, model: nn.Module) -> None:
         """Momentum update (eq. 5) θ_k ← m·θ_k + (1 − m)·θ_q, after the optimizer step; buffers are copied."""
         m = float(self.config.momentum)
-        query = dict(unwrap(model).named_parameters())
+        query = dict(model.named_parameters())
         names = [n for n, _ in self.key_model.named_parameters()]
         missing = [n for n in names if n not in query]
         if missing:
@@ -543,7 +541,7 @@ class KNNBert(Objective):
             keys = [p for _, p in self.key_model.named_parameters()]
         torch._foreach_mul_(keys, m)
         torch._foreach_add_(keys, qs, alpha=1.0 - m)
-        query_buffers = dict(unwrap(model).named_buffers())
+        query_buffers = dict(model.named_buffers())
         for n, b in self.key_model.named_buffers():
             if n in query_buffers:
                 b.copy_(query_buffers[n])

@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import preserved_modes, unwrap
+from tasks.model import preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.training.runtime import full_precision
 
@@ -137,7 +137,7 @@ def kl_divergence(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> 
 
 def input_suffixes(model: nn.Module, task: str, batch: dict) -> tuple[str, ...]:
     """The batch-key suffixes the head reads for ``task``: ("",) for one sequence, ("_1", "_2") for Siamese pairs."""
-    cfg = unwrap(model).config
+    cfg = model.config
     if task == "sst" or (cfg.pair_encoding == "cross" and "input_ids" in batch):
         return ("",)
     if "input_ids_1" not in batch or "input_ids_2" not in batch:
@@ -189,7 +189,7 @@ def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", ep
     for evaluation under attack. Training wants x' = x + δ with the gradient
     path to the embeddings kept, as ``RIFT.forward`` builds it.
     """
-    base = unwrap(model)
+    base = model
     delta = pgd_perturbation(model, task, batch, norm=norm, epsilon=epsilon, step_size=step_size, steps=steps,
                              random_init=random_init, objective=objective, generator=generator)
     with torch.no_grad():
@@ -219,7 +219,7 @@ def pgd_perturbation(model: nn.Module, task: str, batch: dict, *, norm: str = "l
     if torch.is_inference_mode_enabled():
         raise RuntimeError("pgd_perturbation needs autograd for δ: call it under torch.no_grad() (allowed), "
                            "not torch.inference_mode()")
-    base = unwrap(model)  # no gradient sync needed: only δ gets gradients
+    base = model  # no gradient sync needed: only δ gets gradients
     suffixes = input_suffixes(base, task, batch)
     labels = batch.get("labels")
     with preserved_modes(base):  # each submodule's own mode back: LP-FT's frozen encoder stays in eval
@@ -329,7 +329,7 @@ class RIFT(Objective):
         super().__init__(config, model)
         if model is None:
             raise ValueError("rift needs the model at construction: it freezes a copy of its pretrained encoder")
-        base = unwrap(model)
+        base = model
         frozen = copy.deepcopy(base.encoder)
         frozen.requires_grad_(False)
         frozen.zero_grad(set_to_none=True)
@@ -365,7 +365,7 @@ class RIFT(Objective):
             frozen.to(ids.device)
         mask = batch["attention_mask" + suffix]
         out = frozen(input_ids=ids, attention_mask=mask, token_type_ids=batch.get("token_type_ids" + suffix))
-        return pool(out, mask, unwrap(model).config.pooling)
+        return pool(out, mask, model.config.pooling)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         cfg = self.config
@@ -378,7 +378,7 @@ class RIFT(Objective):
                                  steps=cfg.steps, objective="kl")
         # x' = x + δ with δ detached and x the live word embeddings (eq. 8-10: the loss is a function of the
         # parameters through x' too), so the KL and L_I terms train the word embeddings, as SMART's penalty does.
-        embed = unwrap(model).encoder.embed_tokens
+        embed = model.encoder.embed_tokens
         adv = {s: embed(batch["input_ids" + s]) + d for s, d in delta.items()}  # (B, T, H) each
         adv_out = model(task, batch, inputs_embeds=adv)  # the model's mode: dropout on while training
         kl = kl_divergence(task, out.logits, adv_out.logits)

@@ -367,7 +367,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 
 
 # ---- masking, the task sentences, and the pretraining loop ----
-log = logging.getLogger(__name__)
 
 
 PRETRAIN_TASKS = ("sst", "para", "sts")

@@ -63,7 +63,7 @@ from torch import nn
 from tqdm import tqdm
 
 from minbert.optimizer import AdamW
-from minbert.pretrained import load_pretrained, resolve_model_dir
+from minbert.pretrained import load_pretrained
 from tasks.config import NLI, TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights, MultitaskSchedule
@@ -199,7 +199,7 @@ class Trainer:
         self.cfg, self.device, self.hooks, self.run_dir = cfg, device, list(hooks), run_dir
         self.model, self.objectives = parts.model, parts.objectives
         self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
-        self.tokenizer, self.encoder_dir, self.amp_dtype = parts.tokenizer, parts.encoder_dir, parts.amp_dtype
+        self.tokenizer, self.amp_dtype = parts.tokenizer, parts.amp_dtype
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         for o in self.objectives:
             o.to(device)
@@ -638,7 +638,6 @@ class Parts:
     train_sets: dict[str, Any]
     dev_sets: dict[str, Any]
     tokenizer: Any = None
-    encoder_dir: Path | None = None  # the pretrained directory: its tokenizer files go into every checkpoint
     amp_dtype: torch.dtype | None = None
     data: dict[str, dict] | None = None  # ReadReport.to_dict() of every file read, by "<task> <split>"
 
@@ -655,12 +654,11 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
     if cfg.encoder_dropout is not None:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
-    encoder_dir = resolve_model_dir(cfg.pretrained)
     train_sets, dev_sets, data = load_run_data(cfg, tokenizer)
     model = MultitaskBert(encoder, cfg.model).to(device)
     if hasattr(model, "para_bias") and "para" in train_sets:  # the baseline's Siamese paraphrase offset
         pairs = train_sets["para"]
         model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
     objectives = build_objectives(cfg.objectives, model)
-    return Parts(model, objectives, train_sets, dev_sets, tokenizer, encoder_dir, amp_dtype, data)
+    return Parts(model, objectives, train_sets, dev_sets, tokenizer, amp_dtype, data)
 

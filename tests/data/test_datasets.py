@@ -11,7 +11,6 @@ from tasks.data.datasets import (
     TripletDataset,
     length_bucketed_batches,
     move_batch,
-    padding_ratio,
 )
 from tasks.data.readers import Example, Triplet
 from tests.helpers import WordTokenizer
@@ -118,6 +117,13 @@ def test_eval_batches_sorted_longest_first_and_deterministic():
     batches = length_bucketed_batches(lengths, 4, shuffle=False)
     assert batches == [[1, 4, 5, 0], [2, 3]]
     assert length_bucketed_batches(lengths, 4, shuffle=False) == batches
+
+
+def padding_ratio(lengths: Sequence[int], batches: Sequence[Sequence[int]]) -> float:
+    """Pad tokens / real tokens when each batch is padded to its longest example (0.0 = no waste)."""
+    real = sum(lengths[i] for b in batches for i in b)
+    padded = sum(max(lengths[i] for i in b) * len(b) for b in batches if b)
+    return (padded - real) / real if real else 0.0
 
 
 def test_bucketing_reduces_padding_on_skewed_lengths():

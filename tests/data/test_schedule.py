@@ -29,7 +29,7 @@ def test_every_example_once_per_epoch(schedule):
     lengths = task_lengths()
     sched = MultitaskSchedule(lengths, 16, schedule, seed=3)
     plan = sched.epoch_plan(0)
-    assert len(plan) == sched.steps_per_epoch(0)
+    assert len(plan) == sched.steps_per_epoch()
     got = per_task(plan)
     for task, ls in lengths.items():
         assert sorted(i for b in got[task] for i in b) == list(range(len(ls)))
@@ -96,7 +96,7 @@ def test_per_task_cap_draws_fresh_subsets():
         assert sorted(i for b in got["sst"] for i in b) == list(range(70))
         subsets.append(frozenset(para))
     assert len(set(subsets)) == 3
-    assert sched.steps_per_epoch(0) == -(-70 // 16) + -(-50 // 16) + -(-45 // 16) == len(sched.epoch_plan(0))
+    assert sched.steps_per_epoch() == -(-70 // 16) + -(-50 // 16) + -(-45 // 16) == len(sched.epoch_plan(0))
 
 
 def test_cycled_subsets_see_every_example_before_any_repeats():
@@ -171,10 +171,10 @@ def test_invalid_configurations_raise():
 
 
 def test_loss_weights():
-    """Default weights are 1.0 (extra tasks too); the §4.2 rescaling weighs paraphrase 0.1; negatives raise."""
+    """Default weights are 1.0 (extra tasks too); a named weight is that task's alone; negatives raise."""
     w = LossWeights()
     assert (w.get("sst"), w.get("para"), w.get("sts"), w.get("nli")) == (1.0, 1.0, 1.0, 1.0)
-    paper = LossWeights.paper()
+    paper = LossWeights(para=0.1)  # §4.2 loss rescaling
     assert paper.get("para") == 0.1 and paper.get("sst") == paper.get("sts") == 1.0
     assert LossWeights(extra={"nli": 0.5}).get("nli") == 0.5
     with pytest.raises(ValueError):
