@@ -78,11 +78,11 @@ from tasks.evaluation.ensemble import (
 )
 from tasks.evaluation.files import write_logits, write_predictions
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
+from tasks.model import TASKS
 
 log = logging.getLogger(__name__)
 
 
-TASKS = ("sst", "para", "sts")
 
 
 def _named_holdout(result: TaskResult, model_names: Sequence[str]) -> dict | None:
@@ -95,8 +95,6 @@ def _named_holdout(result: TaskResult, model_names: Sequence[str]) -> dict | Non
 
 def run_names(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[str]:
     if names:
-        if len(names) != len(run_dirs):
-            raise ValueError(f"--names gives {len(names)} names for {len(run_dirs)} runs")
         return list(names)
     short = [Path(d).resolve().name for d in run_dirs]
     if any(n == "predictions" for n in short):  # runs/<name>/predictions: the run's name is the parent

@@ -92,6 +92,7 @@ POOLINGS = ("pooler", "cls", "mean")
 
 
 NUM_SST_CLASSES = 5
+NUM_CLASSES = {"sst": NUM_SST_CLASSES, "para": 2}  # the classification tasks
 
 
 @dataclass

@@ -22,6 +22,7 @@ from pathlib import Path
 from tasks.cli import Parser, user_errors
 from tasks.data.readers import Example, read_pairs, read_sentences
 from tasks.evaluation.evaluator import Predictor
+from tasks.model import TASKS
 
 logger = logging.getLogger(__name__)
 
@@ -69,7 +70,7 @@ def build_parser() -> Parser:
                            "(sst: p0..p4; para: p_paraphrase) or id,score (sts).")
     p.add_argument("--checkpoint", required=True, metavar="DIR",
                    help="a checkpoint directory (runs/x/checkpoints/best) or a run directory (its best checkpoint)")
-    p.add_argument("--task", required=True, choices=("sst", "para", "sts"))
+    p.add_argument("--task", required=True, choices=TASKS)
     p.add_argument("--input", default="-", metavar="FILE",
                    help="one sentence (sst) or two tab-separated sentences (para, sts) per line; a .csv file in "
                         "the task's CS224N format; - reads stdin")

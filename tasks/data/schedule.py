@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from tasks.data.datasets import length_bucketed_batches
+from tasks.model import TASKS
 
 SCHEDULES = ("sequential", "round_robin", "even")
 
@@ -215,7 +216,7 @@ class LossWeights:
 
     def get(self, task: str) -> float:
         """The weight of ``task`` (1.0 for a task never mentioned)."""
-        if task in ("sst", "para", "sts"):
+        if task in TASKS:
             return getattr(self, task)
         return self.extra.get(task, 1.0)
 

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 
 from tasks.data.readers import load_split
 from tasks.evaluation.files import Predictions, read_logits, temp_file_beside
-from tasks.evaluation.metrics import NUM_SST_CLASSES, TASK_METRIC, overall_score, score
-from tasks.model import TASKS
+from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
+from tasks.model import NUM_SST_CLASSES, TASKS
 
 
 # ---- the methods, on in-memory logits ----

@@ -46,9 +46,9 @@ from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_b
 from tasks.data.readers import Example
 from tasks.data.selection import capped_dev, load_examples, make_dataset
 from tasks.evaluation.files import Predictions, write_logits, write_predictions
-from tasks.evaluation.metrics import NUM_SST_CLASSES, TASK_METRIC, check_task, jsonable, overall_score, score
+from tasks.evaluation.metrics import TASK_METRIC, check_task, jsonable, overall_score, score
 from tasks.evaluation.priors import RunPriors
-from tasks.model import PAIR_TASKS, MultitaskBert, TaskOutput
+from tasks.model import NUM_SST_CLASSES, PAIR_TASKS, MultitaskBert, TaskOutput
 from tasks.objectives import Objective, build_objectives
 from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
 from tasks.training.runtime import autocast, autocast_dtype, resolve_device

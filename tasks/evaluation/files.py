@@ -31,7 +31,8 @@ from pathlib import Path
 import torch
 
 from tasks.data.readers import csv_records
-from tasks.evaluation.metrics import NUM_SST_CLASSES, check_task
+from tasks.evaluation.metrics import check_task
+from tasks.model import NUM_SST_CLASSES
 
 # Column after "id" in the leaderboard files: the CS224N starter's names (STS sic: its spelling), which we write.
 STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}

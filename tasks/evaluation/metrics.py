@@ -21,7 +21,6 @@ import math
 
 import torch
 
-NUM_SST_CLASSES = 5
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
 
 

@@ -59,7 +59,7 @@ from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import DataFileMissing, Example
 from tasks.data.selection import load_examples
-from tasks.evaluation.metrics import NUM_SST_CLASSES
+from tasks.model import NUM_SST_CLASSES
 from tasks.training.checkpoint import load_tensors, save_tensors
 from tasks.training.runtime import autocast
 

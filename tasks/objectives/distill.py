@@ -63,10 +63,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.evaluation.ensemble import load_task_logits, logits_path
+from tasks.model import TASKS
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 from tasks.training.runtime import full_precision
 
-DISTILL_TASKS = ("sst", "para", "sts")
+DISTILL_TASKS = TASKS
 
 
 def teacher_targets(task: str, logits: Sequence[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:

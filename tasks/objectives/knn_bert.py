@@ -69,7 +69,7 @@ from torch import nn
 
 from tasks.evaluation.files import Predictions
 from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
-from tasks.model import follow_modes, preserved_modes
+from tasks.model import NUM_CLASSES, follow_modes, preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.training.runtime import full_precision
 
@@ -77,7 +77,6 @@ from tasks.training.runtime import full_precision
 logger = logging.getLogger(__name__)
 
 
-NUM_CLASSES = {"sst": 5, "para": 2}
 
 
 REPRESENTATIONS = ("pooled", "head_input")

@@ -70,10 +70,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tasks.model import TASKS
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 from tasks.training.runtime import full_precision
 
-MATCH_TASKS = ("sst", "para", "sts")
+MATCH_TASKS = TASKS
 INFERENCE_MODES = ("identity", "batch")
 
 

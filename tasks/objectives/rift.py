@@ -68,11 +68,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import preserved_modes
+from tasks.model import NUM_CLASSES, preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.training.runtime import full_precision
 
-NUM_CLASSES = {"sst": 5, "para": 2}
 NORMS = ("l2", "linf")
 ATTACK_OBJECTIVES = ("kl", "ce")
 

@@ -66,10 +66,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks.model import TASKS
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 from tasks.training.runtime import device_rng_state, full_precision, set_device_rng_state
 
-SMART_TASKS = ("sst", "para", "sts")
+SMART_TASKS = TASKS
 
 
 # ---- divergences --------------------------------------------------------------------

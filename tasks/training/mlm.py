@@ -56,6 +56,7 @@ from minbert.pretrained import load_pretrained, map_hf_keys, read_state_dict, re
 from minbert.tokenizer import BertTokenizer
 from tasks.data.datasets import length_bucketed_batches
 from tasks.data.readers import load_split
+from tasks.model import TASKS
 from tasks.training.checkpoint import (
     atomic_directory,
     load_optimizer_state,
@@ -369,7 +370,7 @@ def _flat(d: dict, prefix: str = "") -> dict:
 # ---- masking, the task sentences, and the pretraining loop ----
 
 
-PRETRAIN_TASKS = ("sst", "para", "sts")
+PRETRAIN_TASKS = TASKS
 
 
 def never_masked_ids(tokenizer: BertTokenizer) -> list[int]:
