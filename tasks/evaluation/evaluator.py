@@ -53,7 +53,11 @@ from tasks.objectives import Objective, build_objectives
 from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
 from tasks.training.runtime import autocast, autocast_dtype, resolve_device
 
+logger = logging.getLogger(__name__)
+
+
 # ---- a model's predictions and metrics over datasets ----
+
 
 @torch.no_grad()
 def predict_dataset(
@@ -164,7 +168,6 @@ def evaluate(
     return metrics, predictions
 
 # ---- the evaluator: a model's predictions as training, --eval-only and the Predictor make them ----
-logger = logging.getLogger(__name__)
 
 
 class Evaluator:
