@@ -167,6 +167,7 @@ def evaluate(
         metrics["overall"] = overall_score(metrics)
     return metrics, predictions
 
+
 # ---- the evaluator: a model's predictions as training, --eval-only and the Predictor make them ----
 
 
