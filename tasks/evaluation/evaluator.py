@@ -157,7 +157,6 @@ def evaluate(
     metrics: dict[str, float] = {}
     predictions: dict[str, Predictions] = {}
     for task, dataset in datasets.items():
-        check_task(task)
         p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype,
                             both_orders=both_orders, sts_prior=sts_prior, sst_prior=sst_prior)
         predictions[task] = p
