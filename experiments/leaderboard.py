@@ -62,7 +62,7 @@ from pathlib import Path
 from experiments.sweep import Sweep, say
 from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
-from tasks import train as cli
+from tasks import train as train_command
 from tasks.cli import describe
 from tasks.ensemble import main as ensemble_main
 from tasks.evaluation.ensemble import METHODS
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         hint = (" (the flags after -- go to the specialists too: put what only the full members take in "
                 "--variants)") if variant.startswith("--tasks ") else ""
         try:
-            cli.config_for(flags)
+            train_command.config_for(flags)
         except SystemExit:  # train_multitask.py's parser has said why
             ap.error(f"member flags {shlex.join(flags)} (see above){hint}")
         except (ValueError, OSError) as e:  # OSError: a --config or --pretrained that is not there

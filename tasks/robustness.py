@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from tasks import train as cli
+from tasks import train as train_command
 from tasks.cli import Parser
 from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
 from tasks.data.perturb import perturb, perturbed_data_dir
@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 def _train(flags: Sequence[str], data_dir: Path, out_dir: Path, seed: int) -> dict:
     argv = list(flags) + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--seed", str(seed), "--overwrite"]
     log.info("train_multitask.py %s", " ".join(argv))
-    return cli.main(argv)
+    return train_command.main(argv)
 
 
 def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> float:
@@ -204,9 +204,9 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     if args.command == "attack" and flags:
         parser.error("attack takes no training flags after --")
     if flags:  # a mistyped training flag fails now, not after the first seed's data is written
-        train_parser = cli.build_parser()
+        train_parser = train_command.build_parser()
         train_parser.prog = f"{parser.prog} {args.command} --"
-        cli.parse(flags, train_parser)
+        train_command.parse(flags, train_parser)
     return args, flags
 
 
