@@ -146,7 +146,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tiny_env, tm
     single = Trainer.from_config(_no_dropout(tiny_env, tmp_path / "single"))
     single.fit()
     single.load_best()
-    single.run_dir.close()  # releases run.lock, as tasks.train.run does at the end of a run
+    single.run_dir.close()  # releases run.lock, as tasks.training.run.run does at the end of a run
     _spawn("parity", tiny_env, tmp_path)
 
     ranks = [json.loads((tmp_path / "results" / f"rank{r}.json").read_text()) for r in range(2)]
