@@ -137,17 +137,9 @@ def predict_dataset(
     return Predictions(list(dataset.ids), logits, preds)
 
 
-def evaluate(
-    model: nn.Module,
-    datasets: dict[str, Dataset],
-    batch_size: int = 128,
-    device: str | torch.device = "cpu",
-    autocast_dtype: torch.dtype | None = None,
-    both_orders: bool = False,
-    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
-    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[dict[str, float], dict[str, Predictions]]:
-    """Predict every dataset (keyed by task) and score the labeled ones.
+def evaluate(model: nn.Module, datasets: dict[str, Dataset], **options: Any
+             ) -> tuple[dict[str, float], dict[str, Predictions]]:
+    """Predict every dataset (keyed by task) and score the labeled ones; ``options`` are ``predict_dataset``'s.
 
     Returns (metrics, predictions). metrics has TASK_METRIC[task] for each
     dataset with labels (``dataset.labels is not None``) and "overall" (see
@@ -157,8 +149,7 @@ def evaluate(
     metrics: dict[str, float] = {}
     predictions: dict[str, Predictions] = {}
     for task, dataset in datasets.items():
-        p = predict_dataset(model, task, dataset, batch_size=batch_size, device=device, autocast_dtype=autocast_dtype,
-                            both_orders=both_orders, sts_prior=sts_prior, sst_prior=sst_prior)
+        p = predict_dataset(model, task, dataset, **options)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
             metrics[TASK_METRIC[task]] = score(task, p.preds, dataset.labels)
@@ -183,19 +174,22 @@ class Evaluator:
         self.priors = RunPriors(cfg, device, amp_dtype)
         self.priors.checkpoint = checkpoint
 
+    def options(self, batch_size: int | None = None) -> dict[str, Any]:
+        """``predict_dataset``'s keyword arguments for this run: its batch size, device, precision, pair orders
+        and priors (each prior built at its first use)."""
+        return dict(batch_size=batch_size or self.cfg.eval_batch_size, device=self.device,
+                    autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
+                    sts_prior=self.priors.sts, sst_prior=self.priors.sst)
+
     def predict(self, model: MultitaskBert, task: str, dataset: Dataset, batch_size: int | None = None
                 ) -> Predictions:
-        """One dataset's predictions in dataset order (``predict_dataset`` with the run's settings and priors)."""
-        return predict_dataset(model, task, dataset, batch_size=batch_size or self.cfg.eval_batch_size,
-                               device=self.device, autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
-                               sts_prior=self.priors.sts, sst_prior=self.priors.sst)
+        """One dataset's predictions in dataset order."""
+        return predict_dataset(model, task, dataset, **self.options(batch_size))
 
     def evaluate(self, model: MultitaskBert, datasets: dict[str, Dataset]
                  ) -> tuple[dict[str, float], dict[str, Predictions]]:
-        """Metrics and predictions of every dataset (``evaluate`` with the run's settings and priors)."""
-        return evaluate(model, datasets, batch_size=self.cfg.eval_batch_size, device=self.device,
-                        autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
-                        sts_prior=self.priors.sts, sst_prior=self.priors.sst)
+        """Metrics and predictions of every dataset."""
+        return evaluate(model, datasets, **self.options())
 
     def write_all(self, model: MultitaskBert, tokenizer: Any, pred_dir: Path,
                   train_sets: dict[str, Any] | None = None) -> dict:
