@@ -22,8 +22,8 @@ an objective is declared on :class:`Objective` below with a default that does
 nothing; an objective overrides what it needs. The loop never asks
 ``hasattr`` and nothing outside this package names a concrete objective.
 
-The trainer multiplies each term by ``config.weight`` and the task's loss weight,
-sums, and logs every term under ``<task>/<objective>.<term>``.
+The trainer multiplies each term by ``term_weight(term)`` (``config.weight``) and the
+task's loss weight, sums, and logs every unweighted term under ``<task>/<objective>.<term>``.
 """
 
 from __future__ import annotations
@@ -96,8 +96,9 @@ class Objective(nn.Module, abc.ABC):
         super().__init__()
         self.config = config
 
-    @property
-    def weight(self) -> float:
+    def term_weight(self, term: str) -> float:
+        """The factor the trainer puts on the unweighted term ``term``: ``weight``, times the term's own
+        coefficient where the method has one per term (RIFT's β and α)."""
         return float(self.config.weight)
 
     @property
@@ -131,11 +132,6 @@ class Objective(nn.Module, abc.ABC):
 
     def on_step_end(self, model: nn.Module) -> None:
         """After every optimizer step (momentum encoders, queues)."""
-
-    def rank_local(self, key: str) -> bool:
-        """Whether state_dict entry ``key`` differs between torchrun ranks (KNN-BERT's queues, filled from each
-        rank's shard): such entries are checkpointed per rank (tasks/training/checkpoint.py)."""
-        return False
 
     def inference(self, model: nn.Module, tasks: Sequence[str], train_set: Callable[[str], Any], batch_size: int,
                   device: torch.device) -> Inference | None:

@@ -520,10 +520,6 @@ class KNNBert(Objective):
         loss = supervised_moco_loss(q, labels, keys, key_labels, cfg.m_most, cfg.m_least, cfg.temperature)
         return {"sc": loss}
 
-    def rank_local(self, key: str) -> bool:
-        """The queues: under torchrun each rank fills its own from its shard (the key model is the same on all)."""
-        return "_queue_" in key
-
     @torch.no_grad()
     def on_step_end(self, model: nn.Module) -> None:
         """Momentum update (eq. 5) θ_k ← m·θ_k + (1 − m)·θ_q, after the optimizer step; buffers are copied."""

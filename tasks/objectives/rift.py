@@ -78,7 +78,6 @@ ATTACK_OBJECTIVES = ("kl", "ce")
 
 @dataclass
 class RIFTConfig(ObjectiveConfig):
-    weight: float = 1.0  # keep 1.0: beta and alpha are applied inside (the trainer multiplies all terms by weight)
     beta: float = 1.0  # β on KL(p(x) ‖ p(x')) (authors' scripts: 10 IMDB, 5 SNLI, for a word-substitution attack)
     alpha: float = 0.3  # α on L_I (paper: 0.1 IMDB, 0.7 SNLI)
     temperature: float = 0.2  # τ of the InfoNCE score
@@ -386,7 +385,12 @@ class RIFT(Objective):
             conditional_infonce(adv_out.features["pooled" + s], self.teacher_features(model, batch, s), labels,
                                 self.proj_student[task], self.proj_teacher[task], cfg.temperature)
             for s in sides]).mean()
-        return {"adv_kl": cfg.beta * kl, "info": cfg.alpha * info}
+        return {"adv_kl": kl, "info": info}
+
+    def term_weight(self, term: str) -> float:
+        """β on the KL term, α on L_I (eq. 11), times ``weight``."""
+        coefficient = {"adv_kl": self.config.beta, "info": self.config.alpha}[term]
+        return float(self.config.weight) * coefficient
 
 
 __all__ = ("RIFT", "RIFTConfig", "class_log_probs", "conditional_infonce", "conditional_infonce_logits",

@@ -153,7 +153,7 @@ class SupervisedContrastive(Objective):
 
     @property
     def task_loss_scale(self) -> float:
-        return 1.0 - self.weight
+        return 1.0 - float(self.config.weight)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         if task not in SCL_TASKS:

@@ -7,7 +7,7 @@ A checkpoint directory (``<out_dir>/checkpoints/last`` and ``.../best``) holds:
                              absent when no objective has state
     objectives.rank<r>.safetensors
                              under torchrun, rank r's (r ≥ 1) rank-local objective state (KNN-BERT's
-                             queues: ``Objective.rank_local``); rank 0's is in objectives.safetensors.
+                             queues: an objective's buffers); rank 0's is in objectives.safetensors.
                              Rank r writes it itself into rank 0's temporary directory before rank 0
                              swaps the directory in, so the swap stays atomic for all ranks' files (a
                              shared file system is assumed, as resuming from the directory does)
@@ -331,14 +331,18 @@ def objectives_state(objectives: Sequence[nn.Module], model: nn.Module,
 
     Tensors that live in the model (an objective holding a reference to the
     encoder) are left out: model.safetensors has them. ``rank_local_only``: only
-    the entries that differ between torchrun ranks (``Objective.rank_local``),
-    what ranks r ≥ 1 save to ``rank_objectives_file(r)``.
+    the entries that differ between torchrun ranks, what ranks r ≥ 1 save to
+    ``rank_objectives_file(r)``: an objective's buffers, which each rank fills
+    from its own shard (KNN-BERT's queues). Its parameters, trained from
+    all-reduced gradients, and what it derives from them (a momentum key model)
+    are the same on every rank.
     """
     shared = _storages(model)
     out: dict[str, torch.Tensor] = {}
     for o in objectives:
+        buffers = {name for name, _ in o.named_buffers()}
         for k, v in o.state_dict(keep_vars=True).items():
-            if rank_local_only and not o.rank_local(k):
+            if rank_local_only and k not in buffers:
                 continue
             if isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in shared:
                 out[f"{o.name}.{k}"] = v.detach()

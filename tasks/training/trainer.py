@@ -332,7 +332,7 @@ class Trainer:
             for o in applying:
                 for name, value in o(self.model, stream, batch, out).items():
                     terms[f"{stream}/{o.name}.{name}"] = value
-                    total = total + o.weight * value
+                    total = total + o.term_weight(name) * value
         if not isinstance(total, torch.Tensor):
             raise RuntimeError(f"the {stream} batch produced no loss term (objectives here: "
                                f"{[o.name for o in applying]})")

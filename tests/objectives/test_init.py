@@ -130,9 +130,9 @@ def test_objective_runs_on_the_meta_device(name, pair_encoding):
             out = model(stream, batch)
             total = obj.task_loss_scale * model.task_loss(stream, out, batch)
         terms = obj(model, stream, batch, out)
-        for term in terms.values():
+        for name, term in terms.items():
             assert term.device == META and term.dim() == 0, (stream, term)
-            total = obj.weight * term if total is None else total + obj.weight * term
+            total = obj.term_weight(name) * term if total is None else total + obj.term_weight(name) * term
         total.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)

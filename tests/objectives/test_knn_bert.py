@@ -151,7 +151,7 @@ def test_key_model_gets_no_gradient_and_is_not_a_parameter():
     out = model("sst", batch)
     terms = obj(model, "sst", batch, out)
     assert set(terms) == {"sc"} and terms["sc"].requires_grad and torch.isfinite(terms["sc"])
-    loss = obj.task_loss_scale * model.task_loss("sst", out, batch) + obj.weight * terms["sc"]
+    loss = obj.task_loss_scale * model.task_loss("sst", out, batch) + obj.term_weight("sc") * terms["sc"]
     loss.backward()
     assert all(p.grad is None for p in obj.key_model.parameters())
     assert float(model.encoder.embeddings.word_embeddings.weight.grad.abs().sum()) > 0
@@ -278,7 +278,7 @@ def test_knn_bert_trains_end_to_end(task, arch, pair_encoding, representation):
         q = F.normalize(out.features[representation].detach(), dim=-1)
         expected = _eq3_by_loop(q, batch["labels"].long(), keys, key_labels, 2, 2, obj.config.temperature)
         assert expected > 0 and sc.item() == pytest.approx(expected, rel=1e-4)
-        (obj.task_loss_scale * model.task_loss(task, out, batch) + obj.weight * sc).backward()
+        (obj.task_loss_scale * model.task_loss(task, out, batch) + obj.term_weight("sc") * sc).backward()
         assert float(model.encoder.embeddings.word_embeddings.weight.grad.abs().sum()) > 0
         opt.step()
         obj.on_step_end(model)

@@ -243,7 +243,7 @@ def test_objectives_end_to_end_terms_equal_independent_computations(arch):
                     expected = _expected_term(model, obj.name, task, batch, out, seed)
                     assert expected.item() > 1e-4, (obj.name, task)  # not 0 = 0
                     torch.testing.assert_close(value, expected, rtol=1e-4, atol=0.0, msg=f"{obj.name} {task}")
-                    total = total + obj.weight * value
+                    total = total + obj.term_weight(name) * value
                     seen.add((obj.name, task))
         total.backward()
     assert seen == {("mnr", "sts"), ("mnr", "nli"), ("mnr", "para"), ("simcse", "sst"), ("simcse", "para"),

@@ -202,25 +202,30 @@ def test_rift_forward_backward_end_to_end(task, arch, pair_encoding):
         assert trained == (int((labels == c).sum()) >= 2), c  # a singleton class has no negative: no signal
 
 
-def test_rift_terms_carry_beta_and_alpha():
-    """The returned terms are already weighted: doubling β doubles "adv_kl", halving α halves "info"."""
+def test_rift_terms_are_unweighted_and_term_weight_carries_beta_and_alpha():
+    """The returned terms do not depend on β and α; term_weight gives weight·β for "adv_kl" and weight·α for
+    "info" (eq. 11), so the trainer's total is β·KL + α·L_I."""
     model = tiny_model(init=0.5).train()
     batch = make_batch("sst", n=10)
-    results = []
-    for beta, alpha in ((1.0, 1.0), (2.0, 0.5)):
+    results, objs = [], []
+    for weight, beta, alpha in ((1.0, 1.0, 1.0), (3.0, 2.0, 0.5)):
         torch.manual_seed(0)
-        obj = RIFT(RIFTConfig(beta=beta, alpha=alpha, tasks=("sst",)), model)
+        obj = RIFT(RIFTConfig(weight=weight, beta=beta, alpha=alpha, tasks=("sst",)), model)
         torch.manual_seed(1)
         results.append(obj(model, "sst", batch, model("sst", batch)))
-    torch.testing.assert_close(results[1]["adv_kl"], 2.0 * results[0]["adv_kl"])
-    torch.testing.assert_close(results[1]["info"], 0.5 * results[0]["info"])
+        objs.append(obj)
+    assert results[0]["info"].item() > 0
+    torch.testing.assert_close(results[1]["adv_kl"], results[0]["adv_kl"], rtol=0, atol=0)
+    torch.testing.assert_close(results[1]["info"], results[0]["info"], rtol=0, atol=0)
+    assert objs[0].term_weight("adv_kl") == 1.0 and objs[0].term_weight("info") == 1.0
+    assert objs[1].term_weight("adv_kl") == 6.0 and objs[1].term_weight("info") == 1.5
 
 
 @pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "siamese")])
 
 
 def test_rift_kl_term_reaches_the_word_embeddings_through_x_adv(task, pair_encoding):
-    """RIFT eq. 9: x' = x + δ with δ detached, so β·KL(p(x) ‖ p(x')) alone (α = 0, no CE, the clean side
+    """RIFT eq. 9: x' = x + δ with δ detached, so KL(p(x) ‖ p(x')) alone (α = 0, no CE, the clean side
     detached) sends gradient to the word embeddings through x', as SMART's penalty does."""
     model = tiny_model("baseline", pair_encoding, init=0.5).train()
     obj = RIFT(RIFTConfig(beta=1.0, alpha=0.0), model)
@@ -268,8 +273,8 @@ def test_kl_divergence_equals_hand_computation_and_its_direction():
 @pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "cross"), ("para", "siamese")])
 
 
-def test_rift_adv_kl_is_beta_times_hand_kl_at_x_plus_delta(task, pair_encoding, monkeypatch):
-    """With the attack's δ fixed, "adv_kl" = β·KL(p(x) ‖ p(x + δ)) computed by hand from the model's logits, and
+def test_rift_adv_kl_is_hand_kl_at_x_plus_delta(task, pair_encoding, monkeypatch):
+    """With the attack's δ fixed, "adv_kl" = KL(p(x) ‖ p(x + δ)) computed by hand from the model's logits, and
     its gradient on the word embeddings is that of the same expression built independently from embed(ids) + δ."""
     # No dropout anywhere: passes are comparable. The Siamese dot product saturates σ at init 0.5: 0.1 there.
     model = tiny_model("baseline", pair_encoding, init=0.1 if pair_encoding == "siamese" else 0.5).eval()
@@ -283,14 +288,14 @@ def test_rift_adv_kl_is_beta_times_hand_kl_at_x_plus_delta(task, pair_encoding, 
     obj = RIFT(RIFTConfig(beta=beta, alpha=0.0), model)
     out = model(task, batch)
     term = obj(model, task, batch, out)["adv_kl"]
-    term.backward()
+    (obj.term_weight("adv_kl") * term).backward()
     got_grad = model.encoder.embeddings.word_embeddings.weight.grad.clone()
 
     model.zero_grad(set_to_none=True)
     embed = model.encoder.embed_tokens
     clean = model(task, batch).logits
     adv = model(task, batch, inputs_embeds={s: embed(batch["input_ids" + s]) + delta[s] for s in sides}).logits
-    expected = beta * _kl_by_hand(task, clean.tolist(), adv.tolist())
+    expected = _kl_by_hand(task, clean.tolist(), adv.tolist())
     assert expected > 1e-4  # δ moved the prediction: the comparison is not 0 = 0
     assert term.item() == pytest.approx(expected, rel=1e-5)
     (beta * kl_divergence(task, clean, adv)).backward()
