@@ -14,8 +14,9 @@ on it with the flags after ``--`` (any train_multitask.py flags except
 (``results.json``) dev scores as mean ± std over seeds. ``minority`` also
 reports the accuracy on the reduced class.
 
-A command only: the perturbations are tasks.data.perturb, each training run is
-the train command (tasks.train) in-process, and the attack is
+A command only: the perturbations are tasks.data.perturb, the flags after ``--``
+are read by the train command's parser (tasks.train) into one checked config,
+each training run is tasks.training.run with that config, and the attack is
 tasks.objectives.rift on a model from tasks.evaluation.evaluator.
 
 ``attack`` measures accuracy under an embedding-space attack on a trained
@@ -28,6 +29,8 @@ inputs are points in embedding space, not real words.
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import json
 import logging
 import math
@@ -39,22 +42,27 @@ from pathlib import Path
 import torch
 
 from tasks import train as train_command
-from tasks.cli import Parser
+from tasks.cli import Parser, describe, user_errors
+from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
 from tasks.data.perturb import perturb, perturbed_data_dir
 from tasks.data.readers import Example, load_split
 from tasks.evaluation.evaluator import load_checkpoint_model
 from tasks.evaluation.files import read_predictions
 from tasks.objectives.rift import pgd_attack
-from tasks.training.runtime import resolve_device
+from tasks.training.rundir import log_to
+from tasks.training.run import run
+from tasks.training.runtime import configure_malloc, resolve_device
 
 log = logging.getLogger(__name__)
 
 
-def _train(flags: Sequence[str], data_dir: Path, out_dir: Path, seed: int) -> dict:
-    argv = list(flags) + ["--data-dir", str(data_dir), "--out-dir", str(out_dir), "--seed", str(seed), "--overwrite"]
-    log.info("train_multitask.py %s", " ".join(argv))
-    return train_command.main(argv)
+def _train(cfg: TrainConfig, data_dir: Path, out_dir: Path, seed: int) -> dict:
+    """One training run of an experiment: ``cfg`` on ``data_dir`` with ``seed``, into ``out_dir`` (replaced)."""
+    cfg = dataclasses.replace(copy.deepcopy(cfg), data_dir=str(data_dir), out_dir=str(out_dir), seed=seed)
+    log_to(out_dir, console=False)  # main() logs to stderr already
+    log.info("training %s: data %s, seed %d", out_dir, data_dir, seed)
+    return run(cfg, overwrite=True)
 
 
 def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> float:
@@ -79,9 +87,14 @@ def dev_scores(record: dict) -> dict[str, float]:
     return dev
 
 
-def train_experiment(args: argparse.Namespace, flags: list[str]) -> dict:
+def experiment_tasks(args: argparse.Namespace) -> list[str]:
+    return [args.task] if args.command == "minority" else args.tasks
+
+
+def train_experiment(args: argparse.Namespace, flags: list[str], cfg: TrainConfig) -> dict:
+    """Every setting × seed of a training experiment: ``cfg`` (``flags``, checked) on each perturbed copy."""
     src = Path(args.data_dir)
-    tasks = [args.task] if args.command == "minority" else args.tasks
+    tasks = experiment_tasks(args)
     train = {t: load_split(t, "train", src)[0] for t in tasks}
     settings: list[tuple[str, dict]] = []
     if args.command == "few-shot":
@@ -98,7 +111,7 @@ def train_experiment(args: argparse.Namespace, flags: list[str]) -> dict:
             changed = perturb(args.command, train, seed, **s)
             data = perturbed_data_dir(src, Path(args.out_dir) / f"data-{name}-seed{seed}", changed)
             run_dir = Path(args.out_dir) / f"{name}-seed{seed}"
-            record = _train(flags + ["--tasks", *tasks], data, run_dir, seed)
+            record = _train(cfg, data, run_dir, seed)
             dev = dev_scores(record)
             if args.command == "minority":
                 dev_ex = load_split(args.task, "dev", src)[0]
@@ -189,8 +202,9 @@ def build_parser() -> Parser:
     return ap
 
 
-def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
-    """(the experiment's arguments, the train_multitask.py flags after ``--``), both checked; exits 2 on an error."""
+def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], TrainConfig | None]:
+    """(the experiment's arguments, the train_multitask.py flags after ``--``, the training config they give with
+    the experiment's tasks and data), all checked before any data is written; exits 2 on an error."""
     flags: list[str] = []
     if "--" in argv:
         i = argv.index("--")
@@ -201,23 +215,27 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
         if bad in flags:
             parser.error(f"{bad} after -- is set by the experiment: remove it (few-shot and label-noise take "
                          f"--tasks before --)")
-    if args.command == "attack" and flags:
-        parser.error("attack takes no training flags after --")
-    if flags:  # a mistyped training flag fails now, not after the first seed's data is written
-        train_parser = train_command.build_parser()
-        train_parser.prog = f"{parser.prog} {args.command} --"
-        train_command.parse(flags, train_parser)
-    return args, flags
+    if args.command == "attack":
+        if flags:
+            parser.error("attack takes no training flags after --")
+        return args, flags, None
+    train_parser = train_command.build_parser()
+    train_parser.prog = f"{parser.prog} {args.command} --"
+    try:
+        cfg = train_command.config_for(flags + ["--tasks", *experiment_tasks(args), "--data-dir", args.data_dir],
+                                       train_parser)
+    except (ValueError, OSError) as e:
+        parser.error(f"the training flags after --: {describe(e)}")
+    return args, flags, cfg
 
 
 def main(argv: list[str] | None = None) -> dict:
-    args, flags = split_argv(list(os.sys.argv[1:] if argv is None else argv))
+    args, flags, cfg = split_argv(list(os.sys.argv[1:] if argv is None else argv))
+    configure_malloc()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
                         datefmt="%H:%M:%S")
-    if args.command == "attack":
-        results = attack_experiment(args)
-    else:
-        results = train_experiment(args, flags)
+    with user_errors(build_parser().prog):
+        results = attack_experiment(args) if cfg is None else train_experiment(args, flags, cfg)
     text = json.dumps(results, indent=2)
     print(text)
     if args.out_dir:

@@ -61,7 +61,7 @@ from tasks.options import default_of, help_text
 from tasks.training import distributed
 from tasks.training.checkpoint import load_config, read_json, verify_checkpoint
 from tasks.training.run import run_plan
-from tasks.training.rundir import check_writable_dir
+from tasks.training.rundir import check_writable_dir, log_to
 from tasks.training.runtime import configure_malloc, resolve_device
 from tasks.training.trainer import RunPlan, prepare_run, resume_point
 
@@ -407,9 +407,9 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     return Invocation(c, cfg, plan=prepare_run(cfg))
 
 
-def config_for(argv: list[str]) -> TrainConfig:
+def config_for(argv: list[str], parser: argparse.ArgumentParser | None = None) -> TrainConfig:
     """The TrainConfig that ``train_multitask.py argv`` would train, with today's defaults (checked; nothing runs)."""
-    return build_invocation(*parse(list(argv))).config
+    return build_invocation(*parse(list(argv), parser)).config
 
 
 def check_max_length(cfg: TrainConfig, ckpt: Path | None = None) -> None:
@@ -482,33 +482,6 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     return cfg
 
 
-def _setup_logging(out_dir: Path) -> None:
-    """INFO lines to stderr and to <out_dir>/train.log (replacing the handlers of an earlier main() call).
-
-    Under torchrun only rank 0 does this; the other ranks print warnings and errors to stderr, marked with their rank.
-    """
-    rank = distributed.env()[0]
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
-        root.removeHandler(handler)
-        handler.close()
-    if rank > 0:
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname).1s [rank {rank}] %(name)s: %(message)s",
-                                               datefmt="%H:%M:%S"))
-        handler._train_multitask = True
-        root.setLevel(logging.WARNING)
-        root.addHandler(handler)
-        return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
-    root.setLevel(logging.INFO)
-    for handler in (logging.StreamHandler(), logging.FileHandler(out_dir / "train.log", encoding="utf-8")):
-        handler.setFormatter(fmt)
-        handler._train_multitask = True
-        root.addHandler(handler)
-
-
 def main(argv: list[str] | None = None) -> dict:
     """Parse, refuse contradictions (exit status 2, before any data is read), then train or evaluate."""
     malloc_tuned = configure_malloc()
@@ -522,7 +495,7 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = inv.config
     # After argument checking, what the user's files or disk cause is one line and exit status 1 (tasks/cli.py).
     with user_errors(parser.prog):
-        _setup_logging(Path(cfg.out_dir))
+        log_to(Path(cfg.out_dir))
         logger.info("glibc malloc tuned for reuse: %s", malloc_tuned)
         world = distributed.world_size()
         if world > 1:

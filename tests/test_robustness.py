@@ -17,8 +17,9 @@ def test_robustness_docstring_examples_parse():
     examples = [ln.strip() for ln in robustness.__doc__.split("Usage:\n")[1].split("\n\n")[0].splitlines()]
     assert len(examples) == 4
     for line in examples:
-        args, flags = robustness.split_argv(line.split()[3:])
+        args, flags, cfg = robustness.split_argv(line.split()[3:])
         assert args.command == line.split()[3]
+        assert (cfg is None) == (args.command == "attack")
     assert "-- TRAIN_FLAGS" in robustness.build_parser().format_help()
 
 
@@ -35,8 +36,8 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     data = write_tiny_data(tmp_path / "data")
     calls = []
 
-    def fake_train(flags, data_dir, out_dir, seed):
-        calls.append((list(flags), Path(data_dir), seed))
+    def fake_train(cfg, data_dir, out_dir, seed):
+        calls.append((cfg, Path(data_dir), seed))
         (out_dir / "predictions").mkdir(parents=True)
         rows = [f"sst-dev-{i} , {i % 5} " for i in range(24)]
         (out_dir / "predictions" / "sst-dev-output.csv").write_text(" id \t Predicted_Sentiment \n" + "\n".join(rows))
@@ -47,9 +48,8 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     res = robustness.main([command, *extra, "--seeds", "0", "1", "--data-dir", str(data), "--out-dir", str(out),
                            "--", "--epochs", "1"])
     assert [seed for _, _, seed in calls] == [0, 1]
-    flags, used, _ = calls[0]
-    assert flags[:2] == ["--epochs", "1"] and flags[flags.index("--tasks") + 1:] == (
-        ["sst"] if command == "minority" else ["sst", "para"])
+    cfg, used, _ = calls[0]
+    assert cfg.epochs == 1 and cfg.tasks == (("sst",) if command == "minority" else ("sst", "para"))
     for name, rows in changed.items():  # rewritten files with the perturbed number of rows, the rest linked
         assert not (used / name).is_symlink() and len((used / name).read_text().splitlines()) == rows + 1
     assert (used / "sts-train.csv").is_symlink() and (used / "ids-sst-dev.csv").is_symlink()

@@ -1,4 +1,5 @@
-"""The run directory: config.json, metrics.jsonl, training.png, checkpoints/, and the lock that keeps it one run's.
+"""The run directory: config.json, metrics.jsonl, train.log, training.png, checkpoints/, and the lock that keeps
+it one run's.
 
 A fresh run refuses a folder holding an earlier run's results unless
 ``--overwrite``, which moves the old run aside and deletes it only once the
@@ -229,3 +230,30 @@ class RunDir:
                 for record in records:
                     f.write(json.dumps(record, allow_nan=False) + "\n")
 
+
+def log_to(out_dir: Path, console: bool = True) -> None:
+    """INFO lines to <out_dir>/train.log and, with ``console``, to stderr (replacing the handlers of an earlier call).
+
+    Under torchrun only rank 0 does this; the other ranks print warnings and errors to stderr, marked with their rank.
+    """
+    rank = distributed.env()[0]
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
+        root.removeHandler(handler)
+        handler.close()
+    if rank > 0:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname).1s [rank {rank}] %(name)s: %(message)s",
+                                               datefmt="%H:%M:%S"))
+        handler._train_multitask = True
+        root.setLevel(logging.WARNING)
+        root.addHandler(handler)
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fmt = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
+    root.setLevel(logging.INFO)
+    handlers = [logging.StreamHandler()] if console else []
+    for handler in [*handlers, logging.FileHandler(out_dir / "train.log", encoding="utf-8")]:
+        handler.setFormatter(fmt)
+        handler._train_multitask = True
+        root.addHandler(handler)
