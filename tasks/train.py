@@ -381,11 +381,9 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
         if c.eval_only and (fixed := [_flag(p) for p in explicit if p not in eval_mutable()]):
             raise ValueError(f"--eval-only uses the configuration saved in the checkpoint, so {', '.join(fixed)} "
                              f"cannot change (allowed: {', '.join(_flag(p) for p in eval_mutable())})")
-        if c.resume:
-            ckpt, saved = resume_point(where)  # a damaged last: an intact last.old or best
-        else:
-            ckpt = verify_checkpoint(where)
-            saved = load_config(ckpt)
+        resume = resume_point(where) if c.resume else None  # a damaged last: an intact last.old or best
+        ckpt = resume.checkpoint if resume else verify_checkpoint(where)
+        saved = resume.config if resume else load_config(ckpt)
         cfg = copy.deepcopy(saved)
         if "out_dir" not in explicit:
             explicit = {**explicit, "out_dir": str(default_out_dir(ckpt, saved))}
@@ -397,7 +395,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
         refuse_idle_settings(cfg, explicit)  # --resume and --eval-only alike: e.g. --sts-prior on a run without STS
         check_max_length(cfg, ckpt)
         check_prior_model(cfg, explicit)
-        plan = None if c.eval_only else prepare_run(cfg, (ckpt, saved))  # the one resume rule
+        plan = None if c.eval_only else prepare_run(cfg, resume)  # the one resume rule
         return Invocation(c, cfg, ckpt, plan)
 
     cfg = config_from_flags(c, explicit)

@@ -552,6 +552,24 @@ def test_eval_only_reads_the_checkpoints_config_once(tiny_env, tmp_path, monkeyp
     assert len(reads) == 1
 
 
+def test_a_resume_reads_the_checkpoints_state_and_config_once(tiny_env, tmp_path, monkeypatch):
+    """--resume finds its checkpoint, then reads its state.json and config.json once each, however many layers
+    (the command's check, the resume rule, the LP-FT stage, the trainer's restore) use them."""
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "8", "--lr-schedule", "constant"])
+    last = (run_dir / "checkpoints" / "last").resolve()
+    reads, real_open = [], open
+
+    def counting_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file).resolve().parent == last:
+            reads.append(Path(file).name)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
+    assert reads.count("state.json") == 1 and reads.count("config.json") == 1, reads
+
+
 def test_a_run_builds_each_prior_once(tiny_env, tmp_path, monkeypatch):
     """The STS and SST priors are built at the first evaluation and serve every later one and the final files."""
     built = []

@@ -44,6 +44,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -183,16 +184,16 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     return path
 
 
-def repair_best(ckpt: Path, best: Path) -> bool:
+def repair_best(resume: ResumePoint, best: Path) -> bool:
     """Re-link ``best`` from ``ckpt`` when a crash came between writing ``ckpt`` and linking ``best``.
 
-    ``ckpt``'s state.json names the best epoch and holds its score. When ``ckpt``
+    The state.json of ``resume``'s checkpoint ``ckpt`` names the best epoch and holds its score. When ``ckpt``
     is the end of that very epoch (step 0 of the next one) and ``best`` does not
     hold the same position and score, ``best`` is stale or missing: the best
     weights exist only in ``ckpt``, so they are linked before anything can
     overwrite it. Returns whether ``best`` was repaired.
     """
-    state = read_json(ckpt / "state.json")
+    ckpt, state = resume.checkpoint, resume.state
     mark = state.get("best")
     if not mark or "swa" in state or state["step"] != 0 or mark["epoch"] != state["epoch"]:
         return False
@@ -257,35 +258,57 @@ def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
     """``resolve_checkpoint``, then its state files parsed and every safetensors header read (a truncated or
     corrupted file is a ValueError naming it; flipped bits inside tensor data are not detected). Its config.json
     is checked where it is read, by ``load_config``."""
+    return _intact(path)[0]
+
+
+def _intact(path: str | os.PathLike[str]) -> tuple[Path, dict]:
+    """``verify_checkpoint``'s work; returns the checkpoint and its parsed state.json."""
     path = resolve_checkpoint(path)
-    for name in ("state.json", "optimizer.json"):
-        read_json(path / name)
+    state = read_json(path / "state.json")
+    read_json(path / "optimizer.json")
     for file in sorted(path.glob("*.safetensors")):
         try:
             with safe_open(str(file), "pt") as f:
                 f.keys()
         except SafetensorError as e:
             raise ValueError(f"{file} is truncated or corrupted ({e})") from e
-    return path
+    return path, state
 
 
-def resumable_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """``path`` verified; when it is a run's damaged ``last``, an intact ``last.old`` or ``best`` beside it
-    instead, with a warning (the epochs after it are trained again); else a ValueError saying what is wrong."""
+def resumable_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, dict]:
+    """(``path`` verified, its state.json); when it is a run's damaged ``last``, an intact ``last.old`` or ``best``
+    beside it instead, with a warning (the epochs after it are trained again); else a ValueError saying what is
+    wrong."""
     path = Path(path).expanduser()
     try:
-        return verify_checkpoint(path)
+        return _intact(path)
     except (OSError, ValueError) as e:
         if path.name != "last":
             raise
         for other in (path.with_name("last" + _OLD_SUFFIX), path.with_name("best")):
             try:
-                good = verify_checkpoint(other)
+                good = _intact(other)
             except (OSError, ValueError):
                 continue
-            logger.warning("%s; resuming from %s instead: training goes on from its position", e, good)
+            logger.warning("%s; resuming from %s instead: training goes on from its position", e, good[0])
             return good
         raise ValueError(f"{e}; neither last.old nor best beside it is intact: start afresh (--overwrite)") from e
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a resume continues, read once (``resume_point``): where it is, its config, its state.json."""
+
+    checkpoint: Path
+    config: TrainConfig
+    state: dict
+
+
+def resume_point(path: str | os.PathLike) -> ResumePoint:
+    """The checkpoint a resume continues (a damaged ``last``: an intact ``last.old`` or ``best``, warned), with the
+    config and state saved in it, each read once."""
+    ckpt, state = resumable_checkpoint(path)
+    return ResumePoint(ckpt, load_config(ckpt), state)
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer, param_names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:

@@ -33,6 +33,7 @@ from tasks.training.checkpoint import (
     link_or_copy_directory,
     process_alive,
     remove_stale_temporaries,
+    ResumePoint,
     repair_best,
     write_json,
 )
@@ -123,10 +124,10 @@ class RunDir:
         self.writer = writer
         self.replaced: Path | None = None
 
-    def start(self, cfg: Any, *, resume: Path | None = None, overwrite: bool = False) -> None:
+    def start(self, cfg: Any, *, resume: ResumePoint | None = None, overwrite: bool = False) -> None:
         """Lock the directory; a fresh run refuses an earlier run's files unless ``overwrite``; write config.json.
 
-        A resume from checkpoint ``resume`` first repairs ``best`` when a crash
+        A resume from ``resume`` (its checkpoint) first repairs ``best`` when a crash
         came between writing that checkpoint and linking best (``repair_best``).
         Under torchrun rank 0 checks and locks; every rank raises, or none.
         """
@@ -144,7 +145,7 @@ class RunDir:
         if self.writer:
             write_json(self.path / "config.json", cfg.to_dict())
 
-    def _prepare(self, resume: Path | None, overwrite: bool) -> None:
+    def _prepare(self, resume: ResumePoint | None, overwrite: bool) -> None:
         check_writable_dir(self.path, "--out-dir")
         self.path.mkdir(parents=True, exist_ok=True)
         take_lock(self.lock, f"run directory {self.path}")

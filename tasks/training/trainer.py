@@ -76,7 +76,6 @@ from tasks.training import distributed, lpft
 from tasks.training.checkpoint import (
     CHECKPOINT_FORMAT,
     atomic_directory,
-    load_config,
     load_objectives_state,
     load_optimizer_state,
     load_tensors,
@@ -84,8 +83,9 @@ from tasks.training.checkpoint import (
     optimizer_state,
     rank_objectives_saved,
     read_json,
+    ResumePoint,
+    resume_point,
     resolve_checkpoint,
-    resumable_checkpoint,
     save_encoder_files,
     save_rank_objectives,
     save_tensors,
@@ -156,28 +156,23 @@ class RunPlan:
     checkpoint it continues."""
 
     cfg: TrainConfig
-    checkpoint: Path | None = None
+    resume: ResumePoint | None = None
+
+    @property
+    def checkpoint(self) -> Path | None:
+        return self.resume.checkpoint if self.resume is not None else None
 
 
-def resume_point(path: str | os.PathLike) -> tuple[Path, TrainConfig]:
-    """The checkpoint a resume continues (a damaged ``last``: an intact ``last.old`` or ``best``, warned) and the
-    config saved in it, read once."""
-    ckpt = resumable_checkpoint(path)
-    return ckpt, load_config(ckpt)
-
-
-def prepare_run(cfg: TrainConfig, resume: tuple[Path, TrainConfig] | None = None) -> RunPlan:
+def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunPlan:
     """Every check of a training run, once, before any data is read: the config (``TrainConfig.validate``), its
     per-process batches under torchrun, its device, and for a ``resume`` (``resume_point``) the one resume rule
     (``check_resume_config``: only RESUME_MUTABLE fields may differ from the checkpoint's)."""
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
-    if resume is None:
-        return RunPlan(cfg)
-    ckpt, saved = resume
-    check_resume_config(saved, cfg)
-    return RunPlan(cfg, ckpt)
+    if resume is not None:
+        check_resume_config(resume.config, cfg)
+    return RunPlan(cfg, resume)
 
 
 class Trainer:
@@ -195,7 +190,7 @@ class Trainer:
     prefetch: bool | None = None
 
     def __init__(self, cfg: TrainConfig, parts: Parts, *, device: torch.device, hooks: Sequence[Hook] = (),
-                 run_dir: RunDir | None = None, checkpoint: Path | None = None) -> None:
+                 run_dir: RunDir | None = None, resume: ResumePoint | None = None) -> None:
         self.cfg, self.device, self.hooks, self.run_dir = cfg, device, list(hooks), run_dir
         self.model, self.objectives = parts.model, parts.objectives
         self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
@@ -214,8 +209,7 @@ class Trainer:
                            self.world_size, ", ".join(coupled),
                            {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
         # LP-FT: the stage of the position to start from decides which parameters the optimizer sees.
-        state = read_json(checkpoint / "state.json") if checkpoint is not None else None
-        self.stage = lpft.stage_at(cfg, state["epoch"] if state is not None else 0)
+        self.stage = lpft.stage_at(cfg, resume.state["epoch"] if resume is not None else 0)
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
@@ -232,8 +226,8 @@ class Trainer:
         self.epoch_sums = RunningSums()  # steps (under torchrun: this rank's shares of them)
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self._rng_to_restore = None
-        if checkpoint is not None:
-            self._load_checkpoint(checkpoint, state)
+        if resume is not None:
+            self._load_checkpoint(resume.checkpoint, resume.state)
         elif self.rank > 0:
             seed_everything(distributed.rank_seed(cfg.seed, self.rank))  # this rank's own dropout masks
         if cfg.compile:
@@ -250,15 +244,15 @@ class Trainer:
     def from_plan(cls, plan: RunPlan, *, hooks: Sequence[Hook] = (), overwrite: bool = False) -> Trainer:
         """Prepare and lock the run directory (RunDir.start), build the parts, record what was read (data.json)
         and, for a resume, restore the plan's checkpoint. The plan is trusted: nothing is checked again."""
-        cfg, ckpt = plan.cfg, plan.checkpoint
+        cfg = plan.cfg
         # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
         device = distributed.setup(resolve_device(cfg.device))
         run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
-        run_dir.start(cfg, resume=ckpt, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
+        run_dir.start(cfg, resume=plan.resume, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
         try:
             parts = build_parts(cfg, device)
             run_dir.record_data(parts.data)
-            return cls(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, checkpoint=ckpt)
+            return cls(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, resume=plan.resume)
         except BaseException:
             run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
             raise
@@ -580,7 +574,7 @@ class Trainer:
         return final
 
     def _load_checkpoint(self, ckpt: Path, state: dict) -> None:
-        if "swa" in read_json(ckpt / "state.json"):
+        if "swa" in state:
             raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
                              "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
         self.model.load_state_dict(load_tensors(ckpt / "model.safetensors", self.device))
