@@ -22,7 +22,7 @@ from typing import Any
 
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import TASKS, ModelConfig
-from tasks.objectives import registered_objectives
+from tasks.objectives import objective_config, registered_objectives
 from tasks.options import option
 from tasks.training.runtime import check_device_string
 
@@ -276,7 +276,7 @@ class TrainConfig:
         if self.lp_lr is not None and not self.lp_lr > 0:
             raise ValueError(f"lp_lr must be positive, got {self.lp_lr}")
         if self.lp_lr is not None and self.lp_epochs == 0:
-            raise ValueError("lp_lr is the learning rate of LP-FT stage 1, but lp_epochs is 0: it would do nothing")
+            raise ValueError("lp_lr only acts with lp_epochs N > 0 (LP-FT stage 1, paper §4.2): it would do nothing")
         if not self.swa_lr > 0:
             raise ValueError(f"swa_lr must be positive, got {self.swa_lr}")
         if self.checkpoint_every < 0:
@@ -338,8 +338,6 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError(f"--warmup only acts with --lr-schedule warmup_linear (the run uses {cfg.lr_schedule})")
     if "swa_lr" in explicit and cfg.swa_epochs == 0:
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
-    if "lp_lr" in explicit and cfg.lp_epochs == 0:
-        raise ValueError("--lp-lr only acts with --lp-epochs N > 0 (LP-FT stage 1, paper §4.2)")
     if "sts_prior" in explicit and cfg.sts_prior > 0 and "sts" not in cfg.tasks:
         raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
     if "sts_prior_model" in explicit and (cfg.sts_prior == 0 or "sts" not in cfg.tasks):
@@ -352,18 +350,10 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
 
 def check_objectives(cfg: TrainConfig) -> None:
     """Refuse objectives that are not registered, cannot be configured so, or would do nothing in this run."""
-    registry = registered_objectives()
     streams = cfg.streams()
     on_nli = []
     for name, overrides in cfg.objectives.items():
-        if name not in registry:
-            raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/ defines it "
-                             f"(registered: {', '.join(sorted(registry)) or 'none'})")
-        cls = registry[name]
-        try:
-            config = cls.Config(**overrides)
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"objective {name!r}: {e}") from None
+        cls, config = objective_config(name, overrides)
         active = cls.tasks_of(config)
         applies = [s for s in active if s in streams]
         if not applies:

@@ -166,7 +166,7 @@ REFUSED = [
     (["--eval-only", "--swa-epochs", "2"], "--swa-epochs cannot change"),
     (["--eval-only", "--lp-epochs", "2"], "--lp-epochs cannot change"),
     (["--swa-lr", "1e-4"], "--swa-lr only acts"),
-    (["--lp-lr", "1e-3"], "--lp-lr only acts"),
+    (["--lp-lr", "1e-3"], "lp_lr only acts with lp_epochs"),
     (["--swa-epochs", "-1"], "swa_epochs must be >= 0"),
     (["--lp-epochs", "-2"], "lp_epochs must be >= 0"),
     (["--objective", "distill"], "distill needs teachers"),

@@ -146,19 +146,30 @@ def check_tasks(objective: str, chosen, allowed: tuple[str, ...], why: str = "")
         raise ValueError(f"{objective} tasks must be among {allowed}{why}, got {bad}")
 
 
-def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> list[Objective]:
-    """Instantiate the named objectives with their config overrides; unknown names/fields raise."""
+def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objective], ObjectiveConfig]:
+    """(the registered class, its checked Config) of objective ``name`` with ``overrides``; a ValueError naming the
+    objective for an unknown name, an unknown option or a value its Config refuses."""
     import_all()
+    if name not in REGISTRY:
+        raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/ defines it "
+                         f"(registered: {', '.join(sorted(REGISTRY)) or 'none'})")
+    cls = REGISTRY[name]
+    known = {f.name for f in fields(cls.Config)}
+    bad = set(overrides) - known
+    if bad:
+        raise ValueError(f"objective {name!r} has no option(s) {sorted(bad)}; options: {sorted(known)}")
+    try:
+        return cls, cls.Config(**overrides)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"objective {name!r}: {e}") from None
+
+
+def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> list[Objective]:
+    """Instantiate the named objectives with their config overrides (``objective_config``)."""
     objs = []
     for name, overrides in settings.items():
-        if name not in REGISTRY:
-            raise ValueError(f"unknown objective {name!r}; known: {sorted(REGISTRY)}")
-        cls = REGISTRY[name]
-        known = {f.name for f in fields(cls.Config)}
-        bad = set(overrides) - known
-        if bad:
-            raise ValueError(f"objective {name!r} has no option(s) {sorted(bad)}; options: {sorted(known)}")
-        objs.append(cls(cls.Config(**overrides), model))
+        cls, config = objective_config(name, overrides)
+        objs.append(cls(config, model))
     return objs
 
 
