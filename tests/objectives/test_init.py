@@ -207,3 +207,15 @@ def test_the_probe_term_enters_the_loss_with_its_weight(probe, tiny_env, tmp_pat
     batch = trainer.train_sets["sst"].collate(list(range(8)))
     loss, terms = trainer.step_loss("sst", batch)
     torch.testing.assert_close(loss, terms["sst/loss"] + 0.5 * terms["sst/probe_minimal.logit_norm"])
+
+
+def test_an_unknown_option_is_refused_naming_it_and_the_options_by_the_config_check_and_the_builder():
+    """objective_config is the one check: TrainConfig.validate and build_objectives give the same message."""
+    from tasks.config import TrainConfig
+
+    with pytest.raises(ValueError, match=r"objective 'mnr' has no option\(s\) \['nope'\]; options: \[.*'scale'"):
+        build_objectives({"mnr": {"nope": 1}}, None)
+    with pytest.raises(ValueError, match=r"objective 'mnr' has no option\(s\) \['nope'\]"):
+        TrainConfig(objectives={"mnr": {"nope": 1}}, model=ModelConfig(pair_encoding="siamese")).validate()
+    with pytest.raises(ValueError, match=r"objective 'mnr': .*scale"):
+        build_objectives({"mnr": {"scale": -1.0}}, None)
