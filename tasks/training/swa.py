@@ -97,8 +97,7 @@ def swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:
     t0 = time.perf_counter()
     lpft.train_mode(trainer.model, lpft.FT)
     with progress_logging():
-        trainer.run_epoch(plan, lambda k: cfg.swa_lr, sums, desc=f"SWA epoch {index + 1}/{cfg.swa_epochs}",
-                          advance=False)
+        trainer.run_epoch(plan, lambda k: cfg.swa_lr, sums, desc=f"SWA epoch {index + 1}/{cfg.swa_epochs}")
     means = sums.means()
     train_time = time.perf_counter() - t0
     logger.info("SWA epoch %d done in %.0f s: %s", index + 1, train_time,

@@ -401,14 +401,13 @@ class Trainer:
 
     # -- the loop --
     def run_epoch(self, plan: Sequence[tuple[str, list[int]]], lr_of: Callable[[int], float], sums: RunningSums, *,
-                  desc: str, start: int = 0, advance: bool = True, after_step: Callable[[], None] | None = None
-                  ) -> float:
+                  desc: str, start: int = 0, after_step: Callable[[], None] | None = None) -> float:
         """Train the steps ``plan[start:]`` at learning rate ``lr_of(step)``, adding their terms to ``sums``.
 
-        ``advance``: the steps move the trainer's position (``step``,
-        ``global_step``); the SWA phase runs outside it. A log line (window
-        means, seq/s) every ``log_every`` steps; ``after_step`` runs after
-        each. Returns the learning rate of the last step.
+        A log line (window means, seq/s) every ``log_every`` steps of the plan;
+        ``after_step`` runs after each step (the training loop's moves the
+        position; the SWA phase runs outside it). Returns the learning rate of
+        the last step.
         """
         n = len(plan)
         window, window_seqs, t_window = RunningSums(), 0, time.perf_counter()
@@ -422,11 +421,8 @@ class Trainer:
                 sums.add(terms, share)
                 window.add(terms, share)
                 window_seqs += sequences(batch)
-                if advance:
-                    self.step += 1
-                    self.global_step += 1
                 bar.update(1)
-                if (self.global_step if advance else k + 1) % self.cfg.log_every == 0:
+                if (k + 1) % self.cfg.log_every == 0:
                     now = time.perf_counter()
                     means = window.means()  # the one device sync per log_every steps
                     seqs = distributed.sum_over_ranks({"seqs": window_seqs})["seqs"]
@@ -469,6 +465,8 @@ class Trainer:
         t_epoch = time.perf_counter()
 
         def after_step() -> None:
+            self.step += 1
+            self.global_step += 1
             if cfg.checkpoint_every and self.global_step % cfg.checkpoint_every == 0 and self.step < n:
                 self.save_checkpoint("last")
             for h in self.hooks:
