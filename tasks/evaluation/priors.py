@@ -67,7 +67,8 @@ STS_SCALE = 5.0  # cosine -> the 0-5 STS scale (paper §4.1's 5 x cosine)
 
 
 # The SST probe's inverse L2 strength, in scikit-learn's convention (C x the summed loss + ||W||^2 / 2): the
-# best of C in 0.03, 0.1, 0.2, 0.3, 0.5 by 5-fold cross-validation on SST train (the embedded MiniLM's embeddings).
+# best of C in 0.03, 0.1, 0.2, 0.3, 0.5 by 5-fold cross-validation on SST train (the embedded MiniLM's embeddings;
+# experiments/RESULTS.md, "Design choices measured once").
 SST_PRIOR_C = 0.2
 
 

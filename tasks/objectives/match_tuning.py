@@ -44,8 +44,8 @@ and its experiments report no evaluation batch setup; the released code is a
   grows) and expect the short last batch to be matched over fewer examples.
 Chosen on dev, as ../shared/DESIGN.md asks: one checkpoint of a CPU-budget run
 scored both ways, where batch matching at evaluation was no better than
-identity and changed only a handful of predictions. Hence identity: as good,
-and batch-independent.
+identity and changed only a handful of predictions (experiments/RESULTS.md,
+"Design choices measured once"). Hence identity: as good, and batch-independent.
 
 Not an additive loss: the objective returns no terms. It changes the model:
 building it installs ``BatchMatching`` as the model's pooled transform for its
