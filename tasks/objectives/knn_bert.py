@@ -51,7 +51,10 @@ Usage:
     obj.set_train_size(len(sst_train), "sst")    # queue = min(queue_size, train size)
     terms = obj(model, "sst", batch, model("sst", batch))   # {"sc": L'_sc}
     obj.on_step_end(model)                                   # after optimizer.step()
-    probs = knn_predict(model, "sst", sst_train, sst_dev, k=100, phi=0.25)   # (N_dev, 5)
+    train_feats, _ = compute_representations(model, "sst", sst_train)       # eq. 1 at evaluation:
+    knn = KNNClassifier(k=100, num_classes=5).fit(train_feats, sst_train.labels)
+    feats, logits = compute_representations(model, "sst", sst_dev)
+    probs = knn.predict_proba(feats, class_probabilities("sst", logits), phi=0.25)   # (N_dev, 5)
 """
 
 from __future__ import annotations
@@ -163,9 +166,8 @@ class KNNInference:
     file's representations under the final model (``representation``) are
     stored once, then every evaluated example gets
     s = (1 − φ)·softmax(F(q)) + φ·KNN(q) with its K cosine-nearest training
-    examples (``knn_k``, ``knn_phi``), and the KNN vote alone (φ = 1). The
-    same computation as ``knn_predict``, with the training representations
-    computed once for every split and both φ. Cost: one forward pass over the
+    examples (``knn_k``, ``knn_phi``), and the KNN vote alone (φ = 1), with the
+    training representations computed once for every split and both φ. Cost: one forward pass over the
     training sets (all of Quora's on a full run) plus one more over each scored set.
     """
 
@@ -261,28 +263,6 @@ def compute_representations(model: nn.Module, task: str, dataset: Any, represent
     inverse = torch.empty(n, dtype=torch.long)
     inverse[torch.tensor(order)] = torch.arange(n)
     return torch.cat(feats)[inverse], torch.cat(logits)[inverse]
-
-
-def knn_predict(model: nn.Module, task: str, train_dataset: Any, eval_dataset: Any, k: int = 100,
-                phi: float = 0.25, batch_size: int = 64, device: torch.device | str | None = None,
-                representation: str = "pooled") -> torch.Tensor:
-    """KNN-BERT eq. 1 class probabilities (N_eval, C) for ``eval_dataset``, in its order.
-
-    The neighbours are the labeled ``train_dataset``'s representations under
-    the current model. φ = 0 gives the linear classifier's softmax, φ = 1 the
-    KNN vote only. Paraphrase: C = 2, class 1 = paraphrase, so
-    ``probs.argmax(-1)`` is the prediction for every task.
-    """
-    if task not in NUM_CLASSES:
-        raise ValueError(f"knn_predict applies to {tuple(NUM_CLASSES)}, got {task!r}")
-    if getattr(train_dataset, "labels", None) is None:
-        raise ValueError("knn_predict needs a labeled train_dataset")
-    train_feats, _ = compute_representations(model, task, train_dataset, representation, batch_size, device)
-    eval_feats, eval_logits = compute_representations(model, task, eval_dataset, representation, batch_size, device)
-    knn = KNNClassifier(k, NUM_CLASSES[task]).fit(train_feats, train_dataset.labels)
-    return knn.predict_proba(eval_feats, class_probabilities(task, eval_logits), phi)
-
-
 
 
 # ---- training: supervised momentum contrast (eq. 3, 5, 6) ----
@@ -577,16 +557,7 @@ class KNNBert(Objective):
         elif strict:
             missing_keys.append(f"{key_prefix}*")
 
-    # ---- inference ---------------------------------------------------------------------------
-
-    def knn_predict(self, model: nn.Module, task: str, train_dataset: Any, eval_dataset: Any,
-                    batch_size: int = 64, device: torch.device | str | None = None) -> torch.Tensor:
-        """``knn_predict`` with this objective's knn_k, knn_phi and representation."""
-        cfg = self.config
-        return knn_predict(model, task, train_dataset, eval_dataset, k=cfg.knn_k, phi=cfg.knn_phi,
-                           batch_size=batch_size, device=device, representation=cfg.representation)
-
 
 __all__ = ("KNNBert", "KNNBertConfig", "KNNClassifier", "KNNInference", "class_probabilities",
-                          "compute_representations", "knn_predict", "select_positives", "supervised_moco_loss")
+           "compute_representations", "select_positives", "supervised_moco_loss")
 

@@ -46,15 +46,11 @@ rank trains the SWA epochs on its shards (as in training) and rank 0 scores and 
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-import torch
-from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from tasks.evaluation.metrics import jsonable
@@ -77,16 +73,6 @@ def swa_wins(swa_score: float, best_score: float | None) -> bool:
 
 def _fmt(score: float | None) -> str:
     return "undefined" if score is None else f"{score:.4f}"
-
-
-def average_snapshots(model: nn.Module, snapshots: Sequence[dict[str, torch.Tensor]]) -> AveragedModel:
-    """An ``AveragedModel`` of ``model``'s architecture updated with each state dict of ``snapshots`` in turn."""
-    holder = copy.deepcopy(model)
-    averaged = AveragedModel(holder)
-    for state in snapshots:
-        holder.load_state_dict(state)
-        averaged.update_parameters(holder)
-    return averaged
 
 
 def swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:

@@ -20,7 +20,7 @@ from tasks.objectives.knn_bert import (
     KNNBertConfig,
     KNNClassifier,
     class_probabilities,
-    knn_predict,
+    compute_representations,
     supervised_moco_loss,
 )
 from tasks.objectives.rift import (
@@ -235,6 +235,16 @@ def test_knn_vote_is_exact_on_hand_built_neighbours():
         KNNClassifier(k=6, num_classes=3).fit(feats, labels)
 
 
+def knn_predict(model, task, train_dataset, eval_dataset, k=100, phi=0.25, batch_size=64,
+                representation="pooled") -> torch.Tensor:
+    """Eq. 1 for ``eval_dataset`` from its parts, the reference the final KNN inference is checked against:
+    (1 − φ)·softmax(F(q)) + φ·KNN(q) over the labeled ``train_dataset``'s representations."""
+    train_feats, _ = compute_representations(model, task, train_dataset, representation, batch_size)
+    feats, logits = compute_representations(model, task, eval_dataset, representation, batch_size)
+    knn = KNNClassifier(k, {"sst": 5, "para": 2}[task]).fit(train_feats, train_dataset.labels)
+    return knn.predict_proba(feats, class_probabilities(task, logits), phi)
+
+
 @pytest.mark.parametrize("task", ["sst", "para"])
 
 
@@ -308,7 +318,7 @@ def _records(run_dir: Path) -> list[dict]:
 
 def test_knn_inference_metrics_and_leaderboard(tiny_env, tmp_path):
     """The final record has KNN-BERT dev metrics (at φ and φ = 1); φ = 0 equals the plain classifier; with φ > 0
-    (set by --eval-only --knn-bert-knn-phi) the leaderboard files hold the eq. 1 prediction of KNNBert.knn_predict."""
+    (set by --eval-only --knn-bert-knn-phi) the leaderboard files hold the eq. 1 prediction (knn_predict above)."""
     knn = {"m_most": 2, "m_least": 2, "queue_size": 20, "knn_k": 5, "knn_phi": 0.0}
     final = run(_cfg(tiny_env, tmp_path / "run", objectives={"knn_bert": knn}))
     assert final["knn"]["dev"] == final["dev"] and final["knn"]["leaderboard"] == "classifier"
@@ -326,7 +336,9 @@ def test_knn_inference_metrics_and_leaderboard(tiny_env, tmp_path):
     for task in ("sst", "para"):
         train = splits.make_dataset(task, splits.load_examples(task, "train", cfg), tokenizer, cfg)
         dev = splits.make_dataset(task, splits.load_examples(task, "dev", cfg), tokenizer, cfg)
-        want = obj.knn_predict(model, task, train, dev).argmax(-1)
+        c = obj.config
+        want = knn_predict(model, task, train, dev, k=c.knn_k, phi=c.knn_phi, representation=c.representation)
+        want = want.argmax(-1)
         ids, written = read_predictions(tmp_path / "eval" / "predictions" / f"{task}-dev-output.csv")
         assert ids == dev.ids and torch.equal(written, want), task
         metric = {"sst": "sst_acc", "para": "para_acc"}[task]

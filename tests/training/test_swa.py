@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import copy
 import json
 import math
 from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 from torch.optim.swa_utils import AveragedModel
 
 from tasks.evaluation.evaluator import evaluate_checkpoint
@@ -27,32 +25,6 @@ def _cfg(env, out_dir: Path, **overrides):
 
 def _records(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-
-
-def _toy() -> nn.Module:
-    return nn.Sequential(nn.Linear(4, 3), nn.LayerNorm(3), nn.Linear(3, 2))
-
-
-def test_swa_of_identical_snapshots_returns_them():
-    """Averaging N copies of the same weights gives those weights bit for bit, with n_averaged = N."""
-    model = _toy()
-    snapshot = copy.deepcopy(model.state_dict())
-    averaged = swa_mod.average_snapshots(model, [snapshot] * 3)
-    assert int(averaged.n_averaged) == 3
-    for k, v in averaged.module.state_dict().items():
-        assert torch.equal(v, snapshot[k]), k
-
-
-def test_swa_of_two_snapshots_is_their_mean_as_torch_averaged_model():
-    """Two snapshots average to their mean, exactly as torch's AveragedModel updated with each in turn."""
-    a, b = _toy(), _toy()
-    averaged = swa_mod.average_snapshots(a, [a.state_dict(), b.state_dict()])
-    reference = AveragedModel(a)
-    reference.update_parameters(a)
-    reference.update_parameters(b)
-    for (k, got), want in zip(averaged.module.named_parameters(), reference.module.parameters()):
-        assert torch.equal(got, want), k
-        assert torch.allclose(got, (a.state_dict()[k] + b.state_dict()[k]) / 2, atol=1e-7), k
 
 
 def test_swa_replaces_the_best_epoch_only_with_a_strictly_higher_finite_score():
