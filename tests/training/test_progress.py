@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import math
 
+import matplotlib.image
+import matplotlib.pyplot as plt
 import pytest
 import torch
 
+from tasks.training import progress
 from tasks.training.progress import RunningSums, plot_history, sequences
 
 
@@ -51,4 +54,25 @@ def test_plot_history_writes_a_png_in_place_of_the_old_one(tmp_path):
     path.write_bytes(b"old")
     assert plot_history(history, path) == path
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert matplotlib.image.imread(path).shape[:2] == (675, 990)  # 11 x 7.5 inches at 90 dpi
     assert [p.name for p in path.parent.iterdir()] == ["training.png"]
+
+
+def test_plot_history_draws_every_term_and_metric_raw_and_normalized(tmp_path, monkeypatch):
+    """The four panels hold each loss term and dev metric per epoch, and the same normalized so that the worst
+    epoch is 0 and the best 1 (a loss falls, a metric rises); a null metric is drawn as gaps."""
+    figures = []
+    monkeypatch.setattr(progress.plt, "close", figures.append)
+    history = [{"epoch": e, "train": {"loss": 1.0 / e, "sst/loss": 2.0 / e}, "dev": {"sst_acc": 0.2 * e, "sts_r": None}}
+               for e in (1, 2, 4)]
+    plot_history(history, tmp_path / "training.png")
+    (fig,) = figures
+    axes = fig.axes
+    monkeypatch.undo()
+    plt.close(fig)
+    lines = [{ln.get_label(): (list(ln.get_xdata()), list(ln.get_ydata())) for ln in ax.lines} for ax in axes]
+    assert lines[0]["sst/loss"] == ([1, 2, 4], [2.0, 1.0, 0.5]) and axes[0].get_yscale() == "log"
+    assert lines[1]["sst_acc"][1] == pytest.approx([0.2, 0.4, 0.8])
+    assert all(math.isnan(v) for v in lines[1]["sts_r"][1])
+    assert lines[2]["loss"][1] == pytest.approx([0.0, 2 / 3, 1.0])  # 1/e: worst 1.0 -> 0, best 0.25 -> 1
+    assert lines[3]["sst_acc"][1] == pytest.approx([0.0, 1 / 3, 1.0])

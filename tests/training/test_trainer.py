@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+import matplotlib.image
 import pytest
 import torch
 
@@ -74,7 +75,7 @@ def test_a_few_epochs_reduce_the_loss(tiny_env, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in records] == [1, 2, 3, 4]
     assert {"sst_acc", "para_acc", "sts_r", "overall"} <= set(records[0]["dev"])
-    assert (tmp_path / "run" / "training.png").stat().st_size > 0
+    assert matplotlib.image.imread(tmp_path / "run" / "training.png").shape[:2] == (675, 990)
 
 
 @pytest.mark.parametrize("weight", [0.0, 2.0])
