@@ -10,11 +10,12 @@ What ``fit`` does:
    steps (sequential / round_robin / even). One step is one batch of one
    stream, and its loss is
 
-       w_stream · (s · head_loss + Σ_objectives weight_o · Σ terms_o)
+       w_stream · (s · head_loss + Σ_objectives Σ_terms term_weight_o(term) · term)
 
    with w the stream's loss weight (§4.2 loss rescaling), s the product of the
-   applying objectives' ``task_loss_scale`` (SCL's 1 − λ), and terms the named
-   losses each applying objective returns. The "nli" stream has no head loss:
+   applying objectives' ``task_loss_scale`` (SCL's 1 − λ), and terms the
+   unweighted named losses each applying objective returns (``term_weight``:
+   its ``weight``, times RIFT's β or α). The "nli" stream has no head loss:
    only its objectives (MNR, §4.2) train on it. Every term is logged under
    ``<stream>/loss`` (the head) or ``<stream>/<objective>.<term>``, plus the
    weighted total ``loss``.
