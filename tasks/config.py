@@ -21,16 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.data.schedule import SCHEDULES, SUBSETS
-from tasks.model import TASKS, ModelConfig
+from tasks.model import NLI, STREAMS, TASKS, ModelConfig
 from tasks.objectives import objective_config, registered_objectives
 from tasks.options import option
 from tasks.training.runtime import check_device_string
-
-NLI = "nli"
-
-
-STREAMS = TASKS + (NLI,)
-
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
 

@@ -77,6 +77,8 @@ def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
 
 # ---- the tasks, the heads' config and the model ----
 TASKS = ("sst", "para", "sts")
+NLI = "nli"  # the AllNLI triplet stream: trained by objectives only (no head)
+STREAMS = TASKS + (NLI,)
 
 
 PAIR_TASKS = ("para", "sts")  # the tasks whose examples are sentence pairs

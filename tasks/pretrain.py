@@ -50,8 +50,8 @@ import torch
 
 from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser, user_errors
+from tasks.model import TASKS
 from tasks.training.mlm import (
-    PRETRAIN_TASKS,
     PretrainConfig,
     check_replaceable,
     collect_sentences,
@@ -77,7 +77,7 @@ def build_parser() -> Parser:
     p.add_argument("--pretrained", default=None,
                    help="BERT checkpoint directory to start from (default: the embedded all-MiniLM-L6-v2)")
     p.add_argument("--data-dir", default="data", help="directory with the task CSV files (default: data)")
-    p.add_argument("--tasks", nargs="+", default=list(PRETRAIN_TASKS), choices=PRETRAIN_TASKS,
+    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS,
                    help="whose train sentences to use (default: all three)")
     p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the sentences")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="sentences per optimizer step")

@@ -49,9 +49,10 @@ from tasks.data.perturb import perturb, perturbed_data_dir
 from tasks.data.readers import Example, load_split
 from tasks.evaluation.evaluator import load_checkpoint_model
 from tasks.evaluation.files import read_predictions
+from tasks.model import TASKS
 from tasks.objectives.rift import pgd_attack
-from tasks.training.rundir import log_to
 from tasks.training.run import run
+from tasks.training.rundir import log_to
 from tasks.training.runtime import configure_malloc, resolve_device
 
 log = logging.getLogger(__name__)
@@ -176,7 +177,7 @@ def build_parser() -> Parser:
     train_kw = {"parents": [common], "epilog": PASS_THROUGH, "usage": "%(prog)s [options] [-- TRAIN_FLAGS ...]"}
     fs = sub.add_parser("few-shot", help="train on N examples per task", **train_kw)
     fs.add_argument("--sizes", type=int, nargs="+", required=True, help="training examples per task, one run each")
-    fs.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para", "sts"],
+    fs.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=TASKS,
                     help="tasks to subsample and train")
     ln = sub.add_parser("label-noise", help="flip p of the training labels", **train_kw)
     ln.add_argument("--rate", type=float, required=True, help="fraction of training labels flipped")

@@ -5,6 +5,7 @@ every default in the help."""
 from __future__ import annotations
 
 import argparse
+
 import pytest
 
 from tasks import ensemble, predict, pretrain, robustness

@@ -210,7 +210,7 @@ class LossWeights:
         bad = {t: w for t, w in weights.items() if not w >= 0.0}
         if bad:
             raise ValueError(f"loss weights must be non-negative numbers, got {bad}")
-        clash = {"sst", "para", "sts"} & set(self.extra)
+        clash = set(TASKS) & set(self.extra)
         if clash:
             raise ValueError(f"set {sorted(clash)} through the named fields, not extra")
 

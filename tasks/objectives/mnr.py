@@ -54,9 +54,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks.model import NLI
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 
-MNR_TASKS = ("sts", "nli", "para")
+MNR_TASKS = ("sts", NLI, "para")
 # Σ_{j=0..5} e^j: the §4.4 normaliser of the STS label weights.
 _STS_WEIGHT_NORM = sum(math.exp(j) for j in range(6))
 
@@ -151,7 +152,7 @@ class MultipleNegativesRanking(Objective):
 
     name = "mnr"
     Config = MNRConfig
-    tasks = ("sts", "nli")
+    tasks = ("sts", NLI)
     batch_coupled = True  # in-batch negatives
     needs_siamese: ClassVar[bool] = True  # compares separately encoded sentences: refused with --pair-encoding cross
 
@@ -171,7 +172,7 @@ class MultipleNegativesRanking(Objective):
                     raise ValueError("mnr: sts_label_weighting needs the STS batch's labels")
                 weights = sts_label_weights(batch["labels"])
             return {"loss": mnr_loss(a, b, scale=cfg.scale, weights=weights)}
-        if task == "nli":
+        if task == NLI:
             sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
             pooled = _embed_sides(model, batch, sides)
             z = [model.sts_embeddings(e) for e in pooled]  # each (B, D)

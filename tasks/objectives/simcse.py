@@ -47,12 +47,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tasks.model import NLI, TASKS
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
 
 logger = logging.getLogger(__name__)
 
 SIMILARITIES = ("cos", "dot")
-SIMCSE_TASKS = ("sst", "para", "sts", "nli")
+SIMCSE_TASKS = (*TASKS, NLI)
 
 
 def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.05,

@@ -370,9 +370,6 @@ def _flat(d: dict, prefix: str = "") -> dict:
 # ---- masking, the task sentences, and the pretraining loop ----
 
 
-PRETRAIN_TASKS = TASKS
-
-
 def never_masked_ids(tokenizer: BertTokenizer) -> list[int]:
     """[PAD], [CLS], [SEP], and [UNK] / [MASK] (HF's collator never masks special tokens either)."""
     return sorted({tokenizer.pad_token_id, tokenizer.cls_token_id, tokenizer.sep_token_id,
@@ -425,7 +422,7 @@ def mask_tokens(
 
 
 def collect_sentences(data_dir: str | os.PathLike[str], split: str = "train",
-                      tasks: Sequence[str] = PRETRAIN_TASKS) -> list[str]:
+                      tasks: Sequence[str] = TASKS) -> list[str]:
     """Every distinct sentence of the tasks' ``split`` files (SST sentences, both sides of pairs), first-seen order."""
     seen: dict[str, None] = {}
     for task in tasks:

@@ -30,10 +30,10 @@ from typing import Any
 
 from tasks.training import distributed
 from tasks.training.checkpoint import (
+    ResumePoint,
     link_or_copy_directory,
     process_alive,
     remove_stale_temporaries,
-    ResumePoint,
     repair_best,
     write_json,
 )

@@ -76,6 +76,7 @@ from tasks.objectives import Objective, build_objectives
 from tasks.training import distributed, lpft
 from tasks.training.checkpoint import (
     CHECKPOINT_FORMAT,
+    ResumePoint,
     atomic_directory,
     load_objectives_state,
     load_optimizer_state,
@@ -84,9 +85,8 @@ from tasks.training.checkpoint import (
     optimizer_state,
     rank_objectives_saved,
     read_json,
-    ResumePoint,
-    resume_point,
     resolve_checkpoint,
+    resume_point,
     save_encoder_files,
     save_rank_objectives,
     save_tensors,
