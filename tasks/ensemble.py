@@ -79,6 +79,7 @@ from tasks.evaluation.ensemble import (
 from tasks.evaluation.files import write_logits, write_predictions
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
 from tasks.model import TASKS
+from tasks.outdir import ENSEMBLE, check_kind, mark, replacing
 
 log = logging.getLogger(__name__)
 
@@ -113,6 +114,9 @@ def build_parser() -> Parser:
     p.add_argument("--method", choices=METHODS, default="simple", help="how the runs are combined")
     p.add_argument("--out-dir", required=True,
                    help="where predictions/, the submission zip and ensemble.json go; not an input run")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the output directory even when it holds another command's output "
+                        "(a training run, ...)")
     p.add_argument("--data-dir", default="data", help="task CSV files, for the dev labels")
     p.add_argument("--tasks", nargs="+", choices=TASKS, default=list(TASKS),
                    help=f"tasks to ensemble (default: {' '.join(TASKS)})")
@@ -133,9 +137,10 @@ def _fail(message: str, status: int) -> NoReturn:
     raise SystemExit(status)
 
 
-def check_paths(run_dirs: Sequence[str], out_dir: str) -> None:
+def check_paths(run_dirs: Sequence[str], out_dir: str, overwrite: bool = False) -> None:
     """Every run is a directory, and --out-dir cannot overwrite a run: it is not an input, nor its predictions
-    folder, nor inside a folder that holds an input's logits (compared after resolving links and '..')."""
+    folder, nor inside a folder that holds an input's logits (compared after resolving links and '..'), nor
+    another command's output unless ``overwrite`` (tasks.outdir)."""
     for d in run_dirs:
         if not Path(d).is_dir():
             _fail(f"{'not a directory' if Path(d).exists() else 'no such directory'}: {d}", 2)
@@ -147,6 +152,10 @@ def check_paths(run_dirs: Sequence[str], out_dir: str) -> None:
             _fail(f"--out-dir {out_dir} would overwrite the input run {d}; give the ensemble a folder of its own", 2)
     if out.exists() and not out.is_dir():
         _fail(f"--out-dir {out_dir} is a file; give a folder", 2)
+    try:
+        check_kind(Path(out_dir), ENSEMBLE, overwrite=overwrite)
+    except FileExistsError as e:
+        _fail(str(e), 2)
 
 
 def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list[str]]:
@@ -189,6 +198,7 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
                 write_logits(stage / "predictions", task, split, preds)
         write_submission_zip(stage, staged)
         (stage / "ensemble.json").write_text(json.dumps(summary, indent=2) + "\n")
+        mark(stage, ENSEMBLE)
         (out_dir / "predictions").mkdir(exist_ok=True)
         for f in sorted(stage.rglob("*")):
             if f.is_file():
@@ -217,7 +227,7 @@ def _main(argv: Sequence[str] | None) -> dict:
         _fail("--max-exhaustive must be at least 1", 2)
     if args.regression_sts and args.method != "regression":
         _fail("--regression-sts only applies to --method regression", 2)
-    check_paths(args.runs, args.out_dir)
+    check_paths(args.runs, args.out_dir, args.overwrite)
     if args.names and len(args.names) != len(args.runs):
         _fail(f"--names gives {len(args.names)} names for {len(args.runs)} runs; give one per run", 2)
     names = run_names(args.runs, args.names)
@@ -242,7 +252,8 @@ def _main(argv: Sequence[str] | None) -> dict:
     if args.method in ("regression", "selective"):  # the honest overall: every task scored on held-out dev
         summary["holdout_overall"] = overall_score(
             {TASK_METRIC[t]: r.holdout[args.method] for t, r in results.items()})
-    written = write_outputs(out_dir, results, summary)
+    with replacing(out_dir, ENSEMBLE, overwrite=args.overwrite):  # another command's output: aside until done
+        written = write_outputs(out_dir, results, summary)
 
     tasks = [t for t in args.tasks if t in results]
     def per_run(values: Callable[[TaskResult], Sequence]) -> list[tuple[str, dict[str, float]]]:

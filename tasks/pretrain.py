@@ -73,7 +73,11 @@ def build_parser() -> Parser:
         renamed={"--warmup-ratio": "--warmup", "--max-grad-norm": "--grad-clip", "--schedule": "--lr-schedule"},
         description="Additional masked-LM pretraining on the SST / Quora / STS train sentences "
                     "(minBERT paper §4.2); writes an HF checkpoint directory for --pretrained.")
-    p.add_argument("--out-dir", required=True, help="checkpoint directory to write (replaced if it is one)")
+    p.add_argument("--out-dir", required=True,
+                   help="checkpoint directory to write (an MLM checkpoint there is replaced)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace the output directory even when it holds another command's output "
+                        "(a training run, ...)")
     p.add_argument("--pretrained", default=None,
                    help="BERT checkpoint directory to start from (default: the embedded all-MiniLM-L6-v2)")
     p.add_argument("--data-dir", default="data", help="directory with the task CSV files (default: data)")
@@ -131,7 +135,7 @@ def _main(argv: Sequence[str] | None) -> Path:
         parser.error("--checkpoint-every must be 0 (never) or positive")
     out_dir = Path(args.out_dir)
     try:
-        check_replaceable(out_dir)
+        check_replaceable(out_dir, args.overwrite)
     except FileExistsError as e:
         parser.error(str(e))
     config = config_from_args(args)
@@ -169,7 +173,7 @@ def _main(argv: Sequence[str] | None) -> Path:
     out = save_mlm_checkpoint(args.out_dir, mlm, tokenizer, extra_files={
         "pretrain_config.json": json.dumps(run_info, indent=2) + "\n",
         "pretrain_log.jsonl": "".join(json.dumps(r) + "\n" for r in records),
-    })
+    }, overwrite=args.overwrite)
     shutil.rmtree(state, ignore_errors=True)
     log.info("wrote %s (load it with --pretrained %s; its cls.predictions MLM head is not used by "
              "load_pretrained)", out, out)

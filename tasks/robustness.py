@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 def _train(cfg: TrainConfig, data_dir: Path, out_dir: Path, seed: int) -> dict:
     """One training run of an experiment: ``cfg`` on ``data_dir`` with ``seed``, into ``out_dir`` (replaced)."""
     cfg = dataclasses.replace(copy.deepcopy(cfg), data_dir=str(data_dir), out_dir=str(out_dir), seed=seed)
-    log_to(out_dir, console=False)  # main() logs to stderr already
+    log_to(console=False)  # main() logs to stderr already; this run's train.log opens with its directory
     log.info("training %s: data %s, seed %d", out_dir, data_dir, seed)
     return run(cfg, overwrite=True)
 

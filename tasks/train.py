@@ -482,6 +482,7 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
 
 def main(argv: list[str] | None = None) -> dict:
     """Parse, refuse contradictions (exit status 2, before any data is read), then train or evaluate."""
+    log_to()  # held until the run directory is this command's, then train.log (tasks.training.rundir.open_log)
     malloc_tuned = configure_malloc()
     parser = build_parser()
     command, explicit = parse(argv, parser)
@@ -493,7 +494,6 @@ def main(argv: list[str] | None = None) -> dict:
     cfg = inv.config
     # After argument checking, what the user's files or disk cause is one line and exit status 1 (tasks/cli.py).
     with user_errors(parser.prog):
-        log_to(Path(cfg.out_dir))
         logger.info("glibc malloc tuned for reuse: %s", malloc_tuned)
         world = distributed.world_size()
         if world > 1:

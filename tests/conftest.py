@@ -3,6 +3,7 @@ finished tiny runs. Helper functions that tests call directly live in tests/help
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -38,6 +39,17 @@ def minilm():
 def _deterministic():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _commands_log_handlers_removed():
+    """A command's log handlers (tasks.training.rundir.log_to) live as long as its process; a test's end is its
+    process's end, so the next test starts without them (as a new command would)."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
+        root.removeHandler(handler)
+        handler.close()
 
 
 @pytest.fixture

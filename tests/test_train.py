@@ -561,7 +561,8 @@ def test_a_resume_reads_the_checkpoints_state_and_config_once(tiny_env, tmp_path
     reads, real_open = [], open
 
     def counting_open(file, *args, **kwargs):
-        if isinstance(file, (str, os.PathLike)) and Path(file).resolve().parent == last:
+        binary = "b" in (args[0] if args else kwargs.get("mode", "r"))  # a copy of the file (best), not a parse
+        if isinstance(file, (str, os.PathLike)) and Path(file).resolve().parent == last and not binary:
             reads.append(Path(file).name)
         return real_open(file, *args, **kwargs)
 
@@ -586,7 +587,8 @@ def test_a_run_builds_each_prior_once(tiny_env, tmp_path, monkeypatch):
 # (tasks.train.main in-process, or ``python train_multitask.py`` in a subprocess) against a copy of a finished
 # run, and checks the exit status (2: found while checking the arguments; 1: found at run time), that the last
 # line of stderr is ``<program>: error: <message naming the file or flag>`` with no traceback, and that no file
-# of the existing run directory changed (train.log aside: it logs the failed attempt by design).
+# of the existing run directory changed (train.log may gain the lines of an attempt that got past the directory's
+# checks, never lose any).
 
 
 def _flags(env, out_dir: Path, data: Path | None = None) -> list[str]:
@@ -686,7 +688,7 @@ def test_a_user_error_is_one_line_with_its_exit_status_and_changes_nothing(tiny_
     run_dir = tmp_path / "run"
     shutil.copytree(finished_cli_run, run_dir)
     argv = setup(tiny_env, tmp_path, run_dir, monkeypatch)
-    before = {k: v for k, v in snapshot(run_dir).items() if k != "train.log"}
+    before, log_before = snapshot(run_dir), (run_dir / "train.log").read_bytes()
     if via == "subprocess":
         proc = subprocess.run([sys.executable, str(ROOT / "train_multitask.py"), *argv], capture_output=True,
                               text=True, cwd=tmp_path, env={**os.environ, "MINBERT_VERBOSE": ""})
@@ -700,7 +702,42 @@ def test_a_user_error_is_one_line_with_its_exit_status_and_changes_nothing(tiny_
     assert "Traceback" not in err, err
     assert code == status, err
     assert re.search(r"error: ", lines[-1]) and re.search(pattern, lines[-1]), lines[-1]
-    assert {k: v for k, v in snapshot(run_dir).items() if k != "train.log"} == before
+    after = snapshot(run_dir)
+    assert {k: v for k, v in after.items() if k != "train.log"} == {k: v for k, v in before.items() if k != "train.log"}
+    assert (run_dir / "train.log").read_bytes().startswith(log_before)  # at most the failed attempt, appended
+
+
+@pytest.mark.parametrize("refusal", ["finished run re-entered", "run directory in use"])
+def test_a_refused_run_writes_nothing_into_the_directory_it_refuses(tiny_env, finished_cli_run, tmp_path,
+                                                                   monkeypatch, capsys, refusal):
+    """Issue 33: a run refused at the run directory (an earlier run there, a live owner) appended its log lines to
+    that run's train.log; now its log is held until the directory is its own, so not one byte changes."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_cli_run, run_dir)
+    argv = dict((c[0], c[1]) for c in CASES)[refusal](tiny_env, tmp_path, run_dir, monkeypatch)
+    before = snapshot(run_dir)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    assert exc.value.code == 1 and "glibc malloc tuned" in capsys.readouterr().err  # logged, to stderr only
+    after = snapshot(run_dir)
+    if refusal == "run directory in use":
+        del before["run.lock"], after["run.lock"]
+    assert after == before
+
+
+def test_train_log_holds_what_was_logged_before_the_run_directory_was_ready(tiny_env, tmp_path):
+    """Issue 33: warnings printed while the command line was checked (a damaged last, resumed from best instead)
+    were missing from train.log; the log now opens with the command."""
+    run_dir = tmp_path / "run"
+    cli.main([*_flags(tiny_env, run_dir), "--epochs", "2"])
+    last = run_dir / "checkpoints" / "last" / "model.safetensors"
+    head = last.read_bytes()[:100]
+    last.unlink()
+    last.write_bytes(head)
+    (run_dir / "train.log").unlink()
+    cli.main(["--resume", "--out-dir", str(run_dir)])
+    log = (run_dir / "train.log").read_text()
+    assert "is truncated or corrupted" in log and "resuming from" in log and "glibc malloc tuned" in log
 
 
 def test_verbose_keeps_the_traceback(tiny_env, finished_cli_run, tmp_path, monkeypatch):
@@ -710,6 +747,17 @@ def test_verbose_keeps_the_traceback(tiny_env, finished_cli_run, tmp_path, monke
     monkeypatch.setenv("MINBERT_VERBOSE", "1")
     with pytest.raises(FileExistsError, match="holds an earlier run"):
         cli.main(_flags(tiny_env, run_dir))
+
+
+def test_resume_from_last_old_keeps_it_until_it_is_loaded(tiny_env, finished_cli_run, tmp_path, caplog):
+    """A last.old left beside last (a kill before its removal) is the fallback when last is damaged: the run
+    directory's clean-up of finished swaps does not delete it before the resume has read it."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_cli_run, run_dir)
+    shutil.copytree(run_dir / "checkpoints" / "last", run_dir / "checkpoints" / "last.old")
+    _damage(run_dir, ["last/model.safetensors"], _truncate)
+    result = cli.main(["--resume", "--out-dir", str(run_dir)])
+    assert str(run_dir / "checkpoints" / "last.old") in caplog.text and result["final"]
 
 
 def test_resume_falls_back_from_a_damaged_last_to_best_with_a_warning(tiny_env, finished_cli_run, tmp_path, caplog):

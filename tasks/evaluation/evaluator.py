@@ -50,7 +50,9 @@ from tasks.evaluation.metrics import TASK_METRIC, check_task, jsonable, overall_
 from tasks.evaluation.priors import RunPriors
 from tasks.model import NUM_SST_CLASSES, PAIR_TASKS, MultitaskBert, TaskOutput
 from tasks.objectives import Objective, build_objectives
+from tasks.outdir import PREDICTIONS, RUN, check_kind, mark
 from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
+from tasks.training.rundir import locked, open_log
 from tasks.training.runtime import autocast, autocast_dtype, resolve_device
 
 logger = logging.getLogger(__name__)
@@ -284,12 +286,23 @@ def load_checkpoint_model(path: str | os.PathLike, device: torch.device | str = 
 
 def predict_checkpoint(ckpt: Path, cfg: TrainConfig, out_dir: str | os.PathLike) -> dict:
     """Dev metrics and dev + test predictions of the model saved in ``ckpt`` (resolved), evaluated with ``cfg``
-    (its saved config with the evaluation's changes, ``eval_config``), into ``<out_dir>/predictions``."""
-    device = resolve_device(cfg.device)
-    amp = autocast_dtype(cfg.bf16, device)
-    model, objectives, tokenizer, _ = load_checkpoint_model(ckpt, device, cfg)
-    evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=ckpt)
-    result = evaluator.write_all(model, tokenizer, Path(out_dir) / "predictions")
+    (its saved config with the evaluation's changes, ``eval_config``), into ``<out_dir>/predictions``.
+
+    ``out_dir`` is the checkpoint's own run or a directory of predictions (tasks.outdir; another command's output
+    is refused), locked while it is written (a live training run there is refused)."""
+    out = Path(out_dir)
+    kind = RUN if ckpt.resolve().is_relative_to(out.resolve()) else PREDICTIONS
+    check_kind(out, kind)
+    out.mkdir(parents=True, exist_ok=True)
+    with locked(out):
+        open_log(out)
+        if kind == PREDICTIONS:
+            mark(out, PREDICTIONS)
+        device = resolve_device(cfg.device)
+        amp = autocast_dtype(cfg.bf16, device)
+        model, objectives, tokenizer, _ = load_checkpoint_model(ckpt, device, cfg)
+        evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=ckpt)
+        result = evaluator.write_all(model, tokenizer, out / "predictions")
     result["checkpoint"] = str(ckpt)
     return result
 

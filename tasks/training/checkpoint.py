@@ -105,8 +105,10 @@ def process_alive(pid: int, host: str) -> bool:
     return True
 
 
-def remove_stale_temporaries(directory: Path) -> None:
-    """Delete the temporary checkpoint folders that writers which died mid-write left in ``directory``."""
+def remove_stale_temporaries(directory: Path, keep: Path | None = None) -> None:
+    """Delete what writers that died left in ``directory``: temporary checkpoint folders written mid-way, and a
+    previous version ``X.old`` whose swap completed (``X`` is in place: ``atomic_directory``), unless it is
+    ``keep`` (a resume from a damaged ``last``'s ``last.old``)."""
     if not directory.is_dir():
         return
     for entry in directory.iterdir():
@@ -114,6 +116,11 @@ def remove_stale_temporaries(directory: Path) -> None:
         if m and entry.is_dir() and not process_alive(int(m["pid"]), m["host"]):
             logger.warning("removing %s, left by process %s on %s that died while writing it",
                            entry, m["pid"], m["host"])
+            shutil.rmtree(entry, ignore_errors=True)
+        elif (entry.name.endswith(_OLD_SUFFIX) and entry.is_dir() and entry.with_suffix("").is_dir()
+              and (keep is None or entry.resolve() != keep.resolve())):
+            logger.info("removing %s, the previous version of %s, whose replacement completed",
+                        entry, entry.with_suffix(""))
             shutil.rmtree(entry, ignore_errors=True)
 
 
@@ -150,8 +157,9 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
         raise
 
 
-def link_or_copy_directory(src: Path, final: Path) -> None:
-    """Atomically make ``final`` a copy of checkpoint ``src`` (hard links: the files are never modified in place)."""
+def copy_directory(src: Path, final: Path) -> None:
+    """Atomically make ``final`` a copy of checkpoint ``src``: its own files, so that damage to one (a disk
+    error, an editor) never reaches the other."""
     with atomic_directory(final) as tmp:
         for path in sorted(src.rglob("*")):
             target = tmp / path.relative_to(src)
@@ -159,10 +167,7 @@ def link_or_copy_directory(src: Path, final: Path) -> None:
                 target.mkdir(parents=True, exist_ok=True)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.link(path, target)
-            except OSError:
-                shutil.copy2(path, target)
+            shutil.copy2(path, target)
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
@@ -185,12 +190,12 @@ def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
 
 
 def repair_best(resume: ResumePoint, best: Path) -> bool:
-    """Re-link ``best`` from ``ckpt`` when a crash came between writing ``ckpt`` and linking ``best``.
+    """Copy ``ckpt`` to ``best`` again when a crash came between writing ``ckpt`` and copying it there.
 
     The state.json of ``resume``'s checkpoint ``ckpt`` names the best epoch and holds its score. When ``ckpt``
     is the end of that very epoch (step 0 of the next one) and ``best`` does not
     hold the same position and score, ``best`` is stale or missing: the best
-    weights exist only in ``ckpt``, so they are linked before anything can
+    weights exist only in ``ckpt``, so they are copied before anything can
     overwrite it. Returns whether ``best`` was repaired.
     """
     ckpt, state = resume.checkpoint, resume.state
@@ -203,9 +208,9 @@ def repair_best(resume: ResumePoint, best: Path) -> bool:
         held = {}
     if (held.get("best"), held.get("epoch"), held.get("step")) == (mark, state["epoch"], 0):
         return False
-    logger.warning("%s does not hold the best epoch %d that %s records (interrupted before it was linked): "
-                   "re-linking it from %s", best, mark["epoch"], ckpt, ckpt)
-    link_or_copy_directory(ckpt, best)
+    logger.warning("%s does not hold the best epoch %d that %s records (interrupted before it was copied): "
+                   "copying it again from %s", best, mark["epoch"], ckpt, ckpt)
+    copy_directory(ckpt, best)
     return True
 
 

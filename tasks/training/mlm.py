@@ -57,6 +57,7 @@ from minbert.tokenizer import BertTokenizer
 from tasks.data.datasets import length_bucketed_batches
 from tasks.data.readers import load_split
 from tasks.model import TASKS
+from tasks.outdir import MLM, check_kind, mark
 from tasks.training.checkpoint import (
     atomic_directory,
     load_optimizer_state,
@@ -243,29 +244,29 @@ def checkpoint_state(mlm: BertForMaskedLM) -> dict[str, torch.Tensor]:
     return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
 
 
-def check_replaceable(out: Path) -> None:
-    """``out`` may become a checkpoint directory: absent, empty or a checkpoint (replaced); a file or a directory
-    of other files is a FileExistsError (checked before pretraining, and again when saving)."""
-    if out.exists():
-        if not out.is_dir():
-            raise FileExistsError(f"{out} is a file; --out-dir must be a directory")
-        if any(out.iterdir()) and not (out / "config.json").is_file():
-            raise FileExistsError(f"{out} exists and is not a checkpoint directory (no config.json); "
-                                  "refusing to replace it: choose another --out-dir")
+def check_replaceable(out: Path, overwrite: bool = False) -> None:
+    """``out`` may become an MLM checkpoint directory: absent, empty or an MLM checkpoint (replaced); another
+    command's output or a directory of other files only with ``overwrite`` (replaced whole); a file never.
+    A FileExistsError otherwise (checked before pretraining, and again when saving)."""
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file; --out-dir must be a directory")
+    if check_kind(out, MLM, overwrite=overwrite) is None and out.is_dir() and any(out.iterdir()) and not overwrite:
+        raise FileExistsError(f"{out} exists and is not a checkpoint directory; refusing to replace it: choose "
+                              "another --out-dir, or pass --overwrite")
 
 
 def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, tokenizer: BertTokenizer,
-                        extra_files: dict[str, str] | None = None) -> Path:
+                        extra_files: dict[str, str] | None = None, overwrite: bool = False) -> Path:
     """Write an HF checkpoint directory atomically (a temporary sibling, then os.replace).
 
     Holds config.json, model.safetensors, vocab.txt and the tokenizer's
     tokenizer_config.json / special_tokens_map.json / tokenizer.json when its
     directory has them (a minimal tokenizer_config.json otherwise), plus
-    ``extra_files`` (name -> text). An existing checkpoint at ``out_dir`` is
-    replaced; an existing directory that is not a checkpoint is refused.
+    ``extra_files`` (name -> text) and its owner.json (tasks.outdir). What
+    ``check_replaceable`` allows at ``out_dir`` is replaced whole.
     """
     out = Path(out_dir)
-    check_replaceable(out)
+    check_replaceable(out, overwrite)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
@@ -283,6 +284,7 @@ def save_mlm_checkpoint(out_dir: str | os.PathLike[str], mlm: BertForMaskedLM, t
                 "model_max_length": tokenizer.model_max_length, "tokenizer_class": "BertTokenizer"}, indent=2) + "\n")
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
+        mark(tmp, MLM)
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp (and safetensors) make files private

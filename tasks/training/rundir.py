@@ -6,7 +6,7 @@ A fresh run refuses a folder holding an earlier run's results unless
 new run has written its first checkpoint (or puts it back when the new run
 fails before). ``run.lock`` (pid and host) refuses a second live run on the
 same directory and is taken over from a dead owner. On resume, a ``best``
-left stale by a crash between saving ``last`` and linking ``best`` is repaired
+left stale by a crash between saving ``last`` and copying it to ``best`` is repaired
 (tasks.training.checkpoint ``repair_best``). Only the main process writes.
 
 Usage:
@@ -18,20 +18,24 @@ Usage:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import logging
+import logging.handlers
 import os
 import shutil
 import socket
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from tasks.outdir import OWNER_FILE, RUN, check_kind, mark
 from tasks.training import distributed
 from tasks.training.checkpoint import (
     ResumePoint,
-    link_or_copy_directory,
+    copy_directory,
     process_alive,
     remove_stale_temporaries,
     repair_best,
@@ -97,6 +101,17 @@ def release_lock(lock: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def locked(directory: Path) -> Iterator[None]:
+    """``directory``'s ``run.lock`` held for the block (refused while a live process holds it, ``take_lock``)."""
+    lock = directory / "run.lock"
+    take_lock(lock, f"{directory}")
+    try:
+        yield
+    finally:
+        release_lock(lock)
+
+
 RUN_FILES = ("checkpoints", "metrics.jsonl", "predictions", "config.json", "data.json", "training.png")
 
 
@@ -128,7 +143,7 @@ class RunDir:
         """Lock the directory; a fresh run refuses an earlier run's files unless ``overwrite``; write config.json.
 
         A resume from ``resume`` (its checkpoint) first repairs ``best`` when a crash
-        came between writing that checkpoint and linking best (``repair_best``).
+        came between writing that checkpoint and copying it to best (``repair_best``).
         Under torchrun rank 0 checks and locks; every rank raises, or none.
         """
         error: OSError | None = None
@@ -143,15 +158,18 @@ class RunDir:
         if message is not None:
             raise FileExistsError(message)
         if self.writer:
+            open_log(self.path)
             write_json(self.path / "config.json", cfg.to_dict())
+            mark(self.path, RUN)
 
     def _prepare(self, resume: ResumePoint | None, overwrite: bool) -> None:
         check_writable_dir(self.path, "--out-dir")
+        held = check_kind(self.path, RUN, overwrite=overwrite and resume is None)
         self.path.mkdir(parents=True, exist_ok=True)
         take_lock(self.lock, f"run directory {self.path}")
         atexit.register(release_lock, self.lock)
         try:
-            remove_stale_temporaries(self.checkpoints)
+            remove_stale_temporaries(self.checkpoints, keep=resume.checkpoint if resume is not None else None)
             for aside in self.path.glob(".replaced-*-*"):
                 pid = aside.name.rsplit("-", 1)[1]
                 if pid.isdigit() and not process_alive(int(pid), socket.gethostname()):
@@ -160,12 +178,15 @@ class RunDir:
             if resume is not None:
                 repair_best(resume, self.checkpoints / "best")
                 return
-            held = [p for p in (self.checkpoints, self.metrics, self.path / "predictions") if _holds_results(p)]
-            if held and not overwrite:
-                raise FileExistsError(f"{held[0]} holds an earlier run: resume it (--resume), pick another "
+            results = [p for p in (self.checkpoints, self.metrics, self.path / "predictions") if _holds_results(p)]
+            if results and not overwrite:
+                raise FileExistsError(f"{results[0]} holds an earlier run: resume it (--resume), pick another "
                                       "--out-dir, or pass --overwrite to replace it")
-            present = [self.path / n for n in RUN_FILES if (self.path / n).exists()]
-            if overwrite and held:
+            if held not in (None, RUN):  # another command's output, replaced whole (check_kind: --overwrite)
+                present = [p for p in self.path.iterdir() if p != self.lock and not p.name.startswith(".")]
+            else:
+                present = [self.path / n for n in (*RUN_FILES, OWNER_FILE) if (self.path / n).exists()]
+            if overwrite and (results or held not in (None, RUN)):
                 self.replaced = self.path / f".replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
                 self.replaced.mkdir()
                 for p in present:
@@ -195,7 +216,7 @@ class RunDir:
         if not self.writer:
             return
         if failed and self.replaced is not None:
-            for name in RUN_FILES:
+            for name in (*RUN_FILES, OWNER_FILE):
                 new = self.path / name
                 if new.is_dir():
                     shutil.rmtree(new)
@@ -210,9 +231,9 @@ class RunDir:
         release_lock(self.lock)
 
     def end_epoch(self, record: dict, history: list[dict], improved: bool) -> None:
-        """After ``last`` is saved: link ``best`` when the epoch ``improved``, append the record, plot."""
+        """After ``last`` is saved: copy it to ``best`` when the epoch ``improved``, append the record, plot."""
         if improved:
-            link_or_copy_directory(self.checkpoints / "last", self.checkpoints / "best")
+            copy_directory(self.checkpoints / "last", self.checkpoints / "best")
         self.append(record)
         from tasks.training.progress import plot_history
 
@@ -232,29 +253,65 @@ class RunDir:
                     f.write(json.dumps(record, allow_nan=False) + "\n")
 
 
-def log_to(out_dir: Path, console: bool = True) -> None:
-    """INFO lines to <out_dir>/train.log and, with ``console``, to stderr (replacing the handlers of an earlier call).
+class Stderr(logging.StreamHandler):
+    """A handler writing to whatever ``sys.stderr`` is when a record comes (a redirection made after the handler,
+    pytest's capture), never to a stream that has been closed since."""
 
-    Under torchrun only rank 0 does this; the other ranks print warnings and errors to stderr, marked with their rank.
-    """
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+class PendingLog(logging.handlers.MemoryHandler):
+    """The command's log records, held until its run directory is its own (``open_log``), then written to
+    ``train.log`` with every later one: a command refused at the directory writes nothing into it, and what it
+    logged before (argument warnings, malloc) is in the file too."""
+
+    def __init__(self) -> None:
+        super().__init__(capacity=2**31, flushLevel=logging.CRITICAL + 1)
+
+    def shouldFlush(self, record: logging.LogRecord) -> bool:
+        return self.target is not None
+
+
+def log_to(console: bool = True) -> None:
+    """INFO lines to stderr (with ``console``) and to a ``PendingLog`` for train.log (replacing the handlers of an
+    earlier call). Under torchrun only rank 0 does this; the other ranks print warnings and errors to stderr,
+    marked with their rank."""
     rank = distributed.env()[0]
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
         root.removeHandler(handler)
         handler.close()
     if rank > 0:
-        handler = logging.StreamHandler()
+        handler = Stderr()
         handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname).1s [rank {rank}] %(name)s: %(message)s",
                                                datefmt="%H:%M:%S"))
         handler._train_multitask = True
         root.setLevel(logging.WARNING)
         root.addHandler(handler)
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fmt = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
     root.setLevel(logging.INFO)
-    handlers = [logging.StreamHandler()] if console else []
-    for handler in [*handlers, logging.FileHandler(out_dir / "train.log", encoding="utf-8")]:
-        handler.setFormatter(fmt)
+    handlers = [Stderr()] if console else []
+    for handler in [*handlers, PendingLog()]:
+        handler.setFormatter(LOG_FORMAT)
         handler._train_multitask = True
         root.addHandler(handler)
+
+
+LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
+
+
+def open_log(out_dir: Path) -> None:
+    """Write the pending log records (``log_to``) to ``<out_dir>/train.log``, and every later record; nothing
+    where no ``log_to`` is pending (a run started from Python logs as its caller set up)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, PendingLog) and handler.target is None:
+            file = logging.FileHandler(out_dir / "train.log", encoding="utf-8")
+            file.setFormatter(LOG_FORMAT)
+            handler.setTarget(file)
+            handler.flush()

@@ -32,7 +32,7 @@ from tasks.training.checkpoint import atomic_directory, read_json, save_encoder_
 from tasks.training.run import run
 from tasks.training.rundir import RunDir
 from tasks.training.trainer import Trainer
-from tests.helpers import dead_pid, tiny_train_config
+from tests.helpers import dead_pid, snapshot, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -214,3 +214,17 @@ def test_pretrained_checkpoint_continues_from_its_fine_tuned_encoder(trained):
         encoder, _ = load_pretrained(path)
         for k, v in encoder.state_dict().items():
             assert torch.equal(v, fine_tuned[k]), k
+
+
+def test_best_does_not_share_files_with_last(tiny_env, tmp_path):
+    """Issue 33: best was made of hard links to last's files, so damage to one file of last (a disk error, an
+    editor) reached best too. Changing every file of last in place leaves best's bytes as they were."""
+    run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
+    last, best = tmp_path / "run" / "checkpoints" / "last", tmp_path / "run" / "checkpoints" / "best"
+    before = snapshot(best)
+    assert before == snapshot(last)  # the one epoch is the best: the same checkpoint
+    for f in last.rglob("*"):
+        if f.is_file():
+            with open(f, "r+b") as handle:  # in place: the same inode
+                handle.write(b"\0" * 8)
+    assert snapshot(best) == before

@@ -137,7 +137,7 @@ def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, m
     """Killed after `last` is written but before `best` is linked (epoch 1: resume used to fail with 'no
     checkpoint at best'; the last epoch: predictions came from the stale best): resume re-links best."""
     calls = []
-    real = rundir_mod.link_or_copy_directory
+    real = rundir_mod.copy_directory
 
     def dies(src, final):
         calls.append(final)
@@ -146,10 +146,10 @@ def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, m
         real(src, final)
 
     cfg = tiny_train_config(tiny_env, tmp_path / "run", **SETTINGS[setting][0])
-    monkeypatch.setattr(rundir_mod, "link_or_copy_directory", dies)
+    monkeypatch.setattr(rundir_mod, "copy_directory", dies)
     with pytest.raises(Killed):
         run(cfg)
-    monkeypatch.setattr(rundir_mod, "link_or_copy_directory", real)
+    monkeypatch.setattr(rundir_mod, "copy_directory", real)
     run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
     _assert_same_run(uninterrupted(setting), tmp_path / "run")
 
@@ -175,9 +175,11 @@ PHASES = {
     "during writing last": lambda mp: _dies_on_call(mp, trainer_mod, "save_tensors", 3),
     "between the renames of last": lambda mp: _dies_on_call(
         mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "last"),
-    "after last, before best": lambda mp: _dies_on_call(mp, rundir_mod, "link_or_copy_directory", 2),
+    "after last, before best": lambda mp: _dies_on_call(mp, rundir_mod, "copy_directory", 2),
     "between the renames of best": lambda mp: _dies_on_call(
         mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
+    "after the renames of best, before best.old goes": lambda mp: _dies_on_call(
+        mp, ckpt_mod.shutil, "rmtree", 1, when=lambda path, *a, **k: Path(path).name == "best.old"),
     "after best, before the metrics record": lambda mp: _dies_on_call(mp, rundir_mod.RunDir, "append", 2),
     "after the epoch, before predictions": lambda mp: _dies_on_call(mp, Evaluator, "write_all", 1),
 }
@@ -195,3 +197,4 @@ def test_a_run_killed_at_any_checkpoint_phase_resumes_to_the_uninterrupted_resul
             run(cfg)
     run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
     _assert_same_run(uninterrupted("best-2"), tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["best", "last"]  # no .old
