@@ -199,8 +199,13 @@ class TrainConfig:
         return {"model_type": MODEL_TYPE, **d}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
-        """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load)."""
+    def from_dict(cls, d: dict[str, Any], complete: bool = False) -> TrainConfig:
+        """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load).
+
+        ``complete``: ``d`` is a run's saved configuration, so a missing field (other than the LEGACY ones,
+        which older runs lack) is an error naming it, never today's default."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a run configuration is a JSON object, got a JSON {type(d).__name__}")
         d = dict(d)
         model_type = d.pop("model_type", MODEL_TYPE)  # a config without the marker is read as ours
         if model_type != MODEL_TYPE:
@@ -209,6 +214,12 @@ class TrainConfig:
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
+        if complete:
+            missing = sorted(known - set(d) - set(LEGACY_VALUES) - set(LEGACY_SAME_AS))
+            missing += [f"model.{f.name}" for f in dataclasses.fields(ModelConfig) if f.name not in d.get("model", {})
+                        ] if "model" in d else []
+            if missing:
+                raise ValueError(f"not a complete run configuration: missing {missing}")
         d = {**LEGACY_VALUES, **{k: d.get(v) for k, v in LEGACY_SAME_AS.items()}, **d}
         if "model" in d:
             model_known = {f.name for f in dataclasses.fields(ModelConfig)}

@@ -652,6 +652,12 @@ CASES = [
     ("corrupted config.json, --resume", lambda e, t, r, m: _damage(
         r, ["last/config.json", "best/config.json"], _truncate) or ["--resume", "--out-dir", str(r)],
      2, r"last/config\.json is truncated or corrupted", "main"),
+    ("config.json {}, --resume", lambda e, t, r, m: _damage(
+        r, ["last/config.json", "best/config.json"], lambda b: b"{}") or ["--resume", "--out-dir", str(r)],
+     2, r"last/config\.json is not a complete run configuration: missing .*'data_dir'", "main"),
+    ("config.json without a field, --eval-only", lambda e, t, r, m: _damage(
+        r, ["best/config.json"], lambda b: b.replace(b'"epochs": 1,', b"")) or ["--eval-only", "--out-dir", str(r)],
+     2, r"best/config\.json is not a complete run configuration: missing \['epochs'\]", "main"),
     ("truncated model.safetensors, --eval-only", lambda e, t, r, m: _damage(
         r, ["best/model.safetensors"], _truncate) or ["--eval-only", "--out-dir", str(r)],
      2, r"best/model\.safetensors is truncated or corrupted", "main"),
@@ -661,6 +667,9 @@ CASES = [
     ("corrupted config.json, --eval-only", lambda e, t, r, m: _damage(
         r, ["best/config.json"], _garbage) or ["--eval-only", "--out-dir", str(r)],
      2, r"best/config\.json is truncated or corrupted", "main"),
+    ("--config holding a JSON list", lambda e, t, r, m: (t / "list.json").write_text("[1, 2]") and [
+        *_flags(e, r), "--config", str(t / "list.json"), "--overwrite"], 2,
+     r"--config .*list\.json: a run configuration is a JSON object, got a JSON list", "main"),
     ("--pretrained does not exist", lambda e, t, r, m: [*_flags(e, r), "--pretrained", str(t / "no-such-model"),
                                                         "--overwrite"], 2, r"no-such-model", "main"),
     ("--out-dir is a file", lambda e, t, r, m: _flags(e, r / "metrics.jsonl"), 2,

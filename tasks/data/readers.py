@@ -24,6 +24,7 @@ Usage:
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import logging
 import math
@@ -92,12 +93,16 @@ class ReadReport:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     duplicate_ids: list[tuple[int, str]] = field(default_factory=list)
     limit: int | None = None
+    stopped_at_limit: bool = False  # rows were left unread: the limit, not the file's end, ended the reading
+    sha256: str = ""  # of the file's bytes: what a resume compares (the run read these data)
 
     def summary(self, max_listed: int = 10) -> str:
         """One line, e.g. 'data/quora-dev.csv: kept N of M rows; skipped 2: line 17: empty label; ...'."""
         text = f"{self.path}: kept {self.rows_kept} of {self.rows_total} rows"
-        if self.limit is not None:
+        if self.stopped_at_limit:
             text += f" (stopped at limit={self.limit})"
+        elif self.limit is not None:
+            text += f" (the whole file: fewer rows than limit={self.limit})"
         for name, items in (("skipped", self.skipped), ("duplicate ids (kept)", self.duplicate_ids)):
             if items:
                 listed = "; ".join(f"line {line}: {reason}" for line, reason in items[:max_listed])
@@ -118,7 +123,8 @@ class ReadReport:
             reasons[kind] = reasons.get(kind, 0) + 1
         return {
             "file": self.path, "rows": self.rows_total, "kept": self.rows_kept, "skipped": len(self.skipped),
-            "duplicate_ids": len(self.duplicate_ids), "limit": self.limit, "reasons": reasons,
+            "duplicate_ids": len(self.duplicate_ids), "limit": self.limit, "stopped_at_limit": self.stopped_at_limit,
+            "sha256": self.sha256, "reasons": reasons,
             "first_skipped": [{"line": line, "reason": reason} for line, reason in self.skipped[:max_listed]],
         }
 
@@ -178,6 +184,7 @@ def _read_rows(
     items: list[T] = []
     first_line_of_id: dict[str, int] = {}
     data = path.read_bytes()
+    report.sha256 = hashlib.sha256(data).hexdigest()
     text = _decode(path, data)
     if not text.strip():
         raise ValueError(f"{path}: the file is empty; copy the CS224N file there again "
@@ -196,6 +203,7 @@ def _read_rows(
     where = {c: header.index(c) for c in columns}
     for (line, row, error, last_line), is_last in _with_last(csv_records(reader)):
         if limit is not None and report.rows_kept >= limit:
+            report.stopped_at_limit = True
             break
         if last_line - line + 1 > MAX_RECORD_LINES:
             raise ValueError(

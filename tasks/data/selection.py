@@ -66,6 +66,16 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
     return examples
 
 
+def load_final_examples(cfg: TrainConfig, reports: dict[str, dict] | None = None
+                        ) -> dict[str, dict[str, list[Example] | None]]:
+    """The dev and test examples a run's final predictions are made of, ``{split: {task: examples or None}}``
+    (None: no such file), read when the run starts, so that a bad test file fails it before it trains."""
+    return {split: {task: load_examples(task, split, cfg, reports) for task in cfg.tasks} for split in FINAL_SPLITS}
+
+
+FINAL_SPLITS = ("dev", "test")
+
+
 def load_run_data(cfg: TrainConfig, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict]]:
     """(training datasets by stream, dev datasets by task, reports) of a run, read and tokenized once.
 

@@ -44,7 +44,7 @@ from minbert.tokenizer import BertTokenizer
 from tasks.config import TrainConfig, eval_config
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import Example
-from tasks.data.selection import capped_dev, load_examples, make_dataset
+from tasks.data.selection import capped_dev, load_examples, load_final_examples, make_dataset
 from tasks.evaluation.files import Predictions, write_logits, write_predictions
 from tasks.evaluation.metrics import TASK_METRIC, check_task, jsonable, overall_score, score
 from tasks.evaluation.priors import RunPriors
@@ -194,29 +194,36 @@ class Evaluator:
         return evaluate(model, datasets, **self.options())
 
     def write_all(self, model: MultitaskBert, tokenizer: Any, pred_dir: Path,
-                  train_sets: dict[str, Any] | None = None) -> dict:
+                  train_sets: dict[str, Any] | None = None,
+                  examples: dict[str, dict[str, Any]] | None = None, reports: dict[str, dict] | None = None) -> dict:
         """Full dev metrics, and dev + test prediction and logit files for every task of the config.
 
-        A missing test file is skipped with a message. With ``predict_train``
+        ``examples`` (``load_final_examples``: read when the run started) and their ``reports`` save reading the
+        dev and test files again. A missing test file is skipped with a message; a test file with skipped rows
+        makes the submission incomplete (its leaderboard file lacks their ids): a warning, and the record's
+        "incomplete" says which. With ``predict_train``
         the whole training file of each task (no per-epoch caps) is predicted
         too: its logits go to ``{task}-train-logits.csv`` (distillation teachers,
         tasks/objectives/distill.py; no leaderboard file) and its metrics to
         "train". An objective's ``inference`` (KNN-BERT) scores dev under its
         key and may replace the leaderboard predictions. ``train_sets`` (a
         trainer's tokenized training sets) saves reading them again. Returns
-        {"dev": metrics, "files": [paths], "skipped": [...]} plus "train" and
-        each inference's key when computed.
+        {"dev": metrics, "files": [paths], "skipped": [...], "rows_skipped": {file: n}, "incomplete": [...]}
+        plus "train" and each inference's key when computed.
         """
         cfg, device = self.cfg, self.device
         train_sets = dict(train_sets or {})
+        reports = dict(reports or {})
+        if examples is None:
+            examples = load_final_examples(cfg, reports)
 
         def train_set(task: str) -> Any:
             if task not in train_sets:
-                examples = load_examples(task, "train", cfg)
-                if examples is None:
+                rows = load_examples(task, "train", cfg)
+                if rows is None:
                     raise FileNotFoundError(f"{task} train: no input file in {cfg.data_dir}; --predict-train and "
                                             "KNN-BERT inference need the training data")
-                train_sets[task] = make_dataset(task, examples, tokenizer, cfg)
+                train_sets[task] = make_dataset(task, rows, tokenizer, cfg)
             return train_sets[task]
 
         inferences = [inf for o in self.objectives
@@ -230,15 +237,15 @@ class Evaluator:
                 if split == "train":
                     datasets[task] = train_set(task)
                     continue
-                examples = load_examples(task, split, cfg)
-                if examples is not None and split == "dev" and cfg.final_dev == "capped":
-                    examples = capped_dev(task, examples, cfg)
-                if examples is None:
+                rows = examples[split][task]
+                if rows is not None and split == "dev" and cfg.final_dev == "capped":
+                    rows = capped_dev(task, rows, cfg)
+                if rows is None:
                     msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
                     logger.warning(msg)
                     skipped.append(msg)
                     continue
-                datasets[task] = make_dataset(task, examples, tokenizer, cfg)
+                datasets[task] = make_dataset(task, rows, tokenizer, cfg)
             t0 = time.perf_counter()
             metrics, preds = self.evaluate(model, datasets)
             logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
@@ -257,7 +264,23 @@ class Evaluator:
                 result[split] = jsonable(metrics)
         result["files"] = files
         result["skipped"] = skipped
+        result["rows_skipped"] = {r["file"]: r["skipped"] for r in reports.values() if r["skipped"]}
+        result["incomplete"] = incomplete_submission(reports)
+        for line in result["incomplete"]:
+            logger.warning("SUBMISSION INCOMPLETE: %s", line)
         return result
+
+
+def incomplete_submission(reports: dict[str, dict]) -> list[str]:
+    """For each test file with skipped rows, what its leaderboard file lacks and what to do."""
+    lines = []
+    for name, r in reports.items():
+        task, split = name.split()
+        if split == "test" and r["skipped"]:
+            why = "; ".join(f"line {x['line']}: {x['reason']}" for x in r["first_skipped"][:3])
+            lines.append(f"{task}-test-output.csv lacks the ids of {r['skipped']} of the {r['rows']} rows of "
+                         f"{r['file']} ({why}); fix the file and predict again (--eval-only)")
+    return lines
 
 
 # ---- a saved checkpoint: the model, and its predictions (--eval-only) ----

@@ -255,8 +255,14 @@ def load_tensors(path: Path, device: str | torch.device = "cpu") -> dict[str, to
 
 
 def load_config(ckpt: Path) -> TrainConfig:
-    """The TrainConfig saved in checkpoint directory ``ckpt``: the one read of its config.json per command."""
-    return TrainConfig.from_dict(read_json(ckpt / "config.json"))
+    """The TrainConfig saved in checkpoint directory ``ckpt``: the one read of its config.json per command. A
+    field it lacks is an error naming it (a resume must continue the run's settings, not today's defaults)."""
+    path = ckpt / "config.json"
+    saved = read_json(path)  # a damaged file: a ValueError naming it
+    try:
+        return TrainConfig.from_dict(saved, complete=True)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path} is {e}" if str(e).startswith("not a complete") else f"{path}: {e}") from None
 
 
 def verify_checkpoint(path: str | os.PathLike[str]) -> Path:

@@ -82,13 +82,16 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
                 "predictions_from": str(source)}
     logger.info("writing predictions from %s", source)
     final = trainer.evaluator.write_all(trainer.model, trainer.tokenizer, trainer.run_dir.path / "predictions",
-                                        train_sets=trainer.train_sets)
-    extra = sorted((k for k in final if k not in ("dev", "files", "skipped")), key=lambda k: k != "train")
+                                        train_sets=trainer.train_sets, examples=trainer.final_examples,
+                                        reports=trainer.data)
+    own = ("dev", "files", "skipped", "rows_skipped", "incomplete")
+    extra = sorted((k for k in final if k not in own), key=lambda k: k != "train")
     record = {"final": True, "best_epoch": summary["best"]["epoch"], "predictions_from": str(source),
               "dev": final["dev"], **{k: final[k] for k in extra},  # training-set metrics, objectives' inference
               **({"swa": swa} if swa else {}),
               "process_time_s": round(time.perf_counter() - t0, 1), "predictions": final["files"],
-              "skipped": final["skipped"]}
+              "skipped": final["skipped"], "rows_skipped": final["rows_skipped"],
+              **({"incomplete": final["incomplete"]} if final["incomplete"] else {})}
     trainer.run_dir.append(record)
     logger.info("final dev (%s): %s | %.0f s in this process", final_dev_scope(cfg),
                 " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None), record["process_time_s"])

@@ -68,7 +68,7 @@ from minbert.pretrained import load_pretrained
 from tasks.config import NLI, TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights, MultitaskSchedule
-from tasks.data.selection import load_run_data
+from tasks.data.selection import load_final_examples, load_run_data
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import PAIR_TASKS, TASKS, MultitaskBert
@@ -195,7 +195,7 @@ class Trainer:
         self.cfg, self.device, self.hooks, self.run_dir = cfg, device, list(hooks), run_dir
         self.model, self.objectives = parts.model, parts.objectives
         self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
-        self.tokenizer, self.amp_dtype = parts.tokenizer, parts.amp_dtype
+        self.tokenizer, self.amp_dtype, self.final_examples = parts.tokenizer, parts.amp_dtype, parts.final_examples
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         for o in self.objectives:
             o.to(device)
@@ -633,6 +633,7 @@ class Parts:
     tokenizer: Any = None
     amp_dtype: torch.dtype | None = None
     data: dict[str, dict] | None = None  # ReadReport.to_dict() of every file read, by "<task> <split>"
+    final_examples: dict[str, dict[str, Any]] | None = None  # load_final_examples: the dev and test files
 
 
 def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
@@ -648,10 +649,11 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
     train_sets, dev_sets, data = load_run_data(cfg, tokenizer)
+    final_examples = load_final_examples(cfg, data)  # now: a bad test file fails the run before it trains
     model = MultitaskBert(encoder, cfg.model).to(device)
     if hasattr(model, "para_bias") and "para" in train_sets:  # the baseline's Siamese paraphrase offset
         pairs = train_sets["para"]
         model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
     objectives = build_objectives(cfg.objectives, model)
-    return Parts(model, objectives, train_sets, dev_sets, tokenizer, amp_dtype, data)
+    return Parts(model, objectives, train_sets, dev_sets, tokenizer, amp_dtype, data, final_examples)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 from pathlib import Path
@@ -231,6 +232,22 @@ def test_load_split_limit_and_logged_summary(tmp_path, caplog):
     examples, report = load_split("sts", "dev", tmp_path, limit=4)
     assert [e.id for e in examples] == ["s0", "s1", "s2", "s3"]
     assert report.rows_kept == 4 and report.rows_total == 5
+    assert report.summary().endswith("kept 4 of 5 rows (stopped at limit=4); skipped 1: line 4: empty label")
+
+
+def test_a_limit_the_file_does_not_reach_is_not_said_to_have_stopped_it(tmp_path):
+    """Issue 33: 'kept 20 of 20 rows (stopped at limit=64)' when the file ended first."""
+    write(tmp_path / TASK_FILES["sts"]["dev"], ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t1.0"])
+    report = load_split("sts", "dev", tmp_path, limit=64)[1]
+    assert report.summary().endswith("kept 1 of 1 rows (the whole file: fewer rows than limit=64)")
+    assert report.to_dict()["stopped_at_limit"] is False
+
+
+def test_each_report_fingerprints_the_bytes_it_read(tmp_path):
+    """The report's sha256 is that of the file's bytes: a run records it, and a resume compares it."""
+    path = write(tmp_path / TASK_FILES["sts"]["dev"], ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t1.0"])
+    report = load_split("sts", "dev", tmp_path)[1]
+    assert report.to_dict()["sha256"] == hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def test_real_quora_dev_has_exactly_two_malformed_rows():

@@ -10,6 +10,7 @@ the same metrics.jsonl records (timing fields aside) and the same prediction fil
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as trainer_mod
 from tasks.training.checkpoint import read_json
 from tasks.training.run import run
-from tasks.training.trainer import Trainer
+from tasks.training.trainer import Hook, Trainer
 from tests.helpers import tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -198,3 +199,32 @@ def test_a_run_killed_at_any_checkpoint_phase_resumes_to_the_uninterrupted_resul
     run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
     _assert_same_run(uninterrupted("best-2"), tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir()) == ["best", "last"]  # no .old
+
+
+def test_a_test_file_with_a_skipped_row_is_read_first_and_makes_the_submission_loudly_incomplete(
+        tiny_env, tmp_path, caplog):
+    """Issue 33: a cut row in sts-test-student.csv was a log line only, and the leaderboard file silently had one id
+    fewer. The test files are read before training (data.json has them at once), and the final record and a
+    warning say which leaderboard file lacks ids and why."""
+    data = tmp_path / "data"
+    shutil.copytree(tiny_env[1], data)
+    test_file = data / "sts-test-student.csv"
+    test_file.write_bytes(test_file.read_bytes().rstrip(b"\n")[:-3])  # the last record cut: no line end
+    out = tmp_path / "run"
+    with pytest.raises(Killed):
+        run(tiny_train_config(tiny_env, out, data_dir=str(data), epochs=1), hooks=[_KilledAtStart()])
+    reports = json.loads((out / "data.json").read_text())["files"]
+    assert reports["sts test"]["skipped"] == 1  # recorded before the first step
+    final = run(tiny_train_config(tiny_env, out, data_dir=str(data), epochs=1), overwrite=True)
+    ids = (out / "predictions" / "sts-test-output.csv").read_text().splitlines()[1:]
+    assert len(ids) == reports["sts test"]["rows"] - 1
+    assert final["rows_skipped"] == {str(test_file): 1}
+    (line,) = final["incomplete"]
+    assert line.startswith(f"sts-test-output.csv lacks the ids of 1 of the {reports['sts test']['rows']} rows of "
+                           f"{test_file}") and "cut" in line
+    assert "SUBMISSION INCOMPLETE: sts-test-output.csv" in caplog.text
+
+
+class _KilledAtStart(Hook):
+    def on_train_start(self, trainer) -> None:
+        raise Killed
