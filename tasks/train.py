@@ -81,6 +81,7 @@ class Command:
     preset: str | None = None
     eval_only: bool = False
     resume: bool = False
+    data_changed: bool = False  # --data-changed: a resume may read data that differ from the run's
     checkpoint: str | None = None
     overwrite: bool = False
     config: str | None = None  # --config FILE: a saved TrainConfig to start from
@@ -224,6 +225,9 @@ def build_parser() -> Parser:
     g.add_argument("--resume", dest="resume", action="store_true",
                    help="continue a run exactly where its checkpoint stopped (weights, optimizer, LR position, "
                         "batch order, RNG states)")
+    g.add_argument("--data-changed", dest="data_changed", action="store_true",
+                   help="with --resume: continue although the data files differ from those the run started with "
+                        "(without it such a resume is refused, naming the file)")
     g.add_argument("--overwrite", dest="overwrite", action="store_true",
                    help="let a fresh run replace the checkpoints already in --out-dir")
     g.add_argument("--config", dest="config", metavar="FILE",
@@ -364,6 +368,8 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     if c.checkpoint is not None and not (c.eval_only or c.resume):
         raise ValueError("--checkpoint names a saved model for --eval-only or --resume; without either it "
                          "would be ignored")
+    if c.data_changed and not c.resume:
+        raise ValueError("--data-changed lets --resume continue on changed data; without --resume it means nothing")
     if c.overwrite and (c.eval_only or c.resume):
         raise ValueError("--overwrite is for a fresh training run; --eval-only and --resume never replace "
                          "checkpoints")
@@ -381,7 +387,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
         if c.eval_only and (fixed := [_flag(p) for p in explicit if p not in eval_mutable()]):
             raise ValueError(f"--eval-only uses the configuration saved in the checkpoint, so {', '.join(fixed)} "
                              f"cannot change (allowed: {', '.join(_flag(p) for p in eval_mutable())})")
-        resume = resume_point(where) if c.resume else None  # a damaged last: an intact last.old or best
+        resume = resume_point(where, c.data_changed) if c.resume else None  # a damaged last: last.old or best
         ckpt = resume.checkpoint if resume else verify_checkpoint(where)
         saved = resume.config if resume else load_config(ckpt)
         cfg = copy.deepcopy(saved)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import errno
+import hashlib
 import json
 import os
 import re
@@ -167,6 +168,7 @@ REFUSED = [
     (["--eval-only", "--lp-epochs", "2"], "--lp-epochs cannot change"),
     (["--swa-lr", "1e-4"], "--swa-lr only acts"),
     (["--lp-lr", "1e-3"], "lp_lr only acts with lp_epochs"),
+    (["--data-changed"], "--data-changed lets --resume continue on changed data"),
     (["--swa-epochs", "-1"], "swa_epochs must be >= 0"),
     (["--lp-epochs", "-2"], "lp_epochs must be >= 0"),
     (["--objective", "distill"], "distill needs teachers"),
@@ -670,6 +672,10 @@ CASES = [
     ("--config holding a JSON list", lambda e, t, r, m: (t / "list.json").write_text("[1, 2]") and [
         *_flags(e, r), "--config", str(t / "list.json"), "--overwrite"], 2,
      r"--config .*list\.json: a run configuration is a JSON object, got a JSON list", "main"),
+    ("--resume on changed data", lambda e, t, r, m: ["--resume", "--out-dir", str(r), "--data-dir", str(bad_data(
+        e, t, "ids-sst-train.csv", lambda b: b"\n".join(b.split(b"\n")[:-2]) + b"\n"))], 1,
+     r"ids-sst-train\.csv: not the file the run started with \(sha256 .*\): resume on the run's data, or pass "
+     r"--data-changed", "main"),
     ("--pretrained does not exist", lambda e, t, r, m: [*_flags(e, r), "--pretrained", str(t / "no-such-model"),
                                                         "--overwrite"], 2, r"no-such-model", "main"),
     ("--out-dir is a file", lambda e, t, r, m: _flags(e, r / "metrics.jsonl"), 2,
@@ -747,6 +753,29 @@ def test_train_log_holds_what_was_logged_before_the_run_directory_was_ready(tiny
     cli.main(["--resume", "--out-dir", str(run_dir)])
     log = (run_dir / "train.log").read_text()
     assert "is truncated or corrupted" in log and "resuming from" in log and "glibc malloc tuned" in log
+
+
+def test_a_resume_on_changed_data_goes_on_when_told_and_records_the_new_data(tiny_env, tmp_path, caplog):
+    """--data-changed lets --resume continue on changed files (with a warning naming each); the checkpoints it
+    writes then record the new files, so the next resume on them needs no flag. A checkpoint that records no
+    fingerprints (written before they were) is resumed with a warning."""
+    run_dir = tmp_path / "run"
+    cli.main([*_flags(tiny_env, run_dir), "--epochs", "1", "--lr-schedule", "constant"])
+    state_file = run_dir / "checkpoints" / "last" / "state.json"
+    state = json.loads(state_file.read_text())
+    del state["data_sha256"]
+    state_file.write_text(json.dumps(state))
+    cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
+    assert "records no fingerprints of its data" in caplog.text
+    changed = bad_data(tiny_env, tmp_path, "sts-train.csv", lambda b: b.replace(b"\t1.0\n", b"\t2.0\n", 1))
+    with pytest.raises(SystemExit):
+        cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "3", "--data-dir", str(changed)])
+    result = cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "3", "--data-dir", str(changed),
+                       "--data-changed"])
+    assert result["best_epoch"] is not None and f"--data-changed: {changed / 'sts-train.csv'} differs" in caplog.text
+    saved = json.loads(state_file.read_text())["data_sha256"]
+    assert saved["sts train"] == hashlib.sha256((changed / "sts-train.csv").read_bytes()).hexdigest()
+    cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "4", "--data-dir", str(changed)])  # its data now
 
 
 def test_verbose_keeps_the_traceback(tiny_env, finished_cli_run, tmp_path, monkeypatch):

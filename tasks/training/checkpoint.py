@@ -15,8 +15,9 @@ A checkpoint directory (``<out_dir>/checkpoints/last`` and ``.../best``) holds:
     optimizer.json           param_groups (hyper-parameters + parameter indices) and the parameter
                              name of every index, checked on load
     state.json               where training stands: epoch and step of the next batch, global step,
-                             best dev score, per-epoch history, running epoch loss sums, and the RNG
-                             states of torch / CUDA (base64) / python / numpy (lists)
+                             best dev score, per-epoch history, running epoch loss sums, the RNG
+                             states of torch / CUDA (base64) / python / numpy (lists), and the sha256
+                             of every data file read (``data_sha256``: a resume compares them)
     config.json              the full run configuration (TrainConfig as plain JSON)
     encoder/                 a complete HF BERT + sentence-transformers directory of the encoder
                              (see save_encoder_files): AutoModel / SentenceTransformer load it as it is
@@ -313,13 +314,34 @@ class ResumePoint:
     checkpoint: Path
     config: TrainConfig
     state: dict
+    data_changed: bool = False  # the user says the data may differ from the run's (--data-changed)
 
 
-def resume_point(path: str | os.PathLike) -> ResumePoint:
+def resume_point(path: str | os.PathLike, data_changed: bool = False) -> ResumePoint:
     """The checkpoint a resume continues (a damaged ``last``: an intact ``last.old`` or ``best``, warned), with the
     config and state saved in it, each read once."""
     ckpt, state = resumable_checkpoint(path)
-    return ResumePoint(ckpt, load_config(ckpt), state)
+    return ResumePoint(ckpt, load_config(ckpt), state, data_changed)
+
+
+def check_same_data(resume: ResumePoint, reports: dict[str, dict]) -> None:
+    """The files a resume reads are those its run started with: each file's sha256 (ReadReport) against the one
+    the checkpoint recorded (``data_sha256``). A changed file is a ValueError naming it, unless
+    ``resume.data_changed``; a checkpoint without fingerprints is resumed with a warning."""
+    saved = resume.state.get("data_sha256")
+    if saved is None:
+        logger.warning("%s records no fingerprints of its data (written before they were): this resume cannot check "
+                       "that it reads the run's data", resume.checkpoint)
+        return
+    changed = [(reports[k], saved[k]) for k in sorted(saved) if k in reports and reports[k]["sha256"] != saved[k]]
+    if changed and not resume.data_changed:
+        report, old = changed[0]
+        raise ValueError(f"{report['file']}: not the file the run started with (sha256 {report['sha256'][:12]}..., "
+                         f"the run's {old[:12]}...{f'; and {len(changed) - 1} more' if len(changed) > 1 else ''}): "
+                         "resume on the run's data, or pass --data-changed to continue on these")
+    for report, _ in changed:
+        logger.warning("--data-changed: %s differs from the file the run started with; training goes on with it",
+                       report["file"])
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer, param_names: list[str]) -> tuple[dict[str, torch.Tensor], dict]:

@@ -11,7 +11,8 @@ left stale by a crash between saving ``last`` and copying it to ``best`` is repa
 
 Usage:
     run_dir = RunDir("runs/try")
-    run_dir.start(cfg)                 # lock, refuse or move aside an earlier run, write config.json
+    run_dir.start(cfg)                 # lock, refuse or move aside an earlier run
+    run_dir.record(cfg, reports)       # config.json, owner.json, data.json: the data are read and checked
     run_dir.append(record)             # one metrics.jsonl record
 """
 
@@ -140,7 +141,8 @@ class RunDir:
         self.replaced: Path | None = None
 
     def start(self, cfg: Any, *, resume: ResumePoint | None = None, overwrite: bool = False) -> None:
-        """Lock the directory; a fresh run refuses an earlier run's files unless ``overwrite``; write config.json.
+        """Lock the directory; a fresh run refuses an earlier run's files (or another command's output) unless
+        ``overwrite``; the log opens. Nothing the run says about itself is written before ``record``.
 
         A resume from ``resume`` (its checkpoint) first repairs ``best`` when a crash
         came between writing that checkpoint and copying it to best (``repair_best``).
@@ -159,8 +161,6 @@ class RunDir:
             raise FileExistsError(message)
         if self.writer:
             open_log(self.path)
-            write_json(self.path / "config.json", cfg.to_dict())
-            mark(self.path, RUN)
 
     def _prepare(self, resume: ResumePoint | None, overwrite: bool) -> None:
         check_writable_dir(self.path, "--out-dir")
@@ -199,10 +199,14 @@ class RunDir:
             release_lock(self.lock)
             raise
 
-    def record_data(self, data: dict[str, dict] | None) -> None:
-        """data.json: ``{"files": {"<task> <split>": ReadReport.to_dict()}}`` of the files this process read."""
-        if self.writer and data is not None:
-            write_json(self.path / "data.json", {"files": data})
+    def record(self, cfg: Any, data: dict[str, dict] | None) -> None:
+        """Once the run's data are read and checked: config.json, owner.json, and data.json
+        (``{"files": {"<task> <split>": ReadReport.to_dict()}}`` of the files this process read)."""
+        if self.writer:
+            write_json(self.path / "config.json", cfg.to_dict())
+            mark(self.path, RUN)
+            if data is not None:
+                write_json(self.path / "data.json", {"files": data})
 
     def checkpoint_written(self) -> None:
         """The new run has its first checkpoint: the run that --overwrite moved aside is deleted."""

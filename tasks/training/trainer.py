@@ -77,6 +77,7 @@ from tasks.training import distributed, lpft
 from tasks.training.checkpoint import (
     CHECKPOINT_FORMAT,
     ResumePoint,
+    check_same_data,
     atomic_directory,
     load_objectives_state,
     load_optimizer_state,
@@ -243,8 +244,9 @@ class Trainer:
 
     @classmethod
     def from_plan(cls, plan: RunPlan, *, hooks: Sequence[Hook] = (), overwrite: bool = False) -> Trainer:
-        """Prepare and lock the run directory (RunDir.start), build the parts, record what was read (data.json)
-        and, for a resume, restore the plan's checkpoint. The plan is trusted: nothing is checked again."""
+        """Prepare and lock the run directory (RunDir.start), build the parts, check that a resume reads the run's
+        data (``check_same_data``), record the run (RunDir.record) and, for a resume, restore the plan's checkpoint.
+        The plan is trusted: nothing is checked again."""
         cfg = plan.cfg
         # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
         device = distributed.setup(resolve_device(cfg.device))
@@ -252,7 +254,9 @@ class Trainer:
         run_dir.start(cfg, resume=plan.resume, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
         try:
             parts = build_parts(cfg, device)
-            run_dir.record_data(parts.data)
+            if plan.resume is not None:
+                check_same_data(plan.resume, parts.data or {})
+            run_dir.record(cfg, parts.data)
             return cls(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, resume=plan.resume)
         except BaseException:
             run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
@@ -544,6 +548,7 @@ class Trainer:
         return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
                 "best": self.best, "history": self.history, "elapsed_s": self.elapsed,
                 "epoch_sums": {k: [s, c] for k, (s, c) in sums.items()},
+                "data_sha256": {name: report["sha256"] for name, report in (self.data or {}).items()},
                 "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
 
     def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
