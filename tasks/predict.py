@@ -15,12 +15,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.cli import Parser, user_errors
-from tasks.data.readers import Example, read_pairs, read_sentences
+from tasks.data.readers import Example, decode_utf8, read_pairs, read_sentences
 from tasks.evaluation.evaluator import Predictor
 from tasks.model import TASKS
 
@@ -34,7 +35,12 @@ def read_inputs(task: str, source: str) -> list[Example]:
         raise FileNotFoundError(f"--input {source}: no such file")
     if source.endswith(".csv"):
         return read_sentences(source, False, 5)[0] if task == "sst" else read_pairs(source, None)[0]
-    lines = sys.stdin.read().splitlines() if source == "-" else Path(source).read_text(encoding="utf-8").splitlines()
+    stdin = getattr(sys.stdin, "buffer", None)
+    if source == "-" and stdin is None:  # a text stream without bytes beneath (an embedding program's)
+        lines = sys.stdin.read().splitlines()
+    else:
+        data = stdin.read() if source == "-" else Path(source).read_bytes()
+        lines = decode_utf8("stdin" if source == "-" else f"--input {source}", data).splitlines()
     examples = []
     for n, line in enumerate(lines, 1):
         if not line.strip():
@@ -64,6 +70,20 @@ def prediction_rows(predictor: Predictor, task: str, examples: list[Example]) ->
     return ["id", "label", "p_paraphrase"], [[i, int(y), float(p)] for i, y, p in zip(ids, labels, probs)]
 
 
+def check_output(output: str) -> None:
+    """--output names a file that can be written: its folder exists and it is not a folder itself."""
+    if output == "-":
+        return
+    path = Path(output)
+    if path.is_dir():
+        raise ValueError(f"--output {output} is a directory: name a file in it")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"--output {output}: no such directory {folder}; create it or name another file")
+    if not os.access(folder, os.W_OK):
+        raise ValueError(f"--output {output}: {folder} is not writable; name another file")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m tasks.predict",
                description="Predict on new text with a trained checkpoint: CSV of id,label,probabilities "
@@ -84,10 +104,13 @@ def build_parser() -> Parser:
 def main(argv: Sequence[str] | None = None) -> list[list]:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     try:
+        check_output(args.output)
         examples = read_inputs(args.task, args.input)
     except (ValueError, FileNotFoundError) as e:
-        parser.error(str(e))  # the --input the user gave: an argument error (exit status 2)
+        parser.error(str(e))  # the --input and --output the user gave: an argument error (exit status 2)
     with user_errors(parser.prog):  # a damaged checkpoint, a task it was not trained on: one line, exit status 1
         predictor = Predictor.from_checkpoint(args.checkpoint, device=args.device, batch_size=args.batch_size)
         header, rows = prediction_rows(predictor, args.task, examples)

@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from tasks import predict as predict_mod
 from tasks.predict import main
 from tests.helpers import ROOT
 
@@ -55,6 +56,33 @@ def test_predict_command_errors_are_one_line(finished, tmp_path, capsys, monkeyp
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and len(err) == 2 and err[0].startswith("usage: python -m tasks.predict")
     assert message in err[1]
+
+
+@pytest.mark.parametrize("argv, stdin, message", [
+    (["--task", "sst", "--output", "no/such/dir/x.csv"], b"a fine film\n",
+     "--output no/such/dir/x.csv: no such directory no/such/dir; create it or name another file"),
+    (["--task", "sst", "--output", "."], b"a fine film\n", "--output . is a directory: name a file in it"),
+    (["--task", "sst"], b"a fine film\nun film tr\xe8s dr\xf4le\n",
+     "stdin: line 2: bytes that are not UTF-8 (byte 0xe8 at column 11); save the text as UTF-8"),
+    (["--task", "sst", "--input", "latin1.txt"], b"",
+     "--input latin1.txt: line 2: bytes that are not UTF-8 (byte 0xe8 at column 11); save the text as UTF-8"),
+    (["--task", "sst", "--batch-size", "0"], b"a fine film\n", "--batch-size must be at least 1, got 0"),
+])
+def test_predict_refuses_bad_paths_and_bytes_before_predicting(finished, tmp_path, capsys, monkeypatch, argv, stdin,
+                                                               message):
+    """Issue 33: each of these ended in a traceback (the --output ones after every prediction was computed) or
+    was silently replaced (--batch-size 0); now one line naming the flag, file or stdin line, exit status 2."""
+    (tmp_path / "latin1.txt").write_bytes(b"a fine film\nun film tr\xe8s dr\xf4le\n")
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8",
+                                                       errors="surrogateescape"))
+    monkeypatch.chdir(tmp_path)
+    computed = []
+    monkeypatch.setattr(predict_mod, "prediction_rows", lambda *a: computed.append(a) or (["id"], []))
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(finished)] + argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 2 and "Traceback" not in err[-1], err
+    assert message in err[1] and not computed
 
 
 def test_a_damaged_checkpoint_is_one_line_with_exit_status_1(finished, tmp_path, capsys, monkeypatch):

@@ -185,7 +185,7 @@ def _read_rows(
     first_line_of_id: dict[str, int] = {}
     data = path.read_bytes()
     report.sha256 = hashlib.sha256(data).hexdigest()
-    text = _decode(path, data)
+    text = decode_utf8(path, data)
     if not text.strip():
         raise ValueError(f"{path}: the file is empty; copy the CS224N file there again "
                          "(`bash setup.sh` links ../shared/data)")
@@ -250,14 +250,16 @@ def _read_rows(
     return items, report
 
 
-def _decode(path: Path, data: bytes) -> str:
-    """The file's text (utf-8-sig drops a BOM some editors add); other encodings are an error naming the line."""
+def decode_utf8(where: str | os.PathLike[str], data: bytes) -> str:
+    """Text of ``data`` (utf-8-sig drops a BOM some editors add); other encodings are a ValueError naming
+    ``where`` (a file, "stdin"), the line and the column of the first byte that is not UTF-8."""
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as e:
         line = e.object.count(b"\n", 0, e.start) + 1  # e.object: the bytes after any BOM
-        raise ValueError(f"{path}: line {line}: bytes that are not UTF-8 ({e.object[e.start:e.end]!r}); "
-                         "re-save the file as UTF-8") from None
+        column = e.start - e.object.rfind(b"\n", 0, e.start)
+        raise ValueError(f"{where}: line {line}: bytes that are not UTF-8 (byte 0x{e.object[e.start]:02x} at "
+                         f"column {column}); save the text as UTF-8") from None
 
 
 def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:

@@ -299,7 +299,7 @@ def test_real_nli_file_reports_its_unterminated_last_row():
     (b"\n\n", ["is empty", "setup.sh"]),
     (b"\tid\tsentence\tsentiment\n", ["has a header but no rows", "setup.sh"]),
     (b"\tid\ttext\tsentiment\n0\ta\tgood\t1\n", ["line 1", "no column 'sentence'", "data/README.md"]),
-    (b"\tid\tsentence\tsentiment\n0\ta\tgood\t1\n1\tb\tna\xefve\xff\t2\n", ["line 3", "not UTF-8", "re-save"]),
+    (b"\tid\tsentence\tsentiment\n0\ta\tgood\t1\n1\tb\tna\xefve\xff\t2\n", ["line 3", "not UTF-8 (byte 0xef at column 7)", "save the text as UTF-8"]),
 ])
 def test_unreadable_files_raise_one_line_naming_file_and_fix(tmp_path, content, expected):
     """Non-UTF-8 bytes, an empty file, a header-only file and a missing column each raise a one-line ValueError
