@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
 from minbert.bert import BertModel
@@ -77,15 +78,35 @@ def resolve_model_dir(path: str | Path | None) -> Path:
     return d
 
 
-def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    """The raw tensors of a checkpoint directory, safetensors preferred."""
+def weights_file(model_dir: Path) -> Path:
+    """The weights file of a checkpoint directory, safetensors preferred."""
     for name in WEIGHT_FILES:
-        f = model_dir / name
-        if f.is_file():
-            if name.endswith(".safetensors"):
-                return load_file(str(f))
-            return torch.load(f, map_location="cpu", weights_only=True)
+        if (model_dir / name).is_file():
+            return model_dir / name
     raise FileNotFoundError(f"no weights in {model_dir}: expected one of {', '.join(WEIGHT_FILES)}")
+
+
+def check_weights(model_dir: Path) -> None:
+    """The weights file's header reads (no tensor is loaded): a truncated or corrupted safetensors file is a
+    ValueError naming it, before any work."""
+    f = weights_file(model_dir)
+    if f.suffix == ".safetensors":
+        try:
+            with safe_open(str(f), "pt") as handle:
+                handle.keys()
+        except SafetensorError as e:
+            raise ValueError(f"{f} is truncated or corrupted ({e})") from None
+
+
+def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    """The raw tensors of a checkpoint directory, safetensors preferred; a damaged file is a ValueError naming it."""
+    f = weights_file(model_dir)
+    if f.suffix != ".safetensors":
+        return torch.load(f, map_location="cpu", weights_only=True)
+    try:
+        return load_file(str(f))
+    except SafetensorError as e:
+        raise ValueError(f"{f} is truncated or corrupted ({e})") from None
 
 
 def map_hf_keys(state: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:

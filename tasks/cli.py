@@ -20,7 +20,8 @@ What it adds to argparse.ArgumentParser:
   (``--use_gpu``, ``--output_dir``, ``--learning_rate``, ``--num_train_epochs``,
   ``--batch_size``, ``--option finetune|pretrain``), for snake_case spellings
   of our kebab-case flags, and close matches for typos;
-- every option's default at the end of its help (``DefaultsHelp``).
+- every option's default at the end of its help (``DefaultsHelp``);
+- NaN and infinities refused for every float flag, naming it (``finite_float``).
 """
 
 from __future__ import annotations
@@ -30,9 +31,10 @@ import contextlib
 import difflib
 import errno
 import json
+import math
 import os
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import NoReturn
 
 from safetensors import SafetensorError
@@ -109,6 +111,18 @@ def foreign_flag_hint(argv: Sequence[str], known: set[str], renamed: dict[str, s
     return None
 
 
+def finite_float(text: str) -> float:
+    """A float flag's value: NaN and infinities are refused here, naming the flag (argparse adds it), not later
+    by a check that cannot name it."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
+    return value
+
+
 class Parser(argparse.ArgumentParser):
     """argparse.ArgumentParser with this project's conventions (see the module docstring)."""
 
@@ -117,6 +131,7 @@ class Parser(argparse.ArgumentParser):
         kwargs.setdefault("formatter_class", DefaultsHelp)
         super().__init__(*args, **kwargs)
         self.renamed = dict(renamed or {})
+        self.register("type", float, finite_float)  # every type=float flag, in groups and subcommands too
 
     def parse_known_args(self, args: Sequence[str] | None = None, namespace=None):
         argv = list(sys.argv[1:] if args is None else args)
@@ -141,12 +156,12 @@ def verbose() -> bool:
     return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
 
 
-def describe(error: BaseException) -> str:
-    """One line for ``error``: its own message, with the path and a remedy where the OS gave only an errno."""
+def describe(error: BaseException, then: str = "then run the same command again") -> str:
+    """One line for ``error``: its own message, with the path and a remedy where the OS gave only an errno
+    (``then``: what to do once space is freed, which the command knows)."""
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
         where = f" writing {error.filename}" if error.filename else ""
-        return (f"disk full{where}: free space (a checkpoint holds the model and optimizer state), "
-                "then continue with --resume; the last complete checkpoint is intact")
+        return f"disk full{where}: free space (a checkpoint holds the model and optimizer state), {then}"
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         text = f"{error.filename}: {error.strerror}"
         if isinstance(error, PermissionError):
@@ -163,13 +178,15 @@ def describe(error: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def user_errors(program: str) -> Iterator[None]:
-    """Turn a user-caused error raised inside into ``<program>: error: <one line>`` and exit status 1."""
+def user_errors(program: str, then: Callable[[], str] | None = None) -> Iterator[None]:
+    """Turn a user-caused error raised inside into ``<program>: error: <one line>`` and exit status 1; ``then``
+    gives the remedy after a full disk (``describe``)."""
     try:
         yield
     except USER_ERRORS as e:
         if verbose():
             raise
-        print(f"{program}: error: {describe(e)} (set {VERBOSE_ENV}=1 for the traceback)", file=sys.stderr)
+        text = describe(e, then()) if then is not None else describe(e)
+        print(f"{program}: error: {text} (set {VERBOSE_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
 

@@ -30,8 +30,10 @@ import copy
 import dataclasses
 import inspect
 import logging
+import math
 import re
 import sys
+import time
 import types
 import typing
 from dataclasses import dataclass, field
@@ -39,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from minbert.config import BertConfig
-from minbert.pretrained import resolve_model_dir
+from minbert.pretrained import check_weights, resolve_model_dir
 from tasks.cli import Parser, describe, user_errors
 from tasks.config import (
     FINAL_DEV,
@@ -112,9 +114,12 @@ def _kv(value_type: type) -> typing.Callable[[str], tuple[str, Any]]:
         if raw == "all" and value_type is int:
             return key, None
         try:
-            return key, value_type(raw)
+            value = value_type(raw)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r}: {raw!r} is not a valid {value_type.__name__}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: {raw!r} is not a finite number")
+        return key, value
 
     parse.__name__ = f"{value_type.__name__} pair"
     return parse
@@ -399,14 +404,14 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
             cfg = eval_config(saved, eval_overrides(cfg))
             resolve_device(cfg.device)
         refuse_idle_settings(cfg, explicit)  # --resume and --eval-only alike: e.g. --sts-prior on a run without STS
-        check_max_length(cfg, ckpt)
+        check_encoder(cfg, ckpt, eval_only=c.eval_only)
         check_prior_model(cfg, explicit)
         plan = None if c.eval_only else prepare_run(cfg, resume)  # the one resume rule
         return Invocation(c, cfg, ckpt, plan)
 
     cfg = config_from_flags(c, explicit)
     refuse_idle_settings(cfg, explicit)
-    check_max_length(cfg)
+    check_encoder(cfg)
     check_prior_model(cfg, explicit)
     return Invocation(c, cfg, plan=prepare_run(cfg))
 
@@ -416,9 +421,15 @@ def config_for(argv: list[str], parser: argparse.ArgumentParser | None = None) -
     return build_invocation(*parse(list(argv), parser)).config
 
 
-def check_max_length(cfg: TrainConfig, ckpt: Path | None = None) -> None:
-    """--max-length must fit the encoder's position embeddings: read from its config.json, no weights loaded
-    (the checkpoint's encoder/ when there is one, else --pretrained)."""
+def check_encoder(cfg: TrainConfig, ckpt: Path | None = None, eval_only: bool = False) -> None:
+    """The encoder a command starts from, checked without loading it: a training run's --pretrained weights read
+    (its header: a truncated file is named now, not at model building), and --max-length fits the position
+    embeddings (config.json of the checkpoint's encoder/ when there is one, else of --pretrained)."""
+    if not eval_only:  # training loads --pretrained first (a resume then overwrites it with the checkpoint's)
+        try:
+            check_weights(resolve_model_dir(cfg.pretrained))
+        except ValueError as e:
+            raise ValueError(f"--pretrained {cfg.pretrained}: {e}: use an intact checkpoint directory") from None
     own = ckpt / "encoder" if ckpt is not None else None
     source = own if own is not None and (own / "config.json").is_file() else resolve_model_dir(cfg.pretrained)
     positions = BertConfig.from_json_file(source / "config.json").max_position_embeddings
@@ -499,7 +510,16 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(describe(e))
     cfg = inv.config
     # After argument checking, what the user's files or disk cause is one line and exit status 1 (tasks/cli.py).
-    with user_errors(parser.prog):
+    started = time.time()
+
+    def after_disk_full() -> str:
+        """--resume only where this command has a checkpoint to continue: its own, or the one it resumed."""
+        last = Path(cfg.out_dir) / "checkpoints" / "last"
+        if command.resume or (not command.eval_only and last.is_dir() and last.stat().st_mtime >= started):
+            return "then continue with --resume: the last complete checkpoint is intact"
+        return "then run the same command again (this run wrote no checkpoint)"
+
+    with user_errors(parser.prog, then=after_disk_full):
         logger.info("glibc malloc tuned for reuse: %s", malloc_tuned)
         world = distributed.world_size()
         if world > 1:

@@ -169,6 +169,11 @@ REFUSED = [
     (["--swa-lr", "1e-4"], "--swa-lr only acts"),
     (["--lp-lr", "1e-3"], "lp_lr only acts with lp_epochs"),
     (["--data-changed"], "--data-changed lets --resume continue on changed data"),
+    (["--lr", "inf"], "argument --lr: 'inf' is not a finite number"),
+    (["--objective", "smart", "--smart-epsilon", "nan"], "argument --smart-epsilon: 'nan' is not a finite number"),
+    (["--objective", "mnr", "--pair-encoding", "siamese", "--mnr-scale", "inf"],
+     "argument --mnr-scale: 'inf' is not a finite number"),
+    (["--loss-weights", "para=inf"], "'para=inf': 'inf' is not a finite number"),
     (["--swa-epochs", "-1"], "swa_epochs must be >= 0"),
     (["--lp-epochs", "-2"], "lp_epochs must be >= 0"),
     (["--objective", "distill"], "distill needs teachers"),
@@ -622,6 +627,14 @@ def _garbage(b: bytes) -> bytes:
     return b"\x00garbage" + b[10:]
 
 
+def _truncated_model(env, tmp: Path) -> Path:
+    model = tmp / "model"
+    shutil.copytree(env[0], model)
+    weights = model / "model.safetensors"
+    weights.write_bytes(_truncate(weights.read_bytes()))
+    return model
+
+
 def _live_lock(run: Path) -> None:
     (run / "run.lock").write_text(json.dumps({"pid": os.getppid(), "host": __import__("socket").gethostname()}))
 
@@ -651,6 +664,9 @@ CASES = [
     ("corrupted state.json, --resume", lambda e, t, r, m: _damage(
         r, ["last/state.json", "best/state.json"], _garbage) or ["--resume", "--out-dir", str(r)],
      2, r"last/state\.json is truncated or corrupted", "main"),
+    ("state.json without step, --resume", lambda e, t, r, m: _damage(
+        r, ["last/state.json", "best/state.json"], lambda b: b.replace(b'"step"', b'"stop"', 1)) or [
+        "--resume", "--out-dir", str(r)], 2, r"last/state\.json lacks \['step'\]: the checkpoint is damaged", "main"),
     ("corrupted config.json, --resume", lambda e, t, r, m: _damage(
         r, ["last/config.json", "best/config.json"], _truncate) or ["--resume", "--out-dir", str(r)],
      2, r"last/config\.json is truncated or corrupted", "main"),
@@ -676,6 +692,9 @@ CASES = [
         e, t, "ids-sst-train.csv", lambda b: b"\n".join(b.split(b"\n")[:-2]) + b"\n"))], 1,
      r"ids-sst-train\.csv: not the file the run started with \(sha256 .*\): resume on the run's data, or pass "
      r"--data-changed", "main"),
+    ("--pretrained with a truncated model.safetensors", lambda e, t, r, m: [
+        *_flags(e, r), "--pretrained", str(_truncated_model(e, t)), "--overwrite"], 2,
+     r"--pretrained .*model: .*model\.safetensors is truncated or corrupted", "main"),
     ("--pretrained does not exist", lambda e, t, r, m: [*_flags(e, r), "--pretrained", str(t / "no-such-model"),
                                                         "--overwrite"], 2, r"no-such-model", "main"),
     ("--out-dir is a file", lambda e, t, r, m: _flags(e, r / "metrics.jsonl"), 2,
@@ -691,7 +710,9 @@ CASES = [
     ("run directory in use", lambda e, t, r, m: _live_lock(r) or _flags(e, r) + ["--overwrite"], 1,
      rf"in use by process {os.getppid()}", "main"),
     ("disk full", lambda e, t, r, m: _disk_full(m) or _flags(e, r) + ["--overwrite"], 1,
-     r"disk full writing .*model\.safetensors: free space", "main"),
+     r"disk full writing .*model\.safetensors: free space .*, then run the same command again \(this run wrote "
+     r"no checkpoint\)", "main"),
+
 ]
 
 
@@ -776,6 +797,20 @@ def test_a_resume_on_changed_data_goes_on_when_told_and_records_the_new_data(tin
     saved = json.loads(state_file.read_text())["data_sha256"]
     assert saved["sts train"] == hashlib.sha256((changed / "sts-train.csv").read_bytes()).hexdigest()
     cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "4", "--data-dir", str(changed)])  # its data now
+
+
+def test_disk_full_advises_resume_only_where_there_is_a_checkpoint_to_resume(tiny_env, finished_cli_run, tmp_path,
+                                                                           monkeypatch, capsys):
+    """Issue 33: a disk full before the first checkpoint advised --resume, which then failed with "no checkpoint"
+    (that case: the table above). A resume that fills the disk (here in its SWA phase) has one: --resume."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_cli_run, run_dir)
+    _disk_full(monkeypatch)
+    monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--resume", "--out-dir", str(run_dir), "--swa-epochs", "1"])
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert exc.value.code == 1 and "then continue with --resume: the last complete checkpoint is intact" in line
 
 
 def test_verbose_keeps_the_traceback(tiny_env, finished_cli_run, tmp_path, monkeypatch):

@@ -67,6 +67,8 @@ REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json"
 
 
 _OLD_SUFFIX = ".old"
+# What every state.json holds (Trainer.state): a resume reads each of them.
+STATE_KEYS = ("format", "epoch", "step", "global_step", "best", "history", "elapsed_s", "epoch_sums", "rng")
 
 
 def _fsync_path(path: Path) -> None:
@@ -216,10 +218,11 @@ def repair_best(resume: ResumePoint, best: Path) -> bool:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Plain JSON (no NaN/Infinity tokens: a non-finite float is an error, never silently written)."""
+    """Plain JSON (no NaN/Infinity tokens: a non-finite float is an error, raised before a byte is written, so
+    no half-written file is left behind)."""
+    text = json.dumps(obj, indent=1, sort_keys=True, allow_nan=False)
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1, sort_keys=True, allow_nan=False)
-        f.write("\n")
+        f.write(text + "\n")
 
 
 def read_json(path: Path) -> Any:
@@ -277,6 +280,9 @@ def _intact(path: str | os.PathLike[str]) -> tuple[Path, dict]:
     """``verify_checkpoint``'s work; returns the checkpoint and its parsed state.json."""
     path = resolve_checkpoint(path)
     state = read_json(path / "state.json")
+    missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
+    if missing:
+        raise ValueError(f"{path / 'state.json'} lacks {missing}: the checkpoint is damaged")
     read_json(path / "optimizer.json")
     for file in sorted(path.glob("*.safetensors")):
         try:

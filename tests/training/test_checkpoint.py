@@ -228,3 +228,12 @@ def test_best_does_not_share_files_with_last(tiny_env, tmp_path):
             with open(f, "r+b") as handle:  # in place: the same inode
                 handle.write(b"\0" * 8)
     assert snapshot(best) == before
+
+
+def test_write_json_refuses_a_non_finite_value_without_writing_a_byte(tmp_path):
+    """Issue 33: `--lr inf` left a truncated config.json behind: json.dump had written the fields before it."""
+    path = tmp_path / "config.json"
+    path.write_text('{"kept": 1}\n')
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        ckpt_mod.write_json(path, {"a": 1.0, "lr": float("inf")})
+    assert path.read_text() == '{"kept": 1}\n'
