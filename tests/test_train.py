@@ -709,6 +709,8 @@ CASES = [
      r"holds an earlier run: resume it \(--resume\), pick another --out-dir, or pass --overwrite", "main"),
     ("run directory in use", lambda e, t, r, m: _live_lock(r) or _flags(e, r) + ["--overwrite"], 1,
      rf"in use by process {os.getppid()}", "main"),
+    ("run directory in use, --eval-only", lambda e, t, r, m: _live_lock(r) or ["--eval-only", "--out-dir", str(r)],
+     1, rf"in use by process {os.getppid()}", "main"),
     ("disk full", lambda e, t, r, m: _disk_full(m) or _flags(e, r) + ["--overwrite"], 1,
      r"disk full writing .*model\.safetensors: free space .*, then run the same command again \(this run wrote "
      r"no checkpoint\)", "main"),
