@@ -34,6 +34,8 @@ PREDICTIONS = "predictions"  # train_multitask.py --eval-only into a directory o
 
 COMMANDS = {RUN: "train_multitask.py", ENSEMBLE: "python -m tasks.ensemble", MLM: "python -m tasks.pretrain",
             PREDICTIONS: "train_multitask.py --eval-only"}
+NAMES = {RUN: "a training run", ENSEMBLE: "an ensemble", MLM: "an MLM checkpoint",
+         PREDICTIONS: "the predictions of a checkpoint"}
 
 
 def kind_of(path: Path) -> str | None:
@@ -65,8 +67,8 @@ def check_kind(path: Path, kind: str, flag: str = "--out-dir", overwrite: bool =
     it holds (None: nothing of ours)."""
     held = kind_of(path)
     if held is not None and held != kind and not overwrite:
-        raise FileExistsError(f"{flag} {path} holds {_article(held)} {held} (written by {COMMANDS[held]}), "
-                              f"not {_article(kind)} {kind}: pick another {flag}, or pass --overwrite to replace it")
+        raise FileExistsError(f"{flag} {path} holds {NAMES[held]} (written by {COMMANDS[held]}), not {NAMES[kind]}: "
+                              f"pick another {flag}, or pass --overwrite to replace it")
     return held
 
 
@@ -94,6 +96,3 @@ def replacing(path: Path, kind: str, flag: str = "--out-dir", overwrite: bool = 
         raise
     shutil.rmtree(aside)
 
-
-def _article(kind: str) -> str:
-    return "an" if kind[0] in "aeiouAEIMU" else "a"
