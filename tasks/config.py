@@ -70,8 +70,7 @@ class TrainConfig:
 
     # -- data --
     data_dir: str = option("data", "directory of the CS224N CSV files (data/README.md)")
-    out_dir: str = option("runs/default", "run directory: config.json, metrics.jsonl, training.png, train.log, "
-                          "checkpoints/{last,best}, predictions/")
+    out_dir: str = option("runs/default", "the run directory (what it holds: README 'Training')")
     tasks: tuple[str, ...] = option(TASKS, "tasks to train and evaluate (paper §4.1: all three)")
     nli: bool = option(False, "add the nli-train.csv triplet stream (paper §4.2 'Additional AllNLI data'); it has no "
                        "head loss, only its objectives train on it (B1: MNR)")

@@ -1,5 +1,4 @@
-"""The run directory: config.json, metrics.jsonl, train.log, training.png, checkpoints/, and the lock that keeps
-it one run's.
+"""The run directory (what it holds: README "Training"), and the lock that keeps it one run's.
 
 A fresh run refuses a folder holding an earlier run's results unless
 ``--overwrite``, which moves the old run aside and deletes it only once the
@@ -124,7 +123,7 @@ def _holds_results(path: Path) -> bool:
 
 
 class RunDir:
-    """A run directory: config.json, metrics.jsonl, training.png and checkpoints/. Only the main process writes.
+    """A run directory (the module docstring). Only the main process writes.
 
     ``start`` locks it (``run.lock``: pid and host of the owner) until ``close``.
     ``--overwrite`` moves the previous run's files into ``.replaced-<time>-<pid>/``;
