@@ -51,8 +51,7 @@ def recipe_tokens(argv: Sequence[str], tokenizer) -> dict[str, int]:
     Raises SystemExit, ValueError or OSError for flags train_multitask.py would refuse (OSError: a --config or
     --pretrained that is not there) and OSError or ValueError for data it cannot read."""
     cfg = train_command.config_for(list(argv))
-    train_sets, _, _ = load_run_data(cfg, tokenizer)
-    return training_tokens(cfg, train_sets)
+    return training_tokens(cfg, load_run_data(cfg, tokenizer).train_sets)
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:

@@ -10,5 +10,5 @@ robustness experiments, written as a data directory).
 
 Usage:
     from tasks.data.selection import load_run_data
-    train_sets, dev_sets, reports = load_run_data(cfg, tokenizer)
+    data = load_run_data(cfg, tokenizer)   # data.train_sets, .dev_sets, .final_examples, .reports
 """

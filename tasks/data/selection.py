@@ -1,7 +1,7 @@
 """Which examples a run reads: the task files under its limit, the fixed dev subsets, tokenized datasets.
 
 Usage:
-    train_sets, dev_sets, reports = load_run_data(cfg, tokenizer)  # what the trainer trains and scores on
+    data = load_run_data(cfg, tokenizer)  # what the trainer trains and scores on, and the final predictions' files
     examples = load_examples("sts", "test", cfg)             # None when the file is absent
     dataset = make_dataset("sts", examples, tokenizer, cfg)  # SentenceDataset or PairDataset
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -66,34 +67,43 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
     return examples
 
 
-def load_final_examples(cfg: TrainConfig, reports: dict[str, dict] | None = None
-                        ) -> dict[str, dict[str, list[Example] | None]]:
-    """The dev and test examples a run's final predictions are made of, ``{split: {task: examples or None}}``
-    (None: no such file), read when the run starts, so that a bad test file fails it before it trains."""
-    return {split: {task: load_examples(task, split, cfg, reports) for task in cfg.tasks} for split in FINAL_SPLITS}
-
-
 FINAL_SPLITS = ("dev", "test")
 
 
-def load_run_data(cfg: TrainConfig, tokenizer: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict]]:
-    """(training datasets by stream, dev datasets by task, reports) of a run, read and tokenized once.
+@dataclass
+class RunData:
+    """What a run reads, once, before it trains (``load_run_data``)."""
 
-    reports: each file's ``ReadReport.to_dict()`` by "<task> <split>" ("sst train", ..., "nli train").
-    """
+    train_sets: dict[str, Any]  # tokenized, by stream
+    dev_sets: dict[str, Any]  # tokenized, by task, capped (dev_max_examples): the per-epoch scores
+    final_examples: dict[str, dict[str, list[Example] | None]]  # {"dev"/"test": {task: examples, None: no file}}
+    reports: dict[str, dict]  # ReadReport.to_dict() of every file read, by "<task> <split>" ("nli train" too)
+
+
+def load_final_examples(cfg: TrainConfig, reports: dict[str, dict] | None = None
+                        ) -> dict[str, dict[str, list[Example] | None]]:
+    """The whole dev and the test examples final predictions are made of (``RunData.final_examples``), for a
+    command that trains nothing (--eval-only)."""
+    return {split: {task: load_examples(task, split, cfg, reports) for task in cfg.tasks} for split in FINAL_SPLITS}
+
+
+def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
+    """Every file a run reads, read (and the training and per-epoch dev sets tokenized) once, before training:
+    a bad test file fails the run before its first step."""
     reports: dict[str, dict] = {}
     t0 = time.perf_counter()
     train_sets: dict[str, Any] = {}
     dev_sets: dict[str, Any] = {}
+    final: dict[str, dict[str, list[Example] | None]] = {split: {} for split in FINAL_SPLITS}
     for task in cfg.tasks:
         train_sets[task] = make_dataset(task, load_examples(task, "train", cfg, reports), tokenizer, cfg)
-        dev = load_examples(task, "dev", cfg, reports)
+        dev = final["dev"][task] = load_examples(task, "dev", cfg, reports)
         dev_sets[task] = make_dataset(task, capped_dev(task, dev, cfg), tokenizer, cfg)
+        final["test"][task] = load_examples(task, "test", cfg, reports)
     if cfg.nli:
         triplets, report = load_nli(cfg.data_dir, limit=cfg.limit)
         reports["nli train"] = report.to_dict()
         train_sets[NLI] = TripletDataset(triplets, tokenizer, max_length=cfg.max_length)
     logger.info("data: %s (read and tokenized in %.1f s)",
                 ", ".join(f"{s} {len(d)} train" for s, d in train_sets.items()), time.perf_counter() - t0)
-    return train_sets, dev_sets, reports
-
+    return RunData(train_sets, dev_sets, final, reports)

@@ -198,7 +198,7 @@ class Evaluator:
                   examples: dict[str, dict[str, Any]] | None = None, reports: dict[str, dict] | None = None) -> dict:
         """Full dev metrics, and dev + test prediction and logit files for every task of the config.
 
-        ``examples`` (``load_final_examples``: read when the run started) and their ``reports`` save reading the
+        ``examples`` (``RunData.final_examples``: read when the run started) and their ``reports`` save reading the
         dev and test files again. A missing test file is skipped with a message; a test file with skipped rows
         makes the submission incomplete (its leaderboard file lacks their ids): a warning, and the record's
         "incomplete" says which. With ``predict_train``

@@ -68,7 +68,7 @@ from minbert.pretrained import load_pretrained
 from tasks.config import NLI, TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights, MultitaskSchedule
-from tasks.data.selection import load_final_examples, load_run_data
+from tasks.data.selection import load_run_data
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import PAIR_TASKS, TASKS, MultitaskBert
@@ -77,8 +77,8 @@ from tasks.training import distributed, lpft
 from tasks.training.checkpoint import (
     CHECKPOINT_FORMAT,
     ResumePoint,
-    check_same_data,
     atomic_directory,
+    check_same_data,
     load_objectives_state,
     load_optimizer_state,
     load_tensors,
@@ -638,7 +638,7 @@ class Parts:
     tokenizer: Any = None
     amp_dtype: torch.dtype | None = None
     data: dict[str, dict] | None = None  # ReadReport.to_dict() of every file read, by "<task> <split>"
-    final_examples: dict[str, dict[str, Any]] | None = None  # load_final_examples: the dev and test files
+    final_examples: dict[str, dict[str, Any]] | None = None  # RunData.final_examples: the dev and test files
 
 
 def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
@@ -653,12 +653,12 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
     if cfg.encoder_dropout is not None:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
-    train_sets, dev_sets, data = load_run_data(cfg, tokenizer)
-    final_examples = load_final_examples(cfg, data)  # now: a bad test file fails the run before it trains
+    data = load_run_data(cfg, tokenizer)  # every file, test files too: a bad one fails the run before it trains
     model = MultitaskBert(encoder, cfg.model).to(device)
-    if hasattr(model, "para_bias") and "para" in train_sets:  # the baseline's Siamese paraphrase offset
-        pairs = train_sets["para"]
+    if hasattr(model, "para_bias") and "para" in data.train_sets:  # the baseline's Siamese paraphrase offset
+        pairs = data.train_sets["para"]
         model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
     objectives = build_objectives(cfg.objectives, model)
-    return Parts(model, objectives, train_sets, dev_sets, tokenizer, amp_dtype, data, final_examples)
+    return Parts(model, objectives, data.train_sets, data.dev_sets, tokenizer, amp_dtype, data.reports,
+                 data.final_examples)
 
