@@ -815,6 +815,24 @@ def test_disk_full_advises_resume_only_where_there_is_a_checkpoint_to_resume(tin
     assert exc.value.code == 1 and "then continue with --resume: the last complete checkpoint is intact" in line
 
 
+def test_the_log_file_says_what_the_run_will_do_how_long_it_takes_and_took(tiny_env, tmp_path):
+    """Issue 31: a run read from its log file (nohup, a scheduler: no terminal, no progress bar) opens with the
+    device, precision and why, threads and plan; estimates the whole run after its first steps; gives elapsed and
+    remaining time on every progress line; and ends with the wall time."""
+    run_dir = tmp_path / "run"
+    cli.main([*_flags(tiny_env, run_dir), "--epochs", "2", "--log-every", "2"])
+    lines = (run_dir / "train.log").read_text().splitlines()
+    (plan,) = [x for x in lines if "| plan: " in x]
+    assert re.search(r"cpu, fp32 \(--no-bf16\), \d+ threads \| plan: 2 epochs x (\d+)/\1 steps \(\d+ to go\): .*sst "
+                     r"\d+.* examples an epoch; dev scores after each epoch on .*; then the best epoch predicts the whole "
+                     r"dev and test sets", plan), plan
+    progress = [x for x in lines if re.search(r"epoch \d/2 step \d+/\d+ \|", x)]
+    assert progress and all(re.search(r"\| elapsed \d+s, left ~\d+s$", x) for x in progress), progress
+    assert lines.index(plan) < lines.index(progress[0])
+    assert sum("estimate after 2 steps: the run takes ~" in x for x in lines) == 1
+    assert re.search(r"done: wall time \d+s \(this process: \d+ s\)$", lines[-1]), lines[-1]
+
+
 def test_verbose_keeps_the_traceback(tiny_env, finished_cli_run, tmp_path, monkeypatch):
     """MINBERT_VERBOSE=1 lets the exception through for a bug report."""
     run_dir = tmp_path / "run"

@@ -21,6 +21,7 @@ import contextlib
 import math
 import os
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -98,6 +99,62 @@ def progress_logging() -> Iterator[None]:
             yield
     else:
         yield
+
+
+# ---- the run's clock: elapsed and remaining time on the log lines ----
+
+
+def duration(seconds: float) -> str:
+    """``1h02m``, ``12m05s`` or ``42s``."""
+    seconds = max(0, round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class RunClock:
+    """Elapsed and remaining time of a run, for its log lines (the log file too, not only a terminal's bar).
+
+    Remaining = the training steps left at the seconds per step measured so far, plus the evaluations still
+    to come: each epoch's dev scores and the final predictions, in scored sequences, at the seconds per
+    sequence of the last evaluation measured; before the first one, at a third of the training step's time per
+    sequence (a forward pass without backward: an estimate, and said to be one).
+    """
+
+    def __init__(self, steps_left: int, evals_left: int, eval_sequences: int, final_sequences: int) -> None:
+        self.start = time.perf_counter()
+        self.steps_left, self.evals_left = steps_left, evals_left
+        self.eval_sequences, self.final_sequences = eval_sequences, final_sequences
+        self.train_seconds, self.steps_done, self.sequences_done = 0.0, 0, 0
+        self.seconds_per_eval_sequence: float | None = None
+
+    def trained(self, steps: int, sequences: int, seconds: float) -> None:
+        self.train_seconds += seconds
+        self.steps_done += steps
+        self.sequences_done += sequences
+        self.steps_left = max(0, self.steps_left - steps)
+
+    def evaluated(self, seconds: float) -> None:
+        self.evals_left = max(0, self.evals_left - 1)
+        if self.eval_sequences:
+            self.seconds_per_eval_sequence = seconds / self.eval_sequences
+
+    def remaining(self) -> float:
+        if not self.steps_done:
+            return math.nan
+        per_eval = self.seconds_per_eval_sequence
+        if per_eval is None:
+            per_eval = self.train_seconds / max(self.sequences_done, 1) / 3
+        return (self.steps_left * self.train_seconds / self.steps_done
+                + per_eval * (self.evals_left * self.eval_sequences + self.final_sequences))
+
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.start
+
+    def line(self) -> str:
+        """``elapsed 3m10s, left ~9m40s``: for a progress line."""
+        left = self.remaining()
+        return f"elapsed {duration(self.elapsed())}" + ("" if math.isnan(left) else f", left ~{duration(left)}")
 
 
 # ---- training.png: per-epoch loss terms and dev metrics ----

@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.config import TrainConfig
+from tasks.training.progress import duration
 from tasks.training.swa import run_swa
 from tasks.training.trainer import Hook, RunPlan, Trainer, prepare_run, resume_point
 
@@ -93,8 +94,10 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
               "skipped": final["skipped"], "rows_skipped": final["rows_skipped"],
               **({"incomplete": final["incomplete"]} if final["incomplete"] else {})}
     trainer.run_dir.append(record)
-    logger.info("final dev (%s): %s | %.0f s in this process", final_dev_scope(cfg),
-                " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None), record["process_time_s"])
+    logger.info("final dev (%s): %s", final_dev_scope(cfg),
+                " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None))
+    logger.info("done: wall time %s (this process: %.0f s)", duration(record["process_time_s"]),
+                record["process_time_s"])
     return record
 
 

@@ -93,13 +93,14 @@ from tasks.training.checkpoint import (
     save_tensors,
     write_json,
 )
-from tasks.training.progress import RunningSums, progress_logging, sequences
+from tasks.training.progress import RunClock, RunningSums, duration, progress_logging, sequences
 from tasks.training.rundir import RunDir
 from tasks.training.runtime import (
     autocast,
     autocast_dtype,
     configure_device,
     pin_and_prefetch,
+    precision_note,
     resolve_device,
     rng_state,
     seed_everything,
@@ -228,6 +229,7 @@ class Trainer:
         self.epoch_sums = RunningSums()  # steps (under torchrun: this rank's shares of them)
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         self._rng_to_restore = None
+        self.clock: RunClock | None = None  # while fit() trains
         if resume is not None:
             self._load_checkpoint(resume.checkpoint, resume.state)
         elif self.rank > 0:
@@ -415,7 +417,7 @@ class Trainer:
         the last step.
         """
         n = len(plan)
-        window, window_seqs, t_window = RunningSums(), 0, time.perf_counter()
+        window, window_seqs, window_steps, t_window = RunningSums(), 0, 0, time.perf_counter()
         bar = tqdm(total=n, initial=start, desc=desc, dynamic_ncols=True,
                    disable=not sys.stderr.isatty() or self.rank > 0, leave=False)
         lr = lr_of(start)
@@ -426,20 +428,30 @@ class Trainer:
                 sums.add(terms, share)
                 window.add(terms, share)
                 window_seqs += sequences(batch)
+                window_steps += 1
                 bar.update(1)
                 if (k + 1) % self.cfg.log_every == 0:
                     now = time.perf_counter()
                     means = window.means()  # the one device sync per log_every steps
                     seqs = distributed.sum_over_ranks({"seqs": window_seqs})["seqs"]
-                    logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s", desc, k + 1, n, lr,
+                    first = self.clock is not None and not self.clock.steps_done
+                    if self.clock is not None:
+                        self.clock.trained(window_steps, seqs, now - t_window)
+                    logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s%s", desc, k + 1, n, lr,
                                 " | ".join(f"{name} {v:.4f}" for name, v in means.items()),
-                                seqs / max(now - t_window, 1e-9))
+                                seqs / max(now - t_window, 1e-9),
+                                f" | {self.clock.line()}" if self.clock is not None else "")
+                    if first:
+                        logger.info("estimate after %d steps: the run takes ~%s in all, evaluations included",
+                                    window_steps, duration(self.clock.elapsed() + self.clock.remaining()))
                     bar.set_postfix(loss=f"{means['loss']:.4f}")
-                    window, window_seqs, t_window = RunningSums(), 0, now
+                    window, window_seqs, window_steps, t_window = RunningSums(), 0, 0, now
                 if after_step is not None:
                     after_step()
         finally:
             bar.close()
+        if self.clock is not None and window_steps:  # the steps after the last log line
+            self.clock.trained(window_steps, window_seqs, time.perf_counter() - t_window)
         return lr
 
     def fit(self) -> dict:
@@ -450,6 +462,8 @@ class Trainer:
             set_rng_state(self._rng_to_restore, self.device)  # last: nothing after it may draw from the global RNGs
             self._rng_to_restore = None
         lpft.train_mode(self.model, self.stage)
+        if self.epoch < self.total_epochs:
+            self.clock = self._plan()
         if self.epoch >= self.total_epochs:
             logger.info("nothing to train: the checkpoint is at epoch %d of %d", self.epoch, self.total_epochs)
         elif self.stage == lpft.LP:
@@ -459,9 +473,36 @@ class Trainer:
         with progress_logging():
             while self.epoch < self.total_epochs:
                 self._train_epoch()
+        self.clock = None  # the SWA phase and the final predictions run outside it
         for h in self.hooks:
             h.on_train_end(self)
         return {"best": self.best, "epochs": self.epoch, "global_step": self.global_step}
+
+    def _plan(self) -> RunClock:
+        """Log what the run will do (device, precision and why, threads, the plan of steps and evaluations), and
+        return the clock that times it."""
+        cfg = self.cfg
+        epochs = range(self.epoch, self.total_epochs)
+        plans = {e: self.schedule.epoch_plan(e) for e in epochs}
+        steps = sum(len(p) for p in plans.values()) - self.step
+        per_task: dict[str, int] = {}
+        for stream, idx in plans[self.epoch]:
+            per_task[stream] = per_task.get(stream, 0) + len(idx)
+
+        def scored(task: str, n: int) -> int:  # a pair scored in both orders is two sequences' work
+            return n * (2 if cfg.symmetric_eval and task in PAIR_TASKS else 1)
+
+        dev = {t: len(d) for t, d in self.dev_sets.items()}
+        final = {(t, split): len(rows) for split, by_task in (self.final_examples or {}).items()
+                 for t, rows in by_task.items() if rows is not None}
+        logger.info("%s, %s, %d threads | plan: %d epochs x %s steps (%d to go): %s examples an epoch; dev scores "
+                    "after each epoch on %s; then the best epoch predicts the whole dev and test sets%s",
+                    self.device, precision_note(cfg.bf16, self.device, self.amp_dtype), torch.get_num_threads(),
+                    len(plans), "/".join(str(len(p)) for p in plans.values()), steps,
+                    ", ".join(f"{t} {n}" for t, n in per_task.items()), ", ".join(f"{t} {n}" for t, n in dev.items()),
+                    " (pairs in both orders)" if cfg.symmetric_eval else "")
+        return RunClock(steps, len(plans), sum(scored(t, n) for t, n in dev.items()),
+                        sum(scored(t, n) for (t, _), n in final.items()))
 
     def _train_epoch(self) -> None:
         cfg = self.cfg
@@ -499,6 +540,8 @@ class Trainer:
         means = self.epoch_sums.means()
         metrics = self.evaluate_dev()
         eval_time = time.perf_counter() - t0
+        if self.clock is not None:
+            self.clock.evaluated(eval_time)
         score = metrics.get("overall", math.nan)
         # The first epoch is the best so far even with an undefined score (a constant STS prediction has no r).
         improved = self.best is None or (math.isfinite(score) and (self.best["score"] is None

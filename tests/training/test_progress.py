@@ -76,3 +76,20 @@ def test_plot_history_draws_every_term_and_metric_raw_and_normalized(tmp_path, m
     assert all(math.isnan(v) for v in lines[1]["sts_r"][1])
     assert lines[2]["loss"][1] == pytest.approx([0.0, 2 / 3, 1.0])  # 1/e: worst 1.0 -> 0, best 0.25 -> 1
     assert lines[3]["sst_acc"][1] == pytest.approx([0.0, 1 / 3, 1.0])
+
+
+def test_duration_reads_as_a_person_would():
+    assert [progress.duration(x) for x in (0.4, 42, 725, 3725, 90000)] == ["0s", "42s", "12m05s", "1h02m", "25h00m"]
+
+
+def test_run_clock_adds_the_steps_and_evaluations_left(monkeypatch):
+    """Remaining = steps left at the measured time per step + the evaluations still to come at the measured time
+    per scored sequence (before one is measured: a third of the training time per sequence)."""
+    clock = progress.RunClock(steps_left=100, evals_left=2, eval_sequences=50, final_sequences=200)
+    assert math.isnan(clock.remaining()) and "left" not in clock.line()
+    clock.trained(steps=10, sequences=300, seconds=20.0)  # 2 s a step, 1/15 s a sequence
+    assert clock.remaining() == pytest.approx(90 * 2.0 + (2 * 50 + 200) * (20.0 / 300 / 3))
+    clock.evaluated(10.0)  # 50 sequences in 10 s
+    assert clock.remaining() == pytest.approx(90 * 2.0 + (1 * 50 + 200) * 0.2)
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: clock.start + 65)
+    assert clock.line() == "elapsed 1m05s, left ~3m50s"

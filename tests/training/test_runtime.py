@@ -313,3 +313,12 @@ def test_smart_dropout_replay_restores_the_training_devices_generator(monkeypatc
     fake = FakeCuda(monkeypatch, 2)
     _DropoutReplay(CUDA1)()
     assert fake.set_calls == [(1, 11)]
+
+
+def test_the_precision_note_says_what_was_chosen_and_why(monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert runtime.precision_note(None, cpu, None) == "fp32: this CPU has no native bf16, and emulated bf16 would be slower"
+    assert runtime.precision_note(None, cpu, torch.bfloat16).startswith("bf16 autocast: this CPU multiplies bf16 natively")
+    assert runtime.precision_note(None, cuda, None).startswith("fp32: this GPU has no native bf16")
+    assert runtime.precision_note(False, cpu, None) == "fp32 (--no-bf16)"
+    assert runtime.precision_note(True, cpu, torch.bfloat16) == "bf16 autocast (--bf16)"
