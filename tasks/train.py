@@ -403,6 +403,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
         if c.eval_only:
             cfg = eval_config(saved, eval_overrides(cfg))
             resolve_device(cfg.device)
+            check_writable_dir(Path(cfg.out_dir), "--out-dir")  # a training run's: prepare_run
         refuse_idle_settings(cfg, explicit)  # --resume and --eval-only alike: e.g. --sts-prior on a run without STS
         check_encoder(cfg, ckpt, eval_only=c.eval_only)
         check_prior_model(cfg, explicit)
@@ -505,7 +506,6 @@ def main(argv: list[str] | None = None) -> dict:
     command, explicit = parse(argv, parser)
     try:
         inv = build_invocation(command, explicit)
-        check_writable_dir(Path(inv.config.out_dir), "--out-dir")
     except (ValueError, OSError) as e:  # also a checkpoint's or --pretrained's damaged files, named
         parser.error(describe(e))
     cfg = inv.config

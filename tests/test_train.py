@@ -35,6 +35,7 @@ from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.training import checkpoint as ckpt_mod
 from tasks.training import run as train_mod
+from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as parts
 from tasks.training import trainer as trainer_mod
 from tests.helpers import ROOT, bad_data, snapshot
@@ -530,16 +531,20 @@ def test_eval_only_refuses_settings_that_would_do_nothing_on_its_tasks(tiny_env,
 
 
 def test_a_training_command_validates_its_config_once(tiny_env, tmp_path, monkeypatch):
-    """The command checks the config before any work; the trainer trusts it (a fresh run and a resume alike)."""
-    calls = []
+    """The command checks the config and its --out-dir before any work; the trainer and the run directory trust
+    them (a fresh run and a resume alike)."""
+    calls, dirs = [], []
     real = TrainConfig.validate
     monkeypatch.setattr(TrainConfig, "validate", lambda self: calls.append(self.out_dir) or real(self))
+    real_dir_check = trainer_mod.check_writable_dir
+    for module in (trainer_mod, cli, rundir_mod):
+        monkeypatch.setattr(module, "check_writable_dir", lambda p, f: dirs.append(str(p)) or real_dir_check(p, f))
     run_dir = tmp_path / "run"
     cli.main([*_tiny_flags(tiny_env, run_dir), "--epochs", "1", "--limit", "8", "--lr-schedule", "constant"])
-    assert calls == [str(run_dir)]
-    calls.clear()
+    assert calls == [str(run_dir)] and dirs == [str(run_dir)]
+    calls.clear(), dirs.clear()
     cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
-    assert calls == [str(run_dir)]
+    assert calls == [str(run_dir)] and dirs == [str(run_dir)]
 
 
 def test_eval_only_reads_the_checkpoints_config_once(tiny_env, tmp_path, monkeypatch):

@@ -162,7 +162,6 @@ class RunDir:
             open_log(self.path)
 
     def _prepare(self, resume: ResumePoint | None, overwrite: bool) -> None:
-        check_writable_dir(self.path, "--out-dir")
         held = check_kind(self.path, RUN, overwrite=overwrite and resume is None)
         self.path.mkdir(parents=True, exist_ok=True)
         take_lock(self.lock, f"run directory {self.path}")

@@ -94,7 +94,7 @@ from tasks.training.checkpoint import (
     write_json,
 )
 from tasks.training.progress import RunClock, RunningSums, duration, progress_logging, sequences
-from tasks.training.rundir import RunDir
+from tasks.training.rundir import RunDir, check_writable_dir
 from tasks.training.runtime import (
     autocast,
     autocast_dtype,
@@ -168,11 +168,13 @@ class RunPlan:
 
 def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunPlan:
     """Every check of a training run, once, before any data is read: the config (``TrainConfig.validate``), its
-    per-process batches under torchrun, its device, and for a ``resume`` (``resume_point``) the one resume rule
+    per-process batches under torchrun, its device, its writable --out-dir, and for a ``resume``
+    (``resume_point``) the one resume rule
     (``check_resume_config``: only RESUME_MUTABLE fields may differ from the checkpoint's)."""
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
+    check_writable_dir(Path(cfg.out_dir), "--out-dir")
     if resume is not None:
         check_resume_config(resume.config, cfg)
     return RunPlan(cfg, resume)
