@@ -23,11 +23,14 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+from tasks.training.progress import RunsClock
 from tasks.training.rundir import release_lock, take_lock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,6 +75,9 @@ def final_record(run_dir: Path) -> dict | None:
     return final
 
 
+_ran = threading.local()  # the commands this thread ran (not reused): RunsClock learns its rate from them alone
+
+
 class Sweep:
     """Runs commands under ``root``, one directory per name, and remembers how long each took."""
 
@@ -89,12 +95,26 @@ class Sweep:
         the other cores idle (longest-processing-time-first). Results come in the items' order either way.
         """
         items = list(items)
-        order = sorted(range(len(items)), key=lambda i: -cost(items[i])) if cost else list(range(len(items)))
+        costs = [cost(item) for item in items] if cost else [1.0] * len(items)
+        order = sorted(range(len(items)), key=lambda i: -costs[i]) if cost else list(range(len(items)))
+        clock = RunsClock(costs)
+        if not self.dry_run:
+            say(f"[sweep] plan: {len(items)} runs, {min(self.jobs, len(items))} at a time"
+                + (f", {self.threads} thread{'s' if self.threads > 1 else ''} each" if self.threads else ""))
+
+        def timed(i: int) -> Any:
+            ran = _ran.count = getattr(_ran, "count", 0)
+            result = fn(items[i])
+            clock.done(i, ran=_ran.count > ran)
+            if not self.dry_run:
+                say(f"[sweep] {clock.line()}")
+            return result
+
         if self.jobs <= 1 or len(items) <= 1:
-            done = {i: fn(items[i]) for i in order}
+            done = {i: timed(i) for i in order}
         else:
             with ThreadPoolExecutor(max_workers=self.jobs) as pool:  # its workers take items in submission order
-                done = dict(zip(order, pool.map(fn, [items[i] for i in order])))
+                done = dict(zip(order, pool.map(timed, order)))
         return [done[i] for i in range(len(items))]
 
     def env(self) -> dict[str, str]:
@@ -140,6 +160,7 @@ class Sweep:
         with open(run_dir / "sweep.log", "a", encoding="utf-8") as log:
             proc = subprocess.run(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT)  # in our cwd
         wall = time.perf_counter() - t0
+        _ran.count = getattr(_ran, "count", 0) + 1
         if proc.returncode != 0:
             tail = (run_dir / "sweep.log").read_text(encoding="utf-8", errors="replace")[-3000:]
             raise SystemExit(f"[{name}] failed with exit status {proc.returncode} after {wall:.0f} s; "

@@ -10,7 +10,8 @@ Usage:
 Every field carries its help text (``tasks.options.option``); the train command
 (tasks/train.py) turns each field into a flag with that help and the default
 written here. ``apply_preset`` (PRESETS, at the bottom of this module) fills
-the fields with the paper's configurations.
+the fields with the paper's configurations, or changes the defaults into a
+recipe of ours (quick).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tasks.model import NLI, STREAMS, TASKS, ModelConfig
 from tasks.objectives import objective_config, registered_objectives
 from tasks.options import option
 from tasks.training.runtime import check_device_string
+from tasks.training.tensorboard import REPORTERS, check_available
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
 
@@ -40,7 +42,7 @@ MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refu
 # SWA and train-set predictions come after the training steps, so they may change too
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
 RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
-                  "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train")
+                  "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train", "report_to")
 
 
 # Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
@@ -53,7 +55,7 @@ EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "lim
 # Fields a saved config.json may lack, with the value that reproduces a config without them: a saved run must
 # resume and re-predict as it was trained and scored, whatever today's default.
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
-                 "sst_prior": 0.0}
+                 "sst_prior": 0.0, "report_to": ()}
 
 
 # ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
@@ -180,12 +182,15 @@ class TrainConfig:
     fused_adamw: bool = option(True, "run our AdamW update through torch's fused kernel (minbert/optimizer.py; the "
                                "same update up to float rounding, not bit for bit, as the foreach path that "
                                "--no-fused-adamw selects)")
+    report_to: tuple[str, ...] = option((), "also write the log lines' and epochs' metrics for: tensorboard "
+                                        "(event files in <out-dir>/tensorboard; pip install tensorboard)")
     log_every: int = option(50, "one log line (every loss term, lr, seq/s) every N steps (the only time losses are "
                             "read back from the device)")
     checkpoint_every: int = option(0, "also write checkpoints/last every N steps mid-epoch (0 = epoch ends only)")
 
     def __post_init__(self) -> None:
         self.tasks = tuple(self.tasks)
+        self.report_to = tuple(self.report_to)
         if isinstance(self.model, dict):
             self.model = ModelConfig(**self.model)
 
@@ -194,7 +199,7 @@ class TrainConfig:
         """Plain JSON, marked with ``model_type`` MODEL_TYPE so that transformers' Auto classes pointed at a
         run or checkpoint directory refuse it ("unrecognized model type") instead of building a random BERT."""
         d = dataclasses.asdict(self)
-        d["tasks"] = list(self.tasks)
+        d["tasks"], d["report_to"] = list(self.tasks), list(self.report_to)
         return {"model_type": MODEL_TYPE, **d}
 
     @classmethod
@@ -285,6 +290,10 @@ class TrainConfig:
             raise ValueError(f"swa_lr must be positive, got {self.swa_lr}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0 = epoch ends only), got {self.checkpoint_every}")
+        unknown = [r for r in self.report_to if r not in REPORTERS]
+        if unknown:
+            raise ValueError(f"report_to: unknown {unknown}; it can be {', '.join(REPORTERS)}")
+        check_available(self.report_to)
         if self.max_length < 3:
             raise ValueError(f"max_length={self.max_length} leaves no room for text ([CLS] a [SEP] b [SEP] needs 3 tokens)")
         if self.schedule not in SCHEDULES:
@@ -434,8 +443,10 @@ __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "
            "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides", "refuse_idle_settings")
 
 
-# ---- presets: the paper's configurations (minbert §4.1, §4.3; Figure 2) ----
-# Settings every preset shares.
+# ---- presets ----
+# The paper's configurations (minbert §4.1, §4.3; Figure 2) start from the settings they all share (COMMON),
+# whatever the defaults; a recipe of this project's starts from the defaults (the CPU recipe) and changes only
+# what it names.
 COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
                               max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
                               loss_weights={}, objectives={}, symmetric_eval=False, sts_prior=0.0,
@@ -451,7 +462,7 @@ _B_COMMON: dict[str, Any] = dict(schedule="even", lr_schedule="epoch_decay", lr_
 _SIMCSE = {"tasks": ["sts"], "similarity": "dot", "temperature": 1.0}
 
 
-PRESETS: dict[str, dict[str, Any]] = {
+PAPER_PRESETS: dict[str, dict[str, Any]] = {
     "baseline": dict(model=dict(arch="baseline", pair_encoding="siamese", pooling="pooler", head_dropout=0.3),
                      schedule="sequential", lr_schedule="constant"),
     "b1": dict(_B_COMMON, model=dict(_B_MODEL, head_dropout=0.0), nli=True,
@@ -463,10 +474,22 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+# quick: the default recipe in one epoch instead of three, a third of its training steps, for a slow machine
+# (its score beside the default's: experiments/RESULTS.md). The learning rate still warms up and decays to 0
+# over the run's steps.
+RECIPES: dict[str, dict[str, Any]] = {"quick": dict(epochs=1)}
+
+
+PRESETS: dict[str, dict[str, Any]] = {**{name: {**COMMON, **settings} for name, settings in PAPER_PRESETS.items()},
+                                      **RECIPES}
+
+
 def apply_preset(cfg: TrainConfig, name: str) -> TrainConfig:
-    """A copy of ``cfg`` with the paper's configuration ``name`` (baseline, b1, b2, b3)."""
+    """A copy of ``cfg`` with preset ``name``'s settings: a paper configuration (baseline, b1, b2, b3) or a
+    recipe (quick)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
-    settings = copy.deepcopy({**COMMON, **PRESETS[name]})
-    settings["model"] = ModelConfig(**settings["model"])
+    settings = copy.deepcopy(PRESETS[name])
+    if "model" in settings:
+        settings["model"] = ModelConfig(**settings["model"])
     return dataclasses.replace(cfg, **settings)

@@ -42,6 +42,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -62,6 +63,7 @@ from tasks.training.mlm import (
     save_mlm_checkpoint,
     shuffled,
 )
+from tasks.training.progress import duration
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +125,7 @@ def main(argv: Sequence[str] | None = None) -> Path:
 
 
 def _main(argv: Sequence[str] | None) -> Path:
+    t0 = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not logging.getLogger().handlers:
@@ -177,6 +180,7 @@ def _main(argv: Sequence[str] | None) -> Path:
     shutil.rmtree(state, ignore_errors=True)
     log.info("wrote %s (load it with --pretrained %s; its cls.predictions MLM head is not used by "
              "load_pretrained)", out, out)
+    log.info("done: wall time %s", duration(time.perf_counter() - t0))
     return out
 
 

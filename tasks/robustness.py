@@ -51,6 +51,7 @@ from tasks.evaluation.evaluator import load_checkpoint_model
 from tasks.evaluation.files import read_predictions
 from tasks.model import TASKS
 from tasks.objectives.rift import pgd_attack
+from tasks.training.progress import RunsClock
 from tasks.training.run import run
 from tasks.training.rundir import log_to
 from tasks.training.runtime import configure_malloc, resolve_device
@@ -106,13 +107,18 @@ def train_experiment(args: argparse.Namespace, flags: list[str], cfg: TrainConfi
         settings = [(f"{args.task}-label{args.label}-keep{args.keep:g}",
                      {"task": args.task, "label": args.label, "keep": args.keep})]
     results: dict = {"command": args.command, "flags": flags, "settings": {}}
-    for name, s in settings:
+    clock = RunsClock([1.0] * (len(settings) * len(args.seeds)))
+    log.info("plan: %d training runs (%d settings x %d seeds), one after another", len(clock.costs),
+             len(settings), len(args.seeds))
+    for i, (name, s) in enumerate(settings):
         per_seed = []
-        for seed in args.seeds:
+        for j, seed in enumerate(args.seeds):
             changed = perturb(args.command, train, seed, **s)
             data = perturbed_data_dir(src, Path(args.out_dir) / f"data-{name}-seed{seed}", changed)
             run_dir = Path(args.out_dir) / f"{name}-seed{seed}"
             record = _train(cfg, data, run_dir, seed)
+            clock.done(i * len(args.seeds) + j, ran=True)
+            log.info("%s", clock.line())
             dev = dev_scores(record)
             if args.command == "minority":
                 dev_ex = load_split(args.task, "dev", src)[0]

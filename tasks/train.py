@@ -65,6 +65,7 @@ from tasks.training.checkpoint import load_config, read_json, verify_checkpoint
 from tasks.training.run import run_plan
 from tasks.training.rundir import check_writable_dir, log_to
 from tasks.training.runtime import configure_malloc, resolve_device
+from tasks.training.tensorboard import REPORTERS
 from tasks.training.trainer import RunPlan, prepare_run, resume_point
 
 logger = logging.getLogger("train_multitask")
@@ -221,7 +222,8 @@ def build_parser() -> Parser:
 
     g = p.add_argument_group("what to run")
     g.add_argument("--preset", dest="preset", choices=tuple(PRESETS),
-                   help="a paper configuration (§5.4): baseline (§4.1), b1, b2, b3; explicit flags override it")
+                   help="a paper configuration (§5.4): baseline (§4.1), b1, b2, b3; or quick: the default recipe in one "
+                        "epoch, a third of its training (README 'Training'); explicit flags override it")
     g.add_argument("--eval-only", dest="eval_only", action="store_true",
                    help="no training: load --checkpoint and write dev and test predictions")
     g.add_argument("--checkpoint", dest="checkpoint", metavar="PATH",
@@ -296,6 +298,7 @@ def build_parser() -> Parser:
     add(g, "bf16", action=argparse.BooleanOptionalAction)
     add(g, "fused_adamw", action=argparse.BooleanOptionalAction)
     add(g, "compile", action="store_true")
+    add(g, "report_to", nargs="+", choices=REPORTERS)
     add(g, "deterministic", action="store_true")
     add(g, "gradient_checkpointing", action="store_true")
     add(g, "log_every", type=int, metavar="N")

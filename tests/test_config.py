@@ -9,16 +9,19 @@ from tests.helpers import tiny_train_config
 
 
 def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
-    """A config.json without train_subsets, pair_swap, symmetric_eval, sts_prior or sst_prior (written before they
-    existed) loads with the values that reproduce it, whatever today's defaults; a config that has them keeps its own."""
+    """A config.json without train_subsets, pair_swap, symmetric_eval, sts_prior, sst_prior or report_to (written
+    before they existed) loads with the values that reproduce it, whatever today's defaults; a config that has them
+    keeps its own."""
     from tasks import config as config_module
     saved = TrainConfig().to_dict()
     for key in config_module.LEGACY_VALUES:
         del saved[key]
     loaded = TrainConfig.from_dict(saved)
     assert {k: getattr(loaded, k) for k in config_module.LEGACY_VALUES} == {
-        "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0, "sst_prior": 0.0}
-    own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True, sts_prior=0.5, sst_prior=0.25)
+        "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0, "sst_prior": 0.0,
+        "report_to": ()}
+    own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True, sts_prior=0.5, sst_prior=0.25,
+                      report_to=("tensorboard",))
     assert TrainConfig.from_dict(own.to_dict()) == own
     prior_of_pretrained = TrainConfig(pretrained="ckpt/mlm", sts_prior=0.5).to_dict()
     del prior_of_pretrained["sts_prior_model"]  # the prior was --pretrained's encoder before it had its own option

@@ -15,8 +15,10 @@ from tasks.training.mlm import PretrainConfig
 from tests.helpers import bad_data, tiny_config, write_hf_checkpoint
 
 
-def test_cli_end_to_end(tmp_path):
-    """python -m tasks.pretrain on tiny data files: sentences from all three tasks, a checkpoint that loads."""
+def test_cli_end_to_end(tmp_path, caplog):
+    """python -m tasks.pretrain on tiny data files: sentences from all three tasks, a checkpoint that loads; the log
+    says the device, precision, threads and plan first, the elapsed and remaining time on every progress line, an
+    estimate of the whole after the first, and the wall time last (issue 31)."""
     cfg = tiny_config()
     ckpt = write_hf_checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
     data = tmp_path / "data"
@@ -41,6 +43,16 @@ def test_cli_end_to_end(tmp_path):
     assert [r["step"] for r in lines if "loss" in r] == [1, 2, 3]
     load_pretrained(out)
     assert not (tmp_path / "out.partial").exists()  # the state for resuming goes once the checkpoint is written
+    said = [r.getMessage() for r in caplog.records if r.name.startswith("tasks.")]
+    (plan,) = [x for x in said if "| plan: " in x]
+    assert re.fullmatch(r"cpu, fp32: the default of this command on a CPU \(--bf16 for bf16 autocast\), \d+ threads "
+                        r"\| plan: MLM pretraining on 60 sentences, 3 steps \(8 per epoch, batch 8\), lr 5e-05; "
+                        r"held-out MLM scored before and after on 5 sentences", plan), plan
+    progress = [x for x in said if x.startswith("step ")]
+    assert len(progress) == 3 and all(re.search(r" tok/s \| elapsed \d+s, left ~\d+s$", x) for x in progress), progress
+    assert said.index(plan) < said.index(progress[0]) < said.index(
+        next(x for x in said if x.startswith("estimate after 1 steps: the pretraining takes ~")))
+    assert re.fullmatch(r"done: wall time \d+s", said[-1]), said[-1]
 
 
 def test_an_out_dir_that_is_not_a_checkpoint_is_refused_before_training(tmp_path, capsys):

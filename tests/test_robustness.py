@@ -3,6 +3,7 @@ trains on its perturbed copy of the data, and the minority-class accuracy reads 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,11 @@ def test_robustness_docstring_examples_parse():
     ("label-noise", ["--rate", "0.25"], {"ids-sst-train.csv": 48, "quora-train.csv": 48}),
     ("minority", ["--task", "sst", "--label", "1", "--keep", "0.5"], {"ids-sst-train.csv": 48 - 5}),
 ])
-def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkeypatch, command, extra, changed):
+def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkeypatch, caplog, command, extra,
+                                                                changed):
     """Each experiment writes its changed train files, trains on them once per seed and reports its scores;
-    ``minority`` trains its one task and scores the reduced class from the run's prediction file."""
+    ``minority`` trains its one task and scores the reduced class from the run's prediction file. The log says
+    the plan first and after each run how far it is (issue 31)."""
     from tests.helpers import write_tiny_data
 
     data = write_tiny_data(tmp_path / "data")
@@ -48,6 +51,10 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     res = robustness.main([command, *extra, "--seeds", "0", "1", "--data-dir", str(data), "--out-dir", str(out),
                            "--", "--epochs", "1"])
     assert [seed for _, _, seed in calls] == [0, 1]
+    said = [r.getMessage() for r in caplog.records if r.name == robustness.log.name]
+    assert "plan: 2 training runs (1 settings x 2 seeds), one after another" in said
+    assert any(re.fullmatch(r"1/2 runs done \| elapsed \d+s, left ~\d+s", x) for x in said), said
+    assert any(re.fullmatch(r"2/2 runs done \| wall time \d+s", x) for x in said), said
     cfg, used, _ = calls[0]
     assert cfg.epochs == 1 and cfg.tasks == (("sst",) if command == "minority" else ("sst", "para"))
     for name, rows in changed.items():  # rewritten files with the perturbed number of rows, the rest linked

@@ -285,6 +285,14 @@ def test_b_presets_are_paper_section_5_4():
 
 
 @pytest.mark.usefixtures("paper_objectives")
+def test_the_quick_preset_is_the_default_recipe_in_a_third_of_its_epochs():
+    """quick (issue 31): the default recipe, every setting but one, in 1 epoch of the default's 3; flags override."""
+    quick, default = _preset("quick").to_dict(), TrainConfig().to_dict()
+    assert {k for k in default if quick[k] != default[k]} == {"epochs"}
+    assert quick["epochs"] * 3 == default["epochs"]
+    assert _preset("quick", "--seed", "4").seed == 4
+
+
 def test_explicit_flags_override_the_preset():
     """--preset b3 --lr 2e-5 --head-dropout 0.1 --mnr-scale 10: the flags win, the rest stays the paper's."""
     cfg = _preset("b3", "--lr", "2e-5", "--head-dropout", "0.1", "--mnr-scale", "10", "--loss-weights", "sst=2")

@@ -171,9 +171,10 @@ class Evaluator:
     """
 
     def __init__(self, cfg: TrainConfig, objectives: Sequence[Objective], device: torch.device,
-                 amp_dtype: torch.dtype | None, checkpoint: Path | None = None) -> None:
+                 amp_dtype: torch.dtype | None, checkpoint: Path | None = None,
+                 sst_train: tuple[list[str], list[int]] | None = None) -> None:
         self.cfg, self.objectives, self.device, self.amp_dtype = cfg, list(objectives), device, amp_dtype
-        self.priors = RunPriors(cfg, device, amp_dtype)
+        self.priors = RunPriors(cfg, device, amp_dtype, sst_train)
         self.priors.checkpoint = checkpoint
 
     def options(self, batch_size: int | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ used only at evaluation:
 Both terms are on the 0-5 scale, so W = 0.5 is the simple mean of two models'
 scores, as the "simple" ensemble (tasks.evaluation.ensemble) takes it: nothing is fitted.
 It costs one more encoder in memory (one copy for both priors) and one pass
-over the STS sentences (cached per dataset), no training.
+over the STS sentences (cached for the latest sentences), no training.
 
 SST gets the same kind of second opinion (SentimentPrior): a multinomial
 logistic regression on the frozen encoder's embeddings of the SST training
@@ -105,15 +105,15 @@ class FrozenEncoder:
         self.encoder, self.tokenizer = frozen_encoder(pretrained, device)
         self.weight, self.device, self.amp = weight, torch.device(device), amp_dtype
         self.batch_size, self.max_length = batch_size, max_length
-        self._cache: dict[int, tuple[object, torch.Tensor]] = {}  # id(dataset) -> (dataset, its values), the latest
+        self._cache: dict[tuple, torch.Tensor] = {}  # the latest dataset's sentences -> its values
 
-    def _latest(self, dataset, compute) -> torch.Tensor:
-        """``compute(dataset)``, cached for the latest dataset only (a run's dev set is scored every epoch; a
-        Predictor makes a new dataset per call and must not grow a cache without bound)."""
-        key = id(dataset)
-        if key not in self._cache:
-            self._cache = {key: (dataset, compute(dataset))}
-        return self._cache[key][1]
+    def _latest(self, sentences: tuple, compute) -> torch.Tensor:
+        """``compute()``, the values of ``sentences``, cached for the latest sentences only: a run's dev sets are
+        scored every epoch and again, as new datasets of the same sentences, by its final predictions; a Predictor
+        makes a new dataset per call and must not grow a cache without bound."""
+        if sentences not in self._cache:
+            self._cache = {sentences: compute()}
+        return self._cache[sentences]
 
     @torch.no_grad()
     def embed(self, texts: list[str]) -> torch.Tensor:
@@ -137,7 +137,8 @@ class CosinePrior(FrozenEncoder):
     def cosines(self, dataset) -> torch.Tensor:
         """(N,) cosine of each pair of a tasks.data.datasets.PairDataset (its ``texts``); cached for the latest
         dataset."""
-        return self._latest(dataset, lambda ds: (self.embed(ds.texts[0]) * self.embed(ds.texts[1])).sum(-1))
+        a, b = dataset.texts
+        return self._latest((tuple(a), tuple(b)), lambda: (self.embed(a) * self.embed(b)).sum(-1))
 
     def blend(self, dataset, scores: torch.Tensor) -> torch.Tensor:
         """(1 - weight) x ``scores`` + weight x 5 x cosine, per pair of ``dataset`` (scores in dataset order)."""
@@ -227,8 +228,9 @@ class SentimentPrior(FrozenEncoder):
     def probabilities(self, dataset) -> torch.Tensor:
         """(N, 5) the probe's class probabilities for each sentence of a tasks.data.datasets.SentenceDataset (its
         ``texts``); cached for the latest dataset."""
-        return self._latest(dataset, lambda ds: (self.embed(ds.texts) @ self.probe["weight"].T
-                                                  + self.probe["bias"]).softmax(-1))
+        texts = dataset.texts
+        return self._latest(tuple(texts), lambda: (self.embed(texts) @ self.probe["weight"].T
+                                                   + self.probe["bias"]).softmax(-1))
 
     def blend(self, dataset, logits: torch.Tensor) -> torch.Tensor:
         """log((1 - weight) x softmax(``logits``) + weight x the probe's probabilities), (N, 5) in dataset order:
@@ -241,9 +243,11 @@ class SentimentPrior(FrozenEncoder):
 
 
 def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
-                 checkpoint: str | Path | None = None) -> SentimentPrior | None:
+                 checkpoint: str | Path | None = None, train: tuple[list[str], list[int]] | None = None
+                 ) -> SentimentPrior | None:
     """The run's SST prior (``cfg.sst_prior`` > 0 on a run with sst), or None: the probe saved in ``checkpoint``
-    when it holds one, else fitted on the run's SST training file."""
+    when it holds one, else fitted on the run's SST training sentences: ``train`` (sentences, labels) when the
+    caller has read them, else read from the SST training file."""
     if cfg.sst_prior <= 0 or "sst" not in cfg.tasks:
         return None
     _check_encoder("sst", cfg.sst_prior, cfg.sst_prior_model)
@@ -251,26 +255,30 @@ def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
     saved = Path(checkpoint) / SST_PRIOR_FILE if checkpoint is not None else None
     if saved is not None and saved.is_file():
         return SentimentPrior(*args, state=load_tensors(saved))
-    try:
-        examples = load_examples("sst", "train", cfg)
-    except DataFileMissing as e:
-        raise FileNotFoundError(f"the SST prior (sst_prior {cfg.sst_prior}) is a probe fitted on SST train, and "
-                                f"there is no SST training file at {e.path}: point --data-dir at the data, or "
-                                "pass --sst-prior 0") from None
+    if train is None:
+        try:
+            examples = load_examples("sst", "train", cfg)
+        except DataFileMissing as e:
+            raise FileNotFoundError(f"the SST prior (sst_prior {cfg.sst_prior}) is a probe fitted on SST train, and "
+                                    f"there is no SST training file at {e.path}: point --data-dir at the data, or "
+                                    "pass --sst-prior 0") from None
+        train = ([e.text_a for e in examples], [int(e.label) for e in examples])
     t0 = time.perf_counter()
-    prior = SentimentPrior(*args, train=([e.text_a for e in examples], [int(e.label) for e in examples]))
+    prior = SentimentPrior(*args, train=train)
     logger.info("SST prior: a probe on %s fitted to %d training sentences in %.0f s", cfg.sst_prior_model or
-                "the embedded all-MiniLM-L6-v2", len(examples), time.perf_counter() - t0)
+                "the embedded all-MiniLM-L6-v2", len(train[0]), time.perf_counter() - t0)
     return prior
 
 
 class RunPriors:
     """A training run's priors, each built the first time it is asked for (rank 0, at the first evaluation;
     None when off). The SST probe comes from ``checkpoint`` when that holds one (a resumed run: set it to the
-    checkpoint resumed from), else it is fitted; ``save`` puts it in every checkpoint written after that."""
+    checkpoint resumed from), else it is fitted, on ``sst_train`` (the run's SST training sentences and labels)
+    when given; ``save`` puts it in every checkpoint written after that."""
 
-    def __init__(self, cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> None:
-        self.cfg, self.device, self.amp = cfg, device, amp_dtype
+    def __init__(self, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
+                 sst_train: tuple[list[str], list[int]] | None = None) -> None:
+        self.cfg, self.device, self.amp, self.sst_train = cfg, device, amp_dtype, sst_train
         self.checkpoint: Path | None = None
         self._sts: CosinePrior | None = None
         self._sst: SentimentPrior | None = None
@@ -284,7 +292,7 @@ class RunPriors:
     @property
     def sst(self) -> SentimentPrior | None:
         if self._sst is None:
-            self._sst = sst_prior_of(self.cfg, self.device, self.amp, self.checkpoint)
+            self._sst = sst_prior_of(self.cfg, self.device, self.amp, self.checkpoint, self.sst_train)
         return self._sst
 
     def build(self) -> None:

@@ -67,7 +67,8 @@ from tasks.training.checkpoint import (
     save_tensors,
     write_json,
 )
-from tasks.training.runtime import autocast, autocast_dtype, foreach_default, resolve_device
+from tasks.training.progress import RunClock, duration
+from tasks.training.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
 
 # ---- the MLM head and its checkpoint ----
 log = logging.getLogger(__name__)
@@ -595,18 +596,25 @@ def pretrain(
     special = never_masked_ids(tokenizer)
     identity = {**(identity or {}), "config": asdict(config), "sentences": len(ids)}
     state = Path(state_dir) if state_dir is not None else None
-    log.info("MLM pretraining: %d sentences, %d steps (%d per epoch, batch %d), lr %g, device %s",
-             len(ids), total, steps_per_epoch, config.batch_size, config.lr, device)
-    if state is not None and (state / "state.json").is_file():
+    log.info("%s, %s, %d threads | plan: MLM pretraining on %d sentences, %d steps (%d per epoch, batch %d), "
+             "lr %g%s", device, precision_note(config.bf16, device, amp_dtype, cpu_default=False),
+             torch.get_num_threads(), len(ids), total, steps_per_epoch, config.batch_size, config.lr,
+             f"; held-out MLM scored before and after on {eval_data.n_sentences} sentences" if eval_data else "")
+    resumed = state is not None and (state / "state.json").is_file()
+    if resumed:
         where = load_progress(state, identity, mlm, opt, names, g)
         log.info("resuming from %s: step %d of %d", state, where.step, total)
     else:
         where = Progress()
-        if eval_data is not None:
-            before = evaluate_mlm(mlm, eval_data, device)
-            where.records.append({"step": 0, "eval_loss": before["loss"], "eval_accuracy": before["accuracy"]})
-            log.info("held-out MLM (%d sentences, %d masked tokens): loss %.4f, accuracy %.4f",
-                     eval_data.n_sentences, before["masked_tokens"], before["loss"], before["accuracy"])
+    clock = RunClock(total - where.step, evals_left=0, eval_sequences=0,
+                     final_sequences=eval_data.n_sentences if eval_data is not None else 0)
+    if eval_data is not None and not resumed:
+        t0 = time.perf_counter()
+        before = evaluate_mlm(mlm, eval_data, device)
+        clock.evaluated(time.perf_counter() - t0, eval_data.n_sentences)
+        where.records.append({"step": 0, "eval_loss": before["loss"], "eval_accuracy": before["accuracy"]})
+        log.info("held-out MLM (%d sentences, %d masked tokens): loss %.4f, accuracy %.4f",
+                 eval_data.n_sentences, before["masked_tokens"], before["loss"], before["accuracy"])
     sched.last_epoch = where.step  # LambdaLR's count of steps taken (the groups' lr came with the optimizer's state)
     progress = None
     if sys.stderr.isatty():
@@ -662,8 +670,15 @@ def pretrain(
                            "loss": float(window_loss) / window_steps, "lr": lr,
                            "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
                     records.append(rec)
-                    log.info("step %d/%d epoch %.2f mlm_loss %.4f lr %.2e %.0f tok/s", step, total, rec["epoch"],
-                             rec["loss"], lr, rec["tokens_per_s"])
+                    first = not clock.steps_done
+                    # the window's seconds (a resumed window's include the time before the cut); its sentences
+                    # counted as full batches: only the estimate of an evaluation not yet timed uses them
+                    clock.trained(window_steps, window_steps * config.batch_size, elapsed)
+                    log.info("step %d/%d epoch %.2f mlm_loss %.4f lr %.2e %.0f tok/s | %s", step, total,
+                             rec["epoch"], rec["loss"], lr, rec["tokens_per_s"], clock.line())
+                    if first:
+                        log.info("estimate after %d steps: the pretraining takes ~%s in all", window_steps,
+                                 duration(clock.elapsed() + clock.remaining()))
                     window_loss.zero_()
                     window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
                 if state is not None and checkpoint_every and step % checkpoint_every == 0 and step < total:

@@ -2,6 +2,8 @@
 
 ``RunningSums`` keeps each loss term summed on the device and turns the sums
 into means (over every torchrun rank) when a log line or an epoch record asks;
+``RunClock`` (a run) and ``RunsClock`` (a series of runs) give the elapsed and
+remaining time for the log lines;
 ``progress_logging`` routes log lines around a tqdm bar on a terminal;
 ``plot_history`` draws the per-epoch records of metrics.jsonl as the run
 directory's training.png.
@@ -21,8 +23,9 @@ import contextlib
 import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -134,10 +137,13 @@ class RunClock:
         self.sequences_done += sequences
         self.steps_left = max(0, self.steps_left - steps)
 
-    def evaluated(self, seconds: float) -> None:
+    def evaluated(self, seconds: float, sequences: int | None = None) -> None:
+        """An evaluation of ``sequences`` scored sequences (default: one of the evaluations counted at the start)
+        took ``seconds``."""
         self.evals_left = max(0, self.evals_left - 1)
-        if self.eval_sequences:
-            self.seconds_per_eval_sequence = seconds / self.eval_sequences
+        sequences = self.eval_sequences if sequences is None else sequences
+        if sequences:
+            self.seconds_per_eval_sequence = seconds / sequences
 
     def remaining(self) -> float:
         if not self.steps_done:
@@ -155,6 +161,44 @@ class RunClock:
         """``elapsed 3m10s, left ~9m40s``: for a progress line."""
         left = self.remaining()
         return f"elapsed {duration(self.elapsed())}" + ("" if math.isnan(left) else f", left ~{duration(left)}")
+
+
+class RunsClock:
+    """Elapsed and remaining time of a series of runs (an experiment's sweep), for its progress lines.
+
+    Remaining = the cost of the runs left at the wall seconds per unit of cost of the runs done so far; runs
+    that were reused (finished before) cost no time and are left out. Costs are estimates of each run's time
+    (e.g. ``Sweep.map``'s ``cost``; 1 each by default); with several runs at once the rate is theirs together.
+    Thread-safe.
+    """
+
+    def __init__(self, costs: Sequence[float]) -> None:
+        self.costs = list(costs)
+        self.start = time.perf_counter()
+        self.finished: set[int] = set()
+        self.reused = 0
+        self.ran_cost = 0.0
+        self._lock = threading.Lock()
+
+    def done(self, i: int, ran: bool) -> None:
+        with self._lock:
+            self.finished.add(i)
+            if ran:
+                self.ran_cost += self.costs[i]
+            else:
+                self.reused += 1
+
+    def line(self) -> str:
+        """``3/12 runs done (1 reused) | elapsed 12m05s, left ~40m10s``."""
+        with self._lock:
+            elapsed = time.perf_counter() - self.start
+            left_cost = sum(c for i, c in enumerate(self.costs) if i not in self.finished)
+            n, reused, ran_cost = len(self.finished), self.reused, self.ran_cost
+        text = f"{n}/{len(self.costs)} runs done" + (f" ({reused} reused)" if reused else "")
+        if n == len(self.costs):
+            return f"{text} | wall time {duration(elapsed)}"
+        return f"{text} | elapsed {duration(elapsed)}" + (
+            f", left ~{duration(elapsed / ran_cost * left_cost)}" if ran_cost else "")
 
 
 # ---- training.png: per-epoch loss terms and dev metrics ----

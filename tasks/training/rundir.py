@@ -41,6 +41,7 @@ from tasks.training.checkpoint import (
     repair_best,
     write_json,
 )
+from tasks.training.tensorboard import TensorBoard
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ def locked(directory: Path) -> Iterator[None]:
         release_lock(lock)
 
 
-RUN_FILES = ("checkpoints", "metrics.jsonl", "predictions", "config.json", "data.json", "training.png")
+RUN_FILES = ("checkpoints", "metrics.jsonl", "predictions", "config.json", "data.json", "training.png", "tensorboard")
 
 
 def _holds_results(path: Path) -> bool:
@@ -138,6 +139,8 @@ class RunDir:
         self.lock = self.path / "run.lock"
         self.writer = writer
         self.replaced: Path | None = None
+        self.report_to: tuple[str, ...] = ()  # --report-to, set by ``record``
+        self.tensorboard: TensorBoard | None = None
 
     def start(self, cfg: Any, *, resume: ResumePoint | None = None, overwrite: bool = False) -> None:
         """Lock the directory; a fresh run refuses an earlier run's files (or another command's output) unless
@@ -205,6 +208,7 @@ class RunDir:
             mark(self.path, RUN)
             if data is not None:
                 write_json(self.path / "data.json", {"files": data})
+            self.report_to = tuple(cfg.report_to)
 
     def checkpoint_written(self) -> None:
         """The new run has its first checkpoint: the run that --overwrite moved aside is deleted."""
@@ -217,6 +221,9 @@ class RunDir:
         """Release the lock; a run that ``failed`` before its first checkpoint puts an overwritten run back."""
         if not self.writer:
             return
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
         if failed and self.replaced is not None:
             for name in (*RUN_FILES, OWNER_FILE):
                 new = self.path / name
@@ -242,17 +249,32 @@ class RunDir:
         plot_history(history, self.path / "training.png")
 
     def append(self, record: dict) -> None:
-        """One record more in metrics.jsonl."""
+        """One record more in metrics.jsonl (and in the TensorBoard events with --report-to tensorboard)."""
         if self.writer:
             with open(self.metrics, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, allow_nan=False) + "\n")
+            if self._report() is not None:
+                self.tensorboard.record(record)
 
-    def rewrite(self, records: Sequence[dict]) -> None:
-        """metrics.jsonl holding exactly ``records`` (a resumed run drops the records after its checkpoint)."""
+    def log_line(self, step: int, values: dict[str, float]) -> None:
+        """A training log line's values at global step ``step``, for --report-to (metrics.jsonl keeps epochs only)."""
+        if self.writer and self._report() is not None:
+            self.tensorboard.log_line(step, values)
+
+    def rewrite(self, records: Sequence[dict], step: int) -> None:
+        """metrics.jsonl holding exactly ``records``: a resumed run at global step ``step`` drops the records after
+        its checkpoint, and hides the TensorBoard events after ``step``."""
         if self.writer:
             with open(self.metrics, "w", encoding="utf-8") as f:
                 for record in records:
                     f.write(json.dumps(record, allow_nan=False) + "\n")
+            self._report(purge_step=step + 1)
+
+    def _report(self, purge_step: int | None = None) -> TensorBoard | None:
+        """The TensorBoard writer, opened at the first use when the config asks for it."""
+        if self.tensorboard is None and "tensorboard" in self.report_to:
+            self.tensorboard = TensorBoard(self.path / "tensorboard", purge_step=purge_step)
+        return self.tensorboard
 
 
 class Stderr(logging.StreamHandler):

@@ -143,11 +143,14 @@ def autocast_dtype(bf16: bool | None, device: torch.device, cpu_default: bool = 
     return torch.bfloat16 if bf16 else None
 
 
-def precision_note(bf16: bool | None, device: torch.device, dtype: torch.dtype | None) -> str:
-    """What ``autocast_dtype`` chose and why, for a run's first log line."""
+def precision_note(bf16: bool | None, device: torch.device, dtype: torch.dtype | None,
+                   cpu_default: bool = True) -> str:
+    """What ``autocast_dtype`` (with the same ``cpu_default``) chose and why, for a run's first log line."""
     if bf16 is not None:
         return "bf16 autocast (--bf16)" if dtype is not None else "fp32 (--no-bf16)"
     unit = "GPU" if device.type == "cuda" else "CPU"
+    if device.type == "cpu" and not cpu_default:
+        return "fp32: the default of this command on a CPU (--bf16 for bf16 autocast)"
     if dtype is not None:
         return f"bf16 autocast: this {unit} multiplies bf16 natively (--no-bf16 for fp32)"
     return f"fp32: this {unit} has no native bf16, and emulated bf16 would be slower"

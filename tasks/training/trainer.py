@@ -218,7 +218,9 @@ class Trainer:
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
-        self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype)  # priors: at the first use
+        sst = self.train_sets.get("sst")  # the SST prior's probe is fitted on the sentences read already
+        self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
+                                   sst_train=(sst.texts, sst.labels.tolist()) if sst is not None else None)
         self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
                                    extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
 
@@ -410,13 +412,14 @@ class Trainer:
 
     # -- the loop --
     def run_epoch(self, plan: Sequence[tuple[str, list[int]]], lr_of: Callable[[int], float], sums: RunningSums, *,
-                  desc: str, start: int = 0, after_step: Callable[[], None] | None = None) -> float:
+                  desc: str, start: int = 0, after_step: Callable[[], None] | None = None,
+                  on_log: Callable[[dict[str, float]], None] | None = None) -> float:
         """Train the steps ``plan[start:]`` at learning rate ``lr_of(step)``, adding their terms to ``sums``.
 
-        A log line (window means, seq/s) every ``log_every`` steps of the plan;
-        ``after_step`` runs after each step (the training loop's moves the
-        position; the SWA phase runs outside it). Returns the learning rate of
-        the last step.
+        A log line (window means, lr, seq/s) every ``log_every`` steps of the
+        plan, also given to ``on_log``; ``after_step`` runs after each step
+        (the training loop's moves the position; the SWA phase runs outside
+        it). Returns the learning rate of the last step.
         """
         n = len(plan)
         window, window_seqs, window_steps, t_window = RunningSums(), 0, 0, time.perf_counter()
@@ -436,13 +439,15 @@ class Trainer:
                     now = time.perf_counter()
                     means = window.means()  # the one device sync per log_every steps
                     seqs = distributed.sum_over_ranks({"seqs": window_seqs})["seqs"]
+                    seq_per_s = seqs / max(now - t_window, 1e-9)
                     first = self.clock is not None and not self.clock.steps_done
                     if self.clock is not None:
                         self.clock.trained(window_steps, seqs, now - t_window)
                     logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s%s", desc, k + 1, n, lr,
-                                " | ".join(f"{name} {v:.4f}" for name, v in means.items()),
-                                seqs / max(now - t_window, 1e-9),
+                                " | ".join(f"{name} {v:.4f}" for name, v in means.items()), seq_per_s,
                                 f" | {self.clock.line()}" if self.clock is not None else "")
+                    if on_log is not None:
+                        on_log({**means, "lr": lr, "seq_per_s": seq_per_s})
                     if first:
                         logger.info("estimate after %d steps: the run takes ~%s in all, evaluations included",
                                     window_steps, duration(self.clock.elapsed() + self.clock.remaining()))
@@ -521,8 +526,13 @@ class Trainer:
                 h.on_step_end(self)
 
         epoch = self.epoch
+        def on_log(values: dict[str, float]) -> None:  # the step just taken; after_step has not counted it yet
+            if self.run_dir is not None:
+                self.run_dir.log_line(self.global_step + 1, values)
+
         lr = self.run_epoch(plan, lambda k: self.lr_at(epoch, k, n), self.epoch_sums,
-                            desc=f"epoch {epoch + 1}/{self.total_epochs}", start=self.step, after_step=after_step)
+                            desc=f"epoch {epoch + 1}/{self.total_epochs}", start=self.step, after_step=after_step,
+                            on_log=on_log)
         self._end_epoch(lr, time.perf_counter() - t_epoch)
 
     def evaluate_dev(self, model: nn.Module | None = None) -> dict[str, float]:
@@ -642,7 +652,7 @@ class Trainer:
         self._rng_to_restore = self._rank_rng(state)
         self.evaluator.priors.checkpoint = ckpt  # its SST probe, not a new fit
         if self.run_dir is not None:
-            self.run_dir.rewrite(self.history)  # metrics.jsonl continues from the checkpoint
+            self.run_dir.rewrite(self.history, self.global_step)  # metrics.jsonl continues from the checkpoint
         logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
                     self.global_step)
 

@@ -100,6 +100,15 @@ def test_the_cache_keeps_only_the_latest_dataset(prior):
     torch.testing.assert_close(prior.cosines(sets[0]), first)  # computed again, the same
 
 
+def test_a_new_dataset_of_the_same_sentences_is_not_encoded_again(prior, monkeypatch):
+    """Issue 31: a run's final predictions make new dev datasets of the sentences its last evaluation scored; the
+    cache is keyed by the sentences, so the frozen encoder does not encode them a second time."""
+    pairs = [Example(f"x{i}", a, b, 1.0) for i, (a, b) in enumerate(PAIRS)]
+    first = prior.cosines(PairDataset(pairs, prior.tokenizer, mode="cross"))
+    monkeypatch.setattr(prior, "embed", lambda texts: pytest.fail("encoded again"))
+    assert prior.cosines(PairDataset(pairs, prior.tokenizer, mode="cross")) is first
+
+
 def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
     """--pretrained names the encoder to fine-tune (bert-base, an MLM checkpoint, a fine-tuned run), whose mean
     pooled cosine need not score similarity at all (a fine-tuned run's: r 0.54 on STS dev): the prior is the

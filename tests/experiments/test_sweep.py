@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -143,3 +144,25 @@ def test_a_finished_run_is_reused_however_its_directory_is_spelled(tmp_path, mon
     assert "reusing the finished run" in out and "made with other settings" not in out
     second.train("member", [*flags[:2], "--data-dir", "other"])
     assert "made with other settings (data_dir)" in capsys.readouterr().out  # another directory is another run
+
+
+def test_a_sweep_says_its_plan_and_after_each_run_how_far_it_is(tmp_path, capsys):
+    """Issue 31: a sweep opens with its plan (runs, at a time, threads) and says after each run how many are done,
+    the elapsed and the remaining time, and at the end its wall time; runs reused from an earlier sweep are
+    counted apart and give no rate. (The commands: python -m json.tool --help, which exits 0 at once.)"""
+    sweep = Sweep(tmp_path, threads=1)
+
+    def run(name: str) -> dict:
+        return sweep.command(name, ["--help"], module="json.tool")
+
+    sweep.map(run, ["a", "b"])
+    sweep.map(run, ["a", "b", "c"])  # a and b are reused
+    out = [x for x in capsys.readouterr().out.splitlines() if x.startswith("[sweep]")]
+    expected = [r"plan: 2 runs, 1 at a time, 1 thread each",
+                r"1/2 runs done \| elapsed \d+s, left ~\d+s",
+                r"2/2 runs done \| wall time \d+s",
+                r"plan: 3 runs, 1 at a time, 1 thread each",
+                r"1/3 runs done \(1 reused\) \| elapsed \d+s",
+                r"2/3 runs done \(2 reused\) \| elapsed \d+s",
+                r"3/3 runs done \(2 reused\) \| wall time \d+s"]
+    assert len(out) == len(expected) and all(re.fullmatch(r"\[sweep\] " + e, x) for e, x in zip(expected, out)), out

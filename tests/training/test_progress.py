@@ -93,3 +93,20 @@ def test_run_clock_adds_the_steps_and_evaluations_left(monkeypatch):
     assert clock.remaining() == pytest.approx(90 * 2.0 + (1 * 50 + 200) * 0.2)
     monkeypatch.setattr(progress.time, "perf_counter", lambda: clock.start + 65)
     assert clock.line() == "elapsed 1m05s, left ~3m50s"
+
+
+def test_runs_clock_learns_its_rate_from_the_runs_it_ran_and_weighs_them_by_cost(monkeypatch):
+    """A series of runs: remaining = the cost left at the seconds per unit of cost of the runs that ran; a reused
+    run costs no time; the last line gives the wall time."""
+    now = [0.0]
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: now[0])
+    clock = progress.RunsClock([1.0, 2.0, 1.0, 4.0])
+    clock.done(0, ran=False)  # reused: no rate yet
+    assert clock.line() == "1/4 runs done (1 reused) | elapsed 0s"
+    now[0] = 60.0
+    clock.done(1, ran=True)  # cost 2 in 60 s: 30 s per unit
+    assert clock.line() == "2/4 runs done (1 reused) | elapsed 1m00s, left ~2m30s"  # (1 + 4) x 30 s
+    now[0] = 100.0
+    clock.done(3, ran=True)
+    clock.done(2, ran=True)
+    assert clock.line() == "4/4 runs done (1 reused) | wall time 1m40s"
