@@ -148,7 +148,7 @@ def _default_text(path: str) -> str:
     if isinstance(value, dict):
         value = " ".join(f"{k}={v}" for k, v in value.items()) or "none"
     elif isinstance(value, tuple):
-        value = " ".join(value)
+        value = " ".join(value) or "none"
     return f" (default: {value})"
 
 

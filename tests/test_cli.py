@@ -109,3 +109,11 @@ def test_every_training_flag_shows_its_config_default():
     assert checked >= 40
 
 
+def test_an_empty_default_reads_none():
+    """A flag whose default is an empty collection (--report-to) says "(default: none)", not "(default: )"."""
+    helps = [cli.build_parser()._get_formatter()._expand_help(a) for a in cli.build_parser()._actions if a.help]
+    assert not [h for h in helps if "(default: )" in h]
+    (report,) = [h for h in helps if "event files in <out-dir>/tensorboard" in h]
+    assert report.endswith("(default: none)")
+
+

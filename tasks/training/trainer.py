@@ -502,10 +502,10 @@ class Trainer:
         dev = {t: len(d) for t, d in self.dev_sets.items()}
         final = {(t, split): len(rows) for split, by_task in (self.final_examples or {}).items()
                  for t, rows in by_task.items() if rows is not None}
-        logger.info("%s, %s, %d threads | plan: %d epochs x %s steps (%d to go): %s examples an epoch; dev scores "
+        logger.info("%s, %s, %d threads | plan: %d epoch%s x %s steps (%d to go): %s examples an epoch; dev scores "
                     "after each epoch on %s; then the best epoch predicts the whole dev and test sets%s",
                     self.device, precision_note(cfg.bf16, self.device, self.amp_dtype), torch.get_num_threads(),
-                    len(plans), "/".join(str(len(p)) for p in plans.values()), steps,
+                    len(plans), "s" if len(plans) > 1 else "", "/".join(str(len(p)) for p in plans.values()), steps,
                     ", ".join(f"{t} {n}" for t, n in per_task.items()), ", ".join(f"{t} {n}" for t, n in dev.items()),
                     " (pairs in both orders)" if cfg.symmetric_eval else "")
         return RunClock(steps, len(plans), sum(scored(t, n) for t, n in dev.items()),
