@@ -75,7 +75,11 @@ def final_record(run_dir: Path) -> dict | None:
     return final
 
 
-_ran = threading.local()  # the commands this thread ran (not reused): RunsClock learns its rate from them alone
+_thread = threading.local()  # per thread: the commands it ran (a reused run is none); RunsClock's rate counts only those
+
+
+def _commands_run() -> int:
+    return getattr(_thread, "commands_run", 0)
 
 
 class Sweep:
@@ -103,9 +107,9 @@ class Sweep:
                 + (f", {self.threads} thread{'s' if self.threads > 1 else ''} each" if self.threads else ""))
 
         def timed(i: int) -> Any:
-            ran = _ran.count = getattr(_ran, "count", 0)
+            before = _commands_run()
             result = fn(items[i])
-            clock.done(i, ran=_ran.count > ran)
+            clock.done(i, ran=_commands_run() > before)
             if not self.dry_run:
                 say(f"[sweep] {clock.line()}")
             return result
@@ -160,7 +164,7 @@ class Sweep:
         with open(run_dir / "sweep.log", "a", encoding="utf-8") as log:
             proc = subprocess.run(cmd, env=self.env(), stdout=log, stderr=subprocess.STDOUT)  # in our cwd
         wall = time.perf_counter() - t0
-        _ran.count = getattr(_ran, "count", 0) + 1
+        _thread.commands_run = _commands_run() + 1
         if proc.returncode != 0:
             tail = (run_dir / "sweep.log").read_text(encoding="utf-8", errors="replace")[-3000:]
             raise SystemExit(f"[{name}] failed with exit status {proc.returncode} after {wall:.0f} s; "
