@@ -4,6 +4,7 @@ every flag reaching its config field, refusals and one-line errors. The loop its
 from __future__ import annotations
 
 import json
+import logging
 import re
 
 import pytest
@@ -19,6 +20,7 @@ def test_cli_end_to_end(tmp_path, caplog):
     """python -m tasks.pretrain on tiny data files: sentences from all three tasks, a checkpoint that loads; the log
     says the device, precision, threads and plan first, the elapsed and remaining time on every progress line, an
     estimate of the whole after the first, and the wall time last (issue 31)."""
+    caplog.set_level(logging.INFO)  # the level the command's own logging sets; alone, pytest's root is at WARNING
     cfg = tiny_config()
     ckpt = write_hf_checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
     data = tmp_path / "data"

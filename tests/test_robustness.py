@@ -3,6 +3,7 @@ trains on its perturbed copy of the data, and the minority-class accuracy reads 
 
 from __future__ import annotations
 
+import logging
 import re
 from pathlib import Path
 
@@ -36,6 +37,7 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     the plan first and after each run how far it is (issue 31)."""
     from tests.helpers import write_tiny_data
 
+    caplog.set_level(logging.INFO)  # the command's level; alone, pytest's root logger is at WARNING
     data = write_tiny_data(tmp_path / "data")
     calls = []
 

@@ -670,15 +670,14 @@ def pretrain(
                            "loss": float(window_loss) / window_steps, "lr": lr,
                            "tokens_per_s": window_tokens / max(elapsed, 1e-9)}
                     records.append(rec)
-                    first = not clock.steps_done
                     # the window's seconds (a resumed window's include the time before the cut); its sentences
                     # counted as full batches: only the estimate of an evaluation not yet timed uses them
-                    clock.trained(window_steps, window_steps * config.batch_size, elapsed)
+                    first_window = clock.trained(window_steps, window_steps * config.batch_size, elapsed)
                     log.info("step %d/%d epoch %.2f mlm_loss %.4f lr %.2e %.0f tok/s | %s", step, total,
                              rec["epoch"], rec["loss"], lr, rec["tokens_per_s"], clock.line())
-                    if first:
+                    if first_window:
                         log.info("estimate after %d steps: the pretraining takes ~%s in all", window_steps,
-                                 duration(clock.elapsed() + clock.remaining()))
+                                 duration(clock.total()))
                     window_loss.zero_()
                     window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
                 if state is not None and checkpoint_every and step % checkpoint_every == 0 and step < total:

@@ -131,11 +131,15 @@ class RunClock:
         self.train_seconds, self.steps_done, self.sequences_done = 0.0, 0, 0
         self.seconds_per_eval_sequence: float | None = None
 
-    def trained(self, steps: int, sequences: int, seconds: float) -> None:
+    def trained(self, steps: int, sequences: int, seconds: float) -> bool:
+        """``steps`` more steps of ``sequences`` sequences took ``seconds``; True for the first of them (the moment
+        to log an estimate of the whole run, ``total``)."""
+        first = not self.steps_done
         self.train_seconds += seconds
         self.steps_done += steps
         self.sequences_done += sequences
         self.steps_left = max(0, self.steps_left - steps)
+        return first
 
     def evaluated(self, seconds: float, sequences: int | None = None) -> None:
         """An evaluation of ``sequences`` scored sequences (default: one of the evaluations counted at the start)
@@ -156,6 +160,10 @@ class RunClock:
 
     def elapsed(self) -> float:
         return time.perf_counter() - self.start
+
+    def total(self) -> float:
+        """The whole run's time at the rates measured so far: elapsed + remaining."""
+        return self.elapsed() + self.remaining()
 
     def line(self) -> str:
         """``elapsed 3m10s, left ~9m40s``: for a progress line."""

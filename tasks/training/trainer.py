@@ -440,9 +440,7 @@ class Trainer:
                     means = window.means()  # the one device sync per log_every steps
                     seqs = distributed.sum_over_ranks({"seqs": window_seqs})["seqs"]
                     seq_per_s = seqs / max(now - t_window, 1e-9)
-                    first = self.clock is not None and not self.clock.steps_done
-                    if self.clock is not None:
-                        self.clock.trained(window_steps, seqs, now - t_window)
+                    first = self.clock is not None and self.clock.trained(window_steps, seqs, now - t_window)
                     logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s%s", desc, k + 1, n, lr,
                                 " | ".join(f"{name} {v:.4f}" for name, v in means.items()), seq_per_s,
                                 f" | {self.clock.line()}" if self.clock is not None else "")
@@ -450,7 +448,7 @@ class Trainer:
                         on_log({**means, "lr": lr, "seq_per_s": seq_per_s})
                     if first:
                         logger.info("estimate after %d steps: the run takes ~%s in all, evaluations included",
-                                    window_steps, duration(self.clock.elapsed() + self.clock.remaining()))
+                                    window_steps, duration(self.clock.total()))
                     bar.set_postfix(loss=f"{means['loss']:.4f}")
                     window, window_seqs, window_steps, t_window = RunningSums(), 0, 0, now
                 if after_step is not None:
