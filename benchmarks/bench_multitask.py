@@ -26,7 +26,10 @@ Variants (``--variants``):
     foreach   ours, with our AdamW's foreach path (--no-fused-adamw) in place of the fused kernel
     pad8      ours, each batch padded to a multiple of 8 tokens (pad_to_multiple_of=8: fewer distinct shapes)
     compile   ours, with the encoder under torch.compile (--compile; compiled during the untimed pass)
-"ours", "hf", "foreach", "pad8" and "compile" run the very same examples in the very same batches. "fixed" and
+    randmask  ours, with the CPU dropout masks drawn as ``torch.rand(shape) >= p`` (float32 uniforms, compared as
+              floats) in place of minbert.bert.dropout_mask's integer compare of the same draws: the same masks
+              and numbers, the mask's cost before and after
+"ours", "hf", "foreach", "pad8", "compile" and "randmask" run the very same examples in the very same batches. "fixed" and
 "nobucket" run the same steps of the unbucketed plan: the same task of every
 step and the same number of sequences, drawn from the same epoch subset, but
 other examples (a random batch, not a length bucket). So every ratio is one
@@ -73,6 +76,7 @@ import argparse
 import contextlib
 import copy
 import dataclasses
+import functools
 import json
 import math
 import multiprocessing as mp
@@ -82,6 +86,7 @@ import queue
 import statistics
 import sys
 import time
+import unittest.mock
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -91,6 +96,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minbert import bert
 from minbert.config import BertConfig
 from minbert.pretrained import resolve_model_dir
 from tasks.config import TrainConfig
@@ -117,6 +123,7 @@ VARIANTS = {
     "foreach": "ours with the foreach AdamW (--no-fused-adamw)",
     "pad8": "ours, lengths padded to a multiple of 8",
     "compile": "ours with the encoder under torch.compile (--compile)",
+    "randmask": "ours with dropout masks from float32 uniforms (torch.rand >= p)",
 }
 DEFAULT_VARIANTS = ("ours", "fixed", "hf")
 PHASES = ("forward + loss", "backward", "grad clip", "optimizer step", "zero_grad")
@@ -187,6 +194,13 @@ class Variant:
     warmup: list[tuple[str, dict]]
     sample: list[tuple[str, dict]]
     collate_s: float  # seconds to collate + move the sample's batches (not part of a step)
+    patch: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # around its steps
+
+
+def _rand_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """The dropout mask as float32 uniforms compared with p: what minbert.bert.dropout_mask computes, the slow way."""
+    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
+    return torch.rand(x.shape, dtype=dtype, device=x.device).ge_(p)
 
 
 def _padded_to(datasets: dict[str, Any], multiple: int) -> dict[str, Any]:
@@ -207,7 +221,7 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
     cfg = base.cfg
     if name not in VARIANTS:
         raise ValueError(f"unknown variant {name!r}; variants: {', '.join(VARIANTS)}")
-    datasets, schedule, trainer = base.train_sets, base.schedule, base
+    datasets, schedule, trainer, patch = base.train_sets, base.schedule, base, contextlib.nullcontext
     if name in ("fixed", "nobucket"):
         schedule = MultitaskSchedule({s: d.lengths for s, d in base.train_sets.items()}, cfg.batch_sizes(),
                                      cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples,
@@ -225,13 +239,16 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
         trainer.model.encoder.compile()
     elif name == "foreach":
         trainer = clone_trainer(base, copy.deepcopy(base.model), fused_adamw=False)
+    elif name == "randmask":
+        trainer = clone_trainer(base, copy.deepcopy(base.model))
+        patch = functools.partial(unittest.mock.patch.object, bert, "dropout_mask", _rand_mask)
     plan = schedule.epoch_plan(0)
     if len(plan) < warmup + steps:
         raise ValueError(f"epoch 0 has {len(plan)} steps, fewer than warmup {warmup} + steps {steps}")
     t0 = time.perf_counter()
     batches = [(s, move_batch(datasets[s].collate(idx), base.device)) for s, idx in plan[: warmup + steps]]
     collate_s = (time.perf_counter() - t0) * steps / (warmup + steps)
-    return Variant(name, trainer, batches[:warmup], batches[warmup:], collate_s)
+    return Variant(name, trainer, batches[:warmup], batches[warmup:], collate_s, patch)
 
 
 # ---- steps --------------------------------------------------------------------------------------------------------
@@ -241,12 +258,13 @@ def train_steps(v: Variant, batches: Sequence[tuple[str, dict]], lrs: Sequence[f
     """Seconds for Trainer.train_step over ``batches`` (train mode, as fit() sets it)."""
     tr = v.trainer
     lpft.train_mode(tr.model, tr.stage)
-    synchronize(tr.device)
-    t0 = time.perf_counter()
-    for (stream, batch), lr in zip(batches, lrs):
-        tr.train_step(stream, batch, lr)
-    synchronize(tr.device)
-    return time.perf_counter() - t0
+    with v.patch():
+        synchronize(tr.device)
+        t0 = time.perf_counter()
+        for (stream, batch), lr in zip(batches, lrs):
+            tr.train_step(stream, batch, lr)
+        synchronize(tr.device)
+        return time.perf_counter() - t0
 
 
 def infer_steps(v: Variant, batches: Sequence[tuple[str, dict]]) -> float:
@@ -256,7 +274,7 @@ def infer_steps(v: Variant, batches: Sequence[tuple[str, dict]]) -> float:
     amp = tr.amp_dtype
     synchronize(tr.device)
     t0 = time.perf_counter()
-    with torch.no_grad(), autocast(tr.device, amp):
+    with torch.no_grad(), autocast(tr.device, amp), v.patch():
         for stream, batch in batches:
             tr.model(stream, batch)
     synchronize(tr.device)
@@ -423,8 +441,9 @@ OP_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention softmax / sdpa", ("aten::_softmax", "aten::_softmax_backward_data",
                                   "aten::_scaled_dot_product_flash_attention_for_cpu",
                                   "aten::_scaled_dot_product_flash_attention_for_cpu_backward")),
-    ("dropout masks (rand, ge)", ("aten::uniform_", "aten::rand_like", "aten::ge_", "aten::ge", "aten::bernoulli_",
-                                  "aten::native_dropout", "aten::native_dropout_backward")),
+    ("dropout masks (random bits, compare)", ("aten::random_", "aten::bitwise_and_", "aten::uniform_",
+                                              "aten::rand_like", "aten::ge_", "aten::ge", "aten::bernoulli_",
+                                              "aten::native_dropout", "aten::native_dropout_backward")),
     ("LayerNorm", ("aten::native_layer_norm", "aten::native_layer_norm_backward")),
     ("GELU", ("aten::gelu", "aten::gelu_backward")),
     ("embeddings (lookup, backward)", ("aten::embedding", "aten::embedding_dense_backward", "aten::index_select",

@@ -27,9 +27,16 @@ from torch.utils.checkpoint import checkpoint
 
 from minbert.config import BertConfig
 
+_UNIFORM_BITS = 24  # torch.rand's float32 uniform on CPU: the low 24 bits k of one 32-bit draw, as k * 2**-24
+
+
+def keep_threshold(p: float) -> int:
+    """The least k with ``k * 2**-24 >= p`` as torch compares them (p rounded to float32, as ``ge`` does)."""
+    return math.ceil(float(torch.tensor(p, dtype=torch.float32)) * 2**_UNIFORM_BITS)
+
 
 def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
-    """A {0, 1} mask keeping each element of ``x`` with probability 1 - p.
+    """A {0, 1} mask keeping each element of ``x`` with probability 1 - p: ``torch.rand(x.shape) >= p``.
 
     Drawn as uniform(0, 1) >= p: on CPU this is faster than ``bernoulli_``
     (what ``F.dropout`` uses) and has the same distribution (benchmarks/README.md).
@@ -37,9 +44,21 @@ def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     faster than drawing bf16 uniforms, and keeps p exact to 2^-24 instead of
     rounding the threshold to bf16's 8-bit mantissa. So the mask is float32 for
     reduced-precision ``x`` (callers cast where the dtype matters).
+
+    The float32 uniforms are not made: on torch's CPU generator each is
+    ``k * 2**-24`` with k the low 24 bits of one 32-bit draw, and ``random_()``
+    on int32 keeps the low 31 bits of one draw. So
+    ``(bits & (2**24 - 1)) >= keep_threshold(p)`` is the same mask from the same
+    draws, leaving the generator in the same state, without the conversion to
+    float and the float compare (benchmarks/README.md; tests/minbert/test_bert.py
+    checks both against ``torch.rand``). float64 ``x`` draws float64 uniforms
+    (53 bits of a 64-bit draw), as ``torch.rand`` would. Used on CPU only
+    (``dropout`` and ``dropout_add`` call ``F.dropout`` elsewhere).
     """
-    dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
-    return torch.rand(x.shape, dtype=dtype, device=x.device).ge_(p)
+    if x.dtype == torch.float64:
+        return torch.rand(x.shape, dtype=torch.float64, device=x.device).ge_(p)
+    bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()
+    return bits.bitwise_and_(2**_UNIFORM_BITS - 1).ge_(keep_threshold(p)).to(torch.float32)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:

@@ -169,3 +169,21 @@ def test_foreach_variant_is_the_trainers_own_foreach_path(tiny_cfg):
     assert all(g["foreach"] and not g["fused"] for g in v.trainer.optimizer.param_groups)
     assert all(g["fused"] for g in base.optimizer.param_groups)
     assert {id(p) for p in v.trainer.params}.isdisjoint(id(p) for p in base.params)  # its own model copy
+
+
+def test_randmask_variant_is_ours_with_the_float_mask_and_trains_to_the_same_weights(tiny_cfg, monkeypatch):
+    """'randmask' draws its dropout masks as torch.rand >= p (the patch is live only around its steps) and, from the
+    same generator state on the same batches, trains to ours' weights bit for bit: the two masks are one."""
+    base = bench.make_base_trainer(tiny_cfg)
+    ours = bench.build_variant(base, "ours", warmup=0, steps=3)
+    calls = []
+    monkeypatch.setattr(bench, "_rand_mask", lambda x, p: calls.append(p) or torch.rand(x.shape).ge_(p))
+    rand = bench.build_variant(base, "randmask", warmup=0, steps=3)  # the spy in its patch
+    lrs = [1e-3] * 3
+    torch.manual_seed(5)
+    bench.train_steps(rand, rand.sample, lrs)
+    assert calls and bench.bert.dropout_mask is not bench._rand_mask  # used inside, restored after
+    torch.manual_seed(5)
+    bench.train_steps(ours, ours.sample, lrs)
+    for (name, a), b in zip(ours.trainer.model.named_parameters(), rand.trainer.model.parameters()):
+        assert torch.equal(a, b), name

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minbert.bert import BertModel, dropout, dropout_add
+from minbert import bert
+from minbert.bert import BertModel, dropout, dropout_add, dropout_mask
 from tests.helpers import read_column, tiny_config
 
 ATOL = 1e-5
@@ -176,3 +177,29 @@ def test_cpu_dropout_add_is_residual_plus_dropout_in_the_sums_dtype(x_dtype, res
     tol = 1e-6 if got.dtype == torch.float32 else 4e-2  # bf16: ref rounds twice (|values| < 6, ulp <= 2^-5)
     torch.testing.assert_close(got, ref, atol=tol, rtol=tol)
     assert torch.equal(dropout_add(x, r, p, False), x + r)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("p", [0.1, 0.25, 1 / 3, 0.5, 0.9, 1e-7])
+def test_the_cpu_dropout_mask_is_rand_ge_p_bit_for_bit_and_leaves_the_generator_where_rand_does(dtype, p):
+    """dropout_mask(x, p) is exactly ``torch.rand(x.shape) >= p`` (float32 uniforms; float64 for float64 x) from the
+    same generator state, and consumes the same draws: runs are the same numbers whichever way it is computed."""
+    x = torch.zeros(64, 12, 33, 33, dtype=dtype)
+    uniform = torch.float64 if dtype == torch.float64 else torch.float32
+    torch.manual_seed(3)
+    ref = torch.rand(x.shape, dtype=uniform) >= p
+    after_ref = torch.get_rng_state()
+    torch.manual_seed(3)
+    got = dropout_mask(x, p)
+    assert torch.equal(torch.get_rng_state(), after_ref)
+    assert got.dtype == uniform
+    assert torch.equal(got, ref.to(uniform))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.3, 1 / 3, 0.5, 0.7, 2**-24, 1 - 2**-24, 0.123456789])
+def test_the_dropout_threshold_splits_the_uniforms_where_ge_p_does(p):
+    """The integer threshold t of the mask: of torch.rand's float32 uniforms k·2^-24, k = t - 1 is < p and k = t
+    is >= p, under torch's own comparison (the boundary a random test would rarely hit)."""
+    t = bert.keep_threshold(p)
+    u = torch.tensor([(t - 1) * 2**-24, t * 2**-24], dtype=torch.float32)
+    assert (u >= p).tolist() == [False, True]
