@@ -67,6 +67,11 @@ matmuls the model's shapes ((B·T)×H @ H×I and friends) and one square one.
 HFU ("hardware" utilization) is the same with the padded length T in place
 of L_i: what the kernels were asked to compute, padding included.
 
+With ``--profile`` on a CPU it also gives floors of the step's parts, each from this machine's own rates
+(``step_floors``): the matmuls at the measured peak, the fused AdamW's and the clipping's passes over the
+parameters' bytes at the measured memory bandwidth, and the step's dropout draws from torch's serial generator,
+timed alone; beside them, the step time that DESIGN.md's target (``TARGET_MFU`` of the peak) would need.
+
 Nothing is asserted; it prints Markdown tables for the README.
 """
 
@@ -548,6 +553,65 @@ def profile_variant(v: Variant, lrs: Sequence[float]) -> dict[str, Any]:
             "top_ops_ms_per_step": {k: us / 1e3 / n for k, us in top}}
 
 
+TARGET_MFU = 0.6  # DESIGN.md's target for the training step: this share of the measured dense-matmul peak
+
+
+def _median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def memory_bandwidth(mib: int = 64) -> float:
+    """Bytes/s of ``a.add_(b)`` on two float32 tensors of ``mib`` MiB each (reads both, writes one): what an
+    elementwise pass over tensors far larger than the caches can move on this machine (CPU)."""
+    n = mib * 2**20 // 4
+    a, b = torch.ones(n), torch.ones(n)
+    return 3 * 4 * n / _median_time(lambda: a.add_(b))
+
+
+def step_floors(v: Variant, lrs: Sequence[float], flops_per_step: float, peak_flop_s: float) -> dict[str, Any]:
+    """Lower bounds on parts of ours' CPU step, each from this machine's own rates, against the TARGET_MFU budget.
+
+    - matmuls: the step's model FLOPs at the measured dense-matmul peak;
+    - AdamW: the fused kernel reads each parameter, gradient and both moments and writes the parameter and
+      moments back (7 passes over the parameters' bytes), at ``memory_bandwidth()``;
+    - clipping: the norm reads every gradient, the scaling reads and writes it (3 passes);
+    - dropout masks: the step's draws (counted over the sample), one 32-bit draw each from torch's serial
+      CPU generator, timed alone.
+    Each is a floor of that part as PyTorch computes it: none can run faster than the rate it is bounded by.
+    """
+    tr = v.trainer
+    draws = 0
+    real_mask = bert.dropout_mask
+
+    def counting(x: torch.Tensor, p: float) -> torch.Tensor:
+        nonlocal draws
+        draws += x.numel()
+        return real_mask(x, p)
+
+    with unittest.mock.patch.object(bert, "dropout_mask", counting):
+        train_steps(v, v.sample, lrs)
+    draws_per_step = round(draws / len(v.sample))
+    bits = torch.empty(draws_per_step, dtype=torch.int32)
+    param_bytes = sum(p.numel() * p.element_size() for p in tr.params)
+    bandwidth = memory_bandwidth()
+    floors_ms = {
+        "matmuls at the measured peak": 1e3 * flops_per_step / peak_flop_s,
+        "AdamW: 7 passes over the parameters' bytes": 1e3 * 7 * param_bytes / bandwidth,
+        "gradient clipping: 3 passes over the gradients": 1e3 * 3 * param_bytes / bandwidth,
+        "dropout masks: the generator's draws alone": 1e3 * _median_time(lambda: bits.random_()),
+    }
+    return {"floors_ms_per_step": floors_ms, "sum_ms_per_step": sum(floors_ms.values()),
+            "target_mfu": TARGET_MFU, "target_ms_per_step": 1e3 * flops_per_step / (TARGET_MFU * peak_flop_s),
+            "dropout_draws_per_step": draws_per_step, "parameter_bytes": param_bytes,
+            "memory_bandwidth_bytes_s": bandwidth}
+
+
 # ---- the benchmark ---------------------------------------------------------------------------------------------------
 
 
@@ -700,6 +764,8 @@ def benchmark(cfg: TrainConfig, variants: Sequence[str] = DEFAULT_VARIANTS, step
     if profile:
         log("profiling: ours")
         out["profile"] = profile_variant(ours, lrs)
+        if base.device.type == "cpu":
+            out["floors"] = step_floors(ours, lrs, stats["ours"].train_flops / steps, peak_ref)
     return out
 
 
@@ -755,6 +821,16 @@ def markdown(res: dict[str, Any]) -> str:
         lines += ["", "| where (profiler, self CPU time; forward and backward by op) | ms/step | share |",
                   "|---|---|---|"]
         lines += [f"| {k} | {p['where_ms_per_step'][k]:.1f} | {100 * sh:.1f}% |" for k, sh in p["where_share"].items()]
+    if "floors" in res:
+        fl, ours = res["floors"], res["variants"]["ours"]
+        step_ms = 1e3 * ours["train_s"] / res["config"]["steps"]
+        lines += ["", "| floor of a part of the step (this machine's rates) | ms/step |", "|---|---|"]
+        lines += [f"| {k} | {ms:.1f} |" for k, ms in fl["floors_ms_per_step"].items()]
+        budget = (f"{100 * fl['target_mfu']:.0f}% of the peak needs a step of {fl['target_ms_per_step']:.1f} ms; "
+                  f"the timed step took {step_ms:.1f} ms. {fl['dropout_draws_per_step']:,} dropout draws a step; "
+                  f"{fl['parameter_bytes'] / 2**20:,.0f} MiB of parameters; "
+                  f"memory bandwidth {fl['memory_bandwidth_bytes_s'] / 1e9:.1f} GB/s (a.add_(b)).")
+        lines += [f"| sum | {fl['sum_ms_per_step']:.1f} |", "", budget]
     return "\n".join(lines)
 
 

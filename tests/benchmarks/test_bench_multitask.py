@@ -187,3 +187,25 @@ def test_randmask_variant_is_ours_with_the_float_mask_and_trains_to_the_same_wei
     bench.train_steps(ours, ours.sample, lrs)
     for (name, a), b in zip(ours.trainer.model.named_parameters(), rand.trainer.model.parameters()):
         assert torch.equal(a, b), name
+
+
+def test_floors_of_a_cpu_step_add_up_and_count_the_steps_dropout_draws(tiny_cfg):
+    """With --profile on a CPU: four floors whose sum is given, the TARGET_MFU budget from the step's FLOPs and the
+    peak, the parameters' bytes, and the dropout draws a step (the tiny model's masks, counted by hand here)."""
+    res = bench.benchmark(tiny_cfg, ["ours"], steps=2, warmup=1, rounds=1, memory=False, profile=True, square=64,
+                          peak_min_time=0.005, log=lambda s: None)
+    fl = res["floors"]
+    assert len(fl["floors_ms_per_step"]) == 4 and all(ms > 0 for ms in fl["floors_ms_per_step"].values())
+    assert fl["sum_ms_per_step"] == pytest.approx(sum(fl["floors_ms_per_step"].values()))
+    flops = res["variants"]["ours"]["train_flops"] / 2
+    assert fl["target_ms_per_step"] == pytest.approx(1e3 * flops / (0.6 * res["peak_flops"]["reference_flop_s"]))
+    base = bench.make_base_trainer(tiny_cfg)
+    assert fl["parameter_bytes"] == sum(4 * p.numel() for p in base.params)
+    enc = base.model.encoder.config
+    heads = enc.num_attention_heads
+    draws = 0
+    for _, batch in bench.build_variant(base, "ours", warmup=1, steps=2).sample:
+        b, t = batch["input_ids"].shape
+        draws += enc.num_hidden_layers * (2 * b * t * enc.hidden_size + b * heads * t * t) + b * t * enc.hidden_size
+    assert fl["dropout_draws_per_step"] == round(draws / 2)
+    assert "floor of a part of the step" in bench.markdown(res)
