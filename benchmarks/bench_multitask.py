@@ -67,10 +67,11 @@ matmuls the model's shapes ((B·T)×H @ H×I and friends) and one square one.
 HFU ("hardware" utilization) is the same with the padded length T in place
 of L_i: what the kernels were asked to compute, padding included.
 
-With ``--profile`` on a CPU it also gives floors of the step's parts, each from this machine's own rates
+With ``--profile`` it also gives floors of the step's parts, each from this machine's own rates
 (``step_floors``): the matmuls at the measured peak, the fused AdamW's and the clipping's passes over the
-parameters' bytes at the measured memory bandwidth, and the step's dropout draws from torch's serial generator,
-timed alone; beside them, the step time that DESIGN.md's target (``TARGET_MFU`` of the peak) would need.
+parameters' bytes at the measured memory bandwidth, and the step's dropout draws from the generator (on CPU
+torch's serial one), timed alone; beside them, the step time that DESIGN.md's target (``TARGET_MFU`` of the
+peak) would need.
 
 Nothing is asserted; it prints Markdown tables for the README.
 """
@@ -556,55 +557,66 @@ def profile_variant(v: Variant, lrs: Sequence[float]) -> dict[str, Any]:
 TARGET_MFU = 0.6  # DESIGN.md's target for the training step: this share of the measured dense-matmul peak
 
 
-def _median_time(fn: Callable[[], Any], repeats: int = 5) -> float:
+def _median_time(fn: Callable[[], Any], device: torch.device, repeats: int = 5) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls after one warm-up, each ended by a device sync."""
     fn()
     times = []
     for _ in range(repeats):
+        synchronize(device)
         t0 = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
 
 
-def memory_bandwidth(mib: int = 64) -> float:
+def memory_bandwidth(device: torch.device, mib: int = 64) -> float:
     """Bytes/s of ``a.add_(b)`` on two float32 tensors of ``mib`` MiB each (reads both, writes one): what an
-    elementwise pass over tensors far larger than the caches can move on this machine (CPU)."""
+    elementwise pass over tensors far larger than the caches can move on ``device``."""
     n = mib * 2**20 // 4
-    a, b = torch.ones(n), torch.ones(n)
-    return 3 * 4 * n / _median_time(lambda: a.add_(b))
+    a, b = torch.ones(n, device=device), torch.ones(n, device=device)
+    return 3 * 4 * n / _median_time(lambda: a.add_(b), device)
 
 
 def step_floors(v: Variant, lrs: Sequence[float], flops_per_step: float, peak_flop_s: float) -> dict[str, Any]:
-    """Lower bounds on parts of ours' CPU step, each from this machine's own rates, against the TARGET_MFU budget.
+    """Lower bounds on parts of ours' step, each from this machine's own rates, against the TARGET_MFU budget.
 
     - matmuls: the step's model FLOPs at the measured dense-matmul peak;
     - AdamW: the fused kernel reads each parameter, gradient and both moments and writes the parameter and
-      moments back (7 passes over the parameters' bytes), at ``memory_bandwidth()``;
+      moments back (7 passes over the parameters' bytes), at ``memory_bandwidth``;
     - clipping: the norm reads every gradient, the scaling reads and writes it (3 passes);
-    - dropout masks: the step's draws (counted over the sample), one 32-bit draw each from torch's serial
-      CPU generator, timed alone.
+    - dropout masks: the step's mask elements (counted over the sample), one 32-bit draw each from the
+      device's generator, timed alone (on CPU torch's generator is serial: this is what the masks wait on).
     Each is a floor of that part as PyTorch computes it: none can run faster than the rate it is bounded by.
     """
-    tr = v.trainer
+    tr, device = v.trainer, v.trainer.device
     draws = 0
-    real_mask = bert.dropout_mask
 
-    def counting(x: torch.Tensor, p: float) -> torch.Tensor:
+    def count(x: torch.Tensor, p: float, training: bool) -> None:
         nonlocal draws
-        draws += x.numel()
-        return real_mask(x, p)
+        draws += x.numel() if training and p > 0 else 0
 
-    with unittest.mock.patch.object(bert, "dropout_mask", counting):
+    def counted_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        count(x, p, training)
+        return real_dropout(x, p, training)
+
+    def counted_dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+        count(x, p, training)
+        return real_dropout_add(x, residual, p, training)
+
+    real_dropout, real_dropout_add = bert.dropout, bert.dropout_add
+    with (unittest.mock.patch.object(bert, "dropout", counted_dropout),
+          unittest.mock.patch.object(bert, "dropout_add", counted_dropout_add)):
         train_steps(v, v.sample, lrs)
     draws_per_step = round(draws / len(v.sample))
-    bits = torch.empty(draws_per_step, dtype=torch.int32)
+    bits = torch.empty(draws_per_step, dtype=torch.int32, device=device)
     param_bytes = sum(p.numel() * p.element_size() for p in tr.params)
-    bandwidth = memory_bandwidth()
+    bandwidth = memory_bandwidth(device)
     floors_ms = {
         "matmuls at the measured peak": 1e3 * flops_per_step / peak_flop_s,
         "AdamW: 7 passes over the parameters' bytes": 1e3 * 7 * param_bytes / bandwidth,
         "gradient clipping: 3 passes over the gradients": 1e3 * 3 * param_bytes / bandwidth,
-        "dropout masks: the generator's draws alone": 1e3 * _median_time(lambda: bits.random_()),
+        "dropout masks: the generator's draws alone": 1e3 * _median_time(lambda: bits.random_(), device),
     }
     return {"floors_ms_per_step": floors_ms, "sum_ms_per_step": sum(floors_ms.values()),
             "target_mfu": TARGET_MFU, "target_ms_per_step": 1e3 * flops_per_step / (TARGET_MFU * peak_flop_s),
@@ -764,8 +776,7 @@ def benchmark(cfg: TrainConfig, variants: Sequence[str] = DEFAULT_VARIANTS, step
     if profile:
         log("profiling: ours")
         out["profile"] = profile_variant(ours, lrs)
-        if base.device.type == "cpu":
-            out["floors"] = step_floors(ours, lrs, stats["ours"].train_flops / steps, peak_ref)
+        out["floors"] = step_floors(ours, lrs, stats["ours"].train_flops / steps, peak_ref)
     return out
 
 
