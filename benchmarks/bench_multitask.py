@@ -29,8 +29,8 @@ Variants (``--variants``):
     randmask  ours, with the CPU dropout masks drawn as ``torch.rand(shape) >= p`` (float32 uniforms, compared as
               floats) in place of minbert.bert.dropout_mask's integer compare of the same draws: the same masks
               and numbers, the mask's cost before and after
-"ours", "hf", "foreach", "pad8", "compile" and "randmask" run the very same examples in the very same batches. "fixed" and
-"nobucket" run the same steps of the unbucketed plan: the same task of every
+"ours", "hf", "foreach", "pad8", "compile" and "randmask" run the very same examples in the very same batches.
+"fixed" and "nobucket" run the same steps of the unbucketed plan: the same task of every
 step and the same number of sequences, drawn from the same epoch subset, but
 other examples (a random batch, not a length bucket). So every ratio is one
 of real (non-pad) tokens/s, the throughput that stays comparable across

@@ -189,7 +189,7 @@ def test_randmask_variant_is_ours_with_the_float_mask_and_trains_to_the_same_wei
         assert torch.equal(a, b), name
 
 
-def test_floors_of_a_cpu_step_add_up_and_count_the_steps_dropout_draws(tiny_cfg):
+def test_the_floors_of_a_step_add_up_and_count_the_steps_dropout_draws(tiny_cfg):
     """With --profile: four floors whose sum is given, the TARGET_MFU budget from the step's FLOPs and the
     peak, the parameters' bytes, and the dropout draws a step (the tiny model's masks, counted by hand here)."""
     res = bench.benchmark(tiny_cfg, ["ours"], steps=2, warmup=1, rounds=1, memory=False, profile=True, square=64,
