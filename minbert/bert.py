@@ -18,6 +18,7 @@ again in ``load_state_dict()``, so saved checkpoints are plain HF BERT weights.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -30,6 +31,7 @@ from minbert.config import BertConfig
 _UNIFORM_BITS = 24  # torch.rand's float32 uniform on CPU: the low 24 bits k of one 32-bit draw, as k * 2**-24
 
 
+@functools.cache  # a handful of p per model, asked for by every dropout call
 def keep_threshold(p: float) -> int:
     """The least k with ``k * 2**-24 >= p`` as torch compares them (p rounded to float32, as ``ge`` does)."""
     return math.ceil(float(torch.tensor(p, dtype=torch.float32)) * 2**_UNIFORM_BITS)

@@ -467,14 +467,14 @@ class Trainer:
             set_rng_state(self._rng_to_restore, self.device)  # last: nothing after it may draw from the global RNGs
             self._rng_to_restore = None
         lpft.train_mode(self.model, self.stage)
-        if self.epoch < self.total_epochs:
-            self.clock = self._plan()
         if self.epoch >= self.total_epochs:
             logger.info("nothing to train: the checkpoint is at epoch %d of %d", self.epoch, self.total_epochs)
-        elif self.stage == lpft.LP:
-            logger.info("LP-FT stage 1: heads only for epochs %d-%d (encoder frozen, %d trainable tensors), then "
-                        "%d epochs of full fine-tuning", self.epoch + 1, self.cfg.lp_epochs, len(self.params),
-                        self.cfg.epochs)
+        else:
+            self.clock = self._plan()
+            if self.stage == lpft.LP:
+                logger.info("LP-FT stage 1: heads only for epochs %d-%d (encoder frozen, %d trainable tensors), "
+                            "then %d epochs of full fine-tuning", self.epoch + 1, self.cfg.lp_epochs,
+                            len(self.params), self.cfg.epochs)
         with progress_logging():
             while self.epoch < self.total_epochs:
                 self._train_epoch()
@@ -523,11 +523,11 @@ class Trainer:
             for h in self.hooks:
                 h.on_step_end(self)
 
-        epoch = self.epoch
         def on_log(values: dict[str, float]) -> None:  # the step just taken; after_step has not counted it yet
             if self.run_dir is not None:
                 self.run_dir.log_line(self.global_step + 1, values)
 
+        epoch = self.epoch
         lr = self.run_epoch(plan, lambda k: self.lr_at(epoch, k, n), self.epoch_sums,
                             desc=f"epoch {epoch + 1}/{self.total_epochs}", start=self.step, after_step=after_step,
                             on_log=on_log)
