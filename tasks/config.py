@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks.data.schedule import SCHEDULES, SUBSETS
-from tasks.model import NLI, STREAMS, TASKS, ModelConfig
+from tasks.model import NLI, PHRASES, STREAMS, TASKS, ModelConfig
 from tasks.objectives import objective_config, registered_objectives
 from tasks.options import option
 from tasks.training.runtime import check_device_string
@@ -32,6 +32,9 @@ LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
 
 
 FINAL_DEV = ("full", "capped")
+
+
+PHRASE_ORDERS = ("mixed", "first")
 
 
 MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refuse it (see TrainConfig.to_dict)
@@ -55,7 +58,8 @@ EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "lim
 # Fields a saved config.json may lack, with the value that reproduces a config without them: a saved run must
 # resume and re-predict as it was trained and scored, whatever today's default.
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
-                 "sst_prior": 0.0, "report_to": ()}
+                 "sst_prior": 0.0, "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544,
+                 "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0, "sst_phrases_order": "mixed"}
 
 
 # ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
@@ -107,6 +111,18 @@ class TrainConfig:
                               "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off")
     sst_prior_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
                                          "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is")
+    sst_phrases: str | None = option(None, "a file of labelled SST phrases in the SST training file's format "
+                                     "(data/sst-phrases-train.csv: the treebank's sub-sentence phrases of the "
+                                     "training trees; a name in --data-dir or a path), trained through the SST head as "
+                                     "a stream of their own beside the sentences (Socher et al. 2013 train on every "
+                                     "phrase); not in the minBERT paper; default: none")
+    sst_phrases_per_epoch: int = option(8544, "with --sst-phrases: phrases trained an epoch, the next ones of a "
+                                        "seeded shuffle of the file (as --train-subsets says)")
+    sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)")
+    sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss")
+    sst_phrases_order: str = option("mixed", "with --sst-phrases: mixed = phrase batches shuffled among the epoch's "
+                                    "other batches (as --schedule says); first = each epoch trains its phrase "
+                                    "batches first, then the rest, so it ends on whole sentences")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)")
@@ -235,8 +251,8 @@ class TrainConfig:
 
     # -- derived --
     def streams(self) -> tuple[str, ...]:
-        """The schedule's streams: the tasks, then "nli" when on."""
-        return self.tasks + ((NLI,) if self.nli else ())
+        """The schedule's streams: the tasks, then "phrases" (--sst-phrases) and "nli" when on."""
+        return self.tasks + ((PHRASES,) if self.sst_phrases else ()) + ((NLI,) if self.nli else ())
 
     def batch_sizes(self) -> dict[str, int]:
         return {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
@@ -270,6 +286,18 @@ class TrainConfig:
         for name in ("sts_prior", "sst_prior"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} is a weight in [0, 1], got {getattr(self, name)}")
+        if self.sst_phrases is not None and "sst" not in self.tasks:
+            raise ValueError(f"sst_phrases trains the SST head, and tasks {list(self.tasks)} has no sst")
+        if self.sst_phrases_per_epoch < 1:
+            raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {self.sst_phrases_per_epoch}")
+        if self.sst_phrases_min_words < 1:
+            raise ValueError(f"sst_phrases_min_words must be at least 1, got {self.sst_phrases_min_words}")
+        if not self.sst_phrases_weight > 0:
+            raise ValueError(f"sst_phrases_weight must be positive (no --sst-phrases: no phrases), got "
+                             f"{self.sst_phrases_weight}")
+        if self.sst_phrases_order not in PHRASE_ORDERS:
+            raise ValueError(f"sst_phrases_order must be one of {', '.join(PHRASE_ORDERS)}, got "
+                             f"{self.sst_phrases_order!r}")
         if self.final_dev not in FINAL_DEV:
             raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
         _positive_ints("task_batch_size", self.task_batch_size, 1)
@@ -357,6 +385,10 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
     if "sst_prior" in explicit and cfg.sst_prior > 0 and "sst" not in cfg.tasks:
         raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
+    idle = [name for name in ("sst_phrases_per_epoch", "sst_phrases_min_words", "sst_phrases_weight",
+                              "sst_phrases_order") if name in explicit and cfg.sst_phrases is None]
+    if idle:
+        raise ValueError(f"--{idle[0].replace('_', '-')} only acts with --sst-phrases FILE (the phrase stream)")
     if "sst_prior_model" in explicit and (cfg.sst_prior == 0 or "sst" not in cfg.tasks):
         raise ValueError("--sst-prior-model only acts with --sst-prior W > 0 on a run with sst")
 

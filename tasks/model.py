@@ -78,7 +78,13 @@ def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
 # ---- the tasks, the heads' config and the model ----
 TASKS = ("sst", "para", "sts")
 NLI = "nli"  # the AllNLI triplet stream: trained by objectives only (no head)
-STREAMS = TASKS + (NLI,)
+STREAMS = TASKS + (NLI,)  # the streams a user sets per-stream options for (--loss-weights STREAM=W, ...)
+PHRASES = "phrases"  # the SST treebank's phrase labels (--sst-phrases): a stream of the SST head, set by its own options
+
+
+def head_of(stream: str) -> str | None:
+    """The task whose head trains on ``stream``: the stream itself, "sst" for the phrases, None for NLI (no head)."""
+    return None if stream == NLI else "sst" if stream == PHRASES else stream
 
 
 PAIR_TASKS = ("para", "sts")  # the tasks whose examples are sentence pairs

@@ -46,6 +46,7 @@ from tasks.cli import Parser, describe, user_errors
 from tasks.config import (
     FINAL_DEV,
     LR_SCHEDULES,
+    PHRASE_ORDERS,
     PRESETS,
     STREAMS,
     TrainConfig,
@@ -258,6 +259,11 @@ def build_parser() -> Parser:
     add(g, "sst_prior", type=float, metavar="W")
     add(g, "sst_prior_model", metavar="DIR")
     add(g, "final_dev", choices=FINAL_DEV)
+    add(g, "sst_phrases", metavar="FILE")
+    add(g, "sst_phrases_per_epoch", type=int, metavar="N")
+    add(g, "sst_phrases_min_words", type=int, metavar="N")
+    add(g, "sst_phrases_weight", type=float, metavar="W")
+    add(g, "sst_phrases_order", choices=PHRASE_ORDERS)
 
     g = p.add_argument_group("model")
     add(g, "pretrained", metavar="DIR")

@@ -157,6 +157,12 @@ def write_tiny_data(directory: Path, n_train: int = 48, n_dev: int = 24, n_test:
             write(f"ids-sst-{split}.csv", ["", "id", "sentence", "sentiment"], sst)
             write(f"quora-{split}.csv", ["", "id", "sentence1", "sentence2", "is_duplicate"], para)
             write(f"sts-{split}.csv", ["", "id", "sentence1", "sentence2", "similarity"], sts)
+    phrases = []  # sst-phrases-train.csv: 1 to 4 words, the sentiment words saying the label
+    for i in range(2 * n_train):
+        y = i % 5
+        words = _sentence(rng, y).split()[: 1 + i % 4]
+        phrases.append([i, f"phrase-{i}", " ".join(words), y])
+    write("sst-phrases-train.csv", ["", "id", "sentence", "sentiment"], phrases)
     nli = ["sent0,sent1,hard_neg"] + [f"{_sentence(rng, 4)},{_sentence(rng, 3)},{_sentence(rng, 0)}"
                                       for _ in range(n_train)]
     (directory / "nli-train.csv").write_text("\n".join(nli) + "\n")

@@ -710,6 +710,13 @@ CASES = [
      r"--pretrained .*model: .*model\.safetensors is truncated or corrupted", "main"),
     ("--pretrained does not exist", lambda e, t, r, m: [*_flags(e, r), "--pretrained", str(t / "no-such-model"),
                                                         "--overwrite"], 2, r"no-such-model", "main"),
+    ("--sst-phrases does not exist", lambda e, t, r, m: [*_flags(e, r), "--sst-phrases", "nope.csv",
+                                                         "--overwrite"], 2,
+     r"--sst-phrases nope\.csv: no such file .*nope\.csv \(a name in --data-dir, or a path", "main"),
+    ("--sst-phrases without a label column", lambda e, t, r, m: [*_flags(e, r, bad_data(
+        e, t, "sst-phrases-train.csv", lambda b: b.replace(b"sentiment", b"label", 1))), "--sst-phrases",
+        "sst-phrases-train.csv", "--overwrite"], 1, r"sst-phrases-train\.csv: line 1: the header has no column "
+     r"'sentiment'", "main"),
     ("--out-dir is a file", lambda e, t, r, m: _flags(e, r / "metrics.jsonl"), 2,
      r"--out-dir .*metrics\.jsonl is a file", "main"),
     ("--out-dir below a file", lambda e, t, r, m: _flags(e, r / "config.json" / "sub"), 2,

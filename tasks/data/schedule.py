@@ -19,6 +19,7 @@ Usage:
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -74,6 +75,7 @@ class MultitaskSchedule:
         bucket_batches: int = 50,
         subsets: str = "fresh",
         swap: dict[str, float] | None = None,
+        first: Sequence[str] = (),
     ) -> None:
         if schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
@@ -85,6 +87,9 @@ class MultitaskSchedule:
             raise ValueError(f"swap needs tasks of this schedule and probabilities in [0, 1], got {bad}")
         if not task_lengths:
             raise ValueError("a schedule needs at least one task")
+        if set(first) - set(task_lengths):
+            raise ValueError(f"first names {sorted(set(first) - set(task_lengths))}, which are not tasks of this "
+                             "schedule")
         empty = [t for t, lengths in task_lengths.items() if len(lengths) == 0]
         if empty:
             raise ValueError(f"task(s) {empty} have no examples; leave them out of the schedule")
@@ -124,6 +129,7 @@ class MultitaskSchedule:
         self.bucket_batches = bucket_batches if bucket else 1
         self.subsets = subsets
         self.swap = swap
+        self.first = tuple(first)
         if self.bucket_batches < 1:
             raise ValueError(f"bucket_batches must be at least 1, got {bucket_batches}")
 
@@ -175,16 +181,24 @@ class MultitaskSchedule:
         """(task, indices) for every step of ``epoch``; a pure function of (seed, epoch).
 
         No global RNG is touched, so ``plan[k:]`` after a resume equals the
-        rest of the interrupted epoch.
+        rest of the interrupted epoch. The batches of the ``first`` tasks open
+        the epoch (in their own shuffled order); the schedule orders the rest.
         """
         per_task = {t: self.task_batches(t, epoch) for t in self.tasks}
+        if self.first:
+            opening = [(t, b) for t in self.first for b in per_task.pop(t)]
+            return opening + self._ordered(per_task, epoch)
+        return self._ordered(per_task, epoch)
+
+    def _ordered(self, per_task: dict[str, list[list[int]]], epoch: int) -> list[tuple[str, list[int]]]:
+        """The steps of ``per_task``'s batches in the order the schedule gives them."""
         if self.schedule == "sequential":
-            return [(t, b) for t in self.tasks for b in per_task[t]]
+            return [(t, b) for t in per_task for b in per_task[t]]
         if self.schedule == "round_robin":
             rounds = max(len(bs) for bs in per_task.values())
-            return [(t, per_task[t][r]) for r in range(rounds) for t in self.tasks if r < len(per_task[t])]
+            return [(t, per_task[t][r]) for r in range(rounds) for t in per_task if r < len(per_task[t])]
         # even (§4.2): shuffle at the batch level across all tasks.
-        steps = [(t, b) for t in self.tasks for b in per_task[t]]
+        steps = [(t, b) for t in per_task for b in per_task[t]]
         order = torch.randperm(len(steps), generator=_generator("order", self.seed, epoch)).tolist()
         return [steps[i] for i in order]
 

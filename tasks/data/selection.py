@@ -12,13 +12,15 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from tasks.config import NLI, TrainConfig
+from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
-from tasks.data.readers import Example, load_nli, load_split
+from tasks.data.readers import Example, load_nli, load_split, read_sentences
+from tasks.model import NLI, NUM_SST_CLASSES, PHRASES
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,32 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
     return examples
 
 
+def phrases_file(cfg: TrainConfig) -> Path:
+    """The file of ``--sst-phrases`` (a bare name is in --data-dir); a FileNotFoundError naming the flag when it
+    is not there (checked before a run reads anything: tasks.training.trainer.prepare_run)."""
+    path = Path(cfg.data_dir) / Path(cfg.sst_phrases).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases}: no such file {path} (a name in --data-dir, or "
+                                "a path; `bash setup.sh` links data/sst-phrases-train.csv)")
+    return path
+
+
+def load_phrases(cfg: TrainConfig) -> tuple[list[Example], dict]:
+    """The labelled phrases of ``--sst-phrases`` (read as an SST training file, under ``cfg.limit``) with at least
+    ``sst_phrases_min_words`` words, and the file's report with the phrases left out for their length counted."""
+    path = phrases_file(cfg)
+    phrases, report = read_sentences(path, labeled=True, num_classes=NUM_SST_CLASSES, limit=cfg.limit)
+    kept = [p for p in phrases if len(p.text_a.split()) >= cfg.sst_phrases_min_words]
+    if not kept:
+        raise ValueError(f"--sst-phrases {path}: no phrase of {cfg.sst_phrases_min_words} or more words to train on "
+                         f"(of {len(phrases)} valid rows)")
+    (logger.info if report.clean else logger.warning)("%s", report.summary())
+    if len(kept) < len(phrases):
+        logger.info("%s: %d of %d phrases have %d or more words (--sst-phrases-min-words)", path, len(kept),
+                    len(phrases), cfg.sst_phrases_min_words)
+    return kept, {**report.to_dict(), "shorter_than_min_words": len(phrases) - len(kept)}
+
+
 FINAL_SPLITS = ("dev", "test")
 
 
@@ -100,6 +128,10 @@ def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
         dev = final["dev"][task] = load_examples(task, "dev", cfg, reports)
         dev_sets[task] = make_dataset(task, capped_dev(task, dev, cfg), tokenizer, cfg)
         final["test"][task] = load_examples(task, "test", cfg, reports)
+    if cfg.sst_phrases is not None:
+        phrases, report = load_phrases(cfg)
+        reports["sst phrases"] = report
+        train_sets[PHRASES] = make_dataset("sst", phrases, tokenizer, cfg)
     if cfg.nli:
         triplets, report = load_nli(cfg.data_dir, limit=cfg.limit)
         reports["nli train"] = report.to_dict()

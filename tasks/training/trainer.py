@@ -65,13 +65,13 @@ from tqdm import tqdm
 
 from minbert.optimizer import AdamW
 from minbert.pretrained import load_pretrained
-from tasks.config import NLI, TrainConfig, check_resume_config
+from tasks.config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights, MultitaskSchedule
-from tasks.data.selection import load_run_data
+from tasks.data.selection import load_run_data, phrases_file
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
-from tasks.model import PAIR_TASKS, TASKS, MultitaskBert
+from tasks.model import PAIR_TASKS, PHRASES, TASKS, MultitaskBert, head_of
 from tasks.objectives import Objective, build_objectives
 from tasks.training import distributed, lpft
 from tasks.training.checkpoint import (
@@ -148,9 +148,12 @@ def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> f
 
 def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
+    phrases = PHRASES in train_sets
+    caps = {**cfg.max_train_examples, **({PHRASES: cfg.sst_phrases_per_epoch} if phrases else {})}
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
-                             seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples, subsets=cfg.train_subsets,
-                             swap={t: cfg.pair_swap for t in PAIR_TASKS if t in train_sets})
+                             seed=cfg.seed, max_examples_per_epoch=caps, subsets=cfg.train_subsets,
+                             swap={t: cfg.pair_swap for t in PAIR_TASKS if t in train_sets},
+                             first=(PHRASES,) if phrases and cfg.sst_phrases_order == "first" else ())
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,8 @@ def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunPlan:
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
     check_writable_dir(Path(cfg.out_dir), "--out-dir")
+    if cfg.sst_phrases is not None:
+        phrases_file(cfg)
     if resume is not None:
         check_resume_config(resume.config, cfg)
     return RunPlan(cfg, resume)
@@ -222,7 +227,8 @@ class Trainer:
         self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
                                    sst_train=(sst.texts, sst.labels.tolist()) if sst is not None else None)
         self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
-                                   extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS})
+                                   extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS}
+                                   | ({PHRASES: cfg.sst_phrases_weight} if PHRASES in self.train_sets else {}))
 
         # Position: the next step to run is plan(epoch)[step].
         self.epoch = 0
@@ -329,9 +335,10 @@ class Trainer:
         total: torch.Tensor | float = 0.0
         out = None
         with autocast(self.device, self.amp_dtype):
-            if stream != NLI:
-                out = self.model(stream, batch)
-                head = self.model.task_loss(stream, out, batch)
+            task = head_of(stream)
+            if task is not None:
+                out = self.model(task, batch)
+                head = self.model.task_loss(task, out, batch)
                 terms[f"{stream}/loss"] = head
                 total = math.prod(o.task_loss_scale for o in applying) * head
             for o in applying:

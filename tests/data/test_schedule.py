@@ -181,3 +181,19 @@ def test_loss_weights():
         LossWeights(sts=-1.0)
     with pytest.raises(ValueError):
         LossWeights(extra={"para": 0.1})
+
+
+def test_first_tasks_open_every_epoch_and_the_rest_keeps_its_schedule():
+    """``first`` puts a task's batches at the start of each epoch's plan; the other tasks' batches follow, ordered
+    by the schedule as they would be without the first task's."""
+    lengths = {**task_lengths(), "phrases": [4] * 40}
+    sched = MultitaskSchedule(lengths, 8, "even", seed=2, first=("phrases",))
+    plan = sched.epoch_plan(1)
+    assert [t for t, _ in plan[:5]] == ["phrases"] * 5 and "phrases" not in {t for t, _ in plan[5:]}
+    rest = MultitaskSchedule(task_lengths(), 8, "even", seed=2)
+    others = [(t, b) for t, b in plan[5:]]
+    assert Counter((t, tuple(b)) for t, b in others) == Counter((t, tuple(b)) for t, b in rest.epoch_plan(1))
+    mixed = MultitaskSchedule(lengths, 8, "even", seed=2).epoch_plan(1)
+    assert [t for t, _ in mixed[:5]] != ["phrases"] * 5
+    with pytest.raises(ValueError, match="not tasks"):
+        MultitaskSchedule(task_lengths(), 8, "even", first=("phrases",))

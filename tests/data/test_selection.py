@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import pytest
+
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset
-from tasks.data.readers import Example
-from tasks.data.selection import capped_dev, fixed_subset, make_dataset
+from tasks.data.readers import Example, read_sentences
+from tasks.data.selection import capped_dev, fixed_subset, load_phrases, make_dataset
 from tasks.model import ModelConfig
 from tests.helpers import WordTokenizer
 
@@ -44,3 +48,21 @@ def test_make_dataset_follows_the_task_and_the_models_pair_encoding():
         assert isinstance(make_dataset("sts", pairs, tok, cfg), PairDataset)
         assert {k for k in batch if k.startswith("input_ids")} == keys
         assert all(batch[k].shape[1] == 6 for k in keys)
+
+
+def test_phrases_are_read_as_sst_rows_with_short_ones_left_out_and_counted(tiny_env):
+    """--sst-phrases: a name is looked up in --data-dir; phrases of fewer than min-words words are dropped and
+    counted in the file's report; a missing file names the flag and the path."""
+    _, data = tiny_env
+    cfg = TrainConfig(data_dir=str(data), sst_phrases="sst-phrases-train.csv", sst_phrases_min_words=3)
+    phrases, report = load_phrases(cfg)
+    everything, _ = read_sentences(data / "sst-phrases-train.csv", labeled=True, num_classes=5)
+    assert phrases == [p for p in everything if len(p.text_a.split()) >= 3] and 0 < len(phrases) < len(everything)
+    assert report["kept"] == len(everything) and report["shorter_than_min_words"] == len(everything) - len(phrases)
+    assert report["sha256"]
+    absolute = dataclasses.replace(cfg, data_dir="elsewhere", sst_phrases=str(data / "sst-phrases-train.csv"))
+    assert load_phrases(absolute)[0] == phrases
+    with pytest.raises(FileNotFoundError, match=r"--sst-phrases nope.csv: no such file .*nope.csv"):
+        load_phrases(dataclasses.replace(cfg, sst_phrases="nope.csv"))
+    with pytest.raises(ValueError, match="no phrase of 9 or more words"):
+        load_phrases(dataclasses.replace(cfg, sst_phrases_min_words=9))

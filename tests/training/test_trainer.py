@@ -100,6 +100,30 @@ def test_loss_weights_scale_the_task_gradients(tiny_env, tmp_path, weight):
         assert all(torch.count_nonzero(g) == 0 for g in grads[1].values())
 
 
+def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path):
+    """--sst-phrases: each epoch trains sst_phrases_per_epoch phrases (the next ones of a shuffle: two epochs see
+    different phrases), in batches of the SST head whose loss is the phrases' weight x the SST loss; the sentences
+    still train in full, and with order "first" the phrase batches open the epoch."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases="sst-phrases-train.csv", sst_phrases_per_epoch=20,
+                            sst_phrases_min_words=2, sst_phrases_weight=0.25, train_subsets="cycle")
+    trainer = Trainer.from_config(cfg)
+    phrases = trainer.train_sets["phrases"]
+    assert len(phrases) > 20 and min(len(t.split()) for t in phrases.texts) >= 2
+    plans = [trainer.schedule.epoch_plan(e) for e in range(2)]
+    seen = [[i for s, b in plan if s == "phrases" for i in b] for plan in plans]
+    assert [len(x) for x in seen] == [20, 20] and len(set(seen[0] + seen[1])) == 40
+    assert sorted(i for s, b in plans[0] if s == "sst" for i in b) == list(range(len(trainer.train_sets["sst"])))
+    trainer.model.eval()
+    batch = phrases.collate(seen[0][:8])
+    loss, terms = trainer.step_loss("phrases", batch)
+    head = trainer.model.task_loss("sst", trainer.model("sst", batch), batch)
+    assert set(terms) == {"phrases/loss"} and torch.equal(terms["phrases/loss"], head)
+    assert loss.item() == pytest.approx(0.25 * head.item())
+    first = Trainer.from_config(dataclasses.replace(cfg, out_dir=str(tmp_path / "first"), sst_phrases_order="first"))
+    plan = first.schedule.epoch_plan(0)
+    assert [s for s, _ in plan[:3]] == ["phrases"] * 3 and "phrases" not in {s for s, _ in plan[3:]}
+
+
 def test_learning_rate_schedules(tiny_env, tmp_path):
     """constant stays; epoch_decay is lr - decay·epoch (paper §4.5); warmup_linear rises then decays to ~0."""
     t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
@@ -363,6 +387,14 @@ def test_resume_with_objective_state_is_bit_identical(tiny_env, tmp_path, object
     for k in a:
         assert torch.equal(a[k], b[k]), k
     assert any(k.startswith(f"{objective}/") or "/" + objective in k for k in full.history[0]["train"])
+
+
+def test_resume_with_phrases_draws_the_same_phrases(tiny_env, tmp_path):
+    """A run with --sst-phrases cut mid-epoch and resumed trains the same phrase batches as the whole run: it ends
+    with the same weights and the same per-epoch phrase losses, bit for bit."""
+    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 9, sst_phrases="sst-phrases-train.csv",
+                                      sst_phrases_per_epoch=24, checkpoint_every=4)
+    assert [r["train"]["phrases/loss"] for r in full.history] == [r["train"]["phrases/loss"] for r in resumed.history]
 
 
 def test_resume_with_lr_groups_is_bit_identical(tiny_env, tmp_path):

@@ -1,0 +1,123 @@
+"""SST-5 from the treebank's phrase labels, and the small-data levers, screened on SST specialists over seeds.
+
+The Stanford Sentiment Treebank labels every phrase of every parse tree, and the classic SST-5 results train
+on all of them (Socher et al. 2013); the CS224N files keep only the 8,544 whole training sentences.
+``--sst-phrases FILE`` trains the training trees' phrases (data/sst-phrases-train.csv, data/README.md)
+through the SST head as a stream of their own. Every row here is an SST specialist (``--tasks sst``, the
+default recipe on SST alone, a few minutes on 2 cores) scored by its head alone (``--sst-prior 0``), so a
+row's change is the training's, not the prior's:
+
+  base         the specialist without phrases (the parent of every row)
+  phrases      + 8,544 phrases an epoch (as many as sentences), weight 1, mixed among the sentence batches
+  w0.5, w0.25  ... at loss weight 0.5, 0.25
+  n4k, n17k    ... 4,272 or 17,088 phrases an epoch
+  min2, min3   ... only phrases of 2 or 3 words and more (18k of the 150k phrases are single words)
+  first        ... each epoch trains its phrase batches first, then the sentences
+  llrd         no phrases; layer-wise lr decay 0.9 (Sun et al. 2019 §5.3)
+
+Each row runs once per seed in ``<out-dir>/<row>/seed<k>``; the table gives SST dev accuracy, mean ± std
+over the seeds, its change against ``base`` paired by seed (Δ ± SE, starred where |Δ| > 2 SE;
+experiments/stats.py) and the mean wall seconds of a run. A finished run is reused and a run cut short
+resumes (experiments/sweep.py), so the same command again continues where it stopped.
+
+Usage:
+    python -m experiments.sst_phrases --out-dir runs/sst-phrases --jobs 2 --threads 1 [--seeds 0 1 ...] [--only ROW ...]
+
+Writes ``<out-dir>/sst_phrases.json`` and ``sst_phrases.md`` (the table).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from experiments.stats import cell, change_cell
+from experiments.sweep import Sweep, final_record, fmt, markdown_table
+
+BASE = ["--tasks", "sst", "--sst-prior", "0"]
+PHRASES = [*BASE, "--sst-phrases", "sst-phrases-train.csv"]
+# (row, what it is, its flags)
+ROWS = [
+    ("base", "SST specialist, no phrases", BASE),
+    ("phrases", "+ phrases: 8,544 an epoch, weight 1, mixed", PHRASES),
+    ("w0.5", "+ phrases, weight 0.5", [*PHRASES, "--sst-phrases-weight", "0.5"]),
+    ("w0.25", "+ phrases, weight 0.25", [*PHRASES, "--sst-phrases-weight", "0.25"]),
+    ("n4k", "+ phrases, 4,272 an epoch", [*PHRASES, "--sst-phrases-per-epoch", "4272"]),
+    ("n17k", "+ phrases, 17,088 an epoch", [*PHRASES, "--sst-phrases-per-epoch", "17088"]),
+    ("min2", "+ phrases of 2 words or more", [*PHRASES, "--sst-phrases-min-words", "2"]),
+    ("min3", "+ phrases of 3 words or more", [*PHRASES, "--sst-phrases-min-words", "3"]),
+    ("first", "+ phrases, each epoch's phrase batches first", [*PHRASES, "--sst-phrases-order", "first"]),
+    ("llrd", "no phrases, layer-wise lr decay 0.9", [*BASE, "--layer-lr-decay", "0.9"]),
+]
+NAMES = [name for name, _, _ in ROWS]
+LABELS = {name: label for name, label, _ in ROWS}
+FLAGS = {name: flags for name, _, flags in ROWS}
+PARENT = "base"
+
+
+def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
+    """{row: {seed: {"sst_acc", "wall_s"}}} of every finished run under the sweep's root."""
+    results: dict[str, dict[int, dict]] = {}
+    for row in NAMES:
+        for seed in seeds:
+            run_dir = sweep.root / row / f"seed{seed}"
+            record = final_record(run_dir)
+            if record is None:
+                continue
+            marker = run_dir / "sweep.json"
+            wall = json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
+            results.setdefault(row, {})[seed] = {"sst_acc": record["dev"]["sst_acc"], "wall_s": wall}
+    return results
+
+
+def render(results: dict[str, dict[int, dict]]) -> str:
+    """The table: SST acc mean ± std, Δ against base paired by seed, seconds per run."""
+    lines = []
+    parent = {s: v["sst_acc"] for s, v in results.get(PARENT, {}).items()}
+    for row in NAMES:
+        if row not in results:
+            continue
+        per_seed = results[row]
+        acc = {s: v["sst_acc"] for s, v in per_seed.items()}
+        walls = [v["wall_s"] for v in per_seed.values() if v.get("wall_s") is not None]
+        lines.append([f"`{row}`: {LABELS[row]}", len(per_seed), cell(list(acc.values())),
+                      change_cell(acc, parent) if row != PARENT else "",
+                      fmt(statistics.fmean(walls), 0) if walls else "–"])
+    return markdown_table(["row", "seeds", "SST acc", f"Δ vs {PARENT}, paired", "s per run"], lines)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out-dir", default="runs/sst-phrases")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)), help="every row runs once per seed")
+    ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")
+    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
+    ap.add_argument("--only", nargs="+", choices=NAMES, default=None, help="run these rows only (base always)")
+    ap.add_argument("--force", action="store_true", help="rerun rows that already finished")
+    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs {args.jobs}: at least 1")
+    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
+    wanted = [r for r in NAMES if args.only is None or r in args.only or r == PARENT]
+    t0 = time.perf_counter()
+    runs = [(row, seed) for seed in args.seeds for row in wanted]  # seed by seed: an early stop has whole seeds
+    sweep.map(lambda rs: sweep.train(f"{rs[0]}/seed{rs[1]}", [*FLAGS[rs[0]], "--seed", str(rs[1])]), runs)
+    if args.dry_run:
+        return {}
+    results = collect(sweep, args.seeds)
+    text = render(results) + "\n"
+    summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
+               "wall_s": round(time.perf_counter() - t0, 1), "flags": FLAGS,
+               "rows": {r: {str(s): v for s, v in per.items()} for r, per in results.items()}}
+    (sweep.root / "sst_phrases.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (sweep.root / "sst_phrases.md").write_text(text)
+    print(text)
+    return results
+
+
+if __name__ == "__main__":
+    main()
