@@ -45,9 +45,8 @@ def build_models(model_dir: str | None, device: str, dtype: torch.dtype):
 
 def make_batch(vocab: int, batch: int, seq: int, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1000, vocab, (batch, seq), generator=g)
-    ids[:, 0] = 101
-    ids[:, -1] = 102
+    ids = torch.randint(1000 if vocab > 2000 else 5, vocab, (batch, seq), generator=g)  # past the special tokens
+    ids[:, 0], ids[:, -1] = (101, 102) if vocab > 2000 else (2, 3)  # [CLS], [SEP] of BERT's vocabulary (a tiny one's)
     return {
         "input_ids": ids.to(device),
         "attention_mask": torch.ones(batch, seq, dtype=torch.long, device=device),

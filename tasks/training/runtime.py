@@ -247,6 +247,24 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def device_info(device: torch.device) -> dict[str, Any]:
+    """What a report says of the training device: torch's version, and for CUDA the GPU's name, compute capability,
+    multiprocessors and memory, the CUDA version torch was built with and the GPU count; for a CPU its thread count."""
+    info: dict[str, Any] = {"device": str(device), "torch": torch.__version__}
+    if device.type != "cuda":
+        return {**info, "threads": torch.get_num_threads()}
+    props = torch.cuda.get_device_properties(device)
+    return {**info, "name": props.name, "capability": f"{props.major}.{props.minor}",
+            "multiprocessors": props.multi_processor_count, "memory_gib": round(props.total_memory / 2**30, 1),
+            "cuda": torch.version.cuda, "gpus": torch.cuda.device_count(), "bf16_native": cuda_bf16_native()}
+
+
+def fp32_matmul_precision(device: torch.device) -> str:
+    """What an fp32 matmul on ``device`` computes in now: "tf32" on CUDA with TF32 on (``configure_device``),
+    else "fp32"."""
+    return "tf32" if device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32 else "fp32"
+
+
 def _proc_status_bytes(key: str) -> int | None:
     """A "VmRSS" / "VmHWM" line of /proc/self/status in bytes, None where there is no /proc."""
     try:

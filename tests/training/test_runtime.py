@@ -322,3 +322,26 @@ def test_the_precision_note_says_what_was_chosen_and_why(monkeypatch):
     assert runtime.precision_note(None, cuda, None).startswith("fp32: this GPU has no native bf16")
     assert runtime.precision_note(False, cpu, None) == "fp32 (--no-bf16)"
     assert runtime.precision_note(True, cpu, torch.bfloat16) == "bf16 autocast (--bf16)"
+
+
+def test_device_info_names_the_gpu_and_a_cpu_its_threads(monkeypatch):
+    """The GPU check's first lines: on CUDA the GPU's properties (probes monkeypatched), on a CPU the threads."""
+    assert runtime.device_info(torch.device("cpu")) == {"device": "cpu", "torch": torch.__version__,
+                                                        "threads": torch.get_num_threads()}
+    props = type("Props", (), {"name": "NVIDIA H100 80GB HBM3", "major": 9, "minor": 0, "multi_processor_count": 132,
+                               "total_memory": 80 * 2**30})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    info = runtime.device_info(CUDA0)
+    assert info["name"] == "NVIDIA H100 80GB HBM3" and info["capability"] == "9.0" and info["memory_gib"] == 80.0
+    assert info["multiprocessors"] == 132 and info["gpus"] == 1 and info["bf16_native"] is True
+
+
+def test_fp32_matmuls_are_tf32_on_cuda_only_while_the_flag_is_on():
+    with runtime.no_tf32():  # the flags as they were, after
+        torch.backends.cuda.matmul.allow_tf32 = True
+        assert runtime.fp32_matmul_precision(CUDA0) == "tf32"
+        assert runtime.fp32_matmul_precision(torch.device("cpu")) == "fp32"
+        with runtime.no_tf32():
+            assert runtime.fp32_matmul_precision(CUDA0) == "fp32"

