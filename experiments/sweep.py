@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.training.progress import RunsClock
-from tasks.training.rundir import release_lock, take_lock
+from tasks.outdir import release_lock, take_lock
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH_FLAGS = ("--out-dir", "--data-dir")  # the directories a sweep names; compared as absolute paths
@@ -215,7 +215,7 @@ class Sweep:
 @contextlib.contextmanager
 def _run_lock(run_dir: Path, name: str):
     """Refuse to start a run whose directory another live sweep process is running (its --overwrite would
-    wipe that run's files); a lock left by a dead process is taken over (tasks.training.rundir.take_lock)."""
+    wipe that run's files); a lock left by a dead process is taken over (tasks.outdir.take_lock)."""
     lock = run_dir / "sweep.lock"
     try:
         take_lock(lock, f"[{name}] {run_dir}", reentrant=False)

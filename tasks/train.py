@@ -42,7 +42,7 @@ from typing import Any
 
 from minbert.config import BertConfig
 from minbert.pretrained import check_weights, resolve_model_dir
-from tasks.cli import Parser, describe, user_errors
+from tasks.cli import Parser, describe, user_errors, verbose
 from tasks.config import (
     FINAL_DEV,
     LR_SCHEDULES,
@@ -423,7 +423,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     refuse_idle_settings(cfg, explicit)
     check_encoder(cfg)
     check_prior_model(cfg, explicit)
-    return Invocation(c, cfg, plan=prepare_run(cfg))
+    return Invocation(c, cfg, plan=prepare_run(cfg, overwrite=c.overwrite))
 
 
 def config_for(argv: list[str], parser: argparse.ArgumentParser | None = None) -> TrainConfig:
@@ -516,6 +516,8 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         inv = build_invocation(command, explicit)
     except (ValueError, OSError) as e:  # also a checkpoint's or --pretrained's damaged files, named
+        if verbose():
+            raise
         parser.error(describe(e))
     cfg = inv.config
     # After argument checking, what the user's files or disk cause is one line and exit status 1 (tasks/cli.py).
@@ -538,7 +540,7 @@ def main(argv: list[str] | None = None) -> dict:
             if command.eval_only:
                 result = predict_checkpoint(inv.checkpoint, cfg, cfg.out_dir)
             else:
-                result = run_plan(inv.plan, overwrite=command.overwrite)
+                result = run_plan(inv.plan)
         finally:
             distributed.cleanup()  # leave torchrun's process group (no-op in one process)
     return result

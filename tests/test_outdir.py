@@ -3,7 +3,11 @@ command's output (issue 33's three data losses, through the commands themselves)
 
 from __future__ import annotations
 
+import json
 import shutil
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,7 +92,7 @@ def test_a_training_run_into_an_mlm_checkpoint_is_refused_and_its_config_kept(ti
     with pytest.raises(SystemExit) as e:
         cli.main(_train_flags(tiny_env, mlm))
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert e.value.code == 1 and "holds an MLM checkpoint (written by python -m tasks.pretrain)" in err
+    assert e.value.code == 2 and "holds an MLM checkpoint (written by python -m tasks.pretrain)" in err
     assert "--overwrite" in err and snapshot(mlm) == before
     cli.main([*_train_flags(tiny_env, mlm), "--overwrite"])  # told to: the MLM files go, the run is alone
     assert kind_of(mlm) == RUN and not (mlm / "model.safetensors").exists() and not (mlm / "vocab.txt").exists()
@@ -139,3 +143,37 @@ def test_replacing_puts_the_old_output_back_when_the_new_one_fails(tmp_path):
         old.mkdir()
         mark(old, ENSEMBLE)
     assert kind_of(old) == ENSEMBLE and [p.name for p in tmp_path.iterdir()] == ["out"]
+
+
+@pytest.fixture
+def live_holder():
+    """A live process other than this one: what holds a run directory's lock while it trains."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    yield proc.pid
+    proc.kill()
+    proc.wait()
+
+
+def _held_by(run: Path, pid: int) -> None:
+    (run / "run.lock").write_text(json.dumps({"pid": pid, "host": socket.gethostname()}))
+
+
+@pytest.mark.parametrize("command", ["ensemble", "pretrain", "train"])
+def test_overwrite_never_moves_aside_a_directory_a_live_process_holds(finished_run, tiny_env, tmp_path, capsys,
+                                                                     live_holder, command):
+    """Issue 41: --overwrite moved a training run in progress aside and deleted it. A directory whose run.lock a
+    live process holds is refused by every command, exit 2, naming the process; not one byte of it changes."""
+    target = _copy(finished_run, tmp_path)
+    _held_by(target, live_holder)
+    before = snapshot(target)
+    argv = {"ensemble": lambda: [*make_runs(tmp_path), "--data-dir", str(tmp_path / "data"), "--out-dir",
+                                 str(target)],
+            "pretrain": lambda: _pretrain_flags(tiny_env, target),
+            "train": lambda: _train_flags(tiny_env, target)}[command]() + ["--overwrite"]
+    main = {"ensemble": ensemble.main, "pretrain": pretrain.main, "train": cli.main}[command]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2, err
+    assert f"{target} is in use by process {live_holder} on {socket.gethostname()}" in err
+    assert snapshot(target) == before

@@ -50,9 +50,9 @@ from tasks.evaluation.metrics import TASK_METRIC, check_task, jsonable, overall_
 from tasks.evaluation.priors import RunPriors
 from tasks.model import NUM_SST_CLASSES, PAIR_TASKS, MultitaskBert, TaskOutput
 from tasks.objectives import Objective, build_objectives
-from tasks.outdir import PREDICTIONS, RUN, check_kind, mark
+from tasks.outdir import PREDICTIONS, RUN, check_kind, locked, mark
 from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
-from tasks.training.rundir import locked, open_log
+from tasks.training.rundir import open_log
 from tasks.training.runtime import autocast, autocast_dtype, resolve_device
 
 logger = logging.getLogger(__name__)

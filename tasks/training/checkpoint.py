@@ -55,6 +55,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tasks.config import TrainConfig
+from tasks.outdir import process_alive
 from tasks.training import distributed
 
 logger = logging.getLogger(__name__)
@@ -93,19 +94,6 @@ def temporary_prefix(name: str, pid: int | None = None) -> str:
 
 
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)@(?P<host>.+)-[^-]+$")
-
-
-def process_alive(pid: int, host: str) -> bool:
-    """Whether process ``pid`` on ``host`` may be running (another host's processes cannot be checked: yes)."""
-    if host != socket.gethostname():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # alive, owned by another user
-        return True
-    return True
 
 
 def remove_stale_temporaries(directory: Path, keep: Path | None = None) -> None:

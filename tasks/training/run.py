@@ -50,16 +50,16 @@ def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overw
     Returns the final summary, also appended to metrics.jsonl.
     """
     resume = resume_point(resume_from) if resume_from is not None else None
-    return run_plan(prepare_run(cfg, resume), overwrite=overwrite, hooks=hooks)
+    return run_plan(prepare_run(cfg, resume, overwrite), hooks=hooks)
 
 
-def run_plan(plan: RunPlan, *, overwrite: bool = False, hooks: Sequence[Hook] = ()) -> dict:
+def run_plan(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> dict:
     """Train a checked run, keep the best checkpoint (or SWA's average, when it scores higher), write predictions.
 
     Returns the final summary, also appended to metrics.jsonl.
     """
     t0 = time.perf_counter()
-    trainer = Trainer.from_plan(plan, hooks=hooks, overwrite=overwrite)
+    trainer = Trainer.from_plan(plan, hooks=hooks)
     try:
         return _train_and_predict(trainer, t0)
     except BaseException:

@@ -31,12 +31,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.outdir import OWNER_FILE, RUN, check_kind, mark
+from tasks.outdir import OWNER_FILE, RUN, check_kind, mark, process_alive, release_lock, take_lock
 from tasks.training import distributed
 from tasks.training.checkpoint import (
     ResumePoint,
     copy_directory,
-    process_alive,
     remove_stale_temporaries,
     repair_best,
     write_json,
@@ -58,59 +57,18 @@ def check_writable_dir(path: Path, flag: str) -> None:
                               "another directory")
 
 
-def _lock_owner(lock: Path) -> dict | None:
-    """{"pid", "host"} of ``lock``'s owner; None when it cannot be read (gone, or garbled: stale)."""
-    try:
-        text = lock.read_text()
-    except FileNotFoundError:
-        return None
-    try:
-        owner = json.loads(text)
-        return {"pid": int(owner["pid"]), "host": str(owner["host"])}
-    except (ValueError, KeyError, TypeError):
-        return {"pid": int(text), "host": socket.gethostname()} if text.strip().isdigit() else None  # bare pid
-
-
-def take_lock(lock: Path, what: str, *, reentrant: bool = True) -> None:
-    """Create ``lock`` naming this process (pid, host). A live owner is refused (FileExistsError, one line);
-    a lock of a dead process is taken over with a warning; this process's own lock is kept when ``reentrant``
-    (a Trainer built twice in one process, as tests and notebooks do), refused otherwise."""
-    me = {"pid": os.getpid(), "host": socket.gethostname()}
-    for _ in range(3):
-        try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except FileExistsError:
-            owner = _lock_owner(lock)
-            if owner == me and reentrant:
-                return
-            if owner is not None and process_alive(owner["pid"], owner["host"]):
-                raise FileExistsError(f"{what} is in use by process {owner['pid']} on {owner['host']} ({lock}): "
-                                      f"wait for it to finish or pick another --out-dir; if that process is gone, "
-                                      f"delete {lock}") from None
-            logger.warning("taking over %s left by %s (no longer running)", lock, owner or "an unreadable owner")
-            lock.unlink(missing_ok=True)
-            continue
-        with os.fdopen(fd, "w") as f:
-            json.dump(me, f)
+def check_out_dir(path: Path, *, resume: bool, overwrite: bool) -> None:
+    """Refuse, before a run reads anything, an --out-dir it may not write (FileExistsError / OSError naming it):
+    not a writable directory; written by a live process; another command's output (unless ``overwrite``); a
+    fresh run's earlier results (unless ``overwrite``: a resume continues them)."""
+    check_writable_dir(path, "--out-dir")
+    check_kind(path, RUN, overwrite=overwrite and not resume)
+    if resume or overwrite:
         return
-    raise FileExistsError(f"could not take {lock}: another process keeps creating it; pick another --out-dir")
-
-
-def release_lock(lock: Path) -> None:
-    """Remove ``lock`` if this process owns it."""
-    if _lock_owner(lock) == {"pid": os.getpid(), "host": socket.gethostname()}:
-        lock.unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def locked(directory: Path) -> Iterator[None]:
-    """``directory``'s ``run.lock`` held for the block (refused while a live process holds it, ``take_lock``)."""
-    lock = directory / "run.lock"
-    take_lock(lock, f"{directory}")
-    try:
-        yield
-    finally:
-        release_lock(lock)
+    results = [p for p in (path / "checkpoints", path / "metrics.jsonl", path / "predictions") if _holds_results(p)]
+    if results:
+        raise FileExistsError(f"{results[0]} holds an earlier run: resume it (--resume), pick another --out-dir, or "
+                              "pass --overwrite to replace it")
 
 
 RUN_FILES = ("checkpoints", "metrics.jsonl", "predictions", "config.json", "data.json", "training.png", "tensorboard")
@@ -180,9 +138,6 @@ class RunDir:
                 repair_best(resume, self.checkpoints / "best")
                 return
             results = [p for p in (self.checkpoints, self.metrics, self.path / "predictions") if _holds_results(p)]
-            if results and not overwrite:
-                raise FileExistsError(f"{results[0]} holds an earlier run: resume it (--resume), pick another "
-                                      "--out-dir, or pass --overwrite to replace it")
             if held not in (None, RUN):  # another command's output, replaced whole (check_kind: --overwrite)
                 present = [p for p in self.path.iterdir() if p != self.lock and not p.name.startswith(".")]
             else:

@@ -94,7 +94,7 @@ from tasks.training.checkpoint import (
     write_json,
 )
 from tasks.training.progress import RunClock, RunningSums, duration, progress_logging, sequences
-from tasks.training.rundir import RunDir, check_writable_dir
+from tasks.training.rundir import RunDir, check_out_dir
 from tasks.training.runtime import (
     autocast,
     autocast_dtype,
@@ -158,31 +158,36 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
 
 @dataclass(frozen=True)
 class RunPlan:
-    """A training run checked before any work (``prepare_run``): the config, validated once, and for a resume the
-    checkpoint it continues."""
+    """A training run checked before any work (``prepare_run``): the config, validated once, for a resume the
+    checkpoint it continues, and whether it may replace what its --out-dir holds (``overwrite``)."""
 
     cfg: TrainConfig
     resume: ResumePoint | None = None
+    overwrite: bool = False
 
     @property
     def checkpoint(self) -> Path | None:
         return self.resume.checkpoint if self.resume is not None else None
 
 
-def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunPlan:
+def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: bool = False) -> RunPlan:
     """Every check of a training run, once, before any data is read: the config (``TrainConfig.validate``), its
-    per-process batches under torchrun, its device, its writable --out-dir, and for a ``resume``
-    (``resume_point``) the one resume rule
-    (``check_resume_config``: only RESUME_MUTABLE fields may differ from the checkpoint's)."""
+    per-process batches under torchrun, its device, its --out-dir (``check_out_dir``: writable, not another live
+    process's, another command's output or an earlier run only with ``overwrite``), its phrase file, and for a
+    ``resume`` (``resume_point``) the one resume rule (``check_resume_config``: only RESUME_MUTABLE fields may
+    differ from the checkpoint's)."""
+    if overwrite and resume is not None:
+        raise ValueError("--overwrite is for a fresh training run; --resume never replaces checkpoints")
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
-    check_writable_dir(Path(cfg.out_dir), "--out-dir")
+    if distributed.env()[0] == 0:  # rank 0 alone owns the directory (RunDir)
+        check_out_dir(Path(cfg.out_dir), resume=resume is not None, overwrite=overwrite)
     if cfg.sst_phrases is not None:
         phrases_file(cfg)
     if resume is not None:
         check_resume_config(resume.config, cfg)
-    return RunPlan(cfg, resume)
+    return RunPlan(cfg, resume, overwrite)
 
 
 class Trainer:
@@ -252,10 +257,10 @@ class Trainer:
                     resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> Trainer:
         """``from_plan`` of ``cfg`` checked by ``prepare_run`` (and, with ``resume_from``, the checkpoint found there)."""
         resume = resume_point(resume_from) if resume_from is not None else None
-        return cls.from_plan(prepare_run(cfg, resume), hooks=hooks, overwrite=overwrite)
+        return cls.from_plan(prepare_run(cfg, resume, overwrite), hooks=hooks)
 
     @classmethod
-    def from_plan(cls, plan: RunPlan, *, hooks: Sequence[Hook] = (), overwrite: bool = False) -> Trainer:
+    def from_plan(cls, plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
         """Prepare and lock the run directory (RunDir.start), build the parts, check that a resume reads the run's
         data (``check_same_data``), record the run (RunDir.record) and, for a resume, restore the plan's checkpoint.
         The plan is trusted: nothing is checked again."""
@@ -263,7 +268,7 @@ class Trainer:
         # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
         device = distributed.setup(resolve_device(cfg.device))
         run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
-        run_dir.start(cfg, resume=plan.resume, overwrite=overwrite)  # locks it; a resume repairs a best a crash left stale
+        run_dir.start(cfg, resume=plan.resume, overwrite=plan.overwrite)  # locks it; a resume repairs a best a crash left stale
         try:
             parts = build_parts(cfg, device)
             if plan.resume is not None:

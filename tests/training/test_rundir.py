@@ -20,7 +20,7 @@ import pytest
 
 from tasks.config import TrainConfig
 from tasks.training.run import run
-from tasks.training.rundir import RunDir
+from tasks.training.rundir import RunDir, check_out_dir
 from tasks.training.trainer import Hook, Trainer
 from tests.helpers import dead_pid, snapshot, tiny_train_config
 
@@ -63,13 +63,16 @@ def test_a_stale_lock_is_taken_over_and_released(tmp_path, caplog):
 
 
 def test_a_fresh_run_refuses_a_folder_with_metrics_but_no_checkpoints(tmp_path):
-    """metrics.jsonl of an earlier run is not deleted silently: a fresh run without --overwrite names it."""
+    """metrics.jsonl of an earlier run is not deleted silently: a fresh run without --overwrite names it (checked
+    before the run reads anything); a resume and an --overwrite pass."""
     out = tmp_path / "run"
     out.mkdir()
     (out / "metrics.jsonl").write_text('{"epoch": 1}\n')
     before = snapshot(out)
     with pytest.raises(FileExistsError, match="metrics.jsonl.*--overwrite"):
-        RunDir(out).start(TrainConfig(out_dir=str(out)))
+        check_out_dir(out, resume=False, overwrite=False)
+    check_out_dir(out, resume=True, overwrite=False)
+    check_out_dir(out, resume=False, overwrite=True)
     assert snapshot(out) == before
 
 
