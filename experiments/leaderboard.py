@@ -200,6 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
               "honest_overall": whole if args.method == "simple" else summary.get("holdout_overall"),
               "holdout_overall": summary.get("holdout_overall"),
               "whole_dev_overall": whole, "submission": summary["submission"],
+              **({"incomplete": summary["incomplete"]} if "incomplete" in summary else {}),
               "members_wall_s": round(sum(m["wall_s"] for m in members.values()), 1),
               "wall_s": round(time.perf_counter() - t0, 1), "jobs": args.jobs, "threads": args.threads}
     (Path(args.out_dir) / "leaderboard.json").write_text(json.dumps(result, indent=2) + "\n")
@@ -210,7 +211,8 @@ def main(argv: list[str] | None = None) -> dict:
                   "(optimistic)")
     kinds = ", ".join(f"{n} {task}-only" for task, n in specialists.items())
     print(f"ensemble of {len(members) - sum(specialists.values())} members" + (f" and {kinds}" if kinds else "")
-          + f" ({args.method}): dev overall {scores}; submission {result['submission']}")
+          + f" ({args.method}): dev overall {scores}; submission {result['submission']}"
+          + (" (SUBMISSION INCOMPLETE: leaderboard.json says what it lacks)" if "incomplete" in result else ""))
     return result
 
 

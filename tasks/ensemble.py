@@ -72,6 +72,7 @@ from tasks.evaluation.ensemble import (
     ensemble_task,
     format_table,
     load_task_logits,
+    missing_test_ids,
     task_members,
     trained_tasks,
     write_submission_zip,
@@ -158,10 +159,12 @@ def check_paths(run_dirs: Sequence[str], out_dir: str, overwrite: bool = False) 
         _fail(str(e), 2)
 
 
-def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list[str]]:
-    """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all)."""
+def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list[str], list[str]]:
+    """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all).
+    Returns (results, skipped outputs, what the submission lacks: ``missing_test_ids``)."""
     results: dict[str, TaskResult] = {}
     skipped: list[str] = []
+    incomplete: list[str] = []
     trained = [trained_tasks(d) for d in args.runs]
     for task in args.tasks:
         runs = task_members(trained, task)
@@ -177,11 +180,13 @@ def ensemble_runs(args: argparse.Namespace) -> tuple[dict[str, TaskResult], list
             print(f"{task}: no run has {task}-test-logits.csv (no {task} test file?); "
                   f"{task}-test-output.csv skipped", file=sys.stderr)
             skipped.append(f"{task}-test")
+        elif (line := missing_test_ids(task, test.ids, args.data_dir)) is not None:
+            incomplete.append(line)
         results[task] = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
                                       seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
                                       max_iter=args.regression_iters)
         results[task].runs = runs
-    return results, skipped
+    return results, skipped, incomplete
 
 
 def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) -> list[Path]:
@@ -233,7 +238,7 @@ def _main(argv: Sequence[str] | None) -> dict:
     names = run_names(args.runs, args.names)
     out_dir = Path(args.out_dir)
     try:
-        results, skipped = ensemble_runs(args)
+        results, skipped, incomplete = ensemble_runs(args)
     except (ValueError, FileNotFoundError) as e:  # a bad or missing input file, named in the message
         _fail(str(e), 1)
     if not results:
@@ -243,6 +248,7 @@ def _main(argv: Sequence[str] | None) -> dict:
     summary = {
         "method": args.method, "runs": [str(r) for r in args.runs], "names": names, "data_dir": args.data_dir,
         "seed": args.seed, "skipped": skipped, "submission": str(out_dir / SUBMISSION_ZIP),
+        **({"incomplete": incomplete} if incomplete else {}),
         "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
                       "ensemble_score": r.ensemble_score, "models": [model_names[t][m] for m in r.models],
                       "runs": model_names[t], "weights": r.weights, "bias": r.bias,
@@ -293,6 +299,8 @@ def _main(argv: Sequence[str] | None) -> dict:
 
     print(f"wrote {len(written)} leaderboard files to {out_dir / 'predictions'} and {out_dir / SUBMISSION_ZIP}"
           + (f"; skipped: {', '.join(skipped)}" if skipped else ""))
+    for line in incomplete:
+        print(f"SUBMISSION INCOMPLETE: {line}", file=sys.stderr)
     return summary
 
 

@@ -202,3 +202,24 @@ def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
     files = [f for f in (tmp_path / "ens").rglob("*") if f.is_file()]
     assert (tmp_path / "ens" / "cs224n_default_final_project_submission.zip") in files
     assert {f.name: oct(stat.S_IMODE(f.stat().st_mode)) for f in files} == {f.name: "0o644" for f in files}
+
+
+def test_a_test_id_no_member_predicted_marks_the_submission_incomplete(tmp_path, capsys):
+    """Issue 41: two members whose sts-test logits lack an id gave a zip with 39 of 40 ids, exit 0, not a word. The
+    ensemble checks every test file it writes against the ids of the task's test input file: a missing id is a
+    SUBMISSION INCOMPLETE line on stderr and an "incomplete" entry in ensemble.json; complete tasks say nothing."""
+    runs = make_runs(tmp_path)
+    data = tmp_path / "data"
+    (data / "sts-test-student.csv").write_text("\tid\tsentence1\tsentence2\n"
+                                               + "".join(f"{i}\tt{i}\ta\tb\n" for i in range(8)))
+    (data / "ids-sst-test-student.csv").write_text("0\t\tid\tsentence\n"
+                                                   + "".join(f"{i}\t{i}.0\tt{i}\ta\n" for i in range(7)))
+    summary = main([*runs, "--data-dir", str(data), "--out-dir", str(tmp_path / "ens")])
+    err = capsys.readouterr().err
+    line = ("SUBMISSION INCOMPLETE: sts-test-output.csv lacks 1 of the 8 ids of "
+            f"{data / 'sts-test-student.csv'} (t7)")
+    assert line in err and "sst-test-output.csv lacks" not in err
+    assert summary["incomplete"] == [next(x for x in err.splitlines() if line in x).split("SUBMISSION INCOMPLETE: ")[1]]
+    assert json.loads((tmp_path / "ens" / "ensemble.json").read_text())["incomplete"] == summary["incomplete"]
+    complete = main([*runs, "--data-dir", str(data), "--out-dir", str(tmp_path / "ens2"), "--tasks", "sst"])
+    assert "incomplete" not in complete and "INCOMPLETE" not in capsys.readouterr().err

@@ -304,6 +304,23 @@ def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, spli
     return TaskLogits(task, split, list(ref_ids), aligned, paths)
 
 
+def missing_test_ids(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str]) -> str | None:
+    """What a task's test output with ``ids`` lacks against the ids of its test input file in ``data_dir``: the
+    line of a SUBMISSION INCOMPLETE, or None when it lacks nothing (or there is no input file to check against)."""
+    loaded = load_split(task, "test", data_dir)
+    if loaded is None:
+        return None
+    expected, report = [e.id for e in loaded[0]], loaded[1]
+    have = set(ids)
+    missing = [i for i in expected if i not in have]
+    if not missing:
+        return None
+    shown = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+    return (f"{task}-test-output.csv lacks {len(missing)} of the {len(expected)} ids of {report.path} ({shown}): no "
+            f"member predicted them; predict them again (train_multitask.py --eval-only on each member) and ensemble "
+            "again")
+
+
 def dev_labels(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str], source: str) -> torch.Tensor:
     """The dev labels for ``ids`` from ``data_dir``'s dev file, in the order of ``ids``.
 
