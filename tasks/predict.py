@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.cli import Parser, user_errors
-from tasks.data.readers import Example, decode_utf8, read_pairs, read_sentences
+from tasks.data.readers import Example, blank, decode_utf8, read_pairs, read_sentences
 from tasks.evaluation.evaluator import Predictor
 from tasks.model import TASKS
 
@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 
 def read_inputs(task: str, source: str) -> list[Example]:
     """Examples from ``source`` (a path, or "-" for stdin): one sentence (sst) or one tab-separated pair per
-    line, ids = line numbers (blank lines skipped); a .csv file is read in the task's CS224N format."""
+    line, ids = line numbers (blank lines, and lines of control characters alone, skipped); a .csv file is read in the task's CS224N format."""
     if source != "-" and not Path(source).is_file():
         raise FileNotFoundError(f"--input {source}: no such file")
     if source.endswith(".csv"):
@@ -43,13 +43,13 @@ def read_inputs(task: str, source: str) -> list[Example]:
         lines = decode_utf8("stdin" if source == "-" else f"--input {source}", data).splitlines()
     examples = []
     for n, line in enumerate(lines, 1):
-        if not line.strip():
+        if blank(line):  # white space or control characters alone
             continue
         if task == "sst":
             examples.append(Example(str(n), line.strip()))
             continue
         parts = line.split("\t")
-        if len(parts) != 2 or not all(x.strip() for x in parts):
+        if len(parts) != 2 or any(blank(x) for x in parts):
             raise ValueError(f"{'stdin' if source == '-' else source} line {n}: expected two sentences separated "
                              f"by one tab (task {task}), got {len(parts)} field(s)")
         examples.append(Example(str(n), parts[0].strip(), parts[1].strip()))

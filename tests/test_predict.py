@@ -22,11 +22,11 @@ def _csv(text: str) -> list[list[str]]:
 
 
 def test_predict_command_in_process(finished, tmp_path, capsys):
-    (tmp_path / "in.txt").write_text("the movie was great .\n\na dull and boring film\n")
+    (tmp_path / "in.txt").write_text("the movie was great .\n\na dull and boring film\n\x00\x00\n")
     main(["--checkpoint", str(finished / "checkpoints" / "best"), "--task", "sst", "--input", str(tmp_path / "in.txt")])
     rows = _csv(capsys.readouterr().out)
     assert rows[0] == ["id", "label", "p0", "p1", "p2", "p3", "p4"]
-    assert [r[0] for r in rows[1:]] == ["1", "3"]  # line numbers; the blank line is skipped
+    assert [r[0] for r in rows[1:]] == ["1", "3"]  # line numbers; the blank line and the NUL bytes are skipped
     assert all(abs(sum(map(float, r[2:])) - 1) < 1e-5 for r in rows[1:])
     (tmp_path / "pairs.txt").write_text("how do i cook rice ?\thow to cook rice ?\n")
     main(["--checkpoint", str(finished), "--task", "para", "--input", str(tmp_path / "pairs.txt"),

@@ -275,11 +275,19 @@ def _with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
     yield previous, True
 
 
+_CONTROL = {c: None for c in (*range(0x20), *range(0x7F, 0xA0))}  # C0, DEL, C1
+
+
+def blank(text: str) -> bool:
+    """Whether ``text`` holds nothing but white space and control characters (NUL bytes, escapes): no text."""
+    return not text.translate(_CONTROL).strip()
+
+
 def _text(fields: dict[str, str], column: str, problems: list[str]) -> str:
     # The SST files put a space before every sentence; other files have stray
     # trailing spaces. Neither carries meaning.
     value = fields[column].strip()
-    if not value:
+    if blank(value):
         problems.append(f"empty {column}")
     return value
 

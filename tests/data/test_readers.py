@@ -331,3 +331,16 @@ def test_report_to_dict_counts_rows_and_reasons_per_file(tmp_path):
                             "swallowed by the unbalanced quote of the record on line N": 1}
     assert d["first_skipped"][0] == {"line": 3, "reason": "empty label"} and len(d["first_skipped"]) == 7
     assert load_split("sst", "dev", tmp_path, limit=1)[1].to_dict()["limit"] == 1
+
+
+def test_a_text_of_control_characters_alone_is_skipped_like_a_blank_one(tmp_path):
+    """Issue 41: a sentence of NUL bytes was kept as an empty sentence (trained with its label, predicted from empty
+    text) while a blank one was skipped. A text that is empty once control characters go is skipped and reported
+    ("empty sentence"); a text with a control character among words is kept as it is."""
+    path = write(tmp_path / "ids-sst-dev.csv", ["\tid\tsentence\tsentiment", "0\ta1\t\x00\x00\x00\t3",
+                                                "1\ta2\t \x07\x1b \t2", "2\ta3\tgood\x00 film\t4"])
+    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    assert [e.text_a for e in examples] == ["good\x00 film"]
+    assert report.skipped == [(2, "empty sentence"), (3, "empty sentence")]
+    pairs = write(tmp_path / "sts-dev.csv", ["\tid\tsentence1\tsentence2\tsimilarity", "0\tp1\ta cat\t\x00\t3.0"])
+    assert dict(read_pairs(pairs, "similarity")[1].skipped) == {2: "empty sentence2"}
