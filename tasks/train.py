@@ -62,7 +62,7 @@ from tasks.model import ARCHS, PAIR_ENCODINGS, POOLINGS, TASKS, ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.options import default_of, help_text
 from tasks.training import distributed
-from tasks.training.checkpoint import load_config, read_json, verify_checkpoint
+from tasks.training.checkpoint import read_json, verify_checkpoint
 from tasks.training.run import run_plan
 from tasks.training.rundir import check_writable_dir, log_to
 from tasks.training.runtime import configure_malloc, resolve_device
@@ -402,8 +402,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
             raise ValueError(f"--eval-only uses the configuration saved in the checkpoint, so {', '.join(fixed)} "
                              f"cannot change (allowed: {', '.join(_flag(p) for p in eval_mutable())})")
         resume = resume_point(where, c.data_changed) if c.resume else None  # a damaged last: last.old or best
-        ckpt = resume.checkpoint if resume else verify_checkpoint(where)
-        saved = resume.config if resume else load_config(ckpt)
+        ckpt, saved = (resume.checkpoint, resume.config) if resume else verify_checkpoint(where)
         cfg = copy.deepcopy(saved)
         if "out_dir" not in explicit:
             explicit = {**explicit, "out_dir": str(default_out_dir(ckpt, saved))}

@@ -873,11 +873,14 @@ def test_resume_from_last_old_keeps_it_until_it_is_loaded(tiny_env, finished_cli
     assert str(run_dir / "checkpoints" / "last.old") in caplog.text and result["final"]
 
 
-def test_resume_falls_back_from_a_damaged_last_to_best_with_a_warning(tiny_env, finished_cli_run, tmp_path, caplog):
-    """--resume with a truncated last/model.safetensors resumes from the intact best and says so."""
+@pytest.mark.parametrize("damaged", ["model.safetensors", "config.json"])
+def test_resume_falls_back_from_a_damaged_last_to_best_with_a_warning(tiny_env, finished_cli_run, tmp_path, caplog,
+                                                                     damaged):
+    """--resume with a truncated last/model.safetensors or last/config.json (issue 41: the config was read after
+    the fallback, so its damage was an error) resumes from the intact best and says so."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished_cli_run, run_dir)
-    _damage(run_dir, ["last/model.safetensors"], _truncate)
+    _damage(run_dir, [f"last/{damaged}"], _truncate)
     result = cli.main(["--resume", "--out-dir", str(run_dir)])
     assert "resuming from" in caplog.text and str(run_dir / "checkpoints" / "best") in caplog.text
     assert result["final"] and result["best_epoch"] == 1

@@ -257,16 +257,18 @@ def load_config(ckpt: Path) -> TrainConfig:
         raise ValueError(f"{path} is {e}" if str(e).startswith("not a complete") else f"{path}: {e}") from None
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> Path:
-    """``resolve_checkpoint``, then its state files parsed and every safetensors header read (a truncated or
-    corrupted file is a ValueError naming it; flipped bits inside tensor data are not detected). Its config.json
-    is checked where it is read, by ``load_config``."""
-    return _intact(path)[0]
+def verify_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig]:
+    """``resolve_checkpoint``, then its config (``load_config``) and state files parsed and every safetensors
+    header read (a truncated or corrupted file is a ValueError naming it; flipped bits inside tensor data are not
+    detected). Returns the checkpoint and its config: the one read of its config.json."""
+    ckpt, config, _ = _intact(path)
+    return ckpt, config
 
 
-def _intact(path: str | os.PathLike[str]) -> tuple[Path, dict]:
-    """``verify_checkpoint``'s work; returns the checkpoint and its parsed state.json."""
+def _intact(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig, dict]:
+    """``verify_checkpoint``'s work; returns the checkpoint, its config and its parsed state.json."""
     path = resolve_checkpoint(path)
+    config = load_config(path)
     state = read_json(path / "state.json")
     missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
     if missing:
@@ -278,13 +280,13 @@ def _intact(path: str | os.PathLike[str]) -> tuple[Path, dict]:
                 f.keys()
         except SafetensorError as e:
             raise ValueError(f"{file} is truncated or corrupted ({e})") from e
-    return path, state
+    return path, config, state
 
 
-def resumable_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, dict]:
-    """(``path`` verified, its state.json); when it is a run's damaged ``last``, an intact ``last.old`` or ``best``
-    beside it instead, with a warning (the epochs after it are trained again); else a ValueError saying what is
-    wrong."""
+def resumable_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig, dict]:
+    """(``path`` verified, its config, its state.json); when it is a run's damaged ``last`` (a weight, state or
+    config file), an intact ``last.old`` or ``best`` beside it instead, with a warning (the epochs after it are
+    trained again); else a ValueError saying what is wrong."""
     path = Path(path).expanduser()
     try:
         return _intact(path)
@@ -314,8 +316,8 @@ class ResumePoint:
 def resume_point(path: str | os.PathLike, data_changed: bool = False) -> ResumePoint:
     """The checkpoint a resume continues (a damaged ``last``: an intact ``last.old`` or ``best``, warned), with the
     config and state saved in it, each read once."""
-    ckpt, state = resumable_checkpoint(path)
-    return ResumePoint(ckpt, load_config(ckpt), state, data_changed)
+    ckpt, config, state = resumable_checkpoint(path)
+    return ResumePoint(ckpt, config, state, data_changed)
 
 
 def check_same_data(resume: ResumePoint, reports: dict[str, dict]) -> None:
