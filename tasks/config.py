@@ -18,6 +18,9 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -226,6 +229,9 @@ class TrainConfig:
         which older runs lack) is an error naming it, never today's default."""
         if not isinstance(d, dict):
             raise ValueError(f"a run configuration is a JSON object, got a JSON {type(d).__name__}")
+        for where, value in _numbers(d):
+            if not math.isfinite(value):
+                raise ValueError(f"{where} is {json.dumps(value)}, not a finite number")
         d = dict(d)
         model_type = d.pop("model_type", MODEL_TYPE)  # a config without the marker is read as ours
         if model_type != MODEL_TYPE:
@@ -363,6 +369,19 @@ class TrainConfig:
         check_device_string(self.device)
         self.model.__post_init__()  # a ModelConfig edited after construction is re-checked
         check_objectives(self)
+
+
+def _numbers(value: Any, where: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted path, value) of every float in a JSON value: NaN and infinities parse (``Infinity``) but mean
+    nothing a run can do."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _numbers(item, f"{where}.{key}" if where else str(key))
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            yield from _numbers(item, f"{where}[{i}]")
+    elif isinstance(value, float):
+        yield where, value
 
 
 def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:

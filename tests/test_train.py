@@ -669,6 +669,9 @@ CASES = [
     ("missing column", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "quora-train.csv", lambda b: b.replace(
         b"is_duplicate", b"label", 1))) + ["--overwrite"], 1, r"quora-train\.csv: line 1: the header has no column",
      "main"),
+    ("duplicate dev ids", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "sts-dev.csv", lambda b: b.replace(
+        b"\tsts-dev-1\t", b"\tsts-dev-0\t", 1))) + ["--overwrite"], 1,
+     r"sts-dev\.csv: line 3: id sts-dev-0 also on line 2: .*give each row its own id", "main"),
     ("header-only file", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "sts-dev.csv", lambda b: b.split(
         b"\n")[0] + b"\n")) + ["--overwrite"], 1, r"sts-dev\.csv: has a header but no rows", "main"),
     ("truncated model.safetensors, --resume", lambda e, t, r, m: _damage(
@@ -701,6 +704,9 @@ CASES = [
     ("--config holding a JSON list", lambda e, t, r, m: (t / "list.json").write_text("[1, 2]") and [
         *_flags(e, r), "--config", str(t / "list.json"), "--overwrite"], 2,
      r"--config .*list\.json: a run configuration is a JSON object, got a JSON list", "main"),
+    ("--config holding Infinity", lambda e, t, r, m: (t / "inf.json").write_text(
+        '{"loss_weights": {"para": Infinity}}') and [*_flags(e, r), "--config", str(t / "inf.json"), "--overwrite"],
+     2, r"--config .*inf\.json: loss_weights\.para is Infinity, not a finite number", "main"),
     ("--resume on changed data", lambda e, t, r, m: ["--resume", "--out-dir", str(r), "--data-dir", str(bad_data(
         e, t, "ids-sst-train.csv", lambda b: b"\n".join(b.split(b"\n")[:-2]) + b"\n"))], 1,
      r"ids-sst-train\.csv: not the file the run started with \(sha256 .*\): resume on the run's data, or pass "

@@ -425,8 +425,8 @@ def load_split(
 ) -> tuple[list[Example], ReadReport] | None:
     """Read one task split from ``data_dir`` and log its ReadReport.
 
-    Test files are unlabeled (``*-test-student.csv``). A missing train/dev file
-    raises DataFileMissing; a missing test file returns None after a warning,
+    Test files are unlabeled (``*-test-student.csv``). A dev or test file that repeats an id is a ValueError
+    naming the lines (their predictions are keyed by id). A missing train/dev file raises DataFileMissing; a missing test file returns None after a warning,
     so that writing predictions skips that task instead of crashing (there is
     no quora-test-student.csv in the shared data). ``limit`` keeps the first N
     valid rows, for smoke runs.
@@ -448,7 +448,13 @@ def load_split(
         result = read_pairs(path, "binary" if labeled else None, limit=limit)
     else:
         result = read_pairs(path, "similarity" if labeled else None, limit=limit)
-    _log_report(result[1])
+    report = result[1]
+    if split != "train" and report.duplicate_ids:  # its predictions are keyed by id: one row per id
+        line, reason = report.duplicate_ids[0]
+        more = f" (and {len(report.duplicate_ids) - 1} more)" if len(report.duplicate_ids) > 1 else ""
+        raise ValueError(f"{path}: line {line}: {reason}{more}: its predictions are written and read by id; give "
+                         "each row its own id")
+    _log_report(report)
     return result
 
 

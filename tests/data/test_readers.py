@@ -319,9 +319,9 @@ def test_report_to_dict_counts_rows_and_reasons_per_file(tmp_path):
     rows = ["\tid\tsentence\tsentiment", "0\ta\tok\t1", "1\tb\tno label\t", "2\tc\tno label\t",
             "3\td\thigh\t7", "4\te\thigher\t9", "5\ta\tsame id\t2", '6\tf\t"stray\t1', '7\tg\tclosed"\t2',
             "8\th\tcut\t3"]
-    path = tmp_path / "ids-sst-dev.csv"
+    path = tmp_path / "ids-sst-train.csv"  # a training file keeps a repeated id, reported
     path.write_text("\n".join(rows), encoding="utf-8")  # no final newline: the last record counts as cut
-    _, report = load_split("sst", "dev", tmp_path)
+    _, report = load_split("sst", "train", tmp_path)
     d = report.to_dict()
     assert json.loads(json.dumps(d)) == d
     assert d["file"] == str(path) and d["rows"] == 9 and d["kept"] == 2 and d["skipped"] == 7
@@ -330,7 +330,7 @@ def test_report_to_dict_counts_rows_and_reasons_per_file(tmp_path):
                             "a quoted field holds line ends and the delimiter": 1,
                             "swallowed by the unbalanced quote of the record on line N": 1}
     assert d["first_skipped"][0] == {"line": 3, "reason": "empty label"} and len(d["first_skipped"]) == 7
-    assert load_split("sst", "dev", tmp_path, limit=1)[1].to_dict()["limit"] == 1
+    assert load_split("sst", "train", tmp_path, limit=1)[1].to_dict()["limit"] == 1
 
 
 def test_a_text_of_control_characters_alone_is_skipped_like_a_blank_one(tmp_path):
@@ -344,3 +344,20 @@ def test_a_text_of_control_characters_alone_is_skipped_like_a_blank_one(tmp_path
     assert report.skipped == [(2, "empty sentence"), (3, "empty sentence")]
     pairs = write(tmp_path / "sts-dev.csv", ["\tid\tsentence1\tsentence2\tsimilarity", "0\tp1\ta cat\t\x00\t3.0"])
     assert dict(read_pairs(pairs, "similarity")[1].skipped) == {2: "empty sentence2"}
+
+
+@pytest.mark.parametrize("split", ["dev", "test"])
+def test_duplicate_ids_in_a_file_that_is_predicted_are_refused_naming_file_and_lines(tmp_path, split):
+    """Issue 41: training kept duplicate dev ids with a warning and the ensemble then refused the run's own logits.
+    Prediction files are keyed by id, so a dev or test file repeating an id is refused where it is read, naming the
+    file, both lines and what to do; a training file keeps its rows (reported)."""
+    label = "\t3.0" if split == "dev" else ""
+    header = "\tid\tsentence1\tsentence2" + ("\tsimilarity" if split == "dev" else "")
+    write(tmp_path / TASK_FILES["sts"][split], [header, f"0\tx1\ta\tb{label}", f"1\tx2\tc\td{label}",
+                                                f"2\tx1\te\tf{label}"])
+    with pytest.raises(ValueError, match=rf"sts-{split}(-student)?\.csv: line 4: id x1 also on line 2: .*give each "
+                                         "row its own id"):
+        load_split("sts", split, tmp_path)
+    write(tmp_path / TASK_FILES["sts"]["train"], [header.replace("\tsimilarity", "") + "\tsimilarity",
+                                                  "0\tx1\ta\tb\t3.0", "1\tx1\tc\td\t2.0"])
+    assert len(load_split("sts", "train", tmp_path)[0]) == 2
