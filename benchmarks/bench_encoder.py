@@ -14,7 +14,7 @@ same arithmetic. ``--compile`` adds a row for our encoder under torch.compile
 fresh child process holding only that model: on CPU the growth of the child's
 max resident set from before the model is built to after one step (weights,
 gradients and activations), on CUDA the tensors the child allocated on the
-device (tasks.training.runtime.peak_memory_bytes).
+device (tasks.runtime.peak_memory_bytes).
 Nothing here is asserted; it prints a Markdown table for the README.
 """
 
@@ -29,7 +29,7 @@ import time
 import torch
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
-from tasks.training.runtime import peak_memory_bytes, synchronize
+from tasks.runtime import peak_memory_bytes, synchronize
 
 
 def build_models(model_dir: str | None, device: str, dtype: torch.dtype):

@@ -47,7 +47,7 @@ the growth of the child's peak resident set (VmHWM, reset through
 set before the first step, i.e. gradients, AdamW moments, autocast weight
 copies and activations of the largest batch; on CUDA the same growth of the
 tensors allocated on the training device (the CUDA allocator's peak of
-that device, through tasks.training.runtime). The matmul peak times batches of calls
+that device, through tasks.runtime). The matmul peak times batches of calls
 with one synchronization each, so a GPU's launch queue stays full.
 
 MFU (model FLOPs utilization) counts only useful work, on real tokens:
@@ -110,7 +110,7 @@ from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
 from tasks.model import MultitaskBert
 from tasks.training import lpft
-from tasks.training.runtime import (
+from tasks.runtime import (
     autocast,
     configure_malloc,
     memory_bytes,
@@ -418,7 +418,7 @@ def _memory_child(q: Any, cfg_dict: dict, name: str, warmup: int, steps: int, th
 
 def peak_train_mib(cfg: TrainConfig, name: str, warmup: int, steps: int, threads: int) -> float:
     """Peak memory of ``name``'s training steps in a fresh process over what it held before the first (MiB):
-    on CPU its resident set, on CUDA the tensors on the training device (tasks.training.runtime.peak_memory_bytes);
+    on CPU its resident set, on CUDA the tensors on the training device (tasks.runtime.peak_memory_bytes);
     nan where the peak cannot be reset."""
     ctx = mp.get_context("spawn")  # not fork: a fork after OpenMP threads have run can deadlock
     q = ctx.Queue()

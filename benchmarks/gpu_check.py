@@ -205,7 +205,7 @@ def step_machine(args: argparse.Namespace, budget: float) -> tuple[dict, str]:
     import torch
 
     from benchmarks.bench_multitask import matmul_flops_per_s
-    from tasks.training.runtime import (
+    from tasks.runtime import (
         configure_device,
         device_info,
         fp32_matmul_precision,
@@ -372,7 +372,7 @@ def step_speed(args: argparse.Namespace, budget: float) -> tuple[dict, str]:
     from benchmarks.bench_encoder import build_models, make_batch, step_fn, time_pair
     from benchmarks.bench_multitask import benchmark
     from tasks.config import TrainConfig
-    from tasks.training.runtime import resolve_device
+    from tasks.runtime import resolve_device
 
     deadline = time.perf_counter() + budget
     device = resolve_device(args.device)

@@ -24,7 +24,8 @@ import statistics
 from collections.abc import Sequence
 
 from tasks.cli import user_errors
-from tasks.evaluation.ensemble import average, dev_labels, load_task_logits, task_members, trained_tasks
+from tasks.data.predictions import load_task_logits, task_members, trained_tasks
+from tasks.evaluation.ensemble import average, dev_labels
 from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
 
 TASKS = tuple(TASK_METRIC)

@@ -28,7 +28,7 @@ from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, STREAMS, TASKS, ModelConfig
 from tasks.objectives import objective_config, registered_objectives
 from tasks.options import option
-from tasks.training.runtime import check_device_string
+from tasks.runtime import check_device_string
 from tasks.training.tensorboard import REPORTERS, check_available
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")

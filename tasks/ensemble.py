@@ -5,7 +5,7 @@ methods, the submission zip): it parses the flags, checks the paths, and writes
 the outputs so that a failure leaves --out-dir as it was.
 
 Each run is a predictions directory holding the raw outputs that
-``tasks.evaluation.files.write_logits`` saves: ``{task}-{split}-logits.csv`` for the
+``tasks.data.predictions.write_logits`` saves: ``{task}-{split}-logits.csv`` for the
 dev and test splits (SST: id,logit_0..logit_4; paraphrase: id,logit; STS:
 id,score). A run directory that holds them under ``predictions/`` works too.
 
@@ -71,13 +71,10 @@ from tasks.evaluation.ensemble import (
     dev_labels,
     ensemble_task,
     format_table,
-    load_task_logits,
     missing_test_ids,
-    task_members,
-    trained_tasks,
     write_submission_zip,
 )
-from tasks.evaluation.files import write_logits, write_predictions
+from tasks.data.predictions import load_task_logits, task_members, trained_tasks, write_logits, write_predictions
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
 from tasks.model import TASKS
 from tasks.outdir import ENSEMBLE, check_kind, mark, replacing

@@ -90,6 +90,12 @@ def head_of(stream: str) -> str | None:
 PAIR_TASKS = ("para", "sts")  # the tasks whose examples are sentence pairs
 
 
+def check_task(task: str) -> None:
+    """A ValueError naming the tasks for a name that is none of them."""
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; tasks are {list(TASKS)}")
+
+
 ARCHS = ("baseline", "b1")
 
 

@@ -47,14 +47,14 @@ from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
 from tasks.data.perturb import perturb, perturbed_data_dir
 from tasks.data.readers import Example, load_split
-from tasks.evaluation.evaluator import load_checkpoint_model
-from tasks.evaluation.files import read_predictions
+from tasks.checkpoint import load_model, resolve_checkpoint
+from tasks.data.predictions import read_predictions
 from tasks.model import TASKS
 from tasks.objectives.rift import pgd_attack
 from tasks.training.progress import RunsClock
 from tasks.training.run import run
-from tasks.training.rundir import log_to
-from tasks.training.runtime import configure_malloc, resolve_device
+from tasks.logs import log_to
+from tasks.runtime import configure_malloc, resolve_device
 
 log = logging.getLogger(__name__)
 
@@ -134,7 +134,7 @@ def train_experiment(args: argparse.Namespace, flags: list[str], cfg: TrainConfi
 @torch.no_grad()
 def attack_experiment(args: argparse.Namespace) -> dict:
     device = resolve_device(args.device)
-    model, _, tokenizer, cfg = load_checkpoint_model(args.checkpoint, device)
+    model, _, tokenizer, cfg = load_model(resolve_checkpoint(args.checkpoint), device)
     model.eval()
     g = torch.Generator(device=device.type).manual_seed(args.seed)
     results: dict = {"checkpoint": str(args.checkpoint), "norm": args.norm, "epsilon": args.epsilon,

@@ -62,10 +62,12 @@ from tasks.model import ARCHS, PAIR_ENCODINGS, POOLINGS, TASKS, ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.options import default_of, help_text
 from tasks.training import distributed
-from tasks.training.checkpoint import read_json, verify_checkpoint
+from tasks.checkpoint import verify_checkpoint
+from tasks.storage import read_json
 from tasks.training.run import run_plan
-from tasks.training.rundir import check_writable_dir, log_to
-from tasks.training.runtime import configure_malloc, resolve_device
+from tasks.logs import log_to
+from tasks.training.rundir import check_writable_dir
+from tasks.runtime import configure_malloc, resolve_device, torchrun_env
 from tasks.training.tensorboard import REPORTERS
 from tasks.training.trainer import RunPlan, prepare_run, resume_point
 
@@ -375,7 +377,7 @@ def _flag(path: str) -> str:
 def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     """Apply preset, objectives and explicit flags; refuse contradictions with a sentence. Reads no data."""
     c = command
-    if c.eval_only and distributed.env()[1] > 1:
+    if c.eval_only and torchrun_env()[1] > 1:
         raise ValueError("--eval-only runs in one process: start it with python, not torchrun")
     if c.eval_only and c.resume:
         raise ValueError("--eval-only evaluates a saved model and --resume continues training it; choose one")
@@ -508,7 +510,7 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
 
 def main(argv: list[str] | None = None) -> dict:
     """Parse, refuse contradictions (exit status 2, before any data is read), then train or evaluate."""
-    log_to()  # held until the run directory is this command's, then train.log (tasks.training.rundir.open_log)
+    log_to()  # held until the run directory is this command's, then train.log (tasks.logs.open_log)
     malloc_tuned = configure_malloc()
     parser = build_parser()
     command, explicit = parse(argv, parser)

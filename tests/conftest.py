@@ -43,7 +43,7 @@ def _deterministic():
 
 @pytest.fixture(autouse=True)
 def _commands_log_handlers_removed():
-    """A command's log handlers (tasks.training.rundir.log_to) live as long as its process; a test's end is its
+    """A command's log handlers (tasks.logs.log_to) live as long as its process; a test's end is its
     process's end, so the next test starts without them (as a new command would)."""
     yield
     root = logging.getLogger()

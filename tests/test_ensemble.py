@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from tasks.ensemble import build_parser, main
-from tasks.evaluation.ensemble import average, dev_labels, load_task_logits, select_subset
-from tasks.evaluation.files import read_logits, read_predictions, write_logits
+from tasks.data.predictions import load_task_logits
+from tasks.evaluation.ensemble import average, dev_labels, select_subset
+from tasks.data.predictions import read_logits, read_predictions, write_logits
 from tests.helpers import make_runs, model_logits, write_run_logits
 
 

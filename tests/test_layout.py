@@ -161,7 +161,7 @@ DEVICE_PATTERNS = ("torch.cuda.", "device.type ==", "device.type !=", ".is_cuda"
 # Files allowed to test the device themselves, and why.
 DEVICE_EXCEPTIONS = {
     # The device policy itself.
-    "tasks/training/runtime.py": "the one module of device decisions",
+    "tasks/runtime.py": "the one module of device decisions",
     # The encoder's own kernel choices (SDPA vs the math path with a cheaper dropout mask on CPU, the
     # padding fast path): minbert knows nothing of tasks/ (DESIGN.md), so it cannot ask tasks.runtime.
     "minbert/bert.py": "the encoder's kernels; minbert may not import tasks",

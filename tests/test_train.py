@@ -30,14 +30,13 @@ from tasks.data import selection as splits
 from tasks.evaluation import priors as prior_module
 from tasks.evaluation import priors as priors_module
 from tasks.evaluation.evaluator import Predictor
-from tasks.evaluation.priors import SST_PRIOR_FILE
+from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
-from tasks.training import checkpoint as ckpt_mod
+from tasks import checkpoint as ckpt_mod
 from tasks.training import run as train_mod
 from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as parts
-from tasks.training import trainer as trainer_mod
 from tests.helpers import ROOT, bad_data, snapshot
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -656,7 +655,7 @@ def _disk_full(monkeypatch) -> None:
     def full(path, tensors, metadata=None):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
 
-    monkeypatch.setattr(trainer_mod, "save_tensors", full)
+    monkeypatch.setattr(ckpt_mod, "save_tensors", full)
 
 
 # (id, setup(env, tmp, run, monkeypatch) -> argv, exit status, pattern of the message, via)

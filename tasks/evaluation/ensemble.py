@@ -6,7 +6,7 @@
   ``ensemble_task``, which runs one of them on a task's dev and test logits
   with its honest held-out score.
 - Reading the runs: each run's ``{task}-{split}-logits.csv`` (as
-  tasks.evaluation.files writes them), aligned by id (``load_task_logits``),
+  tasks.data.predictions writes them), aligned by id (``load_task_logits``),
   which tasks a run was trained on (``trained_tasks``), and the dev labels.
 - ``write_submission_zip``: the CS224N submission zip of the code and the
   leaderboard files.
@@ -22,7 +22,6 @@ Usage:
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import math
 import os
@@ -36,9 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from tasks.data.readers import load_split
-from tasks.evaluation.files import Predictions, read_logits, temp_file_beside
+from tasks.data.predictions import Predictions, TaskLogits
+from tasks.storage import atomic_file
 from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
-from tasks.model import NUM_SST_CLASSES, TASKS
 
 
 # ---- the methods, on in-memory logits ----
@@ -212,96 +211,6 @@ METHODS = ("simple", "selective", "regression")
 
 
 TASK_LABELS = {"sst": "SST acc", "para": "Para acc", "sts": "STS r"}
-
-
-def logits_path(run_dir: str | os.PathLike[str], task: str, split: str) -> Path:
-    """``run_dir/{task}-{split}-logits.csv``, or under ``run_dir/predictions/`` when only that exists."""
-    run_dir = Path(run_dir)
-    name = f"{task}-{split}-logits.csv"
-    direct = run_dir / name
-    nested = run_dir / "predictions" / name
-    if not direct.is_file() and nested.is_file():
-        return nested
-    return direct
-
-
-def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
-    """The tasks a training run was trained on (its ``config.json``, beside or above ``predictions/``); None
-    for a folder of logits with no training config (an ensemble's output): it is taken to have every task."""
-    run_dir = Path(run_dir)
-    for folder in (run_dir, run_dir.parent) if run_dir.name == "predictions" else (run_dir,):
-        config = folder / "config.json"
-        if config.is_file():
-            try:
-                tasks = json.loads(config.read_text(encoding="utf-8"))["tasks"]
-            except (ValueError, KeyError, TypeError) as e:
-                raise ValueError(f"{config}: no list of tasks in it ({e}); "
-                                 "is it a training run's config.json?") from None
-            if not isinstance(tasks, list) or not set(tasks) <= set(TASKS):
-                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(TASKS)}")
-            return tuple(tasks)
-    return None
-
-
-def task_members(trained: Sequence[tuple[str, ...] | None], task: str) -> list[int]:
-    """Indices of the runs (their ``trained_tasks``) that are models of ``task``: its specialists and every
-    run that is not one."""
-    return [i for i, own in enumerate(trained) if own is None or task in own]
-
-
-@dataclass
-class TaskLogits:
-    """All runs' outputs for one task and split, aligned to ``ids`` (the first run's order).
-
-    logits[m]: float64, SST (N, 5), paraphrase / STS (N,). files[m]: where run m's came from.
-    """
-
-    task: str
-    split: str
-    ids: list[str]
-    logits: list[torch.Tensor]
-    files: list[Path]
-
-
-def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, split: str) -> TaskLogits | None:
-    """Read and align every run's ``{task}-{split}-logits.csv``; None when no run has the file.
-
-    A file missing from some runs only, a file with a repeated id, a wrong
-    shape, or ids that differ from the first run's raise, naming the file.
-    """
-    paths = [logits_path(d, task, split) for d in run_dirs]
-    present = [p.is_file() for p in paths]
-    if not any(present):
-        return None
-    if not all(present):
-        missing = [str(p) for p, ok in zip(paths, present) if not ok]
-        raise FileNotFoundError(f"{task}-{split}: {len(missing)} of {len(paths)} runs lack their logits file: "
-                                f"{', '.join(missing)}; every run of an ensemble needs the same files (a run "
-                                "trained on some tasks only is known by the config.json beside its predictions/)")
-    ref_ids: list[str] | None = None
-    aligned: list[torch.Tensor] = []
-    for path in paths:
-        ids, values = read_logits(path)
-        want = (len(ids), NUM_SST_CLASSES) if task == "sst" else (len(ids),)
-        if tuple(values.shape) != want:
-            raise ValueError(f"{path}: logits of shape {tuple(values.shape)}; {task} needs {want}")
-        position = {i: n for n, i in enumerate(ids)}
-        if len(position) != len(ids):
-            dup = next(i for n, i in enumerate(ids) if position[i] != n)
-            raise ValueError(f"{path}: id {dup!r} appears more than once")
-        if ref_ids is None:
-            ref_ids, ref_path = ids, path
-            aligned.append(values.double())
-            continue
-        if set(ids) != set(ref_ids):
-            missing = [i for i in ref_ids if i not in position]
-            extra = sorted(set(ids) - set(ref_ids))
-            raise ValueError(
-                f"{path}: its ids differ from {ref_path}'s: {len(missing)} missing (e.g. {missing[:3]}), "
-                f"{len(extra)} extra (e.g. {extra[:3]}); were the runs made on the same data files?")
-        order = torch.tensor([position[i] for i in ref_ids], dtype=torch.long)
-        aligned.append(values.double()[order])
-    return TaskLogits(task, split, list(ref_ids), aligned, paths)
 
 
 def missing_test_ids(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str]) -> str | None:
@@ -482,18 +391,11 @@ def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
     bytes (a rerun that reuses every member writes the same zip).
     """
     path = out_dir / SUBMISSION_ZIP
-    fd, tmp = temp_file_beside(path)  # the umask's mode (0644), not mkstemp's 0600
-    os.close(fd)
-    try:
-        with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
-            for f, arcname in [*project_sources(), *((f, f"predictions/{f.name}") for f in written)]:
-                entry = zipfile.ZipInfo(arcname, date_time=ZIP_ENTRY_DATE)
-                entry.compress_type = zipfile.ZIP_DEFLATED
-                entry.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file, rw-r--r--
-                z.writestr(entry, f.read_bytes())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp, zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        for f, arcname in [*project_sources(), *((f, f"predictions/{f.name}") for f in written)]:
+            entry = zipfile.ZipInfo(arcname, date_time=ZIP_ENTRY_DATE)
+            entry.compress_type = zipfile.ZIP_DEFLATED
+            entry.external_attr = (stat.S_IFREG | 0o644) << 16  # a regular file, rw-r--r--
+            z.writestr(entry, f.read_bytes())
     return path
 

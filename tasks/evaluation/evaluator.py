@@ -6,7 +6,7 @@ Usage:
     result = evaluator.write_all(model, tokenizer, Path("runs/try/predictions"))    # a run's prediction files
 
     result = evaluate_checkpoint("runs/try/checkpoints/best")      # dev metrics + predictions/ of a saved model
-    model, objectives, tokenizer, cfg = load_checkpoint_model("runs/try/checkpoints/best")
+    model, objectives, tokenizer, cfg = load_model("runs/try/checkpoints/best")
 
     p = Predictor.from_checkpoint("runs/try/checkpoints/best")           # device="auto": CUDA when present
     labels, probs = p.sentiment(["a gripping film", "dull"])             # (N,) classes 0-4, (N, 5) probabilities
@@ -38,22 +38,20 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from minbert.bert import BertModel
-from minbert.config import BertConfig
 from minbert.tokenizer import BertTokenizer
 from tasks.config import TrainConfig, eval_config
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import Example
 from tasks.data.selection import capped_dev, load_examples, load_final_examples, make_dataset
-from tasks.evaluation.files import Predictions, write_logits, write_predictions
-from tasks.evaluation.metrics import TASK_METRIC, check_task, jsonable, overall_score, score
+from tasks.data.predictions import Predictions, write_logits, write_predictions
+from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
 from tasks.evaluation.priors import RunPriors
-from tasks.model import NUM_SST_CLASSES, PAIR_TASKS, MultitaskBert, TaskOutput
-from tasks.objectives import Objective, build_objectives
+from tasks.model import NUM_SST_CLASSES, PAIR_TASKS, MultitaskBert, TaskOutput, check_task
+from tasks.objectives import Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, locked, mark
-from tasks.training.checkpoint import load_config, load_objectives_state, load_tensors, resolve_checkpoint
-from tasks.training.rundir import open_log
-from tasks.training.runtime import autocast, autocast_dtype, resolve_device
+from tasks.checkpoint import load_config, load_model, resolve_checkpoint
+from tasks.logs import open_log
+from tasks.runtime import autocast, autocast_dtype, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -287,27 +285,6 @@ def incomplete_submission(reports: dict[str, dict]) -> list[str]:
 # ---- a saved checkpoint: the model, and its predictions (--eval-only) ----
 
 
-def load_checkpoint_model(path: str | os.PathLike, device: torch.device | str = "cpu", cfg: TrainConfig | None = None
-                          ) -> tuple[MultitaskBert, list[Objective], BertTokenizer, TrainConfig]:
-    """Rebuild (model, objectives, tokenizer, config) from a checkpoint directory alone.
-
-    ``cfg``, when the caller has read it (``load_config``), is used as it is: the objectives are built from its
-    options (an evaluation config may change their inference options, ``eval_config``)."""
-    ckpt = resolve_checkpoint(path)
-    cfg = cfg if cfg is not None else load_config(ckpt)
-    enc_dir = ckpt / "encoder"
-    encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))
-    tokenizer = BertTokenizer.from_pretrained(enc_dir)
-    model = MultitaskBert(encoder, cfg.model)
-    model.load_state_dict(load_tensors(ckpt / "model.safetensors"))
-    model.to(device)
-    objectives = build_objectives(cfg.objectives, model)
-    for o in objectives:
-        o.to(device)
-    load_objectives_state(objectives, model, ckpt, torch.device(device))
-    return model, objectives, tokenizer, cfg
-
-
 def predict_checkpoint(ckpt: Path, cfg: TrainConfig, out_dir: str | os.PathLike) -> dict:
     """Dev metrics and dev + test predictions of the model saved in ``ckpt`` (resolved), evaluated with ``cfg``
     (its saved config with the evaluation's changes, ``eval_config``), into ``<out_dir>/predictions``.
@@ -324,7 +301,7 @@ def predict_checkpoint(ckpt: Path, cfg: TrainConfig, out_dir: str | os.PathLike)
             mark(out, PREDICTIONS)
         device = resolve_device(cfg.device)
         amp = autocast_dtype(cfg.bf16, device)
-        model, objectives, tokenizer, _ = load_checkpoint_model(ckpt, device, cfg)
+        model, objectives, tokenizer, _ = load_model(ckpt, device, cfg)
         evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=ckpt)
         result = evaluator.write_all(model, tokenizer, out / "predictions")
     result["checkpoint"] = str(ckpt)
@@ -378,7 +355,7 @@ class Predictor:
         run_best = Path(path) / "checkpoints" / "best"
         dev = resolve_device(device)
         ckpt = resolve_checkpoint(run_best if run_best.is_dir() else Path(path))
-        model, objectives, tokenizer, cfg = load_checkpoint_model(ckpt, dev)
+        model, objectives, tokenizer, cfg = load_model(ckpt, dev)
         return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=ckpt)
 
     def _predict(self, task: str, examples: list[Example]) -> Predictions:

@@ -21,13 +21,9 @@ import math
 
 import torch
 
+from tasks.model import check_task
+
 TASK_METRIC = {"sst": "sst_acc", "para": "para_acc", "sts": "sts_r"}
-
-
-def check_task(task: str) -> None:
-    """A ValueError naming the tasks for a name that is none of them."""
-    if task not in TASK_METRIC:
-        raise ValueError(f"unknown task {task!r}; tasks are {list(TASK_METRIC)}")
 
 
 def jsonable(metrics: dict[str, float]) -> dict[str, float | None]:

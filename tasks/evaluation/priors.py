@@ -60,8 +60,9 @@ from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_b
 from tasks.data.readers import DataFileMissing, Example
 from tasks.data.selection import load_examples
 from tasks.model import NUM_SST_CLASSES
-from tasks.training.checkpoint import load_tensors, save_tensors
-from tasks.training.runtime import autocast
+from tasks.checkpoint import SST_PRIOR_FILE
+from tasks.storage import load_tensors
+from tasks.runtime import autocast
 
 STS_SCALE = 5.0  # cosine -> the 0-5 STS scale (paper §4.1's 5 x cosine)
 
@@ -70,9 +71,6 @@ STS_SCALE = 5.0  # cosine -> the 0-5 STS scale (paper §4.1's 5 x cosine)
 # best of C in 0.03, 0.1, 0.2, 0.3, 0.5 by 5-fold cross-validation on SST train (the embedded MiniLM's embeddings;
 # experiments/RESULTS.md, "Design choices measured once").
 SST_PRIOR_C = 0.2
-
-
-SST_PRIOR_FILE = "sst_prior.safetensors"  # the fitted probe, in a checkpoint directory
 
 
 logger = logging.getLogger(__name__)
@@ -221,10 +219,6 @@ class SentimentPrior(FrozenEncoder):
     def state_dict(self) -> dict[str, torch.Tensor]:
         return dict(self.probe)
 
-    def save(self, directory: str | Path) -> None:
-        """Write the probe to ``directory``/SST_PRIOR_FILE."""
-        save_tensors(Path(directory) / SST_PRIOR_FILE, self.state_dict())
-
     def probabilities(self, dataset) -> torch.Tensor:
         """(N, 5) the probe's class probabilities for each sentence of a tasks.data.datasets.SentenceDataset (its
         ``texts``); cached for the latest dataset."""
@@ -299,8 +293,7 @@ class RunPriors:
         """Both priors now (otherwise each is built at its first use)."""
         _ = self.sts, self.sst
 
-    def save(self, directory: Path) -> None:
-        """The SST probe into checkpoint ``directory``, once it exists."""
-        if self._sst is not None:
-            self._sst.save(directory)
+    def sst_state(self) -> dict[str, torch.Tensor] | None:
+        """The SST probe's tensors once it exists (a checkpoint saves them: tasks/checkpoint.py), else None."""
+        return self._sst.state_dict() if self._sst is not None else None
 

@@ -62,10 +62,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.evaluation.ensemble import load_task_logits, logits_path
+from tasks.data.predictions import load_task_logits, logits_path
 from tasks.model import TASKS
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
-from tasks.training.runtime import full_precision
+from tasks.runtime import full_precision
 
 DISTILL_TASKS = TASKS
 

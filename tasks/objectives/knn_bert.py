@@ -70,11 +70,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.evaluation.files import Predictions
+from tasks.data.predictions import Predictions
 from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
 from tasks.model import NUM_CLASSES, follow_modes, preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
-from tasks.training.runtime import full_precision
+from tasks.runtime import full_precision
 
 # ---- inference: the KNN vote (§3.1, eq. 1) ----
 logger = logging.getLogger(__name__)

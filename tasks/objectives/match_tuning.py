@@ -72,7 +72,7 @@ from torch import nn
 
 from tasks.model import TASKS
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
-from tasks.training.runtime import full_precision
+from tasks.runtime import full_precision
 
 MATCH_TASKS = TASKS
 INFERENCE_MODES = ("identity", "batch")

@@ -70,7 +70,7 @@ from torch import nn
 
 from tasks.model import NUM_CLASSES, preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
-from tasks.training.runtime import full_precision
+from tasks.runtime import full_precision
 
 NORMS = ("l2", "linf")
 ATTACK_OBJECTIVES = ("kl", "ce")

@@ -61,7 +61,7 @@ from torch import nn
 
 from tasks.model import ModelConfig
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
-from tasks.training.runtime import full_precision
+from tasks.runtime import full_precision
 
 SCL_TASKS = ("sst", "para")
 EMBEDDINGS = ("pooled", "head_input")

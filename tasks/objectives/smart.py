@@ -68,7 +68,7 @@ from torch import nn
 
 from tasks.model import TASKS
 from tasks.objectives import Objective, ObjectiveConfig, check_tasks
-from tasks.training.runtime import device_rng_state, full_precision, set_device_rng_state
+from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
 
 SMART_TASKS = TASKS
 

@@ -37,17 +37,20 @@ Semantics (the Trainer, tasks.training.trainer, builds on them):
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
-import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from tasks.training.runtime import bind_local_device, cuda_device_count, distributed_backend
+from tasks.checkpoint import objectives_state, rank_objectives_file
+from tasks.runtime import bind_local_device, cuda_device_count, distributed_backend, torchrun_env
+from tasks.storage import save_tensors
 
 # Long enough for rank 0's dev evaluation between epochs (the other ranks wait in a collective meanwhile).
 TIMEOUT = datetime.timedelta(hours=1)
@@ -60,35 +63,17 @@ BUCKET_NUMEL = 1 << 24
 _cpu_group: Any = None  # gloo group for host-side values; the default group itself on CPU
 
 
-def _env_int(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"environment variable {name}={raw!r} is not an integer (torchrun sets it)") from None
-
-
-def env() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) in a plain process."""
-    rank, world, local = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
-    if world < 1 or not 0 <= rank < world:
-        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} do not describe a process group")
-    return rank, world, local
-
-
 def is_distributed() -> bool:
     """Whether this process is one rank of several (the process group is up)."""
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def world_size() -> int:
-    return dist.get_world_size() if is_distributed() else env()[1]
+    return dist.get_world_size() if is_distributed() else torchrun_env()[1]
 
 
 def rank() -> int:
-    return dist.get_rank() if is_distributed() else env()[0]
+    return dist.get_rank() if is_distributed() else torchrun_env()[0]
 
 
 def is_main() -> bool:
@@ -98,7 +83,7 @@ def is_main() -> bool:
 
 def check_config(batch_sizes: dict[str, int], device: str, world: int | None = None) -> None:
     """Refuse, with a sentence, what cannot run on ``world`` ranks (default: the environment's). Reads no data."""
-    world = env()[1] if world is None else world
+    world = torchrun_env()[1] if world is None else world
     if world == 1:
         return
     if not dist.is_available():
@@ -115,7 +100,7 @@ def check_config(batch_sizes: dict[str, int], device: str, world: int | None = N
         raise ValueError("distributed training runs on cpu (gloo) or cuda (nccl), not mps")
     gpus = cuda_device_count()
     if device == "cuda" or (device == "auto" and gpus):
-        local = env()[2]
+        local = torchrun_env()[2]
         if local >= gpus:
             raise ValueError(f"LOCAL_RANK={local}, but this machine has {gpus} CUDA device(s): "
                              "start at most one process per GPU (--nproc_per_node)")
@@ -128,7 +113,7 @@ def setup(device: torch.device) -> torch.device:
     CUDA becomes cuda:LOCAL_RANK (NCCL), CPU stays cpu (gloo).
     """
     global _cpu_group
-    rank_, world, local = env()
+    rank_, world, local = torchrun_env()
     if world == 1:
         return device
     backend = distributed_backend(device)  # raises for a device type torchrun cannot use
@@ -238,3 +223,27 @@ def broadcast_from_main(value: Any) -> Any:
     dist.broadcast_object_list(box, src=0, group=_cpu_group)
     return box[0]
 
+
+# ---- a checkpoint's rank-local files (tasks/checkpoint.py: objectives.rank<r>.safetensors) ----
+
+
+def save_rank_objectives(objectives: Sequence[nn.Module], model: nn.Module, rank: int, world: int) -> None:
+    """Rank r ≥ 1's part of a checkpoint: its rank-local objective state, written into rank 0's temporary
+    directory (whose path rank 0 sends) before rank 0 swaps it in. Nothing without rank-local state."""
+    own = objectives_state(objectives, model, rank_local_only=True) if world > 1 else {}
+    if own:
+        tmp = Path(broadcast_from_main(None))
+        save_tensors(tmp / rank_objectives_file(rank), own)
+        barrier()
+
+
+@contextlib.contextmanager
+def rank_objectives_saved(tmp: Path, objectives: Sequence[nn.Module], model: nn.Module, world: int) -> Iterator[None]:
+    """Rank 0's side of ``save_rank_objectives``: send ``tmp``, and end the block only once every rank has
+    written its file there, so that ``atomic_directory`` fsyncs and swaps in all ranks' files at once."""
+    needed = world > 1 and bool(objectives_state(objectives, model, rank_local_only=True))
+    if needed:
+        broadcast_from_main(str(tmp))
+    yield
+    if needed:
+        barrier()

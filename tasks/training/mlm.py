@@ -58,17 +58,10 @@ from tasks.data.datasets import length_bucketed_batches
 from tasks.data.readers import load_split
 from tasks.model import TASKS
 from tasks.outdir import MLM, check_kind, mark
-from tasks.training.checkpoint import (
-    atomic_directory,
-    load_optimizer_state,
-    load_tensors,
-    optimizer_state,
-    read_json,
-    save_tensors,
-    write_json,
-)
+from tasks.checkpoint import load_optimizer_state, optimizer_state
+from tasks.storage import atomic_directory, load_tensors, read_json, save_tensors, write_json
 from tasks.training.progress import RunClock, duration
-from tasks.training.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
+from tasks.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
 
 # ---- the MLM head and its checkpoint ----
 log = logging.getLogger(__name__)

@@ -6,7 +6,7 @@ new run has written its first checkpoint (or puts it back when the new run
 fails before). ``run.lock`` (pid and host) refuses a second live run on the
 same directory and is taken over from a dead owner. On resume, a ``best``
 left stale by a crash between saving ``last`` and copying it to ``best`` is repaired
-(tasks.training.checkpoint ``repair_best``). Only the main process writes.
+(tasks.checkpoint ``repair_best``). Only the main process writes.
 
 Usage:
     run_dir = RunDir("runs/try")
@@ -18,28 +18,22 @@ Usage:
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import logging
 import logging.handlers
 import os
 import shutil
 import socket
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from tasks.logs import open_log
 from tasks.outdir import OWNER_FILE, RUN, check_kind, mark, process_alive, release_lock, take_lock
 from tasks.training import distributed
-from tasks.training.checkpoint import (
-    ResumePoint,
-    copy_directory,
-    remove_stale_temporaries,
-    repair_best,
-    write_json,
-)
+from tasks.checkpoint import ResumePoint, repair_best
+from tasks.storage import copy_directory, remove_stale_temporaries, write_json
 from tasks.training.tensorboard import TensorBoard
 
 logger = logging.getLogger(__name__)
@@ -230,67 +224,3 @@ class RunDir:
         if self.tensorboard is None and "tensorboard" in self.report_to:
             self.tensorboard = TensorBoard(self.path / "tensorboard", purge_step=purge_step)
         return self.tensorboard
-
-
-class Stderr(logging.StreamHandler):
-    """A handler writing to whatever ``sys.stderr`` is when a record comes (a redirection made after the handler,
-    pytest's capture), never to a stream that has been closed since."""
-
-    @property
-    def stream(self):
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value) -> None:
-        pass
-
-
-class PendingLog(logging.handlers.MemoryHandler):
-    """The command's log records, held until its run directory is its own (``open_log``), then written to
-    ``train.log`` with every later one: a command refused at the directory writes nothing into it, and what it
-    logged before (argument warnings, malloc) is in the file too."""
-
-    def __init__(self) -> None:
-        super().__init__(capacity=2**31, flushLevel=logging.CRITICAL + 1)
-
-    def shouldFlush(self, record: logging.LogRecord) -> bool:
-        return self.target is not None
-
-
-def log_to(console: bool = True) -> None:
-    """INFO lines to stderr (with ``console``) and to a ``PendingLog`` for train.log (replacing the handlers of an
-    earlier call). Under torchrun only rank 0 does this; the other ranks print warnings and errors to stderr,
-    marked with their rank."""
-    rank = distributed.env()[0]
-    root = logging.getLogger()
-    for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
-        root.removeHandler(handler)
-        handler.close()
-    if rank > 0:
-        handler = Stderr()
-        handler.setFormatter(logging.Formatter(f"%(asctime)s %(levelname).1s [rank {rank}] %(name)s: %(message)s",
-                                               datefmt="%H:%M:%S"))
-        handler._train_multitask = True
-        root.setLevel(logging.WARNING)
-        root.addHandler(handler)
-        return
-    root.setLevel(logging.INFO)
-    handlers = [Stderr()] if console else []
-    for handler in [*handlers, PendingLog()]:
-        handler.setFormatter(LOG_FORMAT)
-        handler._train_multitask = True
-        root.addHandler(handler)
-
-
-LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
-
-
-def open_log(out_dir: Path) -> None:
-    """Write the pending log records (``log_to``) to ``<out_dir>/train.log``, and every later record; nothing
-    where no ``log_to`` is pending (a run started from Python logs as its caller set up)."""
-    for handler in logging.getLogger().handlers:
-        if isinstance(handler, PendingLog) and handler.target is None:
-            file = logging.FileHandler(out_dir / "train.log", encoding="utf-8")
-            file.setFormatter(LOG_FORMAT)
-            handler.setTarget(file)
-            handler.flush()

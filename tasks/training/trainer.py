@@ -74,28 +74,20 @@ from tasks.evaluation.metrics import jsonable
 from tasks.model import PAIR_TASKS, PHRASES, TASKS, MultitaskBert, head_of
 from tasks.objectives import Objective, build_objectives
 from tasks.training import distributed, lpft
-from tasks.training.checkpoint import (
+from tasks.checkpoint import (
     CHECKPOINT_FORMAT,
     ResumePoint,
-    atomic_directory,
     check_same_data,
     load_objectives_state,
     load_optimizer_state,
-    load_tensors,
-    objectives_state,
-    optimizer_state,
-    rank_objectives_saved,
-    read_json,
     resolve_checkpoint,
     resume_point,
-    save_encoder_files,
-    save_rank_objectives,
-    save_tensors,
-    write_json,
+    write_checkpoint,
 )
+from tasks.storage import atomic_directory, load_tensors, read_json
 from tasks.training.progress import RunClock, RunningSums, duration, progress_logging, sequences
 from tasks.training.rundir import RunDir, check_out_dir
-from tasks.training.runtime import (
+from tasks.runtime import (
     autocast,
     autocast_dtype,
     configure_device,
@@ -105,6 +97,7 @@ from tasks.training.runtime import (
     rng_state,
     seed_everything,
     set_rng_state,
+    torchrun_env,
 )
 
 logger = logging.getLogger(__name__)
@@ -181,7 +174,7 @@ def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: 
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
-    if distributed.env()[0] == 0:  # rank 0 alone owns the directory (RunDir)
+    if torchrun_env()[0] == 0:  # rank 0 alone owns the directory (RunDir)
         check_out_dir(Path(cfg.out_dir), resume=resume is not None, overwrite=overwrite)
     if cfg.sst_phrases is not None:
         phrases_file(cfg)
@@ -617,41 +610,29 @@ class Trainer:
                 "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
 
     def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
-        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (layout: tasks/training/checkpoint.py),
+        """Write checkpoint ``name`` atomically under ``<out_dir>/checkpoints/`` (tasks/checkpoint.py),
         ``extra_state`` merged into state.json (SWA's marks itself "swa"). Under torchrun every rank calls it;
         rank 0 writes, the others add their rank-local objective state."""
         if self.run_dir is None:
             raise RuntimeError("this Trainer has no run directory (built without from_config): nothing to save to")
         final, state = self.run_dir.checkpoints / name, {**self.state(), **(extra_state or {})}
         if self.rank > 0:
-            save_rank_objectives(self.objectives, self.model, self.rank, self.world_size)
+            distributed.save_rank_objectives(self.objectives, self.model, self.rank, self.world_size)
             return final
-        with atomic_directory(final) as tmp, rank_objectives_saved(tmp, self.objectives, self.model, self.world_size):
-            save_tensors(tmp / "model.safetensors", self.model.state_dict())
-            obj_state = objectives_state(self.objectives, self.model)
-            if obj_state:
-                save_tensors(tmp / "objectives.safetensors", obj_state)
-            tensors, meta = optimizer_state(self.optimizer, self.param_names)
-            save_tensors(tmp / "optimizer.safetensors", tensors)
-            write_json(tmp / "optimizer.json", meta)
-            write_json(tmp / "state.json", state)
-            write_json(tmp / "config.json", self.cfg.to_dict())
-            self.evaluator.priors.save(tmp)
-            save_encoder_files(tmp / "encoder", self.model.encoder, self.tokenizer, max_length=self.cfg.max_length,
-                               pooling=self.cfg.model.pooling)
+        with atomic_directory(final) as tmp, distributed.rank_objectives_saved(tmp, self.objectives, self.model,
+                                                                               self.world_size):
+            write_checkpoint(tmp, model=self.model, objectives=self.objectives, optimizer=self.optimizer,
+                             param_names=self.param_names, state=state, config=self.cfg, tokenizer=self.tokenizer,
+                             sst_prior=self.evaluator.priors.sst_state())
         self.run_dir.checkpoint_written()  # a run that --overwrite moved aside is deleted now
         return final
 
     def _load_checkpoint(self, ckpt: Path, state: dict) -> None:
-        if "swa" in state:
-            raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
-                             "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
+        """The position ``resume_point`` checked (a training position of this format) into this trainer."""
         self.model.load_state_dict(load_tensors(ckpt / "model.safetensors", self.device))
         load_objectives_state(self.objectives, self.model, ckpt, self.device, self.rank)
         load_optimizer_state(self.optimizer, load_tensors(ckpt / "optimizer.safetensors", self.device),
                              read_json(ckpt / "optimizer.json"), self.param_names)
-        if state.get("format") != CHECKPOINT_FORMAT:
-            raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
         self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
         self.best, self.history, self.elapsed = state["best"], state["history"], state["elapsed_s"]
         # The saved sums are over all ranks: rank 0 carries them on, the others start from zero.

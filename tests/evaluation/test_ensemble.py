@@ -10,12 +10,11 @@ import zipfile
 import pytest
 import torch
 
+from tasks.data.predictions import TaskLogits, load_task_logits
 from tasks.evaluation.ensemble import (
-    TaskLogits,
     average,
     ensemble_task,
     fit_regression,
-    load_task_logits,
     predict,
     select_subset,
     write_submission_zip,

@@ -11,8 +11,9 @@ import torch
 
 from tasks.data.datasets import PairDataset, length_bucketed_batches
 from tasks.data.readers import Example
-from tasks.evaluation.evaluator import Predictor, evaluate, evaluate_checkpoint, load_checkpoint_model, predict_dataset
-from tasks.evaluation.files import read_logits
+from tasks.checkpoint import load_model, resolve_checkpoint
+from tasks.evaluation.evaluator import Predictor, evaluate, evaluate_checkpoint, predict_dataset
+from tasks.data.predictions import read_logits
 from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
 from tasks.model import TaskOutput
 from tasks.predict import read_inputs
@@ -164,7 +165,7 @@ def test_embed_is_what_the_heads_read_in_input_order(finished):
     p = Predictor.from_checkpoint(finished, device="auto", batch_size=2)  # a run directory: its best checkpoint
     texts = ["the movie was great .", "a dull film", "how do i learn python fast ?"]
     got = p.embed(texts)
-    model, _, tok, _ = load_checkpoint_model(finished / "checkpoints" / "best")
+    model, _, tok, _ = load_model(resolve_checkpoint(finished / "checkpoints" / "best"))
     model.eval()
     with torch.no_grad():
         for i, t in enumerate(texts):

@@ -14,7 +14,9 @@ from minbert.pretrained import default_model_dir
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.evaluator import predict_dataset
-from tasks.evaluation.priors import SST_PRIOR_FILE, CosinePrior, SentimentPrior, fit_logistic_regression, sst_prior_of
+from tasks.checkpoint import SST_PRIOR_FILE
+from tasks.storage import save_tensors
+from tasks.evaluation.priors import CosinePrior, SentimentPrior, fit_logistic_regression, sst_prior_of
 from tests.helpers import WordTokenizer, make_model
 
 PAIRS = [("A man is playing a guitar.", "A man plays the guitar."),
@@ -189,7 +191,7 @@ def test_a_saved_probe_predicts_without_the_training_data(sst_prior, tmp_path):
     no SST training file anywhere. Without it and without the data, the error names the data and --sst-prior 0."""
     from tasks.config import TrainConfig
 
-    sst_prior.save(tmp_path)
+    save_tensors(tmp_path / SST_PRIOR_FILE, sst_prior.state_dict())
     cfg = TrainConfig(data_dir=str(tmp_path / "no-data"))
     loaded = sst_prior_of(cfg, "cpu", None, checkpoint=tmp_path)
     for key in ("weight", "bias"):

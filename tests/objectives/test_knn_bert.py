@@ -12,8 +12,8 @@ import torch.nn.functional as F
 
 from tasks import train as cli
 from tasks.data import selection as splits
-from tasks.evaluation.evaluator import load_checkpoint_model
-from tasks.evaluation.files import read_predictions
+from tasks.checkpoint import load_model, resolve_checkpoint
+from tasks.data.predictions import read_predictions
 from tasks.objectives import REGISTRY, build_objectives
 from tasks.objectives.knn_bert import (
     KNNBert,
@@ -330,7 +330,7 @@ def test_knn_inference_metrics_and_leaderboard(tiny_env, tmp_path):
     result = cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(tmp_path / "eval"),
                        "--knn-bert-knn-phi", "0.5"])
     assert result["knn"]["phi"] == 0.5 and result["knn"]["leaderboard"] == "knn"
-    model, objectives, tokenizer, cfg = load_checkpoint_model(best)
+    model, objectives, tokenizer, cfg = load_model(resolve_checkpoint(best))
     obj = objectives[0]
     obj.config = type(obj.config)(**{**knn, "knn_phi": 0.5})
     for task in ("sst", "para"):

@@ -22,6 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from tasks import train as cli
 from tasks.model import ModelConfig
+from tasks import runtime
 from tasks.training import distributed
 from tasks.training.run import run
 from tasks.training.trainer import Hook, Trainer
@@ -288,7 +289,7 @@ def test_one_process_needs_no_process_group(monkeypatch):
     """Without torchrun's variables everything is one process: rank 0 of 1, shard = the whole batch, no group."""
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(name, raising=False)
-    assert distributed.env() == (0, 1, 0) and distributed.is_main() and not distributed.is_distributed()
+    assert runtime.torchrun_env() == (0, 1, 0) and distributed.is_main() and not distributed.is_distributed()
     assert distributed.shard([4, 5, 6]) == [4, 5, 6]
     assert distributed.setup(torch.device("cpu")) == torch.device("cpu")
     assert not torch.distributed.is_initialized()

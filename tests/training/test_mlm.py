@@ -212,12 +212,12 @@ def test_a_full_disk_while_saving_is_a_full_disk_and_leaves_nothing(tmp_path, mo
 
     from safetensors import SafetensorError
 
-    from tasks.training import checkpoint
+    from tasks import storage
 
     def full(tensors, filename, metadata=None):
         raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
 
-    monkeypatch.setattr(checkpoint, "save_file", full)
+    monkeypatch.setattr(storage, "save_file", full)
     tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
     with pytest.raises(OSError) as exc:
         save_mlm_checkpoint(tmp_path / "mlm", BertForMaskedLM(BertModel(tiny_config())), tok)

@@ -18,11 +18,12 @@ from safetensors.torch import load_file
 
 from tasks.config import TrainConfig
 from tasks.evaluation.evaluator import Evaluator
-from tasks.evaluation.files import read_predictions
-from tasks.training import checkpoint as ckpt_mod
+from tasks.data.predictions import read_predictions
+from tasks import checkpoint as ckpt_mod
+from tasks import storage
 from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as trainer_mod
-from tasks.training.checkpoint import read_json
+from tasks.storage import read_json
 from tasks.training.run import run
 from tasks.training.trainer import Hook, Trainer
 from tests.helpers import tiny_train_config
@@ -173,14 +174,14 @@ def _dies_on_call(monkeypatch, owner, name: str, n: int, when=lambda *a, **k: Tr
 # epochs improve, so the first epoch wrote last and linked best, and the second one does both again.
 PHASES = {
     "before writing last": lambda mp: _dies_on_call(mp, trainer_mod, "atomic_directory", 2),
-    "during writing last": lambda mp: _dies_on_call(mp, trainer_mod, "save_tensors", 3),
+    "during writing last": lambda mp: _dies_on_call(mp, ckpt_mod, "save_tensors", 5),  # 2nd: model, optimizer
     "between the renames of last": lambda mp: _dies_on_call(
-        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "last"),
+        mp, storage.os, "replace", 2, when=lambda src, dst: Path(dst).name == "last"),
     "after last, before best": lambda mp: _dies_on_call(mp, rundir_mod, "copy_directory", 2),
     "between the renames of best": lambda mp: _dies_on_call(
-        mp, ckpt_mod.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
+        mp, storage.os, "replace", 2, when=lambda src, dst: Path(dst).name == "best"),
     "after the renames of best, before best.old goes": lambda mp: _dies_on_call(
-        mp, ckpt_mod.shutil, "rmtree", 1, when=lambda path, *a, **k: Path(path).name == "best.old"),
+        mp, storage.shutil, "rmtree", 1, when=lambda path, *a, **k: Path(path).name == "best.old"),
     "after best, before the metrics record": lambda mp: _dies_on_call(mp, rundir_mod.RunDir, "append", 2),
     "after the epoch, before predictions": lambda mp: _dies_on_call(mp, Evaluator, "write_all", 1),
 }

@@ -12,7 +12,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from tasks.evaluation.evaluator import evaluate_checkpoint
 from tasks.training import swa as swa_mod
-from tasks.training.checkpoint import load_tensors
+from tasks.storage import load_tensors
 from tasks.training.run import run
 from tasks.training.trainer import Trainer
 from tests.helpers import tiny_train_config

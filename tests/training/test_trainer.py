@@ -23,9 +23,9 @@ from tasks.config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.model import ModelConfig
 from tasks.objectives import REGISTRY, import_all, registered_objectives
-from tasks.training import checkpoint as ckpt_mod
-from tasks.training import trainer as trainer_mod
-from tasks.training.checkpoint import read_json, resolve_checkpoint
+from tasks import checkpoint as ckpt_mod
+from tasks.checkpoint import resolve_checkpoint
+from tasks.storage import read_json
 from tasks.training.trainer import Trainer, build_parts, lr_scale
 from tests.helpers import DATA, OBJECTIVE_SETTINGS, Interrupt, StopAt, read_column, tiny_train_config
 
@@ -411,15 +411,15 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tiny_env, tmp_path, monk
     trainer.fit()
     last = trainer.run_dir.checkpoints / "last"
     before = (last / "model.safetensors").read_bytes()
-    calls = []
+    calls, real = [], ckpt_mod.save_tensors
 
     def failing(path, tensors, metadata=None):
         calls.append(path)
         if len(calls) == 2:
             raise OSError("no space left on device")
-        ckpt_mod.save_tensors(path, tensors, metadata)
+        real(path, tensors, metadata)
 
-    monkeypatch.setattr(trainer_mod, "save_tensors", failing)
+    monkeypatch.setattr(ckpt_mod, "save_tensors", failing)
     trainer.global_step += 1
     with pytest.raises(OSError):
         trainer.save_checkpoint("last")

@@ -1,12 +1,14 @@
-"""The Predictions container and the files it is written to: leaderboard predictions and raw logits.
+"""The Predictions container and the files it is written to (leaderboard predictions and raw logits), and the
+logits of several runs read together (an ensemble's members, distillation's teachers).
 
 ``Predictions`` holds a model's outputs on a dataset in dataset order (row i is
 ``dataset.ids[i]``), as tasks.evaluation.evaluator makes them. Leaderboard
 files (``predictions/{sst,para,sts}-{dev,test}-output.csv``) hold one row per
 input id in input order, in the CS224N starter's format; raw logits go beside
 them (``{task}-{split}-logits.csv``) for ensembling and distillation. Every
-writer is atomic (temporary file + ``os.replace``) and leaves the mode the
-umask gives; every reader names the file and line of a malformed row.
+writer is atomic (tasks.storage.atomic_file); every reader names the file and
+line of a malformed row. ``load_task_logits`` reads and aligns several runs'
+logits of one task and split by id.
 
 Usage:
     preds = Predictions(ids, logits, logits.argmax(-1))          # SST: (N, 5) logits, (N,) classes
@@ -18,21 +20,20 @@ Usage:
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
+import json
 import math
 import os
-import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from tasks.data.readers import csv_records
-from tasks.evaluation.metrics import check_task
-from tasks.model import NUM_SST_CLASSES
+from tasks.model import NUM_SST_CLASSES, TASKS, check_task
+from tasks.storage import atomic_file
 
 # Column after "id" in the leaderboard files: the CS224N starter's names (STS sic: its spelling), which we write.
 STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
@@ -70,23 +71,6 @@ class Predictions:
 def _check_split(split: str) -> None:
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; splits are {list(SPLITS)}")
-
-
-def temp_file_beside(path: Path) -> tuple[int, Path]:
-    """A new empty hidden file in ``path``'s folder, for an atomic write: (open fd, its path).
-
-    Created with mode 0o666 so that the kernel applies the umask as for any
-    file the user makes (0644 under umask 022): mkstemp's 0600 would make a
-    shared results folder unreadable to others. No umask is read or changed,
-    so other threads never see a umask of 0.
-    """
-    for _ in range(100):
-        tmp = path.parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-        except FileExistsError:
-            continue
-    raise FileExistsError(f"{path.parent}: no free temporary name for {path.name} after 100 tries")
 
 
 def _atomic_write_csv(path: Path, header: list[str], rows: Iterable[list]) -> Path:
@@ -136,19 +120,10 @@ def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, p
 
 
 def _atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` through a temporary file in the same folder, then os.replace."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = temp_file_beside(path)
-    try:
-        with os.fdopen(fd, "w", newline="", encoding="utf-8") as f:
+    """Write ``text`` whole or not at all (tasks.storage.atomic_file)."""
+    with atomic_file(path) as tmp:
+        with open(tmp, "w", newline="", encoding="utf-8") as f:
             f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
     return path
 
 
@@ -283,3 +258,95 @@ def read_predictions(path: str | os.PathLike[str]) -> tuple[list[str], torch.Ten
     dtype = torch.float32 if found["task"] == "sts" else torch.long
     return ids, torch.tensor([v[0] for v in values], dtype=dtype)
 
+
+# ---- the logits of several runs: an ensemble's members, distillation's teachers ----
+
+
+def logits_path(run_dir: str | os.PathLike[str], task: str, split: str) -> Path:
+    """``run_dir/{task}-{split}-logits.csv``, or under ``run_dir/predictions/`` when only that exists."""
+    run_dir = Path(run_dir)
+    name = f"{task}-{split}-logits.csv"
+    direct = run_dir / name
+    nested = run_dir / "predictions" / name
+    if not direct.is_file() and nested.is_file():
+        return nested
+    return direct
+
+
+def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """The tasks a training run was trained on (its ``config.json``, beside or above ``predictions/``); None
+    for a folder of logits with no training config (an ensemble's output): it is taken to have every task."""
+    run_dir = Path(run_dir)
+    for folder in (run_dir, run_dir.parent) if run_dir.name == "predictions" else (run_dir,):
+        config = folder / "config.json"
+        if config.is_file():
+            try:
+                tasks = json.loads(config.read_text(encoding="utf-8"))["tasks"]
+            except (ValueError, KeyError, TypeError) as e:
+                raise ValueError(f"{config}: no list of tasks in it ({e}); "
+                                 "is it a training run's config.json?") from None
+            if not isinstance(tasks, list) or not set(tasks) <= set(TASKS):
+                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(TASKS)}")
+            return tuple(tasks)
+    return None
+
+
+def task_members(trained: Sequence[tuple[str, ...] | None], task: str) -> list[int]:
+    """Indices of the runs (their ``trained_tasks``) that are models of ``task``: its specialists and every
+    run that is not one."""
+    return [i for i, own in enumerate(trained) if own is None or task in own]
+
+
+@dataclass
+class TaskLogits:
+    """All runs' outputs for one task and split, aligned to ``ids`` (the first run's order).
+
+    logits[m]: float64, SST (N, 5), paraphrase / STS (N,). files[m]: where run m's came from.
+    """
+
+    task: str
+    split: str
+    ids: list[str]
+    logits: list[torch.Tensor]
+    files: list[Path]
+
+
+def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, split: str) -> TaskLogits | None:
+    """Read and align every run's ``{task}-{split}-logits.csv``; None when no run has the file.
+
+    A file missing from some runs only, a file with a repeated id, a wrong
+    shape, or ids that differ from the first run's raise, naming the file.
+    """
+    paths = [logits_path(d, task, split) for d in run_dirs]
+    present = [p.is_file() for p in paths]
+    if not any(present):
+        return None
+    if not all(present):
+        missing = [str(p) for p, ok in zip(paths, present) if not ok]
+        raise FileNotFoundError(f"{task}-{split}: {len(missing)} of {len(paths)} runs lack their logits file: "
+                                f"{', '.join(missing)}; every run of an ensemble needs the same files (a run "
+                                "trained on some tasks only is known by the config.json beside its predictions/)")
+    ref_ids: list[str] | None = None
+    aligned: list[torch.Tensor] = []
+    for path in paths:
+        ids, values = read_logits(path)
+        want = (len(ids), NUM_SST_CLASSES) if task == "sst" else (len(ids),)
+        if tuple(values.shape) != want:
+            raise ValueError(f"{path}: logits of shape {tuple(values.shape)}; {task} needs {want}")
+        position = {i: n for n, i in enumerate(ids)}
+        if len(position) != len(ids):
+            dup = next(i for n, i in enumerate(ids) if position[i] != n)
+            raise ValueError(f"{path}: id {dup!r} appears more than once")
+        if ref_ids is None:
+            ref_ids, ref_path = ids, path
+            aligned.append(values.double())
+            continue
+        if set(ids) != set(ref_ids):
+            missing = [i for i in ref_ids if i not in position]
+            extra = sorted(set(ids) - set(ref_ids))
+            raise ValueError(
+                f"{path}: its ids differ from {ref_path}'s: {len(missing)} missing (e.g. {missing[:3]}), "
+                f"{len(extra)} extra (e.g. {extra[:3]}); were the runs made on the same data files?")
+        order = torch.tensor([position[i] for i in ref_ids], dtype=torch.long)
+        aligned.append(values.double()[order])
+    return TaskLogits(task, split, list(ref_ids), aligned, paths)

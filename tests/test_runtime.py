@@ -1,4 +1,4 @@
-"""Tests of tasks/training/runtime.py: the device policy on machines this one is not (issue 13, faults 4, 6, 7, 8,
+"""Tests of tasks/runtime.py: the device policy on machines this one is not (issue 13, faults 4, 6, 7, 8,
 9): torch.cuda's probes and RNG functions are monkeypatched, so the CUDA branches run with no GPU and record what
 they were asked.
 """
@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from tasks.training import runtime
+from tasks import runtime
 
 CUDA0, CUDA1 = torch.device("cuda", 0), torch.device("cuda", 1)
 
@@ -84,7 +84,7 @@ def test_an_older_checkpoint_with_one_state_per_gpu_still_loads(monkeypatch, cap
     runtime.set_rng_state(old, CUDA1)
     assert fake.set_calls == [(1, 11)]
     old["cuda"] = old["cuda"][:1]
-    with caplog.at_level(logging.WARNING, logger="tasks.training.runtime"):
+    with caplog.at_level(logging.WARNING, logger="tasks.runtime"):
         runtime.set_rng_state(old, CUDA1)
     assert fake.set_calls == [(1, 11)] and "none for cuda:1" in caplog.text
 
@@ -93,7 +93,7 @@ def test_a_cuda_checkpoint_resumed_on_cpu_warns(monkeypatch, caplog):
     """CPU, python and numpy states are restored; the CUDA one cannot be and a warning says so."""
     fake = FakeCuda(monkeypatch, 1)
     state = runtime.rng_state(CUDA0)
-    with caplog.at_level(logging.WARNING, logger="tasks.training.runtime"):
+    with caplog.at_level(logging.WARNING, logger="tasks.runtime"):
         runtime.set_rng_state(state, torch.device("cpu"))
     assert fake.set_calls == [] and "not on CUDA" in caplog.text
 
@@ -112,7 +112,7 @@ def test_an_emulating_gpu_defaults_to_fp32(emulating_gpu, caplog):
     """The default is fp32 there; an explicit --bf16 is allowed (the same numbers, slowly) with a warning."""
     cuda = torch.device("cuda")
     assert runtime.autocast_dtype(None, cuda) is None
-    with caplog.at_level(logging.WARNING, logger="tasks.training.runtime"):
+    with caplog.at_level(logging.WARNING, logger="tasks.runtime"):
         assert runtime.autocast_dtype(True, cuda) is torch.bfloat16
     assert "emulates bf16" in caplog.text
 

@@ -1,4 +1,4 @@
-"""Tests of tasks/training/checkpoint.py: a checkpoint is safetensors and JSON only, written atomically, and loads
+"""Tests of tasks/checkpoint.py: a checkpoint is safetensors and JSON only, written atomically, and loads
 in the reference libraries as it is (issue 16, item 1).
 
 checkpoints/best/encoder is a plain HF BERT directory and a sentence-transformers
@@ -9,11 +9,8 @@ refused by transformers' Auto classes instead of becoming a random BERT; and
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
-import os
-import shutil
 from pathlib import Path
 
 import pytest
@@ -25,14 +22,14 @@ from safetensors.torch import load_file
 
 from minbert.pretrained import load_pretrained
 from tasks.config import TrainConfig
-from tasks.evaluation.evaluator import evaluate_checkpoint, load_checkpoint_model
+from tasks.checkpoint import load_model, resolve_checkpoint
+from tasks.evaluation.evaluator import evaluate_checkpoint
 from tasks.model import ModelConfig, MultitaskBert
-from tasks.training import checkpoint as ckpt_mod
-from tasks.training.checkpoint import atomic_directory, read_json, save_encoder_files, temporary_prefix
+from tasks.checkpoint import save_encoder_files
+from tasks.storage import read_json
 from tasks.training.run import run
-from tasks.training.rundir import RunDir
 from tasks.training.trainer import Trainer
-from tests.helpers import dead_pid, snapshot, tiny_train_config
+from tests.helpers import snapshot, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -71,63 +68,6 @@ def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monk
     evaluate_checkpoint(ckpt, out_dir=tmp_path / "eval")
 
 
-def test_atomic_directory_leaves_no_partial_checkpoint(tmp_path):
-    """A failure while writing leaves the previous checkpoint untouched and no stray temporary directory."""
-    final = tmp_path / "checkpoints" / "last"
-    with atomic_directory(final) as tmp:
-        (tmp / "a.json").write_text('{"v": 1}')
-    with pytest.raises(RuntimeError):
-        with atomic_directory(final) as tmp:
-            (tmp / "a.json").write_text('{"v": 2}')
-            raise RuntimeError("disk full")
-    assert json.loads((final / "a.json").read_text()) == {"v": 1}
-    assert sorted(p.name for p in final.parent.iterdir()) == ["last"]
-    fresh = tmp_path / "checkpoints" / "best"
-    with pytest.raises(RuntimeError):
-        with atomic_directory(fresh) as tmp:
-            raise RuntimeError("killed")
-    assert not fresh.exists() and sorted(p.name for p in final.parent.iterdir()) == ["last"]
-
-
-def test_stale_temporary_checkpoints_of_dead_writers_are_removed(tmp_path):
-    """A crash mid-write leaves a temporary sibling named after its writer (pid@host); the next save, and the
-    next start of a run, delete those of dead writers and keep a live writer's."""
-    checkpoints = tmp_path / "run" / "checkpoints"
-    with atomic_directory(checkpoints / "last") as tmp:
-        assert tmp.name.startswith(temporary_prefix("last")) and str(os.getpid()) in tmp.name
-    dead = checkpoints / (temporary_prefix("last", dead_pid()) + "abc123")
-    live = checkpoints / (temporary_prefix("best", os.getppid()) + "def456")
-    for d in (dead, live):
-        d.mkdir()
-        (d / "model.safetensors").write_bytes(b"x" * 100)
-    with atomic_directory(checkpoints / "last") as tmp:
-        pass
-    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(["last", live.name])
-    dead.mkdir()
-    shutil.rmtree(checkpoints / "last")  # temporaries alone do not make the folder a run's: a fresh start is allowed
-    RunDir(tmp_path / "run").start(TrainConfig(out_dir=str(tmp_path / "run")))
-    assert not dead.exists() and live.exists()
-
-
-def test_a_full_disk_while_writing_tensors_is_reported_as_a_full_disk(tmp_path, monkeypatch):
-    """safetensors reports a failed write as a SafetensorError, not an OSError: it must still read "disk full
-    writing <file>", not "truncated or corrupted: use another checkpoint" (what a full disk printed before)."""
-    import torch
-    from safetensors import SafetensorError
-
-    from tasks.cli import describe
-
-    def full(tensors, filename, metadata=None):
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-
-    monkeypatch.setattr(ckpt_mod, "save_file", full)
-    path = tmp_path / "model.safetensors"
-    with pytest.raises(OSError) as exc:
-        ckpt_mod.save_tensors(path, {"w": torch.zeros(2)})
-    assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(path)
-    assert describe(exc.value).startswith(f"disk full writing {path}: free space")
-
-
 # ---- the checkpoint in transformers and sentence-transformers ---------------------------------------------
 
 
@@ -151,7 +91,7 @@ def _ours(model: MultitaskBert, tokenizer, sentences: list[str]) -> tuple[dict, 
 
 
 def test_encoder_dir_loads_in_transformers_and_sentence_transformers(trained):
-    model, _, tokenizer, cfg = load_checkpoint_model(trained)
+    model, _, tokenizer, cfg = load_model(resolve_checkpoint(trained))
     model.eval()
     enc = trained / "encoder"
     hf, info = transformers.AutoModel.from_pretrained(enc, output_loading_info=True)
@@ -209,7 +149,7 @@ def test_top_level_checkpoint_is_never_a_random_model(trained, caplog):
 
 
 def test_pretrained_checkpoint_continues_from_its_fine_tuned_encoder(trained):
-    fine_tuned = load_checkpoint_model(trained)[0].encoder.state_dict()
+    fine_tuned = load_model(resolve_checkpoint(trained))[0].encoder.state_dict()
     for path in (trained, trained.parent.parent):
         encoder, _ = load_pretrained(path)
         for k, v in encoder.state_dict().items():
@@ -228,12 +168,3 @@ def test_best_does_not_share_files_with_last(tiny_env, tmp_path):
             with open(f, "r+b") as handle:  # in place: the same inode
                 handle.write(b"\0" * 8)
     assert snapshot(best) == before
-
-
-def test_write_json_refuses_a_non_finite_value_without_writing_a_byte(tmp_path):
-    """Issue 33: `--lr inf` left a truncated config.json behind: json.dump had written the fields before it."""
-    path = tmp_path / "config.json"
-    path.write_text('{"kept": 1}\n')
-    with pytest.raises(ValueError, match="not JSON compliant"):
-        ckpt_mod.write_json(path, {"a": 1.0, "lr": float("inf")})
-    assert path.read_text() == '{"kept": 1}\n'

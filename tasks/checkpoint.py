@@ -1,6 +1,6 @@
-"""Training checkpoints: a directory of safetensors and JSON files, written atomically, read without pickle.
+"""A training checkpoint: what its directory holds, written in one place and read back without pickle.
 
-A checkpoint directory (``<out_dir>/checkpoints/last`` and ``.../best``) holds:
+A checkpoint directory (``<out_dir>/checkpoints/last``, ``.../best``, ``.../swa``) holds:
 
     model.safetensors        MultitaskBert.state_dict(): the encoder under HF BERT names, then the heads
     objectives.safetensors   objectives' own state (queues, momentum encoders), keys "<objective>.<key>";
@@ -9,54 +9,61 @@ A checkpoint directory (``<out_dir>/checkpoints/last`` and ``.../best``) holds:
                              under torchrun, rank r's (r ≥ 1) rank-local objective state (KNN-BERT's
                              queues: an objective's buffers); rank 0's is in objectives.safetensors.
                              Rank r writes it itself into rank 0's temporary directory before rank 0
-                             swaps the directory in, so the swap stays atomic for all ranks' files (a
-                             shared file system is assumed, as resuming from the directory does)
+                             swaps the directory in (tasks.training.trainer), so the swap stays atomic
+                             for all ranks' files (a shared file system is assumed, as resuming does)
     optimizer.safetensors    AdamW state tensors, keys "<param index>.<name>" (exp_avg, exp_avg_sq, step)
     optimizer.json           param_groups (hyper-parameters + parameter indices) and the parameter
                              name of every index, checked on load
     state.json               where training stands: epoch and step of the next batch, global step,
                              best dev score, per-epoch history, running epoch loss sums, the RNG
                              states of torch / CUDA (base64) / python / numpy (lists), and the sha256
-                             of every data file read (``data_sha256``: a resume compares them)
+                             of every data file read (``data_sha256``: a resume compares them); "swa"
+                             in an SWA average's (not a training position)
     config.json              the full run configuration (TrainConfig as plain JSON)
+    sst_prior.safetensors    the SST prior's probe (tasks/evaluation/priors.py), once it was fitted
     encoder/                 a complete HF BERT + sentence-transformers directory of the encoder
                              (see save_encoder_files): AutoModel / SentenceTransformer load it as it is
 
-Nothing is pickled: tensors go through safetensors, everything else through
-JSON. ``atomic_directory`` writes into a temporary sibling directory, fsyncs
-every file and the directory, then swaps it in with ``os.replace``, so a
-crash never leaves a partial directory under the final name.
+``write_checkpoint`` writes it whole (tasks.storage.atomic_directory: a crash never
+leaves a partial directory under the final name); ``load_model`` rebuilds the model
+and objectives from it alone; ``resume_point`` reads what a resume continues, and
+refuses, before any data is read, a checkpoint that is no training position.
 
 Usage:
-    with atomic_directory(run_dir / "checkpoints" / "last") as tmp:
-        save_tensors(tmp / "model.safetensors", model.state_dict())
-        write_json(tmp / "state.json", {"epoch": 1})
-    state = read_json(resolve_checkpoint(path) / "state.json")
+    write_checkpoint(run_dir / "checkpoints" / "last", model=model, objectives=objectives, optimizer=opt,
+                     param_names=names, state=state, config=cfg, tokenizer=tok)
+    model, objectives, tokenizer, cfg = load_model(resolve_checkpoint(path), device)
+    resume = resume_point(run_dir / "checkpoints" / "last")     # .checkpoint, .config, .state
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 import os
-import re
 import shutil
-import socket
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
 from torch import nn
 
+from minbert.bert import BertModel
+from minbert.config import BertConfig
+from minbert.tokenizer import BertTokenizer
 from tasks.config import TrainConfig
-from tasks.outdir import process_alive
-from tasks.training import distributed
+from tasks.model import MultitaskBert
+from tasks.objectives import Objective, build_objectives
+from tasks.storage import (
+    OLD_SUFFIX,
+    copy_directory,
+    load_tensors,
+    read_json,
+    save_tensors,
+    write_json,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -67,105 +74,18 @@ CHECKPOINT_FORMAT = 1
 REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", "state.json", "config.json")
 
 
-_OLD_SUFFIX = ".old"
+SST_PRIOR_FILE = "sst_prior.safetensors"  # the SST prior's probe
+
+
 # What every state.json holds (Trainer.state): a resume reads each of them.
 STATE_KEYS = ("format", "epoch", "step", "global_step", "best", "history", "elapsed_s", "epoch_sums", "rng")
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_tree(root: Path) -> None:
-    for dirpath, _, filenames in os.walk(root):
-        for name in filenames:
-            _fsync_path(Path(dirpath) / name)
-        _fsync_path(Path(dirpath))
-
-
-def temporary_prefix(name: str, pid: int | None = None) -> str:
-    """The name start of a temporary sibling of checkpoint ``name``: its writer's pid and host, so that
-    ``remove_stale_temporaries`` can tell a dead writer's leftovers from a live writer's work."""
-    return f".{name}.tmp-{os.getpid() if pid is None else pid}@{socket.gethostname()}-"
-
-
-_TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)@(?P<host>.+)-[^-]+$")
-
-
-def remove_stale_temporaries(directory: Path, keep: Path | None = None) -> None:
-    """Delete what writers that died left in ``directory``: temporary checkpoint folders written mid-way, and a
-    previous version ``X.old`` whose swap completed (``X`` is in place: ``atomic_directory``), unless it is
-    ``keep`` (a resume from a damaged ``last``'s ``last.old``)."""
-    if not directory.is_dir():
-        return
-    for entry in directory.iterdir():
-        m = _TEMPORARY.match(entry.name)
-        if m and entry.is_dir() and not process_alive(int(m["pid"]), m["host"]):
-            logger.warning("removing %s, left by process %s on %s that died while writing it",
-                           entry, m["pid"], m["host"])
-            shutil.rmtree(entry, ignore_errors=True)
-        elif (entry.name.endswith(_OLD_SUFFIX) and entry.is_dir() and entry.with_suffix("").is_dir()
-              and (keep is None or entry.resolve() != keep.resolve())):
-            logger.info("removing %s, the previous version of %s, whose replacement completed",
-                        entry, entry.with_suffix(""))
-            shutil.rmtree(entry, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
-    """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
-
-    The swap is two renames (old ``final`` -> ``final.old``, temporary ->
-    ``final``) after an fsync of every file; then the old copy is removed. An
-    exception inside the block removes the temporary directory and leaves
-    ``final`` as it was. A crash between the two renames leaves the previous
-    version at ``final.old``, which ``resolve_checkpoint`` finds. A process
-    killed mid-write leaves its temporary (named by ``temporary_prefix``): the
-    next write into the same folder deletes it.
-    """
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(final.parent)
-    tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final.name), dir=final.parent))
-    try:
-        yield tmp
-        _fsync_tree(tmp)
-        old = final.with_name(final.name + _OLD_SUFFIX)
-        if old.exists():
-            shutil.rmtree(old)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        _fsync_path(final.parent)
-        if old.exists():
-            shutil.rmtree(old)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def copy_directory(src: Path, final: Path) -> None:
-    """Atomically make ``final`` a copy of checkpoint ``src``: its own files, so that damage to one (a disk
-    error, an editor) never reaches the other."""
-    with atomic_directory(final) as tmp:
-        for path in sorted(src.rglob("*")):
-            target = tmp / path.relative_to(src)
-            if path.is_dir():
-                target.mkdir(parents=True, exist_ok=True)
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
 
 
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     """The checkpoint directory at ``path``, checked to be complete (or its ``.old`` copy after a crash mid-swap)."""
     path = Path(path).expanduser()
     if not path.exists():
-        old = path.with_name(path.name + _OLD_SUFFIX)
+        old = path.with_name(path.name + OLD_SUFFIX)
         if old.is_dir():
             logger.warning("%s is missing but %s exists (interrupted while replacing it); using that", path, old)
             path = old
@@ -203,47 +123,6 @@ def repair_best(resume: ResumePoint, best: Path) -> bool:
                    "copying it again from %s", best, mark["epoch"], ckpt, ckpt)
     copy_directory(ckpt, best)
     return True
-
-
-def write_json(path: Path, obj: Any) -> None:
-    """Plain JSON (no NaN/Infinity tokens: a non-finite float is an error, raised before a byte is written, so
-    no half-written file is left behind)."""
-    text = json.dumps(obj, indent=1, sort_keys=True, allow_nan=False)
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(text + "\n")
-
-
-def read_json(path: Path) -> Any:
-    """The JSON in ``path``; a truncated or corrupted file is a ValueError naming it."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path} is truncated or corrupted ({e}): it is not valid JSON") from e
-
-
-def save_tensors(path: Path, tensors: dict[str, torch.Tensor], metadata: dict[str, str] | None = None) -> None:
-    """safetensors file of CPU copies (the encoder's split q/k/v views share storage; copies do not).
-
-    A failed write (safetensors says "I/O error: ... (os error N)", e.g. a full disk) is raised as
-    the OSError it is, naming ``path``, so it is reported as that and not as a corrupted file.
-    """
-    try:
-        save_file({k: v.detach().to("cpu", copy=True).contiguous() for k, v in tensors.items()}, str(path),
-                  metadata=metadata)
-    except SafetensorError as e:
-        code = re.search(r"os error (\d+)", str(e))
-        if code is None:
-            raise
-        raise OSError(int(code.group(1)), os.strerror(int(code.group(1))), str(path)) from e
-
-
-def load_tensors(path: Path, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    """The tensors of safetensors file ``path``; a truncated or corrupted file is a ValueError naming it."""
-    try:
-        return load_file(str(path), device=str(device))
-    except SafetensorError as e:
-        raise ValueError(f"{path} is truncated or corrupted ({e})") from e
 
 
 def load_config(ckpt: Path) -> TrainConfig:
@@ -293,7 +172,7 @@ def resumable_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, TrainConfi
     except (OSError, ValueError) as e:
         if path.name != "last":
             raise
-        for other in (path.with_name("last" + _OLD_SUFFIX), path.with_name("best")):
+        for other in (path.with_name("last" + OLD_SUFFIX), path.with_name("best")):
             try:
                 good = _intact(other)
             except (OSError, ValueError):
@@ -317,6 +196,11 @@ def resume_point(path: str | os.PathLike, data_changed: bool = False) -> ResumeP
     """The checkpoint a resume continues (a damaged ``last``: an intact ``last.old`` or ``best``, warned), with the
     config and state saved in it, each read once."""
     ckpt, config, state = resumable_checkpoint(path)
+    if "swa" in state:
+        raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
+                         "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
+    if state.get("format") != CHECKPOINT_FORMAT:
+        raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
     return ResumePoint(ckpt, config, state, data_changed)
 
 
@@ -406,28 +290,6 @@ def rank_objectives_file(rank: int) -> str:
     return f"objectives.rank{rank}.safetensors"
 
 
-def save_rank_objectives(objectives: Sequence[nn.Module], model: nn.Module, rank: int, world: int) -> None:
-    """Rank r ≥ 1's part of a checkpoint: its rank-local objective state, written into rank 0's temporary
-    directory (whose path rank 0 sends) before rank 0 swaps it in. Nothing without rank-local state."""
-    own = objectives_state(objectives, model, rank_local_only=True) if world > 1 else {}
-    if own:
-        tmp = Path(distributed.broadcast_from_main(None))
-        save_tensors(tmp / rank_objectives_file(rank), own)
-        distributed.barrier()
-
-
-@contextlib.contextmanager
-def rank_objectives_saved(tmp: Path, objectives: Sequence[nn.Module], model: nn.Module, world: int) -> Iterator[None]:
-    """Rank 0's side of ``save_rank_objectives``: send ``tmp``, and end the block only once every rank has
-    written its file there, so that ``atomic_directory`` fsyncs and swaps in all ranks' files at once."""
-    needed = world > 1 and bool(objectives_state(objectives, model, rank_local_only=True))
-    if needed:
-        distributed.broadcast_from_main(str(tmp))
-    yield
-    if needed:
-        distributed.barrier()
-
-
 def load_objectives_state(objectives: Sequence[nn.Module], model: nn.Module, ckpt: Path,
                           device: torch.device, rank: int = 0) -> None:
     """Inverse of ``objectives_state``. Missing tensors (other than the model's own) and extra ones are errors.
@@ -515,3 +377,42 @@ def save_encoder_files(directory: Path, encoder: nn.Module, tokenizer: Any, *, m
         "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
         "pooling_mode_mean_sqrt_len_tokens": False})
 
+
+def write_checkpoint(directory: Path, *, model: MultitaskBert, objectives: Sequence[nn.Module],
+                     optimizer: torch.optim.Optimizer, param_names: list[str], state: dict, config: TrainConfig,
+                     tokenizer: Any, sst_prior: dict[str, torch.Tensor] | None = None) -> None:
+    """Write every file of a checkpoint (the module docstring) into ``directory``, a fresh folder the caller
+    swaps in (``atomic_directory``)."""
+    save_tensors(directory / "model.safetensors", model.state_dict())
+    obj_state = objectives_state(objectives, model)
+    if obj_state:
+        save_tensors(directory / "objectives.safetensors", obj_state)
+    tensors, meta = optimizer_state(optimizer, param_names)
+    save_tensors(directory / "optimizer.safetensors", tensors)
+    write_json(directory / "optimizer.json", meta)
+    write_json(directory / "state.json", state)
+    write_json(directory / "config.json", config.to_dict())
+    if sst_prior is not None:
+        save_tensors(directory / SST_PRIOR_FILE, sst_prior)
+    save_encoder_files(directory / "encoder", model.encoder, tokenizer, max_length=config.max_length,
+                       pooling=config.model.pooling)
+
+
+def load_model(ckpt: Path, device: torch.device | str = "cpu", cfg: TrainConfig | None = None
+               ) -> tuple[MultitaskBert, list[Objective], BertTokenizer, TrainConfig]:
+    """Rebuild (model, objectives, tokenizer, config) from checkpoint directory ``ckpt`` (resolved) alone.
+
+    ``cfg``, when the caller has read it (``load_config``), is used as it is: the objectives are built from its
+    options (an evaluation config may change their inference options, tasks.config.eval_config)."""
+    cfg = cfg if cfg is not None else load_config(ckpt)
+    enc_dir = ckpt / "encoder"
+    encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))
+    tokenizer = BertTokenizer.from_pretrained(enc_dir)
+    model = MultitaskBert(encoder, cfg.model)
+    model.load_state_dict(load_tensors(ckpt / "model.safetensors"))
+    model.to(device)
+    objectives = build_objectives(cfg.objectives, model)
+    for o in objectives:
+        o.to(device)
+    load_objectives_state(objectives, model, ckpt, torch.device(device))
+    return model, objectives, tokenizer, cfg

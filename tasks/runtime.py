@@ -86,6 +86,24 @@ def configure_malloc() -> bool:
     return ok
 
 
+def _env_int(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {name}={raw!r} is not an integer (torchrun sets it)") from None
+
+
+def torchrun_env() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from torchrun's environment; (0, 1, 0) in a plain process."""
+    rank, world, local = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1), _env_int("LOCAL_RANK", 0)
+    if world < 1 or not 0 <= rank < world:
+        raise ValueError(f"RANK={rank} and WORLD_SIZE={world} do not describe a process group")
+    return rank, world, local
+
+
 def check_device_string(device: str) -> None:
     """Refuse a device name that is not one of auto, cpu, cuda, cuda:N, mps (no hardware is probed)."""
     if device in ("auto", "cpu", "cuda", "mps") or (device.startswith("cuda:") and device[5:].isdigit()):

@@ -1,0 +1,99 @@
+"""Tests of tasks/storage.py: files and directories written whole or not at all, with the umask's mode; JSON
+finite only; a full disk named as one."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import stat
+
+import pytest
+
+from tasks import storage
+from tasks.config import TrainConfig
+from tasks.storage import atomic_directory, atomic_file, temporary_prefix
+from tasks.training.rundir import RunDir
+from tests.helpers import dead_pid
+
+
+def test_atomic_file_replaces_whole_or_not_at_all_with_the_umasks_mode(tmp_path):
+    """A file written through atomic_file appears whole, with the mode the umask gives a new file (not mkstemp's
+    0600); a failure inside leaves the previous file and no temporary behind."""
+    path = tmp_path / "out" / "sst-dev-output.csv"
+    with atomic_file(path) as tmp:
+        tmp.write_text("old\n")
+    before = os.umask(0o022)
+    os.umask(before)
+    assert path.read_text() == "old\n" and stat.S_IMODE(path.stat().st_mode) == 0o666 & ~before
+    with pytest.raises(RuntimeError), atomic_file(path) as tmp:
+        tmp.write_text("half")
+        raise RuntimeError("disk full")
+    assert path.read_text() == "old\n" and [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_atomic_directory_leaves_no_partial_checkpoint(tmp_path):
+    """A failure while writing leaves the previous checkpoint untouched and no stray temporary directory."""
+    final = tmp_path / "checkpoints" / "last"
+    with atomic_directory(final) as tmp:
+        (tmp / "a.json").write_text('{"v": 1}')
+    with pytest.raises(RuntimeError):
+        with atomic_directory(final) as tmp:
+            (tmp / "a.json").write_text('{"v": 2}')
+            raise RuntimeError("disk full")
+    assert json.loads((final / "a.json").read_text()) == {"v": 1}
+    assert sorted(p.name for p in final.parent.iterdir()) == ["last"]
+    fresh = tmp_path / "checkpoints" / "best"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(fresh) as tmp:
+            raise RuntimeError("killed")
+    assert not fresh.exists() and sorted(p.name for p in final.parent.iterdir()) == ["last"]
+
+
+def test_stale_temporary_checkpoints_of_dead_writers_are_removed(tmp_path):
+    """A crash mid-write leaves a temporary sibling named after its writer (pid@host); the next save, and the
+    next start of a run, delete those of dead writers and keep a live writer's."""
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with atomic_directory(checkpoints / "last") as tmp:
+        assert tmp.name.startswith(temporary_prefix("last")) and str(os.getpid()) in tmp.name
+    dead = checkpoints / (temporary_prefix("last", dead_pid()) + "abc123")
+    live = checkpoints / (temporary_prefix("best", os.getppid()) + "def456")
+    for d in (dead, live):
+        d.mkdir()
+        (d / "model.safetensors").write_bytes(b"x" * 100)
+    with atomic_directory(checkpoints / "last") as tmp:
+        pass
+    assert sorted(p.name for p in checkpoints.iterdir()) == sorted(["last", live.name])
+    dead.mkdir()
+    shutil.rmtree(checkpoints / "last")  # temporaries alone do not make the folder a run's: a fresh start is allowed
+    RunDir(tmp_path / "run").start(TrainConfig(out_dir=str(tmp_path / "run")))
+    assert not dead.exists() and live.exists()
+
+
+def test_a_full_disk_while_writing_tensors_is_reported_as_a_full_disk(tmp_path, monkeypatch):
+    """safetensors reports a failed write as a SafetensorError, not an OSError: it must still read "disk full
+    writing <file>", not "truncated or corrupted: use another checkpoint" (what a full disk printed before)."""
+    import torch
+    from safetensors import SafetensorError
+
+    from tasks.cli import describe
+
+    def full(tensors, filename, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(storage, "save_file", full)
+    path = tmp_path / "model.safetensors"
+    with pytest.raises(OSError) as exc:
+        storage.save_tensors(path, {"w": torch.zeros(2)})
+    assert exc.value.errno == errno.ENOSPC and exc.value.filename == str(path)
+    assert describe(exc.value).startswith(f"disk full writing {path}: free space")
+
+
+def test_write_json_refuses_a_non_finite_value_without_writing_a_byte(tmp_path):
+    """Issue 33: `--lr inf` left a truncated config.json behind: json.dump had written the fields before it."""
+    path = tmp_path / "config.json"
+    path.write_text('{"kept": 1}\n')
+    with pytest.raises(ValueError, match="not JSON compliant"):
+        storage.write_json(path, {"a": 1.0, "lr": float("inf")})
+    assert path.read_text() == '{"kept": 1}\n'
