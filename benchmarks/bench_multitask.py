@@ -119,7 +119,8 @@ from tasks.runtime import (
     resolve_device,
     synchronize,
 )
-from tasks.training.trainer import Trainer, build_parts
+from tasks.training.run import build_parts
+from tasks.training.trainer import Trainer
 
 VARIANTS = {
     "ours": "ours: length buckets, padded to the batch's longest",

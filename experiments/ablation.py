@@ -72,7 +72,7 @@ from pathlib import Path
 from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, fmt, markdown_table
 from tasks.data.readers import load_split
-from tasks.ensemble import main as ensemble_main
+from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
 BASELINE = ["--arch", "baseline", "--pair-encoding", "siamese", "--pooling", "mean", "--head-dropout", "0.3",
@@ -230,9 +230,11 @@ def ensemble_scores(sweep: Sweep, seed: int) -> dict[str, dict]:
         return {}
     out = {}
     for method in ("simple", "selective"):
-        summary = ensemble_main([str(sweep.root / m / f"seed{seed}" / "predictions") for m in members] + [
-            "--names", *members, "--method", method, "--out-dir", str(sweep.root / f"ensemble-{method}" /
-                                                                        f"seed{seed}")])
+        config = EnsembleConfig(runs=[str(sweep.root / m / f"seed{seed}" / "predictions") for m in members],
+                                names=list(members), method=method,
+                                out_dir=str(sweep.root / f"ensemble-{method}" / f"seed{seed}"))
+        check_ensemble(config)
+        summary, _ = make_ensemble(config)
         # selective: the subset is chosen on one dev half and scored on the other, both ways (honest)
         task_scores = {t: r["holdout"][method] if method == "selective" else r["simple_score"]
                        for t, r in summary["tasks"].items()}

@@ -62,9 +62,9 @@ from pathlib import Path
 from experiments.sweep import Sweep, say
 from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
-from tasks import train as train_command
+from tasks import arguments
 from tasks.cli import describe
-from tasks.ensemble import main as ensemble_main
+from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.ensemble import METHODS
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> dict:
         hint = (" (the flags after -- go to the specialists too: put what only the full members take in "
                 "--variants)") if variant.startswith("--tasks ") else ""
         try:
-            train_command.config_for(flags)
+            arguments.config_for(flags)
         except SystemExit:  # train_multitask.py's parser has said why
             ap.error(f"member flags {shlex.join(flags)} (see above){hint}")
         except (ValueError, OSError) as e:  # OSError: a --config or --pretrained that is not there
@@ -193,8 +193,10 @@ def main(argv: list[str] | None = None) -> dict:
     members = {name: {"dev": record["dev"], "wall_s": wall, "variant": plan[name][1]}
                for name, (record, wall) in zip(plan, trained)}
     ens_dir = Path(args.out_dir) / "ensemble"
-    summary = ensemble_main([*(str(sweep.root / m) for m in members), "--method", args.method,
-                             "--data-dir", args.data_dir, "--out-dir", str(ens_dir)])
+    config = EnsembleConfig(runs=[str(sweep.root / m) for m in members], method=args.method,
+                            data_dir=args.data_dir, out_dir=str(ens_dir))
+    check_ensemble(config)
+    summary, _ = make_ensemble(config)
     whole = _overall(summary)
     result = {"members": members, "method": args.method, "extra_flags": extra, "first_seed": args.first_seed,
               "honest_overall": whole if args.method == "simple" else summary.get("holdout_overall"),

@@ -70,7 +70,7 @@ from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, markdown_table
 from tasks.data.perturb import perturb, perturbed_data_dir
 from tasks.data.readers import load_split
-from tasks.robustness import dev_scores
+from tasks.training.run import dev_scores
 
 METHODS = {
     "ce": ("CE baseline", []),

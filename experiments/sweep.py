@@ -186,7 +186,7 @@ class Sweep:
         if not saved_path.is_file():
             return False
         from tasks.config import TrainConfig  # from_dict fills the fields a config written before them lacks
-        from tasks.train import config_for  # the CLI's own parsing: flags mean what they mean to train_multitask.py
+        from tasks.arguments import config_for  # flags mean what they mean to train_multitask.py
 
         try:
             saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).to_dict()

@@ -20,10 +20,10 @@ import shlex
 from collections.abc import Sequence
 
 from minbert.pretrained import load_pretrained
-from tasks import train as train_command
+from tasks import arguments
 from tasks.cli import describe, user_errors
 from tasks.config import TrainConfig
-from tasks.data.selection import load_run_data
+from tasks.selection import load_run_data
 from tasks.training.trainer import build_schedule
 
 
@@ -50,7 +50,7 @@ def recipe_tokens(argv: Sequence[str], tokenizer) -> dict[str, int]:
 
     Raises SystemExit, ValueError or OSError for flags train_multitask.py would refuse (OSError: a --config or
     --pretrained that is not there) and OSError or ValueError for data it cannot read."""
-    cfg = train_command.config_for(list(argv))
+    cfg = arguments.config_for(list(argv))
     return training_tokens(cfg, load_run_data(cfg, tokenizer).train_sets)
 
 
@@ -64,7 +64,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     for label, flags in [("reference", args.reference)] + [("candidate", f) for f in args.candidate]:
         try:  # every recipe's flags before any work: train_multitask.py's parser names what it refuses
             recipes.append((flags, shlex.split(flags)))
-            train_command.config_for(recipes[-1][1])
+            arguments.config_for(recipes[-1][1])
         except SystemExit:  # train_multitask.py's parser has said why
             ap.error(f"{label} {flags!r} (see above)")
         except (ValueError, OSError) as e:  # OSError: a --config or --pretrained that is not there

@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +29,6 @@ from tasks.model import NLI, PHRASES, STREAMS, TASKS, ModelConfig
 from tasks.objectives import objective_config, registered_objectives
 from tasks.options import option
 from tasks.runtime import check_device_string
-from tasks.training.tensorboard import REPORTERS, check_available
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
 
@@ -38,6 +37,9 @@ FINAL_DEV = ("full", "capped")
 
 
 PHRASE_ORDERS = ("mixed", "first")
+
+
+REPORTERS = ("tensorboard",)  # --report-to (tasks/training/tensorboard.py)
 
 
 MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refuse it (see TrainConfig.to_dict)
@@ -78,134 +80,134 @@ class TrainConfig:
     """
 
     # -- data --
-    data_dir: str = option("data", "directory of the CS224N CSV files (data/README.md)")
-    out_dir: str = option("runs/default", "the run directory (what it holds: README 'Training')")
-    tasks: tuple[str, ...] = option(TASKS, "tasks to train and evaluate (paper §4.1: all three)")
+    data_dir: str = option("data", "directory of the CS224N CSV files (data/README.md)", group="data", metavar="DIR")
+    out_dir: str = option("runs/default", "the run directory (what it holds: README 'Training')", group="data", metavar="DIR")
+    tasks: tuple[str, ...] = option(TASKS, "tasks to train and evaluate (paper §4.1: all three)", group="data", choices=TASKS, nargs="+")
     nli: bool = option(False, "add the nli-train.csv triplet stream (paper §4.2 'Additional AllNLI data'); it has no "
-                       "head loss, only its objectives train on it (B1: MNR)")
+                       "head loss, only its objectives train on it (B1: MNR)", group="data", negatable=True)
     limit: int | None = option(None, "read at most N examples of every split of every task and NLI (smoke runs); "
-                               "at least the batch size")
-    max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)")
+                               "at least the batch size", group="data", metavar="N")
+    max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)", group="data", metavar="T")
     max_train_examples: dict[str, int] = option(
         help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is the largest "
              "set; all of it every epoch does not fit the CPU budget: experiments/RESULTS.md); STREAM=N or "
-             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000})
+             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000}, group="data", keys=STREAMS, metavar="STREAM=N")
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
-        factory=lambda: {"para": 3000})
+        factory=lambda: {"para": 3000}, group="data", keys=STREAMS, metavar="TASK=N")
     train_subsets: str = option("cycle", "how a capped stream's examples are chosen each epoch: fresh = a new "
                                 "random subset every epoch (examples may repeat before all were seen); cycle = the "
-                                "next examples of one shuffled pass, so none repeats before all were seen")
+                                "next examples of one shuffled pass, so none repeats before all were seen", group="data", choices=SUBSETS)
     pair_swap: float = option(0.0, "probability that a training pair (Quora, STS) is shown as (b, a) instead of "
-                              "(a, b): order augmentation, not in the paper; 0 = off")
+                              "(a, b): order augmentation, not in the paper; 0 = off", group="data", metavar="P")
     symmetric_eval: bool = option(True, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
                                   "(b, a) at evaluation and prediction: a cross-encoder is not symmetric; not in "
-                                  "the paper")
+                                  "the paper", group="data")
     sts_prior: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence "
                               "encoder's mean-pooled embeddings (--sts-prior-model, frozen, at evaluation only; "
-                              "tasks/evaluation/priors.py); not in the papers; 0 = off")
+                              "tasks/evaluation/priors.py); not in the papers; 0 = off", group="data", metavar="W")
     sts_prior_model: str | None = option(None, "the sentence encoder of --sts-prior (a checkpoint directory "
                                          "whose mean-pooled cosine scores similarity); default: the embedded "
-                                         "all-MiniLM-L6-v2, whatever --pretrained is")
+                                         "all-MiniLM-L6-v2, whatever --pretrained is", group="data", metavar="DIR")
     sst_prior: float = option(0.5, "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
                               "regression on a frozen sentence encoder's embeddings of the SST training "
                               "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
-                              "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off")
+                              "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off", group="data", metavar="W")
     sst_prior_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
-                                         "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is")
+                                         "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is", group="data", metavar="DIR")
     sst_phrases: str | None = option(None, "a file of labelled SST phrases in the SST training file's format "
                                      "(data/sst-phrases-train.csv: the treebank's sub-sentence phrases of the "
                                      "training trees; a name in --data-dir or a path), trained through the SST head as "
                                      "a stream of their own beside the sentences (Socher et al. 2013 train on every "
-                                     "phrase); not in the minBERT paper; default: none")
+                                     "phrase); not in the minBERT paper; default: none", group="data", metavar="FILE")
     sst_phrases_per_epoch: int = option(8544, "with --sst-phrases: phrases trained an epoch, the next ones of a "
-                                        "seeded shuffle of the file (as --train-subsets says)")
-    sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)")
-    sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss")
+                                        "seeded shuffle of the file (as --train-subsets says)", group="data", metavar="N")
+    sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)", group="data", metavar="N")
+    sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data", metavar="W")
     sst_phrases_order: str = option("mixed", "with --sst-phrases: mixed = phrase batches shuffled among the epoch's "
                                     "other batches (as --schedule says); first = each epoch trains its phrase "
-                                    "batches first, then the rest, so it ends on whole sentences")
+                                    "batches first, then the rest, so it ends on whole sentences", group="data", choices=PHRASE_ORDERS)
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
-                            "numbers compared with the paper's)")
+                            "numbers compared with the paper's)", group="data", choices=FINAL_DEV)
 
     # -- model --
     pretrained: str | None = option(None, "HF BERT checkpoint directory (config.json, model.safetensors or "
                                     "pytorch_model.bin, vocab.txt), e.g. bert-base-uncased as in the paper §4.1; "
-                                    "default: the embedded all-MiniLM-L6-v2")
+                                    "default: the embedded all-MiniLM-L6-v2", group="model", metavar="DIR")
     encoder_dropout: float | None = option(None, "dropout inside the encoder (hidden and attention probabilities), "
                                            "set in its BertConfig (paper §4.5 keeps 0.3); default: the checkpoint's "
-                                           "own")
+                                           "own", group="model", metavar="P")
     model: ModelConfig = option(help="the heads (tasks/model.py)", factory=lambda: ModelConfig(
         arch="b1", pair_encoding="cross", pooling="mean", head_dropout=0.0))
     objectives: dict[str, dict[str, Any]] = option(help="objective name -> its Config overrides", factory=dict)
 
     # -- optimization --
-    epochs: int = option(3, "training epochs (paper: 10 for ablations, 20 for the final models, §5.3)")
+    epochs: int = option(3, "training epochs (paper: 10 for ablations, 20 for the final models, §5.3)", group="optimization", metavar="N")
     batch_size: int = option(32, "examples per batch in every stream (paper: 16, §4.4); under torchrun the global "
-                             "batch, split evenly over the processes (a multiple of their number)")
+                             "batch, split evenly over the processes (a multiple of their number)", group="optimization", metavar="B")
     task_batch_size: dict[str, int] = option(help="per-stream batch size overrides (not with --schedule even, whose "
-                                             "batches are all one size, §4.2)", factory=dict)
-    eval_batch_size: int = option(128, "examples per batch at evaluation")
+                                             "batches are all one size, §4.2)", factory=dict, group="optimization", keys=STREAMS, metavar="STREAM=B")
+    eval_batch_size: int = option(128, "examples per batch at evaluation", group="optimization", metavar="B")
     schedule: str = option("even", "which stream's batch comes next: sequential (the CS224N starter, the paper's "
-                           "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)")
+                           "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)", group="optimization", choices=SCHEDULES)
     loss_weights: dict[str, float] = option(help="per-stream loss factors, missing = 1 (paper §4.2 loss rescaling: "
-                                            "para=0.1); updates the preset's", factory=dict)
-    lr: float = option(1e-4, "peak AdamW learning rate (paper: 1e-5, §4.1 and §4.5)")
+                                            "para=0.1); updates the preset's", factory=dict, group="optimization", keys=STREAMS, metavar="STREAM=W")
+    lr: float = option(1e-4, "peak AdamW learning rate (paper: 1e-5, §4.1 and §4.5)", group="optimization", metavar="LR")
     lr_schedule: str = option("warmup_linear", "constant; epoch_decay = lr - lr_decay x epoch (paper §4.5); "
-                              "warmup_linear = linear warmup, then linear decay to 0 over all steps (BERT's)")
+                              "warmup_linear = linear warmup, then linear decay to 0 over all steps (BERT's)", group="optimization", choices=LR_SCHEDULES)
     lr_decay: float = option(4e-7, "with --lr-schedule epoch_decay: subtracted from the lr each epoch "
-                             "(paper: 4e-7, §4.5)")
-    warmup: float = option(0.1, "with --lr-schedule warmup_linear: fraction of all steps spent warming up")
+                             "(paper: 4e-7, §4.5)", group="optimization", metavar="DECAY")
+    warmup: float = option(0.1, "with --lr-schedule warmup_linear: fraction of all steps spent warming up", group="optimization", metavar="FRACTION")
     weight_decay: float = option(0.01, "AdamW decoupled weight decay, never on biases or LayerNorm "
-                                 "(paper §6: it did not help; presets use 0)")
+                                 "(paper §6: it did not help; presets use 0)", group="optimization", metavar="DECAY")
     layer_lr_decay: float = option(1.0, "layer-wise lr decay (not in the paper; Sun et al. 2019 §5.3, ULMFiT's "
                                    "discriminative fine-tuning): encoder layer i of L (0 = the lowest) trains at "
-                                   "lr x this^(L-1-i), the embeddings at lr x this^L; 1 = one lr for all")
+                                   "lr x this^(L-1-i), the embeddings at lr x this^L; 1 = one lr for all", group="optimization", metavar="FACTOR")
     head_lr_scale: float = option(1.0, "the heads (and objectives' own parameters) train at lr x this; the "
-                                  "encoder at lr")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)")
-    seed: int = option(0, "seed of python, numpy and torch and of the batch order")
+                                  "encoder at lr", group="optimization", metavar="FACTOR")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)", group="optimization", metavar="NORM")
+    seed: int = option(0, "seed of python, numpy and torch and of the batch order", group="optimization", metavar="SEED")
 
     # -- stages and post-training (tasks/training/lpft.py, tasks/training/swa.py) --
     lp_epochs: int = option(0, "LP-FT (paper §4.2): N epochs training only the heads (encoder frozen and in eval "
                             "mode, so no dropout; the optimizer never sees it), then --epochs of full fine-tuning "
                             "from those weights with a fresh optimizer, in one run; records carry stage lp / ft; "
-                            "0 = off")
+                            "0 = off", group="stages", metavar="N")
     lp_lr: float | None = option(None, "peak learning rate of LP-FT stage 1 (paper §4.2 gives none; needs "
-                                 "--lp-epochs); default: --lr")
+                                 "--lp-epochs); default: --lr", group="stages", metavar="LR")
     swa_epochs: int = option(0, "SWA (paper §4.6: 5 epochs at lr 1e-5, PyTorch's SWA modules): after training, N "
                              "more epochs at constant --swa-lr from the best checkpoint, averaging the weights at "
                              "each epoch end (torch.optim.swa_utils.AveragedModel; LayerNorm only, so no BN "
                              "update); saved as checkpoints/swa and used for the predictions when its dev score "
-                             "beats the best epoch's; 0 = off")
-    swa_lr: float = option(1e-5, "constant learning rate of the SWA epochs (paper §4.6: 1e-5); needs --swa-epochs")
+                             "beats the best epoch's; 0 = off", group="stages", metavar="N")
+    swa_lr: float = option(1e-5, "constant learning rate of the SWA epochs (paper §4.6: 1e-5); needs --swa-epochs", group="stages", metavar="LR")
     predict_train: bool = option(False, "also write predictions/{task}-train-logits.csv on the whole training sets: "
                                  "the soft targets that --distill-teachers reads (paper §4.6 knowledge "
-                                 "distillation); with --eval-only, from a saved model")
+                                 "distillation); with --eval-only, from a saved model", group="stages")
 
     # -- runtime --
-    device: str = option("auto", "auto (cuda when available), cpu, cuda, cuda:N")
+    device: str = option("auto", "auto (cuda when available), cpu, cuda, cuda:N", group="runtime", metavar="DEVICE")
     bf16: bool | None = option(None, "bf16 autocast; default: on for CUDA with bf16 and on CPUs with native bf16 "
-                               "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)")
-    compile: bool = option(False, "torch.compile the encoder")
+                               "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)", group="runtime")
+    compile: bool = option(False, "torch.compile the encoder", group="runtime")
     deterministic: bool = option(False, "torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG="
                                  ":4096:8 when unset): on CUDA, what makes --resume repeat a run bit for bit (same "
                                  "GPU model and count); an op with no deterministic kernel then raises; CPU runs "
-                                 "are bit-exact without it")
+                                 "are bit-exact without it", group="runtime")
     gradient_checkpointing: bool = option(False, "activation checkpointing: keep only each encoder layer's input and "
                                           "recompute the layer in backward (less memory for about one more forward "
                                           "pass: bert-base-sized models on small GPUs); the same losses and "
-                                          "gradients")
+                                          "gradients", group="runtime")
     fused_adamw: bool = option(True, "run our AdamW update through torch's fused kernel (minbert/optimizer.py; the "
                                "same update up to float rounding, not bit for bit, as the foreach path that "
-                               "--no-fused-adamw selects)")
+                               "--no-fused-adamw selects)", group="runtime")
     report_to: tuple[str, ...] = option((), "also write the log lines' and epochs' metrics for: tensorboard "
-                                        "(event files in <out-dir>/tensorboard; pip install tensorboard)")
+                                        "(event files in <out-dir>/tensorboard; pip install tensorboard)", group="runtime", choices=REPORTERS, nargs="+")
     log_every: int = option(50, "one log line (every loss term, lr, seq/s) every N steps (the only time losses are "
-                            "read back from the device)")
-    checkpoint_every: int = option(0, "also write checkpoints/last every N steps mid-epoch (0 = epoch ends only)")
+                            "read back from the device)", group="runtime", metavar="N")
+    checkpoint_every: int = option(0, "also write checkpoints/last every N steps mid-epoch (0 = epoch ends only)", group="runtime", metavar="N")
 
     def __post_init__(self) -> None:
         self.tasks = tuple(self.tasks)
@@ -223,36 +225,41 @@ class TrainConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], complete: bool = False) -> TrainConfig:
-        """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load).
+        """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load),
+        and so is a number that is not finite (JSON's ``Infinity``, ``NaN``), named by its field.
 
-        ``complete``: ``d`` is a run's saved configuration, so a missing field (other than the LEGACY ones,
-        which older runs lack) is an error naming it, never today's default."""
+        A run's saved configuration holds every field, but those added since it was written, which take the value
+        that reproduces it (LEGACY_VALUES, LEGACY_SAME_AS), not today's default. A file of some fields
+        (``--config`` of one's own) takes today's defaults for the others. ``complete``: ``d`` must be a run's
+        saved configuration (a checkpoint's): a missing field is an error naming it.
+        """
         if not isinstance(d, dict):
             raise ValueError(f"a run configuration is a JSON object, got a JSON {type(d).__name__}")
         for where, value in _numbers(d):
             if not math.isfinite(value):
                 raise ValueError(f"{where} is {json.dumps(value)}, not a finite number")
         d = dict(d)
-        model_type = d.pop("model_type", MODEL_TYPE)  # a config without the marker is read as ours
+        model_type = d.pop("model_type", MODEL_TYPE)  # runs saved before the marker (2026-11-23) lack it
         if model_type != MODEL_TYPE:
             raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
-        if complete:
-            missing = sorted(known - set(d) - set(LEGACY_VALUES) - set(LEGACY_SAME_AS))
-            missing += [f"model.{f.name}" for f in dataclasses.fields(ModelConfig) if f.name not in d.get("model", {})
-                        ] if "model" in d else []
-            if missing:
-                raise ValueError(f"not a complete run configuration: missing {missing}")
-        d = {**LEGACY_VALUES, **{k: d.get(v) for k, v in LEGACY_SAME_AS.items()}, **d}
         if "model" in d:
             model_known = {f.name for f in dataclasses.fields(ModelConfig)}
             bad = sorted(set(d["model"]) - model_known)
             if bad:
                 raise ValueError(f"unknown ModelConfig field(s) {bad}; known: {sorted(model_known)}")
-            d["model"] = ModelConfig(**d["model"])
+        missing = sorted(known - set(d) - set(LEGACY_VALUES) - set(LEGACY_SAME_AS))
+        missing += [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)
+                    if f.name not in d.get("model", {})] if "model" in d else []
+        if complete and missing:
+            raise ValueError(f"not a complete run configuration: missing {missing}")
+        if not missing:  # a run's saved configuration: the fields added since it was written as it ran
+            d = {**LEGACY_VALUES, **{k: d.get(v) for k, v in LEGACY_SAME_AS.items()}, **d}
+        if "model" in d:
+            d["model"] = dataclasses.replace(cls().model, **d["model"])  # a partial one: today's others
         return cls(**d)
 
     # -- derived --
@@ -327,7 +334,6 @@ class TrainConfig:
         unknown = [r for r in self.report_to if r not in REPORTERS]
         if unknown:
             raise ValueError(f"report_to: unknown {unknown}; it can be {', '.join(REPORTERS)}")
-        check_available(self.report_to)
         if self.max_length < 3:
             raise ValueError(f"max_length={self.max_length} leaves no room for text ([CLS] a [SEP] b [SEP] needs 3 tokens)")
         if self.schedule not in SCHEDULES:
@@ -459,27 +465,31 @@ def eval_overrides(cfg: TrainConfig) -> dict[str, Any]:
     return {**{k: getattr(cfg, k) for k in EVAL_MUTABLE}, "objectives": cfg.objectives}
 
 
-def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
-    """The config that evaluates a checkpoint trained with ``saved``: only eval_mutable() fields change.
-
-    ``overrides`` holds top-level fields and, under "objectives", the
-    inference options of the saved objectives; the tasks must be a subset of the trained ones.
-    """
-    allowed = {path for path in eval_mutable() if "." not in path}
-    fixed = sorted(set(overrides) - allowed - {"objectives"})
+def check_eval_changes(paths: Iterable[str], name: Callable[[str], str] = lambda path: path) -> None:
+    """The one rule of evaluating a saved model: only eval_mutable() settings (dotted paths) may change; a
+    ValueError naming the others (``name``: how the caller spells a path: a field, or a flag)."""
+    allowed = eval_mutable()
+    fixed = [name(p) for p in paths if p not in allowed]
     if fixed:
-        raise ValueError(f"evaluation uses the configuration saved in the checkpoint, so {', '.join(fixed)} "
-                         f"cannot change (allowed: {', '.join(eval_mutable())})")
+        raise ValueError(f"evaluation uses the configuration saved in the checkpoint, so {', '.join(fixed)} cannot "
+                         f"change (allowed: {', '.join(name(p) for p in allowed)})")
+
+
+def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
+    """The config that evaluates a checkpoint trained with ``saved``: only eval_mutable() fields change
+    (``check_eval_changes``).
+
+    ``overrides`` holds top-level fields and, under "objectives", options of the saved objectives (those equal
+    to the saved ones count as no change); the tasks must be a subset of the trained ones.
+    """
     objectives = {name: dict(options) for name, options in saved.objectives.items()}
-    inference = {path for path in eval_mutable() if path.startswith("objectives.")}
+    changed = [k for k in overrides if k != "objectives"]
     for name, options in overrides.get("objectives", {}).items():
         if name not in objectives:
             raise ValueError(f"the checkpoint was trained without objective {name!r}")
-        for key, value in options.items():
-            if objectives[name].get(key) != value and f"objectives.{name}.{key}" not in inference:
-                raise ValueError(f"objective {name!r} option {key!r} shapes the trained model; evaluation cannot "
-                                 "change it")
-            objectives[name][key] = value
+        changed += [f"objectives.{name}.{k}" for k, v in options.items() if objectives[name].get(k) != v]
+        objectives[name].update(options)
+    check_eval_changes(changed)
     cfg = dataclasses.replace(saved, **{k: v for k, v in overrides.items() if k != "objectives"},
                               objectives=objectives)
     extra = sorted(set(cfg.tasks) - set(saved.tasks))
@@ -490,7 +500,7 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
-__all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "TrainConfig",
+__all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "TrainConfig", "check_eval_changes",
            "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides", "refuse_idle_settings")
 
 

@@ -114,17 +114,17 @@ class ModelConfig:
     """The heads and how sentences reach them; every field is a CLI flag (``--arch``, ``--pair-encoding``, ...)."""
 
     arch: str = option("baseline", "task heads: baseline (paper §4.1: linear heads, Siamese pairs) or b1 (§4.3: "
-                       "shared FCN layers, non-linear heads, the paraphrase structural change)")
+                       "shared FCN layers, non-linear heads, the paraphrase structural change)", choices=ARCHS, group="model")
     pair_encoding: str = option("siamese", "siamese: each sentence encoded alone (paper §4.1); cross: "
                                 "'[CLS] a [SEP] b [SEP]' as one sequence (not in the paper; cheaper and stronger "
-                                "on CPU)")
+                                "on CPU)", choices=PAIR_ENCODINGS, group="model")
     pooling: str = option("pooler", "the sentence embedding the heads read: pooler = pooled [CLS] (paper §4.1), "
-                          "cls = raw [CLS], mean = mean over tokens")
-    fcn_size: int = option(256, "size of the b1 FCN layers (paper: 256, §4.3/§5.4)")
-    baseline_proj_size: int = option(32, "Siamese intermediate embedding of the baseline heads (paper: 32, §4.1)")
+                          "cls = raw [CLS], mean = mean over tokens", choices=POOLINGS, group="model")
+    fcn_size: int = option(256, "size of the b1 FCN layers (paper: 256, §4.3/§5.4)", metavar="SIZE", group="model")
+    baseline_proj_size: int = option(32, "Siamese intermediate embedding of the baseline heads (paper: 32, §4.1)", metavar="SIZE", group="model")
     head_dropout: float = option(0.3, "dropout before every head linear layer (paper: 0.3 in the baseline §4.1 and "
-                                 "B3, none in B1/B2 §5.4)")
-    sts_scale: float = option(5.0, "STS prediction = this x cosine (Siamese) or x sigmoid (cross) (paper: 5.0, §4.1)")
+                                 "B3, none in B1/B2 §5.4)", metavar="P", group="model")
+    sts_scale: float = option(5.0, "STS prediction = this x cosine (Siamese) or x sigmoid (cross) (paper: 5.0, §4.1)", metavar="SCALE", group="model")
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("arch", self.arch, ARCHS), ("pair_encoding", self.pair_encoding, PAIR_ENCODINGS),

@@ -1,24 +1,60 @@
-"""Config fields that carry their own help text: written once, read by the CLI and the docs.
+"""Config fields that carry their own flag, and the one mechanism that turns them into a command's flags.
+
+Every setting is a dataclass field written once with ``option``: its default, its help, and what
+its flag needs that the type does not say (choices, the keys of a STREAM=VALUE map, a metavar, a
+flag name of its own). ``add_options`` gives a parser (or an argument group) one flag per field of a
+dataclass (transformers' ``HfArgumentParser`` for this project): the type comes from the field's
+type hint, the help from ``option``, the default shown beside it from the field. Every command
+builds its flags this way: the train command from TrainConfig, ModelConfig, each objective's Config
+and its own ``Command`` fields (tasks/arguments.py), pretrain from PretrainConfig, the others from
+their own small dataclasses.
+
+Type hints become flags so:
+    bool                   --x (store_true); --x / --no-x when ``negatable`` (or the default is True or None)
+    int, float, str        --x VALUE (a float flag refuses NaN and infinities: tasks.cli.Parser)
+    Literal[...] / choices --x CHOICE
+    tuple[T, ...], list[T] --x V [V ...] (``nargs``, default "*"), or --x V --x V (``repeat``)
+    dict[str, int|float]   --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
+                           is removed); the command merges the items into the field's mapping
+    X | None               as X
+Another type is a TypeError naming the field (a flag that would silently do nothing is not made).
 
 Usage:
     @dataclass
     class Config:
         lr: float = option(1e-4, "peak learning rate")
-        caps: dict[str, int] = option(help="per-stream caps", factory=dict)
-    help_text(Config, "lr")            # "peak learning rate"
+        tasks: tuple[str, ...] = option(("sst",), "tasks to train", choices=TASKS, nargs="+")
+        caps: dict[str, int] = option(help="per-stream caps", factory=dict, keys=STREAMS)
+    add_options(parser, Config)                       # --lr, --tasks, --caps
+    args = parser.parse_args(argv); Config(**options_of(args, Config))
+    help_text(Config, "lr")                           # "peak learning rate"
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
-from collections.abc import Callable
+import math
+import types
+import typing
+from collections.abc import Callable, Sequence
 from typing import Any
 
+MISSING = dataclasses.MISSING
 
-def option(default: Any = dataclasses.MISSING, help: str = "", *,
-           factory: Callable[[], Any] | Any = dataclasses.MISSING) -> Any:
-    """A dataclass field with a default (or a ``factory`` for mutable defaults) and its help text."""
-    return dataclasses.field(default=default, default_factory=factory, metadata={"help": help})
+
+def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
+           choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None, metavar: str | None = None,
+           nargs: str | None = None, flag: str | None = None, negatable: bool | None = None,
+           positional: bool = False, repeat: bool = False, group: str | None = None) -> Any:
+    """A dataclass field with a default (or a ``factory`` for mutable defaults), its help text, and what its flag
+    needs beyond the type hint: ``choices``; ``keys`` of a STREAM=VALUE map; ``metavar``; ``nargs`` of a
+    sequence, or ``repeat`` (a list flag given once per value: --x A --x B); ``flag`` when its name is not the
+    field's; ``negatable`` for a --no- form; ``positional``; and the ``group`` of --help it is listed in."""
+    meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
+            "keys": tuple(keys) if keys is not None else None, "metavar": metavar, "nargs": nargs, "flag": flag,
+            "negatable": negatable, "positional": positional, "repeat": repeat, "group": group}
+    return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
 def help_text(cls: type, name: str) -> str:
@@ -31,4 +67,145 @@ def help_text(cls: type, name: str) -> str:
 
 def default_of(f: dataclasses.Field) -> Any:
     """A field's default value, calling its factory when it has one."""
-    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+    return f.default_factory() if f.default_factory is not MISSING else f.default
+
+
+def flag_name(f: dataclasses.Field, prefix: str = "") -> str:
+    """The flag of field ``f``: its own (``option(flag=...)``) or ``--<prefix><name>`` in kebab case."""
+    return f.metadata.get("flag") or "--" + (prefix + f.name).replace("_", "-")
+
+
+def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[str, Any]]:
+    """argparse type for KEY=VALUE items, KEY one of ``keys``; VALUE "all" (an int map's) removes the key."""
+
+    def parse(text: str) -> tuple[str, Any]:
+        key, sep, raw = text.partition("=")
+        if not sep or not key:
+            raise argparse.ArgumentTypeError(f"expected STREAM=VALUE (e.g. para=0.1), got {text!r}")
+        if key not in keys:
+            raise argparse.ArgumentTypeError(f"{key!r} is not a stream; streams: {', '.join(keys)}")
+        if raw == "all" and value_type is int:
+            return key, None
+        try:
+            value = value_type(raw)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r}: {raw!r} is not a valid {value_type.__name__}") from None
+        if isinstance(value, float) and not math.isfinite(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: {raw!r} is not a finite number")
+        return key, value
+
+    parse.__name__ = f"{value_type.__name__} pair"
+    return parse
+
+
+def _unwrap(tp: Any) -> Any:
+    """``X`` of ``X | None``."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in (typing.Union, types.UnionType) and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        return rest[0] if len(rest) == 1 else tp
+    return tp
+
+
+def shown_default(value: Any) -> str:
+    """A default as --help shows it: "" for None (the help says what None means), "none" for an empty one."""
+    if value is None or value is MISSING:
+        return ""
+    if isinstance(value, dict):
+        return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
+    if isinstance(value, (tuple, list)):
+        return " ".join(str(v) for v in value) or "none"
+    return str(value)
+
+
+def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
+    """argparse ``add_argument`` keywords of field ``f`` of dataclass ``cls`` (type, action, nargs, choices,
+    metavar), from its type hint and ``option`` metadata."""
+    meta = f.metadata
+    tp = _unwrap(typing.get_type_hints(cls)[f.name])
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    default = default_of(f)
+    kw: dict[str, Any] = {}
+    if tp is bool:
+        negatable = meta.get("negatable")
+        if negatable is None:
+            negatable = default is not False
+        return {"action": argparse.BooleanOptionalAction if negatable else "store_true"}
+    if origin is typing.Literal:
+        kw = {"choices": list(args), "type": type(args[0])}
+    elif origin in (tuple, list) and meta.get("repeat"):
+        kw = {"action": "append", "type": args[0] if args else str}
+    elif origin in (tuple, list):
+        item = args[0] if args and args[0] is not Ellipsis else str
+        kw = {"nargs": meta.get("nargs") or "*", "type": item}
+    elif origin is dict:
+        if not meta.get("keys"):
+            raise TypeError(f"{cls.__name__}.{f.name}: a dict field needs option(keys=...) to become a flag")
+        kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]),
+              "metavar": meta.get("metavar") or "STREAM=VALUE"}
+    elif tp in (int, float, str):
+        kw = {"type": tp}
+    else:
+        raise TypeError(f"{cls.__name__}.{f.name} has type {tp!r}, which has no flag form")
+    if meta.get("choices"):
+        kw["choices"] = list(meta["choices"])
+    if "choices" not in kw and "metavar" not in kw:
+        kw["metavar"] = meta.get("metavar") or f.name.split("_")[-1].upper()
+    elif meta.get("metavar"):
+        kw["metavar"] = meta["metavar"]
+    return kw
+
+
+def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str = "", dest_prefix: str = "",
+                suppress: bool = False, skip: Sequence[str] = (), required: Sequence[str] = (),
+                defaults: Any = None, help_suffix: dict[str, str] | None = None,
+                groups: dict[str, Any] | None = None) -> list[str]:
+    """One flag per field of dataclass ``cls`` on ``parser`` (or an argument group), in field order; returns their
+    dests (``dest_prefix`` + the field's name).
+
+    ``suppress``: the namespace holds only the flags given (argparse.SUPPRESS defaults), so that a caller can
+    lay them over a preset or a saved config; --help still shows each field's default. ``skip``: fields that
+    are not flags; ``required``: flags a command line must give (fields without a default). ``help_suffix``:
+    text added to a field's help. ``groups``: argument groups by the name a field's ``option(group=...)`` gives
+    (fields without one go to ``parser``). ``defaults``: an instance whose values are the defaults (a field of
+    another dataclass: TrainConfig's model), else each field's own.
+    """
+    dests = []
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        kw = flag_kwargs(cls, f)
+        default = getattr(defaults, f.name) if defaults is not None else default_of(f)
+        text = f.metadata.get("help", "") + (help_suffix or {}).get(f.name, "")
+        shown = shown_default(default)
+        if shown and kw.get("action") not in ("store_true", "append") and f.name not in required:
+            text += f" (default: {shown})"
+        text = text.replace("%", "%%")  # argparse formats help strings with %
+        target = (groups or {}).get(f.metadata.get("group"), parser)
+        dest = dest_prefix + f.name
+        if f.metadata.get("positional"):
+            action = target.add_argument(dest, help=text, **kw)
+        elif f.name in required:
+            action = target.add_argument(flag_name(f, prefix), dest=dest, help=text, required=True, **kw)
+        else:
+            action = target.add_argument(flag_name(f, prefix), dest=dest, help=text,
+                                         default=argparse.SUPPRESS if suppress else default, **kw)
+        action.field = (cls, f.name)  # the field it was made from (tests/test_layout.py checks every flag has one)
+        dests.append(dest)
+    return dests
+
+
+def options_of(namespace: argparse.Namespace, cls: type, dest_prefix: str = "") -> dict[str, Any]:
+    """The values of ``cls``'s fields in a parsed namespace (those present: with ``suppress``, the flags given),
+    key=value items turned into the field's mapping."""
+    values = vars(namespace)
+    out = {}
+    for f in dataclasses.fields(cls):
+        dest = dest_prefix + f.name
+        if dest not in values:
+            continue
+        value = values[dest]
+        if isinstance(value, list) and value and isinstance(value[0], tuple):  # key=value items
+            value = {k: v for k, v in value if v is not None}
+        out[f.name] = value
+    return out

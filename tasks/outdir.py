@@ -73,6 +73,18 @@ def kind_of(path: Path) -> str | None:
     return None
 
 
+def check_writable_dir(path: Path, flag: str) -> None:
+    """``path`` is, or can be made, a writable directory (NotADirectoryError / PermissionError naming ``flag``)."""
+    if path.exists() and not path.is_dir():
+        raise NotADirectoryError(f"{flag} {path} is a file: pass a directory (it is created when missing)")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, so the directory cannot be created")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise PermissionError(f"{flag} {path} is not writable ({existing} is not): fix its permissions or pick "
+                              "another directory")
+
+
 def check_kind(path: Path, kind: str, flag: str = "--out-dir", overwrite: bool = False) -> str | None:
     """Refuse ``path`` when a live process other than this one is writing it (``check_not_in_use``), or when it
     holds an output of another kind than ``kind`` unless ``overwrite``: a FileExistsError in one line saying what

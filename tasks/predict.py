@@ -17,10 +17,12 @@ import csv
 import logging
 import os
 import sys
+from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.cli import Parser, user_errors
+from tasks.options import add_options, option
 from tasks.data.readers import Example, blank, decode_utf8, read_pairs, read_sentences
 from tasks.evaluation.evaluator import Predictor
 from tasks.model import TASKS
@@ -84,20 +86,26 @@ def check_output(output: str) -> None:
         raise ValueError(f"--output {output}: {folder} is not writable; name another file")
 
 
+@dataclass
+class PredictArgs:
+    """The predict command's flags."""
+
+    checkpoint: str = option(help="a checkpoint directory (runs/x/checkpoints/best) or a run directory (its best "
+                                  "checkpoint)", metavar="DIR")
+    task: str = option(help="what to predict", choices=TASKS)
+    input: str = option("-", "one sentence (sst) or two tab-separated sentences (para, sts) per line; a .csv file in "
+                             "the task's CS224N format; - reads stdin", metavar="FILE")
+    output: str = option("-", "CSV file to write; - writes stdout", metavar="FILE")
+    device: str = option("auto", "auto (CUDA when present), cpu, cuda, cuda:1, ...", metavar="DEVICE")
+    batch_size: int | None = option(None, "sentences per forward pass (default: the run's eval batch size)",
+                                    metavar="B")
+
+
 def build_parser() -> Parser:
     p = Parser(prog="python -m tasks.predict",
                description="Predict on new text with a trained checkpoint: CSV of id,label,probabilities "
                            "(sst: p0..p4; para: p_paraphrase) or id,score (sts).")
-    p.add_argument("--checkpoint", required=True, metavar="DIR",
-                   help="a checkpoint directory (runs/x/checkpoints/best) or a run directory (its best checkpoint)")
-    p.add_argument("--task", required=True, choices=TASKS)
-    p.add_argument("--input", default="-", metavar="FILE",
-                   help="one sentence (sst) or two tab-separated sentences (para, sts) per line; a .csv file in "
-                        "the task's CS224N format; - reads stdin")
-    p.add_argument("--output", default="-", metavar="FILE", help="CSV file to write; - writes stdout")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, cuda:1, ...")
-    p.add_argument("--batch-size", type=int, default=None, metavar="B",
-                   help="sentences per forward pass (default: the run's eval batch size)")
+    add_options(p, PredictArgs, required=("checkpoint", "task"))
     return p
 
 

@@ -44,19 +44,20 @@ import logging
 import shutil
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, fields
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
+from minbert.mlm import load_mlm
 from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser, user_errors
 from tasks.model import TASKS
+from tasks.options import add_options, option, options_of
 from tasks.training.mlm import (
     PretrainConfig,
     check_replaceable,
     collect_sentences,
-    load_mlm,
     make_eval_batches,
     partial_dir,
     pretrain,
@@ -68,54 +69,40 @@ from tasks.training.progress import duration
 log = logging.getLogger(__name__)
 
 
+@dataclass
+class PretrainArgs:
+    """The pretrain command's own flags: where it writes and what it reads (the run's settings: PretrainConfig)."""
+
+    out_dir: str = option(help="the checkpoint directory to write (an MLM checkpoint there is replaced)",
+                          metavar="DIR")
+    overwrite: bool = option(False, "replace the output directory even when it holds another command's output "
+                                    "(a training run, ...; never one a live process writes)")
+    pretrained: str | None = option(None, "BERT checkpoint directory to start from; default: the embedded "
+                                          "all-MiniLM-L6-v2", metavar="DIR")
+    data_dir: str = option("data", "directory of the task CSV files", metavar="DIR")
+    tasks: tuple[str, ...] = option(TASKS, "whose train sentences to use", choices=TASKS, nargs="+")
+    max_sentences: int | None = option(None, "use only the first N sentences after the seeded shuffle (CPU "
+                                             "budgets); default: all", metavar="N")
+    eval_sentences: int = option(1000, "held-out dev sentences (not in the train set) scored before and after; "
+                                       "0 = none", metavar="N")
+    checkpoint_every: int = option(500, "write the state for resuming to <out-dir>.partial every N steps (0: "
+                                        "never); the same command again continues from it", metavar="N")
+
+
 def build_parser() -> Parser:
-    d = PretrainConfig()
     p = Parser(
-        prog="python -m tasks.pretrain",
-        renamed={"--warmup-ratio": "--warmup", "--max-grad-norm": "--grad-clip", "--schedule": "--lr-schedule"},
+        prog="python -m tasks.pretrain", renamed={"--warmup-ratio": "--warmup", "--max-grad-norm": "--grad-clip",
+                                                  "--schedule": "--lr-schedule"},
         description="Additional masked-LM pretraining on the SST / Quora / STS train sentences "
                     "(minBERT paper §4.2); writes an HF checkpoint directory for --pretrained.")
-    p.add_argument("--out-dir", required=True,
-                   help="checkpoint directory to write (an MLM checkpoint there is replaced)")
-    p.add_argument("--overwrite", action="store_true",
-                   help="replace the output directory even when it holds another command's output "
-                        "(a training run, ...)")
-    p.add_argument("--pretrained", default=None,
-                   help="BERT checkpoint directory to start from (default: the embedded all-MiniLM-L6-v2)")
-    p.add_argument("--data-dir", default="data", help="directory with the task CSV files (default: data)")
-    p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=TASKS,
-                   help="whose train sentences to use (default: all three)")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the sentences")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help="sentences per optimizer step")
-    p.add_argument("--lr", type=float, default=d.lr, help="peak learning rate (AdamW)")
-    p.add_argument("--weight-decay", type=float, default=d.weight_decay, help="AdamW weight decay")
-    p.add_argument("--warmup", dest="warmup_ratio", type=float, default=d.warmup_ratio, metavar="FRACTION",
-                   help="fraction of the steps with linear warmup")
-    p.add_argument("--lr-schedule", dest="schedule", choices=("linear", "constant"), default=d.schedule,
-                   help="lr schedule after warmup (linear: decay to 0, the HF Trainer's)")
-    p.add_argument("--grad-clip", dest="max_grad_norm", type=float, default=d.max_grad_norm, metavar="NORM",
-                   help="gradient norm clipping; 0 disables it")
-    p.add_argument("--max-length", type=int, default=d.max_length, help="tokens per sentence, [CLS]/[SEP] included")
-    p.add_argument("--mlm-probability", type=float, default=d.mlm_probability, help="fraction of tokens masked")
-    p.add_argument("--max-sentences", type=int, default=None,
-                   help="use only the first N sentences after the seeded shuffle (CPU budgets)")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after N optimizer steps (CPU budgets)")
-    p.add_argument("--eval-sentences", type=int, default=1000,
-                   help="held-out dev sentences (not in the train set) scored before and after; 0 disables")
-    p.add_argument("--seed", type=int, default=d.seed, help="shuffling, masking and a new head's init")
-    p.add_argument("--log-every", type=int, default=d.log_every, help="one log line every N steps")
-    p.add_argument("--device", default=d.device, help="auto (CUDA if present), cpu, cuda, cuda:1, ...")
-    p.add_argument("--checkpoint-every", type=int, default=500, metavar="STEPS",
-                   help="write the state for resuming to <out-dir>.partial every STEPS steps (0: never); "
-                        "the same command again continues from it")
-    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=d.bf16,
-                   help="bf16 autocast (default: on GPUs with native bf16; CPUs stay in fp32 unless asked)")
+    add_options(p, PretrainArgs, required=("out_dir",))
+    add_options(p.add_argument_group("pretraining"), PretrainConfig)
     return p
 
 
 def config_from_args(args: argparse.Namespace) -> PretrainConfig:
     """Every PretrainConfig field from its flag (--max-steps -> max_steps, ...)."""
-    return PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig)})
+    return PretrainConfig(**options_of(args, PretrainConfig))
 
 
 def main(argv: Sequence[str] | None = None) -> Path:

@@ -32,6 +32,7 @@ import argparse
 import copy
 import dataclasses
 import json
+from dataclasses import dataclass
 import logging
 import math
 import os
@@ -41,8 +42,9 @@ from pathlib import Path
 
 import torch
 
-from tasks import train as train_command
+from tasks import arguments
 from tasks.cli import Parser, describe, user_errors
+from tasks.options import add_options, option
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
 from tasks.data.perturb import perturb, perturbed_data_dir
@@ -52,7 +54,7 @@ from tasks.data.predictions import read_predictions
 from tasks.model import TASKS
 from tasks.objectives.rift import pgd_attack
 from tasks.training.progress import RunsClock
-from tasks.training.run import run
+from tasks.training.run import dev_scores, run
 from tasks.logs import log_to
 from tasks.runtime import configure_malloc, resolve_device
 
@@ -78,15 +80,6 @@ def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> f
 def _summary(values: list[float]) -> dict[str, float]:
     return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
             "n": len(values)}
-
-
-def dev_scores(record: dict) -> dict[str, float]:
-    """A run's final dev metrics; a knn_bert run adds eq. 1 at its φ (``knn_phi<φ>.``) and the vote alone (``knn_phi1.``)."""
-    dev = {k: v for k, v in record["dev"].items() if v is not None}
-    knn = record.get("knn", {})
-    for prefix, key in ((f"knn_phi{knn.get('phi', 0):g}", "dev"), ("knn_phi1", "dev_knn_only")):
-        dev.update({f"{prefix}.{k}": v for k, v in knn.get(key, {}).items() if v is not None})
-    return dev
 
 
 def experiment_tasks(args: argparse.Namespace) -> list[str]:
@@ -171,41 +164,76 @@ PASS_THROUGH = ("-- TRAIN_FLAGS: everything after -- goes to train_multitask.py 
 SET_BY_EXPERIMENT = ("--data-dir", "--out-dir", "--seed", "--tasks")
 
 
+@dataclass
+class ExperimentArgs:
+    """Every training-set experiment's flags."""
+
+    out_dir: str = option(help="where runs, perturbed data and results.json go", metavar="DIR", factory=str)
+    data_dir: str = option("data", "the task CSV files", metavar="DIR")
+    seeds: list[int] = option(help="one training run per seed", factory=lambda: [0], nargs="+")
+
+
+@dataclass
+class FewShotArgs(ExperimentArgs):
+    """few-shot: train on N examples per task."""
+
+    sizes: list[int] = option(help="training examples per task, one run each", factory=list, nargs="+")
+    tasks: list[str] = option(help="tasks to subsample and train", factory=lambda: ["sst", "para"], choices=TASKS,
+                              nargs="+")
+
+
+@dataclass
+class LabelNoiseArgs(ExperimentArgs):
+    """label-noise: flip a fraction of the training labels."""
+
+    rate: float = option(0.0, "fraction of training labels flipped", metavar="P")
+    tasks: list[str] = option(help="tasks whose labels are flipped", factory=lambda: ["sst", "para"],
+                              choices=("sst", "para"), nargs="+")
+
+
+@dataclass
+class MinorityArgs(ExperimentArgs):
+    """minority: keep a fraction of one class."""
+
+    task: str = option("sst", "the task to unbalance", choices=("sst", "para"))
+    label: int = option(0, "the class to reduce", metavar="CLASS")
+    keep: float = option(0.0, "fraction of that class kept", metavar="FRACTION")
+
+
+@dataclass
+class AttackArgs:
+    """attack: accuracy under an embedding-space PGD attack."""
+
+    checkpoint: str = option(help="a checkpoint directory (runs/x/checkpoints/best)", metavar="DIR", factory=str)
+    data_dir: str = option("data", "the task CSV files (dev sets are attacked)", metavar="DIR")
+    out_dir: str | None = option(None, "write results.json here (optional)", metavar="DIR")
+    tasks: list[str] = option(help="tasks attacked", factory=lambda: ["sst", "para"], choices=("sst", "para"),
+                              nargs="+")
+    norm: str = option("linf", "the per-token ball", choices=("l2", "linf"))
+    epsilon: float = option(0.01, "per-token ball radius in embedding space", metavar="EPS")
+    step_size: float = option(0.0025, "PGD step", metavar="STEP")
+    steps: int = option(10, "PGD steps", metavar="N")
+    batch_size: int = option(64, "examples per forward pass", metavar="B")
+    limit: int | None = option(None, "attack only the first N dev examples; default: all", metavar="N")
+    device: str = option("auto", "auto (CUDA when present), cpu, cuda, ...", metavar="DEVICE")
+    seed: int = option(0, "the attack's random start", metavar="SEED")
+
+
+# subcommand -> (its flags, the ones a command line must give, its help)
+SUBCOMMANDS = {"few-shot": (FewShotArgs, ("out_dir", "sizes"), "train on N examples per task"),
+               "label-noise": (LabelNoiseArgs, ("out_dir", "rate"), "flip p of the training labels"),
+               "minority": (MinorityArgs, ("out_dir", "label", "keep"), "keep r of one class"),
+               "attack": (AttackArgs, ("checkpoint",), "accuracy under an embedding-space PGD attack")}
+
+
 def build_parser() -> Parser:
     ap = Parser(prog="python -m tasks.robustness", description=__doc__.split("\n")[0],
                 usage="%(prog)s {few-shot,label-noise,minority,attack} [options] [-- TRAIN_FLAGS ...]",
                 epilog=PASS_THROUGH + ". Examples:\n" + __doc__.split("Usage:\n")[1].split("\n\n")[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data-dir", default="data", help="the task CSV files")
-    common.add_argument("--out-dir", required=True, help="where runs, perturbed data and results.json go")
-    common.add_argument("--seeds", type=int, nargs="+", default=[0], help="one training run per seed")
-    train_kw = {"parents": [common], "epilog": PASS_THROUGH, "usage": "%(prog)s [options] [-- TRAIN_FLAGS ...]"}
-    fs = sub.add_parser("few-shot", help="train on N examples per task", **train_kw)
-    fs.add_argument("--sizes", type=int, nargs="+", required=True, help="training examples per task, one run each")
-    fs.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=TASKS,
-                    help="tasks to subsample and train")
-    ln = sub.add_parser("label-noise", help="flip p of the training labels", **train_kw)
-    ln.add_argument("--rate", type=float, required=True, help="fraction of training labels flipped")
-    ln.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"],
-                    help="tasks whose labels are flipped")
-    mi = sub.add_parser("minority", help="keep r of one class", **train_kw)
-    mi.add_argument("--task", choices=["sst", "para"], default="sst", help="the task to unbalance")
-    mi.add_argument("--label", type=int, required=True, help="the class to reduce")
-    mi.add_argument("--keep", type=float, required=True, help="fraction of that class kept")
-    at = sub.add_parser("attack", help="accuracy under an embedding-space PGD attack")
-    at.add_argument("--checkpoint", required=True, help="a checkpoint directory (runs/x/checkpoints/best)")
-    at.add_argument("--data-dir", default="data", help="the task CSV files (dev sets are attacked)")
-    at.add_argument("--out-dir", default=None, help="write results.json here (optional)")
-    at.add_argument("--tasks", nargs="+", default=["sst", "para"], choices=["sst", "para"], help="tasks attacked")
-    at.add_argument("--norm", choices=["l2", "linf"], default="linf", help="the per-token ball")
-    at.add_argument("--epsilon", type=float, default=0.01, help="per-token ball radius in embedding space")
-    at.add_argument("--step-size", type=float, default=0.0025, help="PGD step")
-    at.add_argument("--steps", type=int, default=10, help="PGD steps")
-    at.add_argument("--batch-size", type=int, default=64, help="examples per forward pass")
-    at.add_argument("--limit", type=int, default=None, help="attack only the first N dev examples")
-    at.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
-    at.add_argument("--seed", type=int, default=0, help="the attack's random start")
+    for name, (cls, required, text) in SUBCOMMANDS.items():
+        kw = {} if name == "attack" else {"epilog": PASS_THROUGH, "usage": "%(prog)s [options] [-- TRAIN_FLAGS ...]"}
+        add_options(sub.add_parser(name, help=text, **kw), cls, required=required)
     return ap
 
 
@@ -226,10 +254,10 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], TrainCon
         if flags:
             parser.error("attack takes no training flags after --")
         return args, flags, None
-    train_parser = train_command.build_parser()
+    train_parser = arguments.build_parser()
     train_parser.prog = f"{parser.prog} {args.command} --"
     try:
-        cfg = train_command.config_for(flags + ["--tasks", *experiment_tasks(args), "--data-dir", args.data_dir],
+        cfg = arguments.config_for(flags + ["--tasks", *experiment_tasks(args), "--data-dir", args.data_dir],
                                        train_parser)
     except (ValueError, OSError) as e:
         parser.error(f"the training flags after --: {describe(e)}")

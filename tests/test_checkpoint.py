@@ -27,8 +27,7 @@ from tasks.evaluation.evaluator import evaluate_checkpoint
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.checkpoint import save_encoder_files
 from tasks.storage import read_json
-from tasks.training.run import run
-from tasks.training.trainer import Trainer
+from tasks.training.run import run, trainer_for
 from tests.helpers import snapshot, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -40,7 +39,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monkeypatch):
     """A checkpoint holds only safetensors and JSON (plus the vocabulary); nothing is pickled or torch.loaded."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    Trainer.from_config(cfg).fit()
+    trainer_for(cfg).fit()
     ckpt = tmp_path / "run" / "checkpoints" / "last"
     files = sorted(p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file())
     encoder = ["1_Pooling/config.json", "config.json", "model.safetensors", "modules.json",
@@ -64,7 +63,7 @@ def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monk
         raise AssertionError("torch.load must not be used to read a checkpoint")
 
     monkeypatch.setattr(torch, "load", no_torch_load)
-    Trainer.from_config(cfg, resume_from=ckpt)  # loads model, optimizer, state without torch.load
+    trainer_for(cfg, resume_from=ckpt)  # loads model, optimizer, state without torch.load
     evaluate_checkpoint(ckpt, out_dir=tmp_path / "eval")
 
 

@@ -9,6 +9,7 @@ import argparse
 import pytest
 
 from tasks import ensemble, predict, pretrain, robustness
+from tasks import arguments
 from tasks import train as cli
 
 COMMANDS = {"train": (cli.main, "train_multitask.py"), "pretrain": (pretrain.main, "python -m tasks.pretrain"),
@@ -97,7 +98,7 @@ def test_every_training_flag_shows_its_config_default():
     expected |= {f"model.{f.name}": getattr(cfg.model, f.name) for f in dataclasses.fields(cfg.model)}
     for name, cls in registered_objectives().items():
         expected |= {f"objectives.{name}.{f.name}": f.default for f in dataclasses.fields(cls.Config)}
-    parser = cli.build_parser()
+    parser = arguments.build_parser()
     formatter = parser._get_formatter()
     checked = 0
     for action in parser._actions:
@@ -111,7 +112,7 @@ def test_every_training_flag_shows_its_config_default():
 
 def test_an_empty_default_reads_none():
     """A flag whose default is an empty collection (--report-to) says "(default: none)", not "(default: )"."""
-    helps = [cli.build_parser()._get_formatter()._expand_help(a) for a in cli.build_parser()._actions if a.help]
+    helps = [arguments.build_parser()._get_formatter()._expand_help(a) for a in arguments.build_parser()._actions if a.help]
     assert not [h for h in helps if "(default: )" in h]
     (report,) = [h for h in helps if "event files in <out-dir>/tensorboard" in h]
     assert report.endswith("(default: none)")

@@ -126,33 +126,76 @@ def test_no_sys_path_edits():
     assert offenders == []
 
 
-COMMANDS = {"tasks.train", "tasks.predict", "tasks.ensemble", "tasks.pretrain", "tasks.robustness", "tasks.cli"}
+COMMANDS = {"tasks.train", "tasks.predict", "tasks.ensemble", "tasks.pretrain", "tasks.robustness"}
+FLAG_MODULES = {"tasks.options", "tasks.cli", "tasks.arguments"}  # the mechanism, the parser, the train flags
 
 
-def argparse_users(modules: dict[str, Path]) -> list[str]:
-    """Modules of minbert/ and tasks/ outside COMMANDS that parse flags or import a command."""
+def command_importers(modules: dict[str, Path]) -> list[str]:
+    """Modules that import a command (train_multitask.py, the script of tasks.train, aside)."""
     found = []
     for name, path in modules.items():
-        if name.split(".")[0] not in ("tasks", "minbert") or name in COMMANDS:
-            continue
         deps, _ = _imports(name, path, modules)
-        text = path.read_text(encoding="utf-8")
-        if "import argparse" in text or deps & COMMANDS:
+        if deps & COMMANDS and name != "train_multitask":
             found.append(name)
     return found
 
 
-def test_library_modules_neither_parse_flags_nor_call_a_command():
-    """Commands (tasks.train, .predict, .ensemble, .pretrain, .robustness and their shared tasks.cli) live apart:
-    no library module imports argparse or a command (a trainer importing the predict command was one)."""
+def argparse_users(modules: dict[str, Path]) -> list[str]:
+    """Modules of minbert/ and tasks/ outside the commands and the flag mechanism that import argparse."""
+    return [name for name, path in modules.items() if name.split(".")[0] in ("tasks", "minbert")
+            and name not in COMMANDS | FLAG_MODULES and "import argparse" in path.read_text(encoding="utf-8")]
+
+
+def test_no_module_imports_a_command():
+    """Commands live apart (fairseq_cli/ and fairseq/): no module, library or script, imports one (the robustness
+    command and four experiments once imported the train command's parsing, the ensemble experiment its main)."""
+    assert command_importers(_modules()) == []
+
+
+def test_library_modules_do_not_parse_flags():
+    """Flags are made in one place (tasks.options, with tasks.arguments for train_multitask.py): no other library
+    module imports argparse."""
     assert argparse_users(_modules()) == []
 
 
 def test_the_command_scan_finds_a_planted_import(tmp_path):
     lib = tmp_path / "lib.py"
-    lib.write_text("from tasks.predict import main\n")
-    assert argparse_users({"tasks.training.lib": lib, "tasks.predict": ROOT / "tasks/predict.py"}) == [
-        "tasks.training.lib"]
+    lib.write_text("from tasks.predict import main\nimport argparse\n")
+    modules = {"tasks.training.lib": lib, "tasks.predict": ROOT / "tasks/predict.py"}
+    assert command_importers(modules) == ["tasks.training.lib"] and argparse_users(modules) == ["tasks.training.lib"]
+
+
+def _parsers():
+    """(name, parser) of every command and of the subcommands of tasks.robustness."""
+    import argparse
+
+    from tasks import arguments, ensemble, predict, pretrain, robustness
+
+    out = [("train_multitask.py", arguments.build_parser()), ("tasks.predict", predict.build_parser()),
+           ("tasks.ensemble", ensemble.build_parser()), ("tasks.pretrain", pretrain.build_parser())]
+    for action in robustness.build_parser()._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            out += [(f"tasks.robustness {n}", p) for n, p in action.choices.items()]
+    return out
+
+
+def test_every_flag_of_every_command_comes_from_a_dataclass_field():
+    """Each flag of each command was made by tasks.options.add_options from a field of a dataclass (TrainConfig,
+    ModelConfig, an objective's Config, PretrainConfig, a command's own), so its type, choices, help and default
+    are written once, beside the setting."""
+    import argparse
+    import dataclasses
+
+    found = {}
+    for name, parser in _parsers():
+        for action in parser._actions:
+            if isinstance(action, (argparse._HelpAction, argparse._SubParsersAction)):
+                continue
+            field = getattr(action, "field", None)
+            if field is None or field[1] not in {f.name for f in dataclasses.fields(field[0])}:
+                found.setdefault(name, []).append(action.option_strings or [action.dest])
+    assert found == {}
+    assert len(_parsers()) == 8
 
 
 # ---- one device policy -------------------------------------------------------------------------------------------

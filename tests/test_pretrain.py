@@ -76,13 +76,12 @@ def test_every_flag_reaches_its_config_field():
     """Each PretrainConfig field has a CLI flag, and a non-default value given there reaches the config."""
     from dataclasses import fields
 
-    values = {"epochs": 2, "batch_size": 7, "lr": 1e-4, "weight_decay": 0.01, "warmup_ratio": 0.1,
-              "schedule": "constant", "max_grad_norm": 0.5, "max_length": 64, "mlm_probability": 0.2,
+    values = {"epochs": 2, "batch_size": 7, "lr": 1e-4, "weight_decay": 0.01, "warmup": 0.1,
+              "lr_schedule": "constant", "grad_clip": 0.5, "max_length": 64, "mlm_probability": 0.2,
               "max_steps": 9, "seed": 3, "log_every": 4, "device": "cpu", "bf16": True}
-    assert set(values) == {f.name for f in fields(PretrainConfig)}
-    renamed = {"warmup_ratio": "--warmup", "schedule": "--lr-schedule", "max_grad_norm": "--grad-clip"}  # train's names
+    assert set(values) == {f.name for f in fields(PretrainConfig)}  # named as train_multitask.py names them
     argv = ["--out-dir", "x"] + [a for k, v in values.items() if k != "bf16"
-                                 for a in (renamed.get(k, f"--{k.replace('_', '-')}"), str(v))] + ["--bf16"]
+                                 for a in (f"--{k.replace('_', '-')}", str(v))] + ["--bf16"]
     config = config_from_args(build_parser().parse_args(argv))
     assert {f.name: getattr(config, f.name) for f in fields(PretrainConfig)} == values
     assert PretrainConfig() == config_from_args(build_parser().parse_args(["--out-dir", "x"]))

@@ -1,14 +1,15 @@
-"""The data of a run: reading the task files, tokenizing them, choosing and ordering the examples.
+"""The files and batches of the tasks, knowing nothing of a run's configuration.
 
 readers (the CS224N CSV files as ``Example`` / ``Triplet`` records, with a
 ``ReadReport`` of every skipped row), datasets (tokenized-once datasets,
-dynamic-padding collate, length-bucketed batches), selection (which examples a
-run reads: its ``--limit``, the fixed dev subsets, the tokenized datasets of a
-config), schedule (which task's batch comes next in an epoch, and per-task loss
-weights), perturb (few-shot, label-noise and minority training sets for the
-robustness experiments, written as a data directory).
+dynamic-padding collate, length-bucketed batches), predictions (the leaderboard's
+prediction files and our logits files, and several runs' logits read together),
+schedule (which task's batch comes next in an epoch, and per-task loss weights),
+perturb (few-shot, label-noise and minority training sets for the robustness
+experiments, written as a data directory). Which examples a run reads under its
+configuration: tasks/selection.py.
 
 Usage:
-    from tasks.data.selection import load_run_data
-    data = load_run_data(cfg, tokenizer)   # data.train_sets, .dev_sets, .final_examples, .reports
+    from tasks.data.readers import load_split
+    examples, report = load_split("sst", "train", "data")
 """

@@ -77,14 +77,9 @@ class MultitaskSchedule:
         swap: dict[str, float] | None = None,
         first: Sequence[str] = (),
     ) -> None:
-        if schedule not in SCHEDULES:
-            raise ValueError(f"unknown schedule {schedule!r}; valid schedules: {', '.join(SCHEDULES)}")
-        if subsets not in SUBSETS:
-            raise ValueError(f"unknown subsets {subsets!r}; choose one of {', '.join(SUBSETS)}")
+        # What a run's settings are (schedule and subsets names, equal batch sizes for even batching, positive
+        # caps, probabilities) is TrainConfig.validate's to check: the schedule trusts them.
         swap = {t: p for t, p in (swap or {}).items() if p > 0}
-        bad = {t: p for t, p in swap.items() if t not in task_lengths or not p <= 1}
-        if bad:
-            raise ValueError(f"swap needs tasks of this schedule and probabilities in [0, 1], got {bad}")
         if not task_lengths:
             raise ValueError("a schedule needs at least one task")
         if set(first) - set(task_lengths):
@@ -94,30 +89,11 @@ class MultitaskSchedule:
         if empty:
             raise ValueError(f"task(s) {empty} have no examples; leave them out of the schedule")
         tasks = list(task_lengths)
-        if isinstance(batch_size, int):
-            batch_sizes = {t: batch_size for t in tasks}
-        else:
-            unknown = set(batch_size) - set(tasks)
-            missing = set(tasks) - set(batch_size)
-            if unknown or missing:
-                raise ValueError(
-                    f"batch_size keys must be the tasks {tasks}: unknown {sorted(unknown)}, missing {sorted(missing)}"
-                )
-            batch_sizes = dict(batch_size)
-        bad = {t: b for t, b in batch_sizes.items() if b < 1}
-        if bad:
-            raise ValueError(f"batch sizes must be positive, got {bad}")
-        if schedule == "even" and len(set(batch_sizes.values())) > 1:
-            # §4.2 splits each task into batches of equal size; with unequal sizes
-            # a step would no longer weigh the same number of examples per task.
-            raise ValueError(f"even batching (paper §4.2) uses one batch size for all tasks, got {batch_sizes}")
+        batch_sizes = {t: batch_size for t in tasks} if isinstance(batch_size, int) else dict(batch_size)
         caps = dict(max_examples_per_epoch or {})
         unknown = set(caps) - set(tasks)
         if unknown:
             raise ValueError(f"max_examples_per_epoch names unknown task(s) {sorted(unknown)}; tasks are {tasks}")
-        bad = {t: c for t, c in caps.items() if c is not None and c < 1}
-        if bad:
-            raise ValueError(f"max_examples_per_epoch values must be positive or None, got {bad}")
 
         self.tasks = tasks
         self.task_lengths = {t: list(lengths) for t, lengths in task_lengths.items()}
@@ -130,8 +106,6 @@ class MultitaskSchedule:
         self.subsets = subsets
         self.swap = swap
         self.first = tuple(first)
-        if self.bucket_batches < 1:
-            raise ValueError(f"bucket_batches must be at least 1, got {bucket_batches}")
 
     def examples_per_epoch(self, task: str) -> int:
         """How many of ``task``'s examples one epoch uses (its cap, or all)."""

@@ -21,11 +21,15 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import json
 import logging
 import math
 import os
+import shutil
 import stat
+import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -35,9 +39,22 @@ import torch
 import torch.nn.functional as F
 
 from tasks.data.readers import load_split
-from tasks.data.predictions import Predictions, TaskLogits
+from tasks.data.predictions import (
+    Predictions,
+    TaskLogits,
+    load_task_logits,
+    task_members,
+    trained_tasks,
+    write_logits,
+    write_predictions,
+)
 from tasks.storage import atomic_file
+
+logger = logging.getLogger(__name__)
 from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
+from tasks.model import TASKS
+from tasks.options import option
+from tasks.outdir import ENSEMBLE, check_kind, mark, replacing
 
 
 # ---- the methods, on in-memory logits ----
@@ -399,3 +416,166 @@ def write_submission_zip(out_dir: Path, written: list[Path]) -> Path:
             z.writestr(entry, f.read_bytes())
     return path
 
+
+# ---- an ensemble of runs, from their directories to its own ----
+
+
+@dataclass
+class EnsembleConfig:
+    """What an ensemble combines and how (each field is a flag of python -m tasks.ensemble)."""
+
+    runs: list[str] = option(help="run or predictions directories holding {task}-{dev,test}-logits.csv",
+                             factory=list, positional=True, nargs="+")
+    method: str = option("simple", "how the runs are combined", choices=METHODS)
+    out_dir: str = option(help="where predictions/, the submission zip and ensemble.json go; not an input run",
+                          metavar="DIR", factory=str)
+    overwrite: bool = option(False, "replace the output directory even when it holds another command's output "
+                                    "(a training run, ...; never one a live process writes)")
+    data_dir: str = option("data", "task CSV files, for the dev labels and the test ids", metavar="DIR")
+    tasks: list[str] = option(help="tasks to ensemble", factory=lambda: list(TASKS), choices=TASKS, nargs="+")
+    names: list[str] | None = option(None, "a name per run for the table (default: directory names)", nargs="+")
+    max_exhaustive: int = option(10, "selective: try every subset up to this many models, greedy selection above",
+                                 metavar="N")
+    seed: int = option(0, "regression: the dev split into halves", metavar="SEED")
+    regression_sts: bool = option(False, "regression: also fit STS (least squares); the paper did not, so STS is "
+                                         "simply averaged")
+    regression_l2: float = option(1e-3, "regression: L2 penalty on the weights", metavar="L2")
+    regression_iters: int = option(300, "regression: L-BFGS iterations", metavar="N")
+
+    def __post_init__(self) -> None:
+        if not self.runs:
+            raise ValueError("an ensemble needs runs: name their directories")
+        if self.max_exhaustive < 1:
+            raise ValueError("--max-exhaustive must be at least 1")
+        if self.regression_sts and self.method != "regression":
+            raise ValueError("--regression-sts only applies to --method regression")
+        if self.names and len(self.names) != len(self.runs):
+            raise ValueError(f"--names gives {len(self.names)} names for {len(self.runs)} runs; give one per run")
+
+
+def _named_holdout(result: TaskResult, model_names: Sequence[str]) -> dict | None:
+    """``result.holdout`` for ensemble.json: the selective folds' subsets as run names (their per-model
+    scores, ``models``, follow the task's ``runs``)."""
+    if not result.holdout or "subsets" not in result.holdout:
+        return result.holdout
+    return {**result.holdout, "subsets": [[model_names[m] for m in subset] for subset in result.holdout["subsets"]]}
+
+
+def run_names(run_dirs: Sequence[str], names: Sequence[str] | None) -> list[str]:
+    if names:
+        return list(names)
+    short = [Path(d).resolve().name for d in run_dirs]
+    if any(n == "predictions" for n in short):  # runs/<name>/predictions: the run's name is the parent
+        short = [Path(d).resolve().parent.name if n == "predictions" else n for d, n in zip(run_dirs, short)]
+    return short if len(set(short)) == len(short) else [str(d) for d in run_dirs]
+
+
+def check_ensemble(config: EnsembleConfig) -> None:
+    """Every check of an ensemble before anything is read (a ValueError / OSError naming the path): every run is
+    a directory, and --out-dir cannot overwrite a run: it is not an input, nor its predictions folder, nor inside
+    a folder that holds an input's logits (compared after resolving links and '..'), nor another command's output
+    unless ``overwrite``, nor a directory a live process writes (tasks.outdir)."""
+    run_dirs, out_dir = config.runs, config.out_dir
+    for d in run_dirs:
+        if not Path(d).is_dir():
+            raise NotADirectoryError(f"{'not a directory' if Path(d).exists() else 'no such directory'}: {d}")
+    out = Path(out_dir).resolve()
+    for d in run_dirs:
+        run = Path(d).resolve()
+        holds_logits = [run / "predictions"] + ([run] if any(run.glob("*-logits.csv")) else [])
+        if out == run or any(x.is_relative_to(f) for x in (out, out / "predictions") for f in holds_logits):
+            raise ValueError(f"--out-dir {out_dir} would overwrite the input run {d}; give the ensemble a folder of "
+                             "its own")
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out-dir {out_dir} is a file; give a folder")
+    check_kind(Path(out_dir), ENSEMBLE, overwrite=config.overwrite)
+
+
+def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str], list[str]]:
+    """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all).
+    Returns (results, skipped outputs, what the submission lacks: ``missing_test_ids``)."""
+    results: dict[str, TaskResult] = {}
+    skipped: list[str] = []
+    incomplete: list[str] = []
+    trained = [trained_tasks(d) for d in args.runs]
+    for task in args.tasks:
+        runs = task_members(trained, task)
+        run_dirs = [args.runs[i] for i in runs]
+        dev = load_task_logits(run_dirs, task, "dev")
+        if dev is None:
+            logger.warning("%s: no run has %s-dev-logits.csv; task skipped", task, task)
+            skipped.extend([f"{task}-dev", f"{task}-test"])
+            continue
+        labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
+        test = load_task_logits(run_dirs, task, "test")
+        if test is None:
+            logger.warning("%s: no run has %s-test-logits.csv (no %s test file?); %s-test-output.csv skipped", task,
+                           task, task, task)
+            skipped.append(f"{task}-test")
+        elif (line := missing_test_ids(task, test.ids, args.data_dir)) is not None:
+            incomplete.append(line)
+        results[task] = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
+                                      seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
+                                      max_iter=args.regression_iters)
+        results[task].runs = runs
+    return results, skipped, incomplete
+
+
+def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) -> list[Path]:
+    """Write every output into a staging folder inside ``out_dir``, then move each into place, so that an
+    error (a value a writer refuses, a full disk) leaves ``out_dir`` as it was. Returns the leaderboard files."""
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".ensemble-", dir=out_dir))
+    try:
+        staged = []
+        for task, res in results.items():
+            for split, preds in res.outputs.items():
+                staged.append(write_predictions(stage / "predictions", task, split, preds))
+                write_logits(stage / "predictions", task, split, preds)
+        write_submission_zip(stage, staged)
+        (stage / "ensemble.json").write_text(json.dumps(summary, indent=2) + "\n")
+        mark(stage, ENSEMBLE)
+        (out_dir / "predictions").mkdir(exist_ok=True)
+        for f in sorted(stage.rglob("*")):
+            if f.is_file():
+                os.replace(f, out_dir / f.relative_to(stage))
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            with contextlib.suppress(OSError):
+                shutil.rmtree(out_dir)
+        raise
+    shutil.rmtree(stage)
+    return [out_dir / "predictions" / f.name for f in staged]
+
+
+def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
+    """Ensemble the runs of a checked ``config`` (``check_ensemble``) into its out_dir: predictions/, the submission
+    zip and ensemble.json, written so that a failure leaves out_dir as it was. Returns (the summary, also
+    ensemble.json; every task's TaskResult). A bad or missing input file is a ValueError / FileNotFoundError
+    naming it; what the submission lacks is a SUBMISSION INCOMPLETE warning and the summary's "incomplete"."""
+    names = run_names(config.runs, config.names)
+    out_dir = Path(config.out_dir)
+    results, skipped, incomplete = ensemble_runs(config)
+    if not results:
+        raise ValueError(f"no task had dev logits in {', '.join(config.runs)}; nothing to ensemble")
+    model_names = {t: r.model_names(names) for t, r in results.items()}  # specialists are models of their tasks
+    summary = {
+        "method": config.method, "runs": [str(r) for r in config.runs], "names": names, "data_dir": config.data_dir,
+        "seed": config.seed, "skipped": skipped, "submission": str(out_dir / SUBMISSION_ZIP),
+        **({"incomplete": incomplete} if incomplete else {}),
+        "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
+                      "ensemble_score": r.ensemble_score, "models": [model_names[t][m] for m in r.models],
+                      "runs": model_names[t], "weights": r.weights, "bias": r.bias,
+                      "holdout": _named_holdout(r, model_names[t]), "note": r.note}
+                  for t, r in results.items()},
+    }
+    if config.method in ("regression", "selective"):  # the honest overall: every task scored on held-out dev
+        summary["holdout_overall"] = overall_score(
+            {TASK_METRIC[t]: r.holdout[config.method] for t, r in results.items()})
+    with replacing(out_dir, ENSEMBLE, overwrite=config.overwrite):  # another command's output: aside until done
+        write_outputs(out_dir, results, summary)
+    for line in incomplete:
+        logger.warning("SUBMISSION INCOMPLETE: %s", line)
+    return summary, results

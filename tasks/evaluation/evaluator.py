@@ -27,10 +27,12 @@ so every path here applies it alike.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,18 +40,20 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
+from minbert.config import BertConfig
+from minbert.pretrained import check_weights, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.config import TrainConfig, eval_config
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import Example
-from tasks.data.selection import capped_dev, load_examples, load_final_examples, make_dataset
+from tasks.selection import capped_dev, load_examples, load_final_examples, make_dataset
 from tasks.data.predictions import Predictions, write_logits, write_predictions
 from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
-from tasks.evaluation.priors import RunPriors
+from tasks.evaluation.priors import RunPriors, check_prior_models
 from tasks.model import NUM_SST_CLASSES, PAIR_TASKS, MultitaskBert, TaskOutput, check_task
-from tasks.objectives import Objective
-from tasks.outdir import PREDICTIONS, RUN, check_kind, locked, mark
-from tasks.checkpoint import load_config, load_model, resolve_checkpoint
+from tasks.objectives import Inference, Objective
+from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
+from tasks.checkpoint import load_model, verify_checkpoint
 from tasks.logs import open_log
 from tasks.runtime import autocast, autocast_dtype, resolve_device
 
@@ -252,9 +256,9 @@ class Evaluator:
             leaderboard = preds
             if split != "train":  # a training example is its own nearest neighbour
                 for inference in inferences:
-                    leaderboard, extra_metrics = inference.score(split, datasets, leaderboard, metrics)
-                    if extra_metrics:
-                        result.setdefault(inference.key, dict(inference.info)).update(extra_metrics)
+                    leaderboard, scored = apply_inference(inference, split, datasets, leaderboard, metrics)
+                    if scored:
+                        result.setdefault(inference.key, dict(inference.info)).update(scored)
             for task, p in preds.items():
                 if split != "train":
                     files.append(str(write_predictions(pred_dir, task, split, leaderboard[task])))
@@ -268,6 +272,34 @@ class Evaluator:
         for line in result["incomplete"]:
             logger.warning("SUBMISSION INCOMPLETE: %s", line)
         return result
+
+
+def apply_inference(inference: Inference, split: str, datasets: dict[str, Dataset], preds: dict[str, Predictions],
+                    metrics: dict[str, float]) -> tuple[dict[str, Predictions], dict[str, Any]]:
+    """(the leaderboard's predictions, {record name: metrics}) of one split under an objective's ``inference``:
+    its "" classes replace the model's where it ``replaces``; on a labelled split every variant is scored (the
+    plain ``metrics`` with its tasks' scores replaced, overall recomputed) and logged."""
+    variants = inference.classes(split, datasets)
+    leaderboard = dict(preds)
+    if inference.replaces:
+        for task, classes in variants.get("", {}).items():
+            p = preds[task]
+            leaderboard[task] = Predictions(p.ids, p.logits, classes)
+    if not metrics:
+        return leaderboard, {}
+    scored = {}
+    for variant, by_task in variants.items():
+        m = dict(metrics)
+        for task, classes in by_task.items():
+            labels = getattr(datasets[task], "labels", None)
+            if labels is not None:
+                m[TASK_METRIC[task]] = score(task, classes, labels)
+        m["overall"] = overall_score(m)
+        scored[f"{split}_{variant}" if variant else split] = jsonable(m)
+    logger.info("%s %s: %s", split, inference.name, " | ".join(
+        f"{variant or 'its prediction'}: " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if v is not None)
+        for variant, m in zip(variants, scored.values())))
+    return leaderboard, scored
 
 
 def incomplete_submission(reports: dict[str, dict]) -> list[str]:
@@ -285,26 +317,77 @@ def incomplete_submission(reports: dict[str, dict]) -> list[str]:
 # ---- a saved checkpoint: the model, and its predictions (--eval-only) ----
 
 
-def predict_checkpoint(ckpt: Path, cfg: TrainConfig, out_dir: str | os.PathLike) -> dict:
-    """Dev metrics and dev + test predictions of the model saved in ``ckpt`` (resolved), evaluated with ``cfg``
-    (its saved config with the evaluation's changes, ``eval_config``), into ``<out_dir>/predictions``.
+def check_encoder(cfg: TrainConfig, ckpt: Path | None = None, eval_only: bool = False) -> None:
+    """The encoder a run or an evaluation starts from, checked without loading it: a training run's --pretrained
+    weights read (their header: a truncated file is named now, not at model building), and --max-length within
+    the position embeddings (config.json of the checkpoint's encoder/ when there is one, else of --pretrained)."""
+    if not eval_only:  # training loads --pretrained first (a resume then overwrites it with the checkpoint's)
+        try:
+            check_weights(resolve_model_dir(cfg.pretrained))
+        except ValueError as e:
+            raise ValueError(f"--pretrained {cfg.pretrained}: {e}: use an intact checkpoint directory") from None
+    own = ckpt / "encoder" if ckpt is not None else None
+    source = own if own is not None and (own / "config.json").is_file() else resolve_model_dir(cfg.pretrained)
+    positions = BertConfig.from_json_file(source / "config.json").max_position_embeddings
+    if cfg.max_length > positions:
+        raise ValueError(f"--max-length {cfg.max_length} is more than the {positions} positions of the encoder in "
+                         f"{source} (max_position_embeddings): pass --max-length {positions} or less")
 
-    ``out_dir`` is the checkpoint's own run or a directory of predictions (tasks.outdir; another command's output
-    is refused), locked while it is written (a live training run there is refused)."""
-    out = Path(out_dir)
-    kind = RUN if ckpt.resolve().is_relative_to(out.resolve()) else PREDICTIONS
-    check_kind(out, kind)
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """An evaluation of a saved model checked before any data is read (``prepare_eval``): the checkpoint, the
+    config it is evaluated with (its own with the evaluation's changes) and where its predictions go (None: it
+    writes none, the Predictor)."""
+
+    checkpoint: Path
+    config: TrainConfig
+    out_dir: Path | None
+
+
+def prepare_eval(path: str | os.PathLike, overrides: dict[str, Any] | None = None,
+                 out_dir: str | os.PathLike | None = None, *, writes: bool = True,
+                 saved: TrainConfig | None = None) -> EvalPlan:
+    """Every check of an evaluation of a saved model, once, before any data is read, whoever asks (--eval-only,
+    ``evaluate_checkpoint``, ``Predictor.from_checkpoint``): the checkpoint resolved and verified with its config
+    read once (``verify_checkpoint``; ``saved``: the caller has, and ``path`` is that checkpoint), the evaluation's
+    changes (``overrides``, ``tasks.config.eval_config``), the device, the encoder's positions, the priors'
+    encoders, and with ``writes`` the output directory (default: the checkpoint's own run): the checkpoint's own
+    run or a directory of predictions, writable, not another live process's."""
+    ckpt, saved = (Path(path), saved) if saved is not None else verify_checkpoint(path)
+    cfg = eval_config(saved, dict(overrides or {}))
+    resolve_device(cfg.device)
+    check_encoder(cfg, ckpt, eval_only=True)
+    check_prior_models(cfg)
+    if not writes:
+        return EvalPlan(ckpt, cfg, None)
+    out = Path(out_dir) if out_dir is not None else default_out_dir(ckpt, saved)
+    check_writable_dir(out, "--out-dir")
+    check_kind(out, _kind(ckpt, out))
+    return EvalPlan(ckpt, dataclasses.replace(cfg, out_dir=str(out)), out)
+
+
+def _kind(ckpt: Path, out: Path) -> str:
+    """What an evaluation's output directory is: the checkpoint's own run, or a directory of predictions."""
+    return RUN if ckpt.resolve().is_relative_to(out.resolve()) else PREDICTIONS
+
+
+def predict_checkpoint(plan: EvalPlan) -> dict:
+    """Dev metrics and dev + test predictions of the model saved in the plan's checkpoint, evaluated with its
+    config, into ``<out_dir>/predictions``, the directory locked while it is written."""
+    out = plan.out_dir
     out.mkdir(parents=True, exist_ok=True)
     with locked(out):
         open_log(out)
-        if kind == PREDICTIONS:
+        if _kind(plan.checkpoint, out) == PREDICTIONS:
             mark(out, PREDICTIONS)
+        cfg = plan.config
         device = resolve_device(cfg.device)
         amp = autocast_dtype(cfg.bf16, device)
-        model, objectives, tokenizer, _ = load_model(ckpt, device, cfg)
-        evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=ckpt)
+        model, objectives, tokenizer, _ = load_model(plan.checkpoint, device, cfg)
+        evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=plan.checkpoint)
         result = evaluator.write_all(model, tokenizer, out / "predictions")
-    result["checkpoint"] = str(ckpt)
+    result["checkpoint"] = str(plan.checkpoint)
     return result
 
 
@@ -323,10 +406,7 @@ def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike |
     inference options, e.g. knn_bert's knn_k and knn_phi), checked by ``eval_config``.
     Files go to ``<out_dir>/predictions`` (default: the run directory holding the checkpoint).
     """
-    ckpt = resolve_checkpoint(path)
-    saved = load_config(ckpt)
-    cfg = eval_config(saved, dict(overrides or {}))
-    return predict_checkpoint(ckpt, cfg, out_dir if out_dir is not None else default_out_dir(ckpt, saved))
+    return predict_checkpoint(prepare_eval(path, overrides, out_dir))
 
 
 class Predictor:
@@ -353,10 +433,10 @@ class Predictor:
                         ) -> Predictor:
         """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present)."""
         run_best = Path(path) / "checkpoints" / "best"
+        plan = prepare_eval(run_best if run_best.is_dir() else Path(path), {"device": device}, writes=False)
         dev = resolve_device(device)
-        ckpt = resolve_checkpoint(run_best if run_best.is_dir() else Path(path))
-        model, objectives, tokenizer, cfg = load_model(ckpt, dev)
-        return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=ckpt)
+        model, objectives, tokenizer, cfg = load_model(plan.checkpoint, dev, plan.config)
+        return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=plan.checkpoint)
 
     def _predict(self, task: str, examples: list[Example]) -> Predictions:
         if task not in self.cfg.tasks:

@@ -58,7 +58,7 @@ import torch.nn.functional as F
 from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import DataFileMissing, Example
-from tasks.data.selection import load_examples
+from tasks.selection import load_examples
 from tasks.model import NUM_SST_CLASSES
 from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.storage import load_tensors
@@ -146,21 +146,25 @@ class CosinePrior(FrozenEncoder):
     __call__ = blend  # the ``sts_prior(dataset, scores)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
-def _check_encoder(task: str, weight: float, model: str | None) -> None:
-    """A saved run's prior encoder must still exist: refused naming the flags that fix it."""
-    try:
-        resolve_model_dir(model)
-    except (FileNotFoundError, NotADirectoryError):
-        raise FileNotFoundError(f"the {task.upper()} prior ({task}_prior {weight}) uses the sentence encoder {model}, "
-                                f"which is gone: restore it, name another with --{task}-prior-model, or pass "
-                                f"--{task}-prior 0") from None
+def check_prior_models(cfg) -> None:
+    """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.config.TrainConfig)
+    exist: refused before any work, naming the flags that fix it, not found missing at the first evaluation."""
+    for task, weight, model in (("sts", cfg.sts_prior, cfg.sts_prior_model), ("sst", cfg.sst_prior,
+                                                                            cfg.sst_prior_model)):
+        if weight <= 0 or task not in cfg.tasks or model is None:
+            continue
+        try:
+            resolve_model_dir(model)
+        except (FileNotFoundError, NotADirectoryError):
+            raise FileNotFoundError(f"--{task}-prior-model {model}: no such checkpoint directory (a sentence "
+                                    f"encoder: config.json, weights, vocab.txt): name another, or pass "
+                                    f"--{task}-prior 0") from None
 
 
 def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> CosinePrior | None:
     """The run's prior (``cfg.sts_prior`` > 0, a tasks.config.TrainConfig), or None."""
     if cfg.sts_prior <= 0 or "sts" not in cfg.tasks:
         return None
-    _check_encoder("sts", cfg.sts_prior, cfg.sts_prior_model)
     return CosinePrior(cfg.sts_prior_model, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
 
 
@@ -244,7 +248,6 @@ def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
     caller has read them, else read from the SST training file."""
     if cfg.sst_prior <= 0 or "sst" not in cfg.tasks:
         return None
-    _check_encoder("sst", cfg.sst_prior, cfg.sst_prior_model)
     args = (cfg.sst_prior_model, cfg.sst_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
     saved = Path(checkpoint) / SST_PRIOR_FILE if checkpoint is not None else None
     if saved is not None and saved.is_file():

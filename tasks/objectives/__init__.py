@@ -2,6 +2,7 @@
 
 Usage:
     from tasks.objectives import build_objectives
+from tasks.options import option
     objectives = build_objectives({"mnr": {"scale": 20.0}}, model)
     for obj in objectives:
         if obj.applies_to(task):
@@ -13,7 +14,8 @@ file under tasks/objectives/ (imported by ``import_all``), with:
 - ``Config``: a dataclass of its hyper-parameters; every field becomes a CLI flag
   ``--<name>-<field>`` (its help: ``tasks.options.option`` metadata, else the
   field's trailing comment) and ``weight`` always exists (the factor on its terms);
-- ``tasks``: the tasks it applies to (``"nli"`` is the NLI triplet stream);
+- ``tasks``: the streams it can take (``"nli"`` is the NLI triplet stream), enforced here: a config naming
+  another is refused; ``default_tasks`` the ones it takes when its config names none (default: all);
 - ``forward(model, task, batch, out) -> dict[str, Tensor]``: unweighted loss terms;
   ``out`` is the head's TaskOutput for this batch (None for the "nli" stream).
 
@@ -36,6 +38,8 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
+from tasks.options import option
+
 REGISTRY: dict[str, type["Objective"]] = {}
 
 
@@ -44,8 +48,8 @@ class ObjectiveConfig:
     """The fields every objective's ``Config`` has; subclass it (``class MyConfig(ObjectiveConfig)``) and redeclare
     a field to change its default or help."""
 
-    weight: float = 1.0  # the factor the trainer puts on every term of the objective
-    tasks: tuple[str, ...] = ()  # the streams it applies to; empty = every stream it can take
+    weight: float = option(1.0, "the factor the trainer puts on every term of the objective")
+    tasks: tuple[str, ...] = option((), "the streams it applies to; empty = its default streams")
 
     def __post_init__(self) -> None:
         self.tasks = tuple(self.tasks)  # a list from JSON or the command line
@@ -54,22 +58,28 @@ class ObjectiveConfig:
 class Inference(Protocol):
     """An objective's change to the final evaluation (``Objective.inference``); KNN-BERT's vote is one.
 
-    ``key`` names its block in the final record; ``score`` gets one split's
-    datasets, the model's plain predictions and metrics, and returns (the
-    predictions the leaderboard files take, {record name: metrics}).
+    ``classes`` gets one split's datasets and returns, for the tasks it changes, {variant: {task: predicted
+    classes (N,)}}: variant "" is the objective's prediction, which the leaderboard files take when ``replaces``;
+    the others are scored beside it. The evaluator scores every variant on a labelled split (the plain metrics
+    with those tasks' scores replaced) into the final record's ``key`` block ("<split>" for "", "<split>_<variant>"
+    for the others), with ``info``, and logs them under ``name``.
     """
 
     key: str
+    name: str
     info: dict[str, Any]
+    replaces: bool
 
-    def score(self, split: str, datasets: dict[str, Any], preds: dict[str, Any], metrics: dict[str, float]
-              ) -> tuple[dict[str, Any], dict[str, Any]]: ...
+    def classes(self, split: str, datasets: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]: ...
 
 
 class Objective(nn.Module, abc.ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type] = ObjectiveConfig
+    # The streams it can take: a config naming another is refused (``objective_config``).
     tasks: ClassVar[tuple[str, ...]] = ()
+    # The streams it takes when its config names none; None: every one of ``tasks``.
+    default_tasks: ClassVar[tuple[str, ...] | None] = None
     # True when the objective reads Siamese features (sts_1/sts_2, pooled_1/2): the
     # config check refuses it with pair_encoding cross before any work starts.
     needs_siamese: ClassVar[bool] = False
@@ -108,8 +118,9 @@ class Objective(nn.Module, abc.ABC):
 
     @classmethod
     def tasks_of(cls, config: ObjectiveConfig) -> tuple[str, ...]:
-        """The streams an objective with ``config`` applies to: its config's ``tasks`` when set, else ``tasks``."""
-        return tuple(config.tasks) or cls.tasks
+        """The streams an objective with ``config`` applies to: its config's ``tasks`` when set, else
+        ``default_tasks`` (else ``tasks``)."""
+        return tuple(config.tasks) or (cls.default_tasks if cls.default_tasks is not None else cls.tasks)
 
     def active_tasks(self) -> tuple[str, ...]:
         return type(self).tasks_of(self.config)
@@ -139,13 +150,6 @@ class Objective(nn.Module, abc.ABC):
         return None
 
 
-def check_tasks(objective: str, chosen, allowed: tuple[str, ...], why: str = "") -> None:
-    """Refuse task names an objective cannot use, with the allowed ones (and why) in the message."""
-    bad = sorted(set(chosen) - set(allowed))
-    if bad:
-        raise ValueError(f"{objective} tasks must be among {allowed}{why}, got {bad}")
-
-
 def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objective], ObjectiveConfig]:
     """(the registered class, its checked Config) of objective ``name`` with ``overrides``; a ValueError naming the
     objective for an unknown name, an unknown option or a value its Config refuses."""
@@ -159,9 +163,13 @@ def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objecti
     if bad:
         raise ValueError(f"objective {name!r} has no option(s) {sorted(bad)}; options: {sorted(known)}")
     try:
-        return cls, cls.Config(**overrides)
+        config = cls.Config(**overrides)
     except (TypeError, ValueError) as e:
         raise ValueError(f"objective {name!r}: {e}") from None
+    bad = [t for t in config.tasks if t not in cls.tasks]
+    if bad:
+        raise ValueError(f"objective {name!r} can take the streams {', '.join(cls.tasks)}, not {', '.join(bad)}")
+    return cls, config
 
 
 def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> list[Objective]:

@@ -64,7 +64,8 @@ from torch import nn
 
 from tasks.data.predictions import load_task_logits, logits_path
 from tasks.model import TASKS
-from tasks.objectives import Objective, ObjectiveConfig, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 from tasks.runtime import full_precision
 
 DISTILL_TASKS = TASKS
@@ -156,9 +157,9 @@ def load_teachers(teachers: Sequence[str], task: str, temperature: float = 1.0) 
 class DistillConfig(ObjectiveConfig):
     """Options of the "distill" objective (CLI: ``--distill-<field>``)."""
 
-    weight: float = 2 / 3  # factor on the distillation term, the head's loss keeps 1 (§4.6: 2/3 of the main loss)
-    teachers: tuple[str, ...] = ()  # prediction dirs with {task}-train-logits.csv (--predict-train); several: ensemble
-    temperature: float = 1.0  # T: SST / para targets softmax(z/T) / sigmoid(z/T), terms x T²; 1 = plain soft labels
+    weight: float = option(2 / 3, "factor on the distillation term, the head's loss keeps 1 (§4.6: 2/3 of the main loss)")
+    teachers: tuple[str, ...] = option((), "prediction dirs with {task}-train-logits.csv (--predict-train); several: ensemble")
+    temperature: float = option(1.0, "T: SST / para targets softmax(z/T) / sigmoid(z/T), terms x T²; 1 = plain soft labels")
 
     def __post_init__(self) -> None:
         self.teachers = tuple(str(t) for t in self.teachers)
@@ -170,7 +171,6 @@ class DistillConfig(ObjectiveConfig):
             raise ValueError(f"distill weight must be a finite number >= 0, got {self.weight}")
         if not self.temperature > 0:
             raise ValueError(f"distill temperature must be positive, got {self.temperature}")
-        check_tasks("distill", self.tasks, DISTILL_TASKS)
 
 
 class Distill(Objective):

@@ -70,10 +70,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.data.predictions import Predictions
-from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
 from tasks.model import NUM_CLASSES, follow_modes, preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 from tasks.runtime import full_precision
 
 # ---- inference: the KNN vote (§3.1, eq. 1) ----
@@ -181,6 +180,7 @@ class KNNInference:
         self.classifiers: dict[str, KNNClassifier] = {}
         self.info = {"k": self.config.knn_k, "phi": self.config.knn_phi,
                      "leaderboard": "knn" if self.config.knn_phi > 0 else "classifier"}
+        self.name = f"KNN-BERT (k {self.config.knn_k}, phi {self.config.knn_phi:g})"
 
     def _features(self, task: str, dataset: Any) -> tuple[torch.Tensor, torch.Tensor]:
         return compute_representations(self.model, task, dataset, self.config.representation, self.batch_size,
@@ -200,36 +200,22 @@ class KNNInference:
         probs = class_probabilities(task, logits)
         return knn.predict_proba(queries, probs, self.config.knn_phi), knn.predict_proba(queries, probs, 1.0)
 
-    def score(self, split: str, datasets: dict[str, Any], preds: dict[str, Predictions], metrics: dict[str, float]
-              ) -> tuple[dict[str, Predictions], dict[str, Any]]:
-        """(leaderboard predictions, KNN metrics) of one split.
+    @property
+    def replaces(self) -> bool:
+        """With phi > 0 the SST / paraphrase leaderboard files take the eq. 1 prediction (the logits files keep
+        the classifier's raw outputs); at phi 0 it is the classifier's own."""
+        return self.config.knn_phi > 0
 
-        The leaderboard files take the eq. 1 prediction when knn_phi > 0 (their
-        logits files keep the classifier's raw outputs). Metrics are the plain
-        ones with each KNN task's score replaced, overall recomputed.
-        """
-        phi = self.config.knn_phi
-        combined_metrics, vote_metrics = dict(metrics), dict(metrics)
-        leaderboard = dict(preds)
+    def classes(self, split: str, datasets: dict[str, Any]) -> dict[str, dict[str, torch.Tensor]]:
+        """{"": eq. 1's classes at knn_phi, "knn_only": the vote's alone (phi 1)} of each KNN task of ``datasets``
+        (an unlabelled split: only where they replace the classifier's)."""
+        combined, vote = {}, {}
         for task in [t for t in self.tasks if t in datasets]:
-            labels = getattr(datasets[task], "labels", None)
-            if labels is None and phi == 0:
+            if getattr(datasets[task], "labels", None) is None and not self.replaces:
                 continue  # unlabeled (test) and the classifier's prediction stands: nothing to compute
-            combined, vote = self.probabilities(task, datasets[task])
-            if phi > 0:
-                p = preds[task]
-                leaderboard[task] = Predictions(p.ids, p.logits, combined.argmax(-1))
-            if labels is not None:
-                combined_metrics[TASK_METRIC[task]] = score(task, combined.argmax(-1), labels)
-                vote_metrics[TASK_METRIC[task]] = score(task, vote.argmax(-1), labels)
-        if not metrics:
-            return leaderboard, {}
-        for m in (combined_metrics, vote_metrics):
-            m["overall"] = overall_score(m)
-        logger.info("%s KNN-BERT (k %d, phi %g): %s | KNN vote only (phi 1): %s", split, self.config.knn_k, phi,
-                    " ".join(f"{k} {v:.4f}" for k, v in combined_metrics.items()),
-                    " ".join(f"{k} {v:.4f}" for k, v in vote_metrics.items()))
-        return leaderboard, {split: jsonable(combined_metrics), f"{split}_knn_only": jsonable(vote_metrics)}
+            at_phi, alone = self.probabilities(task, datasets[task])
+            combined[task], vote[task] = at_phi.argmax(-1), alone.argmax(-1)
+        return {"": combined, "knn_only": vote}
 
 
 @torch.no_grad()
@@ -268,17 +254,15 @@ def compute_representations(model: nn.Module, task: str, dataset: Any, represent
 # ---- training: supervised momentum contrast (eq. 3, 5, 6) ----
 @dataclass
 class KNNBertConfig(ObjectiveConfig):
-    weight: float = 0.1  # λ of eq. 6 (paper: 0.1); the head's own loss is scaled by 1 − λ
-    momentum: float = 0.999  # m of eq. 5
-    temperature: float = 0.07  # τ of eq. 3
-    queue_size: int = 32000  # capped at the train size by set_train_size (paper: 32,000 or the whole train set)
-    m_most: int = 50  # M_m most similar positives (paper searches {10, 50, 100, 200, 400})
-    m_least: int = 50  # M_l least similar ("hard") positives
-    representation: str = "pooled"  # "pooled" = the [CLS]-side sentence embedding (paper); "head_input"
-    # K neighbours for inference (paper searches {100, 200, 500, 1000}); used by the final evaluation and --eval-only (the 'knn' dev metrics)
-    knn_k: int = 100
-    # φ of eq. 1 for inference (paper: 0.25 typically); the final evaluation and --eval-only score phi and phi=1 (KNN only) as 'knn' dev metrics, and with phi > 0 the SST / paraphrase leaderboard files hold the combined prediction (logits files stay the classifier's)
-    knn_phi: float = 0.25
+    weight: float = option(0.1, "λ of eq. 6 (paper: 0.1); the head's own loss is scaled by 1 − λ")
+    momentum: float = option(0.999, "m of eq. 5")
+    temperature: float = option(0.07, "τ of eq. 3")
+    queue_size: int = option(32000, "capped at the train size by set_train_size (paper: 32,000 or the whole train set)")
+    m_most: int = option(50, "M_m most similar positives (paper searches {10, 50, 100, 200, 400})")
+    m_least: int = option(50, "M_l least similar (\"hard\") positives")
+    representation: str = option("pooled", "\"pooled\" = the [CLS]-side sentence embedding (paper); \"head_input\"")
+    knn_k: int = option(100, "K neighbours for inference (paper searches {100, 200, 500, 1000}); used by the final evaluation and --eval-only (the 'knn' dev metrics)")
+    knn_phi: float = option(0.25, "φ of eq. 1 for inference (paper: 0.25 typically); the final evaluation and --eval-only score phi and phi=1 (KNN only) as 'knn' dev metrics, and with phi > 0 the SST / paraphrase leaderboard files hold the combined prediction (logits files stay the classifier's)")
 
     def __post_init__(self) -> None:
         super().__post_init__()

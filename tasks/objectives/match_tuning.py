@@ -71,7 +71,8 @@ import torch
 from torch import nn
 
 from tasks.model import TASKS
-from tasks.objectives import Objective, ObjectiveConfig, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 from tasks.runtime import full_precision
 
 MATCH_TASKS = TASKS
@@ -104,9 +105,9 @@ def match_transform(h: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
 class MatchTuningConfig(ObjectiveConfig):
     """Options of the "match_tuning" objective (CLI: ``--match_tuning-<field>``)."""
 
-    weight: float = 1.0  # interface field only: Match-Tuning adds no loss term, so it must stay 1
-    temperature: float = 1.0  # T dividing h hᵀ (paper App. B grid: 1–6)
-    inference: str = "identity"  # at evaluation: "identity" (z = h) or "batch" (match each eval batch)
+    weight: float = option(1.0, "interface field only: Match-Tuning adds no loss term, so it must stay 1")
+    temperature: float = option(1.0, "T dividing h hᵀ (paper App. B grid: 1–6)")
+    inference: str = option("identity", "at evaluation: \"identity\" (z = h) or \"batch\" (match each eval batch)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -117,7 +118,6 @@ class MatchTuningConfig(ObjectiveConfig):
             raise ValueError(f"match_tuning temperature must be positive, got {self.temperature}")
         if self.inference not in INFERENCE_MODES:
             raise ValueError(f"match_tuning inference must be one of {INFERENCE_MODES}, got {self.inference!r}")
-        check_tasks("match_tuning", self.tasks, MATCH_TASKS)
 
 
 class BatchMatching(nn.Module):

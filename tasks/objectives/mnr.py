@@ -55,7 +55,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import NLI
-from tasks.objectives import Objective, ObjectiveConfig, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 
 MNR_TASKS = ("sts", NLI, "para")
 # Σ_{j=0..5} e^j: the §4.4 normaliser of the STS label weights.
@@ -131,17 +132,16 @@ def sts_label_weights(labels: torch.Tensor) -> torch.Tensor:
 class MNRConfig(ObjectiveConfig):
     """Options of the "mnr" objective (CLI: ``--mnr-<field>``)."""
 
-    scale: float = 20.0  # multiplies cosine similarities; 1 / temperature (20 = 0.05)
-    sts_label_weighting: bool = True  # STS pairs weighted by e^label / Σ_{j=0..5} e^j (§4.4); off = plain MNR
-    hard_negatives: bool = True  # NLI: use the contradiction (_3) as an extra column when the batch has it
-    para_positives: bool = False  # also MNR over the paraphrase-labelled Quora pairs (pooled embeddings)
-    tasks: tuple[str, ...] = ()  # task streams; empty = ("sts", "nli") plus "para" with para_positives
+    scale: float = option(20.0, "multiplies cosine similarities; 1 / temperature (20 = 0.05)")
+    sts_label_weighting: bool = option(True, "STS pairs weighted by e^label / Σ_{j=0..5} e^j (§4.4); off = plain MNR")
+    hard_negatives: bool = option(True, "NLI: use the contradiction (_3) as an extra column when the batch has it")
+    para_positives: bool = option(False, "also MNR over the paraphrase-labelled Quora pairs (pooled embeddings)")
+    tasks: tuple[str, ...] = option((), "task streams; empty = (\"sts\", \"nli\") plus \"para\" with para_positives")
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
-        check_tasks("mnr", self.tasks, MNR_TASKS, " (it needs sentence pairs)")
         if self.tasks and ("para" in self.tasks) != self.para_positives:
             raise ValueError("mnr: 'para' in tasks and para_positives must agree (para_positives chooses "
                              "MNR over the paraphrase positives); set both or neither")
@@ -152,7 +152,8 @@ class MultipleNegativesRanking(Objective):
 
     name = "mnr"
     Config = MNRConfig
-    tasks = ("sts", NLI)
+    tasks = MNR_TASKS  # sentence pairs
+    default_tasks = ("sts", NLI)  # and "para" with para_positives
     batch_coupled = True  # in-batch negatives
     needs_siamese: ClassVar[bool] = True  # compares separately encoded sentences: refused with --pair-encoding cross
 
@@ -160,7 +161,7 @@ class MultipleNegativesRanking(Objective):
     def tasks_of(cls, config: MNRConfig) -> tuple[str, ...]:
         if config.tasks:
             return tuple(config.tasks)
-        return cls.tasks + (("para",) if config.para_positives else ())
+        return cls.default_tasks + (("para",) if config.para_positives else ())
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         cfg = self.config

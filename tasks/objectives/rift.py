@@ -70,6 +70,7 @@ from torch import nn
 
 from tasks.model import NUM_CLASSES, preserved_modes
 from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 from tasks.runtime import full_precision
 
 NORMS = ("l2", "linf")
@@ -78,15 +79,15 @@ ATTACK_OBJECTIVES = ("kl", "ce")
 
 @dataclass
 class RIFTConfig(ObjectiveConfig):
-    beta: float = 1.0  # β on KL(p(x) ‖ p(x')) (authors' scripts: 10 IMDB, 5 SNLI, for a word-substitution attack)
-    alpha: float = 0.3  # α on L_I (paper: 0.1 IMDB, 0.7 SNLI)
-    temperature: float = 0.2  # τ of the InfoNCE score
-    norm: str = "l2"  # "l2" | "linf": the per-token ball of the embedding perturbation
-    epsilon: float = 0.1  # ball radius per token (well inside the L2 distance from a word to its nearest other word)
-    step_size: float = 0.1  # PGD step (L2: along the normalized gradient; L∞: along its sign)
-    steps: int = 2  # PGD ascent steps (0 = random perturbation in the ball only)
-    proj_hidden: int = 512  # per-class projection H -> proj_hidden -> ReLU -> proj_dim
-    proj_dim: int = 256
+    beta: float = option(1.0, "β on KL(p(x) ‖ p(x')) (authors' scripts: 10 IMDB, 5 SNLI, for a word-substitution attack)")
+    alpha: float = option(0.3, "α on L_I (paper: 0.1 IMDB, 0.7 SNLI)")
+    temperature: float = option(0.2, "τ of the InfoNCE score")
+    norm: str = option("l2", "\"l2\" | \"linf\": the per-token ball of the embedding perturbation")
+    epsilon: float = option(0.1, "ball radius per token (well inside the L2 distance from a word to its nearest other word)")
+    step_size: float = option(0.1, "PGD step (L2: along the normalized gradient; L∞: along its sign)")
+    steps: int = option(2, "PGD ascent steps (0 = random perturbation in the ball only)")
+    proj_hidden: int = option(512, "per-class projection H -> proj_hidden -> ReLU -> proj_dim")
+    proj_dim: int = option(256, "")
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -60,7 +60,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import ModelConfig
-from tasks.objectives import Objective, ObjectiveConfig, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 from tasks.runtime import full_precision
 
 SCL_TASKS = ("sst", "para")
@@ -105,10 +106,10 @@ def scl_loss(features: torch.Tensor, labels: torch.Tensor, temperature: float = 
 class SCLConfig(ObjectiveConfig):
     """Options of the "scl" objective (CLI: ``--scl-<field>``)."""
 
-    weight: float = 0.1  # λ of eq. 1: the SCL term gets λ, the head's CE/BCE gets 1 − λ
-    temperature: float = 0.3  # τ of eq. 3 (paper: lower = harder negatives; try 0.1–0.7)
-    embedding: str = "pooled"  # Φ: "pooled" sentence/pair embedding ([CLS] pooler by default) or "head_input"
-    reduction: str = "sum"  # "sum" over anchors = eq. 3 exactly; "mean" = sum / batch size
+    weight: float = option(0.1, "λ of eq. 1: the SCL term gets λ, the head's CE/BCE gets 1 − λ")
+    temperature: float = option(0.3, "τ of eq. 3 (paper: lower = harder negatives; try 0.1–0.7)")
+    embedding: str = option("pooled", "Φ: \"pooled\" sentence/pair embedding ([CLS] pooler by default) or \"head_input\"")
+    reduction: str = option("sum", "\"sum\" over anchors = eq. 3 exactly; \"mean\" = sum / batch size")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -120,7 +121,6 @@ class SCLConfig(ObjectiveConfig):
             raise ValueError(f"scl embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
         if self.reduction not in REDUCTIONS:
             raise ValueError(f"scl reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
-        check_tasks("scl", self.tasks, SCL_TASKS, " (classification tasks only)")
 
 
 def para_feature_problem(model_config: ModelConfig, embedding: str) -> str | None:

@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import NLI, TASKS
-from tasks.objectives import Objective, ObjectiveConfig, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +80,9 @@ def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.05,
 class SimCSEConfig(ObjectiveConfig):
     """Options of the "simcse" objective (CLI: ``--simcse-<field>``)."""
 
-    temperature: float = 0.05  # τ dividing the similarities (Gao et al.: 0.05 with cosine)
-    similarity: str = "cos"  # "cos" (Gao et al.) or "dot" (the minbert paper's choice; use τ ≈ 1)
-    tasks: tuple[str, ...] = ("sts",)  # which task batches' sentences to use (paper B1: STS)
+    temperature: float = option(0.05, "τ dividing the similarities (Gao et al.: 0.05 with cosine)")
+    similarity: str = option("cos", "\"cos\" (Gao et al.) or \"dot\" (the minbert paper's choice; use τ ≈ 1)")
+    tasks: tuple[str, ...] = option(("sts",), "which task batches' sentences to use (paper B1: STS)")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -89,7 +90,6 @@ class SimCSEConfig(ObjectiveConfig):
             raise ValueError(f"simcse similarity must be one of {SIMILARITIES}, got {self.similarity!r}")
         if not self.temperature > 0:
             raise ValueError(f"simcse temperature must be positive, got {self.temperature}")
-        check_tasks("simcse", self.tasks, SIMCSE_TASKS)
 
 
 class SimCSE(Objective):
@@ -97,7 +97,8 @@ class SimCSE(Objective):
 
     name = "simcse"
     Config = SimCSEConfig
-    tasks = ("sts",)
+    tasks = SIMCSE_TASKS  # any sentences
+    default_tasks = ("sts",)
     batch_coupled = True  # in-batch negatives
 
     def __init__(self, config: SimCSEConfig, model: nn.Module | None = None):

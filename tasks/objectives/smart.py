@@ -67,7 +67,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import TASKS
-from tasks.objectives import Objective, ObjectiveConfig, check_tasks
+from tasks.objectives import Objective, ObjectiveConfig
+from tasks.options import option
 from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
 
 SMART_TASKS = TASKS
@@ -188,13 +189,13 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
 class SMARTConfig(ObjectiveConfig):
     """Options of the "smart" objective (CLI: ``--smart-<field>``)."""
 
-    weight: float = 1.0  # λ_s, the factor on the penalty
-    sigma: float = 1e-5  # std of the initial noise δ_0
-    step_size: float = 1e-3  # η of the normalized ascent step
-    epsilon: float = 1e-5  # radius of the L∞ ball δ is projected onto
-    steps: int = 1  # ascent steps (each one forward + backward)
-    reuse_head_output: bool = False  # f(e) = the head's own forward (mt-dnn; cheaper, other dropout mask)
-    tasks: tuple[str, ...] = SMART_TASKS  # the tasks it regularizes
+    weight: float = option(1.0, "λ_s, the factor on the penalty")
+    sigma: float = option(1e-5, "std of the initial noise δ_0")
+    step_size: float = option(1e-3, "η of the normalized ascent step")
+    epsilon: float = option(1e-5, "radius of the L∞ ball δ is projected onto")
+    steps: int = option(1, "ascent steps (each one forward + backward)")
+    reuse_head_output: bool = option(False, "f(e) = the head's own forward (mt-dnn; cheaper, other dropout mask)")
+    tasks: tuple[str, ...] = option(SMART_TASKS, "the tasks it regularizes")
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -203,7 +204,6 @@ class SMARTConfig(ObjectiveConfig):
                              f"{self.sigma}, {self.step_size}, {self.epsilon}")
         if self.steps < 1:
             raise ValueError(f"smart steps must be >= 1, got {self.steps}")
-        check_tasks("smart", self.tasks, SMART_TASKS)
 
 
 class SMART(Objective):

@@ -1,31 +1,24 @@
-"""Masked-LM pretraining: BERT's MLM head and its checkpoint, the training loop, its resumable state.
+"""Masked-LM pretraining: the training loop, BERT's masking, the MLM checkpoint, the resumable state.
 
-The library behind python -m tasks.pretrain (the command parses flags and picks
-the sentences; everything it runs is here), in three parts:
+The library behind python -m tasks.pretrain (the command reads its flags and picks
+the sentences; everything it runs is here). The MLM head and the ``BertForMaskedLM``
+model are the encoder's (minbert/mlm.py); this module trains them:
 
-- the MLM head and the Hugging Face ``BertForMaskedLM`` checkpoint it is saved as;
+- BERT's masking (``mask_tokens``), the task sentences (``collect_sentences``),
+  ``PretrainConfig`` and the loop itself (``pretrain``, ``evaluate_mlm``), whose
+  parameter groups and learning rate are the trainer's (``parameter_groups``,
+  ``warmup_linear`` in tasks/training/trainer.py): one rule for both loops;
+- the checkpoint (``save_mlm_checkpoint``): an HF ``BertForMaskedLM`` directory,
+  written atomically: config.json, model.safetensors (``bert.*`` encoder, pooler
+  kept as loaded, ``cls.predictions.*`` head; the tied decoder weight is not
+  stored twice), vocab.txt and tokenizer files. ``load_pretrained(DIR)`` loads
+  its encoder;
 - the resumable state of a run (``Progress``, ``save_progress`` /
   ``load_progress`` in ``<out-dir>.partial``), so that an interrupted run
-  continues to the uninterrupted run's weights;
-- BERT's masking (``mask_tokens``), the task sentences (``collect_sentences``),
-  ``PretrainConfig`` and the loop itself (``pretrain``, ``evaluate_mlm``).
-
-The MLM head (``BertMLMHead``) is BERT's: transform (dense H->H, activation,
-LayerNorm) and a decoder whose weight is the word-embedding matrix (tied, same
-storage) plus an output bias, under HF's names ``cls.predictions.*``. It is
-loaded when the checkpoint has one (bert-base-uncased does) and created fresh
-otherwise (all-MiniLM-L6-v2, the embedded default, does not).
-
-A checkpoint (``save_mlm_checkpoint``) is an HF ``BertForMaskedLM`` directory,
-written atomically: config.json, model.safetensors (``bert.*`` encoder, pooler
-kept as loaded, ``cls.predictions.*`` head; the tied decoder weight is not
-stored twice), vocab.txt and tokenizer files. ``load_pretrained(DIR)`` loads
-its encoder; map_hf_keys routes the ``cls.*`` head to the "other" tensors,
-which load_pretrained does not use.
+  continues to the uninterrupted run's weights.
 
 Usage:
-    mlm, tokenizer, had_head = load_mlm()               # embedded MiniLM + a new head
-    loss, logits, targets = mlm.masked_lm_loss(input_ids, attention_mask, labels)
+    mlm, tokenizer, had_head = load_mlm()               # minbert.mlm: embedded MiniLM + a new head
     records = pretrain(mlm, tokenizer, collect_sentences("data"), PretrainConfig(epochs=1),
                        state_dir=partial_dir("checkpoints/mlm"), checkpoint_every=500)
     save_mlm_checkpoint("checkpoints/mlm", mlm, tokenizer)
@@ -49,10 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from minbert.bert import BertModel, activation
-from minbert.config import BertConfig
+from minbert.mlm import IGNORE_INDEX, BertForMaskedLM, checkpoint_state, hf_config_dict, masked_positions
 from minbert.optimizer import AdamW
-from minbert.pretrained import load_pretrained, map_hf_keys, read_state_dict, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.data.datasets import length_bucketed_batches
 from tasks.data.readers import load_split
@@ -60,182 +51,16 @@ from tasks.model import TASKS
 from tasks.outdir import MLM, check_kind, mark
 from tasks.checkpoint import load_optimizer_state, optimizer_state
 from tasks.storage import atomic_directory, load_tensors, read_json, save_tensors, write_json
+from tasks.options import option
 from tasks.training.progress import RunClock, duration
+from tasks.training.trainer import parameter_groups, warmup_linear
 from tasks.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
 
-# ---- the MLM head and its checkpoint ----
 log = logging.getLogger(__name__)
-
-
-IGNORE_INDEX = -100
-
-
-HEAD_PREFIX = "cls.predictions."
-
-
-# Tensors a checkpoint must hold for its MLM head to be loaded (besides the tied decoder).
-HEAD_KEYS = ("transform.dense.weight", "transform.dense.bias",
-             "transform.LayerNorm.weight", "transform.LayerNorm.bias", "bias")
 
 
 # Tokenizer files copied into a checkpoint when the source directory has them.
 TOKENIZER_FILES = ("tokenizer_config.json", "special_tokens_map.json", "tokenizer.json")
-
-
-class BertPredictionHeadTransform(nn.Module):
-    """dense H->H, the config's activation (GELU for BERT), LayerNorm: HF's names."""
-
-    def __init__(self, config: BertConfig):
-        super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
-        self.act = activation(config.hidden_act)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(self.act(self.dense(h)))  # (..., H)
-
-
-class BertMLMHead(nn.Module):
-    """BERT's masked-LM head: transform, then decoder tied to the word embeddings, plus a bias.
-
-    ``decoder.weight`` *is* the embedding matrix (the same Parameter), so the
-    two are trained as one, as in BERT; ``bias`` is the output-only bias.
-    """
-
-    def __init__(self, config: BertConfig, word_embeddings: nn.Embedding):
-        super().__init__()
-        if word_embeddings.weight.shape != (config.vocab_size, config.hidden_size):
-            raise ValueError(f"word embeddings {tuple(word_embeddings.weight.shape)} do not match the config "
-                             f"(vocab_size {config.vocab_size}, hidden_size {config.hidden_size})")
-        self.transform = BertPredictionHeadTransform(config)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.decoder.weight = word_embeddings.weight  # tied: one Parameter, one storage
-        self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        std = config.initializer_range
-        nn.init.normal_(self.transform.dense.weight, mean=0.0, std=std)
-        nn.init.zeros_(self.transform.dense.bias)
-
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.decoder(self.transform(h)) + self.bias  # (..., V)
-
-
-class BertForMaskedLM(nn.Module):
-    """Our encoder plus the MLM head; ``state_dict()`` has HF BertForMaskedLM names (``bert.*``, ``cls.*``)."""
-
-    def __init__(self, bert: BertModel):
-        super().__init__()
-        self.bert = bert
-        self.cls = nn.ModuleDict({"predictions": BertMLMHead(bert.config, bert.get_input_embeddings())})
-
-    @property
-    def head(self) -> BertMLMHead:
-        return self.cls["predictions"]
-
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        """Vocabulary logits at every position, (B, T, V)."""
-        h = self.bert(input_ids, attention_mask, token_type_ids)["last_hidden_state"]  # (B, T, H)
-        return self.head(h)
-
-    def masked_lm_loss(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None, labels: torch.Tensor,
-                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(loss, logits at the masked positions (M, V), their targets (M,)).
-
-        The head runs on the masked positions only; the loss equals
-        ``mlm_loss(self(input_ids, ...), labels)``. ``positions``: their flat
-        indices into (B·T), ``masked_positions(labels)`` computed where the labels
-        were made (the CPU), so that M is known without reading the device; None
-        computes them here from ``labels`` (a host read when labels live on an
-        accelerator: a boolean-mask index has a data-dependent size).
-        """
-        h = self.bert(input_ids, attention_mask)["last_hidden_state"]  # (B, T, H)
-        if positions is None:
-            positions = masked_positions(labels)
-        logits = self.head(h.flatten(0, 1).index_select(0, positions))  # (M, V)
-        targets = labels.flatten().index_select(0, positions)  # (M,)
-        return mlm_loss(logits, targets), logits, targets
-
-
-def masked_positions(labels: torch.Tensor) -> torch.Tensor:
-    """Flat indices (M,) into labels.flatten() of the positions whose label is not -100 (row-major order)."""
-    return (labels.flatten() != IGNORE_INDEX).nonzero().squeeze(1)
-
-
-def mlm_loss(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over the positions whose label is not -100, in float32.
-
-    logits (..., V), labels (...). Positions labelled -100 contribute nothing,
-    whatever their logits. With no labelled position at all this is nan (as
-    ``F.cross_entropy``), which ``mask_tokens`` never produces.
-    """
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                           ignore_index=IGNORE_INDEX)
-
-
-def _split_head(other: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The ``cls.predictions.*`` tensors, prefix removed, old TF gamma/beta names mapped."""
-    head = {}
-    for key, t in other.items():
-        if key.startswith(HEAD_PREFIX):
-            k = key[len(HEAD_PREFIX):]
-            if k.endswith(".gamma"):
-                k = k[: -len("gamma")] + "weight"
-            elif k.endswith(".beta"):
-                k = k[: -len("beta")] + "bias"
-            head[k] = t
-    return head
-
-
-def load_mlm(
-    path: str | os.PathLike[str] | None = None, *, attn_implementation: str = "sdpa"
-) -> tuple[BertForMaskedLM, BertTokenizer, bool]:
-    """(model with MLM head, tokenizer, whether the head came from the checkpoint).
-
-    ``path=None`` is the embedded all-MiniLM-L6-v2 (no MLM head: a new one is
-    created). A partial head (some cls.predictions tensors missing) is an error.
-    """
-    d = resolve_model_dir(path)
-    bert, tokenizer = load_pretrained(d, attn_implementation=attn_implementation)
-    mlm = BertForMaskedLM(bert)
-    _, other = map_hf_keys(read_state_dict(d))
-    head = _split_head(other)
-    if not head:
-        log.info("%s has no MLM head (cls.predictions.*): created a new one (transform random, "
-                 "decoder tied to the word embeddings, zero bias)", d)
-        return mlm, tokenizer, False
-    if "bias" not in head and "decoder.bias" in head:  # some exports keep only the decoder's copy
-        head["bias"] = head["decoder.bias"]
-    missing = [HEAD_PREFIX + k for k in HEAD_KEYS if k not in head]
-    if missing:
-        raise ValueError(f"{d}: the checkpoint has a partial MLM head; missing {', '.join(missing)}")
-    own = mlm.head.state_dict()
-    for k in HEAD_KEYS:
-        if head[k].shape != own[k].shape:
-            raise ValueError(f"{d}: {HEAD_PREFIX}{k} has shape {tuple(head[k].shape)}, "
-                             f"the model expects {tuple(own[k].shape)}")
-    decoder = head.get("decoder.weight")
-    if decoder is not None and not torch.equal(decoder.to(bert.embeddings.word_embeddings.weight.dtype),
-                                               bert.embeddings.word_embeddings.weight.detach()):
-        log.warning("%s: %sdecoder.weight differs from the word embeddings; BERT ties them, "
-                    "so the word embeddings are used", d, HEAD_PREFIX)
-    with torch.no_grad():
-        for k in HEAD_KEYS:
-            own[k].copy_(head[k].to(own[k].dtype))
-    log.info("%s: loaded its MLM head (cls.predictions.*)", d)
-    return mlm, tokenizer, True
-
-
-def hf_config_dict(config: BertConfig) -> dict:
-    """A flat HF config.json for ``config`` (extra keys kept), declaring BertForMaskedLM."""
-    return config.to_hf_dict(("BertForMaskedLM",))
-
-
-def checkpoint_state(mlm: BertForMaskedLM) -> dict[str, torch.Tensor]:
-    """HF BertForMaskedLM tensors, contiguous, on CPU; the tied decoder weight left out (as HF saves it)."""
-    state = mlm.state_dict()
-    state.pop(HEAD_PREFIX + "decoder.weight")
-    # clone: safetensors refuses tensors that share storage or are views
-    return {k: v.detach().to("cpu").contiguous().clone() for k, v in state.items()}
 
 
 def check_replaceable(out: Path, overwrite: bool = False) -> None:
@@ -440,26 +265,30 @@ def shuffled(items: Sequence[str], seed: int) -> list[str]:
 
 @dataclass
 class PretrainConfig:
-    """Hyper-parameters of the MLM run; the defaults are the paper's (§4.2) where it gives them.
+    """Hyper-parameters of the MLM run; the defaults are the paper's (§4.2) where it gives them. Each field is a
+    flag of python -m tasks.pretrain (tasks.options), named as the train command names the same setting.
 
     The schedule is linear decay to 0 without warmup: the default of the HF
     Trainer that sentence-transformers' train_mlm.py (the paper's code) used.
     """
 
-    epochs: int = 3
-    batch_size: int = 32
-    lr: float = 5e-5
-    weight_decay: float = 0.0
-    warmup_ratio: float = 0.0
-    schedule: str = "linear"
-    max_grad_norm: float = 1.0
-    max_length: int = 128
-    mlm_probability: float = 0.15
-    max_steps: int | None = None
-    seed: int = 0
-    log_every: int = 50
-    device: str = "auto"
-    bf16: bool | None = None  # None: bf16 autocast on GPUs with native bf16, fp32 on CPUs (ask with True)
+    epochs: int = option(3, "passes over the sentences", metavar="N")
+    batch_size: int = option(32, "sentences per optimizer step", metavar="B")
+    lr: float = option(5e-5, "peak AdamW learning rate (paper §4.2: 5e-5)", metavar="LR")
+    weight_decay: float = option(0.0, "AdamW weight decay, never on biases or LayerNorm", metavar="DECAY")
+    warmup: float = option(0.0, "fraction of the steps with linear warm-up", metavar="FRACTION")
+    lr_schedule: str = option("linear", "after warm-up: linear = decay to 0 (the HF Trainer's), constant",
+                              choices=("linear", "constant"))
+    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off", metavar="NORM")
+    max_length: int = option(128, "tokens per sentence, [CLS]/[SEP] included", metavar="T")
+    mlm_probability: float = option(0.15, "fraction of tokens masked (BERT §3.1: 15%)", metavar="P")
+    max_steps: int | None = option(None, "stop after N optimizer steps (CPU budgets); default: whole epochs",
+                                   metavar="N")
+    seed: int = option(0, "shuffling, masking and a new head's init", metavar="SEED")
+    log_every: int = option(50, "one log line every N steps", metavar="N")
+    device: str = option("auto", "auto (cuda when available), cpu, cuda, cuda:N", metavar="DEVICE")
+    bf16: bool | None = option(None, "bf16 autocast; default: on GPUs with native bf16, fp32 on CPUs (ask with "
+                               "--bf16)")
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -468,10 +297,10 @@ class PretrainConfig:
             raise ValueError(f"batch_size must be at least 1, got {self.batch_size}")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
-        if not 0.0 <= self.warmup_ratio < 1.0:
-            raise ValueError(f"warmup_ratio must be in [0, 1), got {self.warmup_ratio}")
-        if self.schedule not in ("linear", "constant"):
-            raise ValueError(f"schedule must be 'linear' or 'constant', got {self.schedule!r}")
+        if not 0.0 <= self.warmup < 1.0:
+            raise ValueError(f"warmup must be in [0, 1), got {self.warmup}")
+        if self.lr_schedule not in ("linear", "constant"):
+            raise ValueError(f"lr_schedule must be 'linear' or 'constant', got {self.lr_schedule!r}")
         if not 0.0 < self.mlm_probability < 1.0:
             raise ValueError(f"mlm_probability must be in (0, 1), got {self.mlm_probability}")
         if self.max_steps is not None and self.max_steps < 1:
@@ -480,27 +309,8 @@ class PretrainConfig:
             raise ValueError(f"max_length must be at least 3, got {self.max_length}")
         if self.log_every < 1:
             raise ValueError(f"log_every must be at least 1, got {self.log_every}")
-
-
-def _param_groups(mlm: nn.Module, weight_decay: float) -> tuple[list[dict], list[str]]:
-    """No decay for biases and LayerNorm weights (as BERT and the HF Trainer); also the parameters' names in
-    group order (the optimizer state's file names them)."""
-    decay, no_decay = [], []
-    for name, p in mlm.named_parameters():  # shared (tied) parameters appear once
-        if not p.requires_grad:
-            continue
-        (no_decay if name.endswith("bias") or "LayerNorm" in name else decay).append((name, p))
-    groups = [{"params": [p for _, p in decay], "weight_decay": weight_decay},
-              {"params": [p for _, p in no_decay], "weight_decay": 0.0}]
-    return groups, [n for n, _ in decay + no_decay]
-
-
-def _lr_factor(step: int, total: int, warmup: int, schedule: str) -> float:
-    if warmup and step < warmup:
-        return (step + 1) / warmup
-    if schedule == "constant":
-        return 1.0
-    return max(0.0, (total - step) / max(1, total - warmup))
+        if self.grad_clip < 0:
+            raise ValueError(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
 
 
 @dataclass
@@ -580,10 +390,9 @@ def pretrain(
     total = config.epochs * steps_per_epoch
     if config.max_steps is not None:
         total = min(total, config.max_steps)
-    warmup = int(config.warmup_ratio * total)
-    groups, names = _param_groups(mlm, config.weight_decay)
+    warmup = int(config.warmup * total)
+    groups, names = parameter_groups(list(mlm.named_parameters()), config.weight_decay)  # the trainer's rule
     opt = AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, foreach=foreach_default(device))
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, total, warmup, config.schedule))
     params = [p for group in opt.param_groups for p in group["params"]]
     g = torch.Generator().manual_seed(config.seed)
     special = never_masked_ids(tokenizer)
@@ -608,7 +417,6 @@ def pretrain(
         where.records.append({"step": 0, "eval_loss": before["loss"], "eval_accuracy": before["accuracy"]})
         log.info("held-out MLM (%d sentences, %d masked tokens): loss %.4f, accuracy %.4f",
                  eval_data.n_sentences, before["masked_tokens"], before["loss"], before["accuracy"])
-    sched.last_epoch = where.step  # LambdaLR's count of steps taken (the groups' lr came with the optimizer's state)
     progress = None
     if sys.stderr.isatty():
         from tqdm import tqdm
@@ -646,11 +454,12 @@ def pretrain(
                 with autocast(device, amp_dtype):
                     loss, _, _ = mlm.masked_lm_loss(inputs, attention_mask, labels, positions)
                 loss.backward()
-                if config.max_grad_norm > 0:
-                    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
-                lr = opt.param_groups[0]["lr"]
+                if config.grad_clip > 0:
+                    torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+                lr = warmup_linear(config.lr, step, total, warmup, decay=config.lr_schedule == "linear")
+                for group in opt.param_groups:
+                    group["lr"] = lr
                 opt.step()
-                sched.step()
                 opt.zero_grad(set_to_none=True)
                 step += 1
                 window_loss += loss.detach()

@@ -1,23 +1,30 @@
-"""A whole training run: fit -> best checkpoint -> SWA -> predictions -> final record.
+"""A training run, from its checks to its final record: prepare_run -> build_trainer -> fit -> best -> SWA ->
+predictions.
 
 Usage:
     from tasks.config import TrainConfig
     from tasks.training.run import run
-    summary = run(TrainConfig(out_dir="runs/try"))        # train, keep the best epoch, write predictions
+    summary = run(TrainConfig(out_dir="runs/try"))        # check, train, keep the best epoch, write predictions
     summary = run(cfg, resume_from="runs/try/checkpoints/last")
+    plan = prepare_run(cfg); trainer = build_trainer(plan)   # the same steps one by one (a trainer to drive)
 
 What a run does (``tasks.config.TrainConfig`` documents every setting):
-1. ``Trainer.from_plan`` (tasks/training/trainer.py): seed, read and tokenize each
-   task's train and dev files (tasks/data/selection.py), build the encoder, the
-   ``MultitaskBert`` heads (tasks/model.py), the objectives
-   (tasks/objectives/) and our AdamW.
-2. ``fit``: every epoch of the schedule, dev metrics after each, a JSONL
-   record, the plot, checkpoint ``last``, and ``best`` when the overall dev
-   score improved (LP-FT's stages inside the loop, tasks/training/lpft.py).
-3. The best checkpoint is loaded; with ``swa_epochs`` the SWA phase runs from
+1. ``prepare_run``: every check, before any data is read (the command line's,
+   ``run`` and ``trainer_for`` alike): the config, the devices and processes,
+   --out-dir, the encoder (--pretrained readable, --max-length within its
+   positions), the priors' encoders and the phrase file, and for a resume the
+   checkpoint (read once) and what may differ from it.
+2. ``build_trainer``: lock the run directory, seed, read and tokenize each
+   task's train and dev files and the test files (tasks/selection.py), build
+   the encoder, the ``MultitaskBert`` heads (tasks/model.py), the objectives
+   (tasks/objectives/) and our AdamW (``build_parts``).
+3. ``Trainer.fit``: every epoch of the schedule, dev metrics after each, a
+   JSONL record, the plot, checkpoint ``last``, and ``best`` when the overall
+   dev score improved (LP-FT's stages inside the loop, tasks/training/lpft.py).
+4. The best checkpoint is loaded; with ``swa_epochs`` the SWA phase runs from
    it (tasks/training/swa.py, paper §4.6) and its averaged model replaces the best one
    when it scores higher on dev.
-4. Dev and test predictions and logits for every task (``Evaluator.write_all``),
+5. Dev and test predictions and logits for every task (``Evaluator.write_all``),
    training-set logits too with ``predict_train``, and the final record in
    metrics.jsonl.
 
@@ -33,14 +40,127 @@ import logging
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from tasks.config import TrainConfig
+import torch
+
+from minbert.pretrained import load_pretrained
+from tasks.checkpoint import ResumePoint, check_same_data, resume_point
+from tasks.config import TrainConfig, check_resume_config
+from tasks.data.datasets import move_batch
+from tasks.evaluation.evaluator import check_encoder
+from tasks.evaluation.priors import check_prior_models
+from tasks.model import MultitaskBert
+from tasks.objectives import build_objectives
+from tasks.runtime import autocast_dtype, configure_device, resolve_device, seed_everything, torchrun_env
+from tasks.selection import load_run_data, phrases_file
+from tasks.training import distributed
 from tasks.training.progress import duration
+from tasks.training.rundir import RunDir, check_out_dir
 from tasks.training.swa import run_swa
-from tasks.training.trainer import Hook, RunPlan, Trainer, prepare_run, resume_point
+from tasks.training.tensorboard import check_available
+from tasks.training.trainer import Hook, Parts, Trainer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A training run checked before any work (``prepare_run``): the config, validated once, for a resume the
+    checkpoint it continues, and whether it may replace what its --out-dir holds (``overwrite``)."""
+
+    cfg: TrainConfig
+    resume: ResumePoint | None = None
+    overwrite: bool = False
+
+    @property
+    def checkpoint(self) -> Path | None:
+        return self.resume.checkpoint if self.resume is not None else None
+
+
+def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: bool = False) -> RunPlan:
+    """Every check of a training run, once, before any data is read, whoever starts it (the command line, ``run``,
+    ``trainer_for``): ``check_run``; its --out-dir (``check_out_dir``: writable, not another live process's,
+    another command's output or an earlier run only with ``overwrite``); and for a ``resume`` (``resume_point``:
+    its checkpoint, read once) the one resume rule (``check_resume_config``: only RESUME_MUTABLE fields may
+    differ from the checkpoint's)."""
+    if overwrite and resume is not None:
+        raise ValueError("--overwrite is for a fresh training run; --resume never replaces checkpoints")
+    check_run(cfg, resume.checkpoint if resume is not None else None)
+    if torchrun_env()[0] == 0:  # rank 0 alone owns the directory (RunDir)
+        check_out_dir(Path(cfg.out_dir), resume=resume is not None, overwrite=overwrite)
+    if resume is not None:
+        check_resume_config(resume.config, cfg)
+    return RunPlan(cfg, resume, overwrite)
+
+
+def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
+    """What a training config needs besides its directory, checked without reading data: the config itself
+    (``TrainConfig.validate``), its per-process batches under torchrun, its device, its phrase file and reporters,
+    its encoder (``check_encoder``: ``checkpoint``'s when it resumes one) and the priors' (``check_prior_models``).
+    tasks.arguments.config_for checks an experiment's flags with it."""
+    cfg.validate()
+    distributed.check_config(cfg.batch_sizes(), cfg.device)
+    resolve_device(cfg.device)
+    if cfg.sst_phrases is not None:
+        phrases_file(cfg)
+    check_available(cfg.report_to)
+    check_encoder(cfg, checkpoint)
+    check_prior_models(cfg)
+
+
+def trainer_for(cfg: TrainConfig, *, hooks: Sequence[Hook] = (), resume_from: str | os.PathLike | None = None,
+                overwrite: bool = False) -> Trainer:
+    """``build_trainer`` of ``cfg`` checked by ``prepare_run`` (with ``resume_from``: the checkpoint found there)."""
+    resume = resume_point(resume_from) if resume_from is not None else None
+    return build_trainer(prepare_run(cfg, resume, overwrite), hooks=hooks)
+
+
+def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
+    """Prepare and lock the run directory (RunDir.start), build the parts, check that a resume reads the run's
+    data (``check_same_data``), record the run (RunDir.record) and, for a resume, restore the plan's checkpoint.
+    The plan is trusted: nothing is checked again."""
+    cfg = plan.cfg
+    # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
+    device = distributed.setup(resolve_device(cfg.device))
+    run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
+    run_dir.start(cfg, resume=plan.resume, overwrite=plan.overwrite)  # locks it; a resume repairs a stale best
+    try:
+        parts = build_parts(cfg, device)
+        if plan.resume is not None:
+            check_same_data(plan.resume, parts.data or {})
+        run_dir.record(cfg, parts.data)
+        return Trainer(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, resume=plan.resume)
+    except BaseException:
+        run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
+        raise
+
+
+OFFSET_INIT_PAIRS = 256  # training pairs (in file order) that start the baseline's paraphrase offset
+
+
+def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
+    """Seed, then load the encoder, read and tokenize the data, build the model and objectives on ``device``.
+
+    Seeding first makes the initial weights a function of ``cfg.seed`` alone (the same on every rank).
+    """
+    seed_everything(cfg.seed)
+    amp_dtype = autocast_dtype(cfg.bf16, device)
+    configure_device(device, cfg.deterministic)
+    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
+    if cfg.encoder_dropout is not None:
+        overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
+    encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
+    data = load_run_data(cfg, tokenizer)  # every file, test files too: a bad one fails the run before it trains
+    model = MultitaskBert(encoder, cfg.model).to(device)
+    if hasattr(model, "para_bias") and "para" in data.train_sets:  # the baseline's Siamese paraphrase offset
+        pairs = data.train_sets["para"]
+        model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
+    objectives = build_objectives(cfg.objectives, model)
+    return Parts(model, objectives, data.train_sets, data.dev_sets, tokenizer, amp_dtype, data.reports,
+                 data.final_examples)
 
 
 def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overwrite: bool = False,
@@ -59,7 +179,7 @@ def run_plan(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> dict:
     Returns the final summary, also appended to metrics.jsonl.
     """
     t0 = time.perf_counter()
-    trainer = Trainer.from_plan(plan, hooks=hooks)
+    trainer = build_trainer(plan, hooks=hooks)
     try:
         return _train_and_predict(trainer, t0)
     except BaseException:
@@ -99,6 +219,15 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     logger.info("done: wall time %s (this process: %.0f s)", duration(record["process_time_s"]),
                 record["process_time_s"])
     return record
+
+
+def dev_scores(record: dict) -> dict[str, float]:
+    """A run's final dev metrics, from its final record (metrics.jsonl); a knn_bert run adds eq. 1 at its φ (``knn_phi<φ>.``) and the vote alone (``knn_phi1.``)."""
+    dev = {k: v for k, v in record["dev"].items() if v is not None}
+    knn = record.get("knn", {})
+    for prefix, key in ((f"knn_phi{knn.get('phi', 0):g}", "dev"), ("knn_phi1", "dev_knn_only")):
+        dev.update({f"{prefix}.{k}": v for k, v in knn.get(key, {}).items() if v is not None})
+    return dev
 
 
 def final_dev_scope(cfg: TrainConfig) -> str:

@@ -30,25 +30,13 @@ from pathlib import Path
 from typing import Any
 
 from tasks.logs import open_log
-from tasks.outdir import OWNER_FILE, RUN, check_kind, mark, process_alive, release_lock, take_lock
+from tasks.outdir import OWNER_FILE, RUN, check_kind, check_writable_dir, mark, process_alive, release_lock, take_lock
 from tasks.training import distributed
 from tasks.checkpoint import ResumePoint, repair_best
 from tasks.storage import copy_directory, remove_stale_temporaries, write_json
 from tasks.training.tensorboard import TensorBoard
 
 logger = logging.getLogger(__name__)
-
-
-def check_writable_dir(path: Path, flag: str) -> None:
-    """``path`` is, or can be made, a writable directory (NotADirectoryError / PermissionError naming ``flag``)."""
-    if path.exists() and not path.is_dir():
-        raise NotADirectoryError(f"{flag} {path} is a file: pass a directory (it is created when missing)")
-    existing = next(p for p in (path, *path.parents) if p.exists())
-    if not existing.is_dir():
-        raise NotADirectoryError(f"{flag} {path}: {existing} is a file, so the directory cannot be created")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise PermissionError(f"{flag} {path} is not writable ({existing} is not): fix its permissions or pick "
-                              "another directory")
 
 
 def check_out_dir(path: Path, *, resume: bool, overwrite: bool) -> None:

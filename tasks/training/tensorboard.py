@@ -18,8 +18,6 @@ import importlib.util
 import math
 from pathlib import Path
 
-REPORTERS = ("tensorboard",)
-
 INSTALL = ".venv/bin/pip install tensorboard"
 
 

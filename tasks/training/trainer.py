@@ -1,7 +1,7 @@
 """The Trainer: one generic training loop for every task, schedule and objective.
 
 Usage:
-    trainer = Trainer.from_config(TrainConfig(out_dir="runs/try"))   # builds everything, prepares the run dir
+    trainer = trainer_for(TrainConfig(out_dir="runs/try"))   # tasks.training.run: checks, builds, run dir
     summary = trainer.fit()                                          # every epoch; checkpoints last / best
     trainer = Trainer(cfg, build_parts(cfg, device), device=device)  # no run directory (benchmarks, tests)
 
@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -64,40 +63,32 @@ from torch import nn
 from tqdm import tqdm
 
 from minbert.optimizer import AdamW
-from minbert.pretrained import load_pretrained
-from tasks.config import TrainConfig, check_resume_config
+from tasks.config import TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights, MultitaskSchedule
-from tasks.data.selection import load_run_data, phrases_file
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import PAIR_TASKS, PHRASES, TASKS, MultitaskBert, head_of
-from tasks.objectives import Objective, build_objectives
+from tasks.objectives import Objective
 from tasks.training import distributed, lpft
 from tasks.checkpoint import (
     CHECKPOINT_FORMAT,
     ResumePoint,
-    check_same_data,
     load_objectives_state,
     load_optimizer_state,
     resolve_checkpoint,
-    resume_point,
     write_checkpoint,
 )
 from tasks.storage import atomic_directory, load_tensors, read_json
 from tasks.training.progress import RunClock, RunningSums, duration, progress_logging, sequences
-from tasks.training.rundir import RunDir, check_out_dir
+from tasks.training.rundir import RunDir
 from tasks.runtime import (
     autocast,
-    autocast_dtype,
-    configure_device,
     pin_and_prefetch,
     precision_note,
-    resolve_device,
     rng_state,
     seed_everything,
     set_rng_state,
-    torchrun_env,
 )
 
 logger = logging.getLogger(__name__)
@@ -139,6 +130,39 @@ def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> f
     return 1.0
 
 
+def parameter_groups(named: Sequence[tuple[str, nn.Parameter]], weight_decay: float,
+                     lr_scale_of: Callable[[str], float] = lambda name: 1.0) -> tuple[list[dict], list[str]]:
+    """AdamW's parameter groups of the trainable ``named`` parameters (a parameter shared under two names counts
+    once), and the parameters' names in group order (a checkpoint's optimizer state names them).
+
+    One group per (lr factor, decays or not): matrices decay, biases and LayerNorm weights (ndim < 2) do not, as
+    in BERT; a group whose factor (``lr_scale_of(name)``) is not 1 carries it as ``lr_scale``, which multiplies the
+    step's lr (``Trainer.train_step``). MLM pretraining (tasks/training/mlm.py) builds its groups here too.
+    """
+    seen: set[int] = set()
+    unique = []
+    for n, p in named:
+        if p.requires_grad and id(p) not in seen:
+            seen.add(id(p))
+            unique.append((n, p))
+    by_key: dict[tuple[float, bool], list[tuple[str, nn.Parameter]]] = {}
+    for decays in (True, False):
+        for n, p in unique:
+            if (p.ndim >= 2) == decays:
+                by_key.setdefault((lr_scale_of(n), decays), []).append((n, p))
+    groups = [{"params": [p for _, p in members], "weight_decay": weight_decay if decays else 0.0}
+              | ({"lr_scale": scale} if scale != 1 else {}) for (scale, decays), members in by_key.items()]
+    return groups, [n for members in by_key.values() for n, _ in members]
+
+
+def warmup_linear(peak: float, t: int, total: int, warm: int, decay: bool = True) -> float:
+    """The learning rate of step ``t`` (from 0) of ``total``: BERT's linear warm-up over the first ``warm`` steps
+    to ``peak``, then a linear decay to 0 at ``total`` (``decay``) or ``peak`` on (MLM's "constant")."""
+    if t < warm:
+        return peak * (t + 1) / warm
+    return peak * (total - t) / max(total - warm, 1) if decay else peak
+
+
 def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
     phrases = PHRASES in train_sets
@@ -147,40 +171,6 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
                              seed=cfg.seed, max_examples_per_epoch=caps, subsets=cfg.train_subsets,
                              swap={t: cfg.pair_swap for t in PAIR_TASKS if t in train_sets},
                              first=(PHRASES,) if phrases and cfg.sst_phrases_order == "first" else ())
-
-
-@dataclass(frozen=True)
-class RunPlan:
-    """A training run checked before any work (``prepare_run``): the config, validated once, for a resume the
-    checkpoint it continues, and whether it may replace what its --out-dir holds (``overwrite``)."""
-
-    cfg: TrainConfig
-    resume: ResumePoint | None = None
-    overwrite: bool = False
-
-    @property
-    def checkpoint(self) -> Path | None:
-        return self.resume.checkpoint if self.resume is not None else None
-
-
-def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: bool = False) -> RunPlan:
-    """Every check of a training run, once, before any data is read: the config (``TrainConfig.validate``), its
-    per-process batches under torchrun, its device, its --out-dir (``check_out_dir``: writable, not another live
-    process's, another command's output or an earlier run only with ``overwrite``), its phrase file, and for a
-    ``resume`` (``resume_point``) the one resume rule (``check_resume_config``: only RESUME_MUTABLE fields may
-    differ from the checkpoint's)."""
-    if overwrite and resume is not None:
-        raise ValueError("--overwrite is for a fresh training run; --resume never replaces checkpoints")
-    cfg.validate()
-    distributed.check_config(cfg.batch_sizes(), cfg.device)
-    resolve_device(cfg.device)
-    if torchrun_env()[0] == 0:  # rank 0 alone owns the directory (RunDir)
-        check_out_dir(Path(cfg.out_dir), resume=resume is not None, overwrite=overwrite)
-    if cfg.sst_phrases is not None:
-        phrases_file(cfg)
-    if resume is not None:
-        check_resume_config(resume.config, cfg)
-    return RunPlan(cfg, resume, overwrite)
 
 
 class Trainer:
@@ -245,59 +235,17 @@ class Trainer:
         if cfg.compile:
             self.model.encoder.compile()
 
-    @classmethod
-    def from_config(cls, cfg: TrainConfig, *, hooks: Sequence[Hook] = (),
-                    resume_from: str | os.PathLike | None = None, overwrite: bool = False) -> Trainer:
-        """``from_plan`` of ``cfg`` checked by ``prepare_run`` (and, with ``resume_from``, the checkpoint found there)."""
-        resume = resume_point(resume_from) if resume_from is not None else None
-        return cls.from_plan(prepare_run(cfg, resume, overwrite), hooks=hooks)
-
-    @classmethod
-    def from_plan(cls, plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
-        """Prepare and lock the run directory (RunDir.start), build the parts, check that a resume reads the run's
-        data (``check_same_data``), record the run (RunDir.record) and, for a resume, restore the plan's checkpoint.
-        The plan is trusted: nothing is checked again."""
-        cfg = plan.cfg
-        # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
-        device = distributed.setup(resolve_device(cfg.device))
-        run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
-        run_dir.start(cfg, resume=plan.resume, overwrite=plan.overwrite)  # locks it; a resume repairs a best a crash left stale
-        try:
-            parts = build_parts(cfg, device)
-            if plan.resume is not None:
-                check_same_data(plan.resume, parts.data or {})
-            run_dir.record(cfg, parts.data)
-            return cls(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, resume=plan.resume)
-        except BaseException:
-            run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
-            raise
-
     # -- building --
     def _build_optimizer(self) -> tuple[list[nn.Parameter], list[str], AdamW]:
-        """AdamW over the model's and objectives' trainable parameters; no decay on biases / LayerNorm (ndim < 2)."""
-        named: list[tuple[str, nn.Parameter]] = []
-        seen: set[int] = set()
+        """AdamW over the model's and objectives' trainable parameters (``parameter_groups``)."""
         sources = [("model", self.model)] + [(f"objectives.{o.name}", o) for o in self.objectives]
-        for prefix, module in sources:
-            for n, p in module.named_parameters():
-                if p.requires_grad and id(p) not in seen:
-                    seen.add(id(p))
-                    named.append((f"{prefix}.{n}", p))
-        # one group per (lr factor, decays or not): matrices decay, biases and LayerNorm (ndim < 2) do not; a
-        # group's lr_scale (only where the factor is not 1) multiplies the lr in train_step
+        named = [(f"{prefix}.{n}", p) for prefix, module in sources for n, p in module.named_parameters()]
         layers = self.model.encoder.config.num_hidden_layers
-        by_key: dict[tuple[float, bool], list[tuple[str, nn.Parameter]]] = {}
-        for decays in (True, False):
-            for n, p in named:
-                if (p.ndim >= 2) == decays:
-                    scale = lr_scale(n, layers, self.cfg.layer_lr_decay, self.cfg.head_lr_scale)
-                    by_key.setdefault((scale, decays), []).append((n, p))
-        groups = [{"params": [p for _, p in members], "weight_decay": self.cfg.weight_decay if decays else 0.0}
-                  | ({"lr_scale": scale} if scale != 1 else {}) for (scale, decays), members in by_key.items()]
-        ordered = [pair for members in by_key.values() for pair in members]
+        groups, names = parameter_groups(named, self.cfg.weight_decay, lambda n: lr_scale(
+            n, layers, self.cfg.layer_lr_decay, self.cfg.head_lr_scale))
         fused = self.cfg.fused_adamw
         opt = AdamW(groups, lr=self.cfg.lr, foreach=not fused, fused=fused)
-        return [p for _, p in ordered], [n for n, _ in ordered], opt
+        return [p for g in groups for p in g["params"]], names, opt
 
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW (no moments) over the parameters trainable now: LP-FT stage 2, the SWA phase."""
@@ -319,11 +267,7 @@ class Trainer:
         if cfg.lr_schedule == "epoch_decay":
             return peak - cfg.lr_decay * epoch
         total = n_epochs * steps_per_epoch
-        t = epoch * steps_per_epoch + step
-        warm = round(cfg.warmup * total)
-        if t < warm:
-            return peak * (t + 1) / warm
-        return peak * (total - t) / max(total - warm, 1)
+        return warmup_linear(peak, epoch * steps_per_epoch + step, total, round(cfg.warmup * total))
 
     # -- one step --
     def step_loss(self, stream: str, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -669,8 +613,8 @@ class Trainer:
         load_objectives_state(self.objectives, self.model, best, self.device, self.rank)
         return best
 
-# ---- the parts a Trainer trains, built from a config ----
-OFFSET_INIT_PAIRS = 256  # training pairs (in file order) that start the baseline's paraphrase offset
+
+# ---- what a Trainer trains ----
 
 
 @dataclass
@@ -685,26 +629,3 @@ class Parts:
     amp_dtype: torch.dtype | None = None
     data: dict[str, dict] | None = None  # ReadReport.to_dict() of every file read, by "<task> <split>"
     final_examples: dict[str, dict[str, Any]] | None = None  # RunData.final_examples: the dev and test files
-
-
-def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
-    """Seed, then load the encoder, read and tokenize the data, build the model and objectives on ``device``.
-
-    Seeding first makes the initial weights a function of ``cfg.seed`` alone (the same on every rank).
-    """
-    seed_everything(cfg.seed)
-    amp_dtype = autocast_dtype(cfg.bf16, device)
-    configure_device(device, cfg.deterministic)
-    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
-    if cfg.encoder_dropout is not None:
-        overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
-    encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
-    data = load_run_data(cfg, tokenizer)  # every file, test files too: a bad one fails the run before it trains
-    model = MultitaskBert(encoder, cfg.model).to(device)
-    if hasattr(model, "para_bias") and "para" in data.train_sets:  # the baseline's Siamese paraphrase offset
-        pairs = data.train_sets["para"]
-        model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
-    objectives = build_objectives(cfg.objectives, model)
-    return Parts(model, objectives, data.train_sets, data.dev_sets, tokenizer, amp_dtype, data.reports,
-                 data.final_examples)
-

@@ -127,7 +127,7 @@ def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_pa
     result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
     assert result["dev"] == summary["dev"]
     assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
-    with pytest.raises(FileNotFoundError, match="STS prior.*is gone: restore it, .*or pass --sts-prior 0"):
+    with pytest.raises(FileNotFoundError, match="--sts-prior-model .*: no such checkpoint directory .*name another, or pass --sts-prior 0"):
         evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval2",
                             overrides={"sts_prior": 0.5, "sts_prior_model": str(pretrained)})
 

@@ -212,13 +212,16 @@ def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
 
 @pytest.mark.parametrize("task", ["sts", "sst"])
 def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp_path):
+    """A run or an evaluation whose prior encoder is not there is refused before any work (``check_prior_models``,
+    which prepare_run and prepare_eval call), naming the flag that fixes it."""
     from tasks.config import TrainConfig
-    from tasks.evaluation.priors import sts_prior_of
+    from tasks.evaluation.priors import check_prior_models
 
     cfg = TrainConfig(**{f"{task}_prior_model": str(tmp_path / "gone")})
-    build = sts_prior_of if task == "sts" else sst_prior_of
-    with pytest.raises(FileNotFoundError, match=rf"gone: .*--{task}-prior-model, or pass --{task}-prior 0"):
-        build(cfg, "cpu", None)
+    with pytest.raises(FileNotFoundError, match=rf"--{task}-prior-model .*gone: no such checkpoint directory .*"
+                                                rf"name another, or pass --{task}-prior 0"):
+        check_prior_models(cfg)
+    check_prior_models(TrainConfig(**{f"{task}_prior_model": str(tmp_path / "gone"), f"{task}_prior": 0.0}))
 
 
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):

@@ -10,6 +10,7 @@ from experiments import ablation
 from experiments.ablation import CONTRASTIVE, LADDER, ROWS, collect, merge_flags, render, row_flags
 from experiments.stats import plot_rows
 from experiments.sweep import Sweep
+from tasks import arguments
 from tasks import train as cli
 
 
@@ -26,8 +27,8 @@ def test_every_ablation_row_parses_and_adds_to_the_row_above():
     previous = None
     configs = {}
     for name, flags in rows.items():
-        parser = cli.build_parser()
-        command, explicit = cli.parse(flags + ["--out-dir", "unused"], parser)
+        parser = arguments.build_parser()
+        command, explicit = arguments.parse(flags + ["--out-dir", "unused"], parser)
         cfg = configs[name] = cli.build_invocation(command, explicit).config
         assert cfg.epochs == 1 and cfg.max_train_examples["para"] == 2000 and cfg.max_train_examples["sst"] == 2000
         assert cfg.model.pooling == "mean" and cfg.head_lr_scale == 10

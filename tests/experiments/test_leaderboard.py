@@ -10,8 +10,10 @@ import zipfile
 import pytest
 
 from experiments import leaderboard
+from tasks import arguments
 from tasks import train as cli
 from tasks.training.trainer import Hook, Trainer
+from tasks.training.run import trainer_for
 
 
 class _Cut(Exception):
@@ -40,8 +42,8 @@ def test_leaderboard_trains_ensembles_and_resumes(tiny_env, tmp_path, capsys):
     member.mkdir(parents=True)
     argv = [*leaderboard.member_flags(1, flags), "--out-dir", str(member), "--overwrite"]
     (member / "sweep.json").write_text(json.dumps({"argv": argv, "module": None, "wall_s": None}))
-    inv = cli.build_invocation(*cli.parse([*leaderboard.member_flags(1, flags), "--out-dir", str(member)]))
-    trainer = Trainer.from_config(inv.config, hooks=[_StopAfterEpoch1()])
+    inv = cli.build_invocation(*arguments.parse([*leaderboard.member_flags(1, flags), "--out-dir", str(member)]))
+    trainer = trainer_for(inv.config, hooks=[_StopAfterEpoch1()])
     with pytest.raises(_Cut):
         trainer.fit()
     trainer.run_dir.close()  # the cut process is gone: its run.lock with it
@@ -157,8 +159,9 @@ def test_the_costliest_members_train_first(tiny_env, tmp_path, monkeypatch):
         return {"dev": {"overall": 0.5}}, 1.0
 
     monkeypatch.setattr(leaderboard.Sweep, "train", train)
-    monkeypatch.setattr(leaderboard, "ensemble_main", lambda argv: {
-        "tasks": {task: {"ensemble_score": 0.5} for task in leaderboard.TASK_METRIC}, "submission": "s.zip"})
+    monkeypatch.setattr(leaderboard, "check_ensemble", lambda config: None)
+    monkeypatch.setattr(leaderboard, "make_ensemble", lambda config: ({
+        "tasks": {task: {"ensemble_score": 0.5} for task in leaderboard.TASK_METRIC}, "submission": "s.zip"}, {}))
     flags = [f for f in _tiny_flags(tiny_env) if f not in ("--epochs", "2")]
     result = leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--members", "4", "--data-dir", str(tiny_env[1]),
                                "--jobs", "2", "--variants", "--epochs 1", "--epochs 3", "--specialists", "--",

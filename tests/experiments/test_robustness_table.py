@@ -11,6 +11,7 @@ from experiments import robustness_table
 from experiments.ablation import row_flags
 from experiments.stats import cell
 from experiments.sweep import Sweep
+from tasks import arguments
 from tasks import train as cli
 
 
@@ -53,11 +54,11 @@ def test_robustness_rows_cells_and_knn_variants(tmp_path):
 def test_every_robustness_cell_is_the_ablation_ce_row_on_two_tasks():
     """Each cell's flags build a valid configuration: the ablation's CE row at its budget on SST and Quora, the
     method's objective, the condition's epochs."""
-    ce = cli.build_invocation(*cli.parse(row_flags("cpu")["ce"] + ["--out-dir", "u"], cli.build_parser())).config
+    ce = cli.build_invocation(*arguments.parse(row_flags("cpu")["ce"] + ["--out-dir", "u"], arguments.build_parser())).config
     for method in robustness_table.METHODS:
         for cond in robustness_table.TRAINED:
             flags = robustness_table.train_flags("cpu", method, cond)
-            cfg = cli.build_invocation(*cli.parse(flags + ["--out-dir", "u"], cli.build_parser())).config
+            cfg = cli.build_invocation(*arguments.parse(flags + ["--out-dir", "u"], arguments.build_parser())).config
             assert cfg.tasks == ("sst", "para") and cfg.max_train_examples == {"sst": 2000, "para": 2000}
             assert list(cfg.objectives) == ([] if method == "ce" else [method])
             assert (cfg.epochs, cfg.batch_size) == {"fs100": (10, 16), "fs1000": (2, 32)}.get(cond, (1, 32))

@@ -8,11 +8,11 @@ import json
 from experiments import sst_phrases
 from experiments.sst_phrases import FLAGS, NAMES, collect, render
 from experiments.sweep import Sweep
-from tasks import train as cli
+from tasks import arguments
 
 
 def test_every_row_is_an_sst_specialist_scored_by_its_head_and_differs_from_base():
-    configs = {name: cli.config_for([*FLAGS[name], "--out-dir", "unused"]) for name in NAMES}
+    configs = {name: arguments.config_for([*FLAGS[name], "--out-dir", "unused"]) for name in NAMES}
     for name, cfg in configs.items():
         assert cfg.tasks == ("sst",) and cfg.sst_prior == 0, name
         assert name == "base" or cfg.to_dict() != configs["base"].to_dict(), name

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from experiments.sweep import Sweep, _run_lock, final_record
-from tasks import train as cli
+from tasks import arguments
 
 
 def test_final_record_is_the_last_final_line(tmp_path):
@@ -96,7 +96,7 @@ def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, caps
     (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", flags), "module": None,
                                                 "wall_s": 12.0}))
     (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
-    today = cli.config_for(sweep.train_argv("member", flags)).to_dict()
+    today = arguments.config_for(sweep.train_argv("member", flags)).to_dict()
     assert today["seed"] == 3 and today["epochs"] == 2 and today["out_dir"] == str(run)
     (run / "config.json").write_text(json.dumps(today))
     sweep.train("member", flags)
@@ -138,7 +138,7 @@ def test_a_finished_run_is_reused_however_its_directory_is_spelled(tmp_path, mon
     (run / "sweep.json").write_text(json.dumps({"argv": first.train_argv("member", flags), "module": None,
                                                 "wall_s": 12.0}))
     (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
-    (run / "config.json").write_text(json.dumps(cli.config_for(first.train_argv("member", flags)).to_dict()))
+    (run / "config.json").write_text(json.dumps(arguments.config_for(first.train_argv("member", flags)).to_dict()))
     second.train("member", [*flags[:2], "--data-dir", str(tmp_path / "data")])
     out = capsys.readouterr().out
     assert "reusing the finished run" in out and "made with other settings" not in out

@@ -13,8 +13,7 @@ from tasks.config import TrainConfig
 from tasks.data.predictions import Predictions, read_logits, write_logits
 from tasks.model import TaskOutput
 from tasks.objectives.distill import Distill, DistillConfig, TaskTargets, distill_loss, load_teachers, teacher_targets
-from tasks.training.run import run
-from tasks.training.trainer import Trainer
+from tasks.training.run import run, trainer_for
 from tests.helpers import tiny_train_config
 
 
@@ -165,7 +164,7 @@ def test_predict_train_then_distill_from_it(tiny_env, tmp_path):
     pred = tmp_path / "teacher" / "predictions"
     assert set(teacher["train"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
     assert not (pred / "sst-train-output.csv").exists()
-    trainer = Trainer.from_config(_cfg(tiny_env, tmp_path / "student", objectives={"distill": {"teachers": [str(pred)]}}))
+    trainer = trainer_for(_cfg(tiny_env, tmp_path / "student", objectives={"distill": {"teachers": [str(pred)]}}))
     for task in ("sst", "para", "sts"):
         ids, _ = read_logits(pred / f"{task}-train-logits.csv")
         assert ids == trainer.train_sets[task].ids
@@ -176,4 +175,4 @@ def test_predict_train_then_distill_from_it(tiny_env, tmp_path):
     path = pred / "para-train-logits.csv"
     path.write_text("\n".join(path.read_text().splitlines()[:-1]) + "\n")  # drop the last id
     with pytest.raises(ValueError, match=r"para-train-logits\.csv"):
-        Trainer.from_config(_cfg(tiny_env, tmp_path / "student2", objectives={"distill": {"teachers": [str(pred)]}}))
+        trainer_for(_cfg(tiny_env, tmp_path / "student2", objectives={"distill": {"teachers": [str(pred)]}}))

@@ -20,7 +20,7 @@ from minbert.optimizer import AdamW
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import REGISTRY, Objective, ObjectiveConfig, build_objectives, registered_objectives
 from tasks.objectives.distill import Distill, TaskTargets
-from tasks.training.run import run
+from tasks.training.run import run, trainer_for
 from tests.helpers import tiny_config, tiny_train_config
 
 META = torch.device("meta")
@@ -199,10 +199,9 @@ def test_a_minimal_objective_runs_through_a_whole_run(probe, tiny_env, tmp_path)
 
 def test_the_probe_term_enters_the_loss_with_its_weight(probe, tiny_env, tmp_path):
     """The trainer adds weight x term to the step's loss (checked against the head loss alone)."""
-    from tasks.training.trainer import Trainer
 
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, objectives={"probe_minimal": {"weight": 0.5}})
-    trainer = Trainer.from_config(cfg)
+    trainer = trainer_for(cfg)
     trainer.model.eval()  # no dropout: the two losses see the same forward
     batch = trainer.train_sets["sst"].collate(list(range(8)))
     loss, terms = trainer.step_loss("sst", batch)

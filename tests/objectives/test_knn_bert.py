@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tasks import train as cli
-from tasks.data import selection as splits
+from tasks import selection as splits
 from tasks.checkpoint import load_model, resolve_checkpoint
 from tasks.data.predictions import read_predictions
 from tasks.objectives import REGISTRY, build_objectives

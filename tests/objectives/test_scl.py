@@ -10,8 +10,9 @@ import torch.nn.functional as F
 
 from tasks.objectives import build_objectives
 from tasks.objectives.match_tuning import match_transform, matching_matrix
+from tasks.objectives import objective_config
 from tasks.objectives.scl import SupervisedContrastive, scl_loss
-from tasks.training.trainer import Trainer
+from tasks.training.run import trainer_for
 from tests.helpers import contrast_model as make_model
 from tests.helpers import labeled_batch as make_batch
 from tests.helpers import tiny_train_config
@@ -144,8 +145,8 @@ def test_scl_config_refuses_lambda_outside_unit_interval_and_sts():
     """λ outside [0, 1], STS (no classes) and an unknown embedding are refused."""
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         SupervisedContrastive.Config(weight=1.5)
-    with pytest.raises(ValueError, match="classification"):
-        SupervisedContrastive.Config(tasks=("sts",))
+    with pytest.raises(ValueError, match="objective 'scl' can take the streams sst, para, not sts"):
+        objective_config("scl", {"tasks": ["sts"]})  # the base class enforces the streams an objective takes
     with pytest.raises(ValueError, match="embedding"):
         SupervisedContrastive.Config(embedding="tokens")
 
@@ -207,7 +208,7 @@ def test_step_loss_is_loss_weight_times_one_minus_lambda_ce_plus_lambda_term(tin
                                                                               term):
     """SCL eq. 1 and KNN-BERT eq. 6 in the trainer's step: loss = w_task · ((1 − λ)·CE + λ·term) with λ = 0.25 and
     the task's loss weight w = 2, where CE is the head's loss recomputed here from the model's own pass."""
-    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path, limit=16, loss_weights={"sst": 2.0},
+    trainer = trainer_for(tiny_train_config(tiny_env, tmp_path, limit=16, loss_weights={"sst": 2.0},
                                         objectives={name: settings}))
     trainer.model.eval()  # no dropout: the recomputed pass is the step's
     batch = trainer.train_sets["sst"].collate(list(range(8)))

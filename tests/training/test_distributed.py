@@ -24,7 +24,7 @@ from tasks import train as cli
 from tasks.model import ModelConfig
 from tasks import runtime
 from tasks.training import distributed
-from tasks.training.run import run
+from tasks.training.run import run, trainer_for
 from tasks.training.trainer import Hook, Trainer
 from tests.helpers import ROOT, Interrupt, StopAt, tiny_train_config
 
@@ -87,7 +87,7 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
     try:
         if job == "parity":
             writes = _watch_writes(root / "ddp") if rank > 0 else []
-            trainer = Trainer.from_config(_no_dropout(env, root / "ddp"))
+            trainer = trainer_for(_no_dropout(env, root / "ddp"))
             trainer.fit()
             trainer.load_best()
             (results / f"rank{rank}.json").write_text(json.dumps({"history": trainer.history, "writes": writes}))
@@ -97,14 +97,14 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
                 kw |= {"device": "cuda", "deterministic": True}
             if job == "resume_knn":  # queues of 20 keys: full after a few steps, so the order of keys matters
                 kw |= {"objectives": {"knn_bert": {"m_most": 2, "m_least": 2, "queue_size": 20}}, "epochs": 1}
-            full = Trainer.from_config(tiny_train_config(env, root / "full", **kw))
+            full = trainer_for(tiny_train_config(env, root / "full", **kw))
             full.fit()
             cfg = tiny_train_config(env, root / "cut", **kw)
             try:
-                Trainer.from_config(cfg, hooks=[StopAt(step=9)]).fit()
+                trainer_for(cfg, hooks=[StopAt(step=9)]).fit()
             except Interrupt:
                 pass
-            resumed = Trainer.from_config(cfg, resume_from=root / "cut" / "checkpoints" / "last")
+            resumed = trainer_for(cfg, resume_from=root / "cut" / "checkpoints" / "last")
             resumed.fit()
             save_file(resumed.model.state_dict(), str(results / f"resumed{rank}.safetensors"))
             for name, t in (("full", full), ("resumed", resumed)):
@@ -144,7 +144,7 @@ def test_two_processes_equal_one_process_with_the_same_global_batch(tiny_env, tm
     """2 ranks x 5 examples take the steps of 1 process x 10: same per-epoch losses, dev scores and final
     weights (fp32, no dropout, atol 1e-5), also across partial batches split 3 + 2 and 1 + 0; both ranks end
     with identical weights; rank 1 writes nothing; the run directory holds exactly the files one process writes."""
-    single = Trainer.from_config(_no_dropout(tiny_env, tmp_path / "single"))
+    single = trainer_for(_no_dropout(tiny_env, tmp_path / "single"))
     single.fit()
     single.load_best()
     single.run_dir.close()  # releases run.lock, as tasks.training.run.run does at the end of a run

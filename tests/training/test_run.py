@@ -24,8 +24,8 @@ from tasks import storage
 from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as trainer_mod
 from tasks.storage import read_json
-from tasks.training.run import run
-from tasks.training.trainer import Hook, Trainer
+from tasks.training.run import run, trainer_for
+from tasks.training.trainer import Hook
 from tests.helpers import tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -63,7 +63,7 @@ def test_final_dev_full_or_capped(tiny_env, tmp_path, final_dev):
     run(cfg)
     ids, _ = read_predictions(tmp_path / "run" / "predictions" / "para-dev-output.csv")
     if final_dev == "capped":
-        assert sorted(ids) == sorted(Trainer.from_config(cfg, overwrite=True).dev_sets["para"].ids)
+        assert sorted(ids) == sorted(trainer_for(cfg, overwrite=True).dev_sets["para"].ids)
     else:
         assert len(ids) == 24
 
@@ -229,3 +229,22 @@ def test_a_test_file_with_a_skipped_row_is_read_first_and_makes_the_submission_l
 class _KilledAtStart(Hook):
     def on_train_start(self, trainer) -> None:
         raise Killed
+
+
+def test_run_from_python_refuses_what_the_command_line_refuses(tiny_env, tmp_path, monkeypatch):
+    """Issue 40: the encoder checks lived in the train command, so run(cfg) skipped them and failed later. Every
+    entry point passes prepare_run: --max-length beyond the encoder's positions and a damaged --pretrained are
+    refused before any data is read, naming the setting."""
+    from tasks.training import run as run_mod
+
+    monkeypatch.setattr(run_mod, "build_trainer", lambda *a, **k: pytest.fail("the run got past its checks"))
+    with pytest.raises(ValueError, match="--max-length 100 is more than the 64 positions"):
+        run(tiny_train_config(tiny_env, tmp_path / "a", max_length=100))
+    damaged = tmp_path / "model"
+    shutil.copytree(tiny_env[0], damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(ValueError, match=r"--pretrained .*model: .*truncated or corrupted"):
+        run(tiny_train_config(tiny_env, tmp_path / "b", pretrained=str(damaged)))
+    with pytest.raises(ValueError, match="--max-length 100"):
+        run_mod.trainer_for(tiny_train_config(tiny_env, tmp_path / "c", max_length=100))

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tasks.config import TrainConfig
-from tasks.training.run import run
+from tasks.training.run import run, trainer_for
 from tasks.training.rundir import RunDir, check_out_dir
 from tasks.training.trainer import Hook, Trainer
 from tests.helpers import dead_pid, snapshot, tiny_train_config
@@ -127,7 +127,7 @@ def test_skip_counts_of_every_file_read_are_in_metrics_and_data_json(tiny_env, t
     assert all("data" not in r for r in records[1:])
     assert json.loads((out / "data.json").read_text())["files"] == reports
     assert TrainConfig.from_dict(json.loads((out / "config.json").read_text())) == cfg
-    Trainer.from_config(cfg, resume_from=out / "checkpoints" / "last")  # rewrites metrics.jsonl from the checkpoint
+    trainer_for(cfg, resume_from=out / "checkpoints" / "last")  # rewrites metrics.jsonl from the checkpoint
     assert json.loads((out / "metrics.jsonl").read_text().splitlines()[0])["data"] == reports
 
 

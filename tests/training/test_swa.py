@@ -13,8 +13,7 @@ from torch.optim.swa_utils import AveragedModel
 from tasks.evaluation.evaluator import evaluate_checkpoint
 from tasks.training import swa as swa_mod
 from tasks.storage import load_tensors
-from tasks.training.run import run
-from tasks.training.trainer import Trainer
+from tasks.training.run import run, trainer_for
 from tests.helpers import tiny_train_config
 
 
@@ -68,4 +67,4 @@ def test_swa_phase_end_to_end(tiny_env, tmp_path, monkeypatch):
     again = evaluate_checkpoint(chosen, out_dir=tmp_path / "again")
     assert again["dev"] == final["dev"]  # the written predictions are the chosen model's
     with pytest.raises(ValueError, match="SWA-averaged"):
-        Trainer.from_config(cfg, resume_from=run_dir / "checkpoints" / "swa")
+        trainer_for(cfg, resume_from=run_dir / "checkpoints" / "swa")

@@ -26,7 +26,8 @@ from tasks.objectives import REGISTRY, import_all, registered_objectives
 from tasks import checkpoint as ckpt_mod
 from tasks.checkpoint import resolve_checkpoint
 from tasks.storage import read_json
-from tasks.training.trainer import Trainer, build_parts, lr_scale
+from tasks.training.trainer import Trainer, lr_scale
+from tasks.training.run import build_parts, trainer_for
 from tests.helpers import DATA, OBJECTIVE_SETTINGS, Interrupt, StopAt, read_column, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -49,12 +50,12 @@ def _assert_same_state(a: Trainer, b: Trainer) -> None:
 
 def run_whole_and_cut(env, tmp_path: Path, stop_step: int, **overrides) -> tuple[Trainer, Trainer]:
     """(a whole run, the same run cut after global step ``stop_step`` and resumed), checked equal bit for bit."""
-    full = Trainer.from_config(tiny_train_config(env, tmp_path / "full", **overrides))
+    full = trainer_for(tiny_train_config(env, tmp_path / "full", **overrides))
     full.fit()
     cfg = tiny_train_config(env, tmp_path / "cut", **overrides)
     with pytest.raises(Interrupt):
-        Trainer.from_config(cfg, hooks=[StopAt(step=stop_step)]).fit()
-    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+        trainer_for(cfg, hooks=[StopAt(step=stop_step)]).fit()
+    resumed = trainer_for(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
     resumed.fit()
     _assert_same_state(full, resumed)
     return full, resumed
@@ -66,7 +67,7 @@ def run_whole_and_cut(env, tmp_path: Path, stop_step: int, **overrides) -> tuple
 def test_a_few_epochs_reduce_the_loss(tiny_env, tmp_path):
     """Training lowers every task's mean head loss from the first epoch to the last and logs every term."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=4, lr=2e-3, warmup=0.0)
-    trainer = Trainer.from_config(cfg)
+    trainer = trainer_for(cfg)
     trainer.fit()
     first, last = trainer.history[0]["train"], trainer.history[-1]["train"]
     assert set(first) == {"loss", "sst/loss", "para/loss", "sts/loss"}
@@ -81,8 +82,8 @@ def test_a_few_epochs_reduce_the_loss(tiny_env, tmp_path):
 @pytest.mark.parametrize("weight", [0.0, 2.0])
 def test_loss_weights_scale_the_task_gradients(tiny_env, tmp_path, weight):
     """A stream's loss weight multiplies its gradients: weight 0 gives exactly zero gradients, 2 doubles them."""
-    base = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "a"))
-    weighted = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "b", loss_weights={"para": weight}))
+    base = trainer_for(tiny_train_config(tiny_env, tmp_path / "a"))
+    weighted = trainer_for(tiny_train_config(tiny_env, tmp_path / "b", loss_weights={"para": weight}))
     weighted.model.load_state_dict(base.model.state_dict())
     batch = base.train_sets["para"].collate(list(range(8)))
     grads = []
@@ -106,7 +107,7 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
     still train in full, and with order "first" the phrase batches open the epoch."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases="sst-phrases-train.csv", sst_phrases_per_epoch=20,
                             sst_phrases_min_words=2, sst_phrases_weight=0.25, train_subsets="cycle")
-    trainer = Trainer.from_config(cfg)
+    trainer = trainer_for(cfg)
     phrases = trainer.train_sets["phrases"]
     assert len(phrases) > 20 and min(len(t.split()) for t in phrases.texts) >= 2
     plans = [trainer.schedule.epoch_plan(e) for e in range(2)]
@@ -119,14 +120,14 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
     head = trainer.model.task_loss("sst", trainer.model("sst", batch), batch)
     assert set(terms) == {"phrases/loss"} and torch.equal(terms["phrases/loss"], head)
     assert loss.item() == pytest.approx(0.25 * head.item())
-    first = Trainer.from_config(dataclasses.replace(cfg, out_dir=str(tmp_path / "first"), sst_phrases_order="first"))
+    first = trainer_for(dataclasses.replace(cfg, out_dir=str(tmp_path / "first"), sst_phrases_order="first"))
     plan = first.schedule.epoch_plan(0)
     assert [s for s, _ in plan[:3]] == ["phrases"] * 3 and "phrases" not in {s for s, _ in plan[3:]}
 
 
 def test_learning_rate_schedules(tiny_env, tmp_path):
     """constant stays; epoch_decay is lr - decay·epoch (paper §4.5); warmup_linear rises then decays to ~0."""
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
+    t = trainer_for(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
     assert t.lr_at(0, 5, 10) == 1e-5 and t.lr_at(3, 0, 10) == pytest.approx(1e-5 - 3 * 4e-7)
     t.cfg = dataclasses.replace(t.cfg, lr_schedule="constant")
     assert t.lr_at(1, 3, 10) == 1e-5
@@ -138,7 +139,7 @@ def test_learning_rate_schedules(tiny_env, tmp_path):
 
 def test_optimizer_excludes_biases_and_layernorm_from_weight_decay(tiny_env, tmp_path):
     """AdamW groups: matrices decay, biases and LayerNorm weights (1-D) do not."""
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", weight_decay=0.05))
+    t = trainer_for(tiny_train_config(tiny_env, tmp_path / "r", weight_decay=0.05))
     decay, no_decay = t.optimizer.param_groups
     assert decay["weight_decay"] == 0.05 and no_decay["weight_decay"] == 0.0
     assert all(p.ndim >= 2 for p in decay["params"]) and all(p.ndim == 1 for p in no_decay["params"])
@@ -149,7 +150,7 @@ def test_optimizer_excludes_biases_and_layernorm_from_weight_decay(tiny_env, tmp
 
 def test_encoder_dropout_reaches_the_encoder_and_cpu_bf16_trains(tiny_env, tmp_path):
     """encoder_dropout sets every dropout inside the encoder (not only the heads); bf16 autocast trains on CPU."""
-    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, encoder_dropout=0.25, bf16=True))
+    trainer = trainer_for(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, encoder_dropout=0.25, bf16=True))
     enc = trainer.model.encoder
     rates = [m.dropout_p for m in enc.modules() if hasattr(m, "dropout_p")]
     assert len(rates) >= 1 + 3 * enc.config.num_hidden_layers and set(rates) == {0.25}
@@ -164,7 +165,7 @@ def test_compile_takes_the_same_steps_as_eager(tiny_env, tmp_path):
     """compile=True (torch.compile of the encoder, inductor on CPU: ~20 s cold, ~6 s with inductor's cache) gives the
     losses and weights of eager mode over two training steps (fp32, no dropout, atol 1e-5)."""
     no_dropout = ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.0)
-    trainers = [Trainer.from_config(tiny_train_config(tiny_env, tmp_path / str(c), tasks=("sst",), encoder_dropout=0.0,
+    trainers = [trainer_for(tiny_train_config(tiny_env, tmp_path / str(c), tasks=("sst",), encoder_dropout=0.0,
                                           compile=c, model=no_dropout)) for c in (False, True)]
     batch = trainers[0].train_sets["sst"].collate(list(range(8)))  # one shape: compiled once
     losses = []
@@ -183,7 +184,7 @@ def test_fused_adamw_trains_like_the_foreach_path(tiny_env, tmp_path):
     """fused_adamw uses the fused kernel for the same update: the same epoch losses and weights up to rounding."""
     trainers = []
     for fused in (False, True):
-        t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / f"run{fused}", epochs=2, fused_adamw=fused))
+        t = trainer_for(tiny_train_config(tiny_env, tmp_path / f"run{fused}", epochs=2, fused_adamw=fused))
         assert all(g["fused"] is fused and g["foreach"] is not fused for g in t.optimizer.param_groups)
         t.fit()
         trainers.append(t)
@@ -198,9 +199,9 @@ def test_fused_adamw_trains_like_the_foreach_path(tiny_env, tmp_path):
 def test_fused_adamw_is_the_default_and_the_foreach_path_stays_selectable(tiny_env, tmp_path):
     """TrainConfig() trains with the fused kernel; fused_adamw=False (--no-fused-adamw) builds the foreach path."""
     assert TrainConfig().fused_adamw is True
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "default", epochs=1))
+    t = trainer_for(tiny_train_config(tiny_env, tmp_path / "default", epochs=1))
     assert all(g["fused"] and not g["foreach"] for g in t.optimizer.param_groups)
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "foreach", epochs=1, fused_adamw=False))
+    t = trainer_for(tiny_train_config(tiny_env, tmp_path / "foreach", epochs=1, fused_adamw=False))
     assert all(g["foreach"] and not g["fused"] for g in t.optimizer.param_groups)
 
 
@@ -209,7 +210,7 @@ def test_gradient_checkpointing_trains_exactly_as_without(tiny_env, tmp_path):
     draw the same masks): the same epoch losses and final weights as storing the activations."""
     trainers = []
     for ckpt in (False, True):
-        t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / f"run{ckpt}", epochs=1, encoder_dropout=0.1,
+        t = trainer_for(tiny_train_config(tiny_env, tmp_path / f"run{ckpt}", epochs=1, encoder_dropout=0.1,
                                       gradient_checkpointing=ckpt))
         assert t.model.encoder.encoder.gradient_checkpointing is ckpt
         t.fit()
@@ -225,7 +226,7 @@ def test_gradient_checkpointing_trains_exactly_as_without(tiny_env, tmp_path):
 def test_prefetched_batches_equal_batches_collated_in_line(tiny_env, tmp_path):
     """The background-thread prefetch (on by default on CUDA) yields the same batches in the same order as
     collating in line, from any start step, and stops at the end of the plan."""
-    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run"))
+    trainer = trainer_for(tiny_train_config(tiny_env, tmp_path / "run"))
     plan = trainer.schedule.epoch_plan(0)
     for start in (0, 5, len(plan) - 1, len(plan)):
         trainer.prefetch = False
@@ -248,7 +249,7 @@ def test_limit_caps_every_split(tiny_env, tmp_path):
                             objectives={"mnr": {}}, model=ModelConfig(arch="b1", pair_encoding="siamese", fcn_size=16))
     if "mnr" not in registered_objectives():
         pytest.skip("objective mnr is not registered")
-    trainer = Trainer.from_config(cfg)
+    trainer = trainer_for(cfg)
     assert {s: len(d) for s, d in trainer.train_sets.items()} == {"sst": 10, "para": 10, "sts": 10, "nli": 10}
     assert {t: len(d) for t, d in trainer.dev_sets.items()} == {"sst": 10, "para": 10, "sts": 10}
     trainer.fit()
@@ -259,7 +260,7 @@ def test_limit_caps_every_split(tiny_env, tmp_path):
 def test_dev_subset_between_epochs_is_fixed(tiny_env, tmp_path):
     """dev_max_examples scores a fixed subset between epochs; the final evaluation reads the whole dev set."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, dev_max_examples={"para": 8})
-    t1, t2 = Trainer.from_config(cfg), Trainer.from_config(cfg, overwrite=True)
+    t1, t2 = trainer_for(cfg), trainer_for(cfg, overwrite=True)
     assert len(t1.dev_sets["para"]) == 8 and t1.dev_sets["para"].ids == t2.dev_sets["para"].ids
     assert len(t1.dev_sets["sst"]) == 24
 
@@ -293,14 +294,14 @@ def test_lr_scale_decays_from_the_top_layer_down_to_the_embeddings():
 
 def test_default_keeps_two_groups_at_one_lr(tiny_env, tmp_path):
     """Both factors at 1: the two weight-decay groups of before, no lr_scale key (the default's numbers unchanged)."""
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r"))
+    t = trainer_for(tiny_train_config(tiny_env, tmp_path / "r"))
     assert len(t.optimizer.param_groups) == 2
     assert all("lr_scale" not in g for g in t.optimizer.param_groups)
 
 
 def test_every_parameter_takes_its_scaled_lr_in_a_step(tiny_env, tmp_path):
     """After a step each parameter's group has lr × its scale, weight decay still only on matrices, none left out."""
-    t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "r", layer_lr_decay=0.5, head_lr_scale=4.0,
+    t = trainer_for(tiny_train_config(tiny_env, tmp_path / "r", layer_lr_decay=0.5, head_lr_scale=4.0,
                                               weight_decay=0.05))
     layers = t.model.encoder.config.num_hidden_layers
     t.train_step("sst", t.train_sets["sst"].collate(list(range(8))), lr=1e-3)
@@ -319,7 +320,7 @@ def test_frozen_lower_layers_move_less(tiny_env, tmp_path):
     """A tiny layer decay barely moves the embeddings while the top layer trains as without decay."""
     runs = {}
     for decay in (1.0, 1e-4):
-        t = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / str(decay), layer_lr_decay=decay, epochs=1))
+        t = trainer_for(tiny_train_config(tiny_env, tmp_path / str(decay), layer_lr_decay=decay, epochs=1))
         before = {n: p.detach().clone() for n, p in t.model.named_parameters()}
         t.fit()
         runs[decay] = {n: (p.detach() - before[n]).abs().max().item() for n, p in t.model.named_parameters()}
@@ -335,19 +336,19 @@ def test_frozen_lower_layers_move_less(tiny_env, tmp_path):
 @pytest.mark.parametrize("where", ["mid-epoch", "epoch-end"])
 def test_resume_is_bit_identical(tiny_env, tmp_path, where):
     """A run interrupted and resumed from its checkpoint ends with the same weights and optimizer state, bit for bit."""
-    full = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4))
+    full = trainer_for(tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4))
     full.fit()
     cfg = tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4)
     stop = StopAt(step=9) if where == "mid-epoch" else StopAt(epoch=1)
     with pytest.raises(Interrupt):
-        Trainer.from_config(cfg, hooks=[stop]).fit()
+        trainer_for(cfg, hooks=[stop]).fit()
     last = tmp_path / "cut" / "checkpoints" / "last"
     state = read_json(last / "state.json")
     if where == "mid-epoch":
         assert (state["epoch"], state["global_step"]) == (0, 8) and state["step"] == 8
     else:
         assert (state["epoch"], state["step"]) == (1, 0)
-    resumed = Trainer.from_config(cfg, resume_from=last)
+    resumed = trainer_for(cfg, resume_from=last)
     resumed.fit()
     _assert_same_state(full, resumed)
     assert [r["train"] for r in resumed.history] == [r["train"] for r in full.history]
@@ -360,13 +361,13 @@ def test_deterministic_run_resumes_bit_identically(tiny_env, tmp_path, restore_d
     """--deterministic (the CUDA resume guarantee, tasks/runtime.py) reaches torch, and training and resuming with
     it on stays bit-exact on CPU."""
     cfg_full = tiny_train_config(tiny_env, tmp_path / "full", checkpoint_every=4, deterministic=True)
-    full = Trainer.from_config(cfg_full)
+    full = trainer_for(cfg_full)
     assert torch.are_deterministic_algorithms_enabled()
     full.fit()
     cfg = tiny_train_config(tiny_env, tmp_path / "cut", checkpoint_every=4, deterministic=True)
     with pytest.raises(Interrupt):
-        Trainer.from_config(cfg, hooks=[StopAt(step=9)]).fit()
-    resumed = Trainer.from_config(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+        trainer_for(cfg, hooks=[StopAt(step=9)]).fit()
+    resumed = trainer_for(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
     resumed.fit()
     _assert_same_state(full, resumed)
     with pytest.raises(ValueError, match="deterministic"):  # not a field a resume may change
@@ -407,7 +408,7 @@ def test_resume_with_lr_groups_is_bit_identical(tiny_env, tmp_path):
 
 def test_failed_checkpoint_write_keeps_the_previous_one(tiny_env, tmp_path, monkeypatch):
     """Trainer.save_checkpoint failing half-way keeps the old 'last' complete and loadable."""
-    trainer = Trainer.from_config(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
+    trainer = trainer_for(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
     trainer.fit()
     last = trainer.run_dir.checkpoints / "last"
     before = (last / "model.safetensors").read_bytes()
@@ -431,20 +432,20 @@ def test_failed_checkpoint_write_keeps_the_previous_one(tiny_env, tmp_path, monk
 def test_fresh_run_refuses_existing_checkpoints(tiny_env, tmp_path):
     """A fresh run into a directory with checkpoints raises unless overwrite is set."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    Trainer.from_config(cfg).fit()
+    trainer_for(cfg).fit()
     with pytest.raises(FileExistsError, match="--resume"):
-        Trainer.from_config(cfg)
-    Trainer.from_config(cfg, overwrite=True)
+        trainer_for(cfg)
+    trainer_for(cfg, overwrite=True)
 
 
 def test_resume_refuses_a_changed_config(tiny_env, tmp_path):
     """Resuming with a different learning rate is refused; more epochs or another device is allowed."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, lr_schedule="constant")
-    Trainer.from_config(cfg).fit()
+    trainer_for(cfg).fit()
     last = tmp_path / "run" / "checkpoints" / "last"
     with pytest.raises(ValueError, match="lr"):
-        Trainer.from_config(dataclasses.replace(cfg, lr=5e-4), resume_from=last)
-    t = Trainer.from_config(dataclasses.replace(cfg, epochs=2, log_every=3), resume_from=last)
+        trainer_for(dataclasses.replace(cfg, lr=5e-4), resume_from=last)
+    t = trainer_for(dataclasses.replace(cfg, epochs=2, log_every=3), resume_from=last)
     assert t.epoch == 1
 
 
@@ -471,7 +472,7 @@ def test_training_steps_make_no_host_sync(tiny_env, tmp_path, objective, bf16):
     model = ModelConfig(arch="b1", pair_encoding="siamese" if siamese else "cross", fcn_size=16, head_dropout=0.1)
     cfg = tiny_train_config(tiny_env, tmp_path, device="cuda", bf16=bf16, objectives=objectives, epochs=1,
                             model=model)
-    trainer = Trainer.from_config(cfg)
+    trainer = trainer_for(cfg)
     trainer.model.train()
     plan = trainer.schedule.epoch_plan(0)[:5]
     batches = [(s, move_batch(trainer.train_sets[s].collate(idx), trainer.device)) for s, idx in plan]

@@ -1,4 +1,4 @@
-"""Tests of tasks/data/selection.py: which examples a run reads (the fixed dev subsets, the dataset of each task)."""
+"""Tests of tasks/selection.py: which examples a run reads (the fixed dev subsets, the dataset of each task)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example, read_sentences
-from tasks.data.selection import capped_dev, fixed_subset, load_phrases, make_dataset
+from tasks.selection import capped_dev, fixed_subset, load_phrases, make_dataset
 from tasks.model import ModelConfig
 from tests.helpers import WordTokenizer
 

@@ -1,0 +1,253 @@
+"""The train command's arguments: every flag of train_multitask.py, built from dataclass fields, and the
+configuration a command line gives.
+
+Flags come from fields, through tasks.options (the one mechanism): the command's own (``Command``: what
+to do with the configuration), TrainConfig's and ModelConfig's (tasks/config.py, tasks/model.py), and every
+registered objective's Config as ``--<objective>-<field>`` (tasks/objectives/); their help texts,
+choices and defaults are written there, once. Parsing keeps only the flags given (their defaults are
+SUPPRESSed), so that ``--preset`` (``apply_preset``) and ``--config`` can fill the rest first and the
+explicit flags win. The checks before a run or an evaluation are tasks.training.run.prepare_run and
+tasks.evaluation.evaluator.prepare_eval; ``config_for`` checks a fresh run's flags as the command would.
+
+Usage:
+    cfg = config_for(["--preset", "b1", "--epochs", "2"])   # the TrainConfig train_multitask.py would train
+    command, explicit = parse(argv)                          # the Command, and the flags given by dotted path
+    cfg = config_from_flags(command, explicit)               # a fresh run's config, before its checks
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.cli import Parser
+from tasks.config import PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
+from tasks.model import ModelConfig
+from tasks.objectives import registered_objectives
+from tasks.options import add_options, option
+from tasks.storage import read_json
+from tasks.training.run import check_run
+
+PAPER = "../shared/papers/minbert-downstream-generalization.txt"
+
+
+@dataclass
+class Command:
+    """What to do with the configuration: the flags of train_multitask.py that are not configuration fields."""
+
+    preset: str | None = option(None, "a paper configuration (§5.4): baseline (§4.1), b1, b2, b3; or quick: the "
+                                      "default recipe in one epoch, a third of its training (README 'Training'); "
+                                      "explicit flags override it", choices=tuple(PRESETS))
+    eval_only: bool = option(False, "no training: load --checkpoint and write dev and test predictions")
+    checkpoint: str | None = option(None, "checkpoint directory for --eval-only (default <out-dir>/checkpoints/best) "
+                                          "or --resume (default <out-dir>/checkpoints/last)", metavar="PATH")
+    resume: bool = option(False, "continue a run exactly where its checkpoint stopped (weights, optimizer, LR "
+                                 "position, batch order, RNG states)")
+    data_changed: bool = option(False, "with --resume: continue although the data files differ from those the run "
+                                       "started with (without it such a resume is refused, naming the file)")
+    overwrite: bool = option(False, "let a fresh run replace what --out-dir holds (a run a live process writes is "
+                                    "never replaced)")
+    config: str | None = option(None, "start from a saved run configuration (runs/x/config.json, or a file of some "
+                                      "fields: the others are today's defaults) instead of the defaults; flags "
+                                      "given with it override it (not with --preset, --resume or --eval-only)",
+                                metavar="FILE")
+    objective: list[str] = option(help="add a plug-in objective (repeatable)", factory=list, repeat=True,
+                                  metavar="NAME")
+    no_objective: list[str] = option(help="remove an objective a preset added (the paper's ablations, e.g. "
+                                          "'B3 - MNR', Figure 2)", factory=list, repeat=True, metavar="NAME")
+
+
+GROUPS = {  # TrainConfig's option(group=...) -> the --help section it is listed in
+    "data": "data", "model": "model", "optimization": "optimization",
+    "stages": ("stages and post-training", "LP-FT (paper §4.2, tasks/training/lpft.py), SWA (§4.6, "
+                                           "tasks/training/swa.py), training-set logits for distillation (§4.6, "
+                                           "tasks/objectives/distill.py)"),
+    "runtime": "runtime"}
+
+
+def objective_reference(cls: type) -> str:
+    """An objective's citation: the 'Paper:' paragraph of its module docstring, else its first line."""
+    doc = (sys.modules[cls.__module__].__doc__ or "").strip()
+    paragraphs = [" ".join(ln.strip() for ln in para.splitlines()) for para in doc.split("\n\n")]
+    cite = [para for para in paragraphs if para.startswith("Paper:")]
+    text = cite[0] if cite else (paragraphs[0] if paragraphs else cls.__name__)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def build_parser() -> Parser:
+    """train_multitask.py's flags, every one from a dataclass field (tasks.options.add_options). Defaults are
+    SUPPRESSed: the namespace holds only the flags given, so presets and --config can fill the rest."""
+    p = Parser(prog="train_multitask.py", description="Train and evaluate the multitask BERT (SST-5, Quora "
+               f"paraphrase, STS).\nPaper: {PAPER} (section numbers below).",
+               epilog="Defaults are the CPU recipe (README 'Training'; measured in experiments/RESULTS.md); --preset "
+                      "gives the paper's GPU configurations.")
+    registry = registered_objectives()
+    add_options(p.add_argument_group("what to run"), Command, suppress=True,
+                help_suffix={"objective": f": {', '.join(sorted(registry))}"})
+    groups = {key: p.add_argument_group(*((name,) if isinstance(name, str) else name))
+              for key, name in GROUPS.items()}
+    add_options(p, TrainConfig, suppress=True, skip=("model", "objectives"), groups=groups)
+    add_options(groups["model"], ModelConfig, dest_prefix="model.", suppress=True, defaults=TrainConfig().model)
+    p.add_argument_group("objectives", "plug-in objectives (tasks/objectives/, one file each); an objective's "
+                         "options --<objective>-<option> need --objective <objective> (or a preset that adds it)")
+    for name, cls in sorted(registry.items()):
+        tasks = f"; it can take {' '.join(cls.tasks)}" + (
+            f", and takes {' '.join(cls.default_tasks)} when none is named" if cls.default_tasks is not None else "")
+        add_options(p.add_argument_group(f"objective {name}", objective_reference(cls)), cls.Config,
+                    prefix=f"{name}-", dest_prefix=f"objectives.{name}.", suppress=True, help_suffix={"tasks": tasks})
+    return p
+
+
+def get_path(cfg: TrainConfig, path: str) -> Any:
+    """The value at a dotted config path: "lr", "model.arch", "objectives.mnr.scale"."""
+    head, _, rest = path.partition(".")
+    if head == "model":
+        return getattr(cfg.model, rest)
+    if head == "objectives":
+        name, _, key = rest.partition(".")
+        return cfg.objectives[name][key]
+    return getattr(cfg, path)
+
+
+MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batch_size")  # STREAM=VALUE fields
+
+
+def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
+    """Set one explicit flag's value in ``cfg`` (mappings are updated, never replaced)."""
+    head, _, rest = path.partition(".")
+    if head == "model":
+        setattr(cfg.model, rest, value)
+    elif head == "objectives":
+        name, _, key = rest.partition(".")
+        if name not in cfg.objectives:
+            flag = f"--{name}-{key}".replace("_", "-")
+            raise ValueError(f"{flag} sets an option of objective {name!r}, which this run does not use: "
+                             f"add --objective {name}")
+        cfg.objectives[name][key] = list(value) if isinstance(value, tuple) else value
+    elif path in MAPPINGS:
+        mapping = dict(getattr(cfg, path))
+        for key, v in value:
+            if v is None:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = v
+        setattr(cfg, path, mapping)
+    elif path == "tasks":
+        cfg.tasks = tuple(value)
+    else:
+        setattr(cfg, path, value)
+
+
+def parse(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> tuple[Command, dict]:
+    """(command, explicit config values by dotted path) of a command line; no checks across flags yet."""
+    parser = parser or build_parser()
+    ns = vars(parser.parse_args(argv))
+    command_fields = {f.name for f in dataclasses.fields(Command)}
+    command = Command(**{k: v for k, v in ns.items() if k in command_fields})
+    explicit = {k: v for k, v in ns.items() if k not in command_fields}
+    return command, explicit
+
+
+def flag_of(path: str) -> str:
+    """The flag of a dotted config path: "model.arch" -> --arch, "objectives.mnr.scale" -> --mnr-scale."""
+    if path.startswith("objectives."):
+        return "--" + path[len("objectives."):].replace(".", "-").replace("_", "-")
+    return "--" + path.split(".")[-1].replace("_", "-")
+
+
+def check_command(c: Command, explicit: dict[str, Any], world: int = 1) -> None:
+    """Refuse flags that contradict each other (a ValueError with a sentence saying why); reads nothing."""
+    if c.eval_only and world > 1:
+        raise ValueError("--eval-only runs in one process: start it with python, not torchrun")
+    if c.eval_only and c.resume:
+        raise ValueError("--eval-only evaluates a saved model and --resume continues training it; choose one")
+    if c.checkpoint is not None and not (c.eval_only or c.resume):
+        raise ValueError("--checkpoint names a saved model for --eval-only or --resume; without either it "
+                         "would be ignored")
+    if c.data_changed and not c.resume:
+        raise ValueError("--data-changed lets --resume continue on changed data; without --resume it means nothing")
+    if c.overwrite and (c.eval_only or c.resume):
+        raise ValueError("--overwrite is for a fresh training run; --eval-only and --resume never replace "
+                         "checkpoints")
+    if c.config is not None and (c.eval_only or c.resume or c.preset):
+        raise ValueError("--config starts a fresh run from a saved configuration; --resume and --eval-only use "
+                         "the checkpoint's own, and --preset would replace it: drop one")
+    if (c.eval_only or c.resume) and (c.preset or c.objective or c.no_objective):
+        raise ValueError(f"{'--eval-only' if c.eval_only else '--resume'} uses the checkpoint's own configuration; "
+                         "--preset, --objective and --no-objective cannot change it")
+    if c.eval_only:
+        check_eval_changes(explicit, name=flag_of)  # the rule of tasks.config, in the command line's words
+
+
+def saved_config(path: str) -> TrainConfig:
+    """The TrainConfig of ``--config FILE``: a run's config.json, or a file of some fields, the others today's
+    defaults (a field it does not know is an error)."""
+    f = Path(path).expanduser()
+    if f.is_dir():
+        raise ValueError(f"--config {path} is a directory: pass its config.json")
+    if not f.is_file():
+        raise FileNotFoundError(f"--config {path}: no such file")
+    try:
+        return TrainConfig.from_dict(read_json(f))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"--config {path}: {e}") from None
+
+
+def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig:
+    """The training config of a fresh run: defaults (or --config's), then the preset, objectives, explicit
+    flags. Not validated (tasks.training.run.prepare_run does)."""
+    c = command
+    cfg = TrainConfig() if c.config is None else saved_config(c.config)
+    if c.preset:
+        cfg = apply_preset(cfg, c.preset)
+        registry = registered_objectives()
+        missing = [n for n in cfg.objectives if n not in registry and n not in c.no_objective]
+        if missing:
+            raise ValueError(f"preset {c.preset} needs the objective(s) {', '.join(missing)}, which are not "
+                             f"registered (no module under tasks/objectives/ defines them; registered: "
+                             f"{', '.join(sorted(registry)) or 'none'}); a preset never silently drops one")
+    # Own copies: flags below edit them in place.
+    cfg = dataclasses.replace(cfg, model=copy.deepcopy(cfg.model), objectives=copy.deepcopy(cfg.objectives))
+    for name in c.objective:
+        cfg.objectives.setdefault(name, {})
+    for name in c.no_objective:
+        if name not in cfg.objectives:
+            raise ValueError(f"--no-objective {name}: the run has no objective {name!r} to remove "
+                             f"(it has: {', '.join(cfg.objectives) or 'none'})")
+        del cfg.objectives[name]
+    for path, value in explicit.items():
+        set_path(cfg, path, value)
+    # Per-stream settings that come from the defaults or the preset follow --tasks / --no-nli
+    # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked.
+    streams = set(cfg.streams())
+    for path in MAPPINGS:
+        if path not in explicit:
+            setattr(cfg, path, {k: v for k, v in getattr(cfg, path).items() if k in streams})
+    return cfg
+
+
+def applied(saved: TrainConfig, explicit: dict[str, Any]) -> TrainConfig:
+    """A copy of a checkpoint's config with the explicit flags of --resume or --eval-only set."""
+    cfg = copy.deepcopy(saved)
+    for path, value in explicit.items():
+        set_path(cfg, path, value)
+    return cfg
+
+
+def config_for(argv: list[str], parser: argparse.ArgumentParser | None = None) -> TrainConfig:
+    """The TrainConfig that ``train_multitask.py argv`` would train with today's defaults, checked as the command
+    checks a fresh run's but for its --out-dir (``tasks.training.run.check_run``; nothing is read or run): an
+    experiment's member flags, a sweep's rows."""
+    command, explicit = parse(list(argv), parser)
+    check_command(command, explicit)
+    if command.eval_only or command.resume:
+        raise ValueError("config_for is for the flags of a fresh run, not --eval-only or --resume")
+    cfg = config_from_flags(command, explicit)
+    refuse_idle_settings(cfg, explicit)
+    check_run(cfg)
+    return cfg

@@ -1,0 +1,246 @@
+"""Tests of tasks/arguments.py, the train command's flags: every flag comes from a config field and reaches it, the
+help documents each with its default and paper section, presets, --config, the README's technique flags."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+
+from tasks import arguments
+from tasks import train as cli
+from tasks.config import TrainConfig
+from tasks.model import ModelConfig
+from tasks.objectives import registered_objectives
+
+
+COMMAND_FIELDS = {f.name for f in dataclasses.fields(arguments.Command)}
+
+
+def _default_at(path: str) -> object:
+    """The value a config path has before any flag (objective fields: their Config default)."""
+    if path.startswith("objectives."):
+        _, name, key = path.split(".")
+        f = {f.name: f for f in dataclasses.fields(registered_objectives()[name].Config)}[key]
+        return f.default if f.default is not dataclasses.MISSING else f.default_factory()
+    return arguments.get_path(TrainConfig(), path)
+
+
+def _non_default(action: argparse.Action) -> tuple[list[str], object]:
+    """(argv, expected value at action.dest) that sets the flag to something other than its default."""
+    flag = action.option_strings[0]
+    if isinstance(action, argparse.BooleanOptionalAction):
+        default = _default_at(action.dest)
+        return ([f"--no-{flag[2:]}"], False) if default is True else ([flag], True)
+    if isinstance(action, argparse._StoreTrueAction):
+        return [flag], True
+    if isinstance(action, argparse._AppendAction):
+        return [flag, "mnr"], ["mnr"]
+    if action.dest in COMMAND_FIELDS:  # --preset, --checkpoint
+        value = action.choices[-1] if action.choices else "some/checkpoint"
+        return [flag, value], value
+    default = _default_at(action.dest)
+    if action.nargs in ("+", "*"):
+        if getattr(action.type, "__name__", "").endswith("pair"):  # STREAM=VALUE mappings, merged into the default
+            value = 7 if action.type.__name__.startswith("int") else 0.5
+            return [flag, f"sts={value}"], {**default, "sts": value}
+        if action.dest == "tasks":  # a subset that keeps para (whose default caps would otherwise go too)
+            return [flag, "para", "sts"], ("para", "sts")
+        choices = action.choices or ["sts"]
+        value = [c for c in choices if c not in (default or ())][:1] or [choices[0]]
+        return [flag, *value], value
+    if action.choices:
+        value = next(c for c in action.choices if c != default)
+        return [flag, str(value)], value
+    if action.type is int:
+        value = (default or 0) + 3
+    elif action.type is float:
+        value = (default or 0.0) + 0.0625
+    else:
+        value = f"{action.dest}-value"
+    return [flag, str(value)], value
+
+
+def test_every_flag_reaches_its_config_field():
+    """Each flag of the parser, given a non-default value, sets exactly its TrainConfig / ModelConfig / objective field."""
+    parser = arguments.build_parser()
+    actions = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
+    assert len(actions) > 40
+    seen = set()
+    for action in actions:
+        argv, expected = _non_default(action)
+        command, explicit = arguments.parse(argv, parser)
+        if action.dest in COMMAND_FIELDS:
+            assert getattr(command, action.dest) == expected, action.option_strings
+            assert not explicit
+            continue
+        assert set(explicit) == {action.dest}, (argv, explicit)
+        if action.dest.startswith("objectives."):
+            command.objective = [action.dest.split(".")[1]]
+        cfg = arguments.config_from_flags(command, explicit)
+        got = arguments.get_path(cfg, action.dest)
+        assert got == expected, (argv, got, expected)
+        assert got != _default_at(action.dest), argv
+        # and nothing else moved
+        base = arguments.config_from_flags(dataclasses.replace(command), {})
+        diff = {k for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
+        top = action.dest.split(".")[0]
+        assert diff == {top}, (argv, diff)
+        seen.add(action.dest)
+    model_fields = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
+    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "objectives"}
+    assert model_fields | train_fields <= seen, sorted((model_fields | train_fields) - seen)
+    for name, cls in registered_objectives().items():
+        assert {f"objectives.{name}.{f.name}" for f in dataclasses.fields(cls.Config)} <= seen, name
+
+
+def test_help_documents_every_flag_with_paper_references(capsys):
+    """--help lists every flag with text; the paper's hyper-parameters cite their section."""
+    parser = arguments.build_parser()
+    for action in parser._actions:
+        assert action.help, action.option_strings
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = capsys.readouterr().out
+    by_flag = {s: a for a in parser._actions for s in a.option_strings}
+    for flag in ("--lr", "--lr-decay", "--schedule", "--loss-weights", "--head-dropout", "--fcn-size", "--arch",
+                 "--encoder-dropout", "--batch-size", "--epochs", "--nli", "--preset", "--baseline-proj-size",
+                 "--lp-epochs", "--lp-lr", "--swa-epochs", "--swa-lr", "--predict-train", "--distill-weight"):
+        assert flag in text and "§" in by_flag[flag].help, flag
+
+
+# ---- presets --------------------------------------------------------------------------------------------------
+
+
+def _preset(name: str, *argv: str) -> TrainConfig:
+    return arguments.config_for(["--preset", name, *argv])
+
+
+@pytest.fixture
+def paper_objectives():
+    registry = registered_objectives()
+    if not {"mnr", "simcse"} <= set(registry):
+        pytest.skip("the presets need the mnr and simcse objectives")
+
+
+def test_baseline_preset_is_paper_section_4_1():
+    """baseline: §4.1 heads (Siamese, linear, dropout 0.3), lr 1e-5 constant, sequential schedule, all data."""
+    cfg = _preset("baseline")
+    m = cfg.model
+    assert (m.arch, m.pair_encoding, m.pooling, m.head_dropout, m.baseline_proj_size, m.sts_scale) == \
+        ("baseline", "siamese", "pooler", 0.3, 32, 5.0)
+    assert (cfg.lr, cfg.lr_schedule, cfg.schedule, cfg.epochs, cfg.batch_size) == (1e-5, "constant", "sequential", 10, 16)
+    assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
+    assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3
+
+
+@pytest.mark.usefixtures("paper_objectives")
+def test_b_presets_are_paper_section_5_4():
+    """b3 = b1 arch + even batching + para 0.1 + MNR + SimCSE on STS + lr 1e-5 − 4e-7/epoch + head dropout 0.3 + FCN 256;
+    b2 = b3 without head dropout; b1 = b2 + the NLI stream trained by MNR."""
+    b3, b2, b1 = _preset("b3"), _preset("b2"), _preset("b1")
+    for cfg in (b1, b2, b3):
+        assert (cfg.model.arch, cfg.model.fcn_size, cfg.model.pair_encoding) == ("b1", 256, "siamese")
+        assert (cfg.schedule, cfg.loss_weights, cfg.lr, cfg.lr_schedule, cfg.lr_decay) == \
+            ("even", {"para": 0.1}, 1e-5, "epoch_decay", 4e-7)
+        assert set(cfg.objectives) == {"mnr", "simcse"} and cfg.objectives["simcse"]["tasks"] == ["sts"]
+        assert cfg.encoder_dropout == 0.3 and cfg.max_train_examples == {}
+    assert b3.model.head_dropout == 0.3 and b2.model.head_dropout == 0.0 and b1.model.head_dropout == 0.0
+    assert not b3.nli and not b2.nli and b1.nli
+    assert b3.objectives["mnr"]["tasks"] == ["sts"] and b1.objectives["mnr"]["tasks"] == ["sts", "nli"]
+    assert dataclasses.replace(b2, model=b3.model) == b3
+    assert dataclasses.replace(b1, nli=False, objectives=b2.objectives) == b2
+
+
+@pytest.mark.usefixtures("paper_objectives")
+def test_the_quick_preset_is_the_default_recipe_in_a_third_of_its_epochs():
+    """quick (issue 31): the default recipe, every setting but one, in 1 epoch of the default's 3; flags override."""
+    quick, default = _preset("quick").to_dict(), TrainConfig().to_dict()
+    assert {k for k in default if quick[k] != default[k]} == {"epochs"}
+    assert quick["epochs"] * 3 == default["epochs"]
+    assert _preset("quick", "--seed", "4").seed == 4
+
+
+def test_explicit_flags_override_the_preset():
+    """--preset b3 --lr 2e-5 --head-dropout 0.1 --mnr-scale 10: the flags win, the rest stays the paper's."""
+    cfg = _preset("b3", "--lr", "2e-5", "--head-dropout", "0.1", "--mnr-scale", "10", "--loss-weights", "sst=2")
+    assert cfg.lr == 2e-5 and cfg.model.head_dropout == 0.1 and cfg.objectives["mnr"]["scale"] == 10.0
+    assert cfg.loss_weights == {"para": 0.1, "sst": 2.0} and cfg.schedule == "even"
+    ablation = _preset("b3", "--no-objective", "mnr")
+    assert set(ablation.objectives) == {"simcse"}
+
+
+def test_preset_with_an_unregistered_objective_names_it(monkeypatch, capsys):
+    """A preset whose objective is missing fails with a message naming it; it is never silently dropped."""
+    registry = {k: v for k, v in registered_objectives().items() if k != "mnr"}
+    monkeypatch.setattr(arguments, "registered_objectives", lambda: registry)
+    monkeypatch.setattr(cli, "run_plan", lambda *a, **k: pytest.fail("run started"))
+    with pytest.raises(SystemExit):
+        cli.main(["--preset", "b3"])
+    err = capsys.readouterr().err
+    assert "preset b3 needs the objective(s) mnr" in err
+
+
+def test_tasks_subset_drops_default_caps_of_untrained_tasks():
+    """--tasks sst sts works with the default Quora caps (they follow the tasks); an explicit cap does not."""
+    cfg = arguments.config_for(["--tasks", "sst", "sts"])
+    assert cfg.tasks == ("sst", "sts") and "para" not in cfg.max_train_examples and "para" not in cfg.dev_max_examples
+
+
+def test_default_config_is_the_measured_cpu_recipe():
+    """No flags: the embedded MiniLM, cross-encoded pairs, a per-epoch Quora cap, on the automatic device."""
+    cfg = arguments.config_for([])
+    assert cfg == TrainConfig()
+    assert cfg.pretrained is None and cfg.model.pair_encoding == "cross" and "para" in cfg.max_train_examples
+    json.dumps(cfg.to_dict())  # plain JSON
+
+
+def test_config_reruns_a_saved_config_with_flags_overriding_it(tmp_path):
+    saved = TrainConfig(lr=3e-5, epochs=4, seed=7, tasks=("sst", "sts"), max_train_examples={"sst": 10})
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))
+    cfg = arguments.config_for(["--config", str(tmp_path / "config.json"), "--seed", "2"])
+    assert cfg.lr == 3e-5 and cfg.epochs == 4 and cfg.tasks == ("sst", "sts") and cfg.seed == 2
+    assert cfg.max_train_examples == {"sst": 10}
+    for bad, message in ((tmp_path, "is a directory"), (tmp_path / "none.json", "no such file")):
+        with pytest.raises((ValueError, FileNotFoundError), match=message):
+            arguments.config_for(["--config", str(bad)])
+
+
+def test_every_flag_of_the_readme_techniques_table_is_accepted():
+    """The README's technique table is what a newcomer copies: each flag cell must be a command line that
+    train_multitask.py accepts on top of the defaults (placeholders N and P filled in; cells naming a DIR need
+    one and are left out). It once showed `--objective mnr`, which the default cross-encoder refuses."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("## Techniques", 1)[1].split("\n## ", 1)[0]
+    cells = [cell for row in table.splitlines() if row.startswith("|")
+             for cell in re.findall(r"`(--[^`]+)`", row.rsplit("|", 2)[-2])]
+    assert len(cells) >= 15, cells
+    for cell in cells:
+        if "DIR" in cell:
+            continue
+        argv = shlex.split(re.sub(r"\bN\b", "1", re.sub(r"\bP\b", "0.5", cell)))
+        try:
+            arguments.config_for(argv)
+        except (SystemExit, ValueError) as e:
+            pytest.fail(f"README technique flags {cell!r} are refused: {e}")
+
+
+def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_path):
+    """Issue 40: --config holding {"epochs": 1} trained with symmetric_eval off, both priors at 0 and
+    train_subsets=fresh (the values for runs saved before those options), silently not the default recipe. A file
+    of some fields now gives today's default recipe but for them; a run's saved config.json lacking an option
+    added since still loads with the value it ran with."""
+    (tmp_path / "one.json").write_text('{"epochs": 1, "model": {"fcn_size": 128}}')
+    cfg = arguments.config_for(["--config", str(tmp_path / "one.json")])
+    default = TrainConfig()
+    assert cfg.epochs == 1 and cfg.model.fcn_size == 128
+    assert dataclasses.replace(cfg, epochs=default.epochs, model=default.model) == default
+    assert cfg.model == dataclasses.replace(default.model, fcn_size=128)
+    saved = {k: v for k, v in default.to_dict().items() if k != "sst_prior"}  # a run saved before --sst-prior
+    (tmp_path / "saved.json").write_text(json.dumps(saved))
+    assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).sst_prior == 0.0
