@@ -20,7 +20,6 @@ Nothing here is asserted; it prints a Markdown table for the README.
 
 from __future__ import annotations
 
-import argparse
 import multiprocessing as mp
 import os
 import statistics
@@ -29,6 +28,7 @@ import time
 import torch
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
+from tasks.cli import Parser
 from tasks.runtime import peak_memory_bytes, synchronize
 
 
@@ -124,7 +124,7 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", default=None, help="checkpoint dir (default: embedded MiniLM)")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", choices=list(DTYPES), default="fp32")

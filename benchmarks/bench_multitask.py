@@ -105,6 +105,7 @@ from torch import nn
 from minbert import bert
 from minbert.config import BertConfig
 from minbert.pretrained import resolve_model_dir
+from tasks.cli import Parser
 from tasks.config import TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
@@ -847,7 +848,7 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--steps", type=int, default=40, help="timed batches per variant and round")
     ap.add_argument("--warmup", type=int, default=3, help="batches before the timed ones (run once per variant)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds; each times every variant once; medians reported")

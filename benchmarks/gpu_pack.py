@@ -22,7 +22,6 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import shutil
@@ -31,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from tasks.cli import Parser
 from minbert.pretrained import resolve_model_dir, weights_file
 
 # The encoder directory's files the check needs beside the weights (tokenizer and sentence-transformers config).
@@ -94,8 +94,7 @@ def pack(out: Path, pretrained: str | None = None, data_dir: str | Path = "data"
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=".gpu", help="the folder to write (ignored by git; carried to the GPU call)")
     ap.add_argument("--pretrained", default=None, help="encoder directory (default: the embedded MiniLM)")
     ap.add_argument("--data-dir", default="data", help="the task files (bash setup.sh links them)")

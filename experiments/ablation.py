@@ -62,7 +62,6 @@ Writes ``<out-dir>/ablation.json``, ``ablation.md`` (the tables) and the two plo
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import statistics
@@ -71,6 +70,7 @@ from pathlib import Path
 
 from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, fmt, markdown_table
+from tasks.cli import Parser
 from tasks.data.readers import load_split
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
@@ -309,8 +309,7 @@ def plot(path: Path, results: dict[str, dict[int, dict]], rows: list[str], major
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="runs/ablation")
     ap.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="every row runs once per seed")

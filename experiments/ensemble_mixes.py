@@ -17,13 +17,12 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import random
 import statistics
 from collections.abc import Sequence
 
-from tasks.cli import user_errors
+from tasks.cli import Parser, user_errors
 from tasks.data.predictions import load_task_logits, task_members, trained_tasks
 from tasks.evaluation.ensemble import average, dev_labels
 from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
@@ -78,8 +77,7 @@ def draw_scores(scorer: Scorer, pools: dict[str, list[str]], mix: dict[str, int]
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(prog="ensemble_mixes.py", description=__doc__.split("\n")[0],
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = Parser(prog="ensemble_mixes.py", description=__doc__.split("\n")[0])
     ap.add_argument("--pool", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
                     help="a name, then the finished runs of one recipe")
     ap.add_argument("--mix", action="append", required=True, metavar="NAME=K,...", help="a composition (repeatable)")

@@ -52,7 +52,6 @@ of finished members would score: experiments/ensemble_mixes.py.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import time
@@ -63,7 +62,7 @@ from experiments.sweep import Sweep, say
 from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
 from tasks import arguments
-from tasks.cli import describe
+from tasks.cli import Parser, describe
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.ensemble import METHODS
 from tasks.evaluation.metrics import TASK_METRIC, overall_score
@@ -130,8 +129,7 @@ def variant_tokens(plan: dict[str, tuple[int, str]], extra: Sequence[str]) -> di
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="leaderboard.py", description=__doc__.split("\n")[0], allow_abbrev=False,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    ap = Parser(prog="leaderboard.py", description=__doc__.split("\n")[0],
                                  epilog="Flags after -- go to every member's train_multitask.py.")
     ap.add_argument("--out-dir", default="runs/leaderboard", help="members, the ensemble and leaderboard.json")
     ap.add_argument("--members", type=int, default=4, metavar="K", help="number of members (seeds S..S+K-1)")

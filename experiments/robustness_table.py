@@ -56,7 +56,6 @@ Writes ``<out-dir>/robustness.json``, ``robustness.md`` (the tables) and ``robus
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -68,6 +67,7 @@ from pathlib import Path
 from experiments.ablation import majority_accuracies, merge_flags, row_flags
 from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, markdown_table
+from tasks.cli import Parser
 from tasks.data.perturb import perturb, perturbed_data_dir
 from tasks.data.readers import load_split
 from tasks.training.run import dev_scores
@@ -300,8 +300,7 @@ def plot(root: Path, results: dict, majority: dict[str, float], title: str) -> l
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="runs/robustness")
     ap.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="every cell runs once per seed")

@@ -28,11 +28,11 @@ Writes ``<out-dir>/sst_phrases.json`` and ``sst_phrases.md`` (the table).
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 
+from tasks.cli import Parser
 from experiments.stats import cell, change_cell
 from experiments.sweep import Sweep, final_record, fmt, markdown_table
 
@@ -89,8 +89,7 @@ def render(results: dict[str, dict[int, dict]]) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], allow_abbrev=False,
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="runs/sst-phrases")
     ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)), help="every row runs once per seed")
     ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")

@@ -15,13 +15,12 @@ Each recipe is the default plus the quoted flags (as given to train_multitask.py
 
 from __future__ import annotations
 
-import argparse
 import shlex
 from collections.abc import Sequence
 
 from minbert.pretrained import load_pretrained
 from tasks import arguments
-from tasks.cli import describe, user_errors
+from tasks.cli import Parser, describe, user_errors
 from tasks.config import TrainConfig
 from tasks.selection import load_run_data
 from tasks.training.trainer import build_schedule
@@ -55,7 +54,7 @@ def recipe_tokens(argv: Sequence[str], tokenizer) -> dict[str, int]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--reference", default="", help="flags of the reference recipe (default: the default recipe)")
     ap.add_argument("--candidate", action="append", default=[], help="flags of a recipe to compare (repeatable)")
     args = ap.parse_args(argv)

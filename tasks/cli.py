@@ -88,7 +88,7 @@ def foreign_flag_hint(argv: Sequence[str], known: set[str], renamed: dict[str, s
     for i, token in enumerate(argv):
         if token == "--":
             return None
-        if not token.startswith("--"):
+        if not token.startswith("--") or any(c.isspace() for c in token):  # a value (quoted flags of a recipe)
             continue
         flag = token.split("=", 1)[0]
         if flag in known:

@@ -8,7 +8,7 @@ Usage:
     cfg = eval_config(saved, {"tasks": ("sst",)})    # --eval-only: only eval_mutable() fields may change
 
 Every field carries its help text (``tasks.options.option``); the train command
-(tasks/train.py) turns each field into a flag with that help and the default
+(tasks/arguments.py, through tasks.options) turns each field into a flag with that help and the default
 written here. ``apply_preset`` (PRESETS, at the bottom of this module) fills
 the fields with the paper's configurations, or changes the defaults into a
 recipe of ours (quick).

@@ -1,5 +1,4 @@
-"""Tests of tasks/train.py, the train command (train_multitask.py calls it): every flag reaches its config field,
-refusals happen before any work, presets, --resume and --eval-only end to end, and every user-caused error ends
+"""Tests of tasks/train.py, the train command (train_multitask.py calls it): refusals happen before any work, presets, --resume and --eval-only end to end, and every user-caused error ends
 in one line with the right exit status and an untouched run directory (issue 15).
 
 The end-to-end tests run the real command on the tiny random BERT and synthetic

@@ -174,7 +174,7 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
 
 
 class Trainer:
-    """One training run over built parts; ``from_config`` builds them and prepares the run directory.
+    """One training run over built parts; tasks.training.run builds them (``build_parts``) and its run directory.
 
     ``checkpoint`` (a checkpoint directory) restores model, objectives,
     optimizer, position (epoch, step), best score, history and RNG states.
@@ -558,7 +558,7 @@ class Trainer:
         ``extra_state`` merged into state.json (SWA's marks itself "swa"). Under torchrun every rank calls it;
         rank 0 writes, the others add their rank-local objective state."""
         if self.run_dir is None:
-            raise RuntimeError("this Trainer has no run directory (built without from_config): nothing to save to")
+            raise RuntimeError("this Trainer has no run directory (built without tasks.training.run.build_trainer): nothing to save to")
         final, state = self.run_dir.checkpoints / name, {**self.state(), **(extra_state or {})}
         if self.rank > 0:
             distributed.save_rank_objectives(self.objectives, self.model, self.rank, self.world_size)
