@@ -392,7 +392,8 @@ def pretrain(
         total = min(total, config.max_steps)
     warmup = int(config.warmup * total)
     groups, names = parameter_groups(list(mlm.named_parameters()), config.weight_decay)  # the trainer's rule
-    opt = AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, foreach=foreach_default(device))
+    opt = AdamW(groups, lr=config.lr, weight_decay=config.weight_decay, decay="before",  # the trainer's order
+                foreach=foreach_default(device))
     params = [p for group in opt.param_groups for p in group["params"]]
     g = torch.Generator().manual_seed(config.seed)
     special = never_masked_ids(tokenizer)

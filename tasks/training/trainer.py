@@ -244,7 +244,7 @@ class Trainer:
         groups, names = parameter_groups(named, self.cfg.weight_decay, lambda n: lr_scale(
             n, layers, self.cfg.layer_lr_decay, self.cfg.head_lr_scale))
         fused = self.cfg.fused_adamw
-        opt = AdamW(groups, lr=self.cfg.lr, foreach=not fused, fused=fused)
+        opt = AdamW(groups, lr=self.cfg.lr, decay="before", foreach=not fused, fused=fused)  # the fused kernel's order
         return [p for g in groups for p in g["params"]], names, opt
 
     def rebuild_optimizer(self) -> None:
