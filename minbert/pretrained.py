@@ -175,8 +175,13 @@ def load_encoder_weights(model: BertModel, encoder_state: dict[str, torch.Tensor
         report.no_pooler = True
         log.warning("%s has no pooler weights (an MLM-only checkpoint?): the pooler starts "
                     "randomly initialised", source)
-    if report.unexpected:
-        log.warning("%s: ignored unexpected keys: %s", source, ", ".join(report.unexpected))
+    unused_pooler = [k for k in report.unexpected if k.startswith("pooler.") and not any(
+        n.startswith("pooler.") for n in own)]
+    if unused_pooler:  # a checkpoint's pooler, for a model built without one: as intended, nothing to do
+        log.debug("%s: the pooler's weights are not used (this model has no pooler)", source)
+    if len(unused_pooler) < len(report.unexpected):
+        log.warning("%s: ignored unexpected keys: %s", source,
+                    ", ".join(k for k in report.unexpected if k not in unused_pooler))
     return report
 
 

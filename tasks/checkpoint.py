@@ -71,13 +71,14 @@ logger = logging.getLogger(__name__)
 CHECKPOINT_FORMAT = 1
 
 
-REQUIRED_FILES = ("model.safetensors", "optimizer.safetensors", "optimizer.json", "state.json", "config.json")
+REQUIRED_FILES = ("model.safetensors", "state.json", "config.json")  # and OPTIMIZER_FILES unless MODEL_ONLY
 
 
 SST_PRIOR_FILE = "sst_prior.safetensors"  # the SST prior's probe
 
 
 # What every state.json holds (Trainer.state): a resume reads each of them.
+MODEL_ONLY = "model_only"  # state.json: the optimizer state was deleted (keep_model_only); no resume from it
 STATE_KEYS = ("format", "epoch", "step", "global_step", "best", "history", "elapsed_s", "epoch_sums", "rng")
 
 
@@ -152,7 +153,11 @@ def _intact(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig, dict]:
     missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
     if missing:
         raise ValueError(f"{path / 'state.json'} lacks {missing}: the checkpoint is damaged")
-    read_json(path / "optimizer.json")
+    if not state.get(MODEL_ONLY):
+        missing = [f for f in OPTIMIZER_FILES if not (path / f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"{path} is not a complete checkpoint: missing {', '.join(missing)}")
+        read_json(path / "optimizer.json")
     for file in sorted(path.glob("*.safetensors")):
         try:
             with safe_open(str(file), "pt") as f:
@@ -201,7 +206,27 @@ def resume_point(path: str | os.PathLike, data_changed: bool = False) -> ResumeP
                          "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
     if state.get("format") != CHECKPOINT_FORMAT:
         raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
+    if state.get(MODEL_ONLY):
+        raise ValueError(f"{ckpt} keeps the model alone (the run used --save-only-model): it cannot be resumed; "
+                         "evaluate it with --eval-only, or train a new run")
     return ResumePoint(ckpt, config, state, data_changed)
+
+
+def keep_model_only(ckpt: Path) -> int:
+    """Delete a checkpoint's optimizer state, marking it in state.json first (a crash between leaves files that
+    are ignored, never a checkpoint that claims to be resumable without them). Returns the bytes freed."""
+    state = read_json(ckpt / "state.json")
+    if not state.get(MODEL_ONLY):
+        write_json(ckpt / "state.json", {**state, MODEL_ONLY: True})
+    freed = 0
+    for name in OPTIMIZER_FILES:
+        if (ckpt / name).is_file():
+            freed += (ckpt / name).stat().st_size
+            (ckpt / name).unlink()
+    return freed
+
+
+OPTIMIZER_FILES = ("optimizer.safetensors", "optimizer.json")
 
 
 def check_same_data(resume: ResumePoint, reports: dict[str, dict]) -> None:

@@ -39,6 +39,8 @@ from typing import NoReturn
 
 from safetensors import SafetensorError
 
+from tasks.logs import failure_text, log_failure
+
 # ---- the parser: foreign flags, no abbreviations, short errors ----
 # foreign flag -> (our flag the hint names, or None, hint); a renamed flag is hinted only where the command has it
 FOREIGN_FLAGS: dict[str, tuple[str | None, str]] = {
@@ -180,13 +182,18 @@ def describe(error: BaseException, then: str = "then run the same command again"
 @contextlib.contextmanager
 def user_errors(program: str, then: Callable[[], str] | None = None) -> Iterator[None]:
     """Turn a user-caused error raised inside into ``<program>: error: <one line>`` and exit status 1; ``then``
-    gives the remedy after a full disk (``describe``)."""
+    gives the remedy after a full disk (``describe``). Whatever ends the command, that line (or, for a bug, the
+    exception's) is the last line of its log file (``tasks.logs.log_failure``)."""
     try:
         yield
     except USER_ERRORS as e:
+        text = describe(e, then()) if then is not None else describe(e)
+        log_failure(f"{program}: error: {text}")
         if verbose():
             raise
-        text = describe(e, then()) if then is not None else describe(e)
         print(f"{program}: error: {text} (set {VERBOSE_ENV}=1 for the traceback)", file=sys.stderr)
         raise SystemExit(1) from None
+    except (Exception, KeyboardInterrupt) as e:  # a bug (its traceback follows on the console) or Ctrl-C
+        log_failure(f"{program}: failed: {failure_text(e)}")
+        raise
 

@@ -50,7 +50,8 @@ MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refu
 # SWA and train-set predictions come after the training steps, so they may change too
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
 RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
-                  "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train", "report_to")
+                  "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train", "report_to",
+                  "save_only_model")
 
 
 # Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
@@ -64,7 +65,8 @@ EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "lim
 # resume and re-predict as it was trained and scored, whatever today's default.
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
                  "sst_prior": 0.0, "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544,
-                 "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0, "sst_phrases_order": "mixed"}
+                 "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0, "sst_phrases_order": "mixed",
+                 "save_only_model": False}
 
 
 # ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
@@ -207,7 +209,12 @@ class TrainConfig:
                                         "(event files in <out-dir>/tensorboard; pip install tensorboard)", group="runtime", choices=REPORTERS, nargs="+")
     log_every: int = option(50, "one log line (every loss term, lr, seq/s) every N steps (the only time losses are "
                             "read back from the device)", group="runtime", metavar="N")
-    checkpoint_every: int = option(0, "also write checkpoints/last every N steps mid-epoch (0 = epoch ends only)", group="runtime", metavar="N")
+    checkpoint_every: int = option(0, "also write checkpoints/last every N steps mid-epoch (0 = epoch ends only)",
+                                   group="runtime", metavar="N")
+    save_only_model: bool = option(False, "at the end of the run keep the model alone: checkpoints/last and every "
+                                   "optimizer state are deleted (most of a run's disk: the run's log says how "
+                                   "much), so the run can be evaluated but no longer resumed (HF's "
+                                   "save_only_model)", group="runtime")
 
     def __post_init__(self) -> None:
         self.tasks = tuple(self.tasks)

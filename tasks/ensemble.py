@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from tasks.cli import Parser, user_errors
+from tasks.logs import log_to, open_log
 from tasks.evaluation.ensemble import (
     SUBMISSION_ZIP,
     EnsembleConfig,
@@ -71,6 +72,7 @@ from tasks.evaluation.ensemble import (
 from tasks.options import add_options, options_of
 
 PROG = "python -m tasks.ensemble"
+logger = logging.getLogger(__name__)
 
 
 def build_parser() -> Parser:
@@ -81,7 +83,8 @@ def build_parser() -> Parser:
 
 
 def _fail(message: str, status: int) -> NoReturn:
-    """A user's error: one line on stderr, exit status 2 (arguments) or 1 (the files they name)."""
+    """A user's error: one line on stderr, exit status 2 (arguments) or 1 (the files they name). Nothing was
+    written: the out_dir is only ever written whole (make_ensemble), so there is no log file to end with it."""
     print(f"{PROG}: error: {message}", file=sys.stderr)
     raise SystemExit(status)
 
@@ -93,9 +96,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def _main(argv: Sequence[str] | None) -> dict:
+    log_to()  # held until the ensemble is written, then <out-dir>/ensemble.log (tasks.logs)
     args = build_parser().parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config = EnsembleConfig(**options_of(args, EnsembleConfig))
         check_ensemble(config)
@@ -105,6 +107,7 @@ def _main(argv: Sequence[str] | None) -> dict:
         summary, results = make_ensemble(config)
     except (ValueError, FileNotFoundError) as e:  # a bad or missing input file, named in the message
         _fail(str(e), 1)
+    open_log(Path(config.out_dir), "ensemble.log")
     names = run_names(config.runs, config.names)
     model_names = {t: r.model_names(names) for t, r in results.items()}
     out_dir = Path(config.out_dir)
@@ -145,11 +148,9 @@ def _main(argv: Sequence[str] | None) -> dict:
         print(format_table(hold_rows, tasks))
 
     written = sum(len(r.outputs) for r in results.values())
-    print(f"wrote {written} leaderboard files to {out_dir / 'predictions'} and {out_dir / SUBMISSION_ZIP}"
-          + (f"; skipped: {', '.join(summary['skipped'])}" if summary["skipped"] else ""))
-    for line in summary.get("incomplete", []):
-        print(f"SUBMISSION INCOMPLETE: {line}", file=sys.stderr)
-    return summary
+    logger.info("wrote %d leaderboard files to %s and %s%s", written, out_dir / "predictions",
+                out_dir / SUBMISSION_ZIP, f"; skipped: {', '.join(summary['skipped'])}" if summary["skipped"] else "")
+    return summary  # an incomplete submission was warned where it was written (make_ensemble)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,25 @@
 A command calls ``log_to()`` first: INFO lines go to stderr and are held
 (``PendingLog``) until the command knows its output directory, where
 ``open_log`` writes them, and every later line, to its log file (``train.log`` of
-a run). A command refused before its directory is its own writes nothing there.
+a run, ``pretrain.log``, ``ensemble.log``). A command refused before its
+directory is its own writes nothing there. The error that ends a command is the
+last line of its log file (``log_failure``, called by ``tasks.cli.user_errors``).
 Under torchrun only rank 0 logs; the other ranks print warnings and errors,
 marked with their rank.
 
+Training or evaluating from Python (``tasks.training.run.run``,
+``evaluate_checkpoint``) logs where the command would: with no ``log_to``
+pending, ``open_log`` adds a file handler for the run's duration (the package's
+INFO lines included, whatever the root logger's level) and its ``close`` writes
+the error that ended the run, if one did; the console shows what the caller's
+own logging configuration lets through.
+
 Usage:
-    log_to()                          # first thing in a command
+    log_to()                                   # first thing in a command
     ...
-    open_log(Path("runs/x"))          # the pending lines and every later one into runs/x/train.log
+    log = open_log(Path("runs/x"))             # the pending lines and every later one into runs/x/train.log
+    ...
+    log.close()                                # run() from Python: the file handler goes
 """
 
 from __future__ import annotations
@@ -23,9 +34,17 @@ from pathlib import Path
 from tasks.runtime import torchrun_env
 
 
+FILE_ONLY = "file_only"  # a record's attribute: for the log file alone (the console printed it its own way)
+PACKAGES = ("tasks", "minbert")  # the loggers whose INFO lines a run's log file holds
+
+
 class Stderr(logging.StreamHandler):
     """A handler writing to whatever ``sys.stderr`` is when a record comes (a redirection made after the handler,
-    pytest's capture), never to a stream that has been closed since."""
+    pytest's capture), never to a stream that has been closed since; a record marked ``FILE_ONLY`` is not
+    printed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not getattr(record, FILE_ONLY, False) and super().filter(record)
 
     @property
     def stream(self):
@@ -48,8 +67,8 @@ class PendingLog(logging.handlers.MemoryHandler):
         return self.target is not None
 
 
-def log_to(console: bool = True) -> None:
-    """INFO lines to stderr (with ``console``) and to a ``PendingLog`` for train.log (replacing the handlers of an
+def log_to() -> None:
+    """INFO lines to stderr and to a ``PendingLog`` for train.log (replacing the handlers of an
     earlier call). Under torchrun only rank 0 does this; the other ranks print warnings and errors to stderr,
     marked with their rank."""
     rank = torchrun_env()[0]
@@ -66,22 +85,98 @@ def log_to(console: bool = True) -> None:
         root.addHandler(handler)
         return
     root.setLevel(logging.INFO)
-    handlers = [Stderr()] if console else []
-    for handler in [*handlers, PendingLog()]:
+    for handler in [Stderr(), PendingLog()]:
         handler.setFormatter(LOG_FORMAT)
         handler._train_multitask = True
         root.addHandler(handler)
 
 
+def score_text(score: float | None) -> str:
+    """A score as the log prints it: 4 digits, "undefined" where there is none (a constant STS prediction)."""
+    return "undefined" if score is None or score != score else f"{score:.4f}"
+
+
+def size_text(size: int) -> str:
+    """Bytes as the log prints them: ``713 MB``, ``1.4 GB``, ``12 kB``."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}" if unit == "GB" else f"{size / scale:.0f} {unit}"
+    return f"{size} B"
+
+
 LOG_FORMAT = logging.Formatter("%(asctime)s %(levelname).1s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
 
-def open_log(out_dir: Path) -> None:
-    """Write the pending log records (``log_to``) to ``<out_dir>/train.log``, and every later record; nothing
-    where no ``log_to`` is pending (a run started from Python logs as its caller set up)."""
-    for handler in logging.getLogger().handlers:
+class LogFile:
+    """A log file ``open_log`` opened: for a command, its pending lines' target (the command's process owns it);
+    from Python, handlers of its own, removed by ``close``, which first writes the error that ended the run."""
+
+    def __init__(self, handlers: list[logging.Handler] | None = None, levels: dict[str, int] | None = None) -> None:
+        self.handlers, self.levels = list(handlers or []), dict(levels or {})
+
+    def close(self, error: BaseException | None = None) -> None:
+        if error is not None and self.handlers:
+            log_failure(f"failed: {failure_text(error)}")
+        for handler in self.handlers:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
+        self.handlers = []
+        for name, level in self.levels.items():
+            logging.getLogger(name).setLevel(level)
+        self.levels = {}
+
+    def __enter__(self) -> "LogFile":
+        return self
+
+    def __exit__(self, kind, error, tb) -> None:
+        self.close(None if isinstance(error, (SystemExit, GeneratorExit)) else error)
+
+
+def open_log(out_dir: Path, name: str = "train.log") -> LogFile:
+    """Write the pending log records (``log_to``) to ``<out_dir>/<name>``, and every later record. Where no
+    ``log_to`` is pending (a run started from Python, or one of a command's several runs), a file handler of its
+    own takes this package's records
+    (INFO and up) and every warning until the returned ``LogFile`` is closed; where the root logger has no
+    handler, warnings keep reaching stderr as they would without it (Python's last resort)."""
+    root = logging.getLogger()
+    for handler in root.handlers:
         if isinstance(handler, PendingLog) and handler.target is None:
-            file = logging.FileHandler(out_dir / "train.log", encoding="utf-8")
-            file.setFormatter(LOG_FORMAT)
-            handler.setTarget(file)
+            handler.setTarget(_file_handler(out_dir / name))
             handler.flush()
+            return LogFile()
+    levels = {}
+    for package in PACKAGES:
+        logger = logging.getLogger(package)
+        if logger.getEffectiveLevel() > logging.INFO:
+            levels[package] = logger.level
+            logger.setLevel(logging.INFO)
+    file = _file_handler(out_dir / name)
+    file.addFilter(lambda record: record.name.split(".")[0] in PACKAGES or record.levelno >= logging.WARNING)
+    handlers: list[logging.Handler] = [file]
+    if not root.handlers:
+        console = Stderr()
+        console.setLevel(logging.WARNING)
+        console.setFormatter(LOG_FORMAT)
+        handlers.append(console)
+    for handler in handlers:
+        root.addHandler(handler)
+    return LogFile(handlers, levels)
+
+
+def _file_handler(path: Path) -> logging.FileHandler:
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(LOG_FORMAT)
+    return handler
+
+
+def log_failure(text: str) -> None:
+    """The error that ends a command or a run, as the last line of its log file (the console prints it as the
+    one-line error of ``tasks.cli.user_errors``, or the traceback)."""
+    logging.getLogger("tasks").error(text, extra={FILE_ONLY: True})
+
+
+def failure_text(error: BaseException) -> str:
+    """One line for an error that ends a command: its type and message."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted (KeyboardInterrupt)"
+    return " ".join(f"{type(error).__name__}: {error}".split())

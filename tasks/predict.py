@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from tasks.cli import Parser, user_errors
+from tasks.logs import log_to
 from tasks.options import add_options, option
 from tasks.data.readers import Example, blank, decode_utf8, read_pairs, read_sentences
 from tasks.evaluation.evaluator import Predictor
@@ -99,6 +100,8 @@ class PredictArgs:
     device: str = option("auto", "auto (CUDA when present), cpu, cuda, cuda:1, ...", metavar="DEVICE")
     batch_size: int | None = option(None, "sentences per forward pass (default: the run's eval batch size)",
                                     metavar="B")
+    bf16: bool | None = option(None, "bf16 autocast; default: the run's rule (on where the GPU or CPU multiplies "
+                                     "bf16 natively); --no-bf16 computes in fp32")
 
 
 def build_parser() -> Parser:
@@ -110,6 +113,7 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> list[list]:
+    log_to()  # the console only: predict writes no directory
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.batch_size is not None and args.batch_size < 1:
@@ -120,7 +124,8 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))  # the --input and --output the user gave: an argument error (exit status 2)
     with user_errors(parser.prog):  # a damaged checkpoint, a task it was not trained on: one line, exit status 1
-        predictor = Predictor.from_checkpoint(args.checkpoint, device=args.device, batch_size=args.batch_size)
+        predictor = Predictor.from_checkpoint(args.checkpoint, device=args.device, batch_size=args.batch_size,
+                                              bf16=args.bf16)
         header, rows = prediction_rows(predictor, args.task, examples)
     with (contextlib.nullcontext(sys.stdout) if args.output == "-"
           else open(args.output, "w", newline="", encoding="utf-8")) as f:

@@ -24,9 +24,11 @@ plus pretrain_config.json and pretrain_log.jsonl; ``train_multitask.py
 --pretrained DIR`` loads its encoder.
 
 A long run resumes: every ``--checkpoint-every`` steps the whole state goes
-to ``<out-dir>.partial`` (atomically), and the same command again continues
+to ``<out-dir>.partial/state`` (atomically), and the same command again continues
 from it to the uninterrupted run's weights, bit for bit (other settings or
-data are refused); it is removed once the checkpoint is written. On a CPU the
+data are refused). The log is ``<out-dir>.partial/pretrain.log`` while the run
+runs (a failed run's ends with its error) and moves into the checkpoint with it;
+``<out-dir>.partial`` is removed once the checkpoint is written. On a CPU the
 steps run in fp32 unless ``--bf16`` asks for autocast.
 
 Usage:
@@ -41,6 +43,7 @@ import argparse
 import hashlib
 import json
 import logging
+import os
 import shutil
 import time
 from collections.abc import Sequence
@@ -52,6 +55,7 @@ import torch
 from minbert.mlm import load_mlm
 from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser, user_errors
+from tasks.logs import log_to, open_log
 from tasks.model import TASKS
 from tasks.options import add_options, option, options_of
 from tasks.training.mlm import (
@@ -67,6 +71,7 @@ from tasks.training.mlm import (
 from tasks.training.progress import duration
 
 log = logging.getLogger(__name__)
+LOG_FILE = "pretrain.log"  # in <out-dir>.partial while the run runs, then in the checkpoint
 
 
 @dataclass
@@ -107,6 +112,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
 
 def main(argv: Sequence[str] | None = None) -> Path:
     """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks.cli)."""
+    log_to()  # held until <out-dir>.partial is this run's, then its pretrain.log (tasks.logs)
     with user_errors("python -m tasks.pretrain"):
         return _main(argv)
 
@@ -115,8 +121,6 @@ def _main(argv: Sequence[str] | None) -> Path:
     t0 = time.perf_counter()
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.max_sentences is not None and args.max_sentences < 1:
         parser.error("--max-sentences must be at least 1")
     if args.eval_sentences < 0:
@@ -129,6 +133,9 @@ def _main(argv: Sequence[str] | None) -> Path:
     except FileExistsError as e:
         parser.error(str(e))
     config = config_from_args(args)
+    partial = partial_dir(out_dir)
+    partial.mkdir(parents=True, exist_ok=True)
+    open_log(partial, LOG_FILE)
     torch.manual_seed(config.seed)  # a new head's initialisation and dropout
 
     train = collect_sentences(args.data_dir, "train", args.tasks)
@@ -150,7 +157,7 @@ def _main(argv: Sequence[str] | None) -> Path:
         eval_data = make_eval_batches(tokenizer, eval_sentences, config.max_length, 64, config.seed + 1,
                                       config.mlm_probability)
     source = str(resolve_model_dir(args.pretrained))
-    state = partial_dir(out_dir)
+    state = partial / "state"
     identity = {"source_checkpoint": source, "train_sentences_sha256": hashlib.sha256(
         "\n".join(train).encode()).hexdigest(), "eval_sentences": len(eval_sentences)}
     if args.checkpoint_every:
@@ -164,7 +171,9 @@ def _main(argv: Sequence[str] | None) -> Path:
         "pretrain_config.json": json.dumps(run_info, indent=2) + "\n",
         "pretrain_log.jsonl": "".join(json.dumps(r) + "\n" for r in records),
     }, overwrite=args.overwrite)
-    shutil.rmtree(state, ignore_errors=True)
+    # The open log file moves with its lines into the checkpoint (a rename: the handler writes on into it).
+    os.replace(partial / LOG_FILE, out / LOG_FILE)
+    shutil.rmtree(partial, ignore_errors=True)
     log.info("wrote %s (load it with --pretrained %s; its cls.predictions MLM head is not used by "
              "load_pretrained)", out, out)
     log.info("done: wall time %s", duration(time.perf_counter() - t0))

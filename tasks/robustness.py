@@ -37,6 +37,7 @@ import logging
 import math
 import os
 import statistics
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -53,9 +54,9 @@ from tasks.checkpoint import load_model, resolve_checkpoint
 from tasks.data.predictions import read_predictions
 from tasks.model import TASKS
 from tasks.objectives.rift import pgd_attack
-from tasks.training.progress import RunsClock
+from tasks.training.progress import RunsClock, duration
 from tasks.training.run import dev_scores, run
-from tasks.logs import log_to
+from tasks.logs import log_to, open_log
 from tasks.runtime import configure_malloc, resolve_device
 
 log = logging.getLogger(__name__)
@@ -64,7 +65,6 @@ log = logging.getLogger(__name__)
 def _train(cfg: TrainConfig, data_dir: Path, out_dir: Path, seed: int) -> dict:
     """One training run of an experiment: ``cfg`` on ``data_dir`` with ``seed``, into ``out_dir`` (replaced)."""
     cfg = dataclasses.replace(copy.deepcopy(cfg), data_dir=str(data_dir), out_dir=str(out_dir), seed=seed)
-    log_to(console=False)  # main() logs to stderr already; this run's train.log opens with its directory
     log.info("training %s: data %s, seed %d", out_dir, data_dir, seed)
     return run(cfg, overwrite=True)
 
@@ -132,9 +132,13 @@ def attack_experiment(args: argparse.Namespace) -> dict:
     g = torch.Generator(device=device.type).manual_seed(args.seed)
     results: dict = {"checkpoint": str(args.checkpoint), "norm": args.norm, "epsilon": args.epsilon,
                      "steps": args.steps, "step_size": args.step_size, "tasks": {}}
+    missing = [task for task in args.tasks if task not in cfg.tasks]
+    if missing:
+        raise ValueError(f"--tasks {' '.join(missing)}: the checkpoint was not trained on it (it has "
+                         f"{' '.join(cfg.tasks)})")
+    log.info("%s | plan: PGD attack (%s, epsilon %g, %d steps of %g) on the dev sets of %s", device, args.norm,
+             args.epsilon, args.steps, args.step_size, ", ".join(args.tasks))
     for task in args.tasks:
-        if task not in cfg.tasks:
-            raise SystemExit(f"attack: the checkpoint was not trained on {task!r} (it has {list(cfg.tasks)})")
         examples = load_split(task, "dev", args.data_dir, limit=args.limit)[0]
         if task == "sst":
             ds = SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
@@ -142,6 +146,7 @@ def attack_experiment(args: argparse.Namespace) -> dict:
             ds = PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
         clean_ok = adv_ok = 0
         order = list(range(len(ds)))
+        t0 = last = time.perf_counter()
         for start in range(0, len(order), args.batch_size):
             batch = move_batch(ds.collate(order[start:start + args.batch_size]), device)
             y = batch["labels"].long()
@@ -151,10 +156,20 @@ def attack_experiment(args: argparse.Namespace) -> dict:
             attacked = model.predict(task, model(task, batch, inputs_embeds=adv))
             clean_ok += int((clean == y).sum())
             adv_ok += int(((attacked == y) & (clean == y)).sum())
+            done, now = min(start + args.batch_size, len(order)), time.perf_counter()
+            if now - last >= PROGRESS_EVERY_S and done < len(order):
+                last = now
+                log.info("%s: %d of %d examples attacked (%s; ~%s left)", task, done, len(order),
+                         duration(now - t0), duration((now - t0) / done * (len(order) - done)))
         n = len(ds)
         results["tasks"][task] = {"examples": n, "clean_acc": clean_ok / n, "after_attack_acc": adv_ok / n,
                                   "attack_success_rate": 1 - adv_ok / clean_ok if clean_ok else math.nan}
+        log.info("%s: %d examples in %s: clean accuracy %.4f, after the attack %.4f", task, n,
+                 duration(time.perf_counter() - t0), clean_ok / n, adv_ok / n)
     return results
+
+
+PROGRESS_EVERY_S = 30  # a progress line of the attack at most this often
 
 
 PASS_THROUGH = ("-- TRAIN_FLAGS: everything after -- goes to train_multitask.py for every seed (e.g. -- --epochs 3 "
@@ -265,11 +280,13 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], TrainCon
 
 
 def main(argv: list[str] | None = None) -> dict:
+    log_to()
     args, flags, cfg = split_argv(list(os.sys.argv[1:] if argv is None else argv))
     configure_malloc()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname).1s %(name)s: %(message)s",
-                        datefmt="%H:%M:%S")
     with user_errors(build_parser().prog):
+        if args.out_dir:  # its own log first: each training run's train.log is the run's (tasks.logs.open_log)
+            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+            open_log(Path(args.out_dir), "robustness.log")
         results = attack_experiment(args) if cfg is None else train_experiment(args, flags, cfg)
     text = json.dumps(results, indent=2)
     print(text)

@@ -124,6 +124,13 @@ def _fsync_tree(root: Path) -> None:
         _fsync_path(Path(dirpath))
 
 
+def disk_use(path: Path) -> int:
+    """Bytes of the files under ``path`` (or of the file), links not followed."""
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+
+
 @contextlib.contextmanager
 def atomic_file(path: Path) -> Iterator[Path]:
     """Yield a new empty hidden file beside ``path`` to write; on success it replaces ``path`` (fsynced first),

@@ -112,6 +112,20 @@ def test_encoder_dir_loads_in_transformers_and_sentence_transformers(trained):
     torch.testing.assert_close(got, emb, atol=1e-5, rtol=0)  # mean pooling: what the heads read
 
 
+def test_predictor_says_its_precision_and_in_fp32_equals_sentence_transformers(trained, caplog):
+    """Issue 41: Predictor ran bf16 on a bf16 CPU without a word, ~6e-3 from sentence-transformers where the README
+    promised 1e-5. It logs its precision, and bf16=False (--no-bf16) gives fp32, equal to 1e-5."""
+    from tasks.evaluation.evaluator import Predictor
+
+    caplog.set_level(logging.INFO)
+    fp32 = Predictor.from_checkpoint(trained, device="cpu", bf16=False)
+    assert f"predicting with {trained} on cpu, fp32 (--no-bf16)" in caplog.text
+    st = sentence_transformers.SentenceTransformer(str(trained / "encoder"), device="cpu")
+    torch.testing.assert_close(fp32.embed(SENTENCES), st.encode(SENTENCES, convert_to_tensor=True), atol=1e-5, rtol=0)
+    Predictor.from_checkpoint(trained, device="cpu", bf16=True)
+    assert f"predicting with {trained} on cpu, bf16 autocast (--bf16)" in caplog.text
+
+
 @pytest.mark.parametrize("pooling", ["cls", "pooler"])
 def test_sentence_transformers_pooling_follows_the_run(tiny_env, tmp_path, pooling):
     """cls: ST's embedding is ours; pooler: ST gives the raw [CLS] state, transformers' pooler_output ours."""

@@ -27,7 +27,9 @@ def test_cli_end_to_end(tmp_path, capsys):
     summary = main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
     captured = capsys.readouterr()
     assert "SST acc" in captured.out and "ensemble: selective" in captured.out and "run2" in captured.out
-    assert "skipped: para-test" in captured.out
+    assert "skipped: para-test" in captured.err  # the log: the console and the out dir's ensemble.log
+    log = (out / "ensemble.log").read_text()
+    assert "kept 60 of 60 rows" in log and log.splitlines()[-1].endswith("; skipped: para-test")
     names = zipfile.ZipFile(out / "cs224n_default_final_project_submission.zip").namelist()
     assert sorted(n for n in names if n.startswith("predictions/")) == sorted(
         f"predictions/{t}-{s}-output.csv" for t in ("sst", "para", "sts") for s in ("dev", "test")
@@ -141,8 +143,9 @@ def test_nan_in_a_logits_file_leaves_no_partial_outputs(tmp_path, capsys):
         with pytest.raises(SystemExit) as err:
             main([*runs, "--method", "selective", "--data-dir", data, "--out-dir", str(target)])
         assert err.value.code == 1
-        message = capsys.readouterr().err.strip()
-        assert "\n" not in message and str(bad) in message and "line 6" in message, message
+        message = capsys.readouterr().err.strip().splitlines()[-1]  # after the log's lines, the error's
+        assert message.startswith("python -m tasks.ensemble: error: "), message
+        assert str(bad) in message and "line 6" in message, message
     assert _snapshot(out) == before
     assert not (tmp_path / "fresh").exists()
 
@@ -189,7 +192,7 @@ def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypat
         main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
     assert exc.value.code == 1 and "error: disk full" in capsys.readouterr().err.strip().splitlines()[-1]
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
-        ["cs224n_default_final_project_submission.zip", "ensemble.json", "owner.json", "predictions"])
+        ["cs224n_default_final_project_submission.zip", "ensemble.json", "ensemble.log", "owner.json", "predictions"])
 
 
 def test_submission_zip_and_outputs_follow_the_umask(tmp_path):

@@ -29,3 +29,50 @@ def test_another_rank_prints_warnings_marked_with_its_rank(monkeypatch, capsys):
     logging.getLogger("tasks.test").warning("rank 1 draws fresh masks")
     err = capsys.readouterr().err
     assert "rank 1's progress" not in err and "[rank 1]" in err and "rank 1 draws fresh masks" in err
+
+
+def test_a_commands_error_is_the_last_line_of_its_log_and_printed_once(tmp_path, capsys):
+    """A user's error: one line on the console (not twice: the log's copy is for the file alone) and the log file's
+    last line; a bug keeps its traceback and its log file says what ended the command."""
+    import pytest
+
+    from tasks.cli import user_errors
+
+    log_to()
+    open_log(tmp_path)
+    logging.getLogger("tasks.test").info("working")
+    with pytest.raises(SystemExit) as exit_:
+        with user_errors("python -m tasks.x"):
+            raise ValueError("data/x.csv line 3: no label: fix the file")
+    assert exit_.value.code == 1
+    err = capsys.readouterr().err
+    assert err.count("data/x.csv line 3") == 1
+    last = (tmp_path / "train.log").read_text().splitlines()[-1]
+    assert last.endswith("E tasks: python -m tasks.x: error: data/x.csv line 3: no label: fix the file")
+
+    with pytest.raises(RuntimeError):
+        with user_errors("python -m tasks.x"):
+            raise RuntimeError("a bug")
+    assert (tmp_path / "train.log").read_text().splitlines()[-1].endswith(
+        "python -m tasks.x: failed: RuntimeError: a bug")
+
+
+def test_from_python_a_run_log_takes_the_packages_info_lines_and_goes_when_closed(tmp_path, capsys, monkeypatch):
+    """With no command's log pending (run() from Python), open_log adds a file of its own for INFO lines of tasks
+    and minbert, whatever the root level; close writes the error that ended the run, then removes the handlers
+    and puts the levels back. Python's last resort still shows warnings on the console meanwhile."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # a script that configured no logging (pytest's capture set aside)
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    handlers, level = list(root.handlers), logging.getLogger("tasks").level
+    log = open_log(tmp_path)
+    logging.getLogger("tasks.test").info("a run's progress")
+    logging.getLogger("other.library").info("not ours")
+    logging.getLogger("tasks.test").warning("a warning")
+    log.close(RuntimeError("stopped"))
+    logging.getLogger("tasks.test").info("after the run")
+    lines = (tmp_path / "train.log").read_text().splitlines()
+    assert [line.split(" ", 1)[1] for line in lines] == [
+        "I tasks.test: a run's progress", "W tasks.test: a warning", "E tasks: failed: RuntimeError: stopped"]
+    assert "a warning" in capsys.readouterr().err
+    assert root.handlers == handlers and logging.getLogger("tasks").level == level

@@ -55,6 +55,8 @@ def test_cli_end_to_end(tmp_path, caplog):
     assert said.index(plan) < said.index(progress[0]) < said.index(
         next(x for x in said if x.startswith("estimate after 1 steps: the pretraining takes ~")))
     assert re.fullmatch(r"done: wall time \d+s", said[-1]), said[-1]
+    log = (out / "pretrain.log").read_text().splitlines()  # the command's log, moved in with the checkpoint
+    assert " I tasks.data.readers: " in log[0] and any("| plan: " in x for x in log) and any(x.endswith(said[-1]) for x in log)
 
 
 def test_an_out_dir_that_is_not_a_checkpoint_is_refused_before_training(tmp_path, capsys):
@@ -101,3 +103,6 @@ def test_pretrain_reports_a_bad_data_file_in_one_line(tiny_env, tmp_path, monkey
     assert exc.value.code == 1 and "Traceback" not in err
     assert re.search(r"tasks\.pretrain: error: .*ids-sst-train\.csv: line \d+: bytes that are not UTF-8",
                      err.strip().splitlines()[-1])
+    # a failed run's log stays beside its state for resuming, its error the last line
+    last = (tmp_path / "out.partial" / "pretrain.log").read_text().splitlines()[-1]
+    assert re.search(r" E tasks: python -m tasks\.pretrain: error: .*ids-sst-train\.csv: line \d+", last), last

@@ -57,6 +57,7 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     assert "plan: 2 training runs (1 settings x 2 seeds), one after another" in said
     assert any(re.fullmatch(r"1/2 runs done \| elapsed \d+s, left ~\d+s", x) for x in said), said
     assert any(re.fullmatch(r"2/2 runs done \| wall time \d+s", x) for x in said), said
+    assert "plan: 2 training runs" in (out / "robustness.log").read_text()  # the command's log, beside its runs
     cfg, used, _ = calls[0]
     assert cfg.epochs == 1 and cfg.tasks == (("sst",) if command == "minority" else ("sst", "para"))
     for name, rows in changed.items():  # rewritten files with the perturbed number of rows, the rest linked
@@ -79,3 +80,32 @@ def test_minority_class_accuracy_reads_starter_files(tmp_path):
     ours = write_predictions(tmp_path / "ours", "sst", "dev",
                              Predictions(["b757", "d17a", "e3"], torch.zeros(3, 5), torch.tensor([1, 4, 0])))
     assert class_accuracy(ours, examples, 1) == 0.5
+
+
+def test_attack_says_its_plan_progress_and_result_and_logs_beside_results(tiny_env, tmp_path, monkeypatch, caplog,
+                                                                          capsys):
+    """Issue 41: ``attack`` as written printed nothing for 90 s. It logs the plan, a progress line with the time
+    left (at most every PROGRESS_EVERY_S), each task's result, and with --out-dir keeps robustness.log beside
+    results.json. A task the checkpoint was not trained on is refused naming the flag."""
+    from tasks.training.run import run
+    from tests.helpers import tiny_train_config
+
+    caplog.set_level(logging.INFO)
+    run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, tasks=("sst",)))
+    monkeypatch.setattr(robustness, "PROGRESS_EVERY_S", 0)
+    out = tmp_path / "attack"
+    args = ["attack", "--checkpoint", str(tmp_path / "run" / "checkpoints" / "best"), "--data-dir", str(tiny_env[1]),
+            "--tasks", "sst", "--steps", "1", "--batch-size", "8", "--device", "cpu"]
+    res = robustness.main([*args, "--out-dir", str(out)])
+    said = [r.getMessage() for r in caplog.records if r.name == robustness.log.name]
+    assert said[0] == "cpu | plan: PGD attack (linf, epsilon 0.01, 1 steps of 0.0025) on the dev sets of sst"
+    assert any(re.fullmatch(r"sst: 8 of \d+ examples attacked \(\d+s; ~\d+s left\)", x) for x in said), said
+    n = res["tasks"]["sst"]["examples"]
+    assert re.fullmatch(rf"sst: {n} examples in \d+s: clean accuracy \d\.\d{{4}}, after the attack \d\.\d{{4}}", said[-1])
+    assert (out / "results.json").is_file() and said[-1] in (out / "robustness.log").read_text()
+    with pytest.raises(SystemExit) as exit_:
+        robustness.main([*args[:5], "--tasks", "para", "--steps", "1", "--device", "cpu"])
+    assert exit_.value.code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "python -m tasks.robustness: error: --tasks para: the checkpoint was not trained on it (it has sst) "
+        "(set MINBERT_VERBOSE=1 for the traceback)")

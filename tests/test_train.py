@@ -429,6 +429,12 @@ def _live_lock(run: Path) -> None:
     (run / "run.lock").write_text(json.dumps({"pid": os.getppid(), "host": __import__("socket").gethostname()}))
 
 
+def _model_only(run: Path) -> None:
+    """The run as --save-only-model leaves it: no last, best without its optimizer state."""
+    shutil.rmtree(run / "checkpoints" / "last")
+    ckpt_mod.keep_model_only(run / "checkpoints" / "best")
+
+
 def _disk_full(monkeypatch) -> None:
     def full(path, tensors, metadata=None):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -463,6 +469,9 @@ CASES = [
     ("corrupted config.json, --resume", lambda e, t, r, m: _damage(
         r, ["last/config.json", "best/config.json"], _truncate) or ["--resume", "--out-dir", str(r)],
      2, r"last/config\.json is truncated or corrupted", "main"),
+    ("--resume of a --save-only-model run", lambda e, t, r, m: _model_only(r) or ["--resume", "--out-dir", str(r)],
+     2, r"best keeps the model alone \(the run used --save-only-model\): it cannot be resumed; evaluate it with "
+     r"--eval-only", "main"),
     ("config.json {}, --resume", lambda e, t, r, m: _damage(
         r, ["last/config.json", "best/config.json"], lambda b: b"{}") or ["--resume", "--out-dir", str(r)],
      2, r"last/config\.json is not a complete run configuration: missing .*'data_dir'", "main"),
@@ -632,7 +641,7 @@ def test_the_log_file_says_what_the_run_will_do_how_long_it_takes_and_took(tiny_
     progress = [x for x in lines if re.search(r"epoch \d/2 step \d+/\d+ \|", x)]
     assert progress and all(re.search(r"\| elapsed \d+s, left ~\d+s$", x) for x in progress), progress
     assert lines.index(plan) < lines.index(progress[0])
-    assert sum("estimate after 2 steps: the run takes ~" in x for x in lines) == 1
+    assert sum("estimate after 10 steps: the run takes ~" in x for x in lines) == 1  # 2 epochs of 8 steps
     assert re.search(r"done: wall time \d+s \(this process: \d+ s\)$", lines[-1]), lines[-1]
 
 

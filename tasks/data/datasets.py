@@ -55,6 +55,7 @@ class _TokenizedDataset(torch.utils.data.Dataset):
     ids: list[str]
     lengths: list[int]
     labels: torch.Tensor | None
+    sequences_per_example = 1  # encoded sequences an example costs (a siamese pair 2, a triplet 3)
 
     def __init__(self, tokenizer: TokenizerLike, pad_to_multiple_of: int | None) -> None:
         if pad_to_multiple_of is not None and pad_to_multiple_of < 1:
@@ -67,6 +68,12 @@ class _TokenizedDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, index: int) -> int:
         return index
+
+    def padded_tokens(self, indices: Sequence[int]) -> int:
+        """The tokens a batch of ``indices`` feeds the encoder, padding included (each sequence at the longest
+        length): what a step costs, known before it runs (the run's time estimate, tasks.training.progress)."""
+        n = len(self.lengths)  # a pair's index + n is the pair swapped (PairDataset.collate): the same length
+        return len(indices) * max((self.lengths[i % n] for i in indices), default=0) * self.sequences_per_example
 
     def _pad(self, ids: list[list[int]], type_ids: list[list[int]], suffix: str = "") -> dict[str, torch.Tensor]:
         pad_to = None
@@ -147,6 +154,7 @@ class PairDataset(_TokenizedDataset):
             raise ValueError(f"{len(no_pair)} examples have no second sentence (first: {no_pair[0]!r})")
         super().__init__(tokenizer, pad_to_multiple_of)
         self.mode = mode
+        self.sequences_per_example = 2 if mode == "siamese" else 1
         self.max_length = max_length
         self.ids = [e.id for e in examples]
         self.texts = a, b = [e.text_a for e in examples], [e.text_b for e in examples]
@@ -205,6 +213,7 @@ class TripletDataset(_TokenizedDataset):
         super().__init__(tokenizer, pad_to_multiple_of)
         self.ids = [str(i) for i in range(len(triplets))]
         self.labels = None
+        self.sequences_per_example = 3
         self.input_ids_1, self.type_ids_1 = tokenizer.encode_ids([t.anchor for t in triplets], max_length=max_length)
         self.input_ids_2, self.type_ids_2 = tokenizer.encode_ids([t.positive for t in triplets], max_length=max_length)
         have_neg = [i for i, t in enumerate(triplets) if t.negative is not None]

@@ -55,7 +55,7 @@ from tasks.objectives import Inference, Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
 from tasks.checkpoint import load_model, verify_checkpoint
 from tasks.logs import open_log
-from tasks.runtime import autocast, autocast_dtype, resolve_device
+from tasks.runtime import autocast, autocast_dtype, precision_note, resolve_device
 
 logger = logging.getLogger(__name__)
 
@@ -211,7 +211,8 @@ class Evaluator:
         "train". An objective's ``inference`` (KNN-BERT) scores dev under its
         key and may replace the leaderboard predictions. ``train_sets`` (a
         trainer's tokenized training sets) saves reading them again. Returns
-        {"dev": metrics, "files": [paths], "skipped": [...], "rows_skipped": {file: n}, "incomplete": [...]}
+        {"dev": metrics, "dev_rows": {task: rows scored}, "files": [paths], "skipped": [...],
+        "rows_skipped": {file: n}, "incomplete": [...]}
         plus "train" and each inference's key when computed.
         """
         cfg, device = self.cfg, self.device
@@ -245,7 +246,7 @@ class Evaluator:
                     rows = capped_dev(task, rows, cfg)
                 if rows is None:
                     msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
-                    logger.warning(msg)
+                    logger.debug(msg)  # the reader warned when the run read its data (tasks.data.readers)
                     skipped.append(msg)
                     continue
                 datasets[task] = make_dataset(task, rows, tokenizer, cfg)
@@ -265,6 +266,8 @@ class Evaluator:
                 files.append(str(write_logits(pred_dir, task, split, p)))
             if split in ("dev", "train"):
                 result[split] = jsonable(metrics)
+            if split == "dev":
+                result["dev_rows"] = {task: len(ds) for task, ds in datasets.items()}
         result["files"] = files
         result["skipped"] = skipped
         result["rows_skipped"] = {r["file"]: r["skipped"] for r in reports.values() if r["skipped"]}
@@ -377,8 +380,7 @@ def predict_checkpoint(plan: EvalPlan) -> dict:
     config, into ``<out_dir>/predictions``, the directory locked while it is written."""
     out = plan.out_dir
     out.mkdir(parents=True, exist_ok=True)
-    with locked(out):
-        open_log(out)
+    with locked(out), open_log(out):
         if _kind(plan.checkpoint, out) == PREDICTIONS:
             mark(out, PREDICTIONS)
         cfg = plan.config
@@ -415,6 +417,10 @@ class Predictor:
     The model's pooled transforms act as in the run's own dev predictions
     (Match-Tuning's matching); KNN-BERT's vote needs the training set and
     is not applied (``--eval-only`` applies it). Outputs are float32 CPU tensors.
+
+    Precision is the run's rule (``TrainConfig.bf16``): bf16 autocast on a GPU or CPU that multiplies bf16
+    natively, which moves an embedding by ~1e-2 of its scale; ``bf16=False`` computes in fp32, where the encoder
+    equals ``transformers`` and sentence-transformers to 1e-5. The choice is logged when the model loads.
     """
 
     def __init__(self, model: MultitaskBert, objectives: Sequence[Objective], tokenizer: BertTokenizer,
@@ -422,6 +428,8 @@ class Predictor:
                  checkpoint: str | os.PathLike | None = None) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
         self.amp = autocast_dtype(cfg.bf16, device)
+        logger.info("predicting with %s on %s, %s", checkpoint or "a model", device,
+                    precision_note(cfg.bf16, device, self.amp))
         self.batch_size = batch_size or cfg.eval_batch_size
         # the checkpoint's SST probe: no data needed; both priors built now, so a missing encoder fails here
         self.evaluator = Evaluator(cfg, objectives, device, self.amp,
@@ -429,11 +437,13 @@ class Predictor:
         self.evaluator.priors.build()
 
     @classmethod
-    def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None
-                        ) -> Predictor:
-        """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present)."""
+    def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None,
+                        bf16: bool | None = None) -> Predictor:
+        """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present);
+        ``bf16`` True or False overrides the run's precision rule (False: fp32)."""
         run_best = Path(path) / "checkpoints" / "best"
-        plan = prepare_eval(run_best if run_best.is_dir() else Path(path), {"device": device}, writes=False)
+        overrides = {"device": device, **({"bf16": bf16} if bf16 is not None else {})}
+        plan = prepare_eval(run_best if run_best.is_dir() else Path(path), overrides, writes=False)
         dev = resolve_device(device)
         model, objectives, tokenizer, cfg = load_model(plan.checkpoint, dev, plan.config)
         return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=plan.checkpoint)

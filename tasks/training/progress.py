@@ -20,12 +20,13 @@ Usage:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import matplotlib
@@ -115,30 +116,51 @@ def duration(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
+ESTIMATE_AFTER = 10  # training steps timed before the first estimate of the whole run
+
+
 class RunClock:
     """Elapsed and remaining time of a run, for its log lines (the log file too, not only a terminal's bar).
 
-    Remaining = the training steps left at the seconds per step measured so far, plus the evaluations still
-    to come: each epoch's dev scores and the final predictions, in scored sequences, at the seconds per
-    sequence of the last evaluation measured; before the first one, at a third of the training step's time per
+    Each step left has a cost known from the plan (``step_costs``: the padded tokens of its batch,
+    ``padded_tokens`` of tasks.data.datasets; or one step left per unit where a plan cannot say, as MLM
+    pretraining's reshuffled epochs). Remaining = the cost of the steps left at the seconds per unit of cost
+    measured so far (a batch of long pairs is not timed as a batch of short sentences), plus the evaluations
+    still to come: each epoch's dev scores and the final predictions, in scored sequences, at the seconds per
+    sequence of the last evaluation measured; before the first one, at a third of the training time per
     sequence (a forward pass without backward: an estimate, and said to be one).
     """
 
-    def __init__(self, steps_left: int, evals_left: int, eval_sequences: int, final_sequences: int) -> None:
-        self.start = time.perf_counter()
-        self.steps_left, self.evals_left = steps_left, evals_left
+    def __init__(self, step_costs: int | Sequence[float], evals_left: int, eval_sequences: int,
+                 final_sequences: int, now: Callable[[], float] | None = None) -> None:
+        self._now = now  # the clock read (default: time.perf_counter); a test's fake
+        self.start = self.now()
+        costs = [1.0] * step_costs if isinstance(step_costs, int) else [float(c) for c in step_costs]
+        self.left_costs = list(itertools.accumulate(reversed(costs)))[::-1] + [0.0]  # [i]: cost of steps i..end
+        self.evals_left = evals_left
         self.eval_sequences, self.final_sequences = eval_sequences, final_sequences
-        self.train_seconds, self.steps_done, self.sequences_done = 0.0, 0, 0
+        self.train_seconds, self.steps_done, self.sequences_done, self.cost_done = 0.0, 0, 0, 0.0
         self.seconds_per_eval_sequence: float | None = None
+        self.estimate_after, self.estimated = min(ESTIMATE_AFTER, len(costs)), False
+
+    def estimate_due(self, pending: int) -> bool:
+        """True once the steps timed and ``pending`` (not yet timed) make the first estimate's sample, until the
+        estimate is given (``estimated``)."""
+        return not self.estimated and 0 < self.estimate_after <= self.steps_done + pending
+
+    @property
+    def steps_left(self) -> int:
+        return len(self.left_costs) - 1 - self.steps_done
 
     def trained(self, steps: int, sequences: int, seconds: float) -> bool:
-        """``steps`` more steps of ``sequences`` sequences took ``seconds``; True for the first of them (the moment
-        to log an estimate of the whole run, ``total``)."""
+        """The next ``steps`` steps of the plan, ``sequences`` sequences, took ``seconds``; True for the first of
+        them (the moment to log an estimate of the whole run, ``total``)."""
         first = not self.steps_done
+        done = min(self.steps_done + steps, len(self.left_costs) - 1)
+        self.cost_done += self.left_costs[self.steps_done] - self.left_costs[done]
         self.train_seconds += seconds
-        self.steps_done += steps
+        self.steps_done = done
         self.sequences_done += sequences
-        self.steps_left = max(0, self.steps_left - steps)
         return first
 
     def evaluated(self, seconds: float, sequences: int | None = None) -> None:
@@ -150,16 +172,19 @@ class RunClock:
             self.seconds_per_eval_sequence = seconds / sequences
 
     def remaining(self) -> float:
-        if not self.steps_done:
+        if not self.steps_done or not self.cost_done:
             return math.nan
         per_eval = self.seconds_per_eval_sequence
         if per_eval is None:
             per_eval = self.train_seconds / max(self.sequences_done, 1) / 3
-        return (self.steps_left * self.train_seconds / self.steps_done
+        return (self.left_costs[self.steps_done] * self.train_seconds / self.cost_done
                 + per_eval * (self.evals_left * self.eval_sequences + self.final_sequences))
 
+    def now(self) -> float:
+        return (self._now or time.perf_counter)()
+
     def elapsed(self) -> float:
-        return time.perf_counter() - self.start
+        return self.now() - self.start
 
     def total(self) -> float:
         """The whole run's time at the rates measured so far: elapsed + remaining."""

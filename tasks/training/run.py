@@ -52,6 +52,7 @@ from tasks.config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.evaluation.evaluator import check_encoder
 from tasks.evaluation.priors import check_prior_models
+from tasks.logs import score_text, size_text
 from tasks.model import MultitaskBert
 from tasks.objectives import build_objectives
 from tasks.runtime import autocast_dtype, configure_device, resolve_device, seed_everything, torchrun_env
@@ -133,8 +134,8 @@ def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
             check_same_data(plan.resume, parts.data or {})
         run_dir.record(cfg, parts.data)
         return Trainer(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, resume=plan.resume)
-    except BaseException:
-        run_dir.close(failed=True)  # bad data: the lock is freed and a run moved aside by overwrite comes back
+    except BaseException as e:
+        run_dir.close(e)  # bad data: the lock is freed and a run moved aside by overwrite comes back
         raise
 
 
@@ -182,8 +183,8 @@ def run_plan(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> dict:
     trainer = build_trainer(plan, hooks=hooks)
     try:
         return _train_and_predict(trainer, t0)
-    except BaseException:
-        trainer.run_dir.close(failed=True)  # before a first checkpoint: a run moved aside by overwrite comes back
+    except BaseException as e:
+        trainer.run_dir.close(e)  # before a first checkpoint: a run moved aside by overwrite comes back
         raise
     finally:
         trainer.run_dir.close()  # the lock
@@ -193,7 +194,7 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     cfg = trainer.cfg
     summary = trainer.fit()
     source = trainer.load_best()
-    logger.info("best epoch %s (dev overall %s)", summary["best"]["epoch"], summary["best"]["score"])
+    logger.info("best epoch %s (dev overall %s)", summary["best"]["epoch"], score_text(summary["best"]["score"]))
     swa = None
     if cfg.swa_epochs:
         swa = run_swa(trainer)  # leaves in the model what predicts: the SWA average when it scored higher
@@ -205,7 +206,7 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     final = trainer.evaluator.write_all(trainer.model, trainer.tokenizer, trainer.run_dir.path / "predictions",
                                         train_sets=trainer.train_sets, examples=trainer.final_examples,
                                         reports=trainer.data)
-    own = ("dev", "files", "skipped", "rows_skipped", "incomplete")
+    own = ("dev", "dev_rows", "files", "skipped", "rows_skipped", "incomplete")
     extra = sorted((k for k in final if k not in own), key=lambda k: k != "train")
     record = {"final": True, "best_epoch": summary["best"]["epoch"], "predictions_from": str(source),
               "dev": final["dev"], **{k: final[k] for k in extra},  # training-set metrics, objectives' inference
@@ -214,8 +215,14 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
               "skipped": final["skipped"], "rows_skipped": final["rows_skipped"],
               **({"incomplete": final["incomplete"]} if final["incomplete"] else {})}
     trainer.run_dir.append(record)
-    logger.info("final dev (%s): %s", final_dev_scope(cfg),
+    logger.info("final dev (%s): %s", final_dev_scope(cfg, final["dev_rows"]),
                 " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None))
+    if cfg.save_only_model:
+        freed = trainer.run_dir.keep_model_only()
+        logger.info("--save-only-model: checkpoints/last and the optimizer state deleted (%s freed); the run can be "
+                    "evaluated (--eval-only), no longer resumed", size_text(freed))
+    logger.info("disk: %s%s", trainer.run_dir.disk_line(), "" if cfg.save_only_model else
+                "; --save-only-model keeps the model alone")
     logger.info("done: wall time %s (this process: %.0f s)", duration(record["process_time_s"]),
                 record["process_time_s"])
     return record
@@ -230,9 +237,11 @@ def dev_scores(record: dict) -> dict[str, float]:
     return dev
 
 
-def final_dev_scope(cfg: TrainConfig) -> str:
-    """What the final dev metrics were computed on, for the log: whole sets, the capped subsets, or --limit rows."""
+def final_dev_scope(cfg: TrainConfig, rows: dict[str, int]) -> str:
+    """What the final dev metrics were computed on, for the log: whole sets, or the rows of each task scored (the
+    capped subsets, or what --limit read: a file shorter than the limit is read whole)."""
+    counts = ", ".join(f"{task} {n}" for task, n in rows.items())
     if cfg.limit is not None:
-        return f"the first {cfg.limit} rows of each dev file (--limit)"
-    return "full sets" if cfg.final_dev == "full" else "capped subsets"
+        return f"--limit {cfg.limit}: {counts} rows"
+    return "full sets" if cfg.final_dev == "full" else f"capped subsets: {counts} rows"
 

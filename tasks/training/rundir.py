@@ -29,11 +29,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from tasks.logs import open_log
+from tasks.logs import LogFile, open_log, size_text
 from tasks.outdir import OWNER_FILE, RUN, check_kind, check_writable_dir, mark, process_alive, release_lock, take_lock
 from tasks.training import distributed
-from tasks.checkpoint import ResumePoint, repair_best
-from tasks.storage import copy_directory, remove_stale_temporaries, write_json
+from tasks.checkpoint import ResumePoint, keep_model_only, repair_best
+from tasks.storage import OLD_SUFFIX, copy_directory, disk_use, remove_stale_temporaries, write_json
 from tasks.training.tensorboard import TensorBoard
 
 logger = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ class RunDir:
     ``start`` locks it (``run.lock``: pid and host of the owner) until ``close``.
     ``--overwrite`` moves the previous run's files into ``.replaced-<time>-<pid>/``;
     ``checkpoint_written`` deletes them once the new run has its first
-    checkpoint, and ``close(failed=True)`` before that puts them back.
+    checkpoint, and ``close(error)`` before that puts them back.
     """
 
     def __init__(self, path: str | os.PathLike, writer: bool = True) -> None:
@@ -80,6 +80,7 @@ class RunDir:
         self.writer = writer
         self.replaced: Path | None = None
         self.report_to: tuple[str, ...] = ()  # --report-to, set by ``record``
+        self.log = LogFile()  # train.log: the command's (tasks.logs.log_to), or this run's own from Python
         self.tensorboard: TensorBoard | None = None
 
     def start(self, cfg: Any, *, resume: ResumePoint | None = None, overwrite: bool = False) -> None:
@@ -102,7 +103,7 @@ class RunDir:
         if message is not None:
             raise FileExistsError(message)
         if self.writer:
-            open_log(self.path)
+            self.log = open_log(self.path)
 
     def _prepare(self, resume: ResumePoint | None, overwrite: bool) -> None:
         held = check_kind(self.path, RUN, overwrite=overwrite and resume is None)
@@ -154,10 +155,12 @@ class RunDir:
             logger.info("--overwrite: the previous run (%s) is deleted", self.replaced)
             self.replaced = None
 
-    def close(self, *, failed: bool = False) -> None:
-        """Release the lock; a run that ``failed`` before its first checkpoint puts an overwritten run back."""
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the lock; a run that failed (``error``) before its first checkpoint puts an overwritten run back.
+        A run started from Python closes its train.log, the ``error`` its last line."""
         if not self.writer:
             return
+        failed = error is not None
         if self.tensorboard is not None:
             self.tensorboard.close()
             self.tensorboard = None
@@ -175,6 +178,25 @@ class RunDir:
                            self.path)
             self.replaced = None
         release_lock(self.lock)
+        self.log.close(error)
+
+    def keep_model_only(self) -> int:
+        """--save-only-model, once the run is done: ``last`` (and a ``last.old``) deleted, the optimizer state of
+        every other checkpoint too (tasks.checkpoint.keep_model_only). Returns the bytes freed."""
+        freed = 0
+        for name in ("last", "last" + OLD_SUFFIX):
+            if (self.checkpoints / name).is_dir():
+                freed += disk_use(self.checkpoints / name)
+                shutil.rmtree(self.checkpoints / name)
+        for ckpt in sorted(p for p in self.checkpoints.iterdir() if p.is_dir() and (p / "state.json").is_file()):
+            freed += keep_model_only(ckpt)
+        return freed
+
+    def disk_line(self) -> str:
+        """What the run holds on disk, for its last lines: the whole directory and each checkpoint."""
+        parts = [f"{p.relative_to(self.path)} {size_text(disk_use(p))}" for p in sorted(self.checkpoints.iterdir())
+                 if p.is_dir()] if self.checkpoints.is_dir() else []
+        return f"{self.path} holds {size_text(disk_use(self.path))}" + (f" ({', '.join(parts)})" if parts else "")
 
     def end_epoch(self, record: dict, history: list[dict], improved: bool) -> None:
         """After ``last`` is saved: copy it to ``best`` when the epoch ``improved``, append the record, plot."""

@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING
 from torch.optim.swa_utils import AveragedModel
 
 from tasks.evaluation.metrics import jsonable
+from tasks.logs import score_text
 from tasks.training import lpft
 from tasks.training.progress import RunningSums, progress_logging
 
@@ -69,10 +70,6 @@ def swa_wins(swa_score: float, best_score: float | None) -> bool:
     if not math.isfinite(swa_score):
         return False
     return best_score is None or swa_score > best_score
-
-
-def _fmt(score: float | None) -> str:
-    return "undefined" if score is None else f"{score:.4f}"
 
 
 def swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:
@@ -103,7 +100,7 @@ def run_swa(trainer: Trainer) -> dict:
     trainer.rebuild_optimizer()
     averaged = AveragedModel(trainer.model)
     logger.info("SWA: %d epochs at constant lr %.1e from the best checkpoint (epoch %s, dev overall %s)",
-                cfg.swa_epochs, cfg.swa_lr, best["epoch"], _fmt(best["score"]))
+                cfg.swa_epochs, cfg.swa_lr, best["epoch"], score_text(best["score"]))
     for i in range(cfg.swa_epochs):
         record = swa_epoch(trainer, trainer.total_epochs + i, i)
         averaged.update_parameters(trainer.model)
@@ -124,7 +121,7 @@ def run_swa(trainer: Trainer) -> dict:
     if not used:
         trainer.load_best()
     logger.info("SWA average of %d epochs: dev overall %s vs best epoch %s: %s | predictions from %s",
-                summary["n_averaged"], _fmt(summary["score"]), _fmt(best["score"]),
+                summary["n_averaged"], score_text(summary["score"]), score_text(best["score"]),
                 " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), "SWA" if used else "the best epoch")
     trainer.run_dir.append({"stage": "swa", "swa_model": True, **summary})
     return summary

@@ -89,6 +89,7 @@ from tasks.runtime import (
     rng_state,
     seed_everything,
     set_rng_state,
+    synchronize,
 )
 
 logger = logging.getLogger(__name__)
@@ -372,6 +373,7 @@ class Trainer:
         """
         n = len(plan)
         window, window_seqs, window_steps, t_window = RunningSums(), 0, 0, time.perf_counter()
+        clock_steps, clock_seqs, t_clock = 0, 0, t_window  # the steps not yet given to the run's clock
         bar = tqdm(total=n, initial=start, desc=desc, dynamic_ncols=True,
                    disable=not sys.stderr.isatty() or self.rank > 0, leave=False)
         lr = lr_of(start)
@@ -383,29 +385,38 @@ class Trainer:
                 window.add(terms, share)
                 window_seqs += sequences(batch)
                 window_steps += 1
+                clock_steps, clock_seqs = clock_steps + 1, clock_seqs + sequences(batch)
                 bar.update(1)
-                if (k + 1) % self.cfg.log_every == 0:
+                log_line = (k + 1) % self.cfg.log_every == 0
+                if self.clock is not None and (log_line or self.clock.estimate_due(clock_steps)):
+                    synchronize(self.device)  # the steps' device work is done: their time is real
+                    now = time.perf_counter()
+                    self.clock.trained(clock_steps, clock_seqs, now - t_clock)
+                    clock_steps, clock_seqs, t_clock = 0, 0, now
+                    if self.clock.estimate_due(0):
+                        self.clock.estimated = True
+                        logger.info("estimate after %d steps: the run takes ~%s in all, evaluations included "
+                                    "(the steps left timed by their padded tokens)", self.clock.steps_done,
+                                    duration(self.clock.total()))
+                if log_line:
                     now = time.perf_counter()
                     means = window.means()  # the one device sync per log_every steps
                     seqs = distributed.sum_over_ranks({"seqs": window_seqs})["seqs"]
                     seq_per_s = seqs / max(now - t_window, 1e-9)
-                    first = self.clock is not None and self.clock.trained(window_steps, seqs, now - t_window)
                     logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s%s", desc, k + 1, n, lr,
                                 " | ".join(f"{name} {v:.4f}" for name, v in means.items()), seq_per_s,
                                 f" | {self.clock.line()}" if self.clock is not None else "")
                     if on_log is not None:
                         on_log({**means, "lr": lr, "seq_per_s": seq_per_s})
-                    if first:
-                        logger.info("estimate after %d steps: the run takes ~%s in all, evaluations included",
-                                    window_steps, duration(self.clock.total()))
                     bar.set_postfix(loss=f"{means['loss']:.4f}")
                     window, window_seqs, window_steps, t_window = RunningSums(), 0, 0, now
                 if after_step is not None:
                     after_step()
         finally:
             bar.close()
-        if self.clock is not None and window_steps:  # the steps after the last log line
-            self.clock.trained(window_steps, window_seqs, time.perf_counter() - t_window)
+        if self.clock is not None and clock_steps:  # the steps after the last log line
+            synchronize(self.device)
+            self.clock.trained(clock_steps, clock_seqs, time.perf_counter() - t_clock)
         return lr
 
     def fit(self) -> dict:
@@ -455,7 +466,9 @@ class Trainer:
                     len(plans), "s" if len(plans) > 1 else "", "/".join(str(len(p)) for p in plans.values()), steps,
                     ", ".join(f"{t} {n}" for t, n in per_task.items()), ", ".join(f"{t} {n}" for t, n in dev.items()),
                     " (pairs in both orders)" if cfg.symmetric_eval else "")
-        return RunClock(steps, len(plans), sum(scored(t, n) for t, n in dev.items()),
+        costs = [self.train_sets[stream].padded_tokens(idx) for e, p in plans.items()
+                 for stream, idx in (p[self.step:] if e == self.epoch else p)]
+        return RunClock(costs, len(plans), sum(scored(t, n) for t, n in dev.items()),
                         sum(scored(t, n) for (t, _), n in final.items()))
 
     def _train_epoch(self) -> None:

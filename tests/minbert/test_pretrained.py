@@ -68,6 +68,27 @@ def test_checkpoint_without_pooler_warns(tmp_path, caplog):
     assert "no pooler" in caplog.text
 
 
+def test_a_pooler_the_model_does_not_have_is_no_warning_an_unknown_key_is(tmp_path, caplog):
+    """A checkpoint's pooler loaded into a model built without one is as intended (DEBUG, nothing a user can do);
+    a key the encoder does not have (e.g. a layer beyond its depth) is still a warning naming it."""
+    cfg = tiny_config()
+    d = _write_checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)
+    with caplog.at_level(logging.DEBUG):
+        load_pretrained(d, add_pooling_layer=False)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert "pooler's weights are not used" in caplog.text
+
+    state = BertModel(cfg).state_dict()
+    state["encoder.layer.7.output.dense.bias"] = torch.zeros(cfg.hidden_size)
+    shutil.rmtree(d)
+    d = _write_checkpoint(tmp_path, state, cfg)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        load_pretrained(d, add_pooling_layer=False)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        f"{d}: ignored unexpected keys: encoder.layer.7.output.dense.bias"]
+
+
 def test_missing_directory_is_clear():
     """A wrong path names the path and what a checkpoint directory holds."""
     with pytest.raises(FileNotFoundError, match="no checkpoint directory at .*does-not-exist"):

@@ -118,7 +118,7 @@ def test_objective_runs_on_the_meta_device(name, pair_encoding):
         obj.targets = {t: TaskTargets({f"{t}-{i}": i for i in range(N)}, x, [])
                        for t, x in (("sst", torch.rand(N, 5, generator=g).softmax(-1)),
                                     ("para", torch.rand(N, generator=g)), ("sts", torch.rand(N, generator=g) * 5))}
-    opt = AdamW([*model.parameters(), *obj.parameters()], lr=1e-3, weight_decay=0.01, fused=True)
+    opt = AdamW([*model.parameters(), *obj.parameters()], lr=1e-3, weight_decay=0.01, decay="before", fused=True)
     streams = [s for s in ("sst", "para", "sts", "nli") if obj.applies_to(s)]
     if pair_encoding == "cross":
         streams = [s for s in streams if s != "nli"]  # the NLI stream feeds Siamese triplets only

@@ -85,7 +85,7 @@ def test_duration_reads_as_a_person_would():
 def test_run_clock_adds_the_steps_and_evaluations_left(monkeypatch):
     """Remaining = steps left at the measured time per step + the evaluations still to come at the measured time
     per scored sequence (before one is measured: a third of the training time per sequence)."""
-    clock = progress.RunClock(steps_left=100, evals_left=2, eval_sequences=50, final_sequences=200)
+    clock = progress.RunClock(100, evals_left=2, eval_sequences=50, final_sequences=200)  # 100 steps alike
     assert math.isnan(clock.remaining()) and "left" not in clock.line()
     clock.trained(steps=10, sequences=300, seconds=20.0)  # 2 s a step, 1/15 s a sequence
     assert clock.remaining() == pytest.approx(90 * 2.0 + (2 * 50 + 200) * (20.0 / 300 / 3))
@@ -93,6 +93,24 @@ def test_run_clock_adds_the_steps_and_evaluations_left(monkeypatch):
     assert clock.remaining() == pytest.approx(90 * 2.0 + (1 * 50 + 200) * 0.2)
     monkeypatch.setattr(progress.time, "perf_counter", lambda: clock.start + 65)
     assert clock.line() == "elapsed 1m05s, left ~3m50s"
+
+
+def test_run_clock_times_the_steps_left_by_their_cost_and_estimates_after_ten():
+    """Issue 41: an estimate after 50 steps said ~15m31s of a run that took 18m33s, its first steps no fair sample
+    of batches whose lengths vary. Each step left is timed by its cost (padded tokens, known from the plan), so a
+    run of 10 short then 90 long steps is estimated right after the first 10; timed per step it would be 5x off.
+    The first estimate is due after ESTIMATE_AFTER steps (or all of them, in a shorter run), once."""
+    costs = [100.0] * 10 + [500.0] * 90
+    now = [0.0]
+    clock = progress.RunClock(costs, evals_left=0, eval_sequences=0, final_sequences=0, now=lambda: now[0])
+    assert not clock.estimate_due(9) and clock.estimate_due(10) and progress.ESTIMATE_AFTER == 10
+    now[0] = 10 * 0.01 * 100  # 0.01 s a token
+    clock.trained(10, 320, now[0])
+    assert clock.total() == pytest.approx(sum(costs) * 0.01)
+    assert clock.total() != pytest.approx(100 * now[0] / 10, rel=0.5)  # what a time per step would say
+    clock.estimated = True
+    assert not clock.estimate_due(1)
+    assert progress.RunClock([1.0] * 4, 0, 0, 0).estimate_after == 4
 
 
 def test_runs_clock_learns_its_rate_from_the_runs_it_ran_and_weighs_them_by_cost(monkeypatch):

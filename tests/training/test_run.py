@@ -10,7 +10,10 @@ the same metrics.jsonl records (timing fields aside) and the same prediction fil
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -41,7 +44,7 @@ def _rows(path: Path) -> list[str]:
 def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tmp_path, caplog):
     """run() reloads the best checkpoint and writes every task's dev and test files; the missing Quora test is skipped."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
-    caplog.set_level("WARNING")
+    caplog.set_level("INFO")
     summary = run(cfg)
     pred = tmp_path / "run" / "predictions"
     names = sorted(p.name for p in pred.iterdir())
@@ -52,8 +55,101 @@ def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tm
     assert _rows(pred / "sts-dev-output.csv")[0] == "id \t Predicted_Similiary "  # sic, the CS224N starter's
     assert any("para test" in s for s in summary["skipped"])
     assert "quora-test-student.csv" in caplog.text
+    assert len([r for r in caplog.records if "para" in r.getMessage() and "test" in r.getMessage()
+                and r.levelno >= logging.WARNING]) == 1  # warned once
+    assert re.search(r"best epoch 1 \(dev overall (\d\.\d{4}|undefined)\)", caplog.text)
+    assert not re.findall(r"\d\.\d{5,}", caplog.text)  # scores and times with 4 digits at most
     final = json.loads((tmp_path / "run" / "metrics.jsonl").read_text().splitlines()[-1])
     assert final["final"] and set(final["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
+
+
+def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path, monkeypatch):
+    """Issue 41: run() from Python wrote no train.log. It writes one, the progress and results included though the
+    root logger is at WARNING (a script that set up no logging), the error that ended a failed run its last line;
+    the caller's logging is as it was after either."""
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # pytest's capture set aside: a bare script
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
+    text = (tmp_path / "run" / "train.log").read_text()
+    assert " I tasks.training.trainer: epoch 1 done" in text and "I tasks.training.run: done: wall time" in text
+    assert root.handlers == [] and logging.getLogger("tasks").level == logging.NOTSET
+
+    class Broken(Hook):
+        def on_epoch_end(self, trainer, record):
+            raise RuntimeError("a hook's bug")
+
+    with pytest.raises(RuntimeError):
+        run(tiny_train_config(tiny_env, tmp_path / "failed", epochs=1), hooks=[Broken()])
+    last = (tmp_path / "failed" / "train.log").read_text().splitlines()[-1]
+    assert last.endswith("E tasks: failed: RuntimeError: a hook's bug")
+    assert root.handlers == [] and logging.getLogger("tasks").level == logging.NOTSET
+
+
+def test_save_only_model_keeps_the_model_alone_and_the_log_says_the_disk_use(tiny_env, tmp_path, caplog):
+    """Issue 41: every run kept best and last, each with weights and optimizer state, and nothing said so. The log
+    ends with the run's disk use; --save-only-model deletes last and the optimizer state at the end, the best
+    model still evaluates to the same predictions, and a resume is refused naming why."""
+    from tasks.evaluation.evaluator import evaluate_checkpoint
+
+    caplog.set_level("INFO")
+    full = tmp_path / "full"
+    run(tiny_train_config(tiny_env, full, epochs=1))
+    disk = [r.getMessage() for r in caplog.records if r.getMessage().startswith("disk: ")]
+    assert re.fullmatch(rf"disk: {full} holds \d+ [kM]B \(checkpoints/best \d+ [kM]B, checkpoints/last \d+ [kM]B\); "
+                        r"--save-only-model keeps the model alone", disk[-1]), disk
+    lean = tmp_path / "lean"
+    run(tiny_train_config(tiny_env, lean, epochs=1, save_only_model=True))
+    assert sorted(p.name for p in (lean / "checkpoints").iterdir()) == ["best"]
+    assert not list((lean / "checkpoints" / "best").glob("optimizer*"))
+    said = [r.getMessage() for r in caplog.records]
+    assert re.fullmatch(r"--save-only-model: checkpoints/last and the optimizer state deleted \(\d+ [kM]B freed\); "
+                        r"the run can be evaluated \(--eval-only\), no longer resumed", said[-3]), said[-3]
+    assert re.fullmatch(rf"disk: {lean} holds \d+ [kM]B \(checkpoints/best \d+ [kM]B\)", said[-2]), said[-2]
+    for name in ("sst-dev-logits.csv", "sts-test-output.csv"):
+        assert (lean / "predictions" / name).read_bytes() == (full / "predictions" / name).read_bytes()
+    shutil.rmtree(lean / "predictions")
+    evaluate_checkpoint(lean / "checkpoints" / "best")
+    assert (lean / "predictions" / "sst-dev-logits.csv").read_bytes() == (
+        full / "predictions" / "sst-dev-logits.csv").read_bytes()
+    with pytest.raises(ValueError, match="keeps the model alone"):
+        run(tiny_train_config(tiny_env, lean, epochs=2), resume_from=lean / "checkpoints" / "last")
+
+
+def test_the_estimate_from_the_plans_tokens_meets_the_runs_time_on_a_fake_clock(tiny_env, tmp_path, monkeypatch,
+                                                                               caplog):
+    """Issue 41: the estimate came after 50 steps (never, in a smoke run) and timed every step alike. On a clock
+    where a training step takes 0.1 s a padded token and an evaluation 0.02 s a scored example, the estimate
+    given after 10 steps (before the first progress line, log_every being 50; epochs of 9 steps, so the first
+    dev evaluation is timed by then) is the run's actual time."""
+    from tasks.evaluation.evaluator import Evaluator
+
+    now = [1000.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    step, evaluate = trainer_mod.Trainer.train_step, Evaluator.evaluate
+
+    def timed_step(self, stream, batch, lr, share=1):
+        now[0] += 0.1 * sum(v.numel() for k, v in batch.items() if k.startswith("input_ids"))
+        return step(self, stream, batch, lr, share)
+
+    def timed_evaluate(self, model, datasets):
+        now[0] += 0.02 * sum(len(d) for d in datasets.values())
+        return evaluate(self, model, datasets)
+
+    monkeypatch.setattr(trainer_mod.Trainer, "train_step", timed_step)
+    monkeypatch.setattr(Evaluator, "evaluate", timed_evaluate)
+    caplog.set_level("INFO")
+    start = now[0]
+    run(tiny_train_config(tiny_env, tmp_path / "run", epochs=3, log_every=50, symmetric_eval=False, limit=24))
+    actual = now[0] - start
+    said = [r.getMessage() for r in caplog.records]
+    (estimate,) = [x for x in said if x.startswith("estimate after ")]
+    first_progress = next((i for i, x in enumerate(said) if " step " in x and " | lr " in x), len(said))
+    assert said.index(estimate) < first_progress
+    seconds = re.fullmatch(r"estimate after 10 steps: the run takes ~(\d+)m(\d\d)s in all, evaluations included "
+                           r"\(the steps left timed by their padded tokens\)", estimate)
+    assert seconds, estimate
+    assert int(seconds[1]) * 60 + int(seconds[2]) == pytest.approx(actual, abs=1.0), (estimate, actual)
 
 
 @pytest.mark.parametrize("final_dev", ["full", "capped"])
@@ -69,12 +165,14 @@ def test_final_dev_full_or_capped(tiny_env, tmp_path, final_dev):
 
 
 def test_final_log_line_says_what_dev_was_scored_on():
-    """Under --limit the final line must not claim the full dev sets (it used the first N rows)."""
+    """Under --limit the final line must not claim the full dev sets, nor 64 rows of a 40-row file: it names the
+    rows each task scored."""
     from tasks.training.run import final_dev_scope
 
-    assert final_dev_scope(TrainConfig()) == "full sets"
-    assert final_dev_scope(TrainConfig(final_dev="capped")) == "capped subsets"
-    assert "--limit" in final_dev_scope(TrainConfig(limit=64)) and "full" not in final_dev_scope(TrainConfig(limit=64))
+    rows = {"sst": 40, "para": 64}
+    assert final_dev_scope(TrainConfig(), rows) == "full sets"
+    assert final_dev_scope(TrainConfig(final_dev="capped"), rows) == "capped subsets: sst 40, para 64 rows"
+    assert final_dev_scope(TrainConfig(limit=64), rows) == "--limit 64: sst 40, para 64 rows"
 
 
 # ---- crash windows ---------------------------------------------------------------------------------------
