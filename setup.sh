@@ -10,13 +10,17 @@ cd "$(dirname "$0")"
 
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
+  echo "setup.sh: creating the virtualenv .venv"
   "$PYTHON" -m venv .venv
 fi
 PIP=".venv/bin/python -m pip"
 # torch first and pinned (its build: requirements.txt says how to get the CPU one).
+echo "setup.sh: installing torch 2.13.0 (minutes on a first install: a large download)"
 $PIP install -q torch==2.13.0
+echo "setup.sh: installing the pinned requirements and the test references (transformers, sentence-transformers, ...)"
 $PIP install -q -r requirements.txt -r requirements-test.txt
 # the project itself, editable: minbert and tasks import from anywhere; experiments/ and benchmarks/ run from the checkout (python -m ...)
+echo "setup.sh: installing this checkout (editable)"
 $PIP install -q --no-deps -e .
 
 DATA_SRC=${MINBERT_DATA:-../shared/data}

@@ -9,6 +9,7 @@ and train_multitask.py.
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tasks.objectives import REGISTRY, import_all
@@ -400,3 +401,37 @@ def test_no_test_file_imports_another_test_module():
             found += [f"{path.relative_to(ROOT)}:{node.lineno} {n}" for n in names
                       if n.startswith("tests.") and n.split(".")[-1].startswith("test_")]
     assert found == []
+
+
+# ---- the README as a newcomer follows it ----------------------------------------------------------------------------
+
+
+def _readme_commands() -> list[str]:
+    """The command lines of README.md's bash blocks (comments and continuation lines joined away)."""
+    blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
+    lines = [line.split("  #")[0].strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+def test_the_readmes_commands_run_as_written_after_its_set_up_line():
+    """Issue 41: the results table's bare `python ...` and `tensorboard --logdir runs` failed in a fresh clone
+    (nothing says to activate .venv). Every command of the README runs the checkout's .venv (or is setup.sh, or
+    pipes into one that does), and a tool it names is one the README says how to install."""
+    commands = _readme_commands()
+    assert len(commands) > 15
+    bare = [c for c in commands if not re.match(r"(bash setup\.sh|.* \| \.venv/bin/|\.venv/bin/)", c)]
+    assert bare == []
+    installed = {m for m in re.findall(r"\.venv/bin/(\w+)", " ".join(commands))} - {"python", "torchrun"}
+    assert installed == set()  # any other tool needs its own install line in the README's text
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "`.venv/bin/pip install tensorboard`, then `.venv/bin/tensorboard --logdir runs`" in text
+    # a command named in the text (`python -m tasks.ensemble`, a table's) runs as the README says right after set-up
+    assert "Every command here runs with `.venv/bin/python` (or `source .venv/bin/activate` once, then `python`)" in text
+
+
+def test_setup_says_what_it_is_doing_before_each_long_step():
+    """Issue 41: setup.sh was silent for ~2 minutes. Each install (and the virtualenv) is announced first."""
+    lines = (ROOT / "setup.sh").read_text().splitlines()
+    long_steps = [i for i, line in enumerate(lines) if re.search(r"-m venv|\$PIP install", line)]
+    assert len(long_steps) == 4
+    assert all(lines[i - 1].strip().startswith('echo "setup.sh: ') for i in long_steps), [lines[i] for i in long_steps]
