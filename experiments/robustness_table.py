@@ -318,7 +318,8 @@ def main(argv: list[str] | None = None) -> dict:
     src = Path(args.data_dir).resolve()  # runs start in the repository root: paths must not depend on the caller's
     if not src.is_dir():
         ap.error(f"--data-dir {src}: no such directory (run setup.sh, or point it at the CS224N CSV files)")
-    sweep = Sweep(Path(args.out_dir).resolve(), threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
+    sweep = Sweep(Path(args.out_dir).resolve(), threads=args.threads, force=args.force, dry_run=args.dry_run,
+                  jobs=args.jobs)
     t0 = time.perf_counter()
     run_cells(sweep, args.budget, args.methods, args.conditions, args.seeds, src)
     if args.dry_run:

@@ -83,24 +83,29 @@ class TrainConfig:
 
     # -- data --
     data_dir: str = option("data", "directory of the CS224N CSV files (data/README.md)", group="data", metavar="DIR")
-    out_dir: str = option("runs/default", "the run directory (what it holds: README 'Training')", group="data", metavar="DIR")
-    tasks: tuple[str, ...] = option(TASKS, "tasks to train and evaluate (paper §4.1: all three)", group="data", choices=TASKS, nargs="+")
+    out_dir: str = option("runs/default", "the run directory (what it holds: README 'Training')", group="data",
+                          metavar="DIR")
+    tasks: tuple[str, ...] = option(TASKS, "tasks to train and evaluate (paper §4.1: all three)", group="data",
+                                    choices=TASKS, nargs="+")
     nli: bool = option(False, "add the nli-train.csv triplet stream (paper §4.2 'Additional AllNLI data'); it has no "
                        "head loss, only its objectives train on it (B1: MNR)", group="data", negatable=True)
     limit: int | None = option(None, "read at most N examples of every split of every task and NLI (smoke runs); "
                                "at least the batch size", group="data", metavar="N")
-    max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)", group="data", metavar="T")
+    max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)",
+                             group="data", metavar="T")
     max_train_examples: dict[str, int] = option(
         help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is the largest "
              "set; all of it every epoch does not fit the CPU budget: experiments/RESULTS.md); STREAM=N or "
-             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000}, group="data", keys=STREAMS, metavar="STREAM=N")
+             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000}, group="data", keys=STREAMS,
+             metavar="STREAM=N")
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
         factory=lambda: {"para": 3000}, group="data", keys=STREAMS, metavar="TASK=N")
     train_subsets: str = option("cycle", "how a capped stream's examples are chosen each epoch: fresh = a new "
                                 "random subset every epoch (examples may repeat before all were seen); cycle = the "
-                                "next examples of one shuffled pass, so none repeats before all were seen", group="data", choices=SUBSETS)
+                                "next examples of one shuffled pass, so none repeats before all were seen",
+                                group="data", choices=SUBSETS)
     pair_swap: float = option(0.0, "probability that a training pair (Quora, STS) is shown as (b, a) instead of "
                               "(a, b): order augmentation, not in the paper; 0 = off", group="data", metavar="P")
     symmetric_eval: bool = option(True, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
@@ -115,21 +120,27 @@ class TrainConfig:
     sst_prior: float = option(0.5, "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
                               "regression on a frozen sentence encoder's embeddings of the SST training "
                               "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
-                              "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off", group="data", metavar="W")
+                              "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off", group="data",
+                              metavar="W")
     sst_prior_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
-                                         "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is", group="data", metavar="DIR")
+                                         "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is",
+                                         group="data", metavar="DIR")
     sst_phrases: str | None = option(None, "a file of labelled SST phrases in the SST training file's format "
                                      "(data/sst-phrases-train.csv: the treebank's sub-sentence phrases of the "
                                      "training trees; a name in --data-dir or a path), trained through the SST head as "
                                      "a stream of their own beside the sentences (Socher et al. 2013 train on every "
                                      "phrase); not in the minBERT paper; default: none", group="data", metavar="FILE")
     sst_phrases_per_epoch: int = option(8544, "with --sst-phrases: phrases trained an epoch, the next ones of a "
-                                        "seeded shuffle of the file (as --train-subsets says)", group="data", metavar="N")
-    sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)", group="data", metavar="N")
-    sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data", metavar="W")
+                                        "seeded shuffle of the file (as --train-subsets says)", group="data",
+                                        metavar="N")
+    sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)",
+                                        group="data", metavar="N")
+    sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data",
+                                       metavar="W")
     sst_phrases_order: str = option("mixed", "with --sst-phrases: mixed = phrase batches shuffled among the epoch's "
                                     "other batches (as --schedule says); first = each epoch trains its phrase "
-                                    "batches first, then the rest, so it ends on whole sentences", group="data", choices=PHRASE_ORDERS)
+                                    "batches first, then the rest, so it ends on whole sentences", group="data",
+                                    choices=PHRASE_ORDERS)
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)", group="data", choices=FINAL_DEV)
@@ -146,31 +157,42 @@ class TrainConfig:
     objectives: dict[str, dict[str, Any]] = option(help="objective name -> its Config overrides", factory=dict)
 
     # -- optimization --
-    epochs: int = option(3, "training epochs (paper: 10 for ablations, 20 for the final models, §5.3)", group="optimization", metavar="N")
+    epochs: int = option(3, "training epochs (paper: 10 for ablations, 20 for the final models, §5.3)",
+                         group="optimization", metavar="N")
     batch_size: int = option(32, "examples per batch in every stream (paper: 16, §4.4); under torchrun the global "
-                             "batch, split evenly over the processes (a multiple of their number)", group="optimization", metavar="B")
+                             "batch, split evenly over the processes (a multiple of their number)",
+                             group="optimization", metavar="B")
     task_batch_size: dict[str, int] = option(help="per-stream batch size overrides (not with --schedule even, whose "
-                                             "batches are all one size, §4.2)", factory=dict, group="optimization", keys=STREAMS, metavar="STREAM=B")
+                                             "batches are all one size, §4.2)", factory=dict, group="optimization",
+                                             keys=STREAMS, metavar="STREAM=B")
     eval_batch_size: int = option(128, "examples per batch at evaluation", group="optimization", metavar="B")
     schedule: str = option("even", "which stream's batch comes next: sequential (the CS224N starter, the paper's "
-                           "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)", group="optimization", choices=SCHEDULES)
+                           "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)",
+                           group="optimization", choices=SCHEDULES)
     loss_weights: dict[str, float] = option(help="per-stream loss factors, missing = 1 (paper §4.2 loss rescaling: "
-                                            "para=0.1); updates the preset's", factory=dict, group="optimization", keys=STREAMS, metavar="STREAM=W")
-    lr: float = option(1e-4, "peak AdamW learning rate (paper: 1e-5, §4.1 and §4.5)", group="optimization", metavar="LR")
+                                            "para=0.1); updates the preset's", factory=dict, group="optimization",
+                                            keys=STREAMS, metavar="STREAM=W")
+    lr: float = option(1e-4, "peak AdamW learning rate (paper: 1e-5, §4.1 and §4.5)", group="optimization",
+                       metavar="LR")
     lr_schedule: str = option("warmup_linear", "constant; epoch_decay = lr - lr_decay x epoch (paper §4.5); "
-                              "warmup_linear = linear warmup, then linear decay to 0 over all steps (BERT's)", group="optimization", choices=LR_SCHEDULES)
+                              "warmup_linear = linear warmup, then linear decay to 0 over all steps (BERT's)",
+                              group="optimization", choices=LR_SCHEDULES)
     lr_decay: float = option(4e-7, "with --lr-schedule epoch_decay: subtracted from the lr each epoch "
                              "(paper: 4e-7, §4.5)", group="optimization", metavar="DECAY")
-    warmup: float = option(0.1, "with --lr-schedule warmup_linear: fraction of all steps spent warming up", group="optimization", metavar="FRACTION")
+    warmup: float = option(0.1, "with --lr-schedule warmup_linear: fraction of all steps spent warming up",
+                           group="optimization", metavar="FRACTION")
     weight_decay: float = option(0.01, "AdamW decoupled weight decay, never on biases or LayerNorm "
                                  "(paper §6: it did not help; presets use 0)", group="optimization", metavar="DECAY")
     layer_lr_decay: float = option(1.0, "layer-wise lr decay (not in the paper; Sun et al. 2019 §5.3, ULMFiT's "
                                    "discriminative fine-tuning): encoder layer i of L (0 = the lowest) trains at "
-                                   "lr x this^(L-1-i), the embeddings at lr x this^L; 1 = one lr for all", group="optimization", metavar="FACTOR")
+                                   "lr x this^(L-1-i), the embeddings at lr x this^L; 1 = one lr for all",
+                                   group="optimization", metavar="FACTOR")
     head_lr_scale: float = option(1.0, "the heads (and objectives' own parameters) train at lr x this; the "
                                   "encoder at lr", group="optimization", metavar="FACTOR")
-    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)", group="optimization", metavar="NORM")
-    seed: int = option(0, "seed of python, numpy and torch and of the batch order", group="optimization", metavar="SEED")
+    grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)",
+                              group="optimization", metavar="NORM")
+    seed: int = option(0, "seed of python, numpy and torch and of the batch order", group="optimization",
+                       metavar="SEED")
 
     # -- stages and post-training (tasks/training/lpft.py, tasks/training/swa.py) --
     lp_epochs: int = option(0, "LP-FT (paper §4.2): N epochs training only the heads (encoder frozen and in eval "
@@ -184,7 +206,8 @@ class TrainConfig:
                              "each epoch end (torch.optim.swa_utils.AveragedModel; LayerNorm only, so no BN "
                              "update); saved as checkpoints/swa and used for the predictions when its dev score "
                              "beats the best epoch's; 0 = off", group="stages", metavar="N")
-    swa_lr: float = option(1e-5, "constant learning rate of the SWA epochs (paper §4.6: 1e-5); needs --swa-epochs", group="stages", metavar="LR")
+    swa_lr: float = option(1e-5, "constant learning rate of the SWA epochs (paper §4.6: 1e-5); needs --swa-epochs",
+                           group="stages", metavar="LR")
     predict_train: bool = option(False, "also write predictions/{task}-train-logits.csv on the whole training sets: "
                                  "the soft targets that --distill-teachers reads (paper §4.6 knowledge "
                                  "distillation); with --eval-only, from a saved model", group="stages")
@@ -192,7 +215,8 @@ class TrainConfig:
     # -- runtime --
     device: str = option("auto", "auto (cuda when available), cpu, cuda, cuda:N", group="runtime", metavar="DEVICE")
     bf16: bool | None = option(None, "bf16 autocast; default: on for CUDA with bf16 and on CPUs with native bf16 "
-                               "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)", group="runtime")
+                               "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)",
+                               group="runtime")
     compile: bool = option(False, "torch.compile the encoder", group="runtime")
     deterministic: bool = option(False, "torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG="
                                  ":4096:8 when unset): on CUDA, what makes --resume repeat a run bit for bit (same "
@@ -206,7 +230,8 @@ class TrainConfig:
                                "same update up to float rounding, not bit for bit, as the foreach path that "
                                "--no-fused-adamw selects)", group="runtime")
     report_to: tuple[str, ...] = option((), "also write the log lines' and epochs' metrics for: tensorboard "
-                                        "(event files in <out-dir>/tensorboard; pip install tensorboard)", group="runtime", choices=REPORTERS, nargs="+")
+                                        "(event files in <out-dir>/tensorboard; pip install tensorboard)",
+                                        group="runtime", choices=REPORTERS, nargs="+")
     log_every: int = option(50, "one log line (every loss term, lr, seq/s) every N steps (the only time losses are "
                             "read back from the device)", group="runtime", metavar="N")
     checkpoint_every: int = option(0, "also write checkpoints/last every N steps mid-epoch (0 = epoch ends only)",
@@ -508,7 +533,8 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
 
 
 __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "TrainConfig", "check_eval_changes",
-           "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides", "refuse_idle_settings")
+           "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides",
+           "refuse_idle_settings")
 
 
 # ---- presets ----
