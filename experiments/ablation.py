@@ -249,12 +249,10 @@ def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
     results: dict[str, dict[int, dict]] = {}
     for row in ROWS:
         for seed in seeds:
-            run_dir = sweep.root / row / f"seed{seed}"
-            record = final_record(run_dir)
-            if record is None:
+            finished = sweep.finished(f"{row}/seed{seed}")
+            if finished is None:
                 continue
-            marker = run_dir / "sweep.json"
-            wall = json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
+            record, wall = finished
             results.setdefault(row, {})[seed] = {**scores(record), "wall_s": wall}
             if row == "knn_bert" and record.get("knn"):
                 results.setdefault("knn_bert_vote", {})[seed] = {**knn_vote_scores(record), "wall_s": wall}

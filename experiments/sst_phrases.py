@@ -34,7 +34,7 @@ import time
 
 from tasks.cli import Parser
 from experiments.stats import cell, change_cell
-from experiments.sweep import Sweep, final_record, fmt, markdown_table
+from experiments.sweep import Sweep, fmt, markdown_table
 
 BASE = ["--tasks", "sst", "--sst-prior", "0"]
 PHRASES = [*BASE, "--sst-phrases", "sst-phrases-train.csv"]
@@ -62,12 +62,10 @@ def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
     results: dict[str, dict[int, dict]] = {}
     for row in NAMES:
         for seed in seeds:
-            run_dir = sweep.root / row / f"seed{seed}"
-            record = final_record(run_dir)
-            if record is None:
+            finished = sweep.finished(f"{row}/seed{seed}")
+            if finished is None:
                 continue
-            marker = run_dir / "sweep.json"
-            wall = json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
+            record, wall = finished
             results.setdefault(row, {})[seed] = {"sst_acc": record["dev"]["sst_acc"], "wall_s": wall}
     return results
 

@@ -200,6 +200,16 @@ class Sweep:
             say(f"[{name}] made with other settings ({', '.join(changed)}): training it again")
         return bool(changed)
 
+    def finished(self, name: str) -> tuple[dict, float | None] | None:
+        """(the final record, the wall seconds its ``sweep.json`` holds, or None) of the run ``<root>/<name>``;
+        None while it has no final record. What an experiment's table reads, never starting anything."""
+        run_dir = self.root / name
+        record = final_record(run_dir)
+        if record is None:
+            return None
+        marker = run_dir / "sweep.json"
+        return record, json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
+
     def train(self, name: str, flags: Sequence[str]) -> tuple[dict, float]:
         """One training run (fresh, ``--overwrite``; resumed when cut short); returns (its final record, wall s)."""
         run_dir = self.root / name

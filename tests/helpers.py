@@ -461,3 +461,16 @@ def labeled_batch(task: str, pair_encoding: str = "siamese") -> dict[str, torch.
                        "para": torch.tensor([0.0, 1.0, 1.0, 0.0, 1.0, 0.0]),
                        "sts": torch.linspace(0.0, 5.0, OBJECTIVE_B)}[task]
     return batch
+
+
+def mlm_batch(n: int = 400, t: int = 40, vocab: int = 1000, seed: int = 0) -> torch.Tensor:
+    """Token ids for the MLM tests: [CLS] tokens [SEP] [PAD]... (ids 0..4 are PAD, UNK, CLS, SEP, MASK, as in
+    write_vocab_dir), random lengths, token ids 5..vocab-1, one [UNK] in the first row."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab, (n, t), generator=g)
+    lengths = torch.randint(3, t + 1, (n,), generator=g)
+    for i, length in enumerate(lengths.tolist()):
+        ids[i, 0], ids[i, length - 1] = 2, 3
+        ids[i, length:] = 0
+    ids[0, 1] = 1
+    return ids

@@ -166,3 +166,17 @@ def test_a_sweep_says_its_plan_and_after_each_run_how_far_it_is(tmp_path, capsys
                 r"2/3 runs done \(2 reused\) \| elapsed \d+s",
                 r"3/3 runs done \(2 reused\) \| wall time \d+s"]
     assert len(out) == len(expected) and all(re.fullmatch(r"\[sweep\] " + e, x) for e, x in zip(expected, out)), out
+
+
+def test_finished_reads_a_runs_final_record_and_wall_time_and_starts_nothing(tmp_path):
+    """What the experiments' tables read: (final record, sweep.json's wall_s), None before a final record."""
+    sweep = Sweep(tmp_path)
+    run = tmp_path / "row" / "seed0"
+    run.mkdir(parents=True)
+    assert sweep.finished("row/seed0") is None
+    (run / "metrics.jsonl").write_text(json.dumps({"epoch": 1}) + "\n")
+    assert sweep.finished("row/seed0") is None  # an epoch record is not the end
+    (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"sst_acc": 0.5}}) + "\n")
+    assert sweep.finished("row/seed0") == ({"final": True, "dev": {"sst_acc": 0.5}}, None)
+    (run / "sweep.json").write_text(json.dumps({"argv": [], "wall_s": 12.5}))
+    assert sweep.finished("row/seed0")[1] == 12.5

@@ -14,22 +14,10 @@ from minbert.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, masked_position
 from minbert.pretrained import read_state_dict
 from minbert.tokenizer import BertTokenizer
 from tasks.training.mlm import mask_tokens, save_mlm_checkpoint
-from tests.helpers import hf_config_dict, tiny_config, write_hf_checkpoint, write_vocab_dir
+from tests.helpers import hf_config_dict, mlm_batch, tiny_config, write_hf_checkpoint, write_vocab_dir
 
 PAD, UNK, CLS, SEP, MASK = range(5)
 META = torch.device("meta")
-
-
-def _batch(n=400, t=40, vocab=1000, seed=0):
-    """[CLS] tokens [SEP] [PAD]..., random lengths; token ids 5..vocab-1."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (n, t), generator=g)
-    lengths = torch.randint(3, t + 1, (n,), generator=g)
-    for i, L in enumerate(lengths.tolist()):
-        ids[i, 0], ids[i, L - 1] = CLS, SEP
-        ids[i, L:] = PAD
-    ids[0, 1] = UNK
-    return ids
 
 
 def test_loss_counts_masked_positions_only():
@@ -49,7 +37,7 @@ def test_loss_counts_masked_positions_only():
 def test_masked_only_head_equals_full_logits_loss():
     """masked_lm_loss (head on masked rows only) equals mlm_loss over the full (B, T, V) logits."""
     mlm = BertForMaskedLM(BertModel(tiny_config())).eval()
-    ids = _batch(n=4, t=12, vocab=99)
+    ids = mlm_batch(n=4, t=12, vocab=99)
     masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=99, special_ids=[0, 1, 2, 3, 4],
                                  generator=torch.Generator().manual_seed(0))
     am = (ids != PAD).long()

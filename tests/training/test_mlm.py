@@ -20,27 +20,15 @@ from tasks.training.mlm import (
     pretrain,
     save_mlm_checkpoint,
 )
-from tests.helpers import tiny_config, write_vocab_dir
+from tests.helpers import mlm_batch, tiny_config, write_vocab_dir
 
 PAD, UNK, CLS, SEP, MASK = range(5)
 META = torch.device("meta")
 
 
-def _batch(n=400, t=40, vocab=1000, seed=0):
-    """[CLS] tokens [SEP] [PAD]..., random lengths; token ids 5..vocab-1."""
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(5, vocab, (n, t), generator=g)
-    lengths = torch.randint(3, t + 1, (n,), generator=g)
-    for i, L in enumerate(lengths.tolist()):
-        ids[i, 0], ids[i, L - 1] = CLS, SEP
-        ids[i, L:] = PAD
-    ids[0, 1] = UNK
-    return ids
-
-
 def test_masking_rate_and_never_specials():
     """About 15% of ordinary tokens are chosen; [CLS]/[SEP]/[PAD]/[UNK] never are, and stay unchanged."""
-    ids = _batch()
+    ids = mlm_batch()
     g = torch.Generator().manual_seed(1)
     masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[PAD, UNK, CLS, SEP, MASK],
                                  generator=g)
@@ -56,7 +44,7 @@ def test_masking_rate_and_never_specials():
 
 def test_80_10_10_rule():
     """Of the chosen tokens ~80% become [MASK], ~10% a random non-special token, ~10% stay as they were."""
-    ids = _batch(n=4000)  # ~11,000 chosen tokens: the 10% shares have a standard deviation of 0.003
+    ids = mlm_batch(n=4000)  # ~11,000 chosen tokens: the 10% shares have a standard deviation of 0.003
     g = torch.Generator().manual_seed(2)
     masked, labels = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[PAD, UNK, CLS, SEP, MASK],
                                  generator=g)
@@ -73,7 +61,7 @@ def test_80_10_10_rule():
 
 def test_masking_is_seeded_and_never_empty():
     """The same generator seed gives the same masks; a batch of tiny sentences still gets one masked token."""
-    ids = _batch()
+    ids = mlm_batch()
     a = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[0, 1, 2, 3, 4],
                     generator=torch.Generator().manual_seed(3))
     b = mask_tokens(ids, mask_token_id=MASK, vocab_size=1000, special_ids=[0, 1, 2, 3, 4],
