@@ -20,10 +20,18 @@ over the seeds, its change against ``base`` paired by seed (Δ ± SE, starred wh
 experiments/stats.py) and the mean wall seconds of a run. A finished run is reused and a run cut short
 resumes (experiments/sweep.py), so the same command again continues where it stopped.
 
+``--full ROW`` then confirms a row on the whole recipe: the default multitask run (``default``) against the
+default plus the row's own flags (its ``--tasks sst --sst-prior 0`` left out), seed by seed in
+``<out-dir>/full/<arm>/seed<k>``, with the dev scores of the three tasks and their overall, the change of each
+paired by seed, and the wall seconds of a run. With ``--jobs 2`` the two arms of a seed run side by side, so
+their seconds are measured under the same load.
+
 Usage:
     python -m experiments.sst_phrases --out-dir runs/sst-phrases --jobs 2 --threads 1 [--seeds 0 1 ...] [--only ROW ...]
+    python -m experiments.sst_phrases --out-dir runs/sst-phrases --jobs 2 --threads 1 --seeds 0 1 2 3 --full w0.5
 
-Writes ``<out-dir>/sst_phrases.json`` and ``sst_phrases.md`` (the table).
+Writes ``<out-dir>/sst_phrases.json`` and ``sst_phrases.md`` (the table); with ``--full``, ``full.json`` and
+``full.md``.
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ ROWS = [
     ("llrd", "no phrases, layer-wise lr decay 0.9", [*BASE, "--layer-lr-decay", "0.9"]),
 ]
 NAMES = [name for name, _, _ in ROWS]
+METRICS = ("sst_acc", "para_acc", "sts_r", "overall")
 LABELS = {name: label for name, label, _ in ROWS}
 FLAGS = {name: flags for name, _, flags in ROWS}
 PARENT = "base"
@@ -86,6 +95,47 @@ def render(results: dict[str, dict[int, dict]]) -> str:
     return markdown_table(["row", "seeds", "SST acc", f"Δ vs {PARENT}, paired", "s per run"], lines)
 
 
+def full_flags(row: str) -> list[str]:
+    """The row's own flags on top of the default recipe: its flags without the specialist's BASE."""
+    flags = FLAGS[row]
+    assert flags[:len(BASE)] == BASE, f"{row}'s flags do not start with the specialist's {BASE}"
+    return flags[len(BASE):]
+
+
+def run_full(sweep: Sweep, row: str, seeds: list[int]) -> dict[str, dict[int, dict]]:
+    """The default and the default + ``row`` over the seeds (a seed's two arms next to each other), collected as
+    {arm: {seed: {metric: value, "wall_s"}}}."""
+    arms = {"default": [], row: full_flags(row)}
+    runs = [(arm, seed) for seed in seeds for arm in arms]
+    sweep.map(lambda rs: sweep.train(f"full/{rs[0]}/seed{rs[1]}", [*arms[rs[0]], "--seed", str(rs[1])]), runs)
+    results: dict[str, dict[int, dict]] = {}
+    for arm in arms:
+        for seed in seeds:
+            finished = sweep.finished(f"full/{arm}/seed{seed}")
+            if finished is not None:
+                record, wall = finished
+                results.setdefault(arm, {})[seed] = {**{k: record["dev"][k] for k in METRICS}, "wall_s": wall}
+    return results
+
+
+def render_full(results: dict[str, dict[int, dict]], row: str) -> str:
+    """One line per arm: each metric's mean ± std, then the row's changes paired by seed and the seconds."""
+    lines = []
+    for arm, per_seed in results.items():
+        walls = [v["wall_s"] for v in per_seed.values() if v.get("wall_s") is not None]
+        lines.append([f"`{arm}`" + ("" if arm == "default" else f": default + {' '.join(full_flags(row))}"),
+                      len(per_seed), *(cell([v[k] for v in per_seed.values()]) for k in METRICS),
+                      fmt(statistics.fmean(walls), 0) if walls else "–"])
+    if "default" in results and row in results:
+        parent, child = results["default"], results[row]
+        lines.append([f"Δ `{row}` − `default`, paired", len(set(parent) & set(child)),
+                      *(change_cell({s: v[k] for s, v in child.items()}, {s: v[k] for s, v in parent.items()})
+                        for k in METRICS),
+                      change_cell({s: v["wall_s"] for s, v in child.items() if v["wall_s"] is not None},
+                                  {s: v["wall_s"] for s, v in parent.items() if v["wall_s"] is not None}, 0)])
+    return markdown_table(["arm", "seeds", "SST acc", "Para acc", "STS r", "overall", "s per run"], lines)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="runs/sst-phrases")
@@ -93,12 +143,27 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
     ap.add_argument("--only", nargs="+", choices=NAMES, default=None, help="run these rows only (base always)")
+    ap.add_argument("--full", choices=[r for r in NAMES if r != PARENT], default=None, metavar="ROW",
+                    help="run this row on the whole default recipe against the default, seed by seed")
     ap.add_argument("--force", action="store_true", help="rerun rows that already finished")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: at least 1")
     sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
+    if args.full is not None:
+        t0 = time.perf_counter()
+        full = run_full(sweep, args.full, args.seeds)
+        if args.dry_run:
+            return {}
+        text = render_full(full, args.full) + "\n"
+        summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads, "row": args.full,
+                   "wall_s": round(time.perf_counter() - t0, 1), "flags": full_flags(args.full),
+                   "arms": {a: {str(s): v for s, v in per.items()} for a, per in full.items()}}
+        (sweep.root / "full.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (sweep.root / "full.md").write_text(text)
+        print(text)
+        return full
     wanted = [r for r in NAMES if args.only is None or r in args.only or r == PARENT]
     t0 = time.perf_counter()
     runs = [(row, seed) for seed in args.seeds for row in wanted]  # seed by seed: an early stop has whole seeds
