@@ -30,8 +30,10 @@ Usage:
     python -m experiments.sst_phrases --out-dir runs/sst-phrases --jobs 2 --threads 1 [--seeds 0 1 ...] [--only ROW ...]
     python -m experiments.sst_phrases --out-dir runs/sst-phrases --jobs 2 --threads 1 --seeds 0 1 2 3 --full w0.5
 
+``--preset quick`` runs both arms as the default in one epoch (``<out-dir>/full-quick/...``).
+
 Writes ``<out-dir>/sst_phrases.json`` and ``sst_phrases.md`` (the table); with ``--full``, ``full.json`` and
-``full.md``.
+``full.md`` (``full-<preset>.*``).
 """
 
 from __future__ import annotations
@@ -102,16 +104,23 @@ def full_flags(row: str) -> list[str]:
     return flags[len(BASE):]
 
 
-def run_full(sweep: Sweep, row: str, seeds: list[int]) -> dict[str, dict[int, dict]]:
-    """The default and the default + ``row`` over the seeds (a seed's two arms next to each other), collected as
-    {arm: {seed: {metric: value, "wall_s"}}}."""
-    arms = {"default": [], row: full_flags(row)}
+def full_root(preset: str | None) -> str:
+    """The confirmation runs' folder under the sweep's root: ``full`` for the default, ``full-<preset>``."""
+    return "full" if preset is None else f"full-{preset}"
+
+
+def run_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> dict[str, dict[int, dict]]:
+    """The default (or ``--preset preset``) and the same + ``row`` over the seeds (a seed's two arms next to each
+    other), collected as {arm: {seed: {metric: value, "wall_s"}}}."""
+    recipe = [] if preset is None else ["--preset", preset]
+    arms = {"default": recipe, row: [*recipe, *full_flags(row)]}
+    root = full_root(preset)
     runs = [(arm, seed) for seed in seeds for arm in arms]
-    sweep.map(lambda rs: sweep.train(f"full/{rs[0]}/seed{rs[1]}", [*arms[rs[0]], "--seed", str(rs[1])]), runs)
+    sweep.map(lambda rs: sweep.train(f"{root}/{rs[0]}/seed{rs[1]}", [*arms[rs[0]], "--seed", str(rs[1])]), runs)
     results: dict[str, dict[int, dict]] = {}
     for arm in arms:
         for seed in seeds:
-            finished = sweep.finished(f"full/{arm}/seed{seed}")
+            finished = sweep.finished(f"{root}/{arm}/seed{seed}")
             if finished is not None:
                 record, wall = finished
                 results.setdefault(arm, {})[seed] = {**{k: record["dev"][k] for k in METRICS}, "wall_s": wall}
@@ -145,23 +154,28 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--only", nargs="+", choices=NAMES, default=None, help="run these rows only (base always)")
     ap.add_argument("--full", choices=[r for r in NAMES if r != PARENT], default=None, metavar="ROW",
                     help="run this row on the whole default recipe against the default, seed by seed")
+    ap.add_argument("--preset", default=None, help="with --full: both arms run this preset of train_multitask.py "
+                                                    "(e.g. quick: the default in one epoch)")
     ap.add_argument("--force", action="store_true", help="rerun rows that already finished")
     ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     args = ap.parse_args(argv)
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: at least 1")
+    if args.preset is not None and args.full is None:
+        ap.error("--preset acts with --full ROW only (the screening rows are SST specialists)")
     sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
     if args.full is not None:
         t0 = time.perf_counter()
-        full = run_full(sweep, args.full, args.seeds)
+        full = run_full(sweep, args.full, args.seeds, args.preset)
         if args.dry_run:
             return {}
         text = render_full(full, args.full) + "\n"
         summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads, "row": args.full,
+                   "preset": args.preset,
                    "wall_s": round(time.perf_counter() - t0, 1), "flags": full_flags(args.full),
                    "arms": {a: {str(s): v for s, v in per.items()} for a, per in full.items()}}
-        (sweep.root / "full.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (sweep.root / "full.md").write_text(text)
+        (sweep.root / f"{full_root(args.preset)}.json").write_text(json.dumps(summary, indent=2) + "\n")
+        (sweep.root / f"{full_root(args.preset)}.md").write_text(text)
         print(text)
         return full
     wanted = [r for r in NAMES if args.only is None or r in args.only or r == PARENT]
