@@ -109,16 +109,21 @@ def full_root(preset: str | None) -> str:
     return "full" if preset is None else f"full-{preset}"
 
 
-def run_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> dict[str, dict[int, dict]]:
-    """The default (or ``--preset preset``) and the same + ``row`` over the seeds (a seed's two arms next to each
-    other), collected as {arm: {seed: {metric: value, "wall_s"}}}."""
+def run_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> None:
+    """The default (or ``--preset preset``) and the same + ``row`` over the seeds, a seed's two arms one after
+    the other (next to each other with --jobs 2)."""
     recipe = [] if preset is None else ["--preset", preset]
     arms = {"default": recipe, row: [*recipe, *full_flags(row)]}
     root = full_root(preset)
     runs = [(arm, seed) for seed in seeds for arm in arms]
     sweep.map(lambda rs: sweep.train(f"{root}/{rs[0]}/seed{rs[1]}", [*arms[rs[0]], "--seed", str(rs[1])]), runs)
+
+
+def collect_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> dict[str, dict[int, dict]]:
+    """{arm: {seed: {metric: value, "wall_s"}}} of the finished runs of ``run_full``."""
+    root = full_root(preset)
     results: dict[str, dict[int, dict]] = {}
-    for arm in arms:
+    for arm in ("default", row):
         for seed in seeds:
             finished = sweep.finished(f"{root}/{arm}/seed{seed}")
             if finished is not None:
@@ -166,9 +171,10 @@ def main(argv: list[str] | None = None) -> dict:
     sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
     if args.full is not None:
         t0 = time.perf_counter()
-        full = run_full(sweep, args.full, args.seeds, args.preset)
+        run_full(sweep, args.full, args.seeds, args.preset)
         if args.dry_run:
             return {}
+        full = collect_full(sweep, args.full, args.seeds, args.preset)
         text = render_full(full, args.full) + "\n"
         summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads, "row": args.full,
                    "preset": args.preset,

@@ -39,3 +39,42 @@ def test_the_table_pairs_each_row_with_base_by_seed(tmp_path):
     assert "0.480 ± 0.010" in lines["`base`"] and "101" in lines["`base`"]
     assert "+0.020 ± 0.006*" in lines["`phrases`"]  # differences 0.02, 0.01, 0.03
     assert sst_phrases.PARENT == "base"
+
+
+def test_a_full_arm_is_the_default_plus_the_rows_own_flags():
+    """--full ROW runs the whole recipe: the specialist's --tasks sst --sst-prior 0 left out, the row's flags kept."""
+    default = arguments.config_for(["--out-dir", "unused"])
+    n17k = arguments.config_for([*sst_phrases.full_flags("n17k"), "--out-dir", "unused"])
+    assert n17k.tasks == default.tasks and n17k.sst_prior == default.sst_prior
+    assert n17k.sst_phrases == "sst-phrases-train.csv" and n17k.sst_phrases_per_epoch == 17088
+    assert {k: v for k, v in n17k.to_dict().items() if not k.startswith("sst_phrases")} == \
+        {k: v for k, v in default.to_dict().items() if not k.startswith("sst_phrases")}
+
+
+def test_full_runs_both_arms_seed_by_seed_on_the_preset(tmp_path, capsys):
+    sst_phrases.main(["--out-dir", str(tmp_path), "--full", "w0.5", "--preset", "quick", "--seeds", "0", "1",
+                      "--dry-run"])
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[full-quick/")]
+    assert [c.split("]")[0][1:] for c in commands] == ["full-quick/default/seed0", "full-quick/w0.5/seed0",
+                                                       "full-quick/default/seed1", "full-quick/w0.5/seed1"]
+    assert all("--preset quick" in c for c in commands)
+    assert "--sst-phrases-weight 0.5" in commands[1] and "--sst-phrases" not in commands[0]
+    assert "--tasks" not in " ".join(commands)
+
+
+def test_the_full_table_pairs_every_metric_and_the_seconds_by_seed(tmp_path):
+    sweep = Sweep(tmp_path)
+    overall = {"default": [0.74, 0.75], "n17k": [0.75, 0.77]}
+    for arm, values in overall.items():
+        for seed, value in enumerate(values):
+            run = tmp_path / "full" / arm / f"seed{seed}"
+            run.mkdir(parents=True)
+            dev = {"sst_acc": value - 0.25, "para_acc": 0.84, "sts_r": 0.87, "overall": value}
+            (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": dev}) + "\n")
+            (run / "sweep.json").write_text(json.dumps({"wall_s": 100 + 20 * (arm == "n17k") + seed}))
+    results = sst_phrases.collect_full(sweep, "n17k", [0, 1])
+    table = sst_phrases.render_full(results, "n17k").splitlines()
+    delta = next(line for line in table if line.startswith("| Δ"))
+    assert delta.count("+0.015 ± 0.005") == 2  # SST and overall: differences 0.01, 0.02
+    assert "+0.000 ± 0.000" in delta and delta.rstrip(" |").endswith("+20 ± 0*")
+    assert "default + --sst-phrases sst-phrases-train.csv --sst-phrases-per-epoch 17088" in table[3]
