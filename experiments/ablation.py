@@ -246,16 +246,12 @@ def ensemble_scores(sweep: Sweep, seed: int) -> dict[str, dict]:
 
 def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
     """{row: {seed: {metric: value, "wall_s": s}}} of every finished run under the sweep's root."""
-    results: dict[str, dict[int, dict]] = {}
-    for row in ROWS:
-        for seed in seeds:
-            finished = sweep.finished(f"{row}/seed{seed}")
-            if finished is None:
-                continue
-            record, wall = finished
-            results.setdefault(row, {})[seed] = {**scores(record), "wall_s": wall}
-            if row == "knn_bert" and record.get("knn"):
-                results.setdefault("knn_bert_vote", {})[seed] = {**knn_vote_scores(record), "wall_s": wall}
+    results = sweep.collect(ROWS, seeds, scores)
+    knn = sweep.collect(["knn_bert"], seeds,  # KNN-BERT's runs again: eq. 1's vote, where a run recorded one
+                        lambda record: {"vote": knn_vote_scores(record) if record.get("knn") else None})
+    votes = {seed: {**v["vote"], "wall_s": v["wall_s"]} for seed, v in knn.get("knn_bert", {}).items() if v["vote"]}
+    if votes:
+        results["knn_bert_vote"] = votes
     for seed in seeds:
         for row, values in ensemble_scores(sweep, seed).items():
             results.setdefault(row, {})[seed] = {**values, "wall_s": None}

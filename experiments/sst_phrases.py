@@ -70,15 +70,7 @@ PARENT = "base"
 
 def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
     """{row: {seed: {"sst_acc", "wall_s"}}} of every finished run under the sweep's root."""
-    results: dict[str, dict[int, dict]] = {}
-    for row in NAMES:
-        for seed in seeds:
-            finished = sweep.finished(f"{row}/seed{seed}")
-            if finished is None:
-                continue
-            record, wall = finished
-            results.setdefault(row, {})[seed] = {"sst_acc": record["dev"]["sst_acc"], "wall_s": wall}
-    return results
+    return sweep.collect(NAMES, seeds, lambda record: {"sst_acc": record["dev"]["sst_acc"]})
 
 
 def render(results: dict[str, dict[int, dict]]) -> str:
@@ -122,14 +114,9 @@ def run_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None
 def collect_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> dict[str, dict[int, dict]]:
     """{arm: {seed: {metric: value, "wall_s"}}} of the finished runs of ``run_full``."""
     root = full_root(preset)
-    results: dict[str, dict[int, dict]] = {}
-    for arm in ("default", row):
-        for seed in seeds:
-            finished = sweep.finished(f"{root}/{arm}/seed{seed}")
-            if finished is not None:
-                record, wall = finished
-                results.setdefault(arm, {})[seed] = {**{k: record["dev"][k] for k in METRICS}, "wall_s": wall}
-    return results
+    arms = sweep.collect([f"{root}/default", f"{root}/{row}"], seeds,
+                         lambda record: {k: record["dev"][k] for k in METRICS})
+    return {name.split("/", 1)[1]: per_seed for name, per_seed in arms.items()}
 
 
 def render_full(results: dict[str, dict[int, dict]], row: str) -> str:

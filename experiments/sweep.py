@@ -210,6 +210,19 @@ class Sweep:
         marker = run_dir / "sweep.json"
         return record, json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
 
+    def collect(self, rows: Iterable[str], seeds: Iterable[int],
+                read: Callable[[dict], dict]) -> dict[str, dict[int, dict]]:
+        """{row: {seed: {**read(final record), "wall_s": s}}} of the finished runs ``<root>/<row>/seed<k>``: an
+        experiment's table, read without starting anything (a row or seed not finished is absent)."""
+        results: dict[str, dict[int, dict]] = {}
+        for row in rows:
+            for seed in seeds:
+                finished = self.finished(f"{row}/seed{seed}")
+                if finished is not None:
+                    record, wall = finished
+                    results.setdefault(row, {})[seed] = {**read(record), "wall_s": wall}
+        return results
+
     def train(self, name: str, flags: Sequence[str]) -> tuple[dict, float]:
         """One training run (fresh, ``--overwrite``; resumed when cut short); returns (its final record, wall s)."""
         run_dir = self.root / name

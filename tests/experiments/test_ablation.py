@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import matplotlib.image
+import pytest
 
 from experiments import ablation
 from experiments.ablation import CONTRASTIVE, LADDER, ROWS, collect, merge_flags, render, row_flags
@@ -12,6 +13,7 @@ from experiments.stats import plot_rows
 from experiments.sweep import Sweep
 from tasks import arguments
 from tasks import train as cli
+from tasks.evaluation.metrics import overall_score
 
 
 def test_merge_flags_replaces_values_and_accumulates_objectives():
@@ -81,3 +83,20 @@ def test_collect_reads_every_row_and_seed(tmp_path, monkeypatch):
             (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": dev}) + "\n")
     results = collect(Sweep(tmp_path), [0, 1])
     assert set(ROWS) <= set(results) and results["ce"][1]["overall"] == 0.61
+
+
+def test_collect_adds_knn_berts_vote_for_the_seeds_whose_run_recorded_one(tmp_path, monkeypatch):
+    """KNN-BERT's run is a row as it is (φ 0) and, where it recorded eq. 1's vote, a second row scored with it."""
+    monkeypatch.setattr(ablation, "ensemble_scores", lambda sweep, seed: {})
+    dev = {"sst_acc": 0.4, "para_acc": 0.7, "sts_r": 0.8, "overall": 0.6}
+    for seed, knn in ((0, {"dev": {"sst_acc": 0.5, "para_acc": None}}), (1, None)):
+        run = tmp_path / "knn_bert" / f"seed{seed}"
+        run.mkdir(parents=True)
+        record = {"final": True, "dev": dev, **({"knn": knn} if knn else {})}
+        (run / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        (run / "sweep.json").write_text(json.dumps({"wall_s": 10 + seed}))
+    results = collect(Sweep(tmp_path), [0, 1])
+    assert results["knn_bert"][1] == {**dev, "wall_s": 11}
+    vote = results["knn_bert_vote"]
+    assert list(vote) == [0] and vote[0]["sst_acc"] == 0.5 and vote[0]["para_acc"] == 0.7 and vote[0]["wall_s"] == 10
+    assert vote[0]["overall"] == pytest.approx(overall_score({"sst_acc": 0.5, "para_acc": 0.7, "sts_r": 0.8}))

@@ -180,3 +180,13 @@ def test_finished_reads_a_runs_final_record_and_wall_time_and_starts_nothing(tmp
     assert sweep.finished("row/seed0") == ({"final": True, "dev": {"sst_acc": 0.5}}, None)
     (run / "sweep.json").write_text(json.dumps({"argv": [], "wall_s": 12.5}))
     assert sweep.finished("row/seed0")[1] == 12.5
+
+
+def test_collect_reads_each_finished_run_through_the_experiments_reader(tmp_path):
+    for name, final in (("a/seed0", True), ("a/seed1", False), ("b/seed0", True)):
+        run = tmp_path / name
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text(json.dumps({"final": final, "dev": {"x": len(name)}}) + "\n")
+    (tmp_path / "a/seed0/sweep.json").write_text(json.dumps({"wall_s": 5}))
+    results = Sweep(tmp_path).collect(["a", "b", "c"], [0, 1], lambda record: {"x": record["dev"]["x"] * 2})
+    assert results == {"a": {0: {"x": 14, "wall_s": 5}}, "b": {0: {"x": 14, "wall_s": None}}}
