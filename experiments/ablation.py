@@ -246,10 +246,13 @@ def ensemble_scores(sweep: Sweep, seed: int) -> dict[str, dict]:
 
 def collect(sweep: Sweep, seeds: list[int]) -> dict[str, dict[int, dict]]:
     """{row: {seed: {metric: value, "wall_s": s}}} of every finished run under the sweep's root."""
-    results = sweep.collect(ROWS, seeds, scores)
-    knn = sweep.collect(["knn_bert"], seeds,  # KNN-BERT's runs again: eq. 1's vote, where a run recorded one
-                        lambda record: {"vote": knn_vote_scores(record) if record.get("knn") else None})
-    votes = {seed: {**v["vote"], "wall_s": v["wall_s"]} for seed, v in knn.get("knn_bert", {}).items() if v["vote"]}
+    results = sweep.collect(ROWS, seeds, lambda record: {  # KNN-BERT's runs also hold eq. 1's vote
+        **scores(record), "vote": knn_vote_scores(record) if record.get("knn") else None})
+    votes = {}
+    for per_seed in results.values():
+        for seed, values in per_seed.items():
+            if (vote := values.pop("vote")) is not None:
+                votes[seed] = {**vote, "wall_s": values["wall_s"]}
     if votes:
         results["knn_bert_vote"] = votes
     for seed in seeds:

@@ -137,6 +137,13 @@ def render_full(results: dict[str, dict[int, dict]], row: str) -> str:
     return markdown_table(["arm", "seeds", "SST acc", "Para acc", "STS r", "overall", "s per run"], lines)
 
 
+def write_report(sweep: Sweep, stem: str, summary: dict, text: str) -> None:
+    """``<root>/<stem>.json`` (the summary) and ``<stem>.md`` (the table), and the table on stdout."""
+    (sweep.root / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (sweep.root / f"{stem}.md").write_text(text)
+    print(text)
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = Parser(description=__doc__.split("\n")[0])
     ap.add_argument("--out-dir", default="runs/sst-phrases")
@@ -167,9 +174,7 @@ def main(argv: list[str] | None = None) -> dict:
                    "preset": args.preset,
                    "wall_s": round(time.perf_counter() - t0, 1), "flags": full_flags(args.full),
                    "arms": {a: {str(s): v for s, v in per.items()} for a, per in full.items()}}
-        (sweep.root / f"{full_root(args.preset)}.json").write_text(json.dumps(summary, indent=2) + "\n")
-        (sweep.root / f"{full_root(args.preset)}.md").write_text(text)
-        print(text)
+        write_report(sweep, full_root(args.preset), summary, text)
         return full
     wanted = [r for r in NAMES if args.only is None or r in args.only or r == PARENT]
     t0 = time.perf_counter()
@@ -182,9 +187,7 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
                "wall_s": round(time.perf_counter() - t0, 1), "flags": FLAGS,
                "rows": {r: {str(s): v for s, v in per.items()} for r, per in results.items()}}
-    (sweep.root / "sst_phrases.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (sweep.root / "sst_phrases.md").write_text(text)
-    print(text)
+    write_report(sweep, "sst_phrases", summary, text)
     return results
 
 
