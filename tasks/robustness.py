@@ -10,7 +10,9 @@ The three training-set experiments write a perturbed copy of the training
 files (tasks.data.perturb: exact counts, seeded) into ``<out-dir>/data-*`` — the
 dev and test files are links to the originals — and run ``train_multitask.py``
 on it with the flags after ``--`` (any train_multitask.py flags except
---data-dir, --out-dir, --seed and --tasks, which the experiment sets), once per seed; they print and save
+--data-dir, --out-dir, --seed and --tasks, which the experiment sets, and
+--sst-phrases: it trains no phrases, whose labels the perturbations would not
+touch), once per seed; they print and save
 (``results.json``) dev scores as mean ± std over seeds. ``minority`` also
 reports the accuracy on the reduced class.
 
@@ -173,10 +175,13 @@ PROGRESS_EVERY_S = 30  # a progress line of the attack at most this often
 
 
 PASS_THROUGH = ("-- TRAIN_FLAGS: everything after -- goes to train_multitask.py for every seed (e.g. -- --epochs 3 "
-                "--objective scl); --data-dir, --out-dir, --seed and --tasks are the experiment's own")
+                "--objective scl); --data-dir, --out-dir, --seed, --tasks and --sst-phrases are the experiment's own")
 
 
-SET_BY_EXPERIMENT = ("--data-dir", "--out-dir", "--seed", "--tasks")
+# The flags the experiment sets itself, each with why (said when one comes after --).
+SET_BY_EXPERIMENT = {"--data-dir": "", "--out-dir": "", "--seed": "",
+                     "--tasks": " (few-shot and label-noise take --tasks before --)",
+                     "--sst-phrases": " (the phrases' labels escape the perturbation)"}
 
 
 @dataclass
@@ -261,10 +266,9 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], TrainCon
         argv, flags = argv[:i], argv[i + 1:]
     parser = build_parser()
     args = parser.parse_args(argv)
-    for bad in SET_BY_EXPERIMENT:
-        if bad in flags:
-            parser.error(f"{bad} after -- is set by the experiment: remove it (few-shot and label-noise take "
-                         f"--tasks before --)")
+    for bad, why in SET_BY_EXPERIMENT.items():
+        if any(flag == bad or flag.startswith(bad + "=") for flag in flags):
+            parser.error(f"{bad} after -- is set by the experiment: remove it{why}")
     if args.command == "attack":
         if flags:
             parser.error("attack takes no training flags after --")
