@@ -11,6 +11,7 @@ row's change is the training's, not the prior's:
   phrases      + 8,544 phrases an epoch (as many as sentences), weight 1, mixed among the sentence batches
   w0.5, w0.25  ... at loss weight 0.5, 0.25
   n4k, n17k    ... 4,272 or 17,088 phrases an epoch
+  n17k-b64, n17k-b128  ... 17,088 an epoch in batches of 64 or 128 phrases (fewer optimizer steps)
   min2, min3   ... only phrases of 2 or 3 words and more (18k of the 150k phrases are single words)
   first        ... each epoch trains its phrase batches first, then the sentences
   llrd         no phrases; layer-wise lr decay 0.9 (Sun et al. 2019 §5.3)
@@ -56,6 +57,10 @@ ROWS = [
     ("w0.25", "+ phrases, weight 0.25", [*PHRASES, "--sst-phrases-weight", "0.25"]),
     ("n4k", "+ phrases, 4,272 an epoch", [*PHRASES, "--sst-phrases-per-epoch", "4272"]),
     ("n17k", "+ phrases, 17,088 an epoch", [*PHRASES, "--sst-phrases-per-epoch", "17088"]),
+    ("n17k-b64", "+ phrases, 17,088 an epoch in batches of 64",
+     [*PHRASES, "--sst-phrases-per-epoch", "17088", "--sst-phrases-batch-size", "64"]),
+    ("n17k-b128", "+ phrases, 17,088 an epoch in batches of 128",
+     [*PHRASES, "--sst-phrases-per-epoch", "17088", "--sst-phrases-batch-size", "128"]),
     ("min2", "+ phrases of 2 words or more", [*PHRASES, "--sst-phrases-min-words", "2"]),
     ("min3", "+ phrases of 3 words or more", [*PHRASES, "--sst-phrases-min-words", "3"]),
     ("first", "+ phrases, each epoch's phrase batches first", [*PHRASES, "--sst-phrases-order", "first"]),

@@ -133,6 +133,9 @@ class TrainConfig:
     sst_phrases_per_epoch: int = option(8544, "with --sst-phrases: phrases trained an epoch, the next ones of a "
                                         "seeded shuffle of the file (as --train-subsets says)", group="data",
                                         metavar="N")
+    sst_phrases_batch_size: int | None = option(None, "with --sst-phrases: phrases per batch (default: --batch-size); "
+                                                "phrases are short, so a larger batch trains the same phrases in fewer, "
+                                                "fuller optimizer steps (even batching keeps one size for the tasks)", group="data", metavar="B")
     sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)",
                                         group="data", metavar="N")
     sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data",
@@ -300,7 +303,10 @@ class TrainConfig:
         return self.tasks + ((PHRASES,) if self.sst_phrases else ()) + ((NLI,) if self.nli else ())
 
     def batch_sizes(self) -> dict[str, int]:
-        return {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
+        sizes = {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
+        if PHRASES in sizes and self.sst_phrases_batch_size is not None:
+            sizes[PHRASES] = self.sst_phrases_batch_size
+        return sizes
 
     # -- checks --
     def validate(self) -> None:
@@ -335,6 +341,8 @@ class TrainConfig:
             raise ValueError(f"sst_phrases trains the SST head, and tasks {list(self.tasks)} has no sst")
         if self.sst_phrases_per_epoch < 1:
             raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {self.sst_phrases_per_epoch}")
+        if self.sst_phrases_batch_size is not None and self.sst_phrases_batch_size < 1:
+            raise ValueError(f"sst_phrases_batch_size must be at least 1, got {self.sst_phrases_batch_size}")
         if self.sst_phrases_min_words < 1:
             raise ValueError(f"sst_phrases_min_words must be at least 1, got {self.sst_phrases_min_words}")
         if not self.sst_phrases_weight > 0:
@@ -371,9 +379,11 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; schedules: {', '.join(SCHEDULES)}")
         sizes = self.batch_sizes()
-        if self.schedule == "even" and len(set(sizes.values())) > 1:
+        # The phrases are SST's short auxiliary examples, batched by their own size (--sst-phrases-batch-size).
+        task_sizes = {s: b for s, b in sizes.items() if s != PHRASES}
+        if self.schedule == "even" and len(set(task_sizes.values())) > 1:
             raise ValueError(f"schedule 'even' (paper §4.2) splits every task into batches of one size, "
-                             f"but the batch sizes differ: {sizes}")
+                             f"but the batch sizes differ: {task_sizes}")
         if self.limit is not None:
             if self.limit < max(sizes.values()):
                 raise ValueError(f"limit={self.limit} is smaller than the batch size {max(sizes.values())}: "
@@ -442,8 +452,8 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
     if "sst_prior" in explicit and cfg.sst_prior > 0 and "sst" not in cfg.tasks:
         raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
-    idle = [name for name in ("sst_phrases_per_epoch", "sst_phrases_min_words", "sst_phrases_weight",
-                              "sst_phrases_order") if name in explicit and cfg.sst_phrases is None]
+    idle = [name for name in ("sst_phrases_per_epoch", "sst_phrases_batch_size", "sst_phrases_min_words",
+                              "sst_phrases_weight", "sst_phrases_order") if name in explicit and cfg.sst_phrases is None]
     if idle:
         raise ValueError(f"--{idle[0].replace('_', '-')} only acts with --sst-phrases FILE (the phrase stream)")
     if "sst_prior_model" in explicit and (cfg.sst_prior == 0 or "sst" not in cfg.tasks):

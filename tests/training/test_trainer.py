@@ -125,6 +125,18 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
     assert [s for s, _ in plan[:3]] == ["phrases"] * 3 and "phrases" not in {s for s, _ in plan[3:]}
 
 
+def test_phrases_take_their_own_batch_size_under_even_batching(tiny_env, tmp_path):
+    """--sst-phrases-batch-size: the phrase stream's batches hold that many phrases, shuffled among the tasks'
+    batches of --batch-size (even batching), the epoch's phrases unchanged in number."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases="sst-phrases-train.csv", sst_phrases_per_epoch=24,
+                            sst_phrases_batch_size=12)
+    plan = trainer_for(cfg).schedule.epoch_plan(0)
+    sizes: dict[str, set[int]] = {}
+    for stream, batch in plan:
+        sizes.setdefault(stream, set()).add(len(batch))
+    assert sizes.pop("phrases") == {12} and max(map(max, sizes.values())) == cfg.batch_size == 8
+
+
 def test_learning_rate_schedules(tiny_env, tmp_path):
     """constant stays; epoch_decay is lr - decay·epoch (paper §4.5); warmup_linear rises then decays to ~0."""
     t = trainer_for(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
