@@ -1,0 +1,32 @@
+"""Tests of benchmarks/bench_phrases.py on the tiny model: it runs, and its model of an epoch is the arithmetic it
+says. No timing is asserted."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import bench_phrases as bench
+from tests.helpers import tiny_train_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_each_phrase_batch_size_is_timed_and_its_epoch_modelled(tiny_env, tmp_path):
+    """Every task stream and the phrases at each batch size get a step time per round; an epoch's modelled
+    seconds are its steps a stream x their medians, and more phrases a batch means fewer phrase steps."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "unused", sst_phrases="sst-phrases-train.csv",
+                            sst_phrases_per_epoch=24)
+    res = bench.benchmark(cfg, batch_sizes=(4, 8), steps=2, rounds=2, log=lambda s: None)
+    assert set(res["step_s"]) == {"sst", "para", "sts", "phrases@4", "phrases@8"}
+    assert all(len(v) == 2 and min(v) > 0 for v in res["step_s"].values())
+    settings = res["settings"]
+    assert settings["none"]["ratio"] == 1 and settings["4"]["steps"]["phrases@4"] == 6
+    assert settings["8"]["steps"]["phrases@8"] == 3 and settings["8"]["steps"]["sst"] == settings["none"]["steps"]["sst"]
+    for s in settings.values():
+        assert s["train_s"] == pytest.approx(sum(n * res["step_s_median"][k] for k, n in s["steps"].items()))
+    assert settings["4"]["ratio"] > 1 and "| phrases@8 |" in bench.markdown(res)
+
+
+def test_a_config_without_phrases_is_refused(tiny_env, tmp_path):
+    with pytest.raises(ValueError, match="trains the SST phrases"):
+        bench.benchmark(tiny_train_config(tiny_env, tmp_path / "unused"), log=lambda s: None)
