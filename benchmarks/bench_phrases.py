@@ -5,7 +5,8 @@ add their stream's steps, ``ceil(per_epoch / batch size)`` of them. Whole runs s
 2-core machine measure that cost with the host's drift and each core's neighbours in it. Here every
 stream's step is timed in one process, the streams in turn, so a drift falls on all of them alike: per
 stream, the median over rounds of the mean seconds of ``Trainer.train_step`` (tasks.training.trainer:
-forward, loss, backward, clipping, the AdamW update) on batches of the epoch's own plan. An epoch's
+forward, loss, backward, clipping, the AdamW update) on batches of the epoch's own plan, drawn at evenly
+spaced quantiles of their padded size. An epoch's
 training seconds under a setting are then the sum over its streams of steps x that median, and their ratio
 to the default without phrases is what the phrases add to the training steps. Reading the data,
 evaluation and the final predictions cost the same with or without phrases, so a whole run's ratio is
@@ -42,19 +43,28 @@ def phrase_key(batch_size: int) -> str:
     return f"{PHRASES}@{batch_size}"
 
 
+def stratified(batches: list[list[int]], lengths: Sequence[int], steps: int) -> list[list[int]]:
+    """``steps`` of ``batches`` at evenly spaced quantiles of their padded size (examples x the longest), so
+    that their mean step time stands for the epoch's: bucketed batches range from a few tokens to many."""
+    ranked = sorted(batches, key=lambda idx: len(idx) * max(lengths[i] for i in idx))
+    if steps >= len(ranked):
+        return ranked
+    return [ranked[int((k + 0.5) * len(ranked) / steps)] for k in range(steps)]
+
+
 def sample_batches(trainer: Trainer, batch_sizes: Sequence[int], steps: int) -> dict[str, list[dict]]:
-    """``steps`` collated batches of every task stream, and of the phrase stream at each batch size, taken in
-    order from epoch 0's plan of a run with that phrase batch size."""
+    """``steps`` collated batches of every task stream, and of the phrase stream at each batch size, drawn by
+    padded size (``stratified``) from epoch 0's plan of a run with that phrase batch size."""
     cfg, sets, device = trainer.cfg, trainer.train_sets, trainer.device
-    picked: dict[str, list[list[int]]] = {}
+    plans: dict[str, list[list[int]]] = {}
     for b in batch_sizes:
-        plan = build_schedule(dataclasses.replace(cfg, sst_phrases_batch_size=b), sets).epoch_plan(0)
-        for stream, idx in plan:
+        for stream, idx in build_schedule(dataclasses.replace(cfg, sst_phrases_batch_size=b), sets).epoch_plan(0):
             key = phrase_key(b) if stream == PHRASES else stream
-            if len(picked.setdefault(key, [])) < steps:
-                picked[key].append(idx)
-    return {key: [move_batch(sets[key.split("@")[0]].collate(idx), device) for idx in batches]
-            for key, batches in picked.items()}
+            if stream == PHRASES or b == batch_sizes[0]:
+                plans.setdefault(key, []).append(idx)
+    return {key: [move_batch(sets[key.split("@")[0]].collate(idx), device)
+                  for idx in stratified(batches, sets[key.split("@")[0]].lengths, steps)]
+            for key, batches in plans.items()}
 
 
 def time_streams(trainer: Trainer, batches: dict[str, list[dict]], rounds: int,
@@ -87,7 +97,7 @@ def epoch_steps(trainer: Trainer, batch_size: int | None) -> dict[str, int]:
     return steps
 
 
-def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), steps: int = 8, rounds: int = 5,
+def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), steps: int = 12, rounds: int = 5,
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, Any]:
     """Per-stream step seconds (medians over ``rounds``) and each phrase batch size's modelled epoch against
     no phrases; ``cfg`` must train phrases (its per-epoch count is the one modelled)."""
@@ -128,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     ap = Parser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 128], help="phrase batch sizes")
     ap.add_argument("--per-epoch", type=int, default=17088, help="phrases an epoch (--sst-phrases-per-epoch)")
-    ap.add_argument("--steps", type=int, default=8, help="batches of each stream timed a round")
+    ap.add_argument("--steps", type=int, default=12, help="batches of each stream timed a round, drawn by size")
     ap.add_argument("--rounds", type=int, default=5, help="timed rounds (medians reported), after one untimed")
     ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (the runs compared: 1)")
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files and sst-phrases-train.csv")

@@ -27,6 +27,14 @@ def test_each_phrase_batch_size_is_timed_and_its_epoch_modelled(tiny_env, tmp_pa
     assert settings["4"]["ratio"] > 1 and "| phrases@8 |" in bench.markdown(res)
 
 
+def test_the_sample_spans_the_batches_sizes():
+    """A stratified sample takes batches from the smallest to the largest padded size, evenly spaced."""
+    lengths = list(range(1, 11))
+    batches = [[i] for i in range(10)]  # one example each: padded size = its length
+    assert bench.stratified(batches, lengths, 5) == [[1], [3], [5], [7], [9]]
+    assert bench.stratified(batches, lengths, 20) == sorted(batches)
+
+
 def test_a_config_without_phrases_is_refused(tiny_env, tmp_path):
     with pytest.raises(ValueError, match="trains the SST phrases"):
         bench.benchmark(tiny_train_config(tiny_env, tmp_path / "unused"), log=lambda s: None)
