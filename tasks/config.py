@@ -384,10 +384,9 @@ class TrainConfig:
         if self.schedule == "even" and len(set(task_sizes.values())) > 1:
             raise ValueError(f"schedule 'even' (paper §4.2) splits every task into batches of one size, "
                              f"but the batch sizes differ: {task_sizes}")
-        if self.limit is not None:
-            if self.limit < max(sizes.values()):
-                raise ValueError(f"limit={self.limit} is smaller than the batch size {max(sizes.values())}: "
-                                 "every batch would be partial; lower --batch-size or raise --limit")
+        if self.limit is not None and self.limit < max(task_sizes.values()):
+            raise ValueError(f"limit={self.limit} is smaller than the batch size {max(task_sizes.values())}: "
+                             "every batch would be partial; lower --batch-size or raise --limit")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
         if self.lr_schedule not in LR_SCHEDULES:

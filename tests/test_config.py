@@ -35,3 +35,12 @@ def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
 def test_bad_factors_are_refused(tiny_env, tmp_path, field, value):
     with pytest.raises(ValueError, match=field):
         tiny_train_config(tiny_env, tmp_path / "r", **{field: value}).validate()
+
+
+def test_a_limit_below_a_tasks_batch_is_refused_but_not_below_the_phrases_batch():
+    """--limit under the batch size leaves every batch of a task partial: refused. The phrases' own larger batch
+    (--sst-phrases-batch-size) is not checked: a smoke run (--limit 32) of a recipe with phrases takes them in
+    one partial batch."""
+    with pytest.raises(ValueError, match="limit=16 is smaller than the batch size 32"):
+        TrainConfig(limit=16).validate()
+    TrainConfig(limit=32, sst_phrases="p.csv", sst_phrases_batch_size=64).validate()
