@@ -1,11 +1,11 @@
 """Train and evaluate the multitask BERT (SST-5, Quora paraphrase, STS): the command line.
 
 Usage:
-    python train_multitask.py                       # the CPU recipe: embedded MiniLM, about 10 minutes on 2 cores
+    python train_multitask.py                       # the CPU recipe: embedded MiniLM (its time: benchmarks/README.md)
     python train_multitask.py --help                # every flag, with its default
     torchrun --nproc_per_node=2 train_multitask.py --batch-size 32
 
-The flags, their checks and what runs are in tasks/cli.py.
+The flags are made in tasks/arguments.py; tasks/train.py checks them and runs.
 """
 
 from tasks.train import main

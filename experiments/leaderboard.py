@@ -1,9 +1,12 @@
 """One command for a leaderboard submission: train K ensemble members, ensemble them, write the submission zip.
 
 Members (each a ``train_multitask.py`` run in ``<out-dir>/<member>``) are
-seeds 0..K-1 (``--first-seed S``: S..S+K-1) of the default recipe, plus the
-flags given after ``--`` for every member. ``--variants`` sets what the full
-members add: member k takes variant k mod V (a quoted flag string, "" for
+seeds 0..K-1 (``--first-seed S``: S..S+K-1) of the default recipe without
+the SST phrases (``--sst-phrases none``: the recipe the ensemble was measured
+with; ``-- --sst-phrases sst-phrases-train.csv`` trains them, refused with a
+specialist of a task other than sst, which has no SST head to train them
+through), plus the flags given after ``--`` for every member. ``--variants``
+sets what the full members add: member k takes variant k mod V (a quoted flag string, "" for
 none). The default, one variant ``--max-train-examples para=all``, trains
 every member on all of Quora every epoch instead of the default recipe's slice
 (on a larger Quora file than this copy, cap it, e.g. ``para=48000``, to stay
@@ -69,11 +72,15 @@ from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
 DEFAULT_SPECIALISTS = ("sst=16",)  # chosen by measurement within the 2-hour budget: experiments/RESULTS.md
+# The members' recipe as measured (experiments/RESULTS.md): the default recipe before it took the SST phrases. An
+# ensemble of members with phrases has not been measured yet; ``-- --sst-phrases sst-phrases-train.csv`` trains it.
+MEASURED_RECIPE = ("--sst-phrases", "none")
 
 
 def member_flags(seed: int, extra: Sequence[str], variant: str = "") -> list[str]:
-    """The flags of member ``seed``: the default recipe with that seed, then ``extra``, then ``variant``'s flags."""
-    return ["--seed", str(seed), *extra, *shlex.split(variant)]
+    """The flags of member ``seed``: the measured recipe (MEASURED_RECIPE) with that seed, then ``extra``, then
+    ``variant``'s flags."""
+    return [*MEASURED_RECIPE, "--seed", str(seed), *extra, *shlex.split(variant)]
 
 
 def members_of(k: int, variants: Sequence[str], specialists: dict[str, int] | None = None, first_seed: int = 0

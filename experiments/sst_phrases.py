@@ -21,8 +21,9 @@ over the seeds, its change against ``base`` paired by seed (Δ ± SE, starred wh
 experiments/stats.py) and the mean wall seconds of a run. A finished run is reused and a run cut short
 resumes (experiments/sweep.py), so the same command again continues where it stopped.
 
-``--full ROW`` then confirms a row on the whole recipe: the default multitask run (``default``) against the
-default plus the row's own flags (its ``--tasks sst --sst-prior 0`` left out), seed by seed in
+``--full ROW`` then confirms a row on the whole recipe: the default multitask run plus ``base``'s
+``--sst-phrases none`` (the default recipe before it took the n17k-b64 row's phrases) against the default plus the
+row's own flags (the specialist's ``--tasks sst --sst-prior 0`` left out), seed by seed in
 ``<out-dir>/full/<arm>/seed<k>``, with the dev scores of the three tasks and their overall, the change of each
 paired by seed, and the wall seconds of a run. With ``--jobs 2`` the two arms of a seed run side by side, so
 their seconds are measured under the same load.
@@ -47,24 +48,32 @@ from tasks.cli import Parser
 from experiments.stats import cell, change_cell
 from experiments.sweep import Sweep, fmt, markdown_table
 
-BASE = ["--tasks", "sst", "--sst-prior", "0"]
-PHRASES = [*BASE, "--sst-phrases", "sst-phrases-train.csv"]
-# (row, what it is, its flags)
+SPECIALIST = ["--tasks", "sst", "--sst-prior", "0"]
+NO_PHRASES = ["--sst-phrases", "none"]
+
+
+def phrases(per_epoch: int = 8544, *more: str, batch_size: int = 32) -> list[str]:
+    """A specialist with the phrase file, ``per_epoch`` phrases an epoch (8,544: as many as sentences) in batches
+    of ``batch_size`` (32: the sentences'), and more."""
+    return [*SPECIALIST, "--sst-phrases", "sst-phrases-train.csv", "--sst-phrases-per-epoch", str(per_epoch),
+            "--sst-phrases-batch-size", str(batch_size), *more]
+
+
+# (row, what it is, its flags): every setting a row depends on is spelled out, so a row means the same whatever
+# today's defaults (the default recipe took the n17k-b64 row's phrases after this table)
 ROWS = [
-    ("base", "SST specialist, no phrases", BASE),
-    ("phrases", "+ phrases: 8,544 an epoch, weight 1, mixed", PHRASES),
-    ("w0.5", "+ phrases, weight 0.5", [*PHRASES, "--sst-phrases-weight", "0.5"]),
-    ("w0.25", "+ phrases, weight 0.25", [*PHRASES, "--sst-phrases-weight", "0.25"]),
-    ("n4k", "+ phrases, 4,272 an epoch", [*PHRASES, "--sst-phrases-per-epoch", "4272"]),
-    ("n17k", "+ phrases, 17,088 an epoch", [*PHRASES, "--sst-phrases-per-epoch", "17088"]),
-    ("n17k-b64", "+ phrases, 17,088 an epoch in batches of 64",
-     [*PHRASES, "--sst-phrases-per-epoch", "17088", "--sst-phrases-batch-size", "64"]),
-    ("n17k-b128", "+ phrases, 17,088 an epoch in batches of 128",
-     [*PHRASES, "--sst-phrases-per-epoch", "17088", "--sst-phrases-batch-size", "128"]),
-    ("min2", "+ phrases of 2 words or more", [*PHRASES, "--sst-phrases-min-words", "2"]),
-    ("min3", "+ phrases of 3 words or more", [*PHRASES, "--sst-phrases-min-words", "3"]),
-    ("first", "+ phrases, each epoch's phrase batches first", [*PHRASES, "--sst-phrases-order", "first"]),
-    ("llrd", "no phrases, layer-wise lr decay 0.9", [*BASE, "--layer-lr-decay", "0.9"]),
+    ("base", "SST specialist, no phrases", [*SPECIALIST, *NO_PHRASES]),
+    ("phrases", "+ phrases: 8,544 an epoch, weight 1, mixed", phrases()),
+    ("w0.5", "+ phrases, weight 0.5", phrases(8544, "--sst-phrases-weight", "0.5")),
+    ("w0.25", "+ phrases, weight 0.25", phrases(8544, "--sst-phrases-weight", "0.25")),
+    ("n4k", "+ phrases, 4,272 an epoch", phrases(4272)),
+    ("n17k", "+ phrases, 17,088 an epoch", phrases(17088)),
+    ("n17k-b64", "+ phrases, 17,088 an epoch in batches of 64", phrases(17088, batch_size=64)),
+    ("n17k-b128", "+ phrases, 17,088 an epoch in batches of 128", phrases(17088, batch_size=128)),
+    ("min2", "+ phrases of 2 words or more", phrases(8544, "--sst-phrases-min-words", "2")),
+    ("min3", "+ phrases of 3 words or more", phrases(8544, "--sst-phrases-min-words", "3")),
+    ("first", "+ phrases, each epoch's phrase batches first", phrases(8544, "--sst-phrases-order", "first")),
+    ("llrd", "no phrases, layer-wise lr decay 0.9", [*SPECIALIST, *NO_PHRASES, "--layer-lr-decay", "0.9"]),
 ]
 NAMES = [name for name, _, _ in ROWS]
 METRICS = ("sst_acc", "para_acc", "sts_r", "overall")
@@ -95,10 +104,11 @@ def render(results: dict[str, dict[int, dict]]) -> str:
 
 
 def full_flags(row: str) -> list[str]:
-    """The row's own flags on top of the default recipe: its flags without the specialist's BASE."""
+    """The row's own flags on the whole recipe: its flags without the specialist's (``--sst-phrases none`` for
+    ``base``)."""
     flags = FLAGS[row]
-    assert flags[:len(BASE)] == BASE, f"{row}'s flags do not start with the specialist's {BASE}"
-    return flags[len(BASE):]
+    assert flags[:len(SPECIALIST)] == SPECIALIST, f"{row}'s flags do not start with the specialist's {SPECIALIST}"
+    return flags[len(SPECIALIST):]
 
 
 def full_root(preset: str | None) -> str:
@@ -107,19 +117,19 @@ def full_root(preset: str | None) -> str:
 
 
 def run_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> None:
-    """The default (or ``--preset preset``) and the same + ``row`` over the seeds, a seed's two arms one after
-    the other (next to each other with --jobs 2)."""
+    """The recipe (the default, or ``--preset preset``) + ``base``'s flags, and the same + ``row``'s, over the
+    seeds, a seed's two arms one after the other (next to each other with --jobs 2)."""
     recipe = [] if preset is None else ["--preset", preset]
-    arms = {"default": recipe, row: [*recipe, *full_flags(row)]}
     root = full_root(preset)
-    runs = [(arm, seed) for seed in seeds for arm in arms]
-    sweep.map(lambda rs: sweep.train(f"{root}/{rs[0]}/seed{rs[1]}", [*arms[rs[0]], "--seed", str(rs[1])]), runs)
+    runs = [(arm, seed) for seed in seeds for arm in (PARENT, row)]
+    sweep.map(lambda rs: sweep.train(f"{root}/{rs[0]}/seed{rs[1]}", [*recipe, *full_flags(rs[0]), "--seed",
+                                                                     str(rs[1])]), runs)
 
 
 def collect_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> dict[str, dict[int, dict]]:
     """{arm: {seed: {metric: value, "wall_s"}}} of the finished runs of ``run_full``."""
     root = full_root(preset)
-    arms = sweep.collect([f"{root}/default", f"{root}/{row}"], seeds,
+    arms = sweep.collect([f"{root}/{PARENT}", f"{root}/{row}"], seeds,
                          lambda record: {k: record["dev"][k] for k in METRICS})
     return {name.split("/", 1)[1]: per_seed for name, per_seed in arms.items()}
 
@@ -129,12 +139,12 @@ def render_full(results: dict[str, dict[int, dict]], row: str) -> str:
     lines = []
     for arm, per_seed in results.items():
         walls = [v["wall_s"] for v in per_seed.values() if v.get("wall_s") is not None]
-        lines.append([f"`{arm}`" + ("" if arm == "default" else f": default + {' '.join(full_flags(row))}"),
+        lines.append([f"`{arm}`: default + {' '.join(full_flags(arm))}",
                       len(per_seed), *(cell([v[k] for v in per_seed.values()]) for k in METRICS),
                       fmt(statistics.fmean(walls), 0) if walls else "–"])
-    if "default" in results and row in results:
-        parent, child = results["default"], results[row]
-        lines.append([f"Δ `{row}` − `default`, paired", len(set(parent) & set(child)),
+    if PARENT in results and row in results:
+        parent, child = results[PARENT], results[row]
+        lines.append([f"Δ `{row}` − `{PARENT}`, paired", len(set(parent) & set(child)),
                       *(change_cell({s: v[k] for s, v in child.items()}, {s: v[k] for s, v in parent.items()})
                         for k in METRICS),
                       change_cell({s: v["wall_s"] for s, v in child.items() if v["wall_s"] is not None},
@@ -157,7 +167,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
     ap.add_argument("--only", nargs="+", choices=NAMES, default=None, help="run these rows only (base always)")
     ap.add_argument("--full", choices=[r for r in NAMES if r != PARENT], default=None, metavar="ROW",
-                    help="run this row on the whole default recipe against the default, seed by seed")
+                    help="run this row on the whole default recipe against base's (no phrases), seed by seed")
     ap.add_argument("--preset", default=None, help="with --full: both arms run this preset of train_multitask.py "
                                                     "(e.g. quick: the default in one epoch)")
     ap.add_argument("--force", action="store_true", help="rerun rows that already finished")

@@ -128,21 +128,24 @@ class Sweep:
         return env
 
     def command(self, name: str, argv: Sequence[str], *, module: str | None = None,
-                resume: Sequence[str] | None = None, stale: bool = False) -> dict:
+                resume: Sequence[str] | None = None, same_run: bool | None = None) -> dict:
         """Run ``python train_multitask.py argv`` (or ``python -m module argv``) once; returns {argv, wall_s}.
 
         The record lands in ``<root>/<name>/sweep.json``; a second call with the same
         argv returns it without running, unless ``force``. ``sweep.json`` is written
-        (``wall_s`` null) before the run starts (``stale``: what is there was made by another
-        command, however it was recorded: run afresh): when a call with the same argv finds
+        (``wall_s`` null) before the run starts: when a call with the same argv finds
         it unfinished and ``<root>/<name>/checkpoints/last`` there, it runs ``resume``
         instead, so a training run cut short continues. The wall_s of a resumed run is
-        that of the resuming process alone.
+        that of the resuming process alone. ``same_run`` (a training run: its config.json
+        against argv's config, ``train``) overrides the argv's verdict: True, what is there
+        is argv's run however it was spelled; False, it was made with other settings (run
+        afresh).
         """
         run_dir = self.root / name
         marker = run_dir / "sweep.json"
         prior = json.loads(marker.read_text()) if marker.is_file() and not self.force else {}
-        same = same_command(prior.get("argv"), argv) and prior.get("module") == module and not stale
+        same = (same_command(prior.get("argv"), argv) if same_run is None or not prior else same_run) \
+            and prior.get("module") == module
         if same and prior.get("wall_s") is not None:
             say(f"[{name}] reusing the finished run ({prior['wall_s']:.0f} s)")
             return prior
@@ -179,26 +182,28 @@ class Sweep:
         """The command ``train(name, flags)`` runs and records in ``<root>/<name>/sweep.json``."""
         return list(flags) + ["--out-dir", str(self.root / name), "--overwrite"]
 
-    def _made_otherwise(self, name: str, argv: Sequence[str]) -> bool:
-        """True when ``<root>/<name>/config.json`` is not what ``argv`` gives today: the same flags recorded
-        before a default changed would otherwise pass for today's recipe (and a --resume would be refused)."""
+    def _same_run(self, name: str, argv: Sequence[str]) -> bool | None:
+        """Whether ``<root>/<name>/config.json`` acts as what ``argv`` gives today (TrainConfig.acting: however
+        the flags spell it, settings that act on nothing left out); None when there is none to read. The same
+        flags recorded before a default changed are another run (a --resume of it would be refused); other flags
+        that pin what a default has become since are the same run."""
         saved_path = self.root / name / "config.json"
         if not saved_path.is_file():
-            return False
+            return None
         from tasks.config import TrainConfig  # from_dict fills the fields a config written before them lacks
         from tasks.arguments import config_for  # flags mean what they mean to train_multitask.py
 
         try:
-            saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).to_dict()
-            today = config_for(list(argv)).to_dict()
+            saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).acting()
+            today = config_for(list(argv)).acting()
         except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
-            return False
+            return None
         for config in (saved, today):  # runs/x and /abs/path/runs/x are one directory
             config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})
         changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
         if changed:
             say(f"[{name}] made with other settings ({', '.join(changed)}): training it again")
-        return bool(changed)
+        return not changed
 
     def finished(self, name: str) -> tuple[dict, float | None] | None:
         """(the final record, the wall seconds its ``sweep.json`` holds, or None) of the run ``<root>/<name>``;
@@ -228,7 +233,7 @@ class Sweep:
         run_dir = self.root / name
         argv = self.train_argv(name, flags)
         done = self.command(name, argv, resume=["--resume", "--out-dir", str(run_dir)],
-                            stale=self._made_otherwise(name, argv))
+                            same_run=self._same_run(name, argv))
         record = final_record(run_dir) if not self.dry_run else {"dev": {}}
         if record is None:
             raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")

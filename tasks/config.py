@@ -65,8 +65,8 @@ EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "lim
 # resume and re-predict as it was trained and scored, whatever today's default.
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
                  "sst_prior": 0.0, "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544,
-                 "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0, "sst_phrases_order": "mixed",
-                 "save_only_model": False}
+                 "sst_phrases_batch_size": None, "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0,
+                 "sst_phrases_order": "mixed", "save_only_model": False}
 
 
 # ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
@@ -125,17 +125,19 @@ class TrainConfig:
     sst_prior_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
                                          "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is",
                                          group="data", metavar="DIR")
-    sst_phrases: str | None = option(None, "a file of labelled SST phrases in the SST training file's format "
-                                     "(data/sst-phrases-train.csv: the treebank's sub-sentence phrases of the "
-                                     "training trees; a name in --data-dir or a path), trained through the SST head as "
-                                     "a stream of their own beside the sentences (Socher et al. 2013 train on every "
-                                     "phrase); not in the minBERT paper; default: none", group="data", metavar="FILE")
-    sst_phrases_per_epoch: int = option(8544, "with --sst-phrases: phrases trained an epoch, the next ones of a "
+    sst_phrases: str | None = option("sst-phrases-train.csv", "a file of labelled SST phrases in the SST training "
+                                     "file's format (data/sst-phrases-train.csv: the treebank's sub-sentence phrases "
+                                     "of the training trees; a name in --data-dir or a path), trained through the SST "
+                                     "head as a stream of their own beside the sentences on a run with sst (Socher "
+                                     "et al. 2013 train on every phrase); not in the minBERT paper; none = off",
+                                     group="data", metavar="FILE")
+    sst_phrases_per_epoch: int = option(17088, "with --sst-phrases: phrases trained an epoch, the next ones of a "
                                         "seeded shuffle of the file (as --train-subsets says)", group="data",
                                         metavar="N")
-    sst_phrases_batch_size: int | None = option(None, "with --sst-phrases: phrases per batch (default: --batch-size); "
-                                                "phrases are short, so a larger batch trains the same phrases in fewer, "
-                                                "fuller optimizer steps (even batching keeps one size for the tasks)", group="data", metavar="B")
+    sst_phrases_batch_size: int | None = option(64, "with --sst-phrases: phrases per batch (none: --batch-size); "
+                                                "phrases are short, so a larger batch trains the same phrases in "
+                                                "fewer, fuller optimizer steps (even batching keeps one size for the "
+                                                "tasks)", group="data", metavar="B")
     sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)",
                                         group="data", metavar="N")
     sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data",
@@ -300,13 +302,30 @@ class TrainConfig:
     # -- derived --
     def streams(self) -> tuple[str, ...]:
         """The schedule's streams: the tasks, then "phrases" (--sst-phrases) and "nli" when on."""
-        return self.tasks + ((PHRASES,) if self.sst_phrases else ()) + ((NLI,) if self.nli else ())
+        return self.tasks + ((PHRASES,) if self.trains_phrases else ()) + ((NLI,) if self.nli else ())
+
+    @property
+    def trains_phrases(self) -> bool:
+        """Whether the run trains --sst-phrases: a phrase file, and sst among its tasks (a run without sst has no
+        SST head to train them through, whatever the file)."""
+        return self.sst_phrases is not None and "sst" in self.tasks
 
     def batch_sizes(self) -> dict[str, int]:
         sizes = {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
         if PHRASES in sizes and self.sst_phrases_batch_size is not None:
             sizes[PHRASES] = self.sst_phrases_batch_size
         return sizes
+
+    def acting(self) -> dict[str, Any]:
+        """``to_dict()`` as the run acts on it: the phrase batch size resolved, the phrase settings left out of a
+        run that trains no phrases. Two configs with equal ``acting()`` make one run, however spelled."""
+        d = self.to_dict()
+        if self.trains_phrases:
+            d["sst_phrases_batch_size"] = self.batch_sizes()[PHRASES]
+        else:
+            for name in [k for k in d if k.startswith("sst_phrases")]:
+                del d[name]
+        return d
 
     # -- checks --
     def validate(self) -> None:
@@ -337,8 +356,6 @@ class TrainConfig:
         for name in ("sts_prior", "sst_prior"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} is a weight in [0, 1], got {getattr(self, name)}")
-        if self.sst_phrases is not None and "sst" not in self.tasks:
-            raise ValueError(f"sst_phrases trains the SST head, and tasks {list(self.tasks)} has no sst")
         if self.sst_phrases_per_epoch < 1:
             raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {self.sst_phrases_per_epoch}")
         if self.sst_phrases_batch_size is not None and self.sst_phrases_batch_size < 1:
@@ -346,7 +363,7 @@ class TrainConfig:
         if self.sst_phrases_min_words < 1:
             raise ValueError(f"sst_phrases_min_words must be at least 1, got {self.sst_phrases_min_words}")
         if not self.sst_phrases_weight > 0:
-            raise ValueError(f"sst_phrases_weight must be positive (no --sst-phrases: no phrases), got "
+            raise ValueError(f"sst_phrases_weight must be positive (--sst-phrases none: no phrases), got "
                              f"{self.sst_phrases_weight}")
         if self.sst_phrases_order not in PHRASE_ORDERS:
             raise ValueError(f"sst_phrases_order must be one of {', '.join(PHRASE_ORDERS)}, got "
@@ -451,10 +468,13 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
     if "sst_prior" in explicit and cfg.sst_prior > 0 and "sst" not in cfg.tasks:
         raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
+    if "sst_phrases" in explicit and cfg.sst_phrases is not None and "sst" not in cfg.tasks:
+        raise ValueError(f"--sst-phrases trains the SST head, and --tasks {' '.join(cfg.tasks)} has no sst")
     idle = [name for name in ("sst_phrases_per_epoch", "sst_phrases_batch_size", "sst_phrases_min_words",
-                              "sst_phrases_weight", "sst_phrases_order") if name in explicit and cfg.sst_phrases is None]
+                              "sst_phrases_weight", "sst_phrases_order") if name in explicit and not cfg.trains_phrases]
     if idle:
-        raise ValueError(f"--{idle[0].replace('_', '-')} only acts with --sst-phrases FILE (the phrase stream)")
+        raise ValueError(f"--{idle[0].replace('_', '-')} only acts on the phrase stream (--sst-phrases FILE on a run "
+                         "with sst)")
     if "sst_prior_model" in explicit and (cfg.sst_prior == 0 or "sst" not in cfg.tasks):
         raise ValueError("--sst-prior-model only acts with --sst-prior W > 0 on a run with sst")
 
@@ -553,7 +573,7 @@ __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "
 COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
                               max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
                               loss_weights={}, objectives={}, symmetric_eval=False, sts_prior=0.0,
-                              sst_prior=0.0)
+                              sst_prior=0.0, sst_phrases=None)
 
 
 _B_MODEL = dict(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256)

@@ -16,7 +16,8 @@ Type hints become flags so:
     tuple[T, ...], list[T] --x V [V ...] (``nargs``, default "*"), or --x V --x V (``repeat``)
     dict[str, int|float]   --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
                            is removed); the command merges the items into the field's mapping
-    X | None               as X
+    X | None               as X; a field whose default is not None takes the word "none" for None (how a
+                           setting on by default is turned off, as transformers' ``--report_to none``)
 Another type is a TypeError naming the field (a flag that would silently do nothing is not made).
 
 Usage:
@@ -98,6 +99,15 @@ def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[st
     return parse
 
 
+def or_none(tp: type) -> Callable[[str], Any]:
+    """argparse type of an ``X | None`` field whose default is not None: "none" gives None, anything else X's
+    value (argparse names X in its error: "invalid int value")."""
+    def parse(text: str) -> Any:
+        return None if text == "none" else tp(text)
+    parse.__name__ = tp.__name__
+    return parse
+
+
 def _unwrap(tp: Any) -> Any:
     """``X`` of ``X | None``."""
     args = typing.get_args(tp)
@@ -144,7 +154,8 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
         kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]),
               "metavar": meta.get("metavar") or "STREAM=VALUE"}
     elif tp in (int, float, str):
-        kw = {"type": tp}
+        optional = tp is not typing.get_type_hints(cls)[f.name]
+        kw = {"type": or_none(tp) if optional and default is not None else tp}
     else:
         raise TypeError(f"{cls.__name__}.{f.name} has type {tp!r}, which has no flag form")
     if meta.get("choices"):

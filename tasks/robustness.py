@@ -276,7 +276,8 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], TrainCon
     train_parser = arguments.build_parser()
     train_parser.prog = f"{parser.prog} {args.command} --"
     try:
-        cfg = arguments.config_for(flags + ["--tasks", *experiment_tasks(args), "--data-dir", args.data_dir],
+        cfg = arguments.config_for(flags + ["--tasks", *experiment_tasks(args), "--data-dir", args.data_dir,
+                                            "--sst-phrases", "none"],
                                        train_parser)
     except (ValueError, OSError) as e:
         parser.error(f"the training flags after --: {describe(e)}")

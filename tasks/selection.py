@@ -75,7 +75,8 @@ def phrases_file(cfg: TrainConfig) -> Path:
     path = Path(cfg.data_dir) / Path(cfg.sst_phrases).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases}: no such file {path} (a name in --data-dir, or "
-                                "a path; `bash setup.sh` links data/sst-phrases-train.csv)")
+                                "a path; `bash setup.sh` links data/sst-phrases-train.csv; --sst-phrases none "
+                                "trains without phrases)")
     return path
 
 
@@ -128,7 +129,7 @@ def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
         dev = final["dev"][task] = load_examples(task, "dev", cfg, reports)
         dev_sets[task] = make_dataset(task, capped_dev(task, dev, cfg), tokenizer, cfg)
         final["test"][task] = load_examples(task, "test", cfg, reports)
-    if cfg.sst_phrases is not None:
+    if cfg.trains_phrases:
         phrases, report = load_phrases(cfg)
         reports["sst phrases"] = report
         train_sets[PHRASES] = make_dataset("sst", phrases, tokenizer, cfg)

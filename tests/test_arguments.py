@@ -57,9 +57,10 @@ def _non_default(action: argparse.Action) -> tuple[list[str], object]:
     if action.choices:
         value = next(c for c in action.choices if c != default)
         return [flag, str(value)], value
-    if action.type is int:
+    kind = getattr(action.type, "__name__", None)  # an "X | None" field's type is named as X (tasks.options.or_none)
+    if kind == "int":
         value = (default or 0) + 3
-    elif action.type is float:
+    elif kind == "float":
         value = (default or 0.0) + 0.0625
     else:
         value = f"{action.dest}-value"
@@ -137,6 +138,7 @@ def test_baseline_preset_is_paper_section_4_1():
     assert (cfg.lr, cfg.lr_schedule, cfg.schedule, cfg.epochs, cfg.batch_size) == (1e-5, "constant", "sequential", 10, 16)
     assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
     assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3
+    assert cfg.sst_phrases is None and not any(_preset(name).trains_phrases for name in ("b1", "b2", "b3"))
 
 
 @pytest.mark.usefixtures("paper_objectives")
@@ -198,6 +200,23 @@ def test_default_config_is_the_measured_cpu_recipe():
     assert cfg == TrainConfig()
     assert cfg.pretrained is None and cfg.model.pair_encoding == "cross" and "para" in cfg.max_train_examples
     json.dumps(cfg.to_dict())  # plain JSON
+
+
+def test_the_default_trains_the_sst_phrases_and_none_turns_them_off(tmp_path):
+    """Issue 42: the default recipe trains 17,088 of the treebank's phrases an epoch through the SST head, in
+    batches of 64; a run without sst has no phrase stream (and needs no phrase file); ``--sst-phrases none`` turns
+    them off."""
+    default = arguments.config_for([])
+    assert (default.sst_phrases, default.sst_phrases_per_epoch) == ("sst-phrases-train.csv", 17088)
+    assert default.batch_sizes() == {"sst": 32, "para": 32, "sts": 32, "phrases": 64}
+    assert default.trains_phrases and default.streams() == ("sst", "para", "sts", "phrases")
+    pairs = arguments.config_for(["--tasks", "para", "sts"])
+    assert not pairs.trains_phrases and pairs.streams() == ("para", "sts")
+    off = arguments.config_for(["--sst-phrases", "none"])
+    assert off.sst_phrases is None and not off.trains_phrases and off.streams() == ("sst", "para", "sts")
+    mine = tmp_path / "mine.csv"
+    mine.write_text("id\tsentence\tsentiment\n")
+    assert arguments.config_for(["--sst-phrases", str(mine)]).sst_phrases == str(mine)
 
 
 def test_config_reruns_a_saved_config_with_flags_overriding_it(tmp_path):

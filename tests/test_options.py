@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 from dataclasses import dataclass
 
@@ -9,7 +10,7 @@ import pytest
 
 from tasks.config import TrainConfig
 from tasks.model import ModelConfig
-from tasks.options import default_of, help_text, option
+from tasks.options import add_options, default_of, help_text, option, options_of
 
 
 @dataclass
@@ -37,3 +38,23 @@ def test_option_carries_its_help_and_default_and_a_factory_gives_fresh_objects()
 def test_every_config_field_has_its_help_text(cls):
     """Every field of the training and model configs says what it does: the CLI's --help reads it from here."""
     assert [f.name for f in dataclasses.fields(cls) if not help_text(cls, f.name).strip()] == []
+
+
+@dataclass
+class _Optional:
+    file: str | None = option("a.csv", "a file on by default")
+    model: str | None = option(None, "a directory, off by default")
+    size: int | None = option(64, "a number, 'none' for another's", metavar="N")
+
+
+def test_none_turns_off_a_setting_that_is_on_by_default():
+    """``X | None`` with a default: the word "none" gives None; a field whose default is None takes it as a name."""
+    parser = argparse.ArgumentParser()
+    add_options(parser, _Optional)
+    assert options_of(parser.parse_args([]), _Optional) == {"file": "a.csv", "model": None, "size": 64}
+    assert options_of(parser.parse_args(["--file", "none", "--model", "none", "--size", "none"]), _Optional) == \
+        {"file": None, "model": "none", "size": None}
+    assert options_of(parser.parse_args(["--file", "b.csv", "--size", "8"]), _Optional) == \
+        {"file": "b.csv", "model": None, "size": 8}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--size", "eight"])

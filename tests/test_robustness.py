@@ -33,7 +33,8 @@ def test_robustness_docstring_examples_parse():
 def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkeypatch, caplog, command, extra,
                                                                 changed):
     """Each experiment writes its changed train files, trains on them once per seed and reports its scores;
-    ``minority`` trains its one task and scores the reduced class from the run's prediction file. The log says
+    ``minority`` trains its one task and scores the reduced class from the run's prediction file; none trains the
+    SST phrases (their labels would escape the perturbation). The log says
     the plan first and after each run how far it is (issue 31)."""
     from tests.helpers import write_tiny_data
 
@@ -60,6 +61,7 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     assert "plan: 2 training runs" in (out / "robustness.log").read_text()  # the command's log, beside its runs
     cfg, used, _ = calls[0]
     assert cfg.epochs == 1 and cfg.tasks == (("sst",) if command == "minority" else ("sst", "para"))
+    assert not cfg.trains_phrases  # the phrases' labels are not perturbed: the experiment trains none
     for name, rows in changed.items():  # rewritten files with the perturbed number of rows, the rest linked
         assert not (used / name).is_symlink() and len((used / name).read_text().splitlines()) == rows + 1
     assert (used / "sts-train.csv").is_symlink() and (used / "ids-sst-dev.csv").is_symlink()

@@ -105,7 +105,7 @@ def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
-    if cfg.sst_phrases is not None:
+    if cfg.trains_phrases:
         phrases_file(cfg)
     check_available(cfg.report_to)
     check_encoder(cfg, checkpoint)

@@ -16,7 +16,8 @@ def test_every_row_is_an_sst_specialist_scored_by_its_head_and_differs_from_base
     for name, cfg in configs.items():
         assert cfg.tasks == ("sst",) and cfg.sst_prior == 0, name
         assert name == "base" or cfg.to_dict() != configs["base"].to_dict(), name
-    assert configs["phrases"].sst_phrases == "sst-phrases-train.csv"
+    assert configs["base"].sst_phrases is None
+    assert configs["phrases"].sst_phrases == "sst-phrases-train.csv" and configs["phrases"].sst_phrases_per_epoch == 8544
     assert configs["w0.25"].sst_phrases_weight == 0.25 and configs["n17k"].sst_phrases_per_epoch == 17088
     assert configs["min3"].sst_phrases_min_words == 3 and configs["first"].sst_phrases_order == "first"
     assert configs["llrd"].sst_phrases is None and configs["llrd"].layer_lr_decay == 0.9
@@ -41,13 +42,16 @@ def test_the_table_pairs_each_row_with_base_by_seed(tmp_path):
     assert sst_phrases.PARENT == "base"
 
 
-def test_a_full_arm_is_the_default_plus_the_rows_own_flags():
-    """--full ROW runs the whole recipe: the specialist's --tasks sst --sst-prior 0 left out, the row's flags kept."""
+def test_a_full_arm_is_the_default_plus_the_rows_own_flags_and_n17k_b64_is_the_default():
+    """--full ROW runs the whole recipe: the specialist's --tasks sst --sst-prior 0 left out, the row's flags kept;
+    base's arm is the default without phrases, n17k-b64's the default itself (it was adopted)."""
     default = arguments.config_for(["--out-dir", "unused"])
-    n17k = arguments.config_for([*sst_phrases.full_flags("n17k"), "--out-dir", "unused"])
-    assert n17k.tasks == default.tasks and n17k.sst_prior == default.sst_prior
-    assert n17k.sst_phrases == "sst-phrases-train.csv" and n17k.sst_phrases_per_epoch == 17088
-    assert {k: v for k, v in n17k.to_dict().items() if not k.startswith("sst_phrases")} == \
+    base = arguments.config_for([*sst_phrases.full_flags("base"), "--out-dir", "unused"])
+    n17k = arguments.config_for([*sst_phrases.full_flags("n17k-b64"), "--out-dir", "unused"])
+    assert n17k.to_dict() == default.to_dict()
+    assert arguments.config_for([*sst_phrases.full_flags("n17k"), "--out-dir", "unused"]).batch_sizes()["phrases"] == 32
+    assert base.sst_phrases is None and not base.trains_phrases and base.streams() == ("sst", "para", "sts")
+    assert {k: v for k, v in base.to_dict().items() if not k.startswith("sst_phrases")} == \
         {k: v for k, v in default.to_dict().items() if not k.startswith("sst_phrases")}
 
 
@@ -55,16 +59,16 @@ def test_full_runs_both_arms_seed_by_seed_on_the_preset(tmp_path, capsys):
     sst_phrases.main(["--out-dir", str(tmp_path), "--full", "w0.5", "--preset", "quick", "--seeds", "0", "1",
                       "--dry-run"])
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[full-quick/")]
-    assert [c.split("]")[0][1:] for c in commands] == ["full-quick/default/seed0", "full-quick/w0.5/seed0",
-                                                       "full-quick/default/seed1", "full-quick/w0.5/seed1"]
+    assert [c.split("]")[0][1:] for c in commands] == ["full-quick/base/seed0", "full-quick/w0.5/seed0",
+                                                       "full-quick/base/seed1", "full-quick/w0.5/seed1"]
     assert all("--preset quick" in c for c in commands)
-    assert "--sst-phrases-weight 0.5" in commands[1] and "--sst-phrases" not in commands[0]
+    assert "--sst-phrases-weight 0.5" in commands[1] and "--sst-phrases none --seed 0" in commands[0]
     assert "--tasks" not in " ".join(commands)
 
 
 def test_the_full_table_pairs_every_metric_and_the_seconds_by_seed(tmp_path):
     sweep = Sweep(tmp_path)
-    overall = {"default": [0.74, 0.75], "n17k": [0.75, 0.77]}
+    overall = {"base": [0.74, 0.75], "n17k": [0.75, 0.77]}
     for arm, values in overall.items():
         for seed, value in enumerate(values):
             run = tmp_path / "full" / arm / f"seed{seed}"
@@ -77,4 +81,6 @@ def test_the_full_table_pairs_every_metric_and_the_seconds_by_seed(tmp_path):
     delta = next(line for line in table if line.startswith("| Δ"))
     assert delta.count("+0.015 ± 0.005") == 2  # SST and overall: differences 0.01, 0.02
     assert "+0.000 ± 0.000" in delta and delta.rstrip(" |").endswith("+20 ± 0*")
-    assert "default + --sst-phrases sst-phrases-train.csv --sst-phrases-per-epoch 17088" in table[3]
+    assert "`base`: default + --sst-phrases none" in table[2]
+    assert "default + --sst-phrases sst-phrases-train.csv --sst-phrases-per-epoch 17088 --sst-phrases-batch-size 32" \
+        in table[3]

@@ -87,8 +87,9 @@ def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
 
 
 def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, capsys):
-    """A sweep reuses a finished run only when its config.json is the one its command gives with today's
-    defaults: the same argv recorded before a default changed (here the STS prior) is trained again."""
+    """A sweep reuses a finished run only when its config.json acts as the one its command gives with today's
+    defaults: the same argv recorded before a default changed (here the STS prior) is trained again, and another
+    argv that pins the old value (the experiment's table keeps its recipe) reuses it."""
     sweep = Sweep(tmp_path, dry_run=True)
     flags = ["--seed", "3", "--epochs", "2"]
     run = tmp_path / "member"
@@ -107,13 +108,30 @@ def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, caps
     assert "reusing" not in out and "made with other settings (sts_prior)" in out and "python" in out
     older = {k: v for k, v in today.items() if k != "sts_prior"}  # written before the field existed: its legacy 0
     (run / "config.json").write_text(json.dumps(older))
-    sweep.train("member", [*flags, "--sts-prior", "0"])
-    out = capsys.readouterr().out  # the same settings as the record's (legacy 0), but another argv: it runs
-    assert "made with other settings" not in out and "reusing" not in out and "python" in out
-    (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", [*flags, "--sts-prior", "0"]),
-                                                "module": None, "wall_s": 12.0}))
-    sweep.train("member", [*flags, "--sts-prior", "0"])
+    sweep.train("member", [*flags, "--sts-prior", "0"])  # the record's settings (legacy 0), spelled otherwise
     assert "reusing the finished run" in capsys.readouterr().out
+    sweep.train("member", [*flags, "--sts-prior", "0", "--sts-prior-model", "x"])  # refused by the run: argv decides
+    out = capsys.readouterr().out
+    assert "reusing" not in out and "python" in out
+
+
+def test_settings_that_act_on_nothing_do_not_make_another_run(tmp_path, capsys):
+    """A run without phrases is the same run whatever its phrase settings say (TrainConfig.acting): one recorded
+    before the default took the SST phrases is reused by a command that pins --sst-phrases none."""
+    sweep = Sweep(tmp_path, dry_run=True)
+    run = tmp_path / "member"
+    run.mkdir()
+    (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("member", ["--seed", "3"]), "module": None,
+                                                "wall_s": 12.0}))
+    (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
+    recorded = arguments.config_for(sweep.train_argv("member", ["--seed", "3", "--sst-phrases", "none"])).to_dict()
+    older = {k: v for k, v in recorded.items() if not k.startswith("sst_phrases")}  # before the phrase options
+    (run / "config.json").write_text(json.dumps(older))
+    sweep.train("member", ["--sst-phrases", "none", "--seed", "3"])
+    assert "reusing the finished run" in capsys.readouterr().out
+    sweep.train("member", ["--seed", "3"])  # today's default trains phrases: another run
+    out = capsys.readouterr().out
+    assert "made with other settings (sst_phrases, sst_phrases_batch_size" in out and "python" in out
 
 
 def test_a_sweeps_relative_paths_mean_what_they_mean_where_it_was_started(tmp_path, monkeypatch):
@@ -132,17 +150,17 @@ def test_a_finished_run_is_reused_however_its_directory_is_spelled(tmp_path, mon
     monkeypatch.chdir(tmp_path)
     relative, absolute = Sweep("runs", dry_run=True), Sweep(tmp_path / "runs", dry_run=True)
     first, second = (absolute, relative) if recorded_absolute else (relative, absolute)
-    flags = ["--seed", "3", "--data-dir", "data"]
+    flags = ["--seed", "3", "--sst-phrases", "none", "--data-dir", "data"]  # no phrase file in this directory
     run = tmp_path / "runs" / "member"
     run.mkdir(parents=True)
     (run / "sweep.json").write_text(json.dumps({"argv": first.train_argv("member", flags), "module": None,
                                                 "wall_s": 12.0}))
     (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
     (run / "config.json").write_text(json.dumps(arguments.config_for(first.train_argv("member", flags)).to_dict()))
-    second.train("member", [*flags[:2], "--data-dir", str(tmp_path / "data")])
+    second.train("member", [*flags[:4], "--data-dir", str(tmp_path / "data")])
     out = capsys.readouterr().out
     assert "reusing the finished run" in out and "made with other settings" not in out
-    second.train("member", [*flags[:2], "--data-dir", "other"])
+    second.train("member", [*flags[:4], "--data-dir", "other"])
     assert "made with other settings (data_dir)" in capsys.readouterr().out  # another directory is another run
 
 

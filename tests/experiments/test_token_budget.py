@@ -43,7 +43,7 @@ def test_token_budget_refuses_bad_flags_and_missing_data_in_one_line(tmp_path, c
     err = capsys.readouterr().err
     assert e.value.code == 2 and f"no checkpoint directory at {tmp_path / 'no'}" in err and "Traceback" not in err
     with pytest.raises(SystemExit) as e:
-        token_budget.main([f"--candidate=--data-dir {tmp_path}"])
+        token_budget.main([f"--candidate=--data-dir {tmp_path} --sst-phrases none"])
     err = capsys.readouterr().err
     assert e.value.code == 1 and f"{tmp_path}/ids-sst-train.csv" in err and "Traceback" not in err
     assert err.startswith("token_budget.py: error: ") and len(err.strip().splitlines()) == 1

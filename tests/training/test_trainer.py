@@ -106,7 +106,8 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
     different phrases), in batches of the SST head whose loss is the phrases' weight x the SST loss; the sentences
     still train in full, and with order "first" the phrase batches open the epoch."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases="sst-phrases-train.csv", sst_phrases_per_epoch=20,
-                            sst_phrases_min_words=2, sst_phrases_weight=0.25, train_subsets="cycle")
+                            sst_phrases_batch_size=8, sst_phrases_min_words=2, sst_phrases_weight=0.25,
+                            train_subsets="cycle")
     trainer = trainer_for(cfg)
     phrases = trainer.train_sets["phrases"]
     assert len(phrases) > 20 and min(len(t.split()) for t in phrases.texts) >= 2
