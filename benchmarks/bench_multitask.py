@@ -872,11 +872,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     cfg = TrainConfig(data_dir=args.data_dir, pretrained=args.pretrained, bf16=args.bf16, sst_phrases=None)
     res = benchmark(cfg, args.variants, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
                     memory=not args.no_memory, profile=args.profile, threads=args.threads, square=args.square)
-    res["command"] = "python -m benchmarks.bench_multitask " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(markdown(res))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+    return report(res, "benchmarks.bench_multitask", argv, markdown, args.json)
+
+
+def report(res: dict[str, Any], module: str, argv: Sequence[str] | None, render: Callable[[dict], str],
+           json_out: str | None) -> dict[str, Any]:
+    """A benchmark's end: its command into ``res``, the rendered table on stdout, every number to ``json_out``."""
+    res["command"] = f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
+    print(render(res))
+    if json_out:
+        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_out).write_text(json.dumps(res, indent=1, default=str))
     return res
 
 

@@ -19,17 +19,15 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
-import json
 import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
-from benchmarks.bench_multitask import machine_info, make_base_trainer
+from benchmarks.bench_multitask import machine_info, make_base_trainer, report
 from tasks.cli import Parser
 from tasks.config import TrainConfig
 from tasks.data.datasets import move_batch
@@ -153,12 +151,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
         res = benchmark(cfg, args.batch_sizes, steps=args.steps, rounds=args.rounds)
     except (ValueError, OSError) as e:
         ap.error(str(e))
-    res["command"] = "python -m benchmarks.bench_phrases " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(markdown(res))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(res, indent=1, default=str))
-    return res
+    return report(res, "benchmarks.bench_phrases", argv, markdown, args.json)
 
 
 if __name__ == "__main__":
