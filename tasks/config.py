@@ -27,7 +27,7 @@ from typing import Any
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, STREAMS, TASKS, ModelConfig
 from tasks.objectives import objective_config, registered_objectives
-from tasks.options import option
+from tasks.options import option, takes_none
 from tasks.runtime import check_device_string
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
@@ -280,6 +280,7 @@ class TrainConfig:
         if model_type != MODEL_TYPE:
             raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
         known = {f.name for f in dataclasses.fields(cls)}
+        d |= {f.name: None for f in dataclasses.fields(cls) if d.get(f.name) == "none" and takes_none(cls, f)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")

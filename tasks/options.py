@@ -128,6 +128,14 @@ def shown_default(value: Any) -> str:
     return str(value)
 
 
+def takes_none(cls: type, f: dataclasses.Field) -> bool:
+    """Whether field ``f`` of dataclass ``cls`` takes the word "none" for None: an ``X | None`` of a scalar X whose
+    default is not None (``--sst-phrases none``), on the command line and in a ``--config`` file alike."""
+    hint = typing.get_type_hints(cls)[f.name]
+    tp = _unwrap(hint)
+    return tp in (int, float, str) and tp is not hint and default_of(f) is not None
+
+
 def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
     """argparse ``add_argument`` keywords of field ``f`` of dataclass ``cls`` (type, action, nargs, choices,
     metavar), from its type hint and ``option`` metadata."""
@@ -154,8 +162,7 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
         kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]),
               "metavar": meta.get("metavar") or "STREAM=VALUE"}
     elif tp in (int, float, str):
-        optional = tp is not typing.get_type_hints(cls)[f.name]
-        kw = {"type": or_none(tp) if optional and default is not None else tp}
+        kw = {"type": or_none(tp) if takes_none(cls, f) else tp}
     else:
         raise TypeError(f"{cls.__name__}.{f.name} has type {tp!r}, which has no flag form")
     if meta.get("choices"):

@@ -263,3 +263,17 @@ def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_p
     saved = {k: v for k, v in default.to_dict().items() if k != "sst_prior"}  # a run saved before --sst-prior
     (tmp_path / "saved.json").write_text(json.dumps(saved))
     assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).sst_prior == 0.0
+
+
+def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_path):
+    """An option whose default is on takes "none" for off on the command line (--sst-phrases none); a --config
+    file saying "none" for it means the same (it was read as the file name "none"); null stays off too."""
+    (tmp_path / "off.json").write_text('{"sst_phrases": "none"}')
+    from_file = arguments.config_for(["--config", str(tmp_path / "off.json")])
+    assert from_file == arguments.config_for(["--sst-phrases", "none"]) and from_file.sst_phrases is None
+    (tmp_path / "batch.json").write_text('{"sst_phrases_batch_size": "none"}')
+    from_file = arguments.config_for(["--config", str(tmp_path / "batch.json")])
+    assert from_file == arguments.config_for(["--sst-phrases-batch-size", "none"])
+    assert from_file.sst_phrases_batch_size is None and from_file.sst_phrases is not None
+    (tmp_path / "null.json").write_text('{"sst_phrases": null}')
+    assert arguments.config_for(["--config", str(tmp_path / "null.json")]).sst_phrases is None
