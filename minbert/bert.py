@@ -309,6 +309,18 @@ class BertModel(nn.Module):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
 
+    def reinit_top_layers(self, n: int, pooler: bool = True) -> None:
+        """Re-initialise the top ``n`` encoder layers (and the pooler, with ``pooler``) as a fresh model's, from
+        torch's generator: Zhang et al. 2021, "Revisiting Few-sample BERT Fine-tuning" (ICLR), §5 (the top
+        layers' pretrained weights specialise to the pretraining task and can hurt fine-tuning on little data)."""
+        layers = self.encoder.layer
+        if not 0 <= n <= len(layers):
+            raise ValueError(f"cannot re-initialise {n} layers of an encoder of {len(layers)}")
+        for layer in layers[len(layers) - n:]:
+            layer.apply(self._init_weights)
+        if pooler and n and self.pooler is not None:
+            self.pooler.apply(self._init_weights)
+
     def get_input_embeddings(self) -> nn.Embedding:
         return self.embeddings.word_embeddings
 

@@ -66,7 +66,7 @@ EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "lim
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
                  "sst_prior": 0.0, "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544,
                  "sst_phrases_batch_size": None, "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0,
-                 "sst_phrases_order": "mixed", "save_only_model": False}
+                 "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0}
 
 
 # ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
@@ -192,6 +192,10 @@ class TrainConfig:
                                    "discriminative fine-tuning): encoder layer i of L (0 = the lowest) trains at "
                                    "lr x this^(L-1-i), the embeddings at lr x this^L; 1 = one lr for all",
                                    group="optimization", metavar="FACTOR")
+    reinit_layers: int = option(0, "re-initialise the top N encoder layers (and the pooler, where the heads read "
+                                "it) with BERT's initialization before fine-tuning (not in the paper; Zhang et al. "
+                                "2021, Revisiting few-sample BERT fine-tuning, §5); 0 = keep every pretrained layer",
+                                group="optimization", metavar="N")
     head_lr_scale: float = option(1.0, "the heads (and objectives' own parameters) train at lr x this; the "
                                   "encoder at lr", group="optimization", metavar="FACTOR")
     grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)",
@@ -423,6 +427,8 @@ class TrainConfig:
             raise ValueError(f"warmup is a fraction of all steps in [0, 1), got {self.warmup}")
         if not self.weight_decay >= 0:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay}")
+        if self.reinit_layers < 0:
+            raise ValueError(f"reinit_layers must be >= 0, got {self.reinit_layers}")
         if not 0 < self.layer_lr_decay <= 1:
             raise ValueError(f"layer_lr_decay must be in (0, 1], got {self.layer_lr_decay}")
         if not self.head_lr_scale > 0:

@@ -203,3 +203,23 @@ def test_the_dropout_threshold_splits_the_uniforms_where_ge_p_does(p):
     t = bert.keep_threshold(p)
     u = torch.tensor([(t - 1) * 2**-24, t * 2**-24], dtype=torch.float32)
     assert (u >= p).tolist() == [False, True]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_reinit_top_layers_draws_what_transformers_init_draws_and_keeps_the_rest(n):
+    """reinit_top_layers(n) gives the top n layers and the pooler the weights transformers' own initialization
+    draws for them from the same generator state (Zhang et al. 2021 §5), and leaves every other weight as it was."""
+    import transformers
+
+    ours = BertModel(tiny_config(num_hidden_layers=3))
+    ref = transformers.BertModel(transformers.BertConfig(**ours.config.to_hf_dict()))
+    ref.load_state_dict(ours.state_dict())
+    torch.manual_seed(7)
+    ours.reinit_top_layers(n)
+    torch.manual_seed(7)
+    for module in [*ref.encoder.layer[3 - n:], ref.pooler]:
+        module.apply(ref._init_weights)
+    for key, value in ours.state_dict().items():  # ref's other weights are those both started from
+        assert torch.equal(value, ref.state_dict()[key]), key
+    with pytest.raises(ValueError, match="4 layers of an encoder of 3"):
+        ours.reinit_top_layers(4)

@@ -291,6 +291,20 @@ def test_build_parts_starts_the_baseline_para_offset_from_training_pairs(tmp_pat
     assert z.mean().item() == pytest.approx(math.log(p / (1 - p)), abs=1e-3)
 
 
+@pytest.mark.parametrize("pooling", ["mean", "pooler"])
+def test_reinit_layers_redraws_the_top_layers_alone_and_the_pooler_where_the_heads_read_it(tiny_env, tmp_path, pooling):
+    """--reinit-layers 1 on the tiny 2-layer encoder: layer 1 (and the pooler with pooling=pooler) differ from the
+    pretrained weights; layer 0, the embeddings and the heads (drawn before) are those of a run without it."""
+    model = ModelConfig(arch="b1", pair_encoding="cross", pooling=pooling)
+    plain, reinit = (build_parts(tiny_train_config(tiny_env, tmp_path / str(n), reinit_layers=n, model=model),
+                                 torch.device("cpu")).model.state_dict() for n in (0, 1))
+    redrawn = {k for k in plain if not torch.equal(plain[k], reinit[k])}
+    assert redrawn and all(k.startswith(("encoder.encoder.layer.1.", "encoder.pooler.")) for k in redrawn)
+    assert any(k.startswith("encoder.pooler.") for k in redrawn) == (pooling == "pooler")
+    with pytest.raises(ValueError, match="--reinit-layers 3: the encoder has 2 layers"):
+        build_parts(tiny_train_config(tiny_env, tmp_path / "3", reinit_layers=3), torch.device("cpu"))
+
+
 # ---- layer-wise lr decay and the heads' lr scale (--layer-lr-decay, --head-lr-scale) ----------------------
 
 
