@@ -15,6 +15,11 @@ row's change is the training's, not the prior's:
   min2, min3   ... only phrases of 2 or 3 words and more (18k of the 150k phrases are single words)
   first        ... each epoch trains its phrase batches first, then the sentences
   llrd         no phrases; layer-wise lr decay 0.9 (Sun et al. 2019 §5.3)
+  ls, ls-nb    no phrases; label smoothing ε = 0.1 to every class, or to the neighbouring classes of SST's
+               ordinal scale (tasks/objectives/label_smoothing.py)
+  rdrop        no phrases; R-Drop, α = 1 (tasks/objectives/rdrop.py)
+  reinit1, reinit2  no phrases; the top 1 or 2 of MiniLM's 6 layers re-initialised (--reinit-layers, Zhang et
+               al. 2021 §5)
 
 Each row runs once per seed in ``<out-dir>/<row>/seed<k>``; the table gives SST dev accuracy, mean ± std
 over the seeds, its change against ``base`` paired by seed (Δ ± SE, starred where |Δ| > 2 SE;
@@ -74,6 +79,16 @@ ROWS = [
     ("min3", "+ phrases of 3 words or more", phrases(8544, "--sst-phrases-min-words", "3")),
     ("first", "+ phrases, each epoch's phrase batches first", phrases(8544, "--sst-phrases-order", "first")),
     ("llrd", "no phrases, layer-wise lr decay 0.9", [*SPECIALIST, *NO_PHRASES, "--layer-lr-decay", "0.9"]),
+    ("ls", "no phrases, label smoothing 0.1 to every class",
+     [*SPECIALIST, *NO_PHRASES, "--objective", "label_smoothing", "--label-smoothing-weight", "0.1",
+      "--label-smoothing-to", "uniform"]),
+    ("ls-nb", "no phrases, label smoothing 0.1 to the neighbouring classes",
+     [*SPECIALIST, *NO_PHRASES, "--objective", "label_smoothing", "--label-smoothing-weight", "0.1",
+      "--label-smoothing-to", "neighbours"]),
+    ("rdrop", "no phrases, R-Drop, alpha 1", [*SPECIALIST, *NO_PHRASES, "--objective", "rdrop", "--rdrop-alpha", "1"]),
+    ("reinit1", "no phrases, the top encoder layer re-initialised", [*SPECIALIST, *NO_PHRASES, "--reinit-layers", "1"]),
+    ("reinit2", "no phrases, the top 2 encoder layers re-initialised",
+     [*SPECIALIST, *NO_PHRASES, "--reinit-layers", "2"]),
 ]
 NAMES = [name for name, _, _ in ROWS]
 METRICS = ("sst_acc", "para_acc", "sts_r", "overall")
