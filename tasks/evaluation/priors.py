@@ -168,26 +168,33 @@ def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None)
     return CosinePrior(cfg.sts_prior_model, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
 
 
-def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, c: float = SST_PRIOR_C
-                            ) -> dict[str, torch.Tensor]:
+def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, c: float = SST_PRIOR_C,
+                            sample_weight: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Multinomial logistic regression with scikit-learn's objective, C x sum of cross-entropies + ||W||^2 / 2
     (the bias not penalized), minimized by full-batch L-BFGS in float64 (deterministic on the CPU).
 
-    x (N, H) features, y (N,) class indices. Returns {"weight": (num_classes, H), "bias": (num_classes,)},
-    float32 on the CPU.
+    x (N, H) features, y (N,) class indices; ``sample_weight`` (N,) multiplies each example's cross-entropy, as
+    scikit-learn's. Returns {"weight": (num_classes, H), "bias": (num_classes,)}, float32 on the CPU.
     """
     x = x.detach().to("cpu", torch.float64)
     y = y.detach().to("cpu", torch.long)
+    w = None if sample_weight is None else sample_weight.detach().to("cpu", torch.float64)
     weight = torch.zeros(num_classes, x.shape[1], dtype=torch.float64, requires_grad=True)
     bias = torch.zeros(num_classes, dtype=torch.float64, requires_grad=True)
-    # The objective divided by C x N (the same minimizer, better scaled): mean cross-entropy + ||W||^2 / (2 C N).
-    penalty = 1.0 / (2.0 * c * len(x))
+    # The objective divided by C x N (the same minimizer, better scaled): mean cross-entropy + ||W||^2 / (2 C N);
+    # with sample weights, N is their sum.
+    penalty = 1.0 / (2.0 * c * (len(x) if w is None else w.sum().item()))
     opt = torch.optim.LBFGS([weight, bias], lr=1.0, max_iter=1000, history_size=20, tolerance_grad=1e-9,
                             tolerance_change=1e-12, line_search_fn="strong_wolfe")
 
+    def cross_entropy(logits: torch.Tensor) -> torch.Tensor:
+        if w is None:
+            return F.cross_entropy(logits, y)
+        return (F.cross_entropy(logits, y, reduction="none") * w).sum() / w.sum()
+
     def closure() -> torch.Tensor:
         opt.zero_grad()
-        loss = F.cross_entropy(x @ weight.T + bias, y) + penalty * weight.pow(2).sum()
+        loss = cross_entropy(x @ weight.T + bias) + penalty * weight.pow(2).sum()
         loss.backward()
         return loss
 

@@ -154,6 +154,19 @@ def test_logistic_regression_equals_scikit_learn():
         torch.testing.assert_close((x @ ours["weight"].T + ours["bias"]).softmax(-1), want, atol=2e-4, rtol=0)
 
 
+def test_weighted_logistic_regression_equals_scikit_learns_sample_weight():
+    """Sample weights (the SST phrases' weight in experiments/sst_prior_phrases.py) act as scikit-learn's."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 8, generator=g)
+    y = (x[:, :5] + torch.randn(300, 5, generator=g)).argmax(-1)
+    w = torch.rand(300, generator=g) * 2
+    ours = fit_logistic_regression(x, y, 5, c=0.3, sample_weight=w)
+    reference = sklearn.linear_model.LogisticRegression(C=0.3, max_iter=5000, tol=1e-10).fit(
+        x.numpy(), y.numpy(), sample_weight=w.numpy())
+    want = torch.from_numpy(reference.predict_proba(x.numpy())).float()
+    torch.testing.assert_close((x @ ours["weight"].T + ours["bias"]).softmax(-1), want, atol=2e-4, rtol=0)
+
+
 def test_sst_blend_is_the_log_of_the_mixed_probabilities(sst_prior):
     """blend = log((1 - W) softmax(logits) + W p_probe): its softmax is the mixture, rows sum to 1; the probe
     fitted on ten sentences puts a new positive sentence above a new negative one."""
