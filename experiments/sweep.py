@@ -186,7 +186,8 @@ class Sweep:
         """Whether ``<root>/<name>/config.json`` acts as what ``argv`` gives today (TrainConfig.acting: however
         the flags spell it, settings that act on nothing left out); None when there is none to read. The same
         flags recorded before a default changed are another run (a --resume of it would be refused); other flags
-        that pin what a default has become since are the same run."""
+        that pin what a default has become since are the same run. Its --out-dir is not compared: the run is the
+        directory it is read from, wherever it was made (an experiment that renames a row finds its runs moved)."""
         saved_path = self.root / name / "config.json"
         if not saved_path.is_file():
             return None
@@ -200,6 +201,7 @@ class Sweep:
             return None
         for config in (saved, today):  # runs/x and /abs/path/runs/x are one directory
             config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})
+            config.pop("out_dir")  # it is the run <root>/<name> wherever it was made (a moved run is the same run)
         changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
         if changed:
             say(f"[{name}] made with other settings ({', '.join(changed)}): training it again")

@@ -134,6 +134,23 @@ def test_settings_that_act_on_nothing_do_not_make_another_run(tmp_path, capsys):
     assert "made with other settings (sst_phrases, sst_phrases_batch_size" in out and "python" in out
 
 
+def test_a_finished_run_moved_to_the_directory_a_row_now_names_is_reused(tmp_path, capsys):
+    """Where a run lives is not what it did: a finished run moved from <root>/default to <root>/base (an
+    experiment renamed its arm) is reused there, not trained again (its config.json still names the old --out-dir)."""
+    sweep = Sweep(tmp_path, dry_run=True)
+    flags = ["--seed", "3", "--sst-phrases", "none"]
+    old = arguments.config_for(sweep.train_argv("default", flags)).to_dict()
+    run = tmp_path / "base"
+    run.mkdir()
+    (run / "sweep.json").write_text(json.dumps({"argv": sweep.train_argv("default", flags), "module": None,
+                                                "wall_s": 12.0}))
+    (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
+    (run / "config.json").write_text(json.dumps(old))
+    sweep.train("base", flags)
+    out = capsys.readouterr().out
+    assert "reusing the finished run" in out and "made with other settings" not in out
+
+
 def test_a_sweeps_relative_paths_mean_what_they_mean_where_it_was_started(tmp_path, monkeypatch):
     """A sweep started outside the project reads and writes its runs where its own relative paths point: the
     commands it runs (here python -m json.tool IN OUT) see the same relative paths, not the project's."""
