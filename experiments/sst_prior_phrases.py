@@ -16,7 +16,8 @@ so "w = 0" (the sentences alone, fitted again) scores what the run scored, up to
 
 Runs are grouped by their parent directory (an arm: ``runs/sst-phrases/full/<arm>/seed<k>``). The table gives
 each arm's dev SST accuracy, mean ± std over its runs, with the run's own probe and with each refit probe, and
-the change paired by run (Δ ± SE, starred where |Δ| > 2 SE; experiments/stats.py).
+the change paired by run (Δ ± SE, starred where |Δ| > 2 SE; experiments/stats.py), and each probe's own dev
+accuracy (its argmax alone).
 
 Usage:
     python -m experiments.sst_prior_phrases --out-dir runs/sst-prior-phrases \\
@@ -93,17 +94,19 @@ def score_run(run: Path, dev: dict[str, tuple[torch.Tensor, int]], probes: dict[
     return scores
 
 
-def render(results: dict[str, dict[str, dict[str, float]]], weights: list[float]) -> str:
-    """One line per arm and probe: accuracy mean ± std over the arm's runs, Δ against the runs' own probes."""
+def render(results: dict[str, dict[str, dict[str, float]]], alone: dict[float, float]) -> str:
+    """One line per arm and probe: accuracy mean ± std over the arm's runs, Δ against the runs' own probes, and
+    the probe's own dev accuracy (``alone``, by weight)."""
     lines = []
     for arm, runs in results.items():
         own = {run: s[OWN] for run, s in runs.items()}
-        lines.append([f"`{arm}`", "its own (sentences)", len(runs), cell(list(own.values()), 4), ""])
-        for w in weights:
+        lines.append([f"`{arm}`", "its own (sentences)", len(runs), cell(list(own.values()), 4), "", ""])
+        for w, acc in alone.items():
             col = {run: s[str(w)] for run, s in runs.items()}
             what = "sentences, fitted again" if w == 0 else f"sentences + phrases at weight {w:g}"
-            lines.append([f"`{arm}`", what, len(runs), cell(list(col.values()), 4), change_cell(col, own, 4)])
-    return markdown_table(["arm", "probe", "runs", "SST acc", "Δ vs its own, paired"], lines)
+            lines.append([f"`{arm}`", what, len(runs), cell(list(col.values()), 4), change_cell(col, own, 4),
+                          f"{acc:.4f}"])
+    return markdown_table(["arm", "probe", "runs", "SST acc", "Δ vs its own, paired", "the probe alone"], lines)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -137,15 +140,18 @@ def main(argv: list[str] | None = None) -> dict:
         return torch.tensor([int(e.label) for e in examples])
 
     probes = fit_probes(x_train, labels(train), x_phrases, labels(phrases), args.weights)
+    alone = {w: (probe_probabilities(p, x_dev).argmax(-1) == labels(dev)).float().mean().item()
+             for w, p in probes.items()}
     by_id = {e.id: (x, int(e.label)) for e, x in zip(dev, x_dev)}
     results: dict[str, dict[str, dict[str, float]]] = {}
     for r in runs:
         results.setdefault(r.parent.name, {})[r.name] = score_run(r, by_id, probes)
-    text = render(results, args.weights) + "\n"
+    text = render(results, alone) + "\n"
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     summary = {"runs": [str(r) for r in runs], "weights": args.weights, "phrases": args.phrases,
-               "sentences": len(train), "phrase_count": len(phrases), "results": results}
+               "sentences": len(train), "phrase_count": len(phrases), "probe_alone": {str(w): a for w, a in alone.items()},
+               "results": results}
     (out / "sst_prior_phrases.json").write_text(json.dumps(summary, indent=2) + "\n")
     (out / "sst_prior_phrases.md").write_text(text)
     print(text)
