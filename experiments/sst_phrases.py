@@ -64,10 +64,15 @@ def phrases(per_epoch: int = 8544, *more: str, batch_size: int = 32) -> list[str
             "--sst-phrases-batch-size", str(batch_size), *more]
 
 
+def no_phrases(*more: str) -> list[str]:
+    """A specialist without the phrase file, and more."""
+    return [*SPECIALIST, *NO_PHRASES, *more]
+
+
 # (row, what it is, its flags): every setting a row depends on is spelled out, so a row means the same whatever
 # today's defaults (the default recipe took the n17k-b64 row's phrases after this table)
 ROWS = [
-    ("base", "SST specialist, no phrases", [*SPECIALIST, *NO_PHRASES]),
+    ("base", "SST specialist, no phrases", no_phrases()),
     ("phrases", "+ phrases: 8,544 an epoch, weight 1, mixed", phrases()),
     ("w0.5", "+ phrases, weight 0.5", phrases(8544, "--sst-phrases-weight", "0.5")),
     ("w0.25", "+ phrases, weight 0.25", phrases(8544, "--sst-phrases-weight", "0.25")),
@@ -78,17 +83,16 @@ ROWS = [
     ("min2", "+ phrases of 2 words or more", phrases(8544, "--sst-phrases-min-words", "2")),
     ("min3", "+ phrases of 3 words or more", phrases(8544, "--sst-phrases-min-words", "3")),
     ("first", "+ phrases, each epoch's phrase batches first", phrases(8544, "--sst-phrases-order", "first")),
-    ("llrd", "no phrases, layer-wise lr decay 0.9", [*SPECIALIST, *NO_PHRASES, "--layer-lr-decay", "0.9"]),
+    ("llrd", "no phrases, layer-wise lr decay 0.9", no_phrases("--layer-lr-decay", "0.9")),
     ("ls", "no phrases, label smoothing 0.1 to every class",
-     [*SPECIALIST, *NO_PHRASES, "--objective", "label_smoothing", "--label-smoothing-weight", "0.1",
-      "--label-smoothing-to", "uniform"]),
+     no_phrases("--objective", "label_smoothing", "--label-smoothing-weight", "0.1", "--label-smoothing-to",
+                "uniform")),
     ("ls-nb", "no phrases, label smoothing 0.1 to the neighbouring classes",
-     [*SPECIALIST, *NO_PHRASES, "--objective", "label_smoothing", "--label-smoothing-weight", "0.1",
-      "--label-smoothing-to", "neighbours"]),
-    ("rdrop", "no phrases, R-Drop, alpha 1", [*SPECIALIST, *NO_PHRASES, "--objective", "rdrop", "--rdrop-alpha", "1"]),
-    ("reinit1", "no phrases, the top encoder layer re-initialised", [*SPECIALIST, *NO_PHRASES, "--reinit-layers", "1"]),
-    ("reinit2", "no phrases, the top 2 encoder layers re-initialised",
-     [*SPECIALIST, *NO_PHRASES, "--reinit-layers", "2"]),
+     no_phrases("--objective", "label_smoothing", "--label-smoothing-weight", "0.1", "--label-smoothing-to",
+                "neighbours")),
+    ("rdrop", "no phrases, R-Drop, alpha 1", no_phrases("--objective", "rdrop", "--rdrop-alpha", "1")),
+    ("reinit1", "no phrases, the top encoder layer re-initialised", no_phrases("--reinit-layers", "1")),
+    ("reinit2", "no phrases, the top 2 encoder layers re-initialised", no_phrases("--reinit-layers", "2")),
 ]
 NAMES = [name for name, _, _ in ROWS]
 METRICS = ("sst_acc", "para_acc", "sts_r", "overall")

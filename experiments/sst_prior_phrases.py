@@ -73,10 +73,15 @@ def fit_probes(sentences: torch.Tensor, labels: torch.Tensor, phrases: torch.Ten
     return probes
 
 
-def score_run(run: Path, dev: dict[str, tuple[torch.Tensor, int]], probes: dict[float, dict[str, torch.Tensor]]
-              ) -> dict[str, float]:
-    """{OWN: the run's dev SST accuracy as saved, "w": with probe w in place of its own} for one run directory."""
-    cfg = TrainConfig.from_dict(json.loads((run / "config.json").read_text(encoding="utf-8")))
+def run_config(run: Path) -> TrainConfig:
+    """The configuration a finished run was trained with (its config.json)."""
+    return TrainConfig.from_dict(json.loads((run / "config.json").read_text(encoding="utf-8")))
+
+
+def score_run(run: Path, cfg: TrainConfig, dev: dict[str, tuple[torch.Tensor, int]],
+              probes: dict[float, dict[str, torch.Tensor]]) -> dict[str, float]:
+    """{OWN: the run's dev SST accuracy as saved, "w": with probe w in place of its own} for one run directory
+    and its configuration ``cfg``."""
     if cfg.sst_prior <= 0 or "sst" not in cfg.tasks:
         raise SystemExit(f"{run}: the run has no SST prior (sst_prior {cfg.sst_prior}, tasks {list(cfg.tasks)})")
     ids, saved = read_logits(run / "predictions" / "sst-dev-logits.csv")
@@ -127,7 +132,8 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--weights {args.weights}: a sample weight is >= 0")
     if args.threads:
         torch.set_num_threads(args.threads)
-    models = {TrainConfig.from_dict(json.loads((r / "config.json").read_text())).sst_prior_model for r in runs}
+    configs = {r: run_config(r) for r in runs}
+    models = {cfg.sst_prior_model for cfg in configs.values()}
     if len(models) != 1:
         ap.error(f"--runs: their SST priors use different encoders ({sorted(map(str, models))}); one at a time")
     cfg = TrainConfig(sst_phrases=args.phrases)  # today's data: the SST files and the phrase file
@@ -145,7 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
     by_id = {e.id: (x, int(e.label)) for e, x in zip(dev, x_dev)}
     results: dict[str, dict[str, dict[str, float]]] = {}
     for r in runs:
-        results.setdefault(r.parent.name, {})[r.name] = score_run(r, by_id, probes)
+        results.setdefault(r.parent.name, {})[r.name] = score_run(r, configs[r], by_id, probes)
     text = render(results, alone) + "\n"
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -199,9 +199,9 @@ class Sweep:
             today = config_for(list(argv)).acting()
         except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
             return None
-        for config in (saved, today):  # runs/x and /abs/path/runs/x are one directory
-            config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})
+        for config in (saved, today):
             config.pop("out_dir")  # it is the run <root>/<name> wherever it was made (a moved run is the same run)
+            config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})  # runs/x = /a/runs/x
         changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
         if changed:
             say(f"[{name}] made with other settings ({', '.join(changed)}): training it again")

@@ -323,7 +323,8 @@ def incomplete_submission(reports: dict[str, dict]) -> list[str]:
 def check_encoder(cfg: TrainConfig, ckpt: Path | None = None, eval_only: bool = False) -> None:
     """The encoder a run or an evaluation starts from, checked without loading it: a training run's --pretrained
     weights read (their header: a truncated file is named now, not at model building), and --max-length within
-    the position embeddings (config.json of the checkpoint's encoder/ when there is one, else of --pretrained)."""
+    the position embeddings and --reinit-layers within its layers (config.json of the checkpoint's encoder/ when
+    there is one, else of --pretrained)."""
     if not eval_only:  # training loads --pretrained first (a resume then overwrites it with the checkpoint's)
         try:
             check_weights(resolve_model_dir(cfg.pretrained))
@@ -331,10 +332,14 @@ def check_encoder(cfg: TrainConfig, ckpt: Path | None = None, eval_only: bool = 
             raise ValueError(f"--pretrained {cfg.pretrained}: {e}: use an intact checkpoint directory") from None
     own = ckpt / "encoder" if ckpt is not None else None
     source = own if own is not None and (own / "config.json").is_file() else resolve_model_dir(cfg.pretrained)
-    positions = BertConfig.from_json_file(source / "config.json").max_position_embeddings
+    encoder = BertConfig.from_json_file(source / "config.json")
+    positions = encoder.max_position_embeddings
     if cfg.max_length > positions:
         raise ValueError(f"--max-length {cfg.max_length} is more than the {positions} positions of the encoder in "
                          f"{source} (max_position_embeddings): pass --max-length {positions} or less")
+    if cfg.reinit_layers > encoder.num_hidden_layers:
+        raise ValueError(f"--reinit-layers {cfg.reinit_layers}: the encoder in {source} has "
+                         f"{encoder.num_hidden_layers} layers")
 
 
 @dataclass(frozen=True)

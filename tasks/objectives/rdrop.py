@@ -34,18 +34,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import PHRASES
+from tasks.model import PHRASES, head_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.objectives.smart import bernoulli_logits, symmetric_kl
 from tasks.options import option
 
 RDROP_TASKS = ("sst", PHRASES, "para")
-HEADS = {"sst": "sst", PHRASES: "sst", "para": "para"}
 
 
 def rdrop_divergence(task: str, p1: torch.Tensor, p2: torch.Tensor) -> torch.Tensor:
     """Eq. 2's L_KL between two passes' head outputs of a classification stream, mean over the batch."""
-    if HEADS.get(task) == "para":
+    if head_of(task) == "para":
         p1, p2 = bernoulli_logits(p1), bernoulli_logits(p2)
     return 0.5 * symmetric_kl(p1, p2)
 
@@ -85,6 +84,6 @@ class RDrop(Objective):
             raise ValueError(f"rdrop needs the head's output for the {task} batch (its first pass)")
         if not model.training:
             raise ValueError("rdrop compares two dropout passes: the model must be in training mode")
-        head = HEADS[task]
+        head = head_of(task)
         second = model(head, batch)  # fresh dropout masks
         return {"ce": model.task_loss(head, second, batch), "kl": rdrop_divergence(task, out.logits, second.logits)}

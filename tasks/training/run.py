@@ -154,9 +154,6 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
     if cfg.encoder_dropout is not None:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
-    if cfg.reinit_layers > encoder.config.num_hidden_layers:
-        raise ValueError(f"--reinit-layers {cfg.reinit_layers}: the encoder has {encoder.config.num_hidden_layers} "
-                         "layers")
     data = load_run_data(cfg, tokenizer)  # every file, test files too: a bad one fails the run before it trains
     model = MultitaskBert(encoder, cfg.model)
     if cfg.reinit_layers:  # on the CPU's generator, so the weights are the same on every device

@@ -7,7 +7,14 @@ import json
 
 import torch
 
-from experiments.sst_prior_phrases import OWN, fit_probes, head_probabilities, probe_probabilities, score_run
+from experiments.sst_prior_phrases import (
+    OWN,
+    fit_probes,
+    head_probabilities,
+    probe_probabilities,
+    run_config,
+    score_run,
+)
 from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.config import TrainConfig
 from tasks.data.predictions import Predictions, write_logits
@@ -48,7 +55,7 @@ def test_score_run_keeps_its_own_score_with_its_own_probe_and_changes_with_anoth
     other = {"weight": -own["weight"], "bias": own["bias"]}  # a probe that disagrees
     run, ids = fake_run(tmp_path, head, own, x, 0.5)
     dev = {i: (x[k], int(y[k])) for k, i in enumerate(ids)}
-    scores = score_run(run, dev, {0.0: own, 1.0: other})
+    scores = score_run(run, run_config(run), dev, {0.0: own, 1.0: other})
     mixed = 0.5 * head.softmax(-1) + 0.5 * probe_probabilities(own, x)
     assert scores[OWN] == scores["0.0"] == (mixed.argmax(-1) == y).float().mean().item()
     want = ((0.5 * head.softmax(-1) + 0.5 * probe_probabilities(other, x)).argmax(-1) == y).float().mean().item()
