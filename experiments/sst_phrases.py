@@ -20,6 +20,7 @@ row's change is the training's, not the prior's:
   rdrop        no phrases; R-Drop, α = 1 (tasks/objectives/rdrop.py)
   reinit1, reinit2  no phrases; the top 1 or 2 of MiniLM's 6 layers re-initialised (--reinit-layers, Zhang et
                al. 2021 §5)
+  n17k-b64-reinit2  the default's phrases (n17k-b64) and the top 2 layers re-initialised: for ``--full``
 
 Each row runs once per seed in ``<out-dir>/<row>/seed<k>``; the table gives SST dev accuracy, mean ± std
 over the seeds, its change against ``base`` paired by seed (Δ ± SE, starred where |Δ| > 2 SE;
@@ -93,6 +94,8 @@ ROWS = [
     ("rdrop", "no phrases, R-Drop, alpha 1", no_phrases("--objective", "rdrop", "--rdrop-alpha", "1")),
     ("reinit1", "no phrases, the top encoder layer re-initialised", no_phrases("--reinit-layers", "1")),
     ("reinit2", "no phrases, the top 2 encoder layers re-initialised", no_phrases("--reinit-layers", "2")),
+    ("n17k-b64-reinit2", "+ phrases, 17,088 an epoch in batches of 64, the top 2 encoder layers re-initialised",
+     phrases(17088, "--reinit-layers", "2", batch_size=64)),
 ]
 NAMES = [name for name, _, _ in ROWS]
 METRICS = ("sst_acc", "para_acc", "sts_r", "overall")
