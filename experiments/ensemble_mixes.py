@@ -10,13 +10,22 @@ mean ± std over the draws and how often it reaches ``--target``: the spread
 an ensemble of that composition has from its members' seeds alone. The
 draws share runs, so this describes the pools; it is not a test.
 
+``--paired A B`` asks what a change buys an ensemble rather than a single run: pools A and B hold the runs of a
+parent and of its change seed by seed (the i-th run of each shares a seed), and for every ensemble size k it
+scores, for every k of the seeds, B's k runs against A's k runs, and gives the change of each task's metric and
+of the overall, mean and range over those subsets. k = 1 is the single runs' paired Δ; a gain that comes from
+making runs agree shrinks as k grows.
+
 Usage:
     python -m experiments.ensemble_mixes --pool default runs/leaderboard-new/seed{0..7} \\
         --pool sst runs/probe-sstonly-seed{0..7} --mix default=4 --mix default=4,sst=4 [--draws 400]
+    python -m experiments.ensemble_mixes --pool base runs/full/base/seed{0..3} \\
+        --pool phrases runs/full/n17k-b64/seed{0..3} --paired base phrases
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import random
 import statistics
@@ -60,14 +69,18 @@ class Scorer:
             self.labels[task] = dev_labels(task, dev.ids, data_dir, str(dev.files[0]))
             self.logits[task] = dict(zip(members, dev.logits))
 
-    def overall(self, runs: Sequence[str]) -> float:
+    def metrics(self, runs: Sequence[str]) -> dict[str, float]:
+        """Each task's metric of the runs' simple mean, and their ``overall``."""
         metrics = {}
         for task in TASKS:
             chosen = [self.logits[task][run] for run in runs if run in self.logits[task]]
             if not chosen:
                 raise ValueError(f"a draw of {', '.join(runs)} has no run for {task}: add full members to the mix")
             metrics[TASK_METRIC[task]] = score(task, average(task, chosen)[1], self.labels[task])
-        return overall_score(metrics)
+        return {**metrics, "overall": overall_score(metrics)}
+
+    def overall(self, runs: Sequence[str]) -> float:
+        return self.metrics(runs)["overall"]
 
 
 def draw_scores(scorer: Scorer, pools: dict[str, list[str]], mix: dict[str, int], draws: int,
@@ -76,11 +89,42 @@ def draw_scores(scorer: Scorer, pools: dict[str, list[str]], mix: dict[str, int]
             for _ in range(draws)]
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
+def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str]) -> list[dict]:
+    """For k = 1..n: {"k", "subsets", metric: (mean, min, max) of change's k-run ensemble minus parent's over every
+    k of the n seeds}; run i of each list shares a seed."""
+    rows = []
+    metrics = [*(TASK_METRIC[task] for task in TASKS), "overall"]
+    for k in range(1, len(parent) + 1):
+        deltas: dict[str, list[float]] = {m: [] for m in metrics}
+        for seeds in itertools.combinations(range(len(parent)), k):
+            a = scorer.metrics([parent[i] for i in seeds])
+            b = scorer.metrics([change[i] for i in seeds])
+            for m in metrics:
+                deltas[m].append(b[m] - a[m])
+        rows.append({"k": k, "subsets": len(deltas["overall"]),
+                     **{m: (statistics.mean(d), min(d), max(d)) for m, d in deltas.items()}})
+    return rows
+
+
+def paired_table(rows: list[dict], parent: str, change: str) -> str:
+    metrics = [*(TASK_METRIC[task] for task in TASKS), "overall"]
+    lines = [f"| members | seed subsets | {' | '.join(f'Δ {m}' for m in metrics)} |",
+             "|---|---|" + "---|" * len(metrics)]
+    for row in rows:
+        cells = [f"{row[m][0]:+.4f} ({row[m][1]:+.4f} to {row[m][2]:+.4f})" for m in metrics]
+        lines.append(f"| {row['k']} | {row['subsets']} | {' | '.join(cells)} |")
+    return f"{change} against {parent}, the simple mean of k runs each, paired by seed: mean (min to max)\n" + \
+        "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
+    """{"mixes": a row per --mix, "paired": a row per ensemble size of --paired}; prints them as tables."""
     ap = Parser(prog="ensemble_mixes.py", description=__doc__.split("\n")[0])
     ap.add_argument("--pool", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
                     help="a name, then the finished runs of one recipe")
-    ap.add_argument("--mix", action="append", required=True, metavar="NAME=K,...", help="a composition (repeatable)")
+    ap.add_argument("--mix", action="append", default=[], metavar="NAME=K,...", help="a composition (repeatable)")
+    ap.add_argument("--paired", nargs=2, metavar=("PARENT", "CHANGE"),
+                    help="two pools of runs paired by seed: the change's gain at every ensemble size")
     ap.add_argument("--draws", type=int, default=400, help="random draws per mix")
     ap.add_argument("--target", type=float, default=0.770, help="report how often a draw reaches this overall")
     ap.add_argument("--seed", type=int, default=0, help="the draws' random seed")
@@ -95,6 +139,16 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         pools[name] = runs
     if args.draws < 1:
         ap.error(f"--draws {args.draws}: at least 1")
+    if not args.mix and not args.paired:
+        ap.error("give --mix NAME=K,... or --paired PARENT CHANGE")
+    if args.paired:
+        for name in args.paired:
+            if name not in pools:
+                ap.error(f"--paired {' '.join(args.paired)}: no --pool named {name!r} (pools: {', '.join(pools)})")
+        sizes = [len(pools[name]) for name in args.paired]
+        if sizes[0] != sizes[1]:
+            ap.error(f"--paired {' '.join(args.paired)}: the pools hold {sizes[0]} and {sizes[1]} runs; "
+                     "give each the same seeds in the same order")
     try:
         mixes = [(text, parse_mix(text, pools)) for text in args.mix]
     except ValueError as e:
@@ -108,13 +162,17 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
                 scores = draw_scores(scorer, pools, mix, args.draws, random.Random(args.seed))
                 rows.append({"mix": text, "mean": statistics.mean(scores), "std": statistics.pstdev(scores),
                              "reach": sum(s >= args.target for s in scores) / len(scores)})
+            gains = paired_gains(scorer, *(pools[name] for name in args.paired)) if args.paired else []
     finally:
         logging.disable(logging.NOTSET)  # called in-process (tests), logging must work again afterwards
-    print(f"| mix | dev overall, mean ± std over {args.draws} draws | draws ≥ {args.target:.3f} |")
-    print("|---|---|---|")
-    for row in rows:
-        print(f"| {row['mix']} | {row['mean']:.4f} ± {row['std']:.4f} | {row['reach']:.0%} |")
-    return rows
+    if rows:
+        print(f"| mix | dev overall, mean ± std over {args.draws} draws | draws ≥ {args.target:.3f} |")
+        print("|---|---|---|")
+        for row in rows:
+            print(f"| {row['mix']} | {row['mean']:.4f} ± {row['std']:.4f} | {row['reach']:.0%} |")
+    if gains:
+        print(paired_table(gains, *args.paired))
+    return {"mixes": rows, "paired": gains}
 
 
 if __name__ == "__main__":

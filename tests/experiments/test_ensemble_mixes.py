@@ -28,7 +28,8 @@ def test_ensemble_mixes_score_each_draw_as_the_ensemble_command_would(tmp_path, 
     (special / "config.json").write_text(json.dumps({"tasks": ["sst"]}))
     data = ["--data-dir", str(tmp_path / "data")]
     rows = ensemble_mixes.main(["--pool", "full", runs[0], runs[1], "--pool", "sst", str(special),
-                                "--mix", "full=2", "--mix", "full=2,sst=1", "--mix", "full=1", "--draws", "20", *data])
+                                "--mix", "full=2", "--mix", "full=2,sst=1", "--mix", "full=1", "--draws", "20",
+                                *data])["mixes"]
     for row, members in zip(rows, ([runs[0], runs[1]], [runs[0], runs[1], str(special)])):
         summary = ensemble_main([*members, "--out-dir", str(tmp_path / "ens"), *data])
         whole = overall_score({TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()})
@@ -45,3 +46,34 @@ def test_ensemble_mixes_score_each_draw_as_the_ensemble_command_would(tmp_path, 
         err = capsys.readouterr().err
         assert e.value.code == 1 and message in err and len(err.strip().splitlines()) == 1, err
     assert logging.root.manager.disable == logging.NOTSET  # the script's quiet spell ends with it
+
+
+def test_paired_gains_are_the_ensemble_commands_scores_subtracted(tmp_path, capsys):
+    """--paired A B: at k = n the change is B's whole ensemble minus A's as python -m tasks.ensemble scores them;
+    at k = 1 the mean of the single runs' paired changes, with their range; pools of unequal size are refused."""
+    from experiments import ensemble_mixes
+    from tasks.ensemble import main as ensemble_main
+    from tests.helpers import make_runs
+
+    runs = make_runs(tmp_path)
+    data = ["--data-dir", str(tmp_path / "data")]
+    parent, change = [runs[2], runs[0]], [runs[1], runs[2]]  # seed 0: noise -> informative; seed 1 the reverse
+    rows = ensemble_mixes.main(["--pool", "a", *parent, "--pool", "b", *change, "--paired", "a", "b", *data])["paired"]
+
+    def whole(members, name):
+        summary = ensemble_main([*members, "--out-dir", str(tmp_path / name), *data])
+        return {**{TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()},
+                "overall": overall_score({TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()})}
+
+    single = [(whole([b], f"b{i}"), whole([a], f"a{i}")) for i, (a, b) in enumerate(zip(parent, change))]
+    both = whole(change, "b"), whole(parent, "a")
+    assert [row["k"] for row in rows] == [1, 2] and [row["subsets"] for row in rows] == [2, 1]
+    for metric in (*TASK_METRIC.values(), "overall"):
+        deltas = [b[metric] - a[metric] for b, a in single]
+        assert rows[0][metric] == pytest.approx((sum(deltas) / 2, min(deltas), max(deltas)), abs=1e-12)
+        assert rows[1][metric] == pytest.approx((both[0][metric] - both[1][metric],) * 3, abs=1e-12)
+    assert min(d[0]["overall"] - d[1]["overall"] for d in single) < 0 < rows[0]["overall"][2]  # a range, not a point
+    assert "| 2 | 1 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as e:
+        ensemble_mixes.main(["--pool", "a", *parent, "--pool", "b", runs[1], "--paired", "a", "b", *data])
+    assert e.value.code == 2 and "hold 2 and 1 runs" in capsys.readouterr().err
