@@ -72,8 +72,9 @@ from tasks.evaluation.metrics import TASK_METRIC, overall_score
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
 DEFAULT_SPECIALISTS = ("sst=16",)  # chosen by measurement within the 2-hour budget: experiments/RESULTS.md
-# The members' recipe as measured (experiments/RESULTS.md): the default recipe before it took the SST phrases. An
-# ensemble of members with phrases has not been measured yet; ``-- --sst-phrases sst-phrases-train.csv`` trains it.
+# The members' recipe as measured (experiments/RESULTS.md): the default recipe before it took the SST phrases. The
+# command with phrases has not been measured (what they give an ensemble of default runs: RESULTS.md, "The phrases
+# in an ensemble"); ``-- --sst-phrases sst-phrases-train.csv`` trains its members with them.
 MEASURED_RECIPE = ("--sst-phrases", "none")
 
 
