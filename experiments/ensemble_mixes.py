@@ -37,6 +37,7 @@ from tasks.evaluation.ensemble import average, dev_labels
 from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
 
 TASKS = tuple(TASK_METRIC)
+METRICS = (*(TASK_METRIC[task] for task in TASKS), "overall")  # what Scorer.metrics gives
 
 
 def parse_mix(text: str, pools: dict[str, list[str]]) -> dict[str, int]:
@@ -75,7 +76,7 @@ class Scorer:
         for task in TASKS:
             chosen = [self.logits[task][run] for run in runs if run in self.logits[task]]
             if not chosen:
-                raise ValueError(f"a draw of {', '.join(runs)} has no run for {task}: add full members to the mix")
+                raise ValueError(f"a draw of {', '.join(runs)} has no run for {task}: add runs trained on it")
             metrics[TASK_METRIC[task]] = score(task, average(task, chosen)[1], self.labels[task])
         return {**metrics, "overall": overall_score(metrics)}
 
@@ -93,13 +94,12 @@ def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str]) -
     """For k = 1..n: {"k", "subsets", metric: (mean, min, max) of change's k-run ensemble minus parent's over every
     k of the n seeds}; run i of each list shares a seed."""
     rows = []
-    metrics = [*(TASK_METRIC[task] for task in TASKS), "overall"]
     for k in range(1, len(parent) + 1):
-        deltas: dict[str, list[float]] = {m: [] for m in metrics}
+        deltas: dict[str, list[float]] = {m: [] for m in METRICS}
         for seeds in itertools.combinations(range(len(parent)), k):
             a = scorer.metrics([parent[i] for i in seeds])
             b = scorer.metrics([change[i] for i in seeds])
-            for m in metrics:
+            for m in METRICS:
                 deltas[m].append(b[m] - a[m])
         rows.append({"k": k, "subsets": len(deltas["overall"]),
                      **{m: (statistics.mean(d), min(d), max(d)) for m, d in deltas.items()}})
@@ -107,11 +107,10 @@ def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str]) -
 
 
 def paired_table(rows: list[dict], parent: str, change: str) -> str:
-    metrics = [*(TASK_METRIC[task] for task in TASKS), "overall"]
-    lines = [f"| members | seed subsets | {' | '.join(f'Δ {m}' for m in metrics)} |",
-             "|---|---|" + "---|" * len(metrics)]
+    lines = [f"| members | seed subsets | {' | '.join(f'Δ {m}' for m in METRICS)} |",
+             "|---|---|" + "---|" * len(METRICS)]
     for row in rows:
-        cells = [f"{row[m][0]:+.4f} ({row[m][1]:+.4f} to {row[m][2]:+.4f})" for m in metrics]
+        cells = [f"{row[m][0]:+.4f} ({row[m][1]:+.4f} to {row[m][2]:+.4f})" for m in METRICS]
         lines.append(f"| {row['k']} | {row['subsets']} | {' | '.join(cells)} |")
     return f"{change} against {parent}, the simple mean of k runs each, paired by seed: mean (min to max)\n" + \
         "\n".join(lines)

@@ -62,8 +62,8 @@ def test_paired_gains_are_the_ensemble_commands_scores_subtracted(tmp_path, caps
 
     def whole(members, name):
         summary = ensemble_main([*members, "--out-dir", str(tmp_path / name), *data])
-        return {**{TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()},
-                "overall": overall_score({TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()})}
+        scores = {TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()}
+        return {**scores, "overall": overall_score(scores)}
 
     single = [(whole([b], f"b{i}"), whole([a], f"a{i}")) for i, (a, b) in enumerate(zip(parent, change))]
     both = whole(change, "b"), whole(parent, "a")
