@@ -162,7 +162,8 @@ def describe(error: BaseException, then: str = "then run the same command again"
     """One line for ``error``: its own message, with the path and a remedy where the OS gave only an errno
     (``then``: what to do once space is freed, which the command knows)."""
     if isinstance(error, OSError) and error.errno == errno.ENOSPC:
-        where = f" writing {error.filename}" if error.filename else ""
+        written = error.filename2 or error.filename  # a copy (shutil) names what it read first, what it wrote second
+        where = f" writing {written}" if written else ""
         return f"disk full{where}: free space (a checkpoint holds the model and optimizer state), {then}"
     if isinstance(error, OSError) and error.filename is not None and error.strerror:
         text = f"{error.filename}: {error.strerror}"

@@ -90,6 +90,27 @@ def test_a_full_disk_while_writing_tensors_is_reported_as_a_full_disk(tmp_path, 
     assert describe(exc.value).startswith(f"disk full writing {path}: free space")
 
 
+def test_a_full_disk_while_copying_names_the_copy_not_its_source(tmp_path, monkeypatch):
+    """shutil's copy reports a full disk with the file it read as ``filename`` and the one it wrote as
+    ``filename2``: copying ``last`` to ``best`` on a full disk printed "disk full writing .../last/...", as if the
+    intact ``last`` were the file that failed."""
+    from tasks.cli import describe
+
+    def full(out_fd, in_fd, offset, count):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    src = tmp_path / "checkpoints" / "last"
+    (src / "encoder").mkdir(parents=True)
+    (src / "encoder" / "model.safetensors").write_bytes(b"x" * 64)
+    monkeypatch.setattr(os, "sendfile", full)
+    with pytest.raises(OSError) as exc:
+        storage.copy_directory(src, tmp_path / "checkpoints" / "best")
+    line = describe(exc.value)
+    assert line.startswith("disk full writing ") and str(src) not in line, line
+    assert line.split(" writing ")[1].startswith(str(tmp_path / "checkpoints")) and "model.safetensors" in line, line
+    assert not (tmp_path / "checkpoints" / "best").exists() and (src / "encoder" / "model.safetensors").is_file()
+
+
 def test_write_json_refuses_a_non_finite_value_without_writing_a_byte(tmp_path):
     """Issue 33: `--lr inf` left a truncated config.json behind: json.dump had written the fields before it."""
     path = tmp_path / "config.json"
