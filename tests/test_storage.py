@@ -96,13 +96,14 @@ def test_a_full_disk_while_copying_names_the_copy_not_its_source(tmp_path, monke
     intact ``last`` were the file that failed."""
     from tasks.cli import describe
 
-    def full(out_fd, in_fd, offset, count):
+    def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
 
     src = tmp_path / "checkpoints" / "last"
     (src / "encoder").mkdir(parents=True)
     (src / "encoder" / "model.safetensors").write_bytes(b"x" * 64)
     monkeypatch.setattr(os, "sendfile", full)
+    monkeypatch.setattr(os, "copy_file_range", full, raising=False)  # shutil's first try from Python 3.14
     with pytest.raises(OSError) as exc:
         storage.copy_directory(src, tmp_path / "checkpoints" / "best")
     line = describe(exc.value)
