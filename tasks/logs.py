@@ -171,8 +171,11 @@ def _file_handler(path: Path) -> logging.FileHandler:
 
 def log_failure(text: str) -> None:
     """The error that ends a command or a run, as the last line of its log file (the console prints it as the
-    one-line error of ``tasks.cli.user_errors``, or the traceback)."""
-    logging.getLogger("tasks").error(text, extra={FILE_ONLY: True})
+    one-line error of ``tasks.cli.user_errors``, or the traceback). A command that keeps no log has no handler
+    to take it, and Python's last resort would print it to the console a second time."""
+    logger = logging.getLogger("tasks")
+    if logger.hasHandlers():
+        logger.error(text, extra={FILE_ONLY: True})
 
 
 def failure_text(error: BaseException) -> str:

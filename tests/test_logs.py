@@ -57,6 +57,20 @@ def test_a_commands_error_is_the_last_line_of_its_log_and_printed_once(tmp_path,
         "python -m tasks.x: failed: RuntimeError: a bug")
 
 
+def test_a_command_without_a_log_file_prints_its_error_once(monkeypatch, capsys):
+    """A command that keeps no log (ensemble_mixes.py, token_budget.py): with no handler on the root logger,
+    Python's last resort would print the log file's copy of the error as a second line on the console."""
+    import pytest
+
+    from tasks.cli import user_errors
+
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as outside pytest, which adds its own
+    with pytest.raises(SystemExit):
+        with user_errors("ensemble_mixes.py"):
+            raise ValueError("runs/x has no run for para: add runs trained on it")
+    assert capsys.readouterr().err.count("no run for para") == 1
+
+
 def test_from_python_a_run_log_takes_the_packages_info_lines_and_goes_when_closed(tmp_path, capsys, monkeypatch):
     """With no command's log pending (run() from Python), open_log adds a file of its own for INFO lines of tasks
     and minbert, whatever the root level; close writes the error that ended the run, then removes the handlers
