@@ -14,13 +14,16 @@ draws share runs, so this describes the pools; it is not a test.
 parent and of its change seed by seed (the i-th run of each shares a seed), and for every ensemble size k it
 scores, for every k of the seeds, B's k runs against A's k runs, and gives the change of each task's metric and
 of the overall, mean and range over those subsets. k = 1 is the single runs' paired Δ; a gain that comes from
-making runs agree shrinks as k grows.
+making runs agree shrinks as k grows. ``--beside NAME...`` puts every run of those pools into both arms' ensembles:
+what a change of the SST specialists buys beside the same full members, as the leaderboard command mixes them.
 
 Usage:
     python -m experiments.ensemble_mixes --pool default runs/leaderboard-new/seed{0..7} \\
         --pool sst runs/probe-sstonly-seed{0..7} --mix default=4 --mix default=4,sst=4 [--draws 400]
     python -m experiments.ensemble_mixes --pool base runs/full/base/seed{0..3} \\
         --pool phrases runs/full/n17k-b64/seed{0..3} --paired base phrases
+    python -m experiments.ensemble_mixes --pool full runs/full/base/seed{0..3} --pool sst runs/base/seed{0..7} \
+        --pool sst-phrases runs/n17k/seed{0..7} --paired sst sst-phrases --beside full
 """
 
 from __future__ import annotations
@@ -90,15 +93,16 @@ def draw_scores(scorer: Scorer, pools: dict[str, list[str]], mix: dict[str, int]
             for _ in range(draws)]
 
 
-def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str]) -> list[dict]:
+def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str],
+                 beside: Sequence[str] = ()) -> list[dict]:
     """For k = 1..n: {"k", "subsets", metric: (mean, min, max) of change's k-run ensemble minus parent's over every
-    k of the n seeds}; run i of each list shares a seed."""
+    k of the n seeds}; run i of each list shares a seed, and the runs ``beside`` join both arms' ensembles."""
     rows = []
     for k in range(1, len(parent) + 1):
         deltas: dict[str, list[float]] = {m: [] for m in METRICS}
         for seeds in itertools.combinations(range(len(parent)), k):
-            a = scorer.metrics([parent[i] for i in seeds])
-            b = scorer.metrics([change[i] for i in seeds])
+            a = scorer.metrics([*(parent[i] for i in seeds), *beside])
+            b = scorer.metrics([*(change[i] for i in seeds), *beside])
             for m in METRICS:
                 deltas[m].append(b[m] - a[m])
         rows.append({"k": k, "subsets": len(deltas["overall"]),
@@ -106,13 +110,14 @@ def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str]) -
     return rows
 
 
-def paired_table(rows: list[dict], parent: str, change: str) -> str:
+def paired_table(rows: list[dict], parent: str, change: str, beside: Sequence[str] = ()) -> str:
     lines = [f"| members | seed subsets | {' | '.join(f'Δ {m}' for m in METRICS)} |",
              "|---|---|" + "---|" * len(METRICS)]
     for row in rows:
         cells = [f"{row[m][0]:+.4f} ({row[m][1]:+.4f} to {row[m][2]:+.4f})" for m in METRICS]
         lines.append(f"| {row['k']} | {row['subsets']} | {' | '.join(cells)} |")
-    return f"{change} against {parent}, the simple mean of k runs each, paired by seed: mean (min to max)\n" + \
+    with_ = f", each beside every run of {' and '.join(beside)}" if beside else ""
+    return f"{change} against {parent}, the simple mean of k runs each{with_}, paired by seed: mean (min to max)\n" + \
         "\n".join(lines)
 
 
@@ -124,6 +129,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     ap.add_argument("--mix", action="append", default=[], metavar="NAME=K,...", help="a composition (repeatable)")
     ap.add_argument("--paired", nargs=2, metavar=("PARENT", "CHANGE"),
                     help="two pools of runs paired by seed: the change's gain at every ensemble size")
+    ap.add_argument("--beside", nargs="+", default=[], metavar="NAME",
+                    help="with --paired: pools whose runs join both arms' ensembles (full members beside specialists)")
     ap.add_argument("--draws", type=int, default=400, help="random draws per mix")
     ap.add_argument("--target", type=float, default=0.770, help="report how often a draw reaches this overall")
     ap.add_argument("--seed", type=int, default=0, help="the draws' random seed")
@@ -138,12 +145,17 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         pools[name] = runs
     if args.draws < 1:
         ap.error(f"--draws {args.draws}: at least 1")
+    if args.beside and not args.paired:
+        ap.error("--beside joins the ensembles of --paired: give --paired PARENT CHANGE too")
     if not args.mix and not args.paired:
         ap.error("give --mix NAME=K,... or --paired PARENT CHANGE")
     if args.paired:
         for name in args.paired:
             if name not in pools:
                 ap.error(f"--paired {' '.join(args.paired)}: no --pool named {name!r} (pools: {', '.join(pools)})")
+        for name in args.beside:
+            if name not in pools or name in args.paired:
+                ap.error(f"--beside {name}: name a --pool other than the two of --paired (pools: {', '.join(pools)})")
         sizes = [len(pools[name]) for name in args.paired]
         if sizes[0] != sizes[1]:
             ap.error(f"--paired {' '.join(args.paired)}: the pools hold {sizes[0]} and {sizes[1]} runs; "
@@ -161,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
                 scores = draw_scores(scorer, pools, mix, args.draws, random.Random(args.seed))
                 rows.append({"mix": text, "mean": statistics.mean(scores), "std": statistics.pstdev(scores),
                              "reach": sum(s >= args.target for s in scores) / len(scores)})
-            gains = paired_gains(scorer, *(pools[name] for name in args.paired)) if args.paired else []
+            beside = [run for name in args.beside for run in pools[name]]
+            gains = paired_gains(scorer, *(pools[name] for name in args.paired), beside) if args.paired else []
     finally:
         logging.disable(logging.NOTSET)  # called in-process (tests), logging must work again afterwards
     if rows:
@@ -170,7 +183,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         for row in rows:
             print(f"| {row['mix']} | {row['mean']:.4f} ± {row['std']:.4f} | {row['reach']:.0%} |")
     if gains:
-        print(paired_table(gains, *args.paired))
+        print(paired_table(gains, *args.paired, args.beside))
     return {"mixes": rows, "paired": gains}
 
 

@@ -77,3 +77,43 @@ def test_paired_gains_are_the_ensemble_commands_scores_subtracted(tmp_path, caps
     with pytest.raises(SystemExit) as e:
         ensemble_mixes.main(["--pool", "a", *parent, "--pool", "b", runs[1], "--paired", "a", "b", *data])
     assert e.value.code == 2 and "hold 2 and 1 runs" in capsys.readouterr().err
+
+
+def test_paired_specialists_beside_the_same_full_members(tmp_path, capsys):
+    """--beside: the full members join both arms' ensembles, so a change of the SST specialists is scored as the
+    leaderboard command mixes them; specialists alone have no Quora run, and --beside needs --paired."""
+    from experiments import ensemble_mixes
+    from tasks.ensemble import main as ensemble_main
+    from tests.helpers import make_runs, model_logits, write_run_logits
+
+    runs = make_runs(tmp_path)
+    labels = torch.tensor([int(line.split("\t")[3])
+                           for line in (tmp_path / "data" / "ids-sst-dev.csv").read_text().splitlines()[1:]])
+    specialists = []
+    for name, quality in (("noise", 0), ("informed", 1)):
+        run = tmp_path / name
+        write_run_logits(run, "predictions", "sst", "dev", [f"sst{i}" for i in range(60)],
+                         model_logits("sst", labels, quality, 5))
+        write_run_logits(run, "predictions", "sst", "test", [f"t{i}" for i in range(7)], torch.randn(7, 5))
+        (run / "config.json").write_text(json.dumps({"tasks": ["sst"]}))
+        specialists.append(str(run))
+    data = ["--data-dir", str(tmp_path / "data")]
+    rows = ensemble_mixes.main(["--pool", "full", runs[0], runs[2], "--pool", "a", specialists[0],
+                                "--pool", "b", specialists[1], "--paired", "a", "b", "--beside", "full",
+                                *data])["paired"]
+    whole = {}
+    for arm, specialist in zip("ab", specialists):
+        summary = ensemble_main([runs[0], runs[2], specialist, "--out-dir", str(tmp_path / arm), *data])
+        whole[arm] = {TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()}
+    gain = whole["b"]["sst_acc"] - whole["a"]["sst_acc"]
+    assert gain > 0 and rows[0]["sst_acc"] == pytest.approx((gain,) * 3, abs=1e-12)
+    assert rows[0]["para_acc"] == (0, 0, 0)  # the specialists join SST only
+    assert rows[0]["overall"][0] == pytest.approx(gain / 3, abs=1e-12)
+    assert "each beside every run of full" in capsys.readouterr().out
+    for argv, message in ((["--paired", "a", "b"], "has no run for para"),
+                          (["--mix", "a=1", "--beside", "full"], "give --paired PARENT CHANGE too"),
+                          (["--paired", "a", "b", "--beside", "a"], "--beside a: name a --pool other than")):
+        with pytest.raises(SystemExit):
+            ensemble_mixes.main(["--pool", "full", runs[0], "--pool", "a", specialists[0],
+                                 "--pool", "b", specialists[1], *argv, *data])
+        assert message in capsys.readouterr().err
