@@ -16,8 +16,10 @@ alone (``--tasks sst``, seeds 0..15 or S..S+15, each far cheaper than a full
 member), which join the SST ensemble only: the minBERT paper (§5) reports
 negative transfer to SST from joint training, and on the CPU they lift the
 SST ensemble. The flags after ``--`` go to them too, so a flag for Quora or
-STS alone belongs in ``--variants``; ``--specialists`` with nothing after it
-for none. The time and dev scores of this default, on seeds never trained
+STS alone belongs in ``--variants``, and one for the specialists alone in
+``--specialist-flags`` (e.g. ``"--sst-phrases sst-phrases-train.csv"``: the
+SST phrases for the specialists, none for the full members); ``--specialists``
+with nothing after it for none. The time and dev scores of this default, on seeds never trained
 before, are in experiments/RESULTS.md. The ensemble (tasks.ensemble,
 ``--method``; default ``simple``, the mean of all members, which beat the
 selective subset on held-out dev halves: experiments/RESULTS.md) goes to
@@ -84,18 +86,18 @@ def member_flags(seed: int, extra: Sequence[str], variant: str = "") -> list[str
     return [*MEASURED_RECIPE, "--seed", str(seed), *extra, *shlex.split(variant)]
 
 
-def members_of(k: int, variants: Sequence[str], specialists: dict[str, int] | None = None, first_seed: int = 0
-               ) -> dict[str, tuple[int, str]]:
+def members_of(k: int, variants: Sequence[str], specialists: dict[str, int] | None = None, first_seed: int = 0,
+               specialist_flags: str = "") -> dict[str, tuple[int, str]]:
     """{member name: (seed, variant)}: seeds first_seed..first_seed+k-1, variants in turn from the first; names
     say both ("seed3", "v1-seed3"); then ``specialists[task]`` members trained on that task alone, seeds from
-    first_seed too ("sst-only-seed1", variant "--tasks sst")."""
+    first_seed too ("sst-only-seed1", variant "--tasks sst" and ``specialist_flags``)."""
     seeds = range(first_seed, first_seed + k)
     if not variants or list(variants) == [""]:
         plan = {f"seed{seed}": (seed, "") for seed in seeds}
     else:
         plan = {f"v{i % len(variants)}-seed{seed}": (seed, variants[i % len(variants)]) for i, seed in enumerate(seeds)}
     for task, n in (specialists or {}).items():
-        plan.update({f"{task}-only-seed{seed}": (seed, f"--tasks {task}")
+        plan.update({f"{task}-only-seed{seed}": (seed, f"--tasks {task} {specialist_flags}".strip())
                      for seed in range(first_seed, first_seed + n)})
     return plan
 
@@ -154,20 +156,24 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--specialists", nargs="*", default=list(DEFAULT_SPECIALISTS), metavar="TASK=N",
                     help="N more members trained on TASK alone (--tasks TASK), in that task's ensemble only; "
                          "--specialists with nothing after it for none")
+    ap.add_argument("--specialist-flags", default="", metavar="FLAGS",
+                    help="a quoted flag string the specialists alone add, as --variants is for the full members")
     args, extra = ap.parse_known_args(argv)
     if extra and extra[0] == "--":
         extra = extra[1:]
     elif extra:
         ap.error(f"unrecognized arguments: {' '.join(extra)} (member flags go after --)")
     given = _flag_names(extra)
-    for variant in args.variants:
+    for option, flags in [*(("--variants", variant) for variant in args.variants),
+                          ("--specialist-flags", args.specialist_flags)]:
         try:
-            both = given & _flag_names(shlex.split(variant))
+            both = given & _flag_names(shlex.split(flags))
         except ValueError as e:
-            ap.error(f"--variants {variant!r}: {e}")
+            ap.error(f"{option} {flags!r}: {e}")
         if both:  # the variant's flags come last, so they would silently replace the member flags after --
-            ap.error(f"{', '.join(sorted(both))} is given after -- and by the variant {variant!r}; "
-                     "set it in one place")
+            ap.error(f"{', '.join(sorted(both))} is given after -- and by {option} {flags!r}; set it in one place")
+    if "--tasks" in _flag_names(shlex.split(args.specialist_flags)):
+        ap.error(f"--specialist-flags {args.specialist_flags!r}: a specialist's task is set by --specialists TASK=N")
     try:
         specialists = specialist_counts(args.specialists)
     except ValueError as e:
@@ -180,11 +186,11 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--first-seed {args.first_seed}: a seed is at least 0")
     if args.jobs < 1:
         ap.error(f"--jobs {args.jobs}: at least 1")
-    plan = members_of(args.members, args.variants, specialists, args.first_seed)
+    plan = members_of(args.members, args.variants, specialists, args.first_seed, args.specialist_flags)
     for variant, seed in first_seeds(plan).items():  # a typo fails here, not in a member after the directories
         flags = member_flags(seed, extra, variant)
-        hint = (" (the flags after -- go to the specialists too: put what only the full members take in "
-                "--variants)") if variant.startswith("--tasks ") else ""
+        hint = (" (the flags after -- go to the specialists too: put what only the full members take in --variants, "
+                "what only the specialists take in --specialist-flags)") if variant.startswith("--tasks ") else ""
         try:
             arguments.config_for(flags)
         except SystemExit:  # train_multitask.py's parser has said why

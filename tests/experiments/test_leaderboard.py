@@ -100,6 +100,31 @@ def test_members_train_the_measured_recipe_and_flags_after_the_dashes_win():
     assert on.trains_phrases
 
 
+def test_specialist_flags_reach_the_specialists_alone(tmp_path, capsys, monkeypatch):
+    """--specialist-flags: the SST phrases for the specialists and none for the full members (what RESULTS.md
+    measured beside them); the flags reach the specialists' checked flags in main; a flag also given after --,
+    or a --tasks of their own, is refused."""
+    plan = leaderboard.members_of(1, [""], {"sst": 1}, specialist_flags="--sst-phrases sst-phrases-train.csv")
+    assert plan == {"seed0": (0, ""), "sst-only-seed0": (0, "--tasks sst --sst-phrases sst-phrases-train.csv")}
+    configs = {name: arguments.config_for([*leaderboard.member_flags(seed, [], variant), "--out-dir", "unused"])
+               for name, (seed, variant) in plan.items()}
+    assert configs["sst-only-seed0"].trains_phrases and not configs["seed0"].trains_phrases
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the command got past its checks: it would train the members")
+    monkeypatch.setattr(leaderboard, "Sweep", no_training)
+    for argv, message in (
+            (["--specialist-flags=--no-such-flag"],  # one flag alone takes the =, as argparse asks of any value
+             "member flags --sst-phrases none --seed 0 --data-dir data --tasks sst --no-such-flag (see above)"),
+            (["--specialist-flags", "--epochs 4", "--", "--epochs", "2"],
+             "--epochs is given after -- and by --specialist-flags '--epochs 4'"),
+            (["--specialist-flags", "--tasks sts"], "a specialist's task is set by --specialists TASK=N")):
+        with pytest.raises(SystemExit) as e:
+            leaderboard.main(["--out-dir", str(tmp_path / "lb"), *argv])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+        assert not (tmp_path / "lb").exists()
+
+
 def test_first_seed_gives_an_independent_ensemble():
     """--first-seed S: seeds S.. for the members and the specialists, variants still in turn from the first
     member, so a second ensemble of the same recipe shares no run with the first."""
@@ -149,7 +174,7 @@ def test_a_member_flag_a_variant_would_replace_is_refused(tmp_path, capsys, monk
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "", "--epochs=4 --lr 2e-5",
                           "--", "--max-train-examples", "para=1000", "--epochs", "2"])
     err = capsys.readouterr().err
-    assert e.value.code == 2 and "--epochs is given after -- and by the variant '--epochs=4 --lr 2e-5'" in err
+    assert e.value.code == 2 and "--epochs is given after -- and by --variants '--epochs=4 --lr 2e-5'" in err
     assert not (tmp_path / "lb").exists()
     with pytest.raises(SystemExit) as e:  # variants that set other flags get past the check
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "", "--lr 2e-5", "--members", "1",
