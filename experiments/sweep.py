@@ -114,11 +114,18 @@ class Sweep:
                 say(f"[sweep] {clock.line()}")
             return result
 
-        if self.jobs <= 1 or len(items) <= 1:
-            done = {i: timed(i) for i in order}
-        else:
-            with ThreadPoolExecutor(max_workers=self.jobs) as pool:  # its workers take items in submission order
-                done = dict(zip(order, pool.map(timed, order)))
+        try:
+            if self.jobs <= 1 or len(items) <= 1:
+                done = {i: timed(i) for i in order}
+            else:
+                with ThreadPoolExecutor(max_workers=self.jobs) as pool:  # its workers take items in submission order
+                    done = dict(zip(order, pool.map(timed, order)))
+        except SystemExit as stop:  # a run failed (its log's tail in the message); the runs under way have finished
+            if not isinstance(stop.code, str):
+                raise
+            raise SystemExit(f"{stop.code.rstrip()}\n[sweep] stopped: {len(clock.finished)}/{len(items)} runs done, "
+                             "the rest not started; once the failure above is mended, the same command again "
+                             "reuses the finished runs") from None
         return [done[i] for i in range(len(items))]
 
     def env(self) -> dict[str, str]:

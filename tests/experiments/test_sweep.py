@@ -203,6 +203,25 @@ def test_a_sweep_says_its_plan_and_after_each_run_how_far_it_is(tmp_path, capsys
     assert len(out) == len(expected) and all(re.fullmatch(r"\[sweep\] " + e, x) for e, x in zip(expected, out)), out
 
 
+def test_a_failed_run_stops_the_sweep_with_a_line_of_its_own(tmp_path):
+    """The failure's message ends with the run's log, whose last line is the run's own error; the sweep's line
+    after it says that it stopped, how far it got and how to go on, and the runs after the failure do not start."""
+    sweep = Sweep(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        sweep.map(lambda name: sweep.command(name, ["--no-such-flag"] if name == "b" else ["--help"],
+                                             module="json.tool"), ["a", "b", "c"])
+    lines = str(e.value.code).splitlines()
+    assert lines[0].startswith("[b] failed with exit status 2")
+    assert "unrecognized arguments: --no-such-flag" in lines[-2]  # the run's own error, last in its log
+    assert lines[-1].startswith("[sweep] stopped: 1/3 runs done, the rest not started;")
+    assert not (tmp_path / "c").exists()
+    two = Sweep(tmp_path / "two", jobs=2)  # two at a time: the run beside the failed one finishes first
+    with pytest.raises(SystemExit) as e:
+        two.map(lambda name: two.command(name, ["--no-such-flag"] if name == "a" else ["--help"],
+                                         module="json.tool"), ["a", "b", "c", "d"])
+    assert re.fullmatch(r"\[sweep\] stopped: [1-3]/4 runs done, .*", str(e.value.code).splitlines()[-1])
+
+
 def test_finished_reads_a_runs_final_record_and_wall_time_and_starts_nothing(tmp_path):
     """What the experiments' tables read: (final record, sweep.json's wall_s), None before a final record."""
     sweep = Sweep(tmp_path)
