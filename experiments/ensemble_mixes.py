@@ -22,7 +22,7 @@ Usage:
         --pool sst runs/probe-sstonly-seed{0..7} --mix default=4 --mix default=4,sst=4 [--draws 400]
     python -m experiments.ensemble_mixes --pool base runs/full/base/seed{0..3} \\
         --pool phrases runs/full/n17k-b64/seed{0..3} --paired base phrases
-    python -m experiments.ensemble_mixes --pool full runs/full/base/seed{0..3} --pool sst runs/base/seed{0..7} \
+    python -m experiments.ensemble_mixes --pool full runs/full/base/seed{0..3} --pool sst runs/base/seed{0..7} \\
         --pool sst-phrases runs/n17k/seed{0..7} --paired sst sst-phrases --beside full
 """
 
@@ -79,7 +79,8 @@ class Scorer:
         for task in TASKS:
             chosen = [self.logits[task][run] for run in runs if run in self.logits[task]]
             if not chosen:
-                raise ValueError(f"a draw of {', '.join(runs)} has no run for {task}: add runs trained on it")
+                raise ValueError(f"a draw of {', '.join(runs)} has no run for {task}: add runs trained on it "
+                                 "(for specialists under --paired: --beside a pool of full members)")
             metrics[TASK_METRIC[task]] = score(task, average(task, chosen)[1], self.labels[task])
         return {**metrics, "overall": overall_score(metrics)}
 
@@ -149,6 +150,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         ap.error("--beside joins the ensembles of --paired: give --paired PARENT CHANGE too")
     if not args.mix and not args.paired:
         ap.error("give --mix NAME=K,... or --paired PARENT CHANGE")
+    beside = [run for name in args.beside if name in pools for run in pools[name]]  # checked below
     if args.paired:
         for name in args.paired:
             if name not in pools:
@@ -156,6 +158,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         for name in args.beside:
             if name not in pools or name in args.paired:
                 ap.error(f"--beside {name}: name a --pool other than the two of --paired (pools: {', '.join(pools)})")
+        for name in args.paired:  # a run twice in one arm's ensemble would weigh double
+            if len(set(pools[name] + beside)) < len(pools[name] + beside):
+                with_ = f" with --beside {' '.join(args.beside)}" if args.beside else ""
+                ap.error(f"--paired: pool {name!r}{with_} holds a run twice; give each run once")
         sizes = [len(pools[name]) for name in args.paired]
         if sizes[0] != sizes[1]:
             ap.error(f"--paired {' '.join(args.paired)}: the pools hold {sizes[0]} and {sizes[1]} runs; "
@@ -173,7 +179,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
                 scores = draw_scores(scorer, pools, mix, args.draws, random.Random(args.seed))
                 rows.append({"mix": text, "mean": statistics.mean(scores), "std": statistics.pstdev(scores),
                              "reach": sum(s >= args.target for s in scores) / len(scores)})
-            beside = [run for name in args.beside for run in pools[name]]
             gains = paired_gains(scorer, *(pools[name] for name in args.paired), beside) if args.paired else []
     finally:
         logging.disable(logging.NOTSET)  # called in-process (tests), logging must work again afterwards

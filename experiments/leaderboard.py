@@ -37,7 +37,9 @@ whole-dev number of the same ensemble is printed beside it, labelled optimistic.
 Long runs get interrupted: a member that finished (its final record written
 with the same flags) is reused; a member interrupted mid-run continues from
 its ``checkpoints/last`` with ``--resume`` (experiments/sweep.py); so running
-the same command again continues where it stopped. ``--jobs 2 --threads 1``
+the same command again continues where it stopped. A member directory made
+with other settings is refused before anything starts, never trained over:
+another recipe takes another ``--out-dir``. ``--jobs 2 --threads 1``
 trains two members at a time, one core each; when variants differ in cost, the
 members with the most training tokens start first, so that no long member runs
 alone at the end.
@@ -45,6 +47,7 @@ alone at the end.
 Usage:
     python -m experiments.leaderboard --out-dir runs/leaderboard [--members 4] [--jobs 2 --threads 1]
         [--variants "" "--head-dropout 0.1"] [--specialists sst=16] [--first-seed S] [-- --epochs 4]
+    python -m experiments.leaderboard --out-dir runs/lb-phrases --specialist-flags "--sst-phrases sst-phrases-train.csv"
 
 A recipe chosen by looking at dev scores is tested on seeds it was not
 chosen on: ``--first-seed 8 --out-dir runs/other`` trains seeds 8.. (an S at
@@ -63,7 +66,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from experiments.sweep import Sweep, say
+from experiments.sweep import Sweep, changed_settings, say
 from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
 from tasks import arguments
@@ -76,8 +79,10 @@ DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on al
 DEFAULT_SPECIALISTS = ("sst=16",)  # chosen by measurement within the 2-hour budget: experiments/RESULTS.md
 # The members' recipe as measured (experiments/RESULTS.md): the default recipe before it took the SST phrases. The
 # command with phrases has not been measured (what they give an ensemble of default runs: RESULTS.md, "The phrases
-# in an ensemble"); ``-- --sst-phrases sst-phrases-train.csv`` trains its members with them.
+# in an ensemble"); ``-- --sst-phrases sst-phrases-train.csv`` trains its members with them, ``--specialist-flags``
+# its specialists alone.
 MEASURED_RECIPE = ("--sst-phrases", "none")
+COMMAND_FLAGS = {"--seed", "--out-dir", "--data-dir"}  # what the command sets for every member
 
 
 def member_flags(seed: int, extra: Sequence[str], variant: str = "") -> list[str]:
@@ -157,7 +162,8 @@ def main(argv: list[str] | None = None) -> dict:
                     help="N more members trained on TASK alone (--tasks TASK), in that task's ensemble only; "
                          "--specialists with nothing after it for none")
     ap.add_argument("--specialist-flags", default="", metavar="FLAGS",
-                    help="a quoted flag string the specialists alone add, as --variants is for the full members")
+                    help='a quoted flag string the specialists alone add, as --variants is for the full members '
+                         '(one flag alone: --specialist-flags="--no-bf16")')
     args, extra = ap.parse_known_args(argv)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -167,17 +173,22 @@ def main(argv: list[str] | None = None) -> dict:
     for option, flags in [*(("--variants", variant) for variant in args.variants),
                           ("--specialist-flags", args.specialist_flags)]:
         try:
-            both = given & _flag_names(shlex.split(flags))
+            names = _flag_names(shlex.split(flags))
         except ValueError as e:
             ap.error(f"{option} {flags!r}: {e}")
-        if both:  # the variant's flags come last, so they would silently replace the member flags after --
-            ap.error(f"{', '.join(sorted(both))} is given after -- and by {option} {flags!r}; set it in one place")
-    if "--tasks" in _flag_names(shlex.split(args.specialist_flags)):
-        ap.error(f"--specialist-flags {args.specialist_flags!r}: a specialist's task is set by --specialists TASK=N")
+        if given & names:  # the variant's flags come last, so they would silently replace the member flags after --
+            ap.error(f"{', '.join(sorted(given & names))} is given after -- and by {option} {flags!r}; "
+                     "set it in one place")
+        own = names & (COMMAND_FLAGS | ({"--tasks"} if option == "--specialist-flags" else set()))
+        if own:
+            ap.error(f"{option} {flags!r}: {', '.join(sorted(own))} is set by the command "
+                     "(--specialists TASK=N, --first-seed, --out-dir, --data-dir)")
     try:
         specialists = specialist_counts(args.specialists)
     except ValueError as e:
         ap.error(f"--specialists {e}")
+    if args.specialist_flags and not specialists:
+        ap.error(f"--specialist-flags {args.specialist_flags!r}: there are no specialists (--specialists TASK=N)")
     if args.members < 2:
         ap.error(f"--members {args.members}: an ensemble needs at least 2")
     if "--data-dir" not in extra:
@@ -189,14 +200,20 @@ def main(argv: list[str] | None = None) -> dict:
     plan = members_of(args.members, args.variants, specialists, args.first_seed, args.specialist_flags)
     for variant, seed in first_seeds(plan).items():  # a typo fails here, not in a member after the directories
         flags = member_flags(seed, extra, variant)
-        hint = (" (the flags after -- go to the specialists too: put what only the full members take in --variants, "
-                "what only the specialists take in --specialist-flags)") if variant.startswith("--tasks ") else ""
+        hint = (" (a specialist takes the flags after --, then --specialist-flags: what only the full members take "
+                "goes in --variants)") if variant.startswith("--tasks ") else ""
         try:
             arguments.config_for(flags)
         except SystemExit:  # train_multitask.py's parser has said why
             ap.error(f"member flags {shlex.join(flags)} (see above){hint}")
         except (ValueError, OSError) as e:  # OSError: a --config or --pretrained that is not there
             ap.error(f"member flags {shlex.join(flags)}: {describe(e)}{hint}")
+    for name, (seed, variant) in plan.items():  # the same command continues its members; another never replaces them
+        member_dir = Path(args.out_dir) / name
+        changed = changed_settings(member_dir, [*member_flags(seed, extra, variant), "--out-dir", str(member_dir)])
+        if changed:
+            ap.error(f"{member_dir} is a member made with other settings ({', '.join(changed)}); "
+                     "give this recipe another --out-dir")
     sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
     t0 = time.perf_counter()
     tokens = variant_tokens(plan, extra) if args.jobs > 1 else {}

@@ -124,8 +124,8 @@ class Sweep:
             if not isinstance(stop.code, str):
                 raise
             raise SystemExit(f"{stop.code.rstrip()}\n[sweep] stopped: {len(clock.finished)}/{len(items)} runs done, "
-                             "the rest not started; once the failure above is mended, the same command again "
-                             "reuses the finished runs") from None
+                             "none started after the failure; once it is mended, the same command again reuses "
+                             "the finished runs") from None
         return [done[i] for i in range(len(items))]
 
     def env(self) -> dict[str, str]:
@@ -190,29 +190,12 @@ class Sweep:
         return list(flags) + ["--out-dir", str(self.root / name), "--overwrite"]
 
     def _same_run(self, name: str, argv: Sequence[str]) -> bool | None:
-        """Whether ``<root>/<name>/config.json`` acts as what ``argv`` gives today (TrainConfig.acting: however
-        the flags spell it, settings that act on nothing left out); None when there is none to read. The same
-        flags recorded before a default changed are another run (a --resume of it would be refused); other flags
-        that pin what a default has become since are the same run. Its --out-dir is not compared: the run is the
-        directory it is read from, wherever it was made (an experiment that renames a row finds its runs moved)."""
-        saved_path = self.root / name / "config.json"
-        if not saved_path.is_file():
-            return None
-        from tasks.config import TrainConfig  # from_dict fills the fields a config written before them lacks
-        from tasks.arguments import config_for  # flags mean what they mean to train_multitask.py
-
-        try:
-            saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).acting()
-            today = config_for(list(argv)).acting()
-        except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
-            return None
-        for config in (saved, today):
-            config.pop("out_dir")  # it is the run <root>/<name> wherever it was made (a moved run is the same run)
-            config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})  # runs/x = /a/runs/x
-        changed = sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
+        """Whether ``<root>/<name>`` is the run ``argv`` gives today (``changed_settings``); None when it has no
+        config.json to read."""
+        changed = changed_settings(self.root / name, argv)
         if changed:
             say(f"[{name}] made with other settings ({', '.join(changed)}): training it again")
-        return not changed
+        return None if changed is None else not changed
 
     def finished(self, name: str) -> tuple[dict, float | None] | None:
         """(the final record, the wall seconds its ``sweep.json`` holds, or None) of the run ``<root>/<name>``;
@@ -247,6 +230,30 @@ class Sweep:
         if record is None:
             raise SystemExit(f"[{name}] {run_dir}/metrics.jsonl has no final record")
         return record, done["wall_s"]
+
+
+def changed_settings(run_dir: Path, argv: Sequence[str]) -> list[str] | None:
+    """The settings in which ``run_dir``'s config.json differs from what ``argv`` gives today (TrainConfig.acting:
+    however the flags spell it, settings that act on nothing left out); [] for the same run, None when there is
+    no config.json to read or the flags do not parse. The same flags recorded before a default changed are
+    another run (a --resume of it would be refused); other flags that pin what a default has become since are
+    the same run. Its --out-dir is not compared: the run is the directory it is read from, wherever it was made
+    (an experiment that renames a row finds its runs moved)."""
+    saved_path = run_dir / "config.json"
+    if not saved_path.is_file():
+        return None
+    from tasks.config import TrainConfig  # from_dict fills the fields a config written before them lacks
+    from tasks.arguments import config_for  # flags mean what they mean to train_multitask.py
+
+    try:
+        saved = TrainConfig.from_dict(json.loads(saved_path.read_text(encoding="utf-8"))).acting()
+        today = config_for(list(argv)).acting()
+    except (ValueError, OSError, SystemExit):  # unreadable, or flags the run itself will refuse and explain
+        return None
+    for config in (saved, today):
+        config.pop("out_dir")  # it is the run <root>/<name> wherever it was made (a moved run is the same run)
+        config.update({k: os.path.abspath(config[k]) for k in PATH_FIELDS if config.get(k)})  # runs/x = /a/runs/x
+    return sorted(k for k in set(saved) | set(today) if saved.get(k) != today.get(k))
 
 
 @contextlib.contextmanager

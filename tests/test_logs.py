@@ -64,7 +64,8 @@ def test_a_command_without_a_log_file_prints_its_error_once(monkeypatch, capsys)
 
     from tasks.cli import user_errors
 
-    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # as outside pytest, which adds its own
+    for name in ("", "tasks"):  # as outside pytest, which adds its own; no other test's handler either
+        monkeypatch.setattr(logging.getLogger(name), "handlers", [])
     with pytest.raises(SystemExit):
         with user_errors("ensemble_mixes.py"):
             raise ValueError("runs/x has no run for para: add runs trained on it")

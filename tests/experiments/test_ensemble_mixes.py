@@ -112,7 +112,8 @@ def test_paired_specialists_beside_the_same_full_members(tmp_path, capsys):
     assert "each beside every run of full" in capsys.readouterr().out
     for argv, message in ((["--paired", "a", "b"], "has no run for para"),
                           (["--mix", "a=1", "--beside", "full"], "give --paired PARENT CHANGE too"),
-                          (["--paired", "a", "b", "--beside", "a"], "--beside a: name a --pool other than")):
+                          (["--paired", "a", "b", "--beside", "a"], "--beside a: name a --pool other than"),
+                          (["--paired", "a", "b", "--beside", "full", "full"], "pool 'a' with --beside full full holds a run twice")):
         with pytest.raises(SystemExit):
             ensemble_mixes.main(["--pool", "full", runs[0], "--pool", "a", specialists[0],
                                  "--pool", "b", specialists[1], *argv, *data])

@@ -118,11 +118,40 @@ def test_specialist_flags_reach_the_specialists_alone(tmp_path, capsys, monkeypa
              "member flags --sst-phrases none --seed 0 --data-dir data --tasks sst --no-such-flag (see above)"),
             (["--specialist-flags", "--epochs 4", "--", "--epochs", "2"],
              "--epochs is given after -- and by --specialist-flags '--epochs 4'"),
-            (["--specialist-flags", "--tasks sts"], "a specialist's task is set by --specialists TASK=N")):
+            (["--specialist-flags", "--tasks sts"], "--tasks is set by the command (--specialists TASK=N"),
+            (["--variants", "--seed 3"], "--seed is set by the command"),
+            (["--specialists", "--specialist-flags", "--lr 1e-4"], "there are no specialists"),
+            (["--specialist-flags", "--lr 1e-4", "--", "--loss-weights", "para=2"],  # a full member's flag
+             "(a specialist takes the flags after --, then --specialist-flags: what only the full members take "
+             "goes in --variants)")):
         with pytest.raises(SystemExit) as e:
             leaderboard.main(["--out-dir", str(tmp_path / "lb"), *argv])
         assert e.value.code == 2 and message in capsys.readouterr().err
         assert not (tmp_path / "lb").exists()
+
+
+def test_a_member_made_with_other_settings_is_refused_not_trained_over(tmp_path, capsys, monkeypatch):
+    """Run again, the command continues its members; with other flags in the same --out-dir it would have
+    trained over them (an hour of specialists gone): it stops before anything starts, the member intact."""
+    class Started(Exception):
+        pass
+
+    def started(*args, **kwargs):
+        raise Started
+    monkeypatch.setattr(leaderboard, "Sweep", started)
+    member = tmp_path / "lb" / "sst-only-seed0"
+    member.mkdir(parents=True)
+    flags = leaderboard.member_flags(0, ["--data-dir", "data"], "--tasks sst")
+    saved = json.dumps(arguments.config_for([*flags, "--out-dir", str(member)]).to_dict())
+    (member / "config.json").write_text(saved)
+    argv = ["--out-dir", str(tmp_path / "lb"), "--specialists", "sst=1"]
+    with pytest.raises(Started):  # the same settings: the command goes on to reuse it
+        leaderboard.main(argv)
+    with pytest.raises(SystemExit) as e:
+        leaderboard.main([*argv, "--specialist-flags", "--sst-phrases sst-phrases-train.csv"])
+    assert e.value.code == 2 and f"{member} is a member made with other settings (sst_phrases" in \
+        capsys.readouterr().err
+    assert (member / "config.json").read_text() == saved
 
 
 def test_first_seed_gives_an_independent_ensemble():

@@ -213,7 +213,7 @@ def test_a_failed_run_stops_the_sweep_with_a_line_of_its_own(tmp_path):
     lines = str(e.value.code).splitlines()
     assert lines[0].startswith("[b] failed with exit status 2")
     assert "unrecognized arguments: --no-such-flag" in lines[-2]  # the run's own error, last in its log
-    assert lines[-1].startswith("[sweep] stopped: 1/3 runs done, the rest not started;")
+    assert lines[-1].startswith("[sweep] stopped: 1/3 runs done, none started after the failure;")
     assert not (tmp_path / "c").exists()
     two = Sweep(tmp_path / "two", jobs=2)  # two at a time: the run beside the failed one finishes first
     with pytest.raises(SystemExit) as e:
