@@ -150,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         ap.error("--beside joins the ensembles of --paired: give --paired PARENT CHANGE too")
     if not args.mix and not args.paired:
         ap.error("give --mix NAME=K,... or --paired PARENT CHANGE")
-    beside = [run for name in args.beside if name in pools for run in pools[name]]  # checked below
+    beside: list[str] = []  # the runs of the --beside pools, in both arms' ensembles
     if args.paired:
         for name in args.paired:
             if name not in pools:
@@ -158,6 +158,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         for name in args.beside:
             if name not in pools or name in args.paired:
                 ap.error(f"--beside {name}: name a --pool other than the two of --paired (pools: {', '.join(pools)})")
+        beside = [run for name in args.beside for run in pools[name]]
         for name in args.paired:  # a run twice in one arm's ensemble would weigh double
             if len(set(pools[name] + beside)) < len(pools[name] + beside):
                 with_ = f" with --beside {' '.join(args.beside)}" if args.beside else ""
