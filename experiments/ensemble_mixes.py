@@ -14,8 +14,10 @@ draws share runs, so this describes the pools; it is not a test.
 parent and of its change seed by seed (the i-th run of each shares a seed), and for every ensemble size k it
 scores, for every k of the seeds, B's k runs against A's k runs, and gives the change of each task's metric and
 of the overall, mean and range over those subsets. k = 1 is the single runs' paired Δ; a gain that comes from
-making runs agree shrinks as k grows. ``--beside NAME...`` puts every run of those pools into both arms' ensembles:
-what a change of the SST specialists buys beside the same full members, as the leaderboard command mixes them.
+making runs agree shrinks as k grows. The whole ensembles' change (k = n) comes with its standard error, a bootstrap
+over the seeds (``--draws`` resamples): the yardstick of "a gain over 2 SE" for an ensemble. ``--beside NAME...``
+puts every run of those pools into both arms' ensembles: what a change of the SST specialists buys beside the same
+full members, as the leaderboard command mixes them.
 
 Usage:
     python -m experiments.ensemble_mixes --pool default runs/leaderboard-new/seed{0..7} \\
@@ -111,12 +113,32 @@ def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str],
     return rows
 
 
+def paired_se(scorer: Scorer, parent: Sequence[str], change: Sequence[str], beside: Sequence[str], draws: int,
+              rng: random.Random) -> dict[str, float]:
+    """Each metric's standard error of the whole ensembles' paired change (k = n), by a bootstrap over seeds: a
+    draw takes n seeds with replacement (a seed drawn twice weighs double in both arms) and scores the change's
+    runs of those seeds against the parent's, the runs ``beside`` in both and not resampled; the SE is the
+    draws' standard deviation. It measures the spread that the specialists' seeds give, not the dev set's."""
+    n = len(parent)
+    deltas: dict[str, list[float]] = {m: [] for m in METRICS}
+    for _ in range(draws):
+        seeds = [rng.randrange(n) for _ in range(n)]
+        a = scorer.metrics([*(parent[i] for i in seeds), *beside])
+        b = scorer.metrics([*(change[i] for i in seeds), *beside])
+        for m in METRICS:
+            deltas[m].append(b[m] - a[m])
+    return {m: statistics.stdev(d) if draws > 1 else 0.0 for m, d in deltas.items()}
+
+
 def paired_table(rows: list[dict], parent: str, change: str, beside: Sequence[str] = ()) -> str:
     lines = [f"| members | seed subsets | {' | '.join(f'Δ {m}' for m in METRICS)} |",
              "|---|---|" + "---|" * len(METRICS)]
     for row in rows:
         cells = [f"{row[m][0]:+.4f} ({row[m][1]:+.4f} to {row[m][2]:+.4f})" for m in METRICS]
         lines.append(f"| {row['k']} | {row['subsets']} | {' | '.join(cells)} |")
+        if "se" in row:
+            cells = [f"± {row['se'][m]:.4f}" for m in METRICS]
+            lines.append(f"| {row['k']}, SE | {row['draws']} seed resamples | {' | '.join(cells)} |")
     with_ = f", each beside every run of {' and '.join(beside)}" if beside else ""
     return f"{change} against {parent}, the simple mean of k runs each{with_}, paired by seed: mean (min to max)\n" + \
         "\n".join(lines)
@@ -132,7 +154,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
                     help="two pools of runs paired by seed: the change's gain at every ensemble size")
     ap.add_argument("--beside", nargs="+", default=[], metavar="NAME",
                     help="with --paired: pools whose runs join both arms' ensembles (full members beside specialists)")
-    ap.add_argument("--draws", type=int, default=400, help="random draws per mix")
+    ap.add_argument("--draws", type=int, default=400,
+                    help="random draws per mix; with --paired, the seed resamples of the whole ensembles' SE")
     ap.add_argument("--target", type=float, default=0.770, help="report how often a draw reaches this overall")
     ap.add_argument("--seed", type=int, default=0, help="the draws' random seed")
     ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels)")
@@ -181,6 +204,10 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
                 rows.append({"mix": text, "mean": statistics.mean(scores), "std": statistics.pstdev(scores),
                              "reach": sum(s >= args.target for s in scores) / len(scores)})
             gains = paired_gains(scorer, *(pools[name] for name in args.paired), beside) if args.paired else []
+            if gains:
+                gains[-1]["se"] = paired_se(scorer, *(pools[name] for name in args.paired), beside, args.draws,
+                                            random.Random(args.seed))
+                gains[-1]["draws"] = args.draws
     finally:
         logging.disable(logging.NOTSET)  # called in-process (tests), logging must work again afterwards
     if rows:

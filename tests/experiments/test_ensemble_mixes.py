@@ -73,7 +73,8 @@ def test_paired_gains_are_the_ensemble_commands_scores_subtracted(tmp_path, caps
         assert rows[0][metric] == pytest.approx((sum(deltas) / 2, min(deltas), max(deltas)), abs=1e-12)
         assert rows[1][metric] == pytest.approx((both[0][metric] - both[1][metric],) * 3, abs=1e-12)
     assert min(d[0]["overall"] - d[1]["overall"] for d in single) < 0 < rows[0]["overall"][2]  # a range, not a point
-    assert "| 2 | 1 |" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "| 2 | 1 |" in out and "| 2, SE | 400 seed resamples |" in out and rows[1]["se"]["overall"] > 0
     with pytest.raises(SystemExit) as e:
         ensemble_mixes.main(["--pool", "a", *parent, "--pool", "b", runs[1], "--paired", "a", "b", *data])
     assert e.value.code == 2 and "hold 2 and 1 runs" in capsys.readouterr().err
@@ -118,3 +119,34 @@ def test_paired_specialists_beside_the_same_full_members(tmp_path, capsys):
             ensemble_mixes.main(["--pool", "full", runs[0], "--pool", "a", specialists[0],
                                  "--pool", "b", specialists[1], *argv, *data])
         assert message in capsys.readouterr().err
+
+
+def test_paired_se_is_a_bootstrap_over_the_seeds():
+    """The whole ensembles' SE under --paired: seeds drawn with replacement, the same seeds in both arms, the runs
+    beside in every draw. On a scorer whose ensemble scores the mean of its runs' values, the change of a draw is the
+    mean of its seeds' paired differences, so the SE is the bootstrap's SE of a mean (about std/√n) and 0 where every
+    seed's difference is the same; the full members beside move nothing."""
+    import random
+    import statistics
+
+    from experiments import ensemble_mixes
+
+    class MeanScorer:
+        def __init__(self, values):
+            self.values = values
+
+        def metrics(self, runs):
+            mean = statistics.mean(self.values[run] for run in runs)
+            return {m: mean for m in ensemble_mixes.METRICS}
+
+    parent, change = [f"a{i}" for i in range(8)], [f"b{i}" for i in range(8)]
+    diffs = [0.01, -0.02, 0.03, 0.0, 0.05, -0.01, 0.02, 0.04]
+    values = {**{a: 0.5 for a in parent}, **{b: 0.5 + d for b, d in zip(change, diffs)}}
+    se = ensemble_mixes.paired_se(MeanScorer(values), parent, change, [], 4000, random.Random(0))
+    expected = statistics.pstdev(diffs) / len(diffs) ** 0.5  # the bootstrap's SE of a mean
+    assert se["overall"] == pytest.approx(expected, rel=0.05)
+    same = {**values, **{b: 0.53 for b in change}}
+    assert ensemble_mixes.paired_se(MeanScorer(same), parent, change, [], 200, random.Random(0))["overall"] == 0
+    beside = {**values, "full": 0.9}  # a run in both arms of every draw dilutes the change by n/(n+1), no more
+    with_full = ensemble_mixes.paired_se(MeanScorer(beside), parent, change, ["full"], 4000, random.Random(0))
+    assert with_full["overall"] == pytest.approx(se["overall"] * 8 / 9, rel=1e-9)
