@@ -96,6 +96,14 @@ def draw_scores(scorer: Scorer, pools: dict[str, list[str]], mix: dict[str, int]
             for _ in range(draws)]
 
 
+def paired_change(scorer: Scorer, parent: Sequence[str], change: Sequence[str], seeds: Sequence[int],
+                  beside: Sequence[str]) -> dict[str, float]:
+    """Each metric of change's ensemble of ``seeds`` minus parent's, the runs ``beside`` in both."""
+    a = scorer.metrics([*(parent[i] for i in seeds), *beside])
+    b = scorer.metrics([*(change[i] for i in seeds), *beside])
+    return {m: b[m] - a[m] for m in METRICS}
+
+
 def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str],
                  beside: Sequence[str] = ()) -> list[dict]:
     """For k = 1..n: {"k", "subsets", metric: (mean, min, max) of change's k-run ensemble minus parent's over every
@@ -104,10 +112,8 @@ def paired_gains(scorer: Scorer, parent: Sequence[str], change: Sequence[str],
     for k in range(1, len(parent) + 1):
         deltas: dict[str, list[float]] = {m: [] for m in METRICS}
         for seeds in itertools.combinations(range(len(parent)), k):
-            a = scorer.metrics([*(parent[i] for i in seeds), *beside])
-            b = scorer.metrics([*(change[i] for i in seeds), *beside])
-            for m in METRICS:
-                deltas[m].append(b[m] - a[m])
+            for m, delta in paired_change(scorer, parent, change, seeds, beside).items():
+                deltas[m].append(delta)
         rows.append({"k": k, "subsets": len(deltas["overall"]),
                      **{m: (statistics.mean(d), min(d), max(d)) for m, d in deltas.items()}})
     return rows
@@ -123,10 +129,8 @@ def paired_se(scorer: Scorer, parent: Sequence[str], change: Sequence[str], besi
     deltas: dict[str, list[float]] = {m: [] for m in METRICS}
     for _ in range(draws):
         seeds = [rng.randrange(n) for _ in range(n)]
-        a = scorer.metrics([*(parent[i] for i in seeds), *beside])
-        b = scorer.metrics([*(change[i] for i in seeds), *beside])
-        for m in METRICS:
-            deltas[m].append(b[m] - a[m])
+        for m, delta in paired_change(scorer, parent, change, seeds, beside).items():
+            deltas[m].append(delta)
     return {m: statistics.stdev(d) if draws > 1 else 0.0 for m, d in deltas.items()}
 
 
@@ -205,9 +209,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
                              "reach": sum(s >= args.target for s in scores) / len(scores)})
             gains = paired_gains(scorer, *(pools[name] for name in args.paired), beside) if args.paired else []
             if gains:
-                gains[-1]["se"] = paired_se(scorer, *(pools[name] for name in args.paired), beside, args.draws,
-                                            random.Random(args.seed))
-                gains[-1]["draws"] = args.draws
+                gains[-1].update(se=paired_se(scorer, *(pools[name] for name in args.paired), beside, args.draws,
+                                              random.Random(args.seed)), draws=args.draws)
     finally:
         logging.disable(logging.NOTSET)  # called in-process (tests), logging must work again afterwards
     if rows:
