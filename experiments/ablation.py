@@ -71,9 +71,9 @@ from pathlib import Path
 from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, fmt, markdown_table
 from tasks.cli import Parser
-from tasks.data.readers import load_split
+from tasks.task import load_split
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
-from tasks.evaluation.metrics import TASK_METRIC, overall_score
+from tasks.evaluation.metrics import task_metric, overall_score
 
 BASELINE = ["--arch", "baseline", "--pair-encoding", "siamese", "--pooling", "mean", "--head-dropout", "0.3",
             "--schedule", "sequential"]
@@ -241,7 +241,7 @@ def ensemble_scores(sweep: Sweep, seed: int) -> dict[str, dict]:
                        for t, r in summary["tasks"].items()}
         out[f"ensemble-{method}"] = {"sst_acc": task_scores["sst"], "para_acc": task_scores["para"],
                                      "sts_r": task_scores["sts"],
-                                     "overall": overall_score({TASK_METRIC[t]: v for t, v in task_scores.items()})}
+                                     "overall": overall_score({task_metric(t): v for t, v in task_scores.items()})}
     return out
 
 

@@ -39,10 +39,11 @@ from collections.abc import Sequence
 from tasks.cli import Parser, user_errors
 from tasks.data.predictions import load_task_logits, task_members, trained_tasks
 from tasks.evaluation.ensemble import average, dev_labels
-from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
+from tasks.evaluation.metrics import overall_score, score, task_metric
+from tasks.task import MULTITASK
 
-TASKS = tuple(TASK_METRIC)
-METRICS = (*(TASK_METRIC[task] for task in TASKS), "overall")  # what Scorer.metrics gives
+TASKS = MULTITASK
+METRICS = (*(task_metric(task) for task in TASKS), "overall")  # what Scorer.metrics gives
 
 
 def parse_mix(text: str, pools: dict[str, list[str]]) -> dict[str, int]:
@@ -83,7 +84,7 @@ class Scorer:
             if not chosen:
                 raise ValueError(f"a draw of {', '.join(runs)} has no run for {task}: add runs trained on it "
                                  "(for specialists under --paired: --beside a pool of full members)")
-            metrics[TASK_METRIC[task]] = score(task, average(task, chosen)[1], self.labels[task])
+            metrics[task_metric(task)] = score(task, average(task, chosen)[1], self.labels[task])
         return {**metrics, "overall": overall_score(metrics)}
 
     def overall(self, runs: Sequence[str]) -> float:

@@ -73,7 +73,8 @@ from tasks import arguments
 from tasks.cli import Parser, describe
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.ensemble import METHODS
-from tasks.evaluation.metrics import TASK_METRIC, overall_score
+from tasks.evaluation.metrics import overall_score, task_metric
+from tasks.task import MULTITASK
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
 DEFAULT_SPECIALISTS = ("sst=16",)  # chosen by measurement within the 2-hour budget: experiments/RESULTS.md
@@ -112,8 +113,8 @@ def specialist_counts(values: Sequence[str]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for value in values:
         task, eq, n = value.partition("=")
-        if not eq or task not in TASK_METRIC or not n.isdigit():
-            raise ValueError(f"{value!r}: give TASK=N with TASK one of {', '.join(TASK_METRIC)} and N a count")
+        if not eq or task not in MULTITASK or not n.isdigit():
+            raise ValueError(f"{value!r}: give TASK=N with TASK one of {', '.join(MULTITASK)} and N a count")
         counts[task] = int(n)
     return {task: n for task, n in counts.items() if n}
 
@@ -254,7 +255,7 @@ def _flag_names(argv: Sequence[str]) -> set[str]:
 
 def _overall(summary: dict) -> float:
     """The ensemble's overall score on the whole dev set (for selective / regression: optimistic)."""
-    return overall_score({TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()})
+    return overall_score({task_metric(t): r["ensemble_score"] for t, r in summary["tasks"].items()})
 
 
 if __name__ == "__main__":

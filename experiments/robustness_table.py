@@ -69,7 +69,7 @@ from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, markdown_table
 from tasks.cli import Parser
 from tasks.data.perturb import perturb, perturbed_data_dir
-from tasks.data.readers import load_split
+from tasks.task import load_split
 from tasks.training.run import dev_scores
 
 METHODS = {

@@ -40,7 +40,7 @@ from tasks.cli import Parser
 from tasks.config import TrainConfig
 from tasks.data.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
-from tasks.model import NUM_SST_CLASSES
+from tasks.task import get_task
 from tasks.selection import load_examples, load_phrases
 from tasks.storage import load_tensors
 
@@ -65,11 +65,11 @@ def fit_probes(sentences: torch.Tensor, labels: torch.Tensor, phrases: torch.Ten
     probes = {}
     for w in weights:
         if w == 0:
-            probes[w] = fit_logistic_regression(sentences, labels, NUM_SST_CLASSES)
+            probes[w] = fit_logistic_regression(sentences, labels, get_task("sst").num_classes)
             continue
         sample_weight = torch.cat([torch.ones(len(sentences)), torch.full((len(phrases),), float(w))])
         probes[w] = fit_logistic_regression(torch.cat([sentences, phrases]), torch.cat([labels, phrase_labels]),
-                                            NUM_SST_CLASSES, sample_weight=sample_weight)
+                                            get_task("sst").num_classes, sample_weight=sample_weight)
     return probes
 
 

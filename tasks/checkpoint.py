@@ -54,6 +54,7 @@ from minbert.bert import BertModel
 from minbert.config import BertConfig
 from minbert.tokenizer import BertTokenizer
 from tasks.config import TrainConfig
+from tasks.task import task_names
 from tasks.model import MultitaskBert
 from tasks.objectives import Objective, build_objectives
 from tasks.storage import (
@@ -433,8 +434,12 @@ def load_model(ckpt: Path, device: torch.device | str = "cpu", cfg: TrainConfig 
     enc_dir = ckpt / "encoder"
     encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))
     tokenizer = BertTokenizer.from_pretrained(enc_dir)
-    model = MultitaskBert(encoder, cfg.model)
-    model.load_state_dict(load_tensors(ckpt / "model.safetensors"))
+    state = load_tensors(ckpt / "model.safetensors")
+    # the heads the weights hold (an evaluation may ask for some of the trained tasks only)
+    held = {key.split(".")[0] for key in state}
+    model = MultitaskBert(encoder, cfg.model, [t for t in task_names()
+                                               if held & {f"{t}_head", f"{t}_own", f"{t}_bias"}])
+    model.load_state_dict(state)
     model.to(device)
     objectives = build_objectives(cfg.objectives, model)
     for o in objectives:

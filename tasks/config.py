@@ -22,12 +22,14 @@ import json
 import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tasks.data.schedule import SCHEDULES, SUBSETS
-from tasks.model import NLI, PHRASES, STREAMS, TASKS, ModelConfig
+from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, registered_objectives
-from tasks.options import option, takes_none
+from tasks.options import AnyKey, option, takes_none
+from tasks.task import MULTITASK, get_task, read_task_file, task_names, task_with
 from tasks.runtime import check_device_string
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
@@ -66,7 +68,8 @@ EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "lim
 LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
                  "sst_prior": 0.0, "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544,
                  "sst_phrases_batch_size": None, "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0,
-                 "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0}
+                 "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0, "task_files": (),
+                 "freeze_encoder": False}
 
 
 # ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
@@ -85,8 +88,16 @@ class TrainConfig:
     data_dir: str = option("data", "directory of the CS224N CSV files (data/README.md)", group="data", metavar="DIR")
     out_dir: str = option("runs/default", "the run directory (what it holds: README 'Training')", group="data",
                           metavar="DIR")
-    tasks: tuple[str, ...] = option(TASKS, "tasks to train and evaluate (paper §4.1: all three)", group="data",
-                                    choices=TASKS, nargs="+")
+    tasks: tuple[str, ...] = option(MULTITASK, "tasks to train and evaluate (paper §4.1: all three): sst, para, sts, "
+                                    "cfimdb (the starter's part 1) or a task of --task-file", group="data",
+                                    nargs="+", metavar="TASK")
+    task_files: tuple[str, ...] = option((), "declare a task of your own by a JSON file (repeatable; README 'Adding a "
+                                         "task': its train/dev/test files, text and label columns; the kind inferred "
+                                         "from the labels); it joins --tasks", group="data", flag="--task-file",
+                                         repeat=True, metavar="FILE")
+    freeze_encoder: bool = option(False, "train the heads alone on a frozen encoder (in eval mode) every epoch: the "
+                                  "minBERT starter's part-1 '--option pretrain' (its predictions are named "
+                                  "pretrain-*; fine-tuning's finetune-*)", group="data")
     nli: bool = option(False, "add the nli-train.csv triplet stream (paper §4.2 'Additional AllNLI data'); it has no "
                        "head loss, only its objectives train on it (B1: MNR)", group="data", negatable=True)
     limit: int | None = option(None, "read at most N examples of every split of every task and NLI (smoke runs); "
@@ -96,12 +107,12 @@ class TrainConfig:
     max_train_examples: dict[str, int] = option(
         help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is the largest "
              "set; all of it every epoch does not fit the CPU budget: experiments/RESULTS.md); STREAM=N or "
-             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000}, group="data", keys=STREAMS,
+             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000}, group="data", keys=AnyKey(),
              metavar="STREAM=N")
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
-        factory=lambda: {"para": 3000}, group="data", keys=STREAMS, metavar="TASK=N")
+        factory=lambda: {"para": 3000}, group="data", keys=AnyKey(), metavar="TASK=N")
     train_subsets: str = option("cycle", "how a capped stream's examples are chosen each epoch: fresh = a new "
                                 "random subset every epoch (examples may repeat before all were seen); cycle = the "
                                 "next examples of one shuffled pass, so none repeats before all were seen",
@@ -169,14 +180,14 @@ class TrainConfig:
                              group="optimization", metavar="B")
     task_batch_size: dict[str, int] = option(help="per-stream batch size overrides (not with --schedule even, whose "
                                              "batches are all one size, §4.2)", factory=dict, group="optimization",
-                                             keys=STREAMS, metavar="STREAM=B")
+                                             keys=AnyKey(), metavar="STREAM=B")
     eval_batch_size: int = option(128, "examples per batch at evaluation", group="optimization", metavar="B")
     schedule: str = option("even", "which stream's batch comes next: sequential (the CS224N starter, the paper's "
                            "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)",
                            group="optimization", choices=SCHEDULES)
     loss_weights: dict[str, float] = option(help="per-stream loss factors, missing = 1 (paper §4.2 loss rescaling: "
                                             "para=0.1); updates the preset's", factory=dict, group="optimization",
-                                            keys=STREAMS, metavar="STREAM=W")
+                                            keys=AnyKey(), metavar="STREAM=W")
     lr: float = option(1e-4, "peak AdamW learning rate (paper: 1e-5, §4.1 and §4.5)", group="optimization",
                        metavar="LR")
     lr_schedule: str = option("warmup_linear", "constant; epoch_decay = lr - lr_decay x epoch (paper §4.5); "
@@ -251,7 +262,11 @@ class TrainConfig:
                                    "save_only_model)", group="runtime")
 
     def __post_init__(self) -> None:
-        self.tasks = tuple(self.tasks)
+        # A task file declares its task (registered, once: tasks/task.py) and adds it to the run's tasks; its path
+        # is kept absolute, so that the run's config finds it from any folder (--eval-only, the ensemble).
+        self.task_files = tuple(str(Path(f).expanduser().resolve()) for f in self.task_files)
+        declared = [read_task_file(f).name for f in self.task_files]
+        self.tasks = tuple(self.tasks) + tuple(t for t in declared if t not in self.tasks)
         self.report_to = tuple(self.report_to)
         if isinstance(self.model, dict):
             self.model = ModelConfig(**self.model)
@@ -261,7 +276,7 @@ class TrainConfig:
         """Plain JSON, marked with ``model_type`` MODEL_TYPE so that transformers' Auto classes pointed at a
         run or checkpoint directory refuse it ("unrecognized model type") instead of building a random BERT."""
         d = dataclasses.asdict(self)
-        d["tasks"], d["report_to"] = list(self.tasks), list(self.report_to)
+        d["tasks"], d["report_to"], d["task_files"] = list(self.tasks), list(self.report_to), list(self.task_files)
         return {"model_type": MODEL_TYPE, **d}
 
     @classmethod
@@ -311,9 +326,9 @@ class TrainConfig:
 
     @property
     def trains_phrases(self) -> bool:
-        """Whether the run trains --sst-phrases: a phrase file, and sst among its tasks (a run without sst has no
-        SST head to train them through, whatever the file)."""
-        return self.sst_phrases is not None and "sst" in self.tasks
+        """Whether the run trains --sst-phrases: a phrase file, and sst (the task whose entry takes the phrases)
+        among its tasks (a run without it has no SST head to train them through, whatever the file)."""
+        return self.sst_phrases is not None and task_with(self.tasks, "phrases") is not None
 
     def batch_sizes(self) -> dict[str, int]:
         sizes = {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
@@ -337,9 +352,10 @@ class TrainConfig:
         """Raise ValueError with a sentence saying why when fields contradict each other or are out of range."""
         if not self.tasks:
             raise ValueError("tasks is empty: train at least one of sst, para, sts")
-        unknown = [t for t in self.tasks if t not in TASKS]
+        unknown = [t for t in self.tasks if t not in task_names()]
         if unknown:
-            raise ValueError(f"unknown task(s) {unknown}: the tasks are {', '.join(TASKS)}")
+            raise ValueError(f"unknown task(s) {unknown}: the tasks are {', '.join(task_names())} (declare your own "
+                             "with --task-file)")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks {list(self.tasks)} names a task twice")
         streams = self.streams()
@@ -387,6 +403,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
         if self.lp_lr is not None and not self.lp_lr > 0:
             raise ValueError(f"lp_lr must be positive, got {self.lp_lr}")
+        if self.freeze_encoder and self.lp_epochs:
+            raise ValueError("freeze_encoder trains the heads alone every epoch; LP-FT's lp_epochs (heads alone, then "
+                             "everything) contradicts it: choose one")
         if self.lp_lr is not None and self.lp_epochs == 0:
             raise ValueError("lp_lr only acts with lp_epochs N > 0 (LP-FT stage 1, paper §4.2): it would do nothing")
         if not self.swa_lr > 0:
@@ -469,20 +488,21 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError(f"--warmup only acts with --lr-schedule warmup_linear (the run uses {cfg.lr_schedule})")
     if "swa_lr" in explicit and cfg.swa_epochs == 0:
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
-    if "sts_prior" in explicit and cfg.sts_prior > 0 and "sts" not in cfg.tasks:
+    cosine, probe = task_with(cfg.tasks, "cosine_prior"), task_with(cfg.tasks, "probe_prior")
+    if "sts_prior" in explicit and cfg.sts_prior > 0 and cosine is None:
         raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
-    if "sts_prior_model" in explicit and (cfg.sts_prior == 0 or "sts" not in cfg.tasks):
+    if "sts_prior_model" in explicit and (cfg.sts_prior == 0 or cosine is None):
         raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
-    if "sst_prior" in explicit and cfg.sst_prior > 0 and "sst" not in cfg.tasks:
+    if "sst_prior" in explicit and cfg.sst_prior > 0 and probe is None:
         raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
-    if "sst_phrases" in explicit and cfg.sst_phrases is not None and "sst" not in cfg.tasks:
+    if "sst_phrases" in explicit and cfg.sst_phrases is not None and task_with(cfg.tasks, "phrases") is None:
         raise ValueError(f"--sst-phrases trains the SST head, and --tasks {' '.join(cfg.tasks)} has no sst")
     idle = [name for name in ("sst_phrases_per_epoch", "sst_phrases_batch_size", "sst_phrases_min_words",
                               "sst_phrases_weight", "sst_phrases_order") if name in explicit and not cfg.trains_phrases]
     if idle:
         raise ValueError(f"--{idle[0].replace('_', '-')} only acts on the phrase stream (--sst-phrases FILE on a run "
                          "with sst)")
-    if "sst_prior_model" in explicit and (cfg.sst_prior == 0 or "sst" not in cfg.tasks):
+    if "sst_prior_model" in explicit and (cfg.sst_prior == 0 or probe is None):
         raise ValueError("--sst-prior-model only acts with --sst-prior W > 0 on a run with sst")
 
 
@@ -568,7 +588,7 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     return cfg
 
 
-__all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "STREAMS", "TrainConfig", "check_eval_changes",
+__all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "TrainConfig", "check_eval_changes",
            "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides",
            "refuse_idle_settings")
 

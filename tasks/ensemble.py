@@ -28,7 +28,7 @@ Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math
               STS falls back to the simple average unless --regression-sts, which
               fits per-model linear weights and a bias by least squares.
 
-Dev labels come from the task files (``tasks.data.readers.load_split(task, "dev",
+Dev labels come from the task files (``tasks.task.load_split(task, "dev",
 data_dir)``), matched by id. Every run must hold the same ids for a task and
 split (a mismatch names the file). A training run trained on some of the tasks
 only (``train_multitask.py --tasks sst``: its ``config.json`` says which) is a

@@ -1,4 +1,4 @@
-"""MultitaskBert: one BERT encoder, task heads for SST, paraphrase and STS.
+"""MultitaskBert: one BERT encoder and a head per task (SST, paraphrase, STS, and any other task of the run).
 
 Usage:
     encoder, tok = load_pretrained()
@@ -11,7 +11,7 @@ Architectures (paper: ../shared/papers/minbert-downstream-generalization.txt):
 - ``baseline`` (§4.1): SST = dropout + linear on the pooled [CLS]; paraphrase =
   Siamese, each sentence -> linear (32) -> dot product + a learned offset (ours:
   without it the threshold is fixed at 0; it starts from the training pairs'
-  log-odds, ``init_para_offset``) -> sigmoid (BCE);
+  log-odds, ``init_offset``) -> sigmoid (BCE);
   STS = Siamese, linear (32) per sentence -> 5 × cosine (MSE).
 - ``b1`` (§4.3, Figure 1): two shared FCN layers (H -> F -> F, ReLU) used by all
   tasks and concatenated with each task's own FCN layer (H -> F, ReLU);
@@ -28,7 +28,9 @@ Architectures (paper: ../shared/papers/minbert-downstream-generalization.txt):
 The encoder may run under autocast (bf16); the heads always compute in float32
 (autocast off), so logits, scores and head features are float32.
 
-Heads own their task loss (cross-entropy, BCE with logits, MSE). Objectives that
+A task's kind (tasks/task.py) builds its head and owns its loss (cross-entropy, BCE with logits, MSE) and
+prediction rule: a single-sentence classification is built as SST's head, a pair classification as the
+paraphrase head, a pair regression as the STS head, with the task's own number of classes. Objectives that
 need more get it through explicit arguments: ``inputs_embeds`` to start from
 (perturbed) word embeddings and ``embed`` for extra passes; a model option that changes the pooled
 embedding between encoder and head (Match-Tuning) installs it with ``set_pooled_transform``.
@@ -36,7 +38,7 @@ embedding between encoder and head (Match-Tuning) installs it with ``set_pooled_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -46,6 +48,7 @@ from torch import nn
 
 from minbert.bert import BertModel
 from tasks.options import option
+from tasks.task import MULTITASK, Kind, Task, get_task, model_tasks, task_names
 
 # ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
 
@@ -75,25 +78,25 @@ def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
         m.training = o.training
 
 
-# ---- the tasks, the heads' config and the model ----
-TASKS = ("sst", "para", "sts")
+# ---- the streams, the heads' config and the model ----
 NLI = "nli"  # the AllNLI triplet stream: trained by objectives only (no head)
-STREAMS = TASKS + (NLI,)  # the streams a user sets per-stream options for (--loss-weights STREAM=W, ...)
 PHRASES = "phrases"  # the SST treebank's phrase labels (--sst-phrases): a stream of the SST head, set by its own options
 
 
 def head_of(stream: str) -> str | None:
-    """The task whose head trains on ``stream``: the stream itself, "sst" for the phrases, None for NLI (no head)."""
-    return None if stream == NLI else "sst" if stream == PHRASES else stream
+    """The task whose head trains on ``stream``: the stream itself, the phrases' task (its entry's ``phrases``)
+    for the phrases, None for NLI (no head)."""
+    if stream == NLI:
+        return None
+    if stream == PHRASES:
+        return next(t for t in task_names() if get_task(t).phrases)
+    return stream
 
 
-PAIR_TASKS = ("para", "sts")  # the tasks whose examples are sentence pairs
-
-
-def check_task(task: str) -> None:
-    """A ValueError naming the tasks for a name that is none of them."""
-    if task not in TASKS:
-        raise ValueError(f"unknown task {task!r}; tasks are {list(TASKS)}")
+def kind_of(stream: str) -> Kind | None:
+    """The kind of the task whose head trains on ``stream`` (``head_of``), None for NLI."""
+    task = head_of(stream)
+    return None if task is None else get_task(task).kind
 
 
 ARCHS = ("baseline", "b1")
@@ -103,10 +106,6 @@ PAIR_ENCODINGS = ("siamese", "cross")
 
 
 POOLINGS = ("pooler", "cls", "mean")
-
-
-NUM_SST_CLASSES = 5
-NUM_CLASSES = {"sst": NUM_SST_CLASSES, "para": 2}  # the classification tasks
 
 
 @dataclass
@@ -173,29 +172,44 @@ def _mlp(sizes: list[int], dropout: float) -> nn.Sequential:
 
 
 class MultitaskBert(nn.Module):
-    def __init__(self, encoder: BertModel, config: ModelConfig):
+    """The encoder and a head per task (``model_tasks(tasks)``: the project's three and the run's others), each
+    built by its kind (tasks/task.py) and named ``<task>_head`` (b1: and ``<task>_own``; the baseline's Siamese
+    pair classification: and ``<task>_bias``), HF-style names the checkpoints keep."""
+
+    def __init__(self, encoder: BertModel, config: ModelConfig, tasks: Sequence[str] = MULTITASK):
         super().__init__()
         self.encoder = encoder
         self.config = config
+        self.tasks = model_tasks(tasks)
         H, Fs, P, p = encoder.config.hidden_size, config.fcn_size, config.baseline_proj_size, config.head_dropout
         if config.pooling == "pooler" and encoder.pooler is None:
             raise ValueError("pooling='pooler' needs an encoder with a pooler")
         cross = config.pair_encoding == "cross"
+        entries = [get_task(t) for t in self.tasks]
+        # Registered in one order per arch (b1: the shared layers, every task's own layer, every head), which is
+        # the order _init_heads draws their initial weights in.
         if config.arch == "baseline":
-            self.sst_head = _mlp([H, NUM_SST_CLASSES], p)
-            self.para_head = _mlp([H, 1], p) if cross else _mlp([H, P], p)
-            if not cross:  # the threshold on the dot product, learned (see forward)
-                self.para_bias = nn.Parameter(torch.zeros(()))
-            self.sts_head = _mlp([H, 1], p) if cross else _mlp([H, P], p)
+            for t in entries:
+                n = t.kind.out_features(t)
+                if t.kind.pair and not cross:  # Siamese: a projection per sentence, compared
+                    setattr(self, f"{t.name}_head", _mlp([H, P], p))
+                    if t.kind.classification:  # the threshold on the dot product, learned (see forward)
+                        setattr(self, f"{t.name}_bias", nn.Parameter(torch.zeros(())))
+                else:
+                    setattr(self, f"{t.name}_head", _mlp([H, n], p))
         else:
             self.shared = nn.Sequential(_mlp([H, Fs, Fs], p), nn.ReLU())
-            self.sst_own = nn.Sequential(_mlp([H, Fs], p), nn.ReLU())
-            self.para_own = nn.Sequential(_mlp([H, Fs], p), nn.ReLU())
-            self.sts_own = nn.Sequential(_mlp([H, Fs], p), nn.ReLU())
-            self.sst_head = _mlp([2 * Fs, Fs, NUM_SST_CLASSES], p)
-            # cross: [shared, own] of the pair sequence; Siamese: products of both + both raw embeddings
-            self.para_head = _mlp([2 * Fs, Fs, 1], p) if cross else _mlp([2 * Fs + 2 * H, Fs, 1], p)
-            self.sts_head = _mlp([2 * Fs, Fs, 1], p) if cross else nn.Identity()
+            for t in entries:
+                setattr(self, f"{t.name}_own", nn.Sequential(_mlp([H, Fs], p), nn.ReLU()))
+            for t in entries:
+                n = t.kind.out_features(t)
+                if not t.kind.pair or cross:
+                    head = _mlp([2 * Fs, Fs, n], p)
+                elif t.kind.classification:  # the structural change: products of both + both raw embeddings
+                    head = _mlp([2 * Fs + 2 * H, Fs, n], p)
+                else:  # Siamese regression: the cosine of the [shared, own] features
+                    head = nn.Identity()
+                setattr(self, f"{t.name}_head", head)
         # Changes of a task's pooled embeddings between encoder and head, installed by a model option such as
         # Match-Tuning's batch matching (an nn.Module without parameters: it follows train()/eval()).
         self.pooled_transforms = nn.ModuleDict()
@@ -221,8 +235,17 @@ class MultitaskBert(nn.Module):
                     nn.init.normal_(m.weight, std=std)
                 nn.init.zeros_(m.bias)
 
+    def _entry(self, task: str) -> Task:
+        if task not in self.tasks:
+            raise ValueError(f"unknown task {task!r}; this model's tasks are {list(self.tasks)}")
+        return get_task(task)
+
+    def offsets(self) -> tuple[str, ...]:
+        """The tasks with a learned offset (the baseline's Siamese pair classification): ``init_offset`` starts it."""
+        return tuple(t for t in self.tasks if hasattr(self, f"{t}_bias"))
+
     @torch.no_grad()
-    def init_para_offset(self, batch: dict) -> None:
+    def init_offset(self, task: str, batch: dict) -> None:
         """Start the baseline's Siamese paraphrase offset from data (as Salimans & Kingma 2016, §3, start
         weight-normalized layers): the logits of ``batch`` (eval mode) then average the log-odds of its
         paraphrase rate.
@@ -234,9 +257,10 @@ class MultitaskBert(nn.Module):
         """
         training = self.training
         self.eval()
-        dots = self("para", batch).logits - self.para_bias
+        bias = getattr(self, f"{task}_bias")
+        dots = self(task, batch).logits - bias
         p = batch["labels"].float().mean().clamp(0.01, 0.99)
-        self.para_bias.copy_(torch.log(p / (1 - p)) - dots.mean())
+        bias.copy_(torch.log(p / (1 - p)) - dots.mean())
         self.train(training)
 
     # ---- encoding ---------------------------------------------------------------
@@ -263,8 +287,7 @@ class MultitaskBert(nn.Module):
 
     def _features(self, task: str, e: torch.Tensor) -> torch.Tensor:
         """B1's [shared, task-own] features (B, 2F); the baseline has none."""
-        own = {"sst": self.sst_own, "para": self.para_own, "sts": self.sts_own}[task]
-        return torch.cat([self.shared(e), own(e)], dim=-1)
+        return torch.cat([self.shared(e), getattr(self, f"{task}_own")(e)], dim=-1)
 
     # ---- heads ------------------------------------------------------------------
 
@@ -272,8 +295,7 @@ class MultitaskBert(nn.Module):
         """Apply ``transform`` to ``task``'s pooled embeddings (B, H) -> (B, H) before its head, in every forward
         (Match-Tuning's batch matching). It holds no parameters of its own and reads ``self.training`` to act
         differently in evaluation."""
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; tasks are {TASKS}")
+        self._entry(task)
         if any(True for _ in transform.parameters()):
             raise ValueError("a pooled transform may not hold parameters: the checkpoint format has no place for them")
         self.pooled_transforms[task] = transform
@@ -284,23 +306,16 @@ class MultitaskBert(nn.Module):
         inputs_embeds: word embeddings to start from, keyed by the batch's key
         suffix ("" for one sequence, "_1"/"_2" for Siamese sides).
         """
-        if task not in TASKS:
-            raise ValueError(f"unknown task {task!r}; tasks are {TASKS}")
+        entry = self._entry(task)
+        kind = entry.kind
         t = self.pooled_transforms[task] if task in self.pooled_transforms else (lambda e: e)
         cfg = self.config
-        if task == "sst" or (cfg.pair_encoding == "cross" and "input_ids" in batch):
+        if not kind.pair or (cfg.pair_encoding == "cross" and "input_ids" in batch):
             e = self._embed_side(batch, "", inputs_embeds)  # (B, H), in the autocast dtype
             with _float32(e):
                 e = t(e.float())
                 x = e if cfg.arch == "baseline" else self._features(task, e)
-                head = {"sst": self.sst_head, "para": self.para_head, "sts": self.sts_head}[task]
-                z = head(x)
-                if task == "sst":
-                    logits = z
-                elif task == "para":
-                    logits = z.squeeze(-1)
-                else:
-                    logits = cfg.sts_scale * torch.sigmoid(z.squeeze(-1))
+                logits = kind.head_output(entry, getattr(self, f"{task}_head")(x), cfg.sts_scale)
             return TaskOutput(logits, {"pooled": e, "head_input": x})
         if cfg.pair_encoding == "cross" or "input_ids_1" not in batch:
             # A cross model's pair heads score one joint sequence; fed two sides they would
@@ -311,45 +326,39 @@ class MultitaskBert(nn.Module):
         with _float32(e1):
             e1, e2 = t(e1.float()), t(e2.float())
             feats = {"pooled_1": e1, "pooled_2": e2}
-            if task == "para":
+            if kind.classification:
+                head = getattr(self, f"{task}_head")
                 if cfg.arch == "baseline":
-                    u, v = self.para_head(e1), self.para_head(e2)  # (B, P)
+                    u, v = head(e1), head(e2)  # (B, P)
                     # + a learned offset: at 0 the threshold is where any two similar sentences start out
-                    # (init_para_offset says why it starts from data)
-                    logits = (u * v).sum(-1) + self.para_bias
+                    # (init_offset says why it starts from data)
+                    logits = (u * v).sum(-1) + getattr(self, f"{task}_bias")
                 else:
-                    f1, f2 = self._features("para", e1), self._features("para", e2)  # (B, 2F)
+                    f1, f2 = self._features(task, e1), self._features(task, e2)  # (B, 2F)
                     x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
-                    logits = self.para_head(x).squeeze(-1)
+                    logits = head(x).squeeze(-1)
                     feats["head_input"] = x
                 return TaskOutput(logits, feats)
-            u, v = self.sts_embeddings(e1), self.sts_embeddings(e2)
+            u, v = self.pair_embeddings(task, e1), self.pair_embeddings(task, e2)
             feats.update(sts_1=u, sts_2=v)
             return TaskOutput(cfg.sts_scale * F.cosine_similarity(u, v, dim=-1), feats)
 
-    def sts_embeddings(self, e: torch.Tensor) -> torch.Tensor:
-        """The Siamese STS embedding of pooled sentences (B, D), in float32: what cosine/MNR compare."""
+    def pair_embeddings(self, task: str, e: torch.Tensor) -> torch.Tensor:
+        """A Siamese regression task's embedding of pooled sentences (B, D), in float32: what its cosine (and
+        MNR) compare."""
         if self.config.pair_encoding == "cross":
-            raise ValueError("sts_embeddings needs pair_encoding='siamese'")
+            raise ValueError("pair_embeddings needs pair_encoding='siamese'")
         with _float32(e):
             e = e.float()
-            return self.sts_head(e) if self.config.arch == "baseline" else self._features("sts", e)
+            return getattr(self, f"{task}_head")(e) if self.config.arch == "baseline" else self._features(task, e)
 
     # ---- losses and predictions ---------------------------------------------------
 
     def task_loss(self, task: str, out: TaskOutput, batch: dict, reduction: str = "mean") -> torch.Tensor:
-        y = batch["labels"]
-        if task == "sst":
-            return F.cross_entropy(out.logits.float(), y.long(), reduction=reduction)
-        if task == "para":
-            return F.binary_cross_entropy_with_logits(out.logits.float(), y.float(), reduction=reduction)
-        return F.mse_loss(out.logits.float(), y.float(), reduction=reduction)
+        """The head's loss: its kind's (cross-entropy, BCE with logits, MSE)."""
+        return get_task(task).kind.loss(out.logits, batch["labels"], reduction)
 
     @staticmethod
     def predict(task: str, out: TaskOutput) -> torch.Tensor:
-        if task == "sst":
-            return out.logits.argmax(-1)
-        if task == "para":
-            return (out.logits > 0).long()
-        return out.logits
-
+        """Class ids or scores: its kind's rule."""
+        return get_task(task).kind.predict(out.logits)

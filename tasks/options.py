@@ -24,8 +24,8 @@ Usage:
     @dataclass
     class Config:
         lr: float = option(1e-4, "peak learning rate")
-        tasks: tuple[str, ...] = option(("sst",), "tasks to train", choices=TASKS, nargs="+")
-        caps: dict[str, int] = option(help="per-stream caps", factory=dict, keys=STREAMS)
+        tasks: tuple[str, ...] = option(("sst",), "tasks to train", choices=("sst", "para"), nargs="+")
+        caps: dict[str, int] = option(help="per-stream caps", factory=dict, keys=("sst", "nli"))
     add_options(parser, Config)                       # --lr, --tasks, --caps
     args = parser.parse_args(argv); Config(**options_of(args, Config))
     help_text(Config, "lr")                           # "peak learning rate"
@@ -44,6 +44,11 @@ from typing import Any
 MISSING = dataclasses.MISSING
 
 
+class AnyKey(tuple):
+    """``option(keys=AnyKey())``: a KEY=VALUE map whose keys the command checks itself, after parsing (a run's
+    streams: its own tasks are known once its task files are read)."""
+
+
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
            choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None, metavar: str | None = None,
            nargs: str | None = None, flag: str | None = None, negatable: bool | None = None,
@@ -53,7 +58,7 @@ def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any]
     sequence, or ``repeat`` (a list flag given once per value: --x A --x B); ``flag`` when its name is not the
     field's; ``negatable`` for a --no- form; ``positional``; and the ``group`` of --help it is listed in."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
-            "keys": tuple(keys) if keys is not None else None, "metavar": metavar, "nargs": nargs, "flag": flag,
+            "keys": keys if isinstance(keys, AnyKey) else tuple(keys) if keys is not None else None, "metavar": metavar, "nargs": nargs, "flag": flag,
             "negatable": negatable, "positional": positional, "repeat": repeat, "group": group}
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
@@ -83,7 +88,7 @@ def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[st
         key, sep, raw = text.partition("=")
         if not sep or not key:
             raise argparse.ArgumentTypeError(f"expected STREAM=VALUE (e.g. para=0.1), got {text!r}")
-        if key not in keys:
+        if not isinstance(keys, AnyKey) and key not in keys:
             raise argparse.ArgumentTypeError(f"{key!r} is not a stream; streams: {', '.join(keys)}")
         if raw == "all" and value_type is int:
             return key, None
@@ -157,7 +162,7 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
         item = args[0] if args and args[0] is not Ellipsis else str
         kw = {"nargs": meta.get("nargs") or "*", "type": item}
     elif origin is dict:
-        if not meta.get("keys"):
+        if not meta.get("keys") and not isinstance(meta.get("keys"), AnyKey):
             raise TypeError(f"{cls.__name__}.{f.name}: a dict field needs option(keys=...) to become a flag")
         kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]),
               "metavar": meta.get("metavar") or "STREAM=VALUE"}

@@ -24,36 +24,40 @@ from pathlib import Path
 from tasks.cli import Parser, user_errors
 from tasks.logs import log_to
 from tasks.options import add_options, option
-from tasks.data.readers import Example, blank, decode_utf8, read_pairs, read_sentences
+from tasks.data.predictions import trained_tasks
+from tasks.data.readers import Example, blank, decode_utf8
 from tasks.evaluation.evaluator import Predictor
-from tasks.model import TASKS
+from tasks.task import get_task, task_names
 
 logger = logging.getLogger(__name__)
 
 
 def read_inputs(task: str, source: str) -> list[Example]:
-    """Examples from ``source`` (a path, or "-" for stdin): one sentence (sst) or one tab-separated pair per
-    line, ids = line numbers (blank lines, and lines of control characters alone, skipped); a .csv file is read in the task's CS224N format."""
+    """Examples from ``source`` (a path, or "-" for stdin): one sentence (a sentence task: sst) or one
+    tab-separated pair (a pair task) per line, ids = line numbers (blank lines, and lines of control characters
+    alone, skipped); a .csv file is read as the task's test file (its columns, the CS224N format)."""
+    entry = get_task(task)
     if source != "-" and not Path(source).is_file():
         raise FileNotFoundError(f"--input {source}: no such file")
     if source.endswith(".csv"):
-        return read_sentences(source, False, 5)[0] if task == "sst" else read_pairs(source, None)[0]
+        return entry.read("test", ".", path=source)[0]
     stdin = getattr(sys.stdin, "buffer", None)
     if source == "-" and stdin is None:  # a text stream without bytes beneath (an embedding program's)
         lines = sys.stdin.read().splitlines()
     else:
         data = stdin.read() if source == "-" else Path(source).read_bytes()
         lines = decode_utf8("stdin" if source == "-" else f"--input {source}", data).splitlines()
+    where = "stdin" if source == "-" else source
     examples = []
     for n, line in enumerate(lines, 1):
         if blank(line):  # white space or control characters alone
             continue
-        if task == "sst":
+        if not entry.kind.pair:
             examples.append(Example(str(n), line.strip()))
             continue
         parts = line.split("\t")
         if len(parts) != 2 or any(blank(x) for x in parts):
-            raise ValueError(f"{'stdin' if source == '-' else source} line {n}: expected two sentences separated "
+            raise ValueError(f"{where} line {n}: expected two sentences separated "
                              f"by one tab (task {task}), got {len(parts)} field(s)")
         examples.append(Example(str(n), parts[0].strip(), parts[1].strip()))
     return examples
@@ -62,15 +66,15 @@ def read_inputs(task: str, source: str) -> list[Example]:
 def prediction_rows(predictor: Predictor, task: str, examples: list[Example]) -> tuple[list[str], list[list]]:
     """(CSV header, rows) of the predictions for ``examples``."""
     ids = [e.id for e in examples]
-    if task == "sts":
-        scores = predictor.similarity([(e.text_a, e.text_b) for e in examples])
-        return ["id", "score"], [[i, float(s)] for i, s in zip(ids, scores)]
-    if task == "sst":
-        labels, probs = predictor.sentiment([e.text_a for e in examples])
-        return (["id", "label"] + [f"p{k}" for k in range(probs.shape[1])],
-                [[i, int(y), *map(float, p)] for i, y, p in zip(ids, labels, probs)])
-    labels, probs = predictor.paraphrase([(e.text_a, e.text_b) for e in examples])
-    return ["id", "label", "p_paraphrase"], [[i, int(y), float(p)] for i, y, p in zip(ids, labels, probs)]
+    entry = get_task(task)
+    inputs = [(e.text_a, e.text_b) for e in examples] if entry.kind.pair else [e.text_a for e in examples]
+    labels, outputs = predictor.predict(task, inputs)
+    if not entry.kind.classification:
+        return ["id", "score"], [[i, float(s)] for i, s in zip(ids, labels)]
+    if outputs.dim() == 2:  # class probabilities
+        return (["id", "label"] + [f"p{k}" for k in range(outputs.shape[1])],
+                [[i, int(y), *map(float, p)] for i, y, p in zip(ids, labels, outputs)])
+    return ["id", "label", f"p_{entry.positive}"], [[i, int(y), float(p)] for i, y, p in zip(ids, labels, outputs)]
 
 
 def check_output(output: str) -> None:
@@ -93,9 +97,10 @@ class PredictArgs:
 
     checkpoint: str = option(help="a checkpoint directory (runs/x/checkpoints/best) or a run directory (its best "
                                   "checkpoint)", metavar="DIR")
-    task: str = option(help="what to predict", choices=TASKS)
-    input: str = option("-", "one sentence (sst) or two tab-separated sentences (para, sts) per line; a .csv file in "
-                             "the task's CS224N format; - reads stdin", metavar="FILE")
+    task: str = option(help="what to predict: a task the checkpoint was trained on (sst, para, sts, cfimdb, or a "
+                            "task of its own --task-file)", metavar="TASK")
+    input: str = option("-", "one sentence (a sentence task: sst) or two tab-separated sentences (a pair task: "
+                             "para, sts) per line; a .csv file in the task's format; - reads stdin", metavar="FILE")
     output: str = option("-", "CSV file to write; - writes stdout", metavar="FILE")
     device: str = option("auto", "auto (CUDA when present), cpu, cuda, cuda:1, ...", metavar="DEVICE")
     batch_size: int | None = option(None, "sentences per forward pass (default: the run's eval batch size)",
@@ -120,6 +125,8 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     try:
         check_output(args.output)
+        if args.task not in task_names() and Path(args.checkpoint).is_dir():
+            trained_tasks(args.checkpoint)  # the checkpoint's own tasks (a --task-file's) become known
         examples = read_inputs(args.task, args.input)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))  # the --input and --output the user gave: an argument error (exit status 2)

@@ -56,7 +56,7 @@ from minbert.mlm import load_mlm
 from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser, user_errors
 from tasks.logs import log_to, open_log
-from tasks.model import TASKS
+from tasks.task import MULTITASK, task_names
 from tasks.options import add_options, option, options_of
 from tasks.training.mlm import (
     PretrainConfig,
@@ -85,7 +85,7 @@ class PretrainArgs:
     pretrained: str | None = option(None, "BERT checkpoint directory to start from; default: the embedded "
                                           "all-MiniLM-L6-v2", metavar="DIR")
     data_dir: str = option("data", "directory of the task CSV files", metavar="DIR")
-    tasks: tuple[str, ...] = option(TASKS, "whose train sentences to use", choices=TASKS, nargs="+")
+    tasks: tuple[str, ...] = option(MULTITASK, "whose train sentences to use", choices=task_names(), nargs="+")
     max_sentences: int | None = option(None, "use only the first N sentences after the seeded shuffle (CPU "
                                              "budgets); default: all", metavar="N")
     eval_sentences: int = option(1000, "held-out dev sentences (not in the train set) scored before and after; "

@@ -51,10 +51,12 @@ from tasks.options import add_options, option
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
 from tasks.data.perturb import perturb, perturbed_data_dir
-from tasks.data.readers import Example, load_split
+from tasks.data.readers import Example
 from tasks.checkpoint import load_model, resolve_checkpoint
 from tasks.data.predictions import read_predictions
-from tasks.model import TASKS
+from tasks.task import get_task, load_split, task_names
+
+CLASSIFICATION = tuple(t for t in task_names() if get_task(t).kind.classification)  # the built-in ones
 from tasks.objectives.rift import pgd_attack
 from tasks.training.progress import RunsClock, duration
 from tasks.training.run import dev_scores, run
@@ -142,7 +144,7 @@ def attack_experiment(args: argparse.Namespace) -> dict:
              args.epsilon, args.steps, args.step_size, ", ".join(args.tasks))
     for task in args.tasks:
         examples = load_split(task, "dev", args.data_dir, limit=args.limit)[0]
-        if task == "sst":
+        if not get_task(task).kind.pair:
             ds = SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
         else:
             ds = PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
@@ -198,7 +200,7 @@ class FewShotArgs(ExperimentArgs):
     """few-shot: train on N examples per task."""
 
     sizes: list[int] = option(help="training examples per task, one run each", factory=list, nargs="+")
-    tasks: list[str] = option(help="tasks to subsample and train", factory=lambda: ["sst", "para"], choices=TASKS,
+    tasks: list[str] = option(help="tasks to subsample and train", factory=lambda: ["sst", "para"], choices=task_names(),
                               nargs="+")
 
 
@@ -208,14 +210,14 @@ class LabelNoiseArgs(ExperimentArgs):
 
     rate: float = option(0.0, "fraction of training labels flipped", metavar="P")
     tasks: list[str] = option(help="tasks whose labels are flipped", factory=lambda: ["sst", "para"],
-                              choices=("sst", "para"), nargs="+")
+                              choices=CLASSIFICATION, nargs="+")
 
 
 @dataclass
 class MinorityArgs(ExperimentArgs):
     """minority: keep a fraction of one class."""
 
-    task: str = option("sst", "the task to unbalance", choices=("sst", "para"))
+    task: str = option("sst", "the task to unbalance", choices=CLASSIFICATION)
     label: int = option(0, "the class to reduce", metavar="CLASS")
     keep: float = option(0.0, "fraction of that class kept", metavar="FRACTION")
 
@@ -227,7 +229,7 @@ class AttackArgs:
     checkpoint: str = option(help="a checkpoint directory (runs/x/checkpoints/best)", metavar="DIR", factory=str)
     data_dir: str = option("data", "the task CSV files (dev sets are attacked)", metavar="DIR")
     out_dir: str | None = option(None, "write results.json here (optional)", metavar="DIR")
-    tasks: list[str] = option(help="tasks attacked", factory=lambda: ["sst", "para"], choices=("sst", "para"),
+    tasks: list[str] = option(help="tasks attacked", factory=lambda: ["sst", "para"], choices=CLASSIFICATION,
                               nargs="+")
     norm: str = option("linf", "the per-token ball", choices=("l2", "linf"))
     epsilon: float = option(0.01, "per-token ball radius in embedding space", metavar="EPS")

@@ -19,15 +19,18 @@ import torch
 
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
-from tasks.data.readers import Example, load_nli, load_split, read_sentences
-from tasks.model import NLI, NUM_SST_CLASSES, PHRASES
+from tasks.data.readers import Example, load_nli
+from tasks.model import NLI, PHRASES, head_of
+from tasks.task import get_task, load_split
 
 logger = logging.getLogger(__name__)
 
 
 def make_dataset(task: str, examples: Sequence[Example], tokenizer: Any, cfg: TrainConfig):
-    """The tokenized dataset of a task: SentenceDataset (sst) or PairDataset in the model's pair encoding."""
-    if task == "sst":
+    """The tokenized dataset of a task: a SentenceDataset (one text), or a PairDataset in the model's pair encoding;
+    labels as its kind reads them (class ids, or float targets: BCE's, a regression's)."""
+    kind = get_task(task).kind
+    if not kind.pair:
         return SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
     return PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
 
@@ -84,7 +87,7 @@ def load_phrases(cfg: TrainConfig) -> tuple[list[Example], dict]:
     """The labelled phrases of ``--sst-phrases`` (read as an SST training file, under ``cfg.limit``) with at least
     ``sst_phrases_min_words`` words, and the file's report with the phrases left out for their length counted."""
     path = phrases_file(cfg)
-    phrases, report = read_sentences(path, labeled=True, num_classes=NUM_SST_CLASSES, limit=cfg.limit)
+    phrases, report = get_task(head_of(PHRASES)).read("train", cfg.data_dir, cfg.limit, path=path)
     kept = [p for p in phrases if len(p.text_a.split()) >= cfg.sst_phrases_min_words]
     if not kept:
         raise ValueError(f"--sst-phrases {path}: no phrase of {cfg.sst_phrases_min_words} or more words to train on "
@@ -132,7 +135,7 @@ def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
     if cfg.trains_phrases:
         phrases, report = load_phrases(cfg)
         reports["sst phrases"] = report
-        train_sets[PHRASES] = make_dataset("sst", phrases, tokenizer, cfg)
+        train_sets[PHRASES] = make_dataset(head_of(PHRASES), phrases, tokenizer, cfg)
     if cfg.nli:
         triplets, report = load_nli(cfg.data_dir, limit=cfg.limit)
         reports["nli train"] = report.to_dict()

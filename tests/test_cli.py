@@ -45,7 +45,7 @@ CASES = [  # (command, argv, what the error line must say)
     ("robustness", ["label-noise", "--rate", "0.1", "--out-dir", "x", "--", "--epoch", "2"],
      "did you mean --epochs?"),
     ("predict", ["--checkpoint", "x", "--task", "sst", "--use_gpu"], "--device cuda"),
-    ("predict", ["--checkpoint", "x", "--task", "sentiment"], "invalid choice: 'sentiment'"),
+    ("predict", ["--checkpoint", "x", "--task", "sentiment"], "unknown task 'sentiment'; tasks are"),
 ]
 
 

@@ -21,7 +21,8 @@ def test_configs_written_before_a_field_existed_load_with_its_legacy_value():
         "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0, "sst_prior": 0.0,
         "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544, "sst_phrases_batch_size": None,
         "sst_phrases_min_words": 1,
-        "sst_phrases_weight": 1.0, "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0}
+        "sst_phrases_weight": 1.0, "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0,
+        "task_files": (), "freeze_encoder": False}
     own = TrainConfig(train_subsets="cycle", pair_swap=0.25, symmetric_eval=True, sts_prior=0.5, sst_prior=0.25,
                       report_to=("tensorboard",))
     assert TrainConfig.from_dict(own.to_dict()) == own

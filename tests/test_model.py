@@ -13,7 +13,8 @@ from minbert.bert import BertModel
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.evaluator import predict_dataset
-from tasks.model import TASKS, ModelConfig, MultitaskBert, preserved_modes
+from tasks.model import ModelConfig, MultitaskBert, preserved_modes
+from tasks.task import MULTITASK as TASKS
 from tests.helpers import WordTokenizer, make_dataset, make_model, tiny_config, tiny_model
 
 SENTENCES = [
@@ -139,7 +140,7 @@ def test_baseline_para_offset_starts_at_the_log_odds_of_its_batch():
     model = make_model("baseline", "siamese").train()
     batch = make_batch("para")
     batch["labels"] = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0])  # p = 1/3
-    model.init_para_offset(batch)
+    model.init_offset("para", batch)
     assert model.training  # restored
     with torch.no_grad():
         out = model.eval()("para", batch)

@@ -10,6 +10,6 @@ experiments, written as a data directory). Which examples a run reads under its
 configuration: tasks/selection.py.
 
 Usage:
-    from tasks.data.readers import load_split
-    examples, report = load_split("sst", "train", "data")
+    from tasks.data.readers import read_examples
+    examples, report = read_examples("data/ids-sst-dev.csv", ("sentence",), "sentiment", parse_label)
 """

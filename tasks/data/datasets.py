@@ -4,7 +4,7 @@ Datasets tokenize once up front; ``collate(indices)`` only pads, to the
 longest sequence of the batch. The CSV readers live in tasks.data.readers.
 
 Usage:
-    examples, report = load_split("sst", "train", "data")   # tasks.data.readers
+    examples, report = load_split("sst", "train", "data")   # tasks.task
     ds = SentenceDataset(examples, tokenizer, max_length=128)
     for indices in length_bucketed_batches(ds.lengths, 32, shuffle=True, generator=g):
         batch = move_batch(ds.collate(indices), device)

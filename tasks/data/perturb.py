@@ -28,7 +28,8 @@ from pathlib import Path
 
 import torch
 
-from tasks.data.readers import TASK_FILES, Example
+from tasks.data.readers import Example
+from tasks.task import get_task
 
 
 # ---- perturbations of one task's training examples ----
@@ -103,31 +104,23 @@ def minority(examples: Sequence[Example], label: int, keep: float, seed: int) ->
 # ---- one experiment's perturbed training sets, written as a data directory ----
 
 
-CLASSES = {"sst": 5, "para": 2}
-
-
-LABEL_COLUMN = {"sst": "sentiment", "para": "is_duplicate", "sts": "similarity", "cfimdb": "sentiment"}
-
-
 def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
-    """Write examples in the CS224N tab-separated format the readers parse (index column first)."""
+    """Write examples in the format the task's entry reads (the CS224N files: tab-separated, index column first;
+    a pair classification's labels as Quora writes them, 0.0 / 1.0)."""
+    entry = get_task(task)
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, delimiter="\t")
-        if task in ("sst", "cfimdb"):
-            w.writerow(["", "id", "sentence", LABEL_COLUMN[task]])
-            for i, e in enumerate(examples):
-                w.writerow([i, e.id, e.text_a, e.label])
-        else:
-            w.writerow(["", "id", "sentence1", "sentence2", LABEL_COLUMN[task]])
-            for i, e in enumerate(examples):
-                label = float(e.label) if task == "para" else e.label
-                w.writerow([i, e.id, e.text_a, e.text_b, label])
+        w = csv.writer(f, delimiter=entry.delimiter)
+        w.writerow(["", entry.id_column or "id", *entry.text_columns, entry.label_column])
+        for i, e in enumerate(examples):
+            label = float(e.label) if entry.kind.binary else e.label
+            texts = (e.text_a, e.text_b) if entry.kind.pair else (e.text_a,)
+            w.writerow([i, e.id, *texts, label])
 
 
 def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) -> Path:
     """A data directory whose train files for ``changed`` tasks are rewritten; everything else is linked."""
     dst.mkdir(parents=True, exist_ok=True)
-    rewritten = {TASK_FILES[t]["train"] for t in changed}
+    rewritten = {get_task(t).files["train"] for t in changed}
     for f in sorted(src.iterdir()):
         if f.suffix == ".csv" and f.name not in rewritten:
             link = dst / f.name
@@ -135,7 +128,7 @@ def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) 
                 link.unlink()
             link.symlink_to(f.resolve())
     for task, examples in changed.items():
-        write_task_file(dst / TASK_FILES[task]["train"], task, examples)
+        write_task_file(dst / get_task(task).files["train"], task, examples)
     return dst
 
 
@@ -150,7 +143,8 @@ def perturb(command: str, train: dict[str, list[Example]], seed: int, *, n: int 
     if command == "few-shot":
         return {t: few_shot(train[t], n, seed) for t in train}
     if command == "label-noise":
-        return {t: label_noise(train[t], rate, CLASSES[t], seed)[0] for t in train if t in CLASSES}
+        return {t: label_noise(train[t], rate, get_task(t).classes, seed)[0] for t in train
+                if get_task(t).kind.classification}
     if command == "minority":
         return {task: minority(train[task], label, keep, seed)}
     raise ValueError(f"unknown experiment {command!r}")

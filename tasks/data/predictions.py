@@ -32,16 +32,8 @@ from pathlib import Path
 import torch
 
 from tasks.data.readers import csv_records
-from tasks.model import NUM_SST_CLASSES, TASKS, check_task
 from tasks.storage import atomic_file
-
-# Column after "id" in the leaderboard files: the CS224N starter's names (STS sic: its spelling), which we write.
-STARTER_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similiary"}
-
-
-# Also read: plain comma-separated "id,Predicted_*" files, with STS spelled "Predicted_Similarity".
-PREDICTION_COLUMN = {"sst": "Predicted_Sentiment", "para": "Predicted_Is_Paraphrase", "sts": "Predicted_Similarity"}
-
+from tasks.task import get_task, read_task_file, task_names
 
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 
@@ -50,9 +42,9 @@ SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 class Predictions:
     """A model's outputs on a dataset, in dataset order, on CPU.
 
-    ids: the dataset's example ids. logits: float32, SST (N, 5) class logits,
-    paraphrase (N,) logit, STS (N,) predicted score. preds: SST / paraphrase
-    class ids (N,) long, STS (N,) float32 scores.
+    ids: the dataset's example ids. logits: float32, as the task's kind gives them: a sentence
+    classification's (N, C) class logits (SST: C = 5), a pair classification's (N,) logit, a pair
+    regression's (N,) predicted score. preds: class ids (N,) long, or (N,) float32 scores.
     """
 
     ids: list[str]
@@ -91,31 +83,45 @@ def _check_finite(what: str, values: torch.Tensor) -> None:
 def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions) -> Path:
     """Write the leaderboard file ``pred_dir/{task}-{split}-output.csv`` and return its path.
 
-    Byte for byte the CS224N starter's format (multitask_classifier.py), for
+    Byte for byte the CS224N starter's format (multitask_classifier.py, classifier.py), for
     which the leaderboard was built: a header ``id \t Predicted_Sentiment \n``
-    (``Predicted_Is_Paraphrase``; for STS the starter's spelling
+    (the task's ``output_column``: ``Predicted_Is_Paraphrase``; for STS the starter's spelling
     ``Predicted_Similiary``), then one row ``<id> , <value> \n`` per id in
-    ``preds`` order; SST class ids 0-4, paraphrase 0/1, STS float scores
+    ``preds`` order; class ids (SST 0-4, paraphrase 0/1), or float scores
     (full precision). ``read_predictions`` reads it back.
     """
-    check_task(task)
+    return _write_output(Path(pred_dir) / f"{task}-{split}-output.csv", task, split, preds)
+
+
+def part1_name(task: str, split: str, frozen: bool) -> str:
+    """The minBERT starter part 1's name of a task's predictions (classifier.py's ``--option``):
+    ``{pretrain|finetune}-{task}-{split}-out.csv``; pretrain is its frozen encoder."""
+    return f"{'pretrain' if frozen else 'finetune'}-{task}-{split}-out.csv"
+
+
+def write_part1(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions, frozen: bool) -> Path:
+    """The starter part 1's file of ``preds`` (``part1_name``), in the leaderboard files' format."""
+    return _write_output(Path(pred_dir) / part1_name(task, split, frozen), task, split, preds)
+
+
+def _write_output(path: Path, task: str, split: str, preds: Predictions) -> Path:
+    entry = get_task(task)
     _check_split(split)
     p = preds.preds.detach().cpu().reshape(-1)
     if p.shape[0] != len(preds.ids):
         raise ValueError(f"{task}: {len(preds.ids)} ids but {p.shape[0]} predictions")
-    if task == "sts":
+    if entry.classes is None:
         _check_finite(f"{task}-{split} predictions", p)
         values = [float(v) for v in p.double().tolist()]
     else:
         if p.is_floating_point() and not torch.equal(p, p.round()):
             raise ValueError(f"{task}-{split} predictions must be class ids, got non-integer values")
         values = [int(v) for v in p.long().tolist()]
-        top = NUM_SST_CLASSES if task == "sst" else 2
+        top = entry.classes
         bad = [v for v in values if not 0 <= v < top]
         if bad:
             raise ValueError(f"{task}-{split} predictions must be in 0..{top - 1}, got {bad[0]} ({len(bad)} rows)")
-    path = Path(pred_dir) / f"{task}-{split}-output.csv"
-    lines = [f"id \t {STARTER_COLUMN[task]} \n"] + [f"{i} , {v} \n" for i, v in zip(preds.ids, values)]
+    lines = [f"id \t {entry.output_column} \n"] + [f"{i} , {v} \n" for i, v in zip(preds.ids, values)]
     return _atomic_write_text(path, "".join(lines))
 
 
@@ -127,24 +133,18 @@ def _atomic_write_text(path: Path, text: str) -> Path:
     return path
 
 
-def _logit_columns(task: str) -> list[str]:
-    if task == "sst":
-        return [f"logit_{k}" for k in range(NUM_SST_CLASSES)]
-    return ["logit"] if task == "para" else ["score"]
-
-
 def write_logits(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions) -> Path:
     """Write the raw outputs to ``pred_dir/{task}-{split}-logits.csv`` and return its path.
 
-    Header id,logit_0..logit_4 (SST class logits) / id,logit (paraphrase logit)
-    / id,score (STS predicted score). Values are written with Python's
+    Header id,logit_0..logit_{C-1} (class logits: SST's five) / id,logit (a pair classification's logit)
+    / id,score (a pair regression's score): the kind's ``logit_columns``. Values are written with Python's
     shortest round-trip repr, so ``read_logits`` gives back the same float32s.
     """
-    check_task(task)
+    entry = get_task(task)
     _check_split(split)
-    columns = _logit_columns(task)
+    columns = entry.kind.logit_columns(entry)
     logits = preds.logits.detach().cpu().float()
-    want = (len(preds.ids), len(columns)) if task == "sst" else (len(preds.ids),)
+    want = entry.kind.logits_shape(entry, len(preds.ids))
     if tuple(logits.shape) != want:
         raise ValueError(f"{task}: logits have shape {tuple(logits.shape)}, expected {want}")
     _check_finite(f"{task}-{split} logits", logits)
@@ -229,33 +229,41 @@ def read_logits(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
 
 
 def read_predictions(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
-    """Inverse of ``write_predictions``: (ids, (N,) long class ids for SST / paraphrase, float32 for STS).
+    """Inverse of ``write_predictions``: (ids, (N,) long class ids, or float32 scores), the task known by its column.
 
     Also reads the CS224N starter's files: header ``id \t Predicted_Sentiment ``
-    (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows ``<id> , <value> ``.
+    (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows ``<id> , <value> ``. Tasks that share a
+    column (SST and CFIMDB: ``Predicted_Sentiment``) are read as the first registered; a class id is then
+    checked against its range.
     """
-    column_task = {c: t for t, c in PREDICTION_COLUMN.items()} | {c: t for t, c in STARTER_COLUMN.items()}
-    found: dict[str, str] = {}
+    entries = [get_task(t) for t in task_names()]
+    column_task: dict[str, object] = {}
+    for t in entries:  # a column two tasks share is read as the first registered's (SST before CFIMDB)
+        for c in (t.output_column, t.also_read):
+            if c:
+                column_task.setdefault(c, t)
+    found: dict[str, object] = {}
 
     def parse_header(header: list[str]) -> str | None:
         if len(header) == 2 and header[0] == "id" and header[1] in column_task:
             found["task"] = column_task[header[1]]
             return None
-        return f"header {header} is not id,<{'|'.join(PREDICTION_COLUMN.values())}> (a write_predictions file)"
+        return f"header {header} is not id,<{'|'.join(column_task)}> (a write_predictions file)"
 
     def parse_value(raw: str) -> float | int:
-        if found["task"] == "sts":
-            return _finite_float(raw)
+        entry = found["task"]
         v = _finite_float(raw)  # accepts "3" and "3.0"
+        if entry.classes is None:
+            return v
         if v != int(v):
             raise ValueError(f"{raw!r} is not a class id")
-        top = NUM_SST_CLASSES if found["task"] == "sst" else 2
+        top = entry.classes
         if not 0 <= v < top:
             raise ValueError(f"{raw!r} is out of range 0..{top - 1}")
         return int(v)
 
     ids, values = _read_id_value_csv(path, parse_header, parse_value)
-    dtype = torch.float32 if found["task"] == "sts" else torch.long
+    dtype = found["task"].kind.pred_dtype()
     return ids, torch.tensor([v[0] for v in values], dtype=dtype)
 
 
@@ -281,12 +289,15 @@ def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
         config = folder / "config.json"
         if config.is_file():
             try:
-                tasks = json.loads(config.read_text(encoding="utf-8"))["tasks"]
+                saved = json.loads(config.read_text(encoding="utf-8"))
+                tasks = saved["tasks"]
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{config}: no list of tasks in it ({e}); "
                                  "is it a training run's config.json?") from None
-            if not isinstance(tasks, list) or not set(tasks) <= set(TASKS):
-                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(TASKS)}")
+            for task_file in saved.get("task_files") or ():  # a user's task: known by the file it declared
+                read_task_file(task_file)
+            if not isinstance(tasks, list) or not set(tasks) <= set(task_names()):
+                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(task_names())}")
             return tuple(tasks)
     return None
 
@@ -301,7 +312,7 @@ def task_members(trained: Sequence[tuple[str, ...] | None], task: str) -> list[i
 class TaskLogits:
     """All runs' outputs for one task and split, aligned to ``ids`` (the first run's order).
 
-    logits[m]: float64, SST (N, 5), paraphrase / STS (N,). files[m]: where run m's came from.
+    logits[m]: float64, (N, C) class logits or (N,) (the kind's shape). files[m]: where run m's came from.
     """
 
     task: str
@@ -330,7 +341,8 @@ def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, spli
     aligned: list[torch.Tensor] = []
     for path in paths:
         ids, values = read_logits(path)
-        want = (len(ids), NUM_SST_CLASSES) if task == "sst" else (len(ids),)
+        entry = get_task(task)
+        want = entry.kind.logits_shape(entry, len(ids))
         if tuple(values.shape) != want:
             raise ValueError(f"{path}: logits of shape {tuple(values.shape)}; {task} needs {want}")
         position = {i: n for n, i in enumerate(ids)}

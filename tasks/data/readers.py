@@ -16,7 +16,7 @@ reported as a skipped row, and a record over more than MAX_RECORD_LINES (5)
 lines refuses the whole file with a ValueError naming the line to fix.
 
 Usage:
-    examples, report = load_split("sst", "train", "data")
+    examples, report = read_examples("data/ids-sst-dev.csv", ("sentence",), "sentiment", parse_label)
     triplets, report = load_nli("data")
     report.to_dict()   # {"file": ..., "rows": ..., "kept": ..., "skipped": ..., "reasons": {...}, ...}
 """
@@ -42,6 +42,10 @@ T = TypeVar("T")
 
 
 CUT_RECORD = "file ends without a newline: the last record may be cut"
+
+
+# The key under which ``_read_rows`` gives a parser the row's 1-based file line (no header can name it).
+LINE = "\0line"
 
 
 # No field of the task files spans lines; a record over more lines than this is an unbalanced quote.
@@ -224,7 +228,7 @@ def _read_rows(
             # rows, not text.
             reason = "a quoted field holds line ends and the delimiter"
         else:
-            parsed = parse({c: row[i] for c, i in where.items()})
+            parsed = parse({**{c: row[i] for c, i in where.items()}, LINE: str(line)})
             if not isinstance(parsed, str):
                 items.append(parsed)
                 report.rows_kept += 1
@@ -292,7 +296,7 @@ def _text(fields: dict[str, str], column: str, problems: list[str]) -> str:
     return value
 
 
-def _class_label(raw: str, num_classes: int, problems: list[str]) -> int | None:
+def class_label(raw: str, num_classes: int, problems: list[str]) -> int | None:
     raw = raw.strip()
     if not raw:
         problems.append("empty label")
@@ -311,7 +315,7 @@ def _class_label(raw: str, num_classes: int, problems: list[str]) -> int | None:
     return int(value)
 
 
-def _similarity_label(raw: str, problems: list[str]) -> float | None:
+def similarity_label(raw: str, problems: list[str]) -> float | None:
     raw = raw.strip()
     if not raw:
         problems.append("empty label")
@@ -327,6 +331,36 @@ def _similarity_label(raw: str, problems: list[str]) -> float | None:
     return value
 
 
+def read_examples(
+    path: str | os.PathLike[str],
+    text_columns: Sequence[str],
+    label_column: str | None,
+    parse_label: Callable[[str, list[str]], int | float | None] | None,
+    *,
+    id_column: str | None = "id",
+    delimiter: str = "\t",
+    limit: int | None = None,
+) -> tuple[list[Example], ReadReport]:
+    """Read a task file: one text column (a sentence) or two (a pair), and a label unless ``label_column`` is None.
+
+    ``parse_label(raw, problems)`` gives a label or appends why it cannot (the row is then skipped and reported);
+    ``id_column`` None numbers the rows by their file line.
+    """
+    if len(text_columns) not in (1, 2):
+        raise ValueError(f"a task file has one text column or two, got {list(text_columns)}")
+
+    def parse(fields: dict[str, str]) -> Example | str:
+        problems: list[str] = []
+        ex_id = _text(fields, id_column, problems) if id_column is not None else fields[LINE]
+        texts = [_text(fields, c, problems) for c in text_columns]
+        y = parse_label(fields[label_column], problems) if label_column is not None else None
+        return ", ".join(problems) if problems else Example(ex_id, texts[0], texts[1] if len(texts) == 2 else None, y)
+
+    columns = ([id_column] if id_column is not None else []) + list(text_columns) + (
+        [label_column] if label_column is not None else [])
+    return _read_rows(path, delimiter, columns, parse, limit, key=lambda e: e.id)
+
+
 def read_sentences(
     path: str | os.PathLike[str],
     labeled: bool,
@@ -338,16 +372,8 @@ def read_sentences(
     """Read a single-sentence file (SST: num_classes=5, CFIMDB: 2); columns id, sentence[, sentiment]."""
     if num_classes < 2:
         raise ValueError(f"num_classes must be at least 2, got {num_classes}")
-
-    def parse(fields: dict[str, str]) -> Example | str:
-        problems: list[str] = []
-        ex_id = _text(fields, "id", problems)
-        text = _text(fields, "sentence", problems)
-        label = _class_label(fields[label_column], num_classes, problems) if labeled else None
-        return ", ".join(problems) if problems else Example(ex_id, text, None, label)
-
-    columns = ["id", "sentence"] + ([label_column] if labeled else [])
-    return _read_rows(path, "\t", columns, parse, limit, key=lambda e: e.id)
+    return read_examples(path, ("sentence",), label_column if labeled else None,
+                         lambda raw, problems: class_label(raw, num_classes, problems), limit=limit)
 
 
 _PAIR_LABEL_COLUMN = {"binary": "is_duplicate", "similarity": "similarity"}
@@ -369,21 +395,10 @@ def read_pairs(
         raise ValueError(f"label must be 'binary', 'similarity' or None, got {label!r}")
     if label is not None and label_column is None:
         label_column = _PAIR_LABEL_COLUMN[label]
-
-    def parse(fields: dict[str, str]) -> Example | str:
-        problems: list[str] = []
-        ex_id = _text(fields, "id", problems)
-        a = _text(fields, "sentence1", problems)
-        b = _text(fields, "sentence2", problems)
-        y: int | float | None = None
-        if label == "binary":
-            y = _class_label(fields[label_column], 2, problems)
-        elif label == "similarity":
-            y = _similarity_label(fields[label_column], problems)
-        return ", ".join(problems) if problems else Example(ex_id, a, b, y)
-
-    columns = ["id", "sentence1", "sentence2"] + ([label_column] if label is not None else [])
-    return _read_rows(path, "\t", columns, parse, limit, key=lambda e: e.id)
+    parse = ((lambda raw, problems: class_label(raw, 2, problems)) if label == "binary"
+             else similarity_label)
+    return read_examples(path, ("sentence1", "sentence2"), label_column if label is not None else None, parse,
+                         limit=limit)
 
 
 def read_nli(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[list[Triplet], ReadReport]:
@@ -399,68 +414,20 @@ def read_nli(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple
     return _read_rows(path, ",", ["sent0", "sent1", "hard_neg"], parse, limit)
 
 
-TASK_FILES: dict[str, dict[str, str]] = {
-    "sst": {"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
-    "para": {"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
-    "sts": {"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
-    "cfimdb": {"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv", "test": "ids-cfimdb-test-student.csv"},
-}
-
-
 NLI_FILE = "nli-train.csv"
 
 
-SPLITS = ("train", "dev", "test")
-
-
-def _log_report(report: ReadReport) -> None:
+def log_report(report: ReadReport) -> None:
+    """The report's one-line summary in the log: info when nothing was skipped, else a warning."""
     if report.clean:
         logger.info(report.summary())
     else:
         logger.warning(report.summary())
 
 
-def load_split(
-    task: str, split: str, data_dir: str | os.PathLike[str], limit: int | None = None
-) -> tuple[list[Example], ReadReport] | None:
-    """Read one task split from ``data_dir`` and log its ReadReport.
-
-    Test files are unlabeled (``*-test-student.csv``). A dev or test file that repeats an id is a ValueError
-    naming the lines (their predictions are keyed by id). A missing train/dev file raises DataFileMissing; a missing test file returns None after a warning,
-    so that writing predictions skips that task instead of crashing (there is
-    no quora-test-student.csv in the shared data). ``limit`` keeps the first N
-    valid rows, for smoke runs.
-    """
-    if task not in TASK_FILES:
-        raise ValueError(f"unknown task {task!r}; valid tasks: {', '.join(TASK_FILES)}")
-    if split not in SPLITS:
-        raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-    path = Path(data_dir) / TASK_FILES[task][split]
-    if split == "test" and not path.is_file():
-        logger.warning("no test file for task %r at %s; its test predictions will be skipped", task, path)
-        return None
-    labeled = split != "test"
-    if task == "sst":
-        result = read_sentences(path, labeled, 5, limit=limit)
-    elif task == "cfimdb":
-        result = read_sentences(path, labeled, 2, limit=limit)
-    elif task == "para":
-        result = read_pairs(path, "binary" if labeled else None, limit=limit)
-    else:
-        result = read_pairs(path, "similarity" if labeled else None, limit=limit)
-    report = result[1]
-    if split != "train" and report.duplicate_ids:  # its predictions are keyed by id: one row per id
-        line, reason = report.duplicate_ids[0]
-        more = f" (and {len(report.duplicate_ids) - 1} more)" if len(report.duplicate_ids) > 1 else ""
-        raise ValueError(f"{path}: line {line}: {reason}{more}: its predictions are written and read by id; give "
-                         "each row its own id")
-    _log_report(report)
-    return result
-
-
 def load_nli(data_dir: str | os.PathLike[str], limit: int | None = None) -> tuple[list[Triplet], ReadReport]:
     """Read ``data_dir/nli-train.csv`` and log its ReadReport (raises DataFileMissing when absent)."""
     triplets, report = read_nli(Path(data_dir) / NLI_FILE, limit=limit)
-    _log_report(report)
+    log_report(report)
     return triplets, report
 

@@ -13,7 +13,7 @@ Usage:
     sched = MultitaskSchedule({"sst": sst.lengths, "para": para.lengths}, 32, "even", seed=0)
     for step, (task, indices) in enumerate(sched.epoch_plan(epoch)):
         batch = datasets[task].collate(indices)
-        loss = LossWeights.paper().get(task) * task_loss(batch)
+        loss = LossWeights({"para": 0.1}).get(task) * task_loss(batch)
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import torch
 
 from tasks.data.datasets import length_bucketed_batches
-from tasks.model import TASKS
 
 SCHEDULES = ("sequential", "round_robin", "even")
 
@@ -179,32 +178,22 @@ class MultitaskSchedule:
 
 @dataclass
 class LossWeights:
-    """Per-task loss multipliers; the trainer sums weight * loss over the tasks of a step.
+    """Per-stream loss multipliers; the trainer sums weight * loss over the streams of a step.
 
     §4.2 "loss rescaling" (``--loss-weights para=0.1``): Quora is many times larger
     than SST or STS, so its loss is multiplied by 0.1 to keep its pull on the
-    shared encoder comparable while still seeing all its data. Tasks other
-    than sst/para/sts (e.g. "nli", "cfimdb") take their weight from ``extra``
-    and default to 1.0.
+    shared encoder comparable while still seeing all its data. A stream never
+    named (any task, "nli", "phrases") weighs 1.0.
     """
 
-    sst: float = 1.0
-    para: float = 1.0
-    sts: float = 1.0
-    extra: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        weights = {"sst": self.sst, "para": self.para, "sts": self.sts, **self.extra}
-        bad = {t: w for t, w in weights.items() if not w >= 0.0}
+        bad = {t: w for t, w in self.weights.items() if not w >= 0.0}
         if bad:
             raise ValueError(f"loss weights must be non-negative numbers, got {bad}")
-        clash = set(TASKS) & set(self.extra)
-        if clash:
-            raise ValueError(f"set {sorted(clash)} through the named fields, not extra")
 
-    def get(self, task: str) -> float:
-        """The weight of ``task`` (1.0 for a task never mentioned)."""
-        if task in TASKS:
-            return getattr(self, task)
-        return self.extra.get(task, 1.0)
+    def get(self, stream: str) -> float:
+        """The weight of ``stream`` (1.0 for one never mentioned)."""
+        return self.weights.get(stream, 1.0)
 

@@ -38,7 +38,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tasks.data.readers import load_split
 from tasks.data.predictions import (
     Predictions,
     TaskLogits,
@@ -51,60 +50,36 @@ from tasks.data.predictions import (
 from tasks.storage import atomic_file
 
 logger = logging.getLogger(__name__)
-from tasks.evaluation.metrics import TASK_METRIC, overall_score, score
-from tasks.model import TASKS
+from tasks.evaluation.metrics import task_metric, overall_score, score
+from tasks.task import MULTITASK, get_task, load_split, task_names
 from tasks.options import option
 from tasks.outdir import ENSEMBLE, check_kind, mark, replacing
 
 
 # ---- the methods, on in-memory logits ----
 def predict(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """A single model's predictions, the rule of tasks.model.MultitaskBert.predict."""
-    if task == "sst":
-        return logits.argmax(-1)
-    if task == "para":
-        return (logits > 0).long()
-    return logits
+    """A single model's predictions, its kind's rule (as tasks.model.MultitaskBert.predict)."""
+    return get_task(task).kind.predict(logits)
 
 
 def average(task: str, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Simple ensemble of models' logits: (ensemble logits, predictions), in float64.
+    """Simple ensemble of models' logits: (ensemble logits, predictions), in float64, by the task's kind.
 
-    SST: mean of softmax probabilities; logits = log of that mean; prediction its argmax.
-    Paraphrase: mean of sigmoid probabilities, computed as the mean of
+    Classes: mean of softmax probabilities; logits = log of that mean; prediction its argmax.
+    A pair classification: mean of sigmoid probabilities, computed as the mean of
     tanh(x/2) = 2p - 1 so that its sign (p > 1/2) is exact even for tiny
     logits; logits = log(p̄ / (1 - p̄)), which has the prediction's sign.
-    STS: mean score. One model, or identical models, give back that model's
+    A regression: mean score. One model, or identical models, give back that model's
     predictions exactly.
     """
     if not logits:
         raise ValueError("average of no models")
-    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
-    m = x.shape[0]
-    if task == "sst":
-        probs = x.softmax(-1).mean(0)  # (N, 5)
-        ens = torch.logsumexp(x.log_softmax(-1), 0) - math.log(m)  # log mean p, finite
-        return ens, probs.argmax(-1)
-    if task == "para":
-        centred = torch.tanh(x / 2).mean(0)  # (N,) = 2 p̄ - 1
-        # log p̄ - log(1 - p̄): as 2 atanh(2p̄ - 1) near p̄ = 1/2 (keeps the sign of tiny logits),
-        # through log-sigmoids elsewhere (finite where tanh has saturated to ±1)
-        far = torch.logsumexp(F.logsigmoid(x), 0) - torch.logsumexp(F.logsigmoid(-x), 0)
-        near = 2 * torch.atanh(centred.clamp(-0.5, 0.5))
-        ens = torch.where(centred.abs() < 0.5, near, far)
-        return ens, (centred > 0).long()
-    mean = x.mean(0)  # (N,)
-    return mean, mean
+    return get_task(task).kind.average(torch.stack([t.double() for t in logits]))  # (M, N[, C])
 
 
 def _contributions(task: str, logits: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per-model quantities whose mean decides the simple ensemble's prediction (for fast subset search)."""
-    x = torch.stack([t.double() for t in logits])
-    if task == "sst":
-        return x.softmax(-1)
-    if task == "para":
-        return torch.tanh(x / 2)
-    return x
+    return get_task(task).kind.contributions(torch.stack([t.double() for t in logits]))
 
 
 def _safe(value: float) -> float:
@@ -172,35 +147,30 @@ class RegressionFit:
 
 def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor, l2: float = 1e-3,
                    max_iter: int = 300) -> RegressionFit:
-    """Fit the regression ensembler's weights on (``logits``, ``labels``).
+    """Fit the regression ensembler's weights on (``logits``, ``labels``), by the task's kind.
 
-    SST: softmax(Σ w_m x_m), cross-entropy; paraphrase: sigmoid(Σ w_m x_m + b),
+    Classes (SST): softmax(Σ w_m x_m), cross-entropy; a pair classification (paraphrase): sigmoid(Σ w_m x_m + b),
     binary cross-entropy; both minimised by L-BFGS (strong Wolfe line search)
     from w = 1/M, with ``l2`` · Σ w_m² added so that a useless model's weight
-    goes to 0 rather than wandering. STS: least squares of the gold score on
+    goes to 0 rather than wandering. A regression (STS): least squares of the gold score on
     [scores, 1] (closed form; the paper did not ensemble STS this way).
     """
-    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
+    kind = get_task(task).kind
+    x = torch.stack([t.double() for t in logits])  # (M, N[, C])
     n_models, n = x.shape[0], x.shape[1]
     y = labels.double()
-    if task == "sts":
+    if not kind.classification:
         design = torch.cat([x.T, torch.ones(n, 1, dtype=torch.float64)], dim=1)  # (N, M + 1)
         sol = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)  # (M + 1,)
         return RegressionFit(task, sol[:-1].tolist(), float(sol[-1]), n, "least squares")
     w = torch.full((n_models,), 1.0 / n_models, dtype=torch.float64, requires_grad=True)
-    b = torch.zeros((), dtype=torch.float64, requires_grad=task == "para")
-    params = [w, b] if task == "para" else [w]
+    b = torch.zeros((), dtype=torch.float64, requires_grad=kind.fit_bias)
+    params = [w, b] if kind.fit_bias else [w]
     opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
                             history_size=20, line_search_fn="strong_wolfe")
 
     def objective() -> torch.Tensor:
-        if task == "sst":
-            z = torch.einsum("m,mnc->nc", w, x)  # (N, 5)
-            data = F.cross_entropy(z, y.long())
-        else:
-            z = torch.einsum("m,mn->n", w, x) + b  # (N,)
-            data = F.binary_cross_entropy_with_logits(z, y)
-        return data + l2 * (w * w).sum()
+        return kind.fit_loss(kind.combine(w, x, b), y) + l2 * (w * w).sum()
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
@@ -209,8 +179,8 @@ def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tens
         return loss
 
     opt.step(closure)
-    return RegressionFit(task, w.detach().tolist(), float(b.detach()) if task == "para" else None, n,
-                         "softmax cross-entropy" if task == "sst" else "sigmoid binary cross-entropy")
+    return RegressionFit(task, w.detach().tolist(), float(b.detach()) if kind.fit_bias else None, n,
+                         kind.fit_objective)
 
 
 def split_halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -225,9 +195,6 @@ log = logging.getLogger(__name__)
 
 
 METHODS = ("simple", "selective", "regression")
-
-
-TASK_LABELS = {"sst": "SST acc", "para": "Para acc", "sts": "STS r"}
 
 
 def missing_test_ids(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str]) -> str | None:
@@ -328,7 +295,7 @@ def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor, test: TaskLo
     holdout = {"n_fit": len(fit_idx), "n_eval": len(eval_idx),
                "models": [score(task, predict(task, x), held_y) for x in held_x],
                "simple": score(task, average(task, held_x)[1], held_y)}
-    if task == "sts" and not regression_sts:
+    if not get_task(task).kind.classification and not regression_sts:
         result.note = ("the paper fit no regression ensembler for STS: simple average "
                        "(--regression-sts fits least-squares weights)")
         holdout["regression"] = holdout["simple"]
@@ -366,17 +333,17 @@ def selective_two_fold(task: str, logits: list[torch.Tensor], labels: torch.Tens
 
 
 def _pred_dtype(task: str, preds: torch.Tensor) -> torch.Tensor:
-    return preds.float() if task == "sts" else preds.long()
+    return preds.to(get_task(task).kind.pred_dtype())
 
 
 def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str]) -> str:
     """A fixed-width table: name, one column per task metric, overall."""
     width = max([len(name) for name, _ in rows] + [10])
-    header = f"{'':<{width}}  " + "  ".join(f"{TASK_LABELS[t]:>8}" for t in tasks) + f"  {'overall':>8}"
+    header = f"{'':<{width}}  " + "  ".join(f"{get_task(t).label:>8}" for t in tasks) + f"  {'overall':>8}"
     lines = [header]
     for name, scores in rows:
         cells = [f"{scores[t]:>8.4f}" if t in scores else f"{'-':>8}" for t in tasks]
-        metrics = {TASK_METRIC[t]: v for t, v in scores.items()}
+        metrics = {task_metric(t): v for t, v in scores.items()}
         whole = metrics and all(t in scores for t in tasks)  # a specialist's row has no overall
         overall = f"{overall_score(metrics):>8.4f}" if whole else f"{'-':>8}"
         lines.append(f"{name:<{width}}  " + "  ".join(cells) + f"  {overall}")
@@ -432,7 +399,8 @@ class EnsembleConfig:
     overwrite: bool = option(False, "replace the output directory even when it holds another command's output "
                                     "(a training run, ...; never one a live process writes)")
     data_dir: str = option("data", "task CSV files, for the dev labels and the test ids", metavar="DIR")
-    tasks: list[str] = option(help="tasks to ensemble", factory=lambda: list(TASKS), choices=TASKS, nargs="+")
+    tasks: list[str] = option(help="tasks to ensemble (default: every task a run was trained on; sst para sts for "
+                                   "runs without a training config)", factory=list, nargs="+")
     names: list[str] | None = option(None, "a name per run for the table (default: directory names)", nargs="+")
     max_exhaustive: int = option(10, "selective: try every subset up to this many models, greedy selection above",
                                  metavar="N")
@@ -491,6 +459,13 @@ def check_ensemble(config: EnsembleConfig) -> None:
     check_kind(Path(out_dir), ENSEMBLE, overwrite=config.overwrite)
 
 
+def runs_tasks(trained: Sequence[tuple[str, ...] | None]) -> list[str]:
+    """Every task of the runs (their ``trained_tasks``; a run without a training config: the project's three), in
+    the registry's order."""
+    have = {t for own in trained for t in (own if own is not None else MULTITASK)}
+    return [t for t in task_names() if t in have]
+
+
 def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str], list[str]]:
     """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all).
     Returns (results, skipped outputs, what the submission lacks: ``missing_test_ids``)."""
@@ -498,7 +473,8 @@ def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str
     skipped: list[str] = []
     incomplete: list[str] = []
     trained = [trained_tasks(d) for d in args.runs]
-    for task in args.tasks:
+    for task in args.tasks or runs_tasks(trained):
+        get_task(task)  # an unknown name: one line naming the known tasks
         runs = task_members(trained, task)
         run_dirs = [args.runs[i] for i in runs]
         dev = load_task_logits(run_dirs, task, "dev")
@@ -531,7 +507,9 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
         staged = []
         for task, res in results.items():
             for split, preds in res.outputs.items():
-                staged.append(write_predictions(stage / "predictions", task, split, preds))
+                written = write_predictions(stage / "predictions", task, split, preds)
+                if get_task(task).submission:  # the CS224N zip holds exactly the starter's files
+                    staged.append(written)
                 write_logits(stage / "predictions", task, split, preds)
         write_submission_zip(stage, staged)
         (stage / "ensemble.json").write_text(json.dumps(summary, indent=2) + "\n")
@@ -573,7 +551,7 @@ def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
     }
     if config.method in ("regression", "selective"):  # the honest overall: every task scored on held-out dev
         summary["holdout_overall"] = overall_score(
-            {TASK_METRIC[t]: r.holdout[config.method] for t, r in results.items()})
+            {task_metric(t): r.holdout[config.method] for t, r in results.items()})
     with replacing(out_dir, ENSEMBLE, overwrite=config.overwrite):  # another command's output: aside until done
         write_outputs(out_dir, results, summary)
     for line in incomplete:

@@ -17,7 +17,8 @@ Usage:
 What is written, for every task of the config: ``{task}-{split}-output.csv``
 (the leaderboard files) and ``{task}-{split}-logits.csv`` (raw outputs, for
 ensembles and distillation) for dev and test (a missing test file is skipped
-with a message), and with ``predict_train`` the training sets' logits
+with a message); on a run with a task of the minBERT starter's part 1 alone (cfimdb), also that part's
+``{finetune|pretrain}-{task}-{split}-out.csv`` for each of its part-1 tasks (sst, cfimdb); and with ``predict_train`` the training sets' logits
 (distillation teachers). An objective may change the final evaluation through
 its ``inference`` hook (KNN-BERT's vote: its metrics go to the record under
 the inference's ``key``, and its predictions to the leaderboard files).
@@ -47,10 +48,11 @@ from tasks.config import TrainConfig, eval_config
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import Example
 from tasks.selection import capped_dev, load_examples, load_final_examples, make_dataset
-from tasks.data.predictions import Predictions, write_logits, write_predictions
-from tasks.evaluation.metrics import TASK_METRIC, jsonable, overall_score, score
+from tasks.data.predictions import Predictions, write_logits, write_part1, write_predictions
+from tasks.evaluation.metrics import task_metric, jsonable, overall_score, score
 from tasks.evaluation.priors import RunPriors, check_prior_models
-from tasks.model import NUM_SST_CLASSES, PAIR_TASKS, MultitaskBert, TaskOutput, check_task
+from tasks.model import MultitaskBert, TaskOutput
+from tasks.task import get_task
 from tasks.objectives import Inference, Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
 from tasks.checkpoint import load_model, verify_checkpoint
@@ -88,12 +90,12 @@ def predict_dataset(
     for the device's type; logits come back as float32. ``both_orders`` scores
     a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
     dataset's index ``i + N``, tasks.data.datasets.PairDataset), predictions from that mean.
-    ``sts_prior(dataset, scores)`` replaces STS scores, in dataset order, with
-    its blend of them (tasks.evaluation.priors.CosinePrior.blend); ``sst_prior(dataset,
-    logits)`` SST logits with its blend (tasks.evaluation.priors.SentimentPrior.blend), the
-    predictions then its argmax.
+    ``sts_prior(dataset, scores)`` replaces the scores of the task whose entry takes it (``cosine_prior``: STS), in
+    dataset order, with its blend of them (tasks.evaluation.priors.CosinePrior.blend); ``sst_prior(dataset,
+    logits)`` the logits of the task whose entry takes it (``probe_prior``: SST) with its blend
+    (tasks.evaluation.priors.SentimentPrior.blend), the predictions then its argmax.
     """
-    check_task(task)
+    kind = (entry := get_task(task)).kind
     device = torch.device(device)
     n = len(dataset)
     modes = [(m, m.training) for m in model.modules()]
@@ -107,7 +109,7 @@ def predict_dataset(
             batch = move_batch(dataset.collate(indices), device)
             with amp:
                 out = model(task, batch)
-            if both_orders and task in PAIR_TASKS:
+            if both_orders and kind.pair:
                 swapped = move_batch(dataset.collate([i + n for i in indices]), device)
                 with amp:
                     reverse = model(task, swapped)
@@ -120,8 +122,7 @@ def predict_dataset(
         for m, was_training in modes:
             m.train(was_training)
     if n == 0:
-        shape = (0, NUM_SST_CLASSES) if task == "sst" else (0,)
-        return Predictions([], torch.empty(shape), torch.empty(0, dtype=torch.float32 if task == "sts" else torch.long))
+        return Predictions([], torch.empty(kind.logits_shape(entry, 0)), torch.empty(0, dtype=kind.pred_dtype()))
     if sorted(order) != list(range(n)):
         raise RuntimeError(f"{task}: the evaluation batches did not cover each of the {n} examples exactly once")
     where = torch.tensor(order, dtype=torch.long)  # (N,) dataset index of each computed row
@@ -131,21 +132,18 @@ def predict_dataset(
     preds = torch.empty_like(preds_sorted)
     logits[where] = logits_sorted
     preds[where] = preds_sorted
-    if task == "sts":
-        if sts_prior is not None:
-            logits = preds = sts_prior(dataset, logits)
-        preds = preds.float()
-    if task == "sst" and sst_prior is not None:
-        logits = sst_prior(dataset, logits)
-        preds = logits.argmax(-1)
-    return Predictions(list(dataset.ids), logits, preds)
+    prior = sts_prior if entry.cosine_prior else sst_prior if entry.probe_prior else None
+    if prior is not None:
+        logits = prior(dataset, logits)
+        preds = kind.predict(logits)
+    return Predictions(list(dataset.ids), logits, preds.to(kind.pred_dtype()))
 
 
 def evaluate(model: nn.Module, datasets: dict[str, Dataset], **options: Any
              ) -> tuple[dict[str, float], dict[str, Predictions]]:
     """Predict every dataset (keyed by task) and score the labeled ones; ``options`` are ``predict_dataset``'s.
 
-    Returns (metrics, predictions). metrics has TASK_METRIC[task] for each
+    Returns (metrics, predictions). metrics has task_metric(task) for each
     dataset with labels (``dataset.labels is not None``) and "overall" (see
     ``overall_score``) when at least one was scored; unlabeled datasets (test
     splits) only get predictions.
@@ -156,7 +154,7 @@ def evaluate(model: nn.Module, datasets: dict[str, Dataset], **options: Any
         p = predict_dataset(model, task, dataset, **options)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
-            metrics[TASK_METRIC[task]] = score(task, p.preds, dataset.labels)
+            metrics[task_metric(task)] = score(task, p.preds, dataset.labels)
     if metrics:
         metrics["overall"] = overall_score(metrics)
     return metrics, predictions
@@ -174,9 +172,9 @@ class Evaluator:
 
     def __init__(self, cfg: TrainConfig, objectives: Sequence[Objective], device: torch.device,
                  amp_dtype: torch.dtype | None, checkpoint: Path | None = None,
-                 sst_train: tuple[list[str], list[int]] | None = None) -> None:
+                 probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
         self.cfg, self.objectives, self.device, self.amp_dtype = cfg, list(objectives), device, amp_dtype
-        self.priors = RunPriors(cfg, device, amp_dtype, sst_train)
+        self.priors = RunPriors(cfg, device, amp_dtype, probe_train)
         self.priors.checkpoint = checkpoint
 
     def options(self, batch_size: int | None = None) -> dict[str, Any]:
@@ -230,6 +228,8 @@ class Evaluator:
                 train_sets[task] = make_dataset(task, rows, tokenizer, cfg)
             return train_sets[task]
 
+        # a run with a task of the starter's part 1 alone (cfimdb) also writes that part's files for each such task
+        part1 = any(get_task(t).part1_only for t in cfg.tasks)
         inferences = [inf for o in self.objectives
                       if (inf := o.inference(model, cfg.tasks, train_set, cfg.eval_batch_size, device)) is not None]
         files: list[str] = []
@@ -263,6 +263,8 @@ class Evaluator:
             for task, p in preds.items():
                 if split != "train":
                     files.append(str(write_predictions(pred_dir, task, split, leaderboard[task])))
+                    if part1 and get_task(task).part1:  # and in the starter part 1's names
+                        files.append(str(write_part1(pred_dir, task, split, leaderboard[task], cfg.freeze_encoder)))
                 files.append(str(write_logits(pred_dir, task, split, p)))
             if split in ("dev", "train"):
                 result[split] = jsonable(metrics)
@@ -296,7 +298,7 @@ def apply_inference(inference: Inference, split: str, datasets: dict[str, Datase
         for task, classes in by_task.items():
             labels = getattr(datasets[task], "labels", None)
             if labels is not None:
-                m[TASK_METRIC[task]] = score(task, classes, labels)
+                m[task_metric(task)] = score(task, classes, labels)
         m["overall"] = overall_score(m)
         scored[f"{split}_{variant}" if variant else split] = jsonable(m)
     logger.info("%s %s: %s", split, inference.name, " | ".join(
@@ -459,23 +461,35 @@ class Predictor:
         return self.evaluator.predict(self.model, task, make_dataset(task, examples, self.tokenizer, self.cfg),
                                       batch_size=self.batch_size)
 
-    @staticmethod
-    def _pairs(pairs: Sequence[tuple[str, str]]) -> list[Example]:
-        return [Example(str(i), a, b) for i, (a, b) in enumerate(pairs)]
+    def predict(self, task: str, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Any task of the checkpoint (a user's too), by its kind: (predictions (N,), outputs): class ids and
+        class probabilities (N, C) for a sentence classification (``inputs``: sentences); class ids and P(class 1)
+        (N,) for a pair classification; scores (N,) twice for a pair regression (``inputs``: (a, b) pairs)."""
+        kind = get_task(task).kind
+        if kind.pair:
+            bad = next((i for i, x in enumerate(inputs) if isinstance(x, str) or len(x) != 2), None)
+            if bad is not None:
+                raise ValueError(f"{task} reads sentence pairs: input {bad} is {inputs[bad]!r}, not (a, b)")
+            examples = [Example(str(i), a, b) for i, (a, b) in enumerate(inputs)]
+        else:
+            bad = next((i for i, x in enumerate(inputs) if not isinstance(x, str)), None)
+            if bad is not None:
+                raise ValueError(f"{task} reads one sentence each: input {bad} is {inputs[bad]!r}")
+            examples = [Example(str(i), t) for i, t in enumerate(inputs)]
+        out = self._predict(task, examples)
+        return out.preds, kind.outputs(out.logits)
 
     def sentiment(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(labels (N,) in 0-4, probabilities (N, 5)) of SST-5 sentiment."""
-        out = self._predict("sst", [Example(str(i), t) for i, t in enumerate(texts)])
-        return out.preds, torch.softmax(out.logits, dim=-1)
+        return self.predict("sst", texts)
 
     def paraphrase(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(labels (N,) 1 = paraphrase, P(paraphrase) (N,)) of sentence pairs."""
-        out = self._predict("para", self._pairs(pairs))
-        return out.preds, torch.sigmoid(out.logits)
+        return self.predict("para", pairs)
 
     def similarity(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
         """STS similarity scores (N,) of sentence pairs (0-5; the baseline's Siamese cosine head: -5 to 5)."""
-        return self._predict("sts", self._pairs(pairs)).preds
+        return self.predict("sts", pairs)[0]
 
     @torch.no_grad()
     def embed(self, texts: Sequence[str]) -> torch.Tensor:

@@ -59,7 +59,7 @@ from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import DataFileMissing, Example
 from tasks.selection import load_examples
-from tasks.model import NUM_SST_CLASSES
+from tasks.task import get_task, task_with
 from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.storage import load_tensors
 from tasks.runtime import autocast
@@ -149,21 +149,22 @@ class CosinePrior(FrozenEncoder):
 def check_prior_models(cfg) -> None:
     """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.config.TrainConfig)
     exist: refused before any work, naming the flags that fix it, not found missing at the first evaluation."""
-    for task, weight, model in (("sts", cfg.sts_prior, cfg.sts_prior_model), ("sst", cfg.sst_prior,
-                                                                            cfg.sst_prior_model)):
-        if weight <= 0 or task not in cfg.tasks or model is None:
+    for flag, feature, weight, model in (("sts", "cosine_prior", cfg.sts_prior, cfg.sts_prior_model),
+                                         ("sst", "probe_prior", cfg.sst_prior, cfg.sst_prior_model)):
+        if weight <= 0 or task_with(cfg.tasks, feature) is None or model is None:
             continue
         try:
             resolve_model_dir(model)
         except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"--{task}-prior-model {model}: no such checkpoint directory (a sentence "
+            raise FileNotFoundError(f"--{flag}-prior-model {model}: no such checkpoint directory (a sentence "
                                     f"encoder: config.json, weights, vocab.txt): name another, or pass "
-                                    f"--{task}-prior 0") from None
+                                    f"--{flag}-prior 0") from None
 
 
 def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> CosinePrior | None:
-    """The run's prior (``cfg.sts_prior`` > 0, a tasks.config.TrainConfig), or None."""
-    if cfg.sts_prior <= 0 or "sts" not in cfg.tasks:
+    """The run's prior (``cfg.sts_prior`` > 0 on a run with the task whose entry takes it: ``cosine_prior``, a
+    tasks.config.TrainConfig), or None."""
+    if cfg.sts_prior <= 0 or task_with(cfg.tasks, "cosine_prior") is None:
         return None
     return CosinePrior(cfg.sts_prior_model, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
 
@@ -205,25 +206,25 @@ def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, 
 
 class SentimentPrior(FrozenEncoder):
     """A linear probe on the frozen encoder's sentence embeddings, mixed into SST class probabilities with weight
-    ``weight``. Built from ``train`` = (sentences, labels 0-4), fitting the probe, or from ``state`` (a saved
-    probe: ``state_dict()``, SST_PRIOR_FILE)."""
+    ``weight``. Built from ``train`` = (sentences, labels 0..num_classes-1), fitting the probe, or from ``state``
+    (a saved probe: ``state_dict()``, SST_PRIOR_FILE)."""
 
     def __init__(self, pretrained: str | None, weight: float, device: torch.device | str,
                  amp_dtype: torch.dtype | None = None, batch_size: int = 128, max_length: int | None = 128, *,
-                 train: tuple[list[str], list[int]] | None = None, state: dict[str, torch.Tensor] | None = None
-                 ) -> None:
+                 train: tuple[list[str], list[int]] | None = None, state: dict[str, torch.Tensor] | None = None,
+                 num_classes: int = 5) -> None:
         if (train is None) == (state is None):
             raise ValueError("a SentimentPrior is built from its training sentences or from a saved probe: "
                              "give exactly one of train and state")
         super().__init__(pretrained, weight, device, amp_dtype, batch_size, max_length)
         if state is None:
             texts, labels = train
-            state = fit_logistic_regression(self.embed(list(texts)), torch.as_tensor(labels), NUM_SST_CLASSES)
+            state = fit_logistic_regression(self.embed(list(texts)), torch.as_tensor(labels), num_classes)
         hidden = self.encoder.config.hidden_size
-        if set(state) != {"weight", "bias"} or tuple(state["weight"].shape) != (NUM_SST_CLASSES, hidden) \
-                or tuple(state["bias"].shape) != (NUM_SST_CLASSES,):
-            raise ValueError(f"the SST prior's probe must be weight ({NUM_SST_CLASSES}, {hidden}) and bias "
-                             f"({NUM_SST_CLASSES},) for this encoder, got "
+        if set(state) != {"weight", "bias"} or tuple(state["weight"].shape) != (num_classes, hidden) \
+                or tuple(state["bias"].shape) != (num_classes,):
+            raise ValueError(f"the SST prior's probe must be weight ({num_classes}, {hidden}) and bias "
+                             f"({num_classes},) for this encoder, got "
                              + ", ".join(f"{k} {tuple(v.shape)}" for k, v in state.items()))
         self.probe = {k: v.detach().to("cpu", torch.float32) for k, v in state.items()}
 
@@ -250,25 +251,27 @@ class SentimentPrior(FrozenEncoder):
 def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
                  checkpoint: str | Path | None = None, train: tuple[list[str], list[int]] | None = None
                  ) -> SentimentPrior | None:
-    """The run's SST prior (``cfg.sst_prior`` > 0 on a run with sst), or None: the probe saved in ``checkpoint``
-    when it holds one, else fitted on the run's SST training sentences: ``train`` (sentences, labels) when the
-    caller has read them, else read from the SST training file."""
-    if cfg.sst_prior <= 0 or "sst" not in cfg.tasks:
+    """The run's SST prior (``cfg.sst_prior`` > 0 on a run with the task whose entry takes it: ``probe_prior``), or
+    None: the probe saved in ``checkpoint`` when it holds one, else fitted on that task's training sentences:
+    ``train`` (sentences, labels) when the caller has read them, else read from its training file."""
+    task = task_with(cfg.tasks, "probe_prior")
+    if cfg.sst_prior <= 0 or task is None:
         return None
     args = (cfg.sst_prior_model, cfg.sst_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
+    classes = get_task(task).num_classes
     saved = Path(checkpoint) / SST_PRIOR_FILE if checkpoint is not None else None
     if saved is not None and saved.is_file():
-        return SentimentPrior(*args, state=load_tensors(saved))
+        return SentimentPrior(*args, state=load_tensors(saved), num_classes=classes)
     if train is None:
         try:
-            examples = load_examples("sst", "train", cfg)
+            examples = load_examples(task, "train", cfg)
         except DataFileMissing as e:
             raise FileNotFoundError(f"the SST prior (sst_prior {cfg.sst_prior}) is a probe fitted on SST train, and "
                                     f"there is no SST training file at {e.path}: point --data-dir at the data, or "
                                     "pass --sst-prior 0") from None
         train = ([e.text_a for e in examples], [int(e.label) for e in examples])
     t0 = time.perf_counter()
-    prior = SentimentPrior(*args, train=train)
+    prior = SentimentPrior(*args, train=train, num_classes=classes)
     logger.info("SST prior: a probe on %s fitted to %d training sentences in %.0f s", cfg.sst_prior_model or
                 "the embedded all-MiniLM-L6-v2", len(train[0]), time.perf_counter() - t0)
     return prior
@@ -277,12 +280,13 @@ def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
 class RunPriors:
     """A training run's priors, each built the first time it is asked for (rank 0, at the first evaluation;
     None when off). The SST probe comes from ``checkpoint`` when that holds one (a resumed run: set it to the
-    checkpoint resumed from), else it is fitted, on ``sst_train`` (the run's SST training sentences and labels)
-    when given; ``save`` puts it in every checkpoint written after that."""
+    checkpoint resumed from), else it is fitted, on ``probe_train[task]`` (the training sentences and labels of
+    the task it serves) when given; ``save`` puts it in every checkpoint written after that."""
 
     def __init__(self, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
-                 sst_train: tuple[list[str], list[int]] | None = None) -> None:
-        self.cfg, self.device, self.amp, self.sst_train = cfg, device, amp_dtype, sst_train
+                 probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
+        self.cfg, self.device, self.amp = cfg, device, amp_dtype
+        self.probe_train = (probe_train or {}).get(task_with(cfg.tasks, "probe_prior") or "")
         self.checkpoint: Path | None = None
         self._sts: CosinePrior | None = None
         self._sst: SentimentPrior | None = None
@@ -296,7 +300,7 @@ class RunPriors:
     @property
     def sst(self) -> SentimentPrior | None:
         if self._sst is None:
-            self._sst = sst_prior_of(self.cfg, self.device, self.amp, self.checkpoint, self.sst_train)
+            self._sst = sst_prior_of(self.cfg, self.device, self.amp, self.checkpoint, self.probe_train)
         return self._sst
 
     def build(self) -> None:

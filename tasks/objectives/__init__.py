@@ -2,7 +2,6 @@
 
 Usage:
     from tasks.objectives import build_objectives
-from tasks.options import option
     objectives = build_objectives({"mnr": {"scale": 20.0}}, model)
     for obj in objectives:
         if obj.applies_to(task):
@@ -14,8 +13,10 @@ file under tasks/objectives/ (imported by ``import_all``), with:
 - ``Config``: a dataclass of its hyper-parameters; every field becomes a CLI flag
   ``--<name>-<field>`` (its help: ``tasks.options.option`` metadata, else the
   field's trailing comment) and ``weight`` always exists (the factor on its terms);
-- ``tasks``: the streams it can take (``"nli"`` is the NLI triplet stream), enforced here: a config naming
-  another is refused; ``default_tasks`` the ones it takes when its config names none (default: all);
+- ``kinds``: the kinds of task it supports (tasks/task.py): any task of those kinds, a user's too, may be named
+  in its config; ``tasks``: the built-in streams it can take (``"nli"`` is the NLI triplet stream,
+  ``"phrases"`` the SST phrases), enforced here: a config naming another stream, or a task of another kind, is
+  refused, naming both; ``default_tasks`` the ones it takes when its config names none (default: ``tasks``);
 - ``forward(model, task, batch, out) -> dict[str, Tensor]``: unweighted loss terms;
   ``out`` is the head's TaskOutput for this batch (None for the "nli" stream).
 
@@ -39,6 +40,7 @@ import torch
 from torch import nn
 
 from tasks.options import option
+from tasks.task import get_task, task_names
 
 REGISTRY: dict[str, type["Objective"]] = {}
 
@@ -76,7 +78,10 @@ class Inference(Protocol):
 class Objective(nn.Module, abc.ABC):
     name: ClassVar[str] = ""
     Config: ClassVar[type] = ObjectiveConfig
-    # The streams it can take: a config naming another is refused (``objective_config``).
+    # The kinds of task it supports (tasks.task.KINDS): a config may name any task of these kinds.
+    kinds: ClassVar[tuple[str, ...]] = ()
+    # The built-in streams it can take: a config naming another stream, or a task of another kind, is refused
+    # (``objective_config``).
     tasks: ClassVar[tuple[str, ...]] = ()
     # The streams it takes when its config names none; None: every one of ``tasks``.
     default_tasks: ClassVar[tuple[str, ...] | None] = None
@@ -166,9 +171,14 @@ def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objecti
         config = cls.Config(**overrides)
     except (TypeError, ValueError) as e:
         raise ValueError(f"objective {name!r}: {e}") from None
-    bad = [t for t in config.tasks if t not in cls.tasks]
-    if bad:
-        raise ValueError(f"objective {name!r} can take the streams {', '.join(cls.tasks)}, not {', '.join(bad)}")
+    for t in config.tasks:
+        if t in cls.tasks or (t in task_names() and get_task(t).kind.name in cls.kinds):
+            continue
+        if t in task_names():
+            raise ValueError(f"objective {name!r} supports {' and '.join(cls.kinds)} tasks, and task {t!r} is a "
+                             f"{get_task(t).kind.name}")
+        raise ValueError(f"objective {name!r} can take the streams {', '.join(cls.tasks)} (or a task of kind "
+                         f"{' or '.join(cls.kinds)}), not {t}")
     return cls, config
 
 

@@ -63,53 +63,52 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.data.predictions import load_task_logits, logits_path
-from tasks.model import TASKS
+from tasks.model import kind_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
+from tasks.task import KINDS, MULTITASK
 
-DISTILL_TASKS = TASKS
+DISTILL_TASKS = MULTITASK
 
 
 def teacher_targets(task: str, logits: Sequence[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """The (ensemble) soft target of each example from M teachers' raw outputs, float32.
 
-    SST: mean of softmax(z/T), (N, 5); paraphrase: mean of sigmoid(z/T), (N,);
-    STS: mean score, (N,) (no temperature: a regression target).
+    By the task's kind: classes (SST): mean of softmax(z/T), (N, C); a pair classification (paraphrase): mean of
+    sigmoid(z/T), (N,); a regression (STS): mean score, (N,) (no temperature: a regression target).
     """
     if not logits:
         raise ValueError("teacher_targets of no teachers")
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
-    x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
-    if task == "sst":
-        return (x / temperature).softmax(-1).mean(0).float()  # (N, 5)
-    if task == "para":
-        return torch.sigmoid(x / temperature).mean(0).float()  # (N,)
-    if task == "sts":
+    x = torch.stack([t.double() for t in logits])  # (M, N[, C])
+    kind = kind_of(task)
+    if not kind.classification:
         return x.mean(0).float()  # (N,)
-    raise ValueError(f"unknown task {task!r}; distillation applies to {DISTILL_TASKS}")
+    if kind.binary:
+        return torch.sigmoid(x / temperature).mean(0).float()  # (N,)
+    return (x / temperature).softmax(-1).mean(0).float()  # (N, C)
 
 
 def distill_loss(task: str, student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """The distillation term of a batch: student's raw outputs vs the teacher's soft targets (mean over the batch).
 
-    SST: T²·KL(target ‖ softmax(student/T)) for student logits (B, 5), target
-    probabilities (B, 5); paraphrase: T²·BCE(sigmoid(student/T), target) for
-    logits (B,), target probabilities (B,); STS: MSE for scores (B,).
+    Classes (SST): T²·KL(target ‖ softmax(student/T)) for student logits (B, C), target
+    probabilities (B, C); a pair classification (paraphrase): T²·BCE(sigmoid(student/T), target) for
+    logits (B,), target probabilities (B,); a regression (STS): MSE for scores (B,).
     """
     with full_precision(student.device):
         z, t = student.float(), target.float().to(student.device)
         if z.shape != t.shape:
             raise ValueError(f"{task}: student outputs {tuple(z.shape)} but teacher targets {tuple(t.shape)}")
-        if task == "sst":
-            log_q = F.log_softmax(z / temperature, dim=-1)  # (B, 5)
-            return temperature ** 2 * F.kl_div(log_q, t, reduction="batchmean")
-        if task == "para":
-            return temperature ** 2 * F.binary_cross_entropy_with_logits(z / temperature, t)
-        if task == "sts":
+        kind = kind_of(task)
+        if not kind.classification:
             return F.mse_loss(z, t)
-    raise ValueError(f"unknown task {task!r}; distillation applies to {DISTILL_TASKS}")
+        if kind.binary:
+            return temperature ** 2 * F.binary_cross_entropy_with_logits(z / temperature, t)
+        log_q = F.log_softmax(z / temperature, dim=-1)  # (B, C)
+        return temperature ** 2 * F.kl_div(log_q, t, reduction="batchmean")
 
 
 @dataclass
@@ -178,6 +177,7 @@ class Distill(Objective):
 
     name = "distill"
     Config = DistillConfig
+    kinds = tuple(KINDS)
     tasks = DISTILL_TASKS
 
     def __init__(self, config: DistillConfig, model: nn.Module | None = None):

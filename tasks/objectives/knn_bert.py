@@ -70,7 +70,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import NUM_CLASSES, follow_modes, preserved_modes
+from tasks.model import follow_modes, kind_of, preserved_modes
+from tasks.task import get_task
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -85,21 +86,22 @@ REPRESENTATIONS = ("pooled", "head_input")
 
 
 def check_representation(model: nn.Module, task: str, representation: str) -> None:
-    """Raise when ``model`` yields no single (B, D) ``representation`` for ``task`` (Siamese paraphrase)."""
+    """Raise when ``model`` yields no single (B, D) ``representation`` for ``task`` (a Siamese pair task:
+    paraphrase)."""
     cfg = model.config
-    if task == "para" and cfg.pair_encoding == "siamese":
+    if kind_of(task).pair and cfg.pair_encoding == "siamese":
         if representation == "pooled":
-            raise ValueError("knn_bert on 'para' with pair_encoding='siamese' has no single pooled embedding per "
+            raise ValueError(f"knn_bert on {task!r} with pair_encoding='siamese' has no single pooled embedding per "
                              "pair: use pair_encoding='cross', or representation='head_input' with arch='b1'")
         if cfg.arch != "b1":
-            raise ValueError("knn_bert on 'para' with the Siamese baseline has no pair representation (it scores a "
-                             "dot product): use pair_encoding='cross', or arch='b1' with representation='head_input'")
+            raise ValueError(f"knn_bert on {task!r} with the Siamese baseline has no pair representation (it scores "
+                             "a dot product): use pair_encoding='cross', or arch='b1' with representation='head_input'")
 
 
 def class_probabilities(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """softmax(F(q)) of eq. 1, (B, C); the paraphrase logit z gives [1 − σ(z), σ(z)]."""
+    """softmax(F(q)) of eq. 1, (B, C); a binary logit z (paraphrase) gives [1 − σ(z), σ(z)]."""
     logits = logits.float()
-    if task == "para":
+    if kind_of(task).binary:
         p = torch.sigmoid(logits)  # (B,)
         return torch.stack([1.0 - p, p], dim=-1)  # (B, 2)
     return logits.softmax(dim=-1)
@@ -176,7 +178,7 @@ class KNNInference:
                  train_set: Callable[[str], Any], batch_size: int, device: torch.device) -> None:
         self.config = objective.config
         self.model, self.train_set, self.batch_size, self.device = model, train_set, batch_size, device
-        self.tasks = [t for t in tasks if t in NUM_CLASSES and objective.applies_to(t)]
+        self.tasks = [t for t in tasks if get_task(t).kind.classification and objective.applies_to(t)]
         self.classifiers: dict[str, KNNClassifier] = {}
         self.info = {"k": self.config.knn_k, "phi": self.config.knn_phi,
                      "leaderboard": "knn" if self.config.knn_phi > 0 else "classifier"}
@@ -192,7 +194,7 @@ class KNNInference:
             t0 = time.perf_counter()
             train = self.train_set(task)
             feats, _ = self._features(task, train)
-            self.classifiers[task] = KNNClassifier(self.config.knn_k, NUM_CLASSES[task]).fit(feats, train.labels)
+            self.classifiers[task] = KNNClassifier(self.config.knn_k, get_task(task).classes).fit(feats, train.labels)
             logger.info("KNN-BERT: %d %s training representations in %.0f s", len(train), task,
                         time.perf_counter() - t0)
         knn = self.classifiers[task]
@@ -266,9 +268,6 @@ class KNNBertConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = [t for t in self.tasks if t not in NUM_CLASSES]
-        if unknown:
-            raise ValueError(f"knn_bert applies to {tuple(NUM_CLASSES)} only, got tasks {unknown}")
         if not 0.0 <= self.weight <= 1.0:
             raise ValueError(f"knn_bert weight is λ of (1−λ)·CE + λ·L'_sc and must be in [0, 1], "
                              f"got {self.weight}")
@@ -336,6 +335,7 @@ class KNNBert(Objective):
 
     name = "knn_bert"
     Config = KNNBertConfig
+    kinds = ("sentence-classification", "pair-classification")
     tasks = ("sst", "para")
     batch_coupled = True  # the queue is filled from the batch (under torchrun: each rank's own queue)
     inference_options = ("knn_k", "knn_phi")

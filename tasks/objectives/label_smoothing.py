@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import NUM_SST_CLASSES, PHRASES
+from tasks.model import PHRASES, kind_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 
@@ -79,6 +79,7 @@ class LabelSmoothing(Objective):
 
     name = "label_smoothing"
     Config = LabelSmoothingConfig
+    kinds = ("sentence-classification",)
     tasks = SMOOTHING_TASKS
 
     @property
@@ -86,6 +87,6 @@ class LabelSmoothing(Objective):
         return 1.0 - float(self.config.weight)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        if out is None or out.logits.shape[-1] != NUM_SST_CLASSES:
-            raise ValueError(f"label_smoothing needs the SST head's logits for the {task} batch")
+        if out is None or out.logits.dim() != 2:
+            raise ValueError(f"label_smoothing needs a classification head's class logits for the {task} batch")
         return {"smooth": smoothing_loss(out.logits, batch["labels"], self.config.to)}

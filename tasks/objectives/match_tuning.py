@@ -70,12 +70,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import TASKS
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
+from tasks.task import KINDS, MULTITASK
 
-MATCH_TASKS = TASKS
+MATCH_TASKS = MULTITASK
 INFERENCE_MODES = ("identity", "batch")
 
 
@@ -137,6 +137,7 @@ class MatchTuning(Objective):
 
     name = "match_tuning"
     Config = MatchTuningConfig
+    kinds = tuple(KINDS)
     tasks = MATCH_TASKS
     batch_coupled = True  # mixes the embeddings of the batch
     inference_options = ("inference",)

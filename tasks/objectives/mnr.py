@@ -25,7 +25,7 @@ Inputs (one objective, three task streams):
 - ``sts``: the head's Siamese STS embeddings ``out.features["sts_1"/"sts_2"]``
   (the vectors whose cosine is the prediction); label weighting on by default.
 - ``nli``: triplets (_1 anchor, _2 entailed positive, _3 contradiction) encoded
-  here through the STS head (``model.sts_embeddings(model.embed(...))``), the
+  here through the STS head (``model.pair_embeddings("sts", model.embed(...))``), the
   hard negative used when present and ``hard_negatives`` is on.
 - ``para`` (opt-in, ``para_positives``): the pairs labelled paraphrase in the
   batch, on the pooled sentence embeddings (``masked_mnr_loss``: a mask, not an
@@ -54,7 +54,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import NLI
+from tasks.model import NLI, kind_of
+from tasks.task import get_task, task_names, task_with
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 
@@ -142,9 +143,9 @@ class MNRConfig(ObjectiveConfig):
         super().__post_init__()
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
-        if self.tasks and ("para" in self.tasks) != self.para_positives:
-            raise ValueError("mnr: 'para' in tasks and para_positives must agree (para_positives chooses "
-                             "MNR over the paraphrase positives); set both or neither")
+        if self.tasks and any(t in task_names() and get_task(t).kind.binary for t in self.tasks) != self.para_positives:
+            raise ValueError("mnr: a pair classification ('para') in tasks and para_positives must agree "
+                             "(para_positives chooses MNR over its positive pairs); set both or neither")
 
 
 class MultipleNegativesRanking(Objective):
@@ -152,7 +153,8 @@ class MultipleNegativesRanking(Objective):
 
     name = "mnr"
     Config = MNRConfig
-    tasks = MNR_TASKS  # sentence pairs
+    kinds = ("pair-regression", "pair-classification")  # sentence pairs
+    tasks = MNR_TASKS
     default_tasks = ("sts", NLI)  # and "para" with para_positives
     batch_coupled = True  # in-batch negatives
     needs_siamese: ClassVar[bool] = True  # compares separately encoded sentences: refused with --pair-encoding cross
@@ -165,36 +167,41 @@ class MultipleNegativesRanking(Objective):
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         cfg = self.config
-        if task == "sts":
-            a, b = _pair_features(model, batch, out, "sts")
+        if task == NLI:  # through the embeddings of the head whose entry takes NLI (STS's: the paper's §4.2)
+            sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
+            pooled = _embed_sides(model, batch, sides)
+            head = task_with(task_names(), "nli")
+            z = [model.pair_embeddings(head, e) for e in pooled]  # each (B, D)
+            return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
+        kind = kind_of(task)
+        if kind is not None and not kind.classification:  # a similarity: its cosine embeddings, label-weighted
+            a, b = _pair_features(model, task, batch, out, cosine=True)
             weights = None
             if cfg.sts_label_weighting:
                 if "labels" not in batch:
                     raise ValueError("mnr: sts_label_weighting needs the STS batch's labels")
                 weights = sts_label_weights(batch["labels"])
             return {"loss": mnr_loss(a, b, scale=cfg.scale, weights=weights)}
-        if task == NLI:
-            sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
-            pooled = _embed_sides(model, batch, sides)
-            z = [model.sts_embeddings(e) for e in pooled]  # each (B, D)
-            return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
-        if task == "para":
+        if kind is not None and kind.binary:  # paraphrase positives, pooled embeddings
             positive = batch["labels"] > 0.5  # (B,) bool
-            a, b = _pair_features(model, batch, out, "pooled")
+            a, b = _pair_features(model, task, batch, out, cosine=False)
             return {"loss": masked_mnr_loss(a, b, positive, scale=cfg.scale)}  # 0 with fewer than 2 positives
-        raise ValueError(f"mnr does not apply to task {task!r}; it applies to {MNR_TASKS}")
+        raise ValueError(f"mnr does not apply to stream {task!r}: it takes sentence pairs and nli")
 
 
-def _pair_features(model: nn.Module, batch: dict, out, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """Siamese features ``<kind>_1``, ``<kind>_2`` of the head's pass, or computed here when ``out`` is None."""
+def _pair_features(model: nn.Module, task: str, batch: dict, out, *, cosine: bool
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Siamese features of the head's pass (computed here when ``out`` is None): with ``cosine`` the embeddings
+    whose cosine scores ``task`` (features ``sts_1``/``sts_2``), else the pooled sentences (``pooled_1``/``_2``)."""
+    name = "sts" if cosine else "pooled"
     if out is not None:
-        if f"{kind}_1" not in out.features:
-            raise ValueError(f"mnr needs Siamese features '{kind}_1'/'{kind}_2' (pair_encoding='siamese'); "
+        if f"{name}_1" not in out.features:
+            raise ValueError(f"mnr needs Siamese features '{name}_1'/'{name}_2' (pair_encoding='siamese'); "
                              f"the head gave {sorted(out.features)}")
-        return out.features[f"{kind}_1"], out.features[f"{kind}_2"]
+        return out.features[f"{name}_1"], out.features[f"{name}_2"]
     e1, e2 = _embed_sides(model, batch, ["_1", "_2"])
-    if kind == "sts":
-        return model.sts_embeddings(e1), model.sts_embeddings(e2)
+    if cosine:
+        return model.pair_embeddings(task, e1), model.pair_embeddings(task, e2)
     return e1, e2
 
 

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import PHRASES, head_of
+from tasks.model import PHRASES, head_of, kind_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.objectives.smart import bernoulli_logits, symmetric_kl
 from tasks.options import option
@@ -44,7 +44,7 @@ RDROP_TASKS = ("sst", PHRASES, "para")
 
 def rdrop_divergence(task: str, p1: torch.Tensor, p2: torch.Tensor) -> torch.Tensor:
     """Eq. 2's L_KL between two passes' head outputs of a classification stream, mean over the batch."""
-    if head_of(task) == "para":
+    if kind_of(task).binary:
         p1, p2 = bernoulli_logits(p1), bernoulli_logits(p2)
     return 0.5 * symmetric_kl(p1, p2)
 
@@ -69,6 +69,7 @@ class RDrop(Objective):
 
     name = "rdrop"
     Config = RDropConfig
+    kinds = ("sentence-classification", "pair-classification")
     tasks = RDROP_TASKS
     default_tasks = ("sst", PHRASES)
 

@@ -68,7 +68,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import NUM_CLASSES, preserved_modes
+from tasks.model import kind_of, preserved_modes
+from tasks.task import get_task
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -91,9 +92,6 @@ class RIFTConfig(ObjectiveConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        unknown = [t for t in self.tasks if t not in NUM_CLASSES]
-        if unknown:
-            raise ValueError(f"rift applies to {tuple(NUM_CLASSES)} only (it needs class labels), got tasks {unknown}")
         if self.norm not in NORMS:
             raise ValueError(f"norm must be one of {NORMS}, got {self.norm!r}")
         for name in ("epsilon", "step_size", "temperature"):
@@ -111,13 +109,14 @@ class RIFTConfig(ObjectiveConfig):
 
 
 def class_log_probs(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """log p(y|x), (B, C); the paraphrase logit z is the distribution [1 − σ(z), σ(z)]."""
+    """log p(y|x), (B, C); a binary logit z (paraphrase) is the distribution [1 − σ(z), σ(z)]."""
     logits = logits.float()
-    if task == "para":
+    kind = kind_of(task)
+    if kind is None or not kind.classification:
+        raise ValueError(f"RIFT needs a classification task (sst, para), got {task!r}")
+    if kind.binary:
         return torch.stack([F.logsigmoid(-logits), F.logsigmoid(logits)], dim=-1)  # (B, 2)
-    if task == "sst":
-        return logits.log_softmax(dim=-1)
-    raise ValueError(f"RIFT needs a classification task (sst, para), got {task!r}")
+    return logits.log_softmax(dim=-1)
 
 
 def kl_per_example(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
@@ -137,7 +136,7 @@ def kl_divergence(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> 
 def input_suffixes(model: nn.Module, task: str, batch: dict) -> tuple[str, ...]:
     """The batch-key suffixes the head reads for ``task``: ("",) for one sequence, ("_1", "_2") for Siamese pairs."""
     cfg = model.config
-    if task == "sst" or (cfg.pair_encoding == "cross" and "input_ids" in batch):
+    if not kind_of(task).pair or (cfg.pair_encoding == "cross" and "input_ids" in batch):
         return ("",)
     if "input_ids_1" not in batch or "input_ids_2" not in batch:
         raise ValueError(f"{task}: expected Siamese keys input_ids_1/_2, batch has {sorted(batch)}")
@@ -174,9 +173,7 @@ def _attack_loss(task: str, logits: torch.Tensor, clean_logits: torch.Tensor, la
         return kl_per_example(task, clean_logits, logits)
     if labels is None:
         raise ValueError("objective='ce' needs batch['labels']")
-    if task == "para":
-        return F.binary_cross_entropy_with_logits(logits.float(), labels.float(), reduction="none")
-    return F.cross_entropy(logits.float(), labels.long(), reduction="none")
+    return kind_of(task).loss(logits, labels, reduction="none")
 
 
 def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", epsilon: float = 0.1,
@@ -321,6 +318,7 @@ class RIFT(Objective):
 
     name = "rift"
     Config = RIFTConfig
+    kinds = ("sentence-classification", "pair-classification")
     tasks = ("sst", "para")
     batch_coupled = True  # L_I's negatives are the batch's other examples of the class
 
@@ -340,7 +338,7 @@ class RIFT(Objective):
         self.proj_student = nn.ModuleDict()
         self.proj_teacher = nn.ModuleDict()
         for task in self.active_tasks():
-            n = NUM_CLASSES[task]
+            n = get_task(task).classes
             self.proj_student[task] = nn.ModuleList(
                 projection(hidden, config.proj_hidden, config.proj_dim) for _ in range(n))
             self.proj_teacher[task] = nn.ModuleList(

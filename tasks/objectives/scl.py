@@ -59,10 +59,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import ModelConfig
+from tasks.model import ModelConfig, kind_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
+from tasks.task import task_names
 
 SCL_TASKS = ("sst", "para")
 EMBEDDINGS = ("pooled", "head_input")
@@ -140,13 +141,15 @@ class SupervisedContrastive(Objective):
 
     name = "scl"
     Config = SCLConfig
+    kinds = ("sentence-classification", "pair-classification")
     tasks = SCL_TASKS
     batch_coupled = True  # contrasts the batch's examples
 
     def __init__(self, config: SCLConfig, model: nn.Module | None = None):
         super().__init__(config, model)
         model_config = getattr(model, "config", None)
-        if "para" in self.active_tasks() and hasattr(model_config, "pair_encoding"):
+        if any(kind_of(t).pair for t in self.active_tasks() if t in task_names()) \
+                and hasattr(model_config, "pair_encoding"):
             problem = para_feature_problem(model_config, config.embedding)
             if problem:
                 raise ValueError(problem)
@@ -156,8 +159,9 @@ class SupervisedContrastive(Objective):
         return 1.0 - float(self.config.weight)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        if task not in SCL_TASKS:
-            raise ValueError(f"scl does not apply to task {task!r}; it applies to {SCL_TASKS}")
+        kind = kind_of(task)
+        if kind is None or not kind.classification:
+            raise ValueError(f"scl does not apply to task {task!r}: it contrasts the classes of a classification")
         if out is None:
             raise ValueError("scl needs the head's output (its features) for the batch")
         if "labels" not in batch:
@@ -166,7 +170,7 @@ class SupervisedContrastive(Objective):
         if key not in out.features:
             model_config = getattr(model, "config", None)
             problem = (para_feature_problem(model_config, key)
-                       if task == "para" and hasattr(model_config, "pair_encoding") else None)
+                       if kind.pair and hasattr(model_config, "pair_encoding") else None)
             raise ValueError(problem or f"scl: the {task} head gave no {key!r} features ({sorted(out.features)})")
         labels = batch["labels"]
         labels = labels.round().long() if labels.is_floating_point() else labels.long()  # para: 0./1. -> 0/1

@@ -47,14 +47,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import NLI, TASKS
+from tasks.model import NLI
+from tasks.task import KINDS, MULTITASK
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 
 logger = logging.getLogger(__name__)
 
 SIMILARITIES = ("cos", "dot")
-SIMCSE_TASKS = (*TASKS, NLI)
+SIMCSE_TASKS = (*MULTITASK, NLI)
 
 
 def simcse_loss(z1: torch.Tensor, z2: torch.Tensor, temperature: float = 0.05,
@@ -97,7 +98,8 @@ class SimCSE(Objective):
 
     name = "simcse"
     Config = SimCSEConfig
-    tasks = SIMCSE_TASKS  # any sentences
+    kinds = tuple(KINDS)  # any sentences
+    tasks = SIMCSE_TASKS
     default_tasks = ("sts",)
     batch_coupled = True  # in-batch negatives
 

@@ -66,12 +66,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import TASKS
+from tasks.model import kind_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
+from tasks.task import KINDS, MULTITASK
 
-SMART_TASKS = TASKS
+SMART_TASKS = MULTITASK
 
 
 # ---- divergences --------------------------------------------------------------------
@@ -90,14 +91,16 @@ def bernoulli_logits(z: torch.Tensor) -> torch.Tensor:
 
 
 def smart_divergence(task: str, adv: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """l_s between perturbed and clean head outputs: sym-KL (sst, para) or MSE (sts)."""
-    if task == "sst":
-        return symmetric_kl(adv, clean)
-    if task == "para":
-        return symmetric_kl(bernoulli_logits(adv), bernoulli_logits(clean))
-    if task == "sts":
+    """l_s between perturbed and clean head outputs, by the task's kind: sym-KL of the class distributions (sst;
+    para's Bernoulli) or MSE of scores (sts)."""
+    kind = kind_of(task)
+    if kind is None:
+        raise ValueError(f"smart does not apply to stream {task!r}: it has no head")
+    if not kind.classification:
         return F.mse_loss(adv.float(), clean.float())
-    raise ValueError(f"smart does not apply to task {task!r}; it applies to {SMART_TASKS}")
+    if kind.binary:
+        return symmetric_kl(bernoulli_logits(adv), bernoulli_logits(clean))
+    return symmetric_kl(adv, clean)
 
 
 # ---- the perturbation ---------------------------------------------------------------
@@ -211,6 +214,7 @@ class SMART(Objective):
 
     name = "smart"
     Config = SMARTConfig
+    kinds = tuple(KINDS)
     tasks = SMART_TASKS
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:

@@ -49,12 +49,15 @@ LP, FT = "lp", "ft"
 
 
 def stage_at(cfg: Any, epoch: int) -> str:
-    """The stage of 0-based ``epoch`` of a run with config ``cfg`` ("lp" or "ft")."""
-    return LP if epoch < cfg.lp_epochs else FT
+    """The stage of 0-based ``epoch`` of a run with config ``cfg`` ("lp" or "ft"); every epoch of a run with
+    ``freeze_encoder`` (the starter's part-1 "pretrain": heads on a frozen encoder) is stage "lp"."""
+    return LP if epoch < cfg.lp_epochs or cfg.freeze_encoder else FT
 
 
 def stage_span(cfg: Any, epoch: int) -> tuple[int, int, float]:
     """(first epoch of the stage, number of epochs in it, its peak learning rate) for 0-based ``epoch``."""
+    if cfg.freeze_encoder:
+        return 0, cfg.epochs, cfg.lr
     if stage_at(cfg, epoch) == LP:
         return 0, cfg.lp_epochs, cfg.lp_lr if cfg.lp_lr is not None else cfg.lr
     return cfg.lp_epochs, cfg.epochs, cfg.lr

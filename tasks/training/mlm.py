@@ -46,8 +46,7 @@ from minbert.mlm import IGNORE_INDEX, BertForMaskedLM, checkpoint_state, hf_conf
 from minbert.optimizer import AdamW
 from minbert.tokenizer import BertTokenizer
 from tasks.data.datasets import length_bucketed_batches
-from tasks.data.readers import load_split
-from tasks.model import TASKS
+from tasks.task import MULTITASK, load_split
 from tasks.outdir import MLM, check_kind, mark
 from tasks.checkpoint import load_optimizer_state, optimizer_state
 from tasks.storage import atomic_directory, load_tensors, read_json, save_tensors, write_json
@@ -243,7 +242,7 @@ def mask_tokens(
 
 
 def collect_sentences(data_dir: str | os.PathLike[str], split: str = "train",
-                      tasks: Sequence[str] = TASKS) -> list[str]:
+                      tasks: Sequence[str] = MULTITASK) -> list[str]:
     """Every distinct sentence of the tasks' ``split`` files (SST sentences, both sides of pairs), first-seen order."""
     seen: dict[str, None] = {}
     for task in tasks:

@@ -155,13 +155,14 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
     data = load_run_data(cfg, tokenizer)  # every file, test files too: a bad one fails the run before it trains
-    model = MultitaskBert(encoder, cfg.model)
+    model = MultitaskBert(encoder, cfg.model, cfg.tasks)
     if cfg.reinit_layers:  # on the CPU's generator, so the weights are the same on every device
         model.encoder.reinit_top_layers(cfg.reinit_layers, pooler=cfg.model.pooling == "pooler")
     model = model.to(device)
-    if hasattr(model, "para_bias") and "para" in data.train_sets:  # the baseline's Siamese paraphrase offset
-        pairs = data.train_sets["para"]
-        model.init_para_offset(move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
+    for task in model.offsets():  # the baseline's Siamese paraphrase offset (tasks.model.MultitaskBert.init_offset)
+        if task in data.train_sets:
+            pairs = data.train_sets[task]
+            model.init_offset(task, move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
     objectives = build_objectives(cfg.objectives, model)
     return Parts(model, objectives, data.train_sets, data.dev_sets, tokenizer, amp_dtype, data.reports,
                  data.final_examples)

@@ -68,7 +68,8 @@ from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights, MultitaskSchedule
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
-from tasks.model import PAIR_TASKS, PHRASES, TASKS, MultitaskBert, head_of
+from tasks.model import PHRASES, MultitaskBert, head_of
+from tasks.task import get_task
 from tasks.objectives import Objective
 from tasks.training import distributed, lpft
 from tasks.checkpoint import (
@@ -170,7 +171,7 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     caps = {**cfg.max_train_examples, **({PHRASES: cfg.sst_phrases_per_epoch} if phrases else {})}
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
                              seed=cfg.seed, max_examples_per_epoch=caps, subsets=cfg.train_subsets,
-                             swap={t: cfg.pair_swap for t in PAIR_TASKS if t in train_sets},
+                             swap={t: cfg.pair_swap for t in cfg.tasks if get_task(t).kind.pair and t in train_sets},
                              first=(PHRASES,) if phrases and cfg.sst_phrases_order == "first" else ())
 
 
@@ -212,11 +213,12 @@ class Trainer:
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
-        sst = self.train_sets.get("sst")  # the SST prior's probe is fitted on the sentences read already
+        # the SST prior's probe is fitted on the sentences read already (the tasks whose entry takes that prior)
+        probe_train = {t: (d.texts, d.labels.tolist()) for t, d in self.train_sets.items()
+                       if t in cfg.tasks and get_task(t).probe_prior}
         self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
-                                   sst_train=(sst.texts, sst.labels.tolist()) if sst is not None else None)
-        self.weights = LossWeights(**{t: cfg.loss_weights[t] for t in TASKS if t in cfg.loss_weights},
-                                   extra={s: w for s, w in cfg.loss_weights.items() if s not in TASKS}
+                                   probe_train=probe_train)
+        self.weights = LossWeights(dict(cfg.loss_weights)
                                    | ({PHRASES: cfg.sst_phrases_weight} if PHRASES in self.train_sets else {}))
 
         # Position: the next step to run is plan(epoch)[step].
@@ -431,7 +433,9 @@ class Trainer:
             logger.info("nothing to train: the checkpoint is at epoch %d of %d", self.epoch, self.total_epochs)
         else:
             self.clock = self._plan()
-            if self.stage == lpft.LP:
+            if self.cfg.freeze_encoder:
+                logger.info("frozen encoder: heads only for every epoch (%d trainable tensors)", len(self.params))
+            elif self.stage == lpft.LP:
                 logger.info("LP-FT stage 1: heads only for epochs %d-%d (encoder frozen, %d trainable tensors), "
                             "then %d epochs of full fine-tuning", self.epoch + 1, self.cfg.lp_epochs,
                             len(self.params), self.cfg.epochs)
@@ -455,7 +459,7 @@ class Trainer:
             per_task[stream] = per_task.get(stream, 0) + len(idx)
 
         def scored(task: str, n: int) -> int:  # a pair scored in both orders is two sequences' work
-            return n * (2 if cfg.symmetric_eval and task in PAIR_TASKS else 1)
+            return n * (2 if cfg.symmetric_eval and get_task(task).kind.pair else 1)
 
         dev = {t: len(d) for t, d in self.dev_sets.items()}
         final = {(t, split): len(rows) for split, by_task in (self.final_examples or {}).items()

@@ -64,7 +64,7 @@ def test_bad_rates_raise():
 def test_perturbed_files_round_trip_through_the_readers(tmp_path):
     """Rewritten train files parse back to the same examples; other files are links to the originals."""
     from tasks.data.perturb import perturbed_data_dir
-    from tasks.data.readers import load_split
+    from tasks.task import load_split
 
     src = tmp_path / "src"
     src.mkdir()

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tasks.task import get_task, load_split
 from tasks.data.readers import (
-    TASK_FILES,
     DataFileMissing,
     Example,
     Triplet,
-    load_split,
     read_nli,
     read_pairs,
     read_sentences,
@@ -216,7 +215,7 @@ def test_missing_files(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="tasks.data.readers"):
         assert load_split("para", "test", tmp_path) is None
     assert "quora-test-student.csv" in caplog.text and "skipped" in caplog.text
-    with pytest.raises(ValueError, match="valid tasks"):
+    with pytest.raises(ValueError, match="unknown task"):
         load_split("nope", "train", tmp_path)
 
 
@@ -224,7 +223,7 @@ def test_load_split_limit_and_logged_summary(tmp_path, caplog):
     """limit keeps the first N valid rows; a file with skipped rows logs its summary as a warning."""
     rows = ["\tid\tsentence1\tsentence2\tsimilarity"] + [f"{i}\ts{i}\ta\tb\t{i % 6}.0" for i in range(10)]
     rows.insert(3, "99\tbad\ta\tb\t")
-    write(tmp_path / TASK_FILES["sts"]["dev"], rows)
+    write(tmp_path / get_task("sts").files["dev"], rows)
     with caplog.at_level(logging.WARNING, logger="tasks.data.readers"):
         examples, report = load_split("sts", "dev", tmp_path)
     assert len(examples) == 10 and report.rows_total == 11
@@ -237,7 +236,7 @@ def test_load_split_limit_and_logged_summary(tmp_path, caplog):
 
 def test_a_limit_the_file_does_not_reach_is_not_said_to_have_stopped_it(tmp_path):
     """Issue 33: 'kept 20 of 20 rows (stopped at limit=64)' when the file ended first."""
-    write(tmp_path / TASK_FILES["sts"]["dev"], ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t1.0"])
+    write(tmp_path / get_task("sts").files["dev"], ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t1.0"])
     report = load_split("sts", "dev", tmp_path, limit=64)[1]
     assert report.summary().endswith("kept 1 of 1 rows (the whole file: fewer rows than limit=64)")
     assert report.to_dict()["stopped_at_limit"] is False
@@ -245,7 +244,7 @@ def test_a_limit_the_file_does_not_reach_is_not_said_to_have_stopped_it(tmp_path
 
 def test_each_report_fingerprints_the_bytes_it_read(tmp_path):
     """The report's sha256 is that of the file's bytes: a run records it, and a resume compares it."""
-    path = write(tmp_path / TASK_FILES["sts"]["dev"], ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t1.0"])
+    path = write(tmp_path / get_task("sts").files["dev"], ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t1.0"])
     report = load_split("sts", "dev", tmp_path)[1]
     assert report.to_dict()["sha256"] == hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
@@ -353,11 +352,11 @@ def test_duplicate_ids_in_a_file_that_is_predicted_are_refused_naming_file_and_l
     file, both lines and what to do; a training file keeps its rows (reported)."""
     label = "\t3.0" if split == "dev" else ""
     header = "\tid\tsentence1\tsentence2" + ("\tsimilarity" if split == "dev" else "")
-    write(tmp_path / TASK_FILES["sts"][split], [header, f"0\tx1\ta\tb{label}", f"1\tx2\tc\td{label}",
+    write(tmp_path / get_task("sts").files[split], [header, f"0\tx1\ta\tb{label}", f"1\tx2\tc\td{label}",
                                                 f"2\tx1\te\tf{label}"])
     with pytest.raises(ValueError, match=rf"sts-{split}(-student)?\.csv: line 4: id x1 also on line 2: .*give each "
                                          "row its own id"):
         load_split("sts", split, tmp_path)
-    write(tmp_path / TASK_FILES["sts"]["train"], [header.replace("\tsimilarity", "") + "\tsimilarity",
+    write(tmp_path / get_task("sts").files["train"], [header.replace("\tsimilarity", "") + "\tsimilarity",
                                                   "0\tx1\ta\tb\t3.0", "1\tx1\tc\td\t2.0"])
     assert len(load_split("sts", "train", tmp_path)[0]) == 2

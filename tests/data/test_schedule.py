@@ -164,16 +164,15 @@ def test_a_schedule_refuses_streams_it_does_not_have():
 
 
 def test_loss_weights():
-    """Default weights are 1.0 (extra tasks too); a named weight is that task's alone; negatives raise."""
+    """Default weights are 1.0 (any stream, a user's task too); a named weight is that stream's alone; negatives
+    raise."""
     w = LossWeights()
-    assert (w.get("sst"), w.get("para"), w.get("sts"), w.get("nli")) == (1.0, 1.0, 1.0, 1.0)
-    paper = LossWeights(para=0.1)  # §4.2 loss rescaling
+    assert (w.get("sst"), w.get("para"), w.get("sts"), w.get("nli"), w.get("topic")) == (1.0,) * 5
+    paper = LossWeights({"para": 0.1})  # §4.2 loss rescaling
     assert paper.get("para") == 0.1 and paper.get("sst") == paper.get("sts") == 1.0
-    assert LossWeights(extra={"nli": 0.5}).get("nli") == 0.5
+    assert LossWeights({"nli": 0.5}).get("nli") == 0.5
     with pytest.raises(ValueError):
-        LossWeights(sts=-1.0)
-    with pytest.raises(ValueError):
-        LossWeights(extra={"para": 0.1})
+        LossWeights({"sts": -1.0})
 
 
 def test_first_tasks_open_every_epoch_and_the_rest_keeps_its_schedule():

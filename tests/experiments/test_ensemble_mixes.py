@@ -8,7 +8,8 @@ import logging
 import pytest
 import torch
 
-from tasks.evaluation.metrics import TASK_METRIC, overall_score
+from tasks.evaluation.metrics import overall_score, task_metric
+from tasks.task import MULTITASK
 
 
 def test_ensemble_mixes_score_each_draw_as_the_ensemble_command_would(tmp_path, capsys):
@@ -32,7 +33,7 @@ def test_ensemble_mixes_score_each_draw_as_the_ensemble_command_would(tmp_path, 
                                 *data])["mixes"]
     for row, members in zip(rows, ([runs[0], runs[1]], [runs[0], runs[1], str(special)])):
         summary = ensemble_main([*members, "--out-dir", str(tmp_path / "ens"), *data])
-        whole = overall_score({TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()})
+        whole = overall_score({task_metric(t): r["ensemble_score"] for t, r in summary["tasks"].items()})
         assert row["std"] == 0 and row["mean"] == pytest.approx(whole, abs=1e-12)
     assert rows[1]["mean"] != rows[0]["mean"] and rows[2]["std"] > 0  # full=1: either run, both drawn
     assert "| full=2,sst=1 |" in capsys.readouterr().out
@@ -62,13 +63,13 @@ def test_paired_gains_are_the_ensemble_commands_scores_subtracted(tmp_path, caps
 
     def whole(members, name):
         summary = ensemble_main([*members, "--out-dir", str(tmp_path / name), *data])
-        scores = {TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()}
+        scores = {task_metric(t): r["ensemble_score"] for t, r in summary["tasks"].items()}
         return {**scores, "overall": overall_score(scores)}
 
     single = [(whole([b], f"b{i}"), whole([a], f"a{i}")) for i, (a, b) in enumerate(zip(parent, change))]
     both = whole(change, "b"), whole(parent, "a")
     assert [row["k"] for row in rows] == [1, 2] and [row["subsets"] for row in rows] == [2, 1]
-    for metric in (*TASK_METRIC.values(), "overall"):
+    for metric in (*(task_metric(t) for t in MULTITASK), "overall"):
         deltas = [b[metric] - a[metric] for b, a in single]
         assert rows[0][metric] == pytest.approx((sum(deltas) / 2, min(deltas), max(deltas)), abs=1e-12)
         assert rows[1][metric] == pytest.approx((both[0][metric] - both[1][metric],) * 3, abs=1e-12)
@@ -105,7 +106,7 @@ def test_paired_specialists_beside_the_same_full_members(tmp_path, capsys):
     whole = {}
     for arm, specialist in zip("ab", specialists):
         summary = ensemble_main([runs[0], runs[2], specialist, "--out-dir", str(tmp_path / arm), *data])
-        whole[arm] = {TASK_METRIC[t]: r["ensemble_score"] for t, r in summary["tasks"].items()}
+        whole[arm] = {task_metric(t): r["ensemble_score"] for t, r in summary["tasks"].items()}
     gain = whole["b"]["sst_acc"] - whole["a"]["sst_acc"]
     assert gain > 0 and rows[0]["sst_acc"] == pytest.approx((gain,) * 3, abs=1e-12)
     assert rows[0]["para_acc"] == (0, 0, 0)  # the specialists join SST only

@@ -71,7 +71,7 @@ def test_every_robustness_cell_is_the_ablation_ce_row_on_two_tasks():
 def test_robustness_condition_data_is_written_once_and_perturbed_exactly(tmp_path):
     """clean trains on the data itself; a perturbed copy has exactly its rate / size, is the same for the same
     seed, and is reused as it is (never rewritten under a run that reads it)."""
-    from tasks.data.readers import load_split
+    from tasks.task import load_split
     from tests.helpers import write_tiny_data
 
     src = write_tiny_data(tmp_path / "data", n_train=150)

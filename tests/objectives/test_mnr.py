@@ -37,11 +37,11 @@ def test_configs_refuse_contradictions():
         MNRConfig(tasks=("sts", "para"))
     with pytest.raises(ValueError, match="para_positives"):
         MNRConfig(tasks=("sts",), para_positives=True)
-    with pytest.raises(ValueError, match="objective 'mnr' can take the streams sts, nli, para, not sst"):
+    with pytest.raises(ValueError, match="objective 'mnr' supports pair-regression and pair-classification tasks, and task 'sst' is a sentence-classification"):
         objective_config("mnr", {"tasks": ["sst"]})
     with pytest.raises(ValueError):
         SimCSEConfig(similarity="l2")
-    with pytest.raises(ValueError, match="objective 'smart' can take the streams sst, para, sts, not nli"):
+    with pytest.raises(ValueError, match=r"objective 'smart' can take the streams sst, para, sts \(or a task of kind .*\), not nli"):
         objective_config("smart", {"tasks": ["nli"]})
     with pytest.raises(ValueError):
         build_objectives({"smart": {"radius": 1.0}}, None)
@@ -93,14 +93,14 @@ def test_mnr_weighted_matches_paper_equation():
 
 @pytest.mark.parametrize("hard_negatives", [True, False])
 def test_mnr_nli_uses_sts_head_and_hard_negative_column(hard_negatives):
-    """NLI triplets go through sts_embeddings; the stacked pass equals separate passes; _3 is a column iff enabled."""
+    """NLI triplets go through the STS head's pair_embeddings; the stacked pass equals separate passes; _3 is a column iff enabled."""
     model = tiny_model().eval()
     batch = make_batch("nli")
     for key in ("input_ids_2", "attention_mask_2", "token_type_ids_2"):
         batch[key] = batch[key][:, :5]  # sides of different lengths: the stacked pass pads them
     obj = MultipleNegativesRanking(MNRConfig(hard_negatives=hard_negatives))
     got = obj(model, "nli", batch, None)["loss"]
-    z = [model.sts_embeddings(model.embed(batch["input_ids" + s], batch["attention_mask" + s],
+    z = [model.pair_embeddings("sts", model.embed(batch["input_ids" + s], batch["attention_mask" + s],
                                           batch["token_type_ids" + s])) for s in ("_1", "_2", "_3")]
     expected = mnr_loss(z[0], z[1], negatives=z[2] if hard_negatives else None)
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
@@ -196,7 +196,7 @@ def _expected_term(model, name: str, task: str, batch: dict, out, seed: int) -> 
         if task == "sts":
             return mnr_loss(out.features["sts_1"], out.features["sts_2"], weights=sts_label_weights(batch["labels"]))
         if task == "nli":
-            z = [model.sts_embeddings(embed(s)) for s in ("_1", "_2", "_3")]
+            z = [model.pair_embeddings("sts", embed(s)) for s in ("_1", "_2", "_3")]
             return mnr_loss(z[0], z[1], negatives=z[2])
         pos = batch["labels"] > 0.5
         return mnr_loss(out.features["pooled_1"][pos], out.features["pooled_2"][pos])

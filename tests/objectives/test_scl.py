@@ -145,7 +145,7 @@ def test_scl_config_refuses_lambda_outside_unit_interval_and_sts():
     """λ outside [0, 1], STS (no classes) and an unknown embedding are refused."""
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         SupervisedContrastive.Config(weight=1.5)
-    with pytest.raises(ValueError, match="objective 'scl' can take the streams sst, para, not sts"):
+    with pytest.raises(ValueError, match="objective 'scl' supports sentence-classification and pair-classification tasks, and task 'sts' is a pair-regression"):
         objective_config("scl", {"tasks": ["sts"]})  # the base class enforces the streams an objective takes
     with pytest.raises(ValueError, match="embedding"):
         SupervisedContrastive.Config(embedding="tokens")
