@@ -43,16 +43,22 @@ def read_inputs(task: str, source: str) -> list[Example]:
         return entry.read("test", ".", path=source)[0]
     stdin = getattr(sys.stdin, "buffer", None)
     if source == "-" and stdin is None:  # a text stream without bytes beneath (an embedding program's)
-        lines = sys.stdin.read().splitlines()
+        text = sys.stdin.read()
     else:
         data = stdin.read() if source == "-" else Path(source).read_bytes()
-        lines = decode_utf8("stdin" if source == "-" else f"--input {source}", data).splitlines()
+        text = decode_utf8("stdin" if source == "-" else f"--input {source}", data)
+    # A file of lines: only \n (and \r\n) ends one; str.splitlines would also split at U+2028, U+0085, U+001E,
+    # ..., inside a sentence, and the ids (line numbers) would no longer match the file.
+    lines = [line.removesuffix("\r") for line in text.split("\n")]
     where = "stdin" if source == "-" else source
     examples = []
     for n, line in enumerate(lines, 1):
         if blank(line):  # white space or control characters alone
             continue
         if not entry.kind.pair:
+            if "\t" in line:
+                raise ValueError(f"{where} line {n} holds a tab: task {task} reads one sentence a line; two "
+                                 "tab-separated sentences are a pair task's input (para, sts)")
             examples.append(Example(str(n), line.strip()))
             continue
         parts = line.split("\t")

@@ -99,3 +99,25 @@ def test_a_damaged_checkpoint_is_one_line_with_exit_status_1(finished, tmp_path,
         main(["--checkpoint", str(damaged), "--task", "sst"])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 1 and len(err) == 1 and "Traceback" not in err[0], err
+
+
+def test_text_input_is_a_file_of_lines(tmp_path):
+    """Only \\n and \\r\\n end a line: U+2028, U+0085 and U+001E stay inside the sentence, so the ids are the file's
+    line numbers; a pair line split by a hidden separator is still one line."""
+    path = tmp_path / "in.txt"
+    path.write_bytes("one\u2028sentence\r\ntwo\x85more\n\nthree\x1ethree\n".encode())
+    got = predict_mod.read_inputs("sst", str(path))
+    assert [(e.id, e.text_a) for e in got] == [("1", "one\u2028sentence"), ("2", "two\x85more"),
+                                                ("4", "three\x1ethree")]
+    path.write_bytes("a cat\u2028sits\ta cat is sitting\n".encode())
+    assert [(e.text_a, e.text_b) for e in predict_mod.read_inputs("sts", str(path))] == [("a cat\u2028sits",
+                                                                                          "a cat is sitting")]
+
+
+def test_a_sentence_task_fed_tab_separated_pairs_is_refused_naming_the_line(tmp_path):
+    """predict --task sst on lines of two tab-separated sentences would score each whole line as one sentence: it is
+    refused, naming the first such line and the pair tasks."""
+    path = tmp_path / "pairs.txt"
+    path.write_text("a fine film\na cat sits\ta cat is sitting\n")
+    with pytest.raises(ValueError, match=r"line 2 holds a tab: task sst reads one sentence a line.*para, sts"):
+        predict_mod.read_inputs("sst", str(path))
