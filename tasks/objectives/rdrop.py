@@ -12,7 +12,8 @@ How it maps onto the objective interface: the head's own forward is P1; the obje
 The whole is eq. 3 halved, so that its cross-entropy part is the mean of the two passes' and keeps the scale
 (and learning rate) of a run without it: the trainer scales the head's loss by ``task_loss_scale`` = ½ and
 adds ½ × the term ``ce`` (the second pass's loss, the model's own ``task_loss``) and α/2 × the term ``kl``
-(eq. 2's L_KL, the symmetric KL of smart.py halved); ``weight`` multiplies both terms (1: eq. 3 halved).
+(eq. 2's L_KL, the symmetric KL of smart.py halved); ``weight`` multiplies both terms (1: eq. 3 halved; 0:
+off, the head's loss whole and no second pass).
 Gradients flow through both passes and both directions of the KL, as in the paper.
 
 Tasks: the classification heads' streams: SST (5 classes), the SST phrases, and paraphrase (the Bernoulli
@@ -75,12 +76,14 @@ class RDrop(Objective):
 
     @property
     def task_loss_scale(self) -> float:
-        return 0.5
+        return 0.5 if self.config.weight > 0 else 1.0  # weight 0: off, the head's loss whole (no second pass)
 
     def term_weight(self, term: str) -> float:
         return float(self.config.weight) * (0.5 if term == "ce" else 0.5 * float(self.config.alpha))
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
+        if self.config.weight == 0:
+            return {}  # off: no second pass, so no dropout masks are drawn and the run is the one without it
         if out is None:
             raise ValueError(f"rdrop needs the head's output for the {task} batch (its first pass)")
         if not model.training:

@@ -62,3 +62,15 @@ def test_defaults_streams_and_refusals():
     batch = make_batch("sst")
     with pytest.raises(ValueError, match="training mode"):
         obj(model.eval(), "sst", batch, model("sst", batch))
+
+
+def test_weight_zero_is_a_true_no_op():
+    """--rdrop-weight 0 leaves the head's loss whole and runs no second pass (no dropout masks drawn), as
+    label smoothing's ε = 0 does: a run with it is the run without the objective."""
+    model = make_model("b1", "cross", dropout=0.2).train()
+    obj = build_objectives({"rdrop": {"weight": 0.0}}, model)[0]
+    batch = make_batch("sst")
+    out = model("sst", batch)
+    state = torch.random.get_rng_state()
+    assert obj(model, "sst", batch, out) == {} and obj.task_loss_scale == 1.0
+    assert torch.equal(torch.random.get_rng_state(), state)
