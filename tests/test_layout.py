@@ -127,7 +127,7 @@ def test_no_sys_path_edits():
     assert offenders == []
 
 
-COMMANDS = {"tasks.train", "tasks.predict", "tasks.ensemble", "tasks.pretrain", "tasks.robustness"}
+COMMANDS = {"tasks.train", "tasks.predict", "tasks.ensemble", "tasks.pretrain", "tasks.robustness", "tasks.sst_phrases"}
 FLAG_MODULES = {"tasks.options", "tasks.cli", "tasks.arguments"}  # the mechanism, the parser, the train flags
 
 
@@ -170,10 +170,11 @@ def _parsers():
     """(name, parser) of every command and of the subcommands of tasks.robustness."""
     import argparse
 
-    from tasks import arguments, ensemble, predict, pretrain, robustness
+    from tasks import arguments, ensemble, predict, pretrain, robustness, sst_phrases
 
     out = [("train_multitask.py", arguments.build_parser()), ("tasks.predict", predict.build_parser()),
-           ("tasks.ensemble", ensemble.build_parser()), ("tasks.pretrain", pretrain.build_parser())]
+           ("tasks.ensemble", ensemble.build_parser()), ("tasks.pretrain", pretrain.build_parser()),
+           ("tasks.sst_phrases", sst_phrases.build_parser())]
     for action in robustness.build_parser()._actions:
         if isinstance(action, argparse._SubParsersAction):
             out += [(f"tasks.robustness {n}", p) for n, p in action.choices.items()]
@@ -196,7 +197,7 @@ def test_every_flag_of_every_command_comes_from_a_dataclass_field():
             if field is None or field[1] not in {f.name for f in dataclasses.fields(field[0])}:
                 found.setdefault(name, []).append(action.option_strings or [action.dest])
     assert found == {}
-    assert len(_parsers()) == 8
+    assert len(_parsers()) == 9
 
 
 # ---- one device policy -------------------------------------------------------------------------------------------
