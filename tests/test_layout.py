@@ -128,15 +128,17 @@ def test_no_sys_path_edits():
 
 
 COMMANDS = {"tasks.train", "tasks.predict", "tasks.ensemble", "tasks.pretrain", "tasks.robustness", "tasks.sst_phrases"}
+# What runs a command as a program: the script train_multitask.py and the console scripts of pyproject.toml.
+SCRIPTS = {"train_multitask", "tasks.scripts"}
 FLAG_MODULES = {"tasks.options", "tasks.cli", "tasks.arguments"}  # the mechanism, the parser, the train flags
 
 
 def command_importers(modules: dict[str, Path]) -> list[str]:
-    """Modules that import a command (train_multitask.py, the script of tasks.train, aside)."""
+    """Modules that import a command (the scripts that run them, SCRIPTS, aside)."""
     found = []
     for name, path in modules.items():
         deps, _ = _imports(name, path, modules)
-        if deps & COMMANDS and name != "train_multitask":
+        if deps & COMMANDS and name not in SCRIPTS:
             found.append(name)
     return found
 
