@@ -202,6 +202,11 @@ def test_every_flag_of_every_command_comes_from_a_dataclass_field():
     assert len(_parsers()) == 9
 
 
+def test_no_commands_help_names_a_path_outside_the_checkout():
+    """A clone from a public host has no ../shared beside it: no --help points there (papers are cited by title)."""
+    assert [name for name, parser in _parsers() if "../" in parser.format_help()] == []
+
+
 # ---- one device policy -------------------------------------------------------------------------------------------
 
 DEVICE_PATTERNS = ("torch.cuda.", "device.type ==", "device.type !=", ".is_cuda")
