@@ -19,13 +19,16 @@ PIP=".venv/bin/python -m pip"
 STAMP=.venv/.setup-done
 rm -f "$STAMP"
 # torch first and pinned: pyproject's range would otherwise take the newest release, on Linux a CUDA build of
-# several GB. The CPU index's 2.13.0+cpu ranks above PyPI's 2.13.0 (a local version label), so pip takes it.
+# several GB. The CPU index's 2.13.0+cpu ranks above PyPI's 2.13.0 (a local version label), so pip takes it;
+# that index is asked for torch alone (--no-deps), its dependencies then come from the usual ones.
 TORCH_INDEX=()
 if [ "$(uname -s)" = Linux ] && [ "${MINBERT_TORCH:-cpu}" = cpu ]; then
   TORCH_INDEX=(--extra-index-url https://download.pytorch.org/whl/cpu)
 fi
 echo "setup.sh: installing torch 2.13.0 (${MINBERT_TORCH:-cpu}; minutes on a first install: a large download)"
-$PIP install -q torch==2.13.0 ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"}
+$PIP install -q --no-deps torch==2.13.0 ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"}
+echo "setup.sh: installing torch's dependencies"
+$PIP install -q torch==2.13.0
 # the project itself, editable (minbert and tasks import from anywhere; experiments/ and benchmarks/ run from
 # the checkout: python -m ...), with pyproject's dependencies and extras at the versions of requirements*.txt
 echo "setup.sh: installing this checkout (editable) with its dependencies and the test references (transformers, sentence-transformers, ...)"
