@@ -472,8 +472,12 @@ def test_make_sets_up_on_first_use_and_says_so_when_it_is_done(tmp_path):
     (tmp_path / ".venv" / "bin" / "python").write_text("#!/bin/sh\necho RAN \"$@\"\n")
     (tmp_path / ".venv" / "bin" / "python").chmod(0o755)
 
+    # run under `make test`, the suite inherits its command-line variables (ARGS) through MAKEFLAGS: not these makes
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MFLAGS", "MAKELEVEL")}
+
     def make(*args: str) -> str:
-        return subprocess.run(["make", "-s", *args], cwd=tmp_path, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(["make", "-s", *args], cwd=tmp_path, capture_output=True, text=True, check=True,
+                              env=env).stdout
 
     assert make("test").splitlines() == ["SETUP RAN", "RAN -m pytest -q"]
     assert make("train", "ARGS=--limit 64").splitlines() == [
