@@ -4,6 +4,13 @@ Usage:
     from minbert.pretrained import load_pretrained
     model, tokenizer = load_pretrained()                       # embedded all-MiniLM-L6-v2
     model, tokenizer = load_pretrained("~/models/bert-base-uncased")
+    model, tokenizer = load_pretrained("google-bert/bert-base-uncased")   # a Hub name, through the HF cache
+
+A Hub name (``NAME`` or ``NAME@REVISION``: a branch, tag or commit) resolves as the rest of the ecosystem
+resolves it, so that the names the CS224N starters and the transformers examples use work here too: a local
+directory of that name first, then the Hugging Face cache (``HF_HUB_CACHE``, else ``HF_HOME``/hub, read
+when the name is resolved), then a download of the few files a BERT needs, unless ``HF_HUB_OFFLINE`` is
+set. A cached name is never looked up online, so a machine without network trains from the cache.
 
 A checkpoint directory is what Hugging Face writes for a BERT model:
 ``config.json`` + ``model.safetensors`` (or ``pytorch_model.bin``) + ``vocab.txt``.
@@ -16,6 +23,8 @@ no pickled code is ever run.
 from __future__ import annotations
 
 import logging
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -48,7 +57,7 @@ def default_model_dir() -> Path:
 
 
 def resolve_model_dir(path: str | Path | None) -> Path:
-    """``None`` -> the embedded default; otherwise the directory, checked to exist.
+    """``None`` -> the embedded default; a directory, checked to exist; else a Hub name through the HF cache.
 
     A multitask checkpoint (``runs/x/checkpoints/best``) or a run directory
     (``runs/x``, meaning its best checkpoint) resolves to the checkpoint's
@@ -58,16 +67,12 @@ def resolve_model_dir(path: str | Path | None) -> Path:
         return default_model_dir()
     d = Path(path).expanduser()
     if not d.exists():
-        name = str(path)
-        if not d.is_absolute() and name.count("/") <= 1 and not name.startswith((".", "~")):
-            raise FileNotFoundError(
-                f"no directory {name!r}; if it is a Hugging Face model name: this code never downloads, so where "
-                f"there is network run `huggingface-cli download {name} --local-dir DIR` (or save_pretrained(DIR) "
-                f"of its model and tokenizer), copy DIR here and pass --pretrained DIR"
-            )
+        if is_hub_name(str(path)):
+            return hub_snapshot(str(path))
         raise FileNotFoundError(
             f"no checkpoint directory at {d}: pass a directory holding config.json, "
-            f"model.safetensors or pytorch_model.bin, and vocab.txt (e.g. a downloaded bert-base-uncased)"
+            f"model.safetensors or pytorch_model.bin, and vocab.txt, or a Hugging Face model name "
+            f"(e.g. google-bert/bert-base-uncased)"
         )
     if not d.is_dir():
         raise NotADirectoryError(f"{d} is a file; pass the checkpoint's directory")
@@ -76,6 +81,101 @@ def resolve_model_dir(path: str | Path | None) -> Path:
             log.info("%s is a multitask checkpoint: its fine-tuned encoder %s is loaded", d, encoder)
             return encoder
     return d
+
+
+# A Hub repo id (``name`` or ``org/name``), optionally ``@revision`` (a branch, tag or commit; ``refs/pr/1``).
+_HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?(@[\w./-]+)?")
+# What a BERT needs from a Hub repo: fetching only these keeps a download to one weights file (bert-base-uncased
+# also ships TF, Flax and ONNX copies).
+HUB_FILES = ("config.json", "vocab.txt")
+HUB_OPTIONAL_FILES = ("tokenizer_config.json",)
+
+
+def is_hub_name(name: str) -> bool:
+    """Whether ``name`` can be a Hub model name: not a path a user spells as one (absolute, ``./``, ``~``)."""
+    return _HUB_NAME.fullmatch(name) is not None and ".." not in name and "--" not in name
+
+
+def hub_cache_dir() -> Path:
+    """The Hugging Face hub cache as huggingface_hub finds it, read from the environment now (not when
+    huggingface_hub was imported), so that HF_HOME set by a caller or a test is honoured."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or os.path.join(os.environ.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+    return Path(home).expanduser() / "hub"
+
+
+def hub_offline() -> bool:
+    """HF_HUB_OFFLINE (or transformers' TRANSFORMERS_OFFLINE) set to a true value, as huggingface_hub reads it."""
+    value = os.environ.get("HF_HUB_OFFLINE") or os.environ.get("TRANSFORMERS_OFFLINE") or ""
+    return value.strip().upper() in ("1", "ON", "YES", "TRUE")
+
+
+def cached_snapshot(repo_id: str, revision: str | None, cache: Path) -> Path | None:
+    """The cached snapshot directory of ``repo_id`` at ``revision`` (default main) if it holds a config, a
+    vocabulary and a weights file; no network."""
+    from huggingface_hub import try_to_load_from_cache
+
+    def cached(filename: str) -> Path | None:
+        found = try_to_load_from_cache(repo_id, filename, cache_dir=cache, revision=revision)
+        return Path(found) if isinstance(found, str) else None
+
+    config = cached("config.json")
+    if config is None or cached("vocab.txt") is None or not any(cached(w) for w in WEIGHT_FILES):
+        return None
+    return config.parent
+
+
+def hub_snapshot(name: str) -> Path:
+    """The snapshot directory of Hub model ``NAME[@REVISION]``: from the cache, else downloaded into it.
+
+    Offline (HF_HUB_OFFLINE, or the Hub unreachable) a name that is not cached is a FileNotFoundError of one
+    line saying how to get it; so are an unknown model, revision or a repo that is not a BERT checkpoint.
+    """
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import (LocalEntryNotFoundError, RemoteEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    repo_id, _, revision = name.partition("@")
+    revision = revision or None
+    cache = hub_cache_dir()
+    found = cached_snapshot(repo_id, revision, cache)
+    if found is not None:
+        log.info("%s: the Hugging Face cache's %s", name, found)
+        return found
+    at = f" --revision {revision}" if revision else ""
+    not_cached = (f"{name!r} is no directory here and the Hugging Face model is not in the cache {cache} "
+                  "({why}): on a machine with internet run `hf download " + repo_id + at + "` and copy that "
+                  "cache here (HF_HOME=DIR names its parent), or pass a checkpoint directory")
+    if hub_offline():
+        raise FileNotFoundError(not_cached.format(why="HF_HUB_OFFLINE is set"))
+    log.info("%s: not in the Hugging Face cache %s; downloading it", name, cache)
+
+    def download(filename: str) -> Path:
+        return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache))
+
+    try:
+        snapshot = download(HUB_FILES[0]).parent
+        for filename in HUB_FILES[1:]:
+            download(filename)
+        for filename in (*HUB_OPTIONAL_FILES, *WEIGHT_FILES):
+            try:
+                download(filename)
+            except RemoteEntryNotFoundError:  # not in this repo (a network failure is LocalEntryNotFoundError)
+                continue
+            if filename in WEIGHT_FILES:
+                break
+    except RevisionNotFoundError:
+        raise FileNotFoundError(f"the Hugging Face model {repo_id} has no revision {revision!r}") from None
+    except RepositoryNotFoundError:
+        raise FileNotFoundError(f"{name!r} is no directory here and no model on the Hugging Face Hub (a private "
+                                "or gated one needs `hf auth login`)") from None
+    except RemoteEntryNotFoundError as e:
+        raise FileNotFoundError(f"the Hugging Face model {name} is not a BERT checkpoint directory: "
+                                f"{e}".splitlines()[0]) from None
+    except LocalEntryNotFoundError:
+        raise FileNotFoundError(not_cached.format(why="the Hub could not be reached")) from None
+    return snapshot
 
 
 def weights_file(model_dir: Path) -> Path:

@@ -52,7 +52,7 @@ FOREIGN_FLAGS: dict[str, tuple[str | None, str]] = {
     "--per_device_train_batch_size": ("--batch-size", "use --batch-size (the global batch)"),
     "--warmup_ratio": ("--warmup", "use --warmup FRACTION"),
     "--max_grad_norm": ("--grad-clip", "use --grad-clip NORM"),
-    "--model_name_or_path": ("--pretrained", "use --pretrained DIR (a local directory)"),
+    "--model_name_or_path": ("--pretrained", "use --pretrained DIR or NAME (a Hugging Face model name)"),
 }
 
 

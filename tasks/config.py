@@ -163,8 +163,10 @@ class TrainConfig:
 
     # -- model --
     pretrained: str | None = option(None, "HF BERT checkpoint directory (config.json, model.safetensors or "
-                                    "pytorch_model.bin, vocab.txt), e.g. bert-base-uncased as in the paper §4.1; "
-                                    "default: the embedded all-MiniLM-L6-v2", group="model", metavar="DIR")
+                                    "pytorch_model.bin, vocab.txt) or Hugging Face model NAME[@REVISION] (its cache "
+                                    "first, HF_HOME; downloaded when online), e.g. google-bert/bert-base-uncased as in "
+                                    "the paper §4.1; default: the embedded all-MiniLM-L6-v2", group="model",
+                                    metavar="DIR|NAME")
     encoder_dropout: float | None = option(None, "dropout inside the encoder (hidden and attention probabilities), "
                                            "set in its BertConfig (paper §4.5 keeps 0.3); default: the checkpoint's "
                                            "own", group="model", metavar="P")

@@ -78,8 +78,8 @@ def phrases_file(cfg: TrainConfig) -> Path:
     path = Path(cfg.data_dir) / Path(cfg.sst_phrases).expanduser()
     if not path.is_file():
         raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases}: no such file {path} (a name in --data-dir, or "
-                                "a path; `bash setup.sh` links data/sst-phrases-train.csv; --sst-phrases none "
-                                "trains without phrases)")
+                                "a path); build it from the treebank's trees: python -m tasks.sst_phrases TREES "
+                                f"--out {path} (data/README.md), or train without phrases: --sst-phrases none")
     return path
 
 

@@ -62,7 +62,8 @@ def test_phrases_are_read_as_sst_rows_with_short_ones_left_out_and_counted(tiny_
     assert report["sha256"]
     absolute = dataclasses.replace(cfg, data_dir="elsewhere", sst_phrases=str(data / "sst-phrases-train.csv"))
     assert load_phrases(absolute)[0] == phrases
-    with pytest.raises(FileNotFoundError, match=r"--sst-phrases nope.csv: no such file .*nope.csv"):
+    with pytest.raises(FileNotFoundError, match=r"--sst-phrases nope.csv: no such file .*nope.csv.*build it from the "
+                       r"treebank's trees: python -m tasks.sst_phrases TREES --out .*nope.csv.*--sst-phrases none"):
         load_phrases(dataclasses.replace(cfg, sst_phrases="nope.csv"))
     with pytest.raises(ValueError, match="no phrase of 9 or more words"):
         load_phrases(dataclasses.replace(cfg, sst_phrases_min_words=9))

@@ -77,8 +77,8 @@ class DataFileMissing(FileNotFoundError):
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
         super().__init__(
-            f"data file not found: {self.path}. Run `bash setup.sh` to link ../shared/data "
-            f"(or set MINBERT_DATA=/dir/with/csvs before running it), or copy the CS224N file to {self.path}."
+            f"data file not found: {self.path}. Copy the CS224N file there (data/README.md names each file's "
+            f"public source), or set MINBERT_DATA=/dir/with/csvs and run `bash setup.sh` to link them."
         )
 
 
@@ -192,7 +192,7 @@ def _read_rows(
     text = decode_utf8(path, data)
     if not text.strip():
         raise ValueError(f"{path}: the file is empty; copy the CS224N file there again "
-                         "(`bash setup.sh` links ../shared/data)")
+                         "(data/README.md names its public source)")
     # A record is complete when a line end follows it; a file that stops without
     # one was most likely cut, possibly inside the last field ("0.8" -> "0").
     ends_with_newline = data.endswith((b"\n", b"\r"))
@@ -250,7 +250,7 @@ def _read_rows(
             report.skipped.append((swallowed, f"swallowed by the unbalanced quote of the record on line {line}"))
     if report.rows_total == 0:
         raise ValueError(f"{path}: has a header but no rows; copy the CS224N file there again "
-                         "(`bash setup.sh` links ../shared/data)")
+                         "(data/README.md names its public source)")
     return items, report
 
 

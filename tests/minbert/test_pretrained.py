@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,6 +140,104 @@ def test_float16_copy_of_packaged_model_loads(tmp_path):
     assert torch.allclose(w16, m32.embeddings.word_embeddings.weight, atol=1e-3)
 
 
-def test_pretrained_hub_name_gets_an_offline_hint():
-    with pytest.raises(FileNotFoundError, match="huggingface-cli download bert-base-uncased --local-dir DIR"):
-        load_pretrained("bert-base-uncased")
+# ---- Hugging Face model names, through the hub's cache ----------------------------------------------------------
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a connection fails the test: a name that is cached must load without the Hub."""
+    import socket
+
+    def refuse(*args, **kwargs):
+        pytest.fail(f"a network connection was attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+def _write_hub_cache(hf_home, repo_id, state, cfg, revision="main", commit="0" * 39 + "1"):
+    """``repo_id`` at ``commit`` in huggingface_hub's own cache layout under ``hf_home``: the files as blobs
+    named by their hash, the snapshot's entries symlinks to them, ``refs/<revision>`` holding the commit."""
+    import hashlib
+
+    src = _write_checkpoint(hf_home, state, cfg) if not (hf_home / "ckpt").exists() else hf_home / "ckpt"
+    repo = hf_home / "hub" / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    snapshot.mkdir(parents=True)
+    for f in src.iterdir():
+        blob = repo / "blobs" / hashlib.sha256(f.read_bytes()).hexdigest()
+        shutil.copy(f, blob)
+        (snapshot / f.name).symlink_to(Path("..", "..", "blobs", blob.name))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / revision).write_text(commit)
+    return snapshot
+
+
+def test_a_hub_name_loads_from_the_cache_offline(tmp_path, monkeypatch, no_network):
+    """A model name loads from a cache in the hub's layout under HF_HOME (set after huggingface_hub was imported)
+    with the same outputs as the weights written there, with HF_HUB_OFFLINE unset and any connection refused:
+    the cache is read before the Hub is asked."""
+    cfg = tiny_config()
+    m = BertModel(cfg).eval()
+    snapshot = _write_hub_cache(tmp_path, "tiny-org/tiny-bert", m.state_dict(), cfg)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.chdir(tmp_path)  # no local directory of that name
+    assert resolve_model_dir("tiny-org/tiny-bert") == snapshot
+    m2, tok = load_pretrained("tiny-org/tiny-bert")
+    ids = torch.randint(5, 99, (2, 6))
+    assert torch.equal(m(ids)["last_hidden_state"], m2.eval()(ids)["last_hidden_state"]) and len(tok) == 99
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert resolve_model_dir("tiny-org/tiny-bert") == snapshot
+
+
+def test_a_revision_picks_its_snapshot_and_a_local_directory_comes_first(tmp_path, monkeypatch, no_network):
+    """NAME@REVISION reads refs/REVISION (a tag) or a commit's snapshot; a directory named like the model wins."""
+    cfg = tiny_config()
+    main = _write_hub_cache(tmp_path, "tiny-org/tiny-bert", BertModel(cfg).state_dict(), cfg)
+    tagged = _write_hub_cache(tmp_path, "tiny-org/tiny-bert", BertModel(cfg).state_dict(), cfg, revision="v1",
+                              commit="f" * 40)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_dir("tiny-org/tiny-bert@v1") == tagged
+    assert resolve_model_dir("tiny-org/tiny-bert@" + "f" * 40) == tagged
+    assert resolve_model_dir("tiny-org/tiny-bert@main") == main
+    shutil.copytree(tmp_path / "ckpt", tmp_path / "tiny-org" / "tiny-bert")
+    assert resolve_model_dir("tiny-org/tiny-bert").resolve() == tmp_path / "tiny-org" / "tiny-bert"
+
+
+@pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "no network"])
+def test_a_name_not_cached_offline_says_how_to_get_it(tmp_path, monkeypatch, offline):
+    """With HF_HUB_OFFLINE set, or the Hub unreachable, a name that is not cached is one line naming the cache and
+    the command that fetches it (and its revision)."""
+    import socket
+
+    def unreachable(*args, **kwargs):
+        raise OSError("network is unreachable")
+
+    monkeypatch.setattr(socket.socket, "connect", unreachable)
+    monkeypatch.setattr(socket, "create_connection", unreachable)
+    monkeypatch.setattr(socket, "getaddrinfo", unreachable)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError) as e:
+        load_pretrained("google-bert/bert-base-uncased@v2")
+    message = str(e.value)
+    assert "\n" not in message
+    assert f"not in the cache {tmp_path / 'hub'}" in message
+    assert "`hf download google-bert/bert-base-uncased --revision v2`" in message
+    assert ("HF_HUB_OFFLINE is set" if offline else "the Hub could not be reached") in message
+
+
+def test_a_path_is_not_taken_for_a_hub_name():
+    """Paths a user spells as paths never reach the Hub; names with a revision do."""
+    from minbert.pretrained import is_hub_name
+
+    assert is_hub_name("bert-base-uncased") and is_hub_name("google-bert/bert-base-uncased@refs/pr/1")
+    assert not any(map(is_hub_name, ("/tmp/x", "./x", "~/x", "../x", "a/b/c", "a--b", "")))

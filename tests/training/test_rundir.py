@@ -105,8 +105,8 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_env
 
     with pytest.raises(ValueError):
         run(tiny_train_config(tiny_env, out, epochs=1, data_dir=str(bad)), overwrite=True)
-    assert unchanged_but_the_log("the file is empty; copy the CS224N file there again (`bash setup.sh` links "
-                                 "../shared/data)")
+    assert unchanged_but_the_log("the file is empty; copy the CS224N file there again (data/README.md names its "
+                                 "public source)")
     log = (out / "train.log").read_text()
     with pytest.raises(_Boom):
         run(tiny_train_config(tiny_env, out, epochs=1, lr=2e-3), overwrite=True, hooks=[_FailFirstStep()])
