@@ -111,7 +111,7 @@ def _main(argv: Sequence[str] | None) -> dict:
     names = run_names(config.runs, config.names)
     model_names = {t: r.model_names(names) for t, r in results.items()}
     out_dir = Path(config.out_dir)
-    tasks = [t for t in config.tasks if t in results]
+    tasks = list(results)  # the tasks ensembled, in the order ensembled
     def per_run(values: Callable[[TaskResult], Sequence]) -> list[tuple[str, dict[str, float]]]:
         """A table row per input run: its value in each task it is a model of ("-" where a specialist is not)."""
         cells = {t: results[t].by_run(values(results[t])) for t in tasks}
