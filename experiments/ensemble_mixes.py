@@ -37,7 +37,7 @@ import statistics
 from collections.abc import Sequence
 
 from tasks.cli import Parser, user_errors
-from tasks.data.predictions import load_task_logits, task_members, trained_tasks
+from tasks.predictions import load_task_logits, task_members, trained_tasks
 from tasks.evaluation.ensemble import average, dev_labels
 from tasks.evaluation.metrics import overall_score, score, task_metric
 from tasks.task import MULTITASK

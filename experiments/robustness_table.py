@@ -12,7 +12,7 @@ b1 heads, cross-encoded pairs, mean pooling, even batching):
 
 Conditions, on SST and the paraphrase task trained together:
   clean         the training sets as they are
-  fs100, fs1000 few-shot: N training examples per task (stratified, tasks.data.perturb)
+  fs100, fs1000 few-shot: N training examples per task (stratified, tasks.perturb)
   noise10       exactly 10% of each task's training-file labels flipped to another class
                 (a run's random slice of the file holds that share in expectation)
   attack        accuracy of each seed's clean model under the embedding-space PGD attack
@@ -42,7 +42,7 @@ data, with 20 few-shot-100 epochs and the paper-scale attack.
 Each training cell is one ``train_multitask.py`` run in
 ``<out-dir>/<method>/<condition>/seed<k>`` on a copy of the data whose
 changed train files are in ``<out-dir>/data/<condition>-seed<k>``
-(tasks.data.perturb); a finished run is reused and one cut short resumes
+(tasks.perturb); a finished run is reused and one cut short resumes
 from its last checkpoint (experiments/sweep.py), so the same command again
 continues where it stopped.
 
@@ -68,7 +68,7 @@ from experiments.ablation import majority_accuracies, merge_flags, row_flags
 from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, final_record, markdown_table
 from tasks.cli import Parser
-from tasks.data.perturb import perturb, perturbed_data_dir
+from tasks.perturb import perturb, perturbed_data_dir
 from tasks.task import load_split
 from tasks.training.run import dev_scores
 

@@ -38,7 +38,7 @@ from experiments.sweep import markdown_table
 from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.cli import Parser
 from tasks.config import TrainConfig
-from tasks.data.predictions import read_logits
+from tasks.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
 from tasks.task import get_task
 from tasks.selection import load_examples, load_phrases

@@ -6,7 +6,7 @@ that a failure leaves --out-dir as it was, the submission zip): it parses the
 flags (``EnsembleConfig``'s fields) and prints the tables.
 
 Each run is a predictions directory holding the raw outputs that
-``tasks.data.predictions.write_logits`` saves: ``{task}-{split}-logits.csv`` for the
+``tasks.predictions.write_logits`` saves: ``{task}-{split}-logits.csv`` for the
 dev and test splits (SST: id,logit_0..logit_4; paraphrase: id,logit; STS:
 id,score). A run directory that holds them under ``predictions/`` works too.
 

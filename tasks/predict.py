@@ -24,7 +24,7 @@ from pathlib import Path
 from tasks.cli import Parser, user_errors
 from tasks.logs import log_to
 from tasks.options import add_options, option
-from tasks.data.predictions import trained_tasks
+from tasks.predictions import trained_tasks
 from tasks.data.readers import Example, blank, decode_utf8
 from tasks.evaluation.evaluator import Predictor
 from tasks.task import get_task, task_names

@@ -7,7 +7,7 @@ Usage:
     python -m tasks.robustness attack --checkpoint runs/default/checkpoints/best --norm linf --epsilon 0.01
 
 The three training-set experiments write a perturbed copy of the training
-files (tasks.data.perturb: exact counts, seeded) into ``<out-dir>/data-*`` — the
+files (tasks.perturb: exact counts, seeded) into ``<out-dir>/data-*`` — the
 dev and test files are links to the originals — and run ``train_multitask.py``
 on it with the flags after ``--`` (any train_multitask.py flags except
 --data-dir, --out-dir, --seed and --tasks, which the experiment sets, and
@@ -16,7 +16,7 @@ touch), once per seed; they print and save
 (``results.json``) dev scores as mean ± std over seeds. ``minority`` also
 reports the accuracy on the reduced class.
 
-A command only: the perturbations are tasks.data.perturb, the flags after ``--``
+A command only: the perturbations are tasks.perturb, the flags after ``--``
 are read by the train command's parser (tasks.train) into one checked config,
 each training run is tasks.training.run with that config, and the attack is
 tasks.objectives.rift on a model from tasks.evaluation.evaluator.
@@ -50,10 +50,10 @@ from tasks.cli import Parser, describe, user_errors
 from tasks.options import add_options, option
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
-from tasks.data.perturb import perturb, perturbed_data_dir
+from tasks.perturb import perturb, perturbed_data_dir
 from tasks.data.readers import Example
 from tasks.checkpoint import load_model, resolve_checkpoint
-from tasks.data.predictions import read_predictions
+from tasks.predictions import read_predictions
 from tasks.task import get_task, load_split, task_names
 
 CLASSIFICATION = tuple(t for t in task_names() if get_task(t).kind.classification)  # the built-in ones

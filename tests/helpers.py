@@ -26,7 +26,7 @@ from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.ensemble import predict
-from tasks.data.predictions import Predictions, write_logits
+from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import registered_objectives
 from tasks.training.trainer import Hook, Trainer

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from tasks.ensemble import build_parser, main
-from tasks.data.predictions import load_task_logits
+from tasks.predictions import load_task_logits
 from tasks.evaluation.ensemble import average, dev_labels, select_subset
-from tasks.data.predictions import read_logits, read_predictions, write_logits
+from tasks.predictions import read_logits, read_predictions, write_logits
 from tests.helpers import make_runs, model_logits, write_run_logits
 
 

@@ -12,7 +12,7 @@ import torch
 
 from tasks import robustness
 from tasks.data.readers import Example
-from tasks.data.predictions import Predictions, write_predictions
+from tasks.predictions import Predictions, write_predictions
 
 
 def test_robustness_docstring_examples_parse():

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from tasks.arguments import config_for
-from tasks.data.predictions import read_logits, read_predictions
+from tasks.predictions import read_logits, read_predictions
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.evaluator import Predictor, evaluate_checkpoint
 from tasks.task import (BUILTIN, KINDS, MULTITASK, get_task, load_split, model_tasks, read_task_file, task_names,

@@ -6,7 +6,7 @@
   ``ensemble_task``, which runs one of them on a task's dev and test logits
   with its honest held-out score.
 - Reading the runs: each run's ``{task}-{split}-logits.csv`` (as
-  tasks.data.predictions writes them), aligned by id (``load_task_logits``),
+  tasks.predictions writes them), aligned by id (``load_task_logits``),
   which tasks a run was trained on (``trained_tasks``), and the dev labels.
 - ``write_submission_zip``: the CS224N submission zip of the code and the
   leaderboard files.
@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tasks.data.predictions import (
+from tasks.predictions import (
     Predictions,
     TaskLogits,
     load_task_logits,

@@ -48,7 +48,7 @@ from tasks.config import TrainConfig, eval_config
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import Example
 from tasks.selection import capped_dev, load_examples, load_final_examples, make_dataset
-from tasks.data.predictions import Predictions, write_logits, write_part1, write_predictions
+from tasks.predictions import Predictions, write_logits, write_part1, write_predictions
 from tasks.evaluation.metrics import task_metric, jsonable, overall_score, score
 from tasks.evaluation.priors import RunPriors, check_prior_models
 from tasks.model import MultitaskBert, TaskOutput

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.data.predictions import load_task_logits, logits_path
+from tasks.predictions import load_task_logits, logits_path
 from tasks.model import kind_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option

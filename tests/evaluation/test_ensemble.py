@@ -10,7 +10,7 @@ import zipfile
 import pytest
 import torch
 
-from tasks.data.predictions import TaskLogits, load_task_logits
+from tasks.predictions import TaskLogits, load_task_logits
 from tasks.evaluation.ensemble import (
     average,
     ensemble_task,

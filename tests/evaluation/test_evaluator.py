@@ -13,7 +13,7 @@ from tasks.data.datasets import PairDataset, length_bucketed_batches
 from tasks.data.readers import Example
 from tasks.checkpoint import load_model, resolve_checkpoint
 from tasks.evaluation.evaluator import Predictor, evaluate, evaluate_checkpoint, predict_dataset
-from tasks.data.predictions import read_logits
+from tasks.predictions import read_logits
 from tasks.evaluation.metrics import task_metric, overall_score, score
 from tasks.model import TaskOutput
 from tasks.predict import read_inputs

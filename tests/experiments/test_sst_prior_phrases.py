@@ -17,7 +17,7 @@ from experiments.sst_prior_phrases import (
 )
 from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.config import TrainConfig
-from tasks.data.predictions import Predictions, write_logits
+from tasks.predictions import Predictions, write_logits
 from tasks.evaluation.priors import fit_logistic_regression
 from tasks.storage import save_tensors
 

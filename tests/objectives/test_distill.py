@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tasks.config import TrainConfig
-from tasks.data.predictions import Predictions, read_logits, write_logits
+from tasks.predictions import Predictions, read_logits, write_logits
 from tasks.model import TaskOutput
 from tasks.objectives.distill import Distill, DistillConfig, TaskTargets, distill_loss, load_teachers, teacher_targets
 from tasks.training.run import run, trainer_for

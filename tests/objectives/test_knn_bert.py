@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tasks import train as cli
 from tasks import selection as splits
 from tasks.checkpoint import load_model, resolve_checkpoint
-from tasks.data.predictions import read_predictions
+from tasks.predictions import read_predictions
 from tasks.objectives import REGISTRY, build_objectives
 from tasks.objectives.knn_bert import (
     KNNBert,

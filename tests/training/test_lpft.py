@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from tasks.data.predictions import Predictions, write_logits
+from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig
 from tasks.objectives import REGISTRY
 from tasks.objectives.knn_bert import KNNBert

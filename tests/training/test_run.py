@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 from tasks.config import TrainConfig
 from tasks.evaluation.evaluator import Evaluator
-from tasks.data.predictions import read_predictions
+from tasks.predictions import read_predictions
 from tasks import checkpoint as ckpt_mod
 from tasks import storage
 from tasks.training import rundir as rundir_mod

@@ -1,4 +1,4 @@
-"""Tests of tasks/data/predictions.py: prediction files in the CS224N starter's format and logits files, written
+"""Tests of tasks/predictions.py: prediction files in the CS224N starter's format and logits files, written
 atomically with the user's file mode, read back exactly, malformed ones refused with file and line."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import stat
 import pytest
 import torch
 
-from tasks.data.predictions import Predictions, read_logits, read_predictions, write_logits, write_predictions
+from tasks.predictions import Predictions, read_logits, read_predictions, write_logits, write_predictions
 
 
 def fake_predictions(task: str, n: int = 9) -> Predictions:

@@ -1,4 +1,4 @@
-"""Tests of tasks/data/perturb.py: robustness training subsets hit their requested sizes and rates exactly."""
+"""Tests of tasks/perturb.py: robustness training subsets hit their requested sizes and rates exactly."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from tasks.data.perturb import few_shot, label_noise, minority
+from tasks.perturb import few_shot, label_noise, minority
 from tasks.data.readers import Example
 
 
@@ -63,7 +63,7 @@ def test_bad_rates_raise():
 
 def test_perturbed_files_round_trip_through_the_readers(tmp_path):
     """Rewritten train files parse back to the same examples; other files are links to the originals."""
-    from tasks.data.perturb import perturbed_data_dir
+    from tasks.perturb import perturbed_data_dir
     from tasks.task import load_split
 
     src = tmp_path / "src"
