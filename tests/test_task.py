@@ -214,3 +214,36 @@ def test_cfimdb_with_a_frozen_encoder_writes_the_starters_part1_files(tmp_path, 
     assert not list(pred.glob("finetune-*"))
     ids, classes = read_predictions(pred / "pretrain-cfimdb-dev-out.csv")
     assert len(ids) == 16 and set(classes.tolist()) <= {0, 1}
+
+
+def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env, one_thread):
+    """A pair classification (two classes) and a pair regression from a user's files train beside each other: each
+    gets its kind's head, loss, metric and files (one logit; a 0-5 score), and the Predictor reads pairs."""
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for split, n in (("train", 32), ("dev", 16)):
+        write_csv(folder / f"dup-{split}.csv", ["a", "b", "same"],
+                  [[f"the film was {WORDS[i % 3]}", f"the film was {WORDS[(i // 2) % 3]}", int(i % 3 == (i // 2) % 3)]
+                   for i in range(n)])
+        write_csv(folder / f"sim-{split}.csv", ["a", "b", "score"],
+                  [[f"the film was {WORDS[i % 3]}", f"the film was {WORDS[(i // 2) % 3]}", (i % 5) + 0.5]
+                   for i in range(n)])
+    for name in ("dup", "sim"):
+        label = "same" if name == "dup" else "score"
+        (folder / f"{name}.json").write_text(json.dumps({"name": name, "train": f"{name}-train.csv", "dev":
+                                                         f"{name}-dev.csv", "text": ["a", "b"], "label": label}))
+    files = (str(folder / "dup.json"), str(folder / "sim.json"))
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=(), task_files=files, epochs=1)
+    assert cfg.tasks == ("dup", "sim")
+    assert (get_task("dup").kind, get_task("sim").kind) == (KINDS["pair-classification"], KINDS["pair-regression"])
+    summary = run(cfg)
+    assert set(summary["dev"]) == {"dup_acc", "sim_r", "overall"}
+    assert read_logits(tmp_path / "run" / "predictions" / "dup-dev-logits.csv")[1].shape == (16,)
+    ids, scores = read_predictions(tmp_path / "run" / "predictions" / "sim-dev-output.csv")
+    assert scores.dtype == torch.float32 and len(ids) == 16
+    p = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
+    labels, prob = p.predict("dup", [("the film was great moving", "the film was great moving")])
+    score, same = p.predict("sim", [("a", "b")])
+    assert labels.shape == prob.shape == score.shape == (1,) and torch.equal(score, same)
+    with pytest.raises(ValueError, match="reads sentence pairs"):
+        p.predict("sim", ["one sentence"])
