@@ -27,8 +27,8 @@ from typing import Any
 
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
-from tasks.objectives import objective_config, registered_objectives
-from tasks.options import AnyKey, option, takes_none
+from tasks.objectives import objective_config, objective_values, registered_objectives
+from tasks.options import AnyKey, json_value, option
 from tasks.task import MULTITASK, get_task, read_task_file, task_names, task_with
 from tasks.runtime import check_device_string
 
@@ -301,15 +301,21 @@ class TrainConfig:
         if model_type != MODEL_TYPE:
             raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
         known = {f.name for f in dataclasses.fields(cls)}
-        d |= {f.name: None for f in dataclasses.fields(cls) if d.get(f.name) == "none" and takes_none(cls, f)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
+        # every value read as its flag reads it (tasks.options.json_value): "none", null, types, choices
+        d = {k: v if k in ("model", "objectives") else json_value(cls, k, v) for k, v in d.items()}
         if "model" in d:
+            if not isinstance(d["model"], dict):
+                raise ValueError(f"model: {json.dumps(d['model'])} is not an object of the heads' settings")
             model_known = {f.name for f in dataclasses.fields(ModelConfig)}
             bad = sorted(set(d["model"]) - model_known)
             if bad:
                 raise ValueError(f"unknown ModelConfig field(s) {bad}; known: {sorted(model_known)}")
+            d["model"] = {k: json_value(ModelConfig, k, v, f"model.{k}") for k, v in d["model"].items()}
+        if "objectives" in d:
+            d["objectives"] = objective_values(d["objectives"])
         missing = sorted(known - set(d) - set(LEGACY_VALUES) - set(LEGACY_SAME_AS))
         missing += [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)
                     if f.name not in d.get("model", {})] if "model" in d else []

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 import types
 import typing
@@ -113,6 +114,102 @@ def or_none(tp: type) -> Callable[[str], Any]:
     return parse
 
 
+def json_value(cls: type, name: str, value: Any, where: str = "") -> Any:
+    """Field ``name`` of dataclass ``cls`` from a JSON value (a ``--config`` file, a saved run, an objective's
+    options), read as its flag reads the same text: the one rule for every value whatever its source.
+
+    A string is parsed by the flag's own type ("none" is None exactly where the flag takes ``none``: an ``X |
+    None`` of a scalar whose default is not None); a number or boolean must be of the field's type (an int is a
+    float's value; a boolean is no number, a number no boolean); null is the value of an ``X | None`` field only;
+    a list is a sequence field's, each item read as the flag reads one; an object is a STREAM=VALUE map's (an int
+    map's "all" or null removes the key, as STREAM=all does); a value outside ``choices`` is refused. A refusal is
+    a ValueError naming ``where`` (default: the field).
+    """
+    f = next(x for x in dataclasses.fields(cls) if x.name == name)
+    where = where or name
+    hint = typing.get_type_hints(cls)[name]
+    tp = _unwrap(hint)
+    optional = tp is not hint
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    choices = f.metadata.get("choices") or (args if origin is typing.Literal else None)
+    shown = json.dumps(value) if not isinstance(value, str) else repr(value)
+
+    def scalar(item_type: Any, raw: Any) -> Any:
+        if item_type is bool:
+            if isinstance(raw, bool):
+                return raw
+            raise ValueError(f"{where}: {shown} is not a boolean: write true or false")
+        if isinstance(raw, str):
+            if item_type is str:
+                return raw
+            parse = or_none(item_type) if takes_none(cls, f) else item_type
+            try:
+                out = parse(raw)
+            except ValueError:
+                raise ValueError(f"{where}: {shown} is not {'an int' if item_type is int else 'a number'}"
+                                 + (" (or none)" if takes_none(cls, f) else "")) from None
+        elif isinstance(raw, bool) or not isinstance(raw, (int, float)) or item_type is str:
+            raise ValueError(f"{where}: {shown} is not {_type_name(item_type)}")
+        elif item_type is int and not (isinstance(raw, int) or float(raw).is_integer()):
+            raise ValueError(f"{where}: {shown} is not an int")
+        else:
+            out = item_type(raw)
+        if isinstance(out, float) and not math.isfinite(out):
+            raise ValueError(f"{where}: {shown} is not a finite number")
+        return out
+
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{where}: null is not a value of this setting ({_type_name(tp)})")
+    if origin in (tuple, list):
+        if not isinstance(value, list):
+            raise ValueError(f"{where}: {shown} is not a list")
+        item = args[0] if args and args[0] is not Ellipsis else str
+        out = [scalar(item, v) for v in value]
+        bad = [v for v in out if choices and v not in choices]
+        if bad:
+            raise ValueError(f"{where}: {bad[0]!r} is not one of {', '.join(map(str, choices))}")
+        return tuple(out) if origin is tuple else out
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ValueError(f"{where}: {shown} is not a mapping (an object of STREAM: VALUE)")
+        item = args[1] if len(args) == 2 else Any
+        out = {}
+        for k, v in value.items():
+            if item is int and v in ("all", None):
+                continue  # STREAM=all: no cap
+            out[k] = v if item is Any else scalar(item, v)
+        return out
+    if dataclasses.is_dataclass(tp) or tp is Any or origin is not None and origin is not typing.Literal:
+        return value  # a nested config (ModelConfig) or a free mapping: read by its own rules
+    if isinstance(value, str) and value == "none" and takes_none(cls, f):
+        return None
+    if isinstance(value, str) and value == "none" and optional and tp is str:
+        raise ValueError(f"{where}: 'none' is not a value of this setting: leave it out for its default")
+    item = type(args[0]) if origin is typing.Literal else tp
+    out = scalar(item, value)
+    if choices and out not in choices:
+        raise ValueError(f"{where}: {out!r} is not one of {', '.join(map(str, choices))}")
+    return out
+
+
+def _type_name(tp: Any) -> str:
+    return {bool: "a boolean", int: "an int", float: "a number", str: "a string"}.get(tp, str(tp))
+
+
+def not_none(tp: type) -> Callable[[str], Any]:
+    """argparse type of an ``X | None`` field whose default is None (a model path: the embedded one): "none" is
+    refused (it would be read as a folder or model named none), anything else X's value."""
+    def parse(text: str) -> Any:
+        if text == "none":
+            raise argparse.ArgumentTypeError("'none' is not a value of this setting: leave the flag out for its "
+                                             "default")
+        return tp(text)
+    parse.__name__ = tp.__name__
+    return parse
+
+
 def _unwrap(tp: Any) -> Any:
     """``X`` of ``X | None``."""
     args = typing.get_args(tp)
@@ -167,7 +264,8 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
         kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]),
               "metavar": meta.get("metavar") or "STREAM=VALUE"}
     elif tp in (int, float, str):
-        kw = {"type": or_none(tp) if takes_none(cls, f) else tp}
+        optional_str = tp is str and tp is not typing.get_type_hints(cls)[f.name] and default is None
+        kw = {"type": or_none(tp) if takes_none(cls, f) else not_none(tp) if optional_str else tp}
     else:
         raise TypeError(f"{cls.__name__}.{f.name} has type {tp!r}, which has no flag form")
     if meta.get("choices"):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tasks.config import TrainConfig
@@ -47,3 +49,49 @@ def test_a_limit_below_a_tasks_batch_is_refused_but_not_below_the_phrases_batch(
     with pytest.raises(ValueError, match="limit=16 is smaller than the batch size 32"):
         TrainConfig(limit=16).validate()
     TrainConfig(limit=32, sst_phrases="p.csv", sst_phrases_batch_size=64).validate()
+
+
+def _outcome(argv: list[str]):
+    """The config value a command line gives at ``dest``, or "refused" (an argument error, exit status 2)."""
+    from tasks.arguments import config_for
+    try:
+        return config_for(argv)
+    except (ValueError, OSError):
+        return "refused"
+    except SystemExit as e:
+        assert e.code == 2
+        return "refused"
+
+
+def test_none_reads_alike_from_a_config_file_and_the_command_line(tmp_path, capsys):
+    """Every field of every config (TrainConfig, ModelConfig, each objective's) given "none" in a --config file and
+    on the command line: the same value, or refused both ways, never a traceback ("none" is None exactly where the
+    flag takes none)."""
+    import argparse
+
+    from tasks.arguments import build_parser, get_path
+    parser = build_parser()
+    checked = 0
+    for action in parser._actions:
+        if not hasattr(action, "field") or action.dest.split(".")[0] not in ("model", "objectives") and \
+                action.field[0] is not TrainConfig:
+            continue
+        flag, dest = action.option_strings[0], action.dest
+        extra = ["--objective", dest.split(".")[1]] if dest.startswith("objectives.") else []
+        head, _, rest = dest.partition(".")
+        name = rest.partition(".")[0]
+        doc = {"model": {rest: "none"}} if head == "model" else \
+            {"objectives": {name: {rest.partition(".")[2]: "none"}}} if head == "objectives" else {dest: "none"}
+        path = tmp_path / f"{dest}.json"
+        path.write_text(json.dumps(doc))
+        from_file = _outcome(["--config", str(path)] + ([] if head != "objectives" else []))
+        on_line = _outcome([flag, "none"] + extra) if not isinstance(
+            action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)) else "refused"
+        if from_file != "refused" and on_line != "refused":
+            assert get_path(from_file, dest) == get_path(on_line, dest), dest
+        else:
+            assert from_file == on_line == "refused", (dest, from_file if from_file == "refused" else
+                                                       get_path(from_file, dest))
+        checked += 1
+    capsys.readouterr()
+    assert checked > 100

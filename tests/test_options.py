@@ -48,12 +48,15 @@ class _Optional:
 
 
 def test_none_turns_off_a_setting_that_is_on_by_default():
-    """``X | None`` with a default: the word "none" gives None; a field whose default is None takes it as a name."""
+    """``X | None`` with a default: the word "none" gives None; a path whose default is None (the embedded model)
+    refuses it rather than read it as a folder named none."""
     parser = argparse.ArgumentParser()
     add_options(parser, _Optional)
     assert options_of(parser.parse_args([]), _Optional) == {"file": "a.csv", "model": None, "size": 64}
-    assert options_of(parser.parse_args(["--file", "none", "--model", "none", "--size", "none"]), _Optional) == \
-        {"file": None, "model": "none", "size": None}
+    assert options_of(parser.parse_args(["--file", "none", "--size", "none"]), _Optional) == \
+        {"file": None, "model": None, "size": None}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "none"])
     assert options_of(parser.parse_args(["--file", "b.csv", "--size", "8"]), _Optional) == \
         {"file": "b.csv", "model": None, "size": 8}
     with pytest.raises(SystemExit):

@@ -39,7 +39,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import nn
 
-from tasks.options import option
+from tasks.options import json_value, option
 from tasks.task import get_task, task_names
 
 REGISTRY: dict[str, type["Objective"]] = {}
@@ -180,6 +180,26 @@ def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objecti
         raise ValueError(f"objective {name!r} can take the streams {', '.join(cls.tasks)} (or a task of kind "
                          f"{' or '.join(cls.kinds)}), not {t}")
     return cls, config
+
+
+def objective_values(settings: Any) -> dict[str, dict[str, Any]]:
+    """Objectives' options from JSON (a ``--config`` file, a saved run): each value read as its flag reads it
+    (``tasks.options.json_value``), kept in JSON's form (lists stay lists); a ValueError naming
+    ``objectives.<name>.<option>``. Unknown names and options are ``objective_config``'s to refuse."""
+    if not isinstance(settings, dict) or not all(isinstance(o, dict) for o in settings.values()):
+        raise ValueError("objectives: an object of objective name -> its options (an object)")
+    import_all()
+    out = {}
+    for name, options in settings.items():
+        cls = REGISTRY.get(name)
+        known = {f.name for f in fields(cls.Config)} if cls is not None else set()
+        out[name] = {k: (_as_json(json_value(cls.Config, k, v, f"objectives.{name}.{k}")) if k in known else v)
+                     for k, v in options.items()}
+    return out
+
+
+def _as_json(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> list[Objective]:
