@@ -73,9 +73,11 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
 
 
 def phrases_file(cfg: TrainConfig) -> Path:
-    """The file of ``--sst-phrases`` (a bare name is in --data-dir); a FileNotFoundError naming the flag when it
-    is not there (checked before a run reads anything: tasks.training.trainer.prepare_run)."""
-    path = Path(cfg.data_dir) / Path(cfg.sst_phrases).expanduser()
+    """The file of ``--sst-phrases``: a bare name is in --data-dir, a path (with a folder in it) is that path; a
+    FileNotFoundError naming the flag when it is not there (checked before a run reads anything:
+    tasks.training.trainer.prepare_run)."""
+    given = Path(cfg.sst_phrases).expanduser()
+    path = Path(cfg.data_dir) / given if given.name == str(given) else given
     if not path.is_file():
         raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases}: no such file {path} (a name in --data-dir, or "
                                 "a path); build it from the treebank's trees: python -m tasks.sst_phrases TREES "
@@ -88,6 +90,8 @@ def load_phrases(cfg: TrainConfig) -> tuple[list[Example], dict]:
     ``sst_phrases_min_words`` words, and the file's report with the phrases left out for their length counted."""
     path = phrases_file(cfg)
     phrases, report = get_task(head_of(PHRASES)).read("train", cfg.data_dir, cfg.limit, path=path)
+    if not phrases:
+        raise ValueError(f"--sst-phrases {path}: no valid row ({report.summary()})")
     kept = [p for p in phrases if len(p.text_a.split()) >= cfg.sst_phrases_min_words]
     if not kept:
         raise ValueError(f"--sst-phrases {path}: no phrase of {cfg.sst_phrases_min_words} or more words to train on "

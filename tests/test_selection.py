@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 
@@ -67,3 +68,28 @@ def test_phrases_are_read_as_sst_rows_with_short_ones_left_out_and_counted(tiny_
         load_phrases(dataclasses.replace(cfg, sst_phrases="nope.csv"))
     with pytest.raises(ValueError, match="no phrase of 9 or more words"):
         load_phrases(dataclasses.replace(cfg, sst_phrases_min_words=9))
+
+
+def test_a_phrase_file_is_a_name_in_data_dir_or_a_path(tiny_env, tmp_path, monkeypatch):
+    """--sst-phrases NAME is looked up in --data-dir; a path (with a folder in it) is a path, from the working
+    directory, as the flag's help says."""
+    from tasks.selection import phrases_file
+    _, data = tiny_env
+    (tmp_path / "mine").mkdir()
+    own = tmp_path / "mine" / "phrases.csv"
+    own.write_text((data / "sst-phrases-train.csv").read_text())
+    monkeypatch.chdir(tmp_path)
+    cfg = TrainConfig(data_dir=str(data))
+    assert phrases_file(cfg) == data / "sst-phrases-train.csv"
+    assert phrases_file(dataclasses.replace(cfg, sst_phrases="mine/phrases.csv")) == Path("mine/phrases.csv")
+    assert phrases_file(dataclasses.replace(cfg, sst_phrases=str(own))) == own
+
+
+def test_a_phrase_file_without_one_valid_row_says_why_each_was_skipped(tiny_env, tmp_path):
+    """Every label bad: the refusal gives the file's skip report (line and reason), not a count of words."""
+    _, data = tiny_env
+    bad = tmp_path / "bad.csv"
+    bad.write_text("\tid\tsentence\tsentiment\n0\tp0\ta fine film\t7\n1\tp1\tdull\tx\n")
+    cfg = TrainConfig(data_dir=str(data), sst_phrases=str(bad), limit=None)
+    with pytest.raises(ValueError, match=r"no valid row.*line 2: label '7' out of range 0\.\.4.*line 3: label 'x'"):
+        load_phrases(cfg)
