@@ -35,6 +35,7 @@ import logging
 import random
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 
 from tasks.cli import Parser, user_errors
 from tasks.predictions import load_task_logits, task_members, trained_tasks
@@ -171,6 +172,11 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
             ap.error(f"--pool {name}: give the pool's runs after its name")
         if name in pools:
             ap.error(f"--pool {name} is given twice")
+        seen: dict[Path, str] = {}
+        for run in runs:  # one run however its path is spelt (./r, r/, a link): averaged twice otherwise
+            if (key := Path(run).resolve()) in seen:
+                ap.error(f"--pool {name} holds run {seen[key]} twice ({run})")
+            seen[key] = run
         pools[name] = runs
     if args.draws < 1:
         ap.error(f"--draws {args.draws}: at least 1")
@@ -188,7 +194,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
                 ap.error(f"--beside {name}: name a --pool other than the two of --paired (pools: {', '.join(pools)})")
         beside = [run for name in args.beside for run in pools[name]]
         for name in args.paired:  # a run twice in one arm's ensemble would weigh double
-            if len(set(pools[name] + beside)) < len(pools[name] + beside):
+            if len({Path(r).resolve() for r in pools[name] + beside}) < len(pools[name] + beside):
                 with_ = f" with --beside {' '.join(args.beside)}" if args.beside else ""
                 ap.error(f"--paired: pool {name!r}{with_} holds a run twice; give each run once")
         sizes = [len(pools[name]) for name in args.paired]
@@ -199,6 +205,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
         mixes = [(text, parse_mix(text, pools)) for text in args.mix]
     except ValueError as e:
         ap.error(str(e))
+    for text, mix in mixes:  # two pools of one mix that share a run would draw it twice into an ensemble
+        for i, a in enumerate(mix):
+            for b in list(mix)[i + 1:]:
+                shared = {Path(r).resolve() for r in pools[a]} & {Path(r).resolve() for r in pools[b]}
+                if shared:
+                    run = next(r for r in pools[a] if Path(r).resolve() in shared)
+                    ap.error(f"--mix {text}: pools {a} and {b} share run {run}; an ensemble holds a run once")
     rows = []
     logging.disable(logging.WARNING)  # every run's data-file report, once per task, would bury the table
     try:

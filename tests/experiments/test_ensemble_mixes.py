@@ -151,3 +151,21 @@ def test_paired_se_is_a_bootstrap_over_the_seeds():
     beside = {**values, "full": 0.9}  # a run in both arms of every draw dilutes the change by n/(n+1), no more
     with_full = ensemble_mixes.paired_se(MeanScorer(beside), parent, change, ["full"], 4000, random.Random(0))
     assert with_full["overall"] == pytest.approx(se["overall"] * 8 / 9, rel=1e-9)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pool", "p", "r1", "./r1", "--mix", "p=2"], "--pool p holds run r1 twice (./r1)"),
+    (["--pool", "p", "r1", "--pool", "q", "r1/", "--mix", "p=1,q=1"], "--mix p=1,q=1: pools p and q share run r1"),
+    (["--pool", "full", "r1", "--pool", "a", "./r1", "--pool", "b", "r2", "--paired", "a", "b", "--beside", "full"],
+     "pool 'a' with --beside full holds a run twice"),
+])
+def test_a_run_is_one_run_however_its_path_is_spelt(tmp_path, monkeypatch, capsys, argv, message):
+    """An ensemble holds each run once: the same run named twice (./r1, r1/) in a pool or in two pools of one mix
+    is refused before anything is read, instead of averaged twice."""
+    from experiments import ensemble_mixes
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "r1").mkdir()
+    (tmp_path / "r2").mkdir()
+    with pytest.raises(SystemExit) as e:
+        ensemble_mixes.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
