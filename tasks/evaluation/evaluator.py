@@ -393,9 +393,15 @@ def predict_checkpoint(plan: EvalPlan) -> dict:
         cfg = plan.config
         device = resolve_device(cfg.device)
         amp = autocast_dtype(cfg.bf16, device)
+        t0 = time.perf_counter()
+        logger.info("evaluating %s on %s, %s, %d threads: dev and test predictions of %s", plan.checkpoint, device,
+                    precision_note(cfg.bf16, device, amp), torch.get_num_threads(), ", ".join(cfg.tasks))
         model, objectives, tokenizer, _ = load_model(plan.checkpoint, device, cfg)
         evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=plan.checkpoint)
         result = evaluator.write_all(model, tokenizer, out / "predictions")
+        logger.info("wrote %d files to %s in %.0f s%s", len(result["files"]), out / "predictions",
+                    time.perf_counter() - t0, f" (dev overall {result['dev']['overall']:.4f})"
+                    if result["dev"].get("overall") is not None else "")
     result["checkpoint"] = str(plan.checkpoint)
     return result
 

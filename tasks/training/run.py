@@ -227,6 +227,8 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
                     "evaluated (--eval-only), no longer resumed", size_text(freed))
     logger.info("disk: %s%s", trainer.run_dir.disk_line(), "" if cfg.save_only_model else
                 "; --save-only-model keeps the model alone")
+    logger.info("predictions: %s (leaderboard files and logits; the recipe's measured scores over seeds, to "
+                "compare with: experiments/RESULTS.md)", trainer.run_dir.path / "predictions")
     logger.info("done: wall time %s (this process: %.0f s)", duration(record["process_time_s"]),
                 record["process_time_s"])
     return record

@@ -117,15 +117,25 @@ def test_evaluate_scores_labeled_and_skips_unlabeled():
 # ---- a saved checkpoint ------------------------------------------------------------------------------
 
 
-def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_path):
+def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_path, caplog):
     """evaluate_checkpoint needs no pretrained directory (deleted here) and reproduces the run's final dev metrics;
-    only the STS prior reads one (its sentence encoder's, when that is this one), and without it says so and how
-    to go on."""
+    its log says the device and precision first and where it wrote last (a training run's: where its predictions
+    are and where the recipe's scores are to compare with); only the STS prior reads one (its
+    sentence encoder's, when that is this one), and without it says so and how to go on."""
     pretrained = shutil.copytree(tiny_env[0], tmp_path / "bert")
-    summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1, sts_prior=0.0))
+    with caplog.at_level("INFO"):
+        summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1, sts_prior=0.0))
+    last = [r.getMessage() for r in caplog.records if r.name == "tasks.training.run"][-2:]
+    assert last[0].startswith(f"predictions: {tmp_path / 'run' / 'predictions'} (") and "RESULTS.md" in last[0]
+    assert last[1].startswith("done: wall time")
     shutil.rmtree(pretrained)
-    result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        result = evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval")
     assert result["dev"] == summary["dev"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.evaluation.evaluator"]
+    assert lines[0].startswith(f"evaluating {tmp_path / 'run' / 'checkpoints' / 'best'} on cpu, fp32")
+    assert lines[-1].startswith(f"wrote {len(result['files'])} files to {tmp_path / 'eval' / 'predictions'} in ")
     assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
     with pytest.raises(FileNotFoundError, match="--sts-prior-model .*: no such checkpoint directory .*name another, or pass --sts-prior 0"):
         evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval2",
