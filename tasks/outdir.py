@@ -85,15 +85,17 @@ def check_writable_dir(path: Path, flag: str) -> None:
                               "another directory")
 
 
-def check_kind(path: Path, kind: str, flag: str = "--out-dir", overwrite: bool = False) -> str | None:
+def check_kind(path: Path, kind: str, flag: str = "--out-dir", overwrite: bool = False,
+               replaces: str = ", or pass --overwrite to replace it") -> str | None:
     """Refuse ``path`` when a live process other than this one is writing it (``check_not_in_use``), or when it
     holds an output of another kind than ``kind`` unless ``overwrite``: a FileExistsError in one line saying what
-    it holds, which command wrote it, and what to do. Returns the kind it holds (None: nothing of ours)."""
+    it holds, which command wrote it, and what to do (``replaces``: how this command replaces it, or that it
+    never does). Returns the kind it holds (None: nothing of ours)."""
     check_not_in_use(path, flag)
     held = kind_of(path)
     if held is not None and held != kind and not overwrite:
         raise FileExistsError(f"{flag} {path} holds {NAMES[held]} (written by {COMMANDS[held]}), not {NAMES[kind]}: "
-                              f"pick another {flag}, or pass --overwrite to replace it")
+                              f"pick another {flag}{replaces}")
     return held
 
 

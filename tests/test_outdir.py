@@ -106,7 +106,10 @@ def test_eval_only_into_another_training_run_is_refused(finished_run, tmp_path, 
     shutil.copytree(finished_run, other)
     with pytest.raises(SystemExit) as e:
         cli.main(["--eval-only", "--checkpoint", str(other / "checkpoints" / "best"), "--out-dir", str(target)])
-    assert e.value.code == 2 and "holds a training run" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    # --eval-only takes no --overwrite: the refusal does not advise it
+    assert e.value.code == 2 and "holds a training run" in err and "--overwrite" not in err, err
+    assert "--eval-only never replaces another command's output" in err
     assert snapshot(target) == before
     cli.main(["--eval-only", "--out-dir", str(target)])  # its own run: re-predicted in place
 

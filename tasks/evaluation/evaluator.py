@@ -373,7 +373,7 @@ def prepare_eval(path: str | os.PathLike, overrides: dict[str, Any] | None = Non
         return EvalPlan(ckpt, cfg, None)
     out = Path(out_dir) if out_dir is not None else default_out_dir(ckpt, saved)
     check_writable_dir(out, "--out-dir")
-    check_kind(out, _kind(ckpt, out))
+    check_kind(out, _kind(ckpt, out), replaces=" (--eval-only never replaces another command's output)")
     return EvalPlan(ckpt, dataclasses.replace(cfg, out_dir=str(out)), out)
 
 
