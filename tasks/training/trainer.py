@@ -430,7 +430,8 @@ class Trainer:
             self._rng_to_restore = None
         lpft.train_mode(self.model, self.stage)
         if self.epoch >= self.total_epochs:
-            logger.info("nothing to train: the checkpoint is at epoch %d of %d", self.epoch, self.total_epochs)
+            logger.info("nothing to train; what follows training runs again: %sthe best checkpoint's dev and test "
+                        "predictions", "SWA from the best epoch, then " if self.cfg.swa_epochs else "")
         else:
             self.clock = self._plan()
             if self.cfg.freeze_encoder:
@@ -605,8 +606,12 @@ class Trainer:
         self.evaluator.priors.checkpoint = ckpt  # its SST probe, not a new fit
         if self.run_dir is not None:
             self.run_dir.rewrite(self.history, self.global_step)  # metrics.jsonl continues from the checkpoint
-        logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
-                    self.global_step)
+        if self.epoch >= self.total_epochs:
+            logger.info("resumed from %s: the run is finished (%d of %d epochs trained, global step %d)", ckpt,
+                        self.epoch, self.total_epochs, self.global_step)
+        else:
+            logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
+                        self.global_step)
 
     def _rank_rng(self, state: dict) -> dict:
         """The RNG state this rank resumes from: its own when the checkpoint has one, else a fresh seeded one."""

@@ -346,3 +346,20 @@ def test_run_from_python_refuses_what_the_command_line_refuses(tiny_env, tmp_pat
         run(tiny_train_config(tiny_env, tmp_path / "b", pretrained=str(damaged)))
     with pytest.raises(ValueError, match="--max-length 100"):
         run_mod.trainer_for(tiny_train_config(tiny_env, tmp_path / "c", max_length=100))
+
+
+def test_resuming_a_finished_run_says_it_is_finished_and_what_it_redoes(tiny_env, tmp_path, caplog):
+    """--resume of a run whose epochs are all trained: one line says it is finished (not 'at epoch 2' of 1), the
+    next what runs again (the best checkpoint's predictions), and the predictions come out the same."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
+    run(cfg)
+    before = (tmp_path / "run" / "predictions" / "sst-dev-logits.csv").read_bytes()
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        run(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
+    lines = [r.getMessage() for r in caplog.records if r.name == "tasks.training.trainer"]
+    assert any(re.match(r"resumed from .*last: the run is finished \(1 of 1 epochs trained, global step \d+\)$", x)
+               for x in lines), lines
+    assert "nothing to train; what follows training runs again: the best checkpoint's dev and test predictions" \
+        in lines
+    assert (tmp_path / "run" / "predictions" / "sst-dev-logits.csv").read_bytes() == before
