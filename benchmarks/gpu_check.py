@@ -310,6 +310,11 @@ def stop(proc: subprocess.Popen) -> None:
         proc.wait()
 
 
+def outcome(code: int | None) -> str:
+    """A child's end as a progress line says it: its exit status, or that its time ran out."""
+    return "out of time, stopped" if code is None else f"exit {code}"
+
+
 def tail(path: Path, lines: int = 15) -> str:
     text = path.read_text(encoding="utf-8", errors="replace") if path.is_file() else ""
     return "\n".join(text.splitlines()[-lines:])
@@ -541,6 +546,7 @@ def step_encoder(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
                 cut = f"{shape} {dtype_name}"
                 break
             t_block = time.perf_counter()
+            progress.log(f"{shape} {dtype_name}: building both models, then timing forward and forward + backward")
             ours, ref = build_models(model_dir, str(device), dtype)
             for mode in ("infer", "train"):
                 ours.train(mode == "train")
@@ -585,8 +591,8 @@ def step_default(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
         run = {"seed": seed, "exit": code, "wall_s": round(wall, 1), "train_seq_s": seq_per_s(out), "dev": dev,
                "peak": read_peak(peak)}
         runs.append(run)
-        progress.log(f"seed {seed}: exit {code} in {wall:.0f} s, dev overall {dev.get('overall', math.nan):.4f}, "
-                     f"peak memory {peak_text(peak)}")
+        progress.log(f"seed {seed}: {outcome(code)} after {wall:.0f} s, dev overall "
+                     f"{dev.get('overall', math.nan):.4f}, peak memory {peak_text(peak)}")
         rows.append([seed, f"{wall:.0f}", f"{run['train_seq_s']:.0f}" if run["train_seq_s"] else "–", peak_text(peak),
                      *(f"{dev[k]:.4f}" if dev.get(k) is not None else "–" for k in ("sst_acc", "para_acc", "sts_r",
                                                                                     "overall"))])
@@ -711,30 +717,32 @@ def step_torchrun(args: argparse.Namespace, progress: Progress) -> tuple[dict, s
     code, wall = run_logged([*torchrun, "-m", "benchmarks.process_group", "--device", args.train_device], log,
                             progress.left())
     group = next((json.loads(ln) for ln in reversed(tail(log, 40).splitlines()) if ln.startswith("{")), None)
-    progress.log(f"process group: exit {code} in {wall:.0f} s: {json.dumps(group) if group else 'no result'}")
+    progress.log(f"process group: {outcome(code)} after {wall:.0f} s: {json.dumps(group) if group else 'no result'}")
     group_text = (f"`torchrun --nproc_per_node=1 -m benchmarks.process_group`: {group['backend']} process group of "
                   f"world size {group['world_size']}, one all-reduce gave {group['all_reduce']:g} (expected "
                   f"{group['expected']:g}); init {group['init_s']} s, all-reduce {group['all_reduce_s']} s"
                   + (f", NCCL {group['nccl']}" if group.get("nccl") else "") + "." if group and code == 0 else
-                  f"`torchrun --nproc_per_node=1 -m benchmarks.process_group`: exit {code}\n\n```\n{tail(log)}\n```")
+                  f"`torchrun --nproc_per_node=1 -m benchmarks.process_group`: {outcome(code)}\n\n```\n{tail(log)}"
+                  "\n```")
     size = [] if args.tiny else ["--limit", "500", "--epochs", "1"]  # seconds of training on a GPU
     out, peak = args.work / "torchrun", args.work / "torchrun.peak.json"
     progress.log(f"training run started with {progress.left():.0f} s left")
-    code_run, wall_run = run_logged([*torchrun, "-m", "benchmarks.peak_memory", str(peak), *run_flags(args, out, *size)],
-                                    args.work / "torchrun.log", progress.left(),
+    code_run, wall_run = run_logged([*torchrun, "-m", "benchmarks.peak_memory", str(peak),
+                                     *run_flags(args, out, *size)], args.work / "torchrun.log", progress.left(),
                                     watch=watch_log(progress, "torchrun", out / "train.log"))
     record = final_record(out) or {}
-    progress.log(f"training run: exit {code_run} in {wall_run:.0f} s")
+    progress.log(f"training run: {outcome(code_run)} after {wall_run:.0f} s")
     run_ok = code_run == 0 and bool(record)
     status = ("ok" if run_ok and code == 0 and group and group["all_reduce"] == group["expected"] else
               "timeout" if None in (code, code_run) else "failed")
     text = (group_text + "\n\n"
-            f"`torchrun --nproc_per_node=1 train_multitask.py {' '.join(size)}`: exit {code_run}, {wall_run:.0f} s, "
+            f"`torchrun --nproc_per_node=1 train_multitask.py {' '.join(size)}`: {outcome(code_run)} after "
+            f"{wall_run:.0f} s, "
             f"dev overall {record.get('dev', {}).get('overall', math.nan):.4f}, peak memory {peak_text(peak)} (a "
             "training run with one process starts no process group: tasks/training/distributed.py starts one for 2 "
             "or more).")
-    if not run_ok:
-        text += f"\n\n```\n{tail(args.work / 'torchrun.log')}\n```"
+    if not run_ok:  # torchrun's own summary of a failed worker follows the worker's traceback: show both
+        text += f"\n\n```\n{tail(args.work / 'torchrun.log', 45)}\n```"
     return {"status": status, "process_group": group, "exit": code_run, "wall_s": round(wall_run, 1),
             "dev": record.get("dev"), "peak": read_peak(peak)}, text
 
@@ -799,8 +807,21 @@ def step_compile(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
         result["minilm_cold_s"] = first_step(compiled, data)
         progress.log(f"MiniLM: cold compile and first forward + backward in {result['minilm_cold_s']:.1f} s")
         stage = "timing eager against compiled"
+        eager_s = first_step(ours, data)
+        # as many alternating calls of both as fit most of the time left: 16 each on a GPU, fewer on a slow device
+        calls = int(0.8 * progress.left() / (2 * eager_s))
+        if calls < 2:
+            return {"status": "partial", **result}, (
+                f"MiniLM compiled and ran ({result['minilm_cold_s']:.1f} s cold, the tiny encoder "
+                f"{result['tiny_cold_s']:.1f} s); one eager step takes {eager_s:.1f} s, too long to time both in the "
+                f"{progress.left():.0f} s left.")
+        iters = 3 if calls >= 16 else 1
+        repeats = min(5, max(1, (calls - 1) // iters))
+        progress.log(f"timing eager against compiled: {repeats} × {iters} calls each (one eager call: "
+                     f"{eager_s:.2f} s)")
         t = time_pair({"eager": step_fn(ours, data, "train", False), "compiled": step_fn(compiled, data, "train",
-                                                                                          False)}, device, 1, 5, 3)
+                                                                                          False)},
+                      device, 1, repeats, iters)
         result.update(eager_seq_s=batch / t["eager"], compiled_seq_s=batch / t["compiled"],
                       speedup=t["eager"] / t["compiled"])
         progress.log(f"MiniLM forward + backward: eager {batch / t['eager']:,.0f} seq/s, compiled "
