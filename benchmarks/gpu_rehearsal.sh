@@ -69,10 +69,14 @@ mkdir -p "$BOX/repo" "$OUT"
 cp -r "$REPO/.gpu" "$BOX/repo/.gpu"
 echo "gpu_rehearsal: $(du -sm "$BOX/repo" | cut -f1) MiB travel (tracked files and .gpu/), no .git, no ../shared"
 
-# 3. the device command, with --device cpu, under the image's python3 alone
+# 3. the device command, with --device cpu, under the image's python3 alone; Inductor's and Triton's caches are
+#    new each time, as on a fresh machine (a warm cache would make the compile step's cold compile look cheap)
 cd "$BOX/repo"
+rm -rf "$SCRATCH/home"
+mkdir -p "$SCRATCH/home"
 set +e
-env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$SCRATCH" OUT="$OUT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+env -i PATH="$VENV/bin:/usr/bin:/bin" HOME="$SCRATCH/home" OUT="$OUT" OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" \
+  TORCHINDUCTOR_CACHE_DIR="$SCRATCH/home/inductor" TRITON_CACHE_DIR="$SCRATCH/home/triton" \
   bash -c "PYTHONPATH=. python3 -m benchmarks.gpu_check --report-dir \"\$OUT\" --budget $BUDGET --device cpu" \
   > "$SCRATCH/check.log" 2>&1
 code=$?
