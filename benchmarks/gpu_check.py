@@ -251,10 +251,9 @@ def versions() -> dict[str, str | None]:
         except importlib.metadata.PackageNotFoundError:
             return None
 
-    nccl = None
-    with contextlib.suppress(Exception):  # a CPU build of torch has no NCCL and raises whatever it raises
-        nccl = ".".join(map(str, torch.cuda.nccl.version()))
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
+    # NCCL as the wheel torch's CUDA build loads it from (its version is the library's)
+    nccl = package("nvidia-nccl-cu13") or package("nvidia-nccl-cu12")
     return {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "cudnn": str(cudnn) if cudnn else None, "nccl": nccl, "driver": driver_version(),
             "triton": package("triton"), "transformers": package("transformers")}
@@ -339,13 +338,13 @@ def measured(peak: Path, script_and_flags: list[str]) -> list[str]:
 
 
 def peak_text(peak: Path) -> str:
-    """A run's peak memory as the report shows it: CUDA's allocated (reserved) bytes, else the peak resident set."""
+    """A run's peak memory as the report shows it: CUDA's allocated bytes, else the peak resident set."""
     try:
         p = json.loads(peak.read_text())
     except (OSError, ValueError):
         return "–"
     if p.get("cuda_max_allocated_bytes") is not None:
-        return f"{p['cuda_max_allocated_bytes'] / 2**30:.2f} GiB ({p['cuda_max_reserved_bytes'] / 2**30:.2f} reserved)"
+        return f"{p['cuda_max_allocated_bytes'] / 2**30:.2f} GiB on the GPU"
     return f"RSS {p['max_rss_bytes'] / 2**30:.2f} GiB"
 
 
@@ -459,7 +458,7 @@ def step_machine(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
     info = device_info(device)
     progress.log(f"device: {info.get('name', info['device'])}")
     # sides a device multiplies in well under a second: a GPU's peak needs large matrices, a CPU's does not
-    n = 512 if args.tiny else 8192 if device.type == "cuda" else 2048
+    n = 512 if args.tiny else 8192 if args.train_device == "cuda" else 2048
     min_time = 0.05 if args.tiny else 0.3
     peaks = {"bf16": matmul_flops_per_s((n, n, n), torch.bfloat16, device, min_time)}
     progress.log(f"bf16 matmul peak: {peaks['bf16'] / 1e12:.3f} TFLOP/s")
@@ -469,7 +468,7 @@ def step_machine(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
     with no_tf32():
         peaks["fp32"] = matmul_flops_per_s((n // 2, n // 2, n // 2), torch.float32, device, min_time)
     progress.log(f"fp32 matmul peaks: {peaks[configured] / 1e12:.3f} and {peaks['fp32'] / 1e12:.3f} TFLOP/s")
-    numel = 2**20 if args.tiny else 2**28 if device.type == "cuda" else 2**24  # 1 GiB of float32 on a GPU
+    numel = 2**20 if args.tiny else 2**28 if args.train_device == "cuda" else 2**24  # 1 GiB of float32 on a GPU
     src = torch.ones(numel, device=device)
     dst = torch.empty_like(src)
     dst.copy_(src)
@@ -721,7 +720,7 @@ def step_torchrun(args: argparse.Namespace, progress: Progress) -> tuple[dict, s
     group_text = (f"`torchrun --nproc_per_node=1 -m benchmarks.process_group`: {group['backend']} process group of "
                   f"world size {group['world_size']}, one all-reduce gave {group['all_reduce']:g} (expected "
                   f"{group['expected']:g}); init {group['init_s']} s, all-reduce {group['all_reduce_s']} s"
-                  + (f", NCCL {group['nccl']}" if group.get("nccl") else "") + "." if group and code == 0 else
+                  + "." if group and code == 0 else
                   f"`torchrun --nproc_per_node=1 -m benchmarks.process_group`: {outcome(code)}\n\n```\n{tail(log)}"
                   "\n```")
     size = [] if args.tiny else ["--limit", "500", "--epochs", "1"]  # seconds of training on a GPU
@@ -778,7 +777,7 @@ def step_compile(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
     from tasks.runtime import resolve_device, synchronize
 
     device = resolve_device(args.device)
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = torch.bfloat16 if args.train_device == "cuda" else torch.float32  # each device's training precision
     result: dict[str, Any] = {"dtype": str(dtype).removeprefix("torch."), **tools}
     stage = "the tiny encoder's cold compile"
 

@@ -2,9 +2,9 @@
 
 The GPU check (benchmarks/gpu_check.py) trains through ``train_multitask.py``, which reports no memory; a first
 GPU run must say how much of the card a training run takes. Wrapping the script keeps the training code as users
-run it: the peak is read in the same process after the script returns (or exits), from CUDA's allocator
-(``torch.cuda.max_memory_allocated`` / ``max_memory_reserved``, when the script used CUDA) and the kernel's peak
-resident set. A run killed by a signal writes nothing.
+run it: the peak is read in the same process after the script returns (or exits), through tasks.runtime: the
+tensors CUDA's allocator held at most on the current GPU (None when the script used no GPU) and the peak resident
+set. A run killed by a signal writes nothing.
 
 Under torchrun every rank writes its own file: ``OUT`` for rank 0, ``OUT.rankR`` for the others.
 
@@ -15,22 +15,23 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import resource
 import runpy
 import sys
 from pathlib import Path
 
 
 def peak() -> dict[str, int | None]:
-    """This process's peaks so far: CUDA's allocated and reserved bytes (None where CUDA was not used), and the
-    resident set's (``ru_maxrss``, kilobytes on Linux)."""
-    torch = sys.modules.get("torch")
-    used_cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
-    return {"cuda_max_allocated_bytes": torch.cuda.max_memory_allocated() if used_cuda else None,
-            "cuda_max_reserved_bytes": torch.cuda.max_memory_reserved() if used_cuda else None,
-            "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    """This process's peaks so far: bytes allocated on the current GPU (None where no GPU was used: the allocator
+    then reports 0) and the resident set's."""
+    import torch
+
+    from tasks.runtime import cuda_device_count, peak_memory_bytes
+
+    gpu = peak_memory_bytes(torch.device("cuda")) if cuda_device_count() else 0
+    return {"cuda_max_allocated_bytes": gpu or None, "max_rss_bytes": peak_memory_bytes(torch.device("cpu"))}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,7 +45,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         runpy.run_path(script, run_name="__main__")
     finally:
-        path.write_text(json.dumps(peak()) + "\n")
+        # a record that cannot be made (the script broke its own imports, say) must not hide the script's error
+        with contextlib.suppress(Exception):
+            path.write_text(json.dumps(peak()) + "\n")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ reference it prints beside the GPU's scores."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -100,16 +101,19 @@ def test_the_dry_run_runs_every_step_and_reports_each(dry_run):
 
 
 def test_a_step_out_of_time_says_how_far_it_got(tiny_pack, tmp_path):
-    """A step whose budget ends inside a training run stops the run, and its section says so: its progress lines
-    name the run it started."""
-    subprocess.run([sys.executable, "-m", "benchmarks.gpu_check", "--report-dir", str(tmp_path / "report"), "--pack",
-                    str(tiny_pack), "--device", "cpu", "--tiny", "--only", "default", "--budget", "14",
-                    "--work-dir", str(tmp_path / "work")],
-                   cwd=ROOT, check=True, capture_output=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    step = json.loads((tmp_path / "report" / "report.json").read_text())["steps"]["default"]
+    """A step whose deadline comes inside a training run (here: before python and torch can even start) stops the
+    run, and its section says so: out of time, with progress lines naming the run it started."""
+    report = check.Report(tmp_path / "report")
+    report.start("default", 1.0)
+    args = argparse.Namespace(tiny=True, work=tmp_path / "work", pretrained=str(tiny_pack / "minilm"),
+                              train_device="cpu", data_dir=str(check.unpack_data(tiny_pack / "data", tmp_path)))
+    args.work.mkdir()
+    result, text = check.step_default(args, check.Progress(report, "default", check.time.time() + 0.5))
+    report.add("default", result, text)
+    step = report.read()["steps"]["default"]
     assert step["status"] == "timeout" and step["runs"][0]["exit"] is None
-    assert any("seed 0: started" in line for line in step["progress"])
-    assert "seed 0: started" in (tmp_path / "report" / "report.md").read_text()
+    assert [line.split(None, 1)[1] for line in step["progress"]][0].startswith("seed 0: started")
+    assert "seed 0: out of time, stopped" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_a_failing_step_is_reported_with_its_traceback(tmp_path, monkeypatch):
