@@ -294,9 +294,9 @@ def test_real_nli_file_reports_its_unterminated_last_row():
 
 
 @pytest.mark.parametrize("content,expected", [
-    (b"", ["is empty", "setup.sh"]),
-    (b"\n\n", ["is empty", "setup.sh"]),
-    (b"\tid\tsentence\tsentiment\n", ["has a header but no rows", "setup.sh"]),
+    (b"", ["is empty", "data/README.md"]),
+    (b"\n\n", ["is empty", "data/README.md"]),
+    (b"\tid\tsentence\tsentiment\n", ["has a header but no rows", "data/README.md"]),
     (b"\tid\ttext\tsentiment\n0\ta\tgood\t1\n", ["line 1", "no column 'sentence'", "data/README.md"]),
     (b"\tid\tsentence\tsentiment\n0\ta\tgood\t1\n1\tb\tna\xefve\xff\t2\n", ["line 3", "not UTF-8 (byte 0xef at column 7)", "save the text as UTF-8"]),
 ])

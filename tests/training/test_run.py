@@ -104,8 +104,8 @@ def test_save_only_model_keeps_the_model_alone_and_the_log_says_the_disk_use(tin
     assert not list((lean / "checkpoints" / "best").glob("optimizer*"))
     said = [r.getMessage() for r in caplog.records]
     assert re.fullmatch(r"--save-only-model: checkpoints/last and the optimizer state deleted \(\d+ [kM]B freed\); "
-                        r"the run can be evaluated \(--eval-only\), no longer resumed", said[-3]), said[-3]
-    assert re.fullmatch(rf"disk: {lean} holds \d+ [kM]B \(checkpoints/best \d+ [kM]B\)", said[-2]), said[-2]
+                        r"the run can be evaluated \(--eval-only\), no longer resumed", said[-4]), said[-4]
+    assert re.fullmatch(rf"disk: {lean} holds \d+ [kM]B \(checkpoints/best \d+ [kM]B\)", said[-3]), said[-3]
     for name in ("sst-dev-logits.csv", "sts-test-output.csv"):
         assert (lean / "predictions" / name).read_bytes() == (full / "predictions" / name).read_bytes()
     shutil.rmtree(lean / "predictions")
