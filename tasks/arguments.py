@@ -83,20 +83,23 @@ def objective_reference(cls: type) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-def build_parser() -> Parser:
+def build_parser(preset: str | None = None) -> Parser:
     """train_multitask.py's flags, every one from a dataclass field (tasks.options.add_options). Defaults are
-    SUPPRESSed: the namespace holds only the flags given, so presets and --config can fill the rest."""
+    SUPPRESSed: the namespace holds only the flags given, so presets and --config can fill the rest. With
+    ``preset``, --help shows that preset's values as the defaults (what ``--preset X`` trains)."""
+    base = apply_preset(TrainConfig(), preset) if preset in PRESETS else TrainConfig()
+    shown = (f"Defaults shown are --preset {preset}'s (the flags given with it override them)." if preset in PRESETS
+             else "Defaults are the CPU recipe (README 'Training'; measured in experiments/RESULTS.md); --preset "
+                  "gives the paper's GPU configurations (--preset X --help shows its values).")
     p = Parser(prog="train_multitask.py", description="Train and evaluate the multitask BERT (SST-5, Quora "
-               f"paraphrase, STS).\nPaper: {PAPER} (section numbers below).",
-               epilog="Defaults are the CPU recipe (README 'Training'; measured in experiments/RESULTS.md); --preset "
-                      "gives the paper's GPU configurations.")
+               f"paraphrase, STS).\nPaper: {PAPER} (section numbers below).", epilog=shown)
     registry = registered_objectives()
     add_options(p.add_argument_group("what to run"), Command, suppress=True,
                 help_suffix={"objective": f": {', '.join(sorted(registry))}"})
     groups = {key: p.add_argument_group(*((name,) if isinstance(name, str) else name))
               for key, name in GROUPS.items()}
-    add_options(p, TrainConfig, suppress=True, skip=("model", "objectives"), groups=groups)
-    add_options(groups["model"], ModelConfig, dest_prefix="model.", suppress=True, defaults=TrainConfig().model)
+    add_options(p, TrainConfig, suppress=True, skip=("model", "objectives"), groups=groups, defaults=base)
+    add_options(groups["model"], ModelConfig, dest_prefix="model.", suppress=True, defaults=base.model)
     p.add_argument_group("objectives", "plug-in objectives (tasks/objectives/, one file each); an objective's "
                          "options --<objective>-<option> need --objective <objective> (or a preset that adds it)")
     for name, cls in sorted(registry.items()):
@@ -149,12 +152,24 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
 
 def parse(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> tuple[Command, dict]:
     """(command, explicit config values by dotted path) of a command line; no checks across flags yet."""
-    parser = parser or build_parser()
+    parser = parser or build_parser(help_preset(argv if argv is not None else sys.argv[1:]))
     ns = vars(parser.parse_args(argv))
     command_fields = {f.name for f in dataclasses.fields(Command)}
     command = Command(**{k: v for k, v in ns.items() if k in command_fields})
     explicit = {k: v for k, v in ns.items() if k not in command_fields}
     return command, explicit
+
+
+def help_preset(argv: list[str]) -> str | None:
+    """The preset of a command line that asks for --help (whose defaults --help then shows), else None."""
+    if not {"-h", "--help"} & set(argv):
+        return None
+    for i, a in enumerate(argv):
+        if a == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if a.startswith("--preset="):
+            return a.split("=", 1)[1]
+    return None
 
 
 def flag_of(path: str) -> str:

@@ -20,12 +20,13 @@ for --eval-only. The run writes under --out-dir (what a run directory holds: REA
 from __future__ import annotations
 
 import logging
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.arguments import Command, applied, build_parser, check_command, config_from_flags, parse
+from tasks.arguments import Command, applied, build_parser, check_command, config_from_flags, help_preset, parse
 from tasks.checkpoint import resume_point, verify_checkpoint
 from tasks.cli import describe, user_errors, verbose
 from tasks.config import TrainConfig, eval_overrides, refuse_idle_settings
@@ -79,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict:
     """Parse, refuse contradictions (exit status 2, before any data is read), then train or evaluate."""
     log_to()  # held until the run directory is this command's, then train.log (tasks.logs.open_log)
     configure_malloc()
-    parser = build_parser()
+    parser = build_parser(help_preset(argv if argv is not None else sys.argv[1:]))  # --preset X --help: X's values
     command, explicit = parse(argv, parser)
     try:
         inv = build_invocation(command, explicit)

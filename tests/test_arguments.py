@@ -287,3 +287,17 @@ def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_pa
     assert from_file.sst_phrases_batch_size is None and from_file.sst_phrases is not None
     (tmp_path / "null.json").write_text('{"sst_phrases": null}')
     assert arguments.config_for(["--config", str(tmp_path / "null.json")]).sst_phrases is None
+
+
+def test_preset_help_shows_the_presets_values(capsys):
+    """--preset b1 --help shows what --preset b1 trains (10 epochs, lr 1e-05, Siamese pairs) as the defaults; plain
+    --help shows the CPU recipe's."""
+    from tasks.train import main
+    for argv, epochs, lr, pairs in ((["--preset", "b1", "--help"], "10", "1e-05", "siamese"),
+                                    (["--help"], "3", "0.0001", "cross")):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        text = " ".join(capsys.readouterr().out.split())
+        assert e.value.code == 0
+        assert f"§5.3) (default: {epochs})" in text and f"§4.1 and §4.5) (default: {lr})" in text
+        assert f"(default: {pairs})" in text
