@@ -58,6 +58,7 @@ from tasks.cli import Parser, user_errors
 from tasks.logs import log_to, open_log
 from tasks.task import MULTITASK, task_names
 from tasks.options import add_options, option, options_of
+from tasks.outdir import LOCK_FILE, take_lock
 from tasks.training.mlm import (
     PretrainConfig,
     check_replaceable,
@@ -135,6 +136,10 @@ def _main(argv: Sequence[str] | None) -> Path:
     config = config_from_args(args)
     partial = partial_dir(out_dir)
     partial.mkdir(parents=True, exist_ok=True)
+    try:  # the run's folder is locked as a training run's is: a second pretrain into it is refused while it lives
+        take_lock(partial / LOCK_FILE, f"{partial}")
+    except FileExistsError as e:
+        parser.error(str(e))
     open_log(partial, LOG_FILE)
     torch.manual_seed(config.seed)  # a new head's initialisation and dropout
 

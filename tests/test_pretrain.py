@@ -106,3 +106,24 @@ def test_pretrain_reports_a_bad_data_file_in_one_line(tiny_env, tmp_path, monkey
     # a failed run's log stays beside its state for resuming, its error the last line
     last = (tmp_path / "out.partial" / "pretrain.log").read_text().splitlines()[-1]
     assert re.search(r" E tasks: python -m tasks\.pretrain: error: .*ids-sst-train\.csv: line \d+", last), last
+
+
+def test_a_second_pretrain_into_a_live_runs_folder_is_refused(tmp_path, capsys):
+    """Two pretrains into one --out-dir: the second is refused in one line (exit status 2) while the first holds
+    <out-dir>.partial, and the first's lock and state are untouched."""
+    import subprocess
+    import sys
+
+    partial = tmp_path / "mlm.partial"
+    partial.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        import socket
+        (partial / "run.lock").write_text(json.dumps({"pid": holder.pid, "host": socket.gethostname()}))
+        with pytest.raises(SystemExit) as e:
+            main(["--out-dir", str(tmp_path / "mlm"), "--data-dir", str(tmp_path / "no-data")])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and "mlm.partial" in err and str(holder.pid) in err, err
+        assert json.loads((partial / "run.lock").read_text())["pid"] == holder.pid
+    finally:
+        holder.kill()
