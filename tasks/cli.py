@@ -58,7 +58,8 @@ FOREIGN_FLAGS: dict[str, tuple[str | None, str]] = {
 
 OPTION_VALUES = {  # the CS224N starter's --option
     "finetune": "full fine-tuning is the default: drop --option",
-    "pretrain": "--lp-epochs N trains the heads only (encoder frozen) for N epochs, then fine-tunes everything",
+    "pretrain": "--freeze-encoder trains the heads alone on the frozen encoder (its files are named pretrain-*); "
+                "--lp-epochs N does so for N epochs, then fine-tunes everything",
 }
 
 

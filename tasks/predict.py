@@ -145,6 +145,8 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
         writer = csv.writer(f, lineterminator="\n")
         writer.writerow(header)
         writer.writerows(rows)
+    if args.output != "-":
+        logger.info("wrote %d rows of %s predictions to %s", len(rows), args.task, args.output)
     return rows
 
 

@@ -23,7 +23,10 @@ CASES = [  # (command, argv, what the error line must say)
     ("train", ["--num_train_epochs", "3"], "use --epochs"),
     ("train", ["--batch_size", "8"], "use --batch-size"),
     ("train", ["--option", "finetune"], "full fine-tuning is the default"),
-    ("train", ["--option=pretrain"], "--lp-epochs N trains the heads only"),
+    ("train", ["--option=pretrain"], "--freeze-encoder trains the heads alone on the frozen encoder"),
+    ("train", ["--pretrained", "none"], "'none' is not a value of this setting: leave the flag out for its default"),
+    ("train", ["--sst-prior-model", "none"], "'none' is not a value of this setting"),
+    ("train", ["--report-to", "none"], "invalid choice: 'none'"),
     ("train", ["--epoch", "2"], "unrecognized argument --epoch: did you mean --epochs?"),  # not a default run
     ("train", ["--lr-sched", "constant"], "unrecognized argument --lr-sched"),
     ("train", ["--epochs", "two"], "argument --epochs: invalid int value: 'two'"),

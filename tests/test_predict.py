@@ -21,7 +21,7 @@ def _csv(text: str) -> list[list[str]]:
     return list(csv.reader(io.StringIO(text)))
 
 
-def test_predict_command_in_process(finished, tmp_path, capsys):
+def test_predict_command_in_process(finished, tmp_path, capsys, caplog):
     (tmp_path / "in.txt").write_text("the movie was great .\n\na dull and boring film\n\x00\x00\n")
     main(["--checkpoint", str(finished / "checkpoints" / "best"), "--task", "sst", "--input", str(tmp_path / "in.txt")])
     rows = _csv(capsys.readouterr().out)
@@ -29,8 +29,10 @@ def test_predict_command_in_process(finished, tmp_path, capsys):
     assert [r[0] for r in rows[1:]] == ["1", "3"]  # line numbers; the blank line and the NUL bytes are skipped
     assert all(abs(sum(map(float, r[2:])) - 1) < 1e-5 for r in rows[1:])
     (tmp_path / "pairs.txt").write_text("how do i cook rice ?\thow to cook rice ?\n")
-    main(["--checkpoint", str(finished), "--task", "para", "--input", str(tmp_path / "pairs.txt"),
-          "--output", str(tmp_path / "out.csv")])
+    with caplog.at_level("INFO"):
+        main(["--checkpoint", str(finished), "--task", "para", "--input", str(tmp_path / "pairs.txt"),
+              "--output", str(tmp_path / "out.csv")])
+    assert f"wrote 1 rows of para predictions to {tmp_path / 'out.csv'}" in caplog.text  # the file it wrote
     rows = _csv((tmp_path / "out.csv").read_text())
     assert rows[0] == ["id", "label", "p_paraphrase"] and rows[1][0] == "1" and rows[1][1] in ("0", "1")
 
