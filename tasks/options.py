@@ -138,7 +138,8 @@ def json_value(cls: type, name: str, value: Any, where: str = "") -> Any:
         if item_type is bool:
             if isinstance(raw, bool):
                 return raw
-            raise ValueError(f"{where}: {shown} is not a boolean: write true or false")
+            raise ValueError(f"{where}: {shown} is not a boolean: write true or false"
+                             + (" (or null for its default)" if optional else ""))
         if isinstance(raw, str):
             if item_type is str:
                 return raw
