@@ -63,6 +63,7 @@ logger = logging.getLogger(__name__)
 
 
 # ---- a model's predictions and metrics over datasets ----
+PROGRESS_EVERY_S = 60.0  # a prediction longer than this logs how far it got, once a period
 
 
 @torch.no_grad()
@@ -105,7 +106,12 @@ def predict_dataset(
     logit_parts: list[torch.Tensor] = []
     pred_parts: list[torch.Tensor] = []
     try:
+        t0 = said = time.monotonic()
         for indices in length_bucketed_batches(dataset.lengths, batch_size, shuffle=False):
+            now = time.monotonic()
+            if now - said >= PROGRESS_EVERY_S:  # long work says how far it got (no device sync)
+                said = now
+                logger.info("%s: %d of %d examples predicted in %.0f s", task, len(order), n, now - t0)
             batch = move_batch(dataset.collate(indices), device)
             with amp:
                 out = model(task, batch)

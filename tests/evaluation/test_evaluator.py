@@ -184,3 +184,19 @@ def test_embed_is_what_the_heads_read_in_input_order(finished):
                                                            b["token_type_ids"])[0], atol=1e-5, rtol=0)
     assert p.embed([]).shape == (0, got.shape[1])
     assert not any(m.training for m in p.model.modules())
+
+
+def test_a_long_prediction_says_how_far_it_got(monkeypatch, caplog):
+    """Predicting a large set logs its progress once a period (a clock that moves 61 s a look, here), not
+    nothing for minutes; the predictions are the same."""
+    from tasks.evaluation import evaluator as evaluator_mod
+    model = make_model("b1").eval()
+    ds = make_dataset("sst", n=12)
+    quiet = predict_dataset(model, "sst", ds, batch_size=4)
+    clock = iter(range(0, 10_000, 61))
+    monkeypatch.setattr(evaluator_mod.time, "monotonic", lambda: float(next(clock)))
+    with caplog.at_level("INFO", logger="tasks.evaluation.evaluator"):
+        loud = predict_dataset(model, "sst", ds, batch_size=4)
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines[:2] == ["sst: 0 of 12 examples predicted in 61 s", "sst: 4 of 12 examples predicted in 122 s"]
+    assert torch.equal(loud.logits, quiet.logits)
