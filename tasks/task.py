@@ -28,6 +28,8 @@ its run (``model_tasks``).
 
 from __future__ import annotations
 
+import abc
+import contextlib
 import csv
 import io
 import json
@@ -71,8 +73,9 @@ def pearson_r(x: torch.Tensor, y: torch.Tensor) -> float:
     return max(-1.0, min(1.0, float((xc * yc).sum()) / denom))
 
 
-class Kind:
-    """What differs between kinds of task. Methods take the task where its entry matters (its classes)."""
+class Kind(abc.ABC):
+    """What differs between kinds of task: each kind implements every abstract method (a kind that forgets one
+    cannot be built). Methods take the task where its entry matters (its classes)."""
 
     name: str = ""
     pair: bool = False  # examples are two texts (a PairDataset); else one (a SentenceDataset)
@@ -81,33 +84,36 @@ class Kind:
     metric: str = "acc"  # the metric's suffix: "<task>_acc", "<task>_r"
 
     # -- data --
+    @abc.abstractmethod
     def parse_label(self, task: Task, raw: str, problems: list[str]) -> int | float | None:
         """A label cell as this kind reads it, or None with the reason appended to ``problems``."""
-        raise NotImplementedError
 
     # -- model --
+    @abc.abstractmethod
     def out_features(self, task: Task) -> int:
         """The head's last layer's width."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def head_output(self, task: Task, z: torch.Tensor, sts_scale: float) -> torch.Tensor:
         """The logits of a head that scored one sequence, from its last layer's output ``z`` (B, out_features)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
-        raise NotImplementedError
+        """The head's training loss on its logits (computed in float32)."""
 
+    @abc.abstractmethod
     def predict(self, logits: torch.Tensor) -> torch.Tensor:
         """A model's predictions from its logits: class ids (long) or scores (float32)."""
-        raise NotImplementedError
 
     # -- files --
+    @abc.abstractmethod
     def logit_columns(self, task: Task) -> list[str]:
         """The columns after ``id`` of ``{task}-{split}-logits.csv``."""
-        raise NotImplementedError
 
     def logits_shape(self, task: Task, n: int) -> tuple[int, ...]:
-        return (n, len(self.logit_columns(task))) if len(self.logit_columns(task)) > 1 else (n,)
+        """A set of ``n`` examples' logits: (n, C) for several columns, (n,) for one."""
+        width = len(self.logit_columns(task))
+        return (n, width) if width > 1 else (n,)
 
     def pred_dtype(self) -> torch.dtype:
         return torch.long if self.classification else torch.float32
@@ -122,31 +128,32 @@ class Kind:
         return value
 
     # -- ensembles --
+    @abc.abstractmethod
     def contributions(self, x: torch.Tensor) -> torch.Tensor:
         """Per-model quantities (M, N[, C]) whose mean decides the simple average's prediction."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def average(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The simple ensemble of models' logits ``x`` (M, N[, C]), float64: (its logits, its predictions)."""
-        raise NotImplementedError
 
     # the regression ensembler (tasks.evaluation.ensemble.fit_regression): logits Σ_m w_m x_m (+ b), fit by
     # ``fit_loss`` (a classification; a regression: least squares in closed form)
     fit_bias: bool = False
     fit_objective: str = "least squares"
 
+    @abc.abstractmethod
     def combine(self, w: torch.Tensor, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         """Σ_m w_m x_m (+ b): the regression ensembler's logits."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def fit_loss(self, z: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """The regression ensembler's data term on float64 logits ``z`` and labels ``y``."""
-        raise NotImplementedError
+        """The regression ensembler's data term on float64 logits ``z`` and labels ``y`` (a regression's, the squared
+        error, is minimised in closed form by least squares)."""
 
     # -- the Predictor --
+    @abc.abstractmethod
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         """What a user reads beside a prediction: class probabilities (N, C), P(class 1) (N,), or the score."""
-        raise NotImplementedError
 
 
 class SentenceClassification(Kind):
@@ -171,9 +178,6 @@ class SentenceClassification(Kind):
 
     def logit_columns(self, task):
         return [f"logit_{k}" for k in range(task.num_classes)]
-
-    def logits_shape(self, task, n):
-        return (n, task.num_classes)
 
     def contributions(self, x):
         return x.softmax(-1)
@@ -291,6 +295,9 @@ class PairRegression(Kind):
     def combine(self, w, x, b):
         return torch.einsum("m,mn->n", w, x) + b
 
+    def fit_loss(self, z, y):
+        return F.mse_loss(z, y)
+
     def outputs(self, logits):
         return logits
 
@@ -350,7 +357,7 @@ class Task:
         return f"{self.name}_{self.kind.metric}"
 
     @property
-    def label(self) -> str:
+    def table_title(self) -> str:
         """Its column in tables: "SST acc", "STS r"."""
         return f"{self.title or self.name} {self.kind.metric}"
 
@@ -359,10 +366,11 @@ class Task:
         """How many classes its predictions range over (None: scores)."""
         return (self.num_classes or 2) if self.kind.classification else None
 
-    def path(self, split: str, data_dir: str | os.PathLike[str]) -> Path:
+    def path(self, split: str, data_dir: str | os.PathLike[str]) -> Path | None:
+        """The file of ``split`` (a name in ``data_dir``, or a user's path), None where the task has none."""
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
-        return Path(data_dir) / self.files[split] if split in self.files else Path(data_dir) / f"<no {split} file>"
+        return Path(data_dir) / self.files[split] if split in self.files else None
 
     def read(self, split: str, data_dir: str | os.PathLike[str], limit: int | None = None, *,
              path: str | os.PathLike[str] | None = None) -> tuple[list[Example], ReadReport]:
@@ -413,11 +421,6 @@ def task_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def check_task(task: str) -> None:
-    """A ValueError naming the tasks for a name that is none of them."""
-    get_task(task)
-
-
 def task_with(tasks: Sequence[str], feature: str) -> str | None:
     """The first of ``tasks`` whose entry has ``feature`` (``phrases``, ``probe_prior``, ``cosine_prior``), or None."""
     return next((t for t in tasks if getattr(get_task(t), feature)), None)
@@ -462,8 +465,11 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
     """
     task = get_task(task)
     path = task.path(split, data_dir)
-    if split == "test" and not path.is_file():
-        logger.warning("no test file for task %r at %s; its test predictions will be skipped", task.name, path)
+    if path is None and split != "test":
+        raise ValueError(f"task {task.name!r} declares no {split} file")
+    if split == "test" and (path is None or not path.is_file()):
+        logger.warning("no test file for task %r%s; its test predictions will be skipped", task.name,
+                       f" at {path}" if path is not None else " (its task file names none)")
         return None
     result = task.read(split, data_dir, limit)
     report = result[1]
@@ -481,26 +487,18 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
 TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "num_classes", "delimiter")
 
 
-def _sniff_delimiter(path: Path) -> str:
-    """Tab when the header line holds one (the CS224N files, .tsv), else comma."""
-    with open(path, "rb") as f:
-        first = f.readline()
-    return "\t" if b"\t" in first else ","
-
-
-def _label_values(path: Path, label: str, delimiter: str) -> list[tuple[int, str]]:
-    """(line, raw label) of every row of a training file, for inferring and checking its task's kind."""
+def _labelled_rows(path: Path, label: str, delimiter: str | None) -> tuple[str, list[str], list[tuple[int, str]]]:
+    """(delimiter, header, (line, raw label) of every row) of a task's training or dev file, read once, for
+    inferring and checking its kind; the delimiter, when not given, is a tab where the header holds one (the
+    CS224N files, .tsv), else a comma."""
     text = decode_utf8(path, path.read_bytes())
+    delimiter = delimiter or ("\t" if "\t" in text.split("\n", 1)[0] else ",")
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
     header = [h.strip() for h in next(reader, [])]
     if label not in header:
         raise ValueError(f"{path}: line 1: no label column {label!r} (the header has {header})")
     k = header.index(label)
-    values = []
-    for row in reader:
-        if len(row) > k and row[k].strip():
-            values.append((reader.line_num, row[k].strip()))
-    return values
+    return delimiter, header, [(reader.line_num, row[k].strip()) for row in reader if len(row) > k and row[k].strip()]
 
 
 def _whole(raw: str) -> bool:
@@ -511,8 +509,17 @@ def _whole(raw: str) -> bool:
     return math.isfinite(v) and v == int(v)
 
 
+_DECLARED: dict[Path, tuple[tuple, Task]] = {}  # a task file's task, while neither it nor its files changed
+
+
+def _stamp(paths: Sequence[str | os.PathLike[str]]) -> tuple:
+    return tuple((os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in paths)
+
+
 def read_task_file(path: str | os.PathLike[str]) -> Task:
     """The task a JSON file declares, registered; a ValueError naming the file (and the data file and line).
+    Read once while neither the file nor its data files change: every config naming it (the command line, a
+    saved run, an ensemble's members) asks again.
 
     Keys: ``name``; ``train``, ``dev`` and optionally ``test`` (CSV files, relative to the JSON file's folder,
     tab- or comma-separated as their header line shows, or ``delimiter``); ``text``: one column (a sentence task)
@@ -522,6 +529,17 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
     the largest label + 1 (pair tasks: two), other numbers a pair regression.
     """
     path = Path(path)
+    known = _DECLARED.get(path.resolve())
+    if known is not None:
+        with contextlib.suppress(OSError):
+            if _stamp([path, *known[1].files.values()]) == known[0]:
+                return register_task(known[1])
+    task = _read_task_file(path)
+    _DECLARED[path.resolve()] = (_stamp([path, *task.files.values()]), task)
+    return register_task(task)
+
+
+def _read_task_file(path: Path) -> Task:
     where = f"--task-file {path}"
     try:
         spec = json.loads(path.read_text(encoding="utf-8"))
@@ -547,8 +565,7 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
     if len(text) not in (1, 2) or not all(isinstance(c, str) for c in text):
         raise ValueError(f"{where}: 'text' is one column name or a list of two (a sentence pair), got {spec['text']!r}")
     train = Path(files["train"])
-    delimiter = spec.get("delimiter") or _sniff_delimiter(train)
-    labels = _label_values(train, spec["label"], delimiter)
+    delimiter, header, labels = _labelled_rows(train, spec["label"], spec.get("delimiter"))
     if not labels:
         raise ValueError(f"{train}: no labels in column {spec['label']!r}")
     kind_name = spec.get("kind")
@@ -576,11 +593,7 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
                          f"num_classes {num_classes}")
     if kind.pair and kind.classification:
         num_classes = 2
-    id_column = spec.get("id", "id")
-    if "id" not in spec:
-        with open(train, newline="", encoding="utf-8-sig") as f:
-            header = [h.strip() for h in next(csv.reader(f, delimiter=delimiter), [])]
-        id_column = "id" if "id" in header else None
+    id_column = spec["id"] if "id" in spec else "id" if "id" in header else None
     task = Task(spec["name"], kind, files=files, text_columns=text, label_column=spec["label"],
                 num_classes=num_classes, id_column=id_column, delimiter=delimiter,
                 output_column=f"Predicted_{spec['name']}", spec={"file": str(path)})
@@ -588,7 +601,7 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
     for split in ("train", "dev"):
         problems_at = []
         for line, raw in (labels if split == "train" else
-                          _label_values(Path(files[split]), spec["label"], delimiter)):
+                          _labelled_rows(Path(files[split]), spec["label"], delimiter)[2]):
             problems: list[str] = []
             kind.parse_label(task, raw, problems)
             if problems:
@@ -598,9 +611,9 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
             raise ValueError(f"{files[split]}: line {line}: {problem} for task {task.name!r} ({kind.name}"
                              + (f", {num_classes} classes" if num_classes else "") + ")"
                              + (f"; and {len(problems_at) - 1} more rows" if len(problems_at) > 1 else ""))
-    return register_task(task)
+    return task
 
 
 __all__ = ("BUILTIN", "KINDS", "MULTITASK", "SPLITS", "Kind", "PairClassification", "PairRegression",
-           "SentenceClassification", "Task", "check_task", "get_task", "load_split", "model_tasks", "pearson_r",
+           "SentenceClassification", "Task", "get_task", "load_split", "model_tasks", "pearson_r",
            "read_task_file", "register_task", "task_names", "task_with", "unregister_task")

@@ -247,3 +247,22 @@ def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env,
     assert labels.shape == prob.shape == score.shape == (1,) and torch.equal(score, same)
     with pytest.raises(ValueError, match="reads sentence pairs"):
         p.predict("sim", ["one sentence"])
+
+
+def test_a_task_file_is_read_once_until_it_or_its_data_change(tmp_path, user_tasks, monkeypatch):
+    """Every config naming a task file declares it again (a saved run, an ensemble's members): the files are read
+    once while they stay as they were, and again once one changes."""
+    import os
+
+    from tasks import task as task_mod
+    path = three_class_task(tmp_path)
+    reads = []
+    real = task_mod._read_task_file
+    monkeypatch.setattr(task_mod, "_read_task_file", lambda p: reads.append(p) or real(p))
+    first = read_task_file(path)
+    assert read_task_file(path) is first and len(reads) == 1
+    train = tmp_path / "topic-train.csv"
+    train.write_text(train.read_text() + "the film was great moving 99,2\n")
+    os.utime(train, ns=(os.stat(train).st_atime_ns, os.stat(train).st_mtime_ns + 10**9))
+    unregister_task("topic")  # the changed file declares the task anew
+    assert read_task_file(path).num_classes == 3 and len(reads) == 2
