@@ -339,7 +339,7 @@ def _pred_dtype(task: str, preds: torch.Tensor) -> torch.Tensor:
 def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str]) -> str:
     """A fixed-width table: name, one column per task metric, overall."""
     width = max([len(name) for name, _ in rows] + [10])
-    header = f"{'':<{width}}  " + "  ".join(f"{get_task(t).label:>8}" for t in tasks) + f"  {'overall':>8}"
+    header = f"{'':<{width}}  " + "  ".join(f"{get_task(t).table_title:>8}" for t in tasks) + f"  {'overall':>8}"
     lines = [header]
     for name, scores in rows:
         cells = [f"{scores[t]:>8.4f}" if t in scores else f"{'-':>8}" for t in tasks]

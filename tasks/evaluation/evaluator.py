@@ -178,7 +178,7 @@ class Evaluator:
 
     def __init__(self, cfg: TrainConfig, objectives: Sequence[Objective], device: torch.device,
                  amp_dtype: torch.dtype | None, checkpoint: Path | None = None,
-                 probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
+                 probe_train: tuple[list[str], list[int]] | None = None) -> None:
         self.cfg, self.objectives, self.device, self.amp_dtype = cfg, list(objectives), device, amp_dtype
         self.priors = RunPriors(cfg, device, amp_dtype, probe_train)
         self.priors.checkpoint = checkpoint

@@ -280,13 +280,12 @@ def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
 class RunPriors:
     """A training run's priors, each built the first time it is asked for (rank 0, at the first evaluation;
     None when off). The SST probe comes from ``checkpoint`` when that holds one (a resumed run: set it to the
-    checkpoint resumed from), else it is fitted, on ``probe_train[task]`` (the training sentences and labels of
-    the task it serves) when given; ``save`` puts it in every checkpoint written after that."""
+    checkpoint resumed from), else it is fitted, on ``probe_train`` (the training sentences and labels of the
+    task it serves) when given; ``save`` puts it in every checkpoint written after that."""
 
     def __init__(self, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
-                 probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
-        self.cfg, self.device, self.amp = cfg, device, amp_dtype
-        self.probe_train = (probe_train or {}).get(task_with(cfg.tasks, "probe_prior") or "")
+                 probe_train: tuple[list[str], list[int]] | None = None) -> None:
+        self.cfg, self.device, self.amp, self.probe_train = cfg, device, amp_dtype, probe_train
         self.checkpoint: Path | None = None
         self._sts: CosinePrior | None = None
         self._sst: SentimentPrior | None = None

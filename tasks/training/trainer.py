@@ -69,7 +69,7 @@ from tasks.data.schedule import LossWeights, MultitaskSchedule
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import PHRASES, MultitaskBert, head_of
-from tasks.task import get_task
+from tasks.task import get_task, task_with
 from tasks.objectives import Objective
 from tasks.training import distributed, lpft
 from tasks.checkpoint import (
@@ -213,11 +213,10 @@ class Trainer:
         lpft.set_stage(self.model, self.stage)
         self.params, self.param_names, self.optimizer = self._build_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
-        # the SST prior's probe is fitted on the sentences read already (the tasks whose entry takes that prior)
-        probe_train = {t: (d.texts, d.labels.tolist()) for t, d in self.train_sets.items()
-                       if t in cfg.tasks and get_task(t).probe_prior}
+        # the SST prior's probe is fitted on the sentences read already (of the task whose entry takes it)
+        probe = self.train_sets.get(task_with(cfg.tasks, "probe_prior") or "")
         self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
-                                   probe_train=probe_train)
+                                   probe_train=(probe.texts, probe.labels.tolist()) if probe is not None else None)
         self.weights = LossWeights(dict(cfg.loss_weights)
                                    | ({PHRASES: cfg.sst_phrases_weight} if PHRASES in self.train_sets else {}))
 
