@@ -5,11 +5,14 @@
   (selective), ``fit_regression`` (the regression ensembler), and
   ``ensemble_task``, which runs one of them on a task's dev and test logits
   with its honest held-out score.
-- Reading the runs: each run's ``{task}-{split}-logits.csv`` (as
-  tasks.predictions writes them), aligned by id (``load_task_logits``),
-  which tasks a run was trained on (``trained_tasks``), and the dev labels.
+- Reading the runs: each run's ``{task}-{split}-logits.csv`` aligned by id
+  and which tasks a run was trained on (tasks.predictions' ``load_task_logits``
+  and ``trained_tasks``), and the dev labels (``dev_labels``).
 - ``write_submission_zip``: the CS224N submission zip of the code and the
   leaderboard files.
+- The ensemble the command makes: its options (``EnsembleConfig``), checked
+  before anything is read (``check_ensemble``), then every task ensembled and
+  the outputs written (``make_ensemble``).
 The command around them is tasks.ensemble (python -m tasks.ensemble).
 
 Usage:

@@ -10,9 +10,10 @@ Usage:
 An objective is an ``nn.Module`` subclass of :class:`Objective` in its own
 file under tasks/objectives/ (imported by ``import_all``), with:
 - ``name``: its registry key (a duplicate name raises at import);
-- ``Config``: a dataclass of its hyper-parameters; every field becomes a CLI flag
-  ``--<name>-<field>`` (its help: ``tasks.options.option`` metadata, else the
-  field's trailing comment) and ``weight`` always exists (the factor on its terms);
+- ``Config``: a dataclass of its hyper-parameters, subclassing :class:`ObjectiveConfig` (so ``weight``, the
+  factor on its terms, and ``tasks`` always exist); each field, written with ``tasks.options.option`` (its
+  default and help), becomes the train command's flag ``--<name>-<field>`` in kebab case (tasks/arguments.py:
+  ``match_tuning``'s ``temperature`` is ``--match-tuning-temperature``);
 - ``kinds``: the kinds of task it supports (tasks/task.py): any task of those kinds, a user's too, may be named
   in its config; ``tasks``: the built-in streams it can take (``"nli"`` is the NLI triplet stream,
   ``"phrases"`` the SST phrases), enforced here: a config naming another stream, or a task of another kind, is

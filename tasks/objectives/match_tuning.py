@@ -103,7 +103,7 @@ def match_transform(h: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
 
 @dataclass
 class MatchTuningConfig(ObjectiveConfig):
-    """Options of the "match_tuning" objective (CLI: ``--match_tuning-<field>``)."""
+    """Options of the "match_tuning" objective (CLI: ``--match-tuning-<field>``)."""
 
     weight: float = option(1.0, "interface field only: Match-Tuning adds no loss term, so it must stay 1")
     temperature: float = option(1.0, "T dividing h hᵀ (paper App. B grid: 1–6)")
