@@ -27,7 +27,9 @@ A checkpoint directory (``<out_dir>/checkpoints/last``, ``.../best``, ``.../swa`
 ``write_checkpoint`` writes it whole (tasks.storage.atomic_directory: a crash never
 leaves a partial directory under the final name); ``load_model`` rebuilds the model
 and objectives from it alone; ``resume_point`` reads what a resume continues, and
-refuses, before any data is read, a checkpoint that is no training position.
+refuses, before any data is read, a checkpoint that is no training position;
+``check_encoder`` checks, before any weights are loaded, the encoder a run or an
+evaluation builds its model on: the checkpoint's encoder/, else --pretrained.
 
 Usage:
     write_checkpoint(run_dir / "checkpoints" / "last", model=model, objectives=objectives, optimizer=opt,
@@ -52,6 +54,7 @@ from torch import nn
 
 from minbert.bert import BertModel
 from minbert.config import BertConfig
+from minbert.pretrained import check_weights, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.config import TrainConfig
 from tasks.task import task_names
@@ -422,6 +425,28 @@ def write_checkpoint(directory: Path, *, model: MultitaskBert, objectives: Seque
         save_tensors(directory / SST_PRIOR_FILE, sst_prior)
     save_encoder_files(directory / "encoder", model.encoder, tokenizer, max_length=config.max_length,
                        pooling=config.model.pooling)
+
+
+def check_encoder(cfg: TrainConfig, ckpt: Path | None = None, eval_only: bool = False) -> None:
+    """The encoder a run or an evaluation starts from, checked without loading it: a training run's --pretrained
+    weights read (their header: a truncated file is named now, not at model building), and --max-length within
+    the position embeddings and --reinit-layers within its layers (config.json of the checkpoint's encoder/ when
+    there is one, else of --pretrained)."""
+    if not eval_only:  # training loads --pretrained first (a resume then overwrites it with the checkpoint's)
+        try:
+            check_weights(resolve_model_dir(cfg.pretrained))
+        except ValueError as e:
+            raise ValueError(f"--pretrained {cfg.pretrained}: {e}: use an intact checkpoint directory") from None
+    own = ckpt / "encoder" if ckpt is not None else None
+    source = own if own is not None and (own / "config.json").is_file() else resolve_model_dir(cfg.pretrained)
+    encoder = BertConfig.from_json_file(source / "config.json")
+    positions = encoder.max_position_embeddings
+    if cfg.max_length > positions:
+        raise ValueError(f"--max-length {cfg.max_length} is more than the {positions} positions of the encoder in "
+                         f"{source} (max_position_embeddings): pass --max-length {positions} or less")
+    if cfg.reinit_layers > encoder.num_hidden_layers:
+        raise ValueError(f"--reinit-layers {cfg.reinit_layers}: the encoder in {source} has "
+                         f"{encoder.num_hidden_layers} layers")
 
 
 def load_model(ckpt: Path, device: torch.device | str = "cpu", cfg: TrainConfig | None = None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from safetensors.torch import load_file
 
 from minbert.pretrained import load_pretrained
 from tasks.config import TrainConfig
-from tasks.checkpoint import load_model, resolve_checkpoint
+from tasks.checkpoint import check_encoder, load_model, resolve_checkpoint
 from tasks.evaluation.evaluator import evaluate_checkpoint
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.checkpoint import save_encoder_files
@@ -65,6 +66,37 @@ def test_checkpoint_files_are_safetensors_and_json_only(tiny_env, tmp_path, monk
     monkeypatch.setattr(torch, "load", no_torch_load)
     trainer_for(cfg, resume_from=ckpt)  # loads model, optimizer, state without torch.load
     evaluate_checkpoint(ckpt, out_dir=tmp_path / "eval")
+
+
+# ---- the encoder a run or an evaluation builds its model on ------------------------------------------------
+
+
+def test_check_encoder_reads_the_checkpoints_encoder_before_pretrained(tiny_env, tmp_path):
+    """check_encoder measures --max-length and --reinit-layers against the checkpoint's encoder/config.json when
+    the checkpoint has one, else against --pretrained's; an evaluation never reads --pretrained's weights."""
+    pretrained = tmp_path / "pretrained"
+    shutil.copytree(tiny_env[0], pretrained)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(pretrained, ckpt / "encoder")
+    config = read_json(ckpt / "encoder" / "config.json")
+    positions, layers = config["max_position_embeddings"], config["num_hidden_layers"]
+    (ckpt / "encoder" / "config.json").write_text(json.dumps({**config, "max_position_embeddings": positions // 2,
+                                                             "num_hidden_layers": layers - 1}))
+    longer = tiny_train_config(tiny_env, tmp_path / "run", pretrained=str(pretrained), max_length=positions)
+    check_encoder(longer)  # --pretrained's positions
+    with pytest.raises(ValueError, match=f"--max-length {positions} is more than the {positions // 2} positions "
+                                         f"of the encoder in {ckpt / 'encoder'}"):
+        check_encoder(longer, ckpt, eval_only=True)
+    deeper = tiny_train_config(tiny_env, tmp_path / "run", pretrained=str(pretrained), reinit_layers=layers)
+    check_encoder(deeper)
+    with pytest.raises(ValueError, match=f"--reinit-layers {layers}: the encoder in {ckpt / 'encoder'} has "
+                                         f"{layers - 1} layers"):
+        check_encoder(deeper, ckpt)
+    weights = pretrained / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    check_encoder(longer, ckpt / "missing", eval_only=True)  # --pretrained's config only: its weights unread
+    with pytest.raises(ValueError, match=r"--pretrained .*pretrained: .*truncated or corrupted"):
+        check_encoder(longer)
 
 
 # ---- the checkpoint in transformers and sentence-transformers ---------------------------------------------

@@ -6,7 +6,7 @@ Usage:
     result = evaluator.write_all(model, tokenizer, Path("runs/try/predictions"))    # a run's prediction files
 
     result = evaluate_checkpoint("runs/try/checkpoints/best")      # dev metrics + predictions/ of a saved model
-    model, objectives, tokenizer, cfg = load_model("runs/try/checkpoints/best")
+    model, objectives, tokenizer, cfg = load_model(resolve_checkpoint(path))   # tasks.checkpoint: the saved model
 
     p = Predictor.from_checkpoint("runs/try/checkpoints/best")           # device="auto": CUDA when present
     labels, probs = p.sentiment(["a gripping film", "dull"])             # (N,) classes 0-4, (N, 5) probabilities
@@ -41,8 +41,6 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from minbert.config import BertConfig
-from minbert.pretrained import check_weights, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.config import TrainConfig, eval_config
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
@@ -55,7 +53,7 @@ from tasks.model import MultitaskBert, TaskOutput
 from tasks.task import get_task
 from tasks.objectives import Inference, Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
-from tasks.checkpoint import load_model, verify_checkpoint
+from tasks.checkpoint import check_encoder, load_model, verify_checkpoint
 from tasks.logs import open_log
 from tasks.runtime import autocast, autocast_dtype, precision_note, resolve_device
 
@@ -326,28 +324,6 @@ def incomplete_submission(reports: dict[str, dict]) -> list[str]:
 
 
 # ---- a saved checkpoint: the model, and its predictions (--eval-only) ----
-
-
-def check_encoder(cfg: TrainConfig, ckpt: Path | None = None, eval_only: bool = False) -> None:
-    """The encoder a run or an evaluation starts from, checked without loading it: a training run's --pretrained
-    weights read (their header: a truncated file is named now, not at model building), and --max-length within
-    the position embeddings and --reinit-layers within its layers (config.json of the checkpoint's encoder/ when
-    there is one, else of --pretrained)."""
-    if not eval_only:  # training loads --pretrained first (a resume then overwrites it with the checkpoint's)
-        try:
-            check_weights(resolve_model_dir(cfg.pretrained))
-        except ValueError as e:
-            raise ValueError(f"--pretrained {cfg.pretrained}: {e}: use an intact checkpoint directory") from None
-    own = ckpt / "encoder" if ckpt is not None else None
-    source = own if own is not None and (own / "config.json").is_file() else resolve_model_dir(cfg.pretrained)
-    encoder = BertConfig.from_json_file(source / "config.json")
-    positions = encoder.max_position_embeddings
-    if cfg.max_length > positions:
-        raise ValueError(f"--max-length {cfg.max_length} is more than the {positions} positions of the encoder in "
-                         f"{source} (max_position_embeddings): pass --max-length {positions} or less")
-    if cfg.reinit_layers > encoder.num_hidden_layers:
-        raise ValueError(f"--reinit-layers {cfg.reinit_layers}: the encoder in {source} has "
-                         f"{encoder.num_hidden_layers} layers")
 
 
 @dataclass(frozen=True)
