@@ -103,7 +103,8 @@ def _snapshot(folder):
 @pytest.mark.parametrize("nested", [True, False])
 def test_out_dir_that_is_an_input_is_refused_and_nothing_changes(tmp_path, capsys, nested):
     """--out-dir naming an input run (or its predictions folder, or a folder inside it; any spelling that resolves
-    there) exits 2 with one line, and the input run's files keep their bytes."""
+    there) is an argument error: exit status 2, the usage line and one error line, and the input run's files keep
+    their bytes."""
     runs = make_runs(tmp_path, nested=nested)
     data = str(tmp_path / "data")
     before = _snapshot(tmp_path / "run0")
@@ -116,8 +117,9 @@ def test_out_dir_that_is_an_input_is_refused_and_nothing_changes(tmp_path, capsy
         with pytest.raises(SystemExit) as err:
             main([*runs, "--data-dir", data, "--out-dir", out])
         assert err.value.code == 2, out
-        message = capsys.readouterr().err.strip()
-        assert "\n" not in message and "--out-dir" in message and runs[0] in message, message
+        usage, message = capsys.readouterr().err.strip().splitlines()
+        assert usage.startswith("usage: python -m tasks.ensemble ") and message.startswith(
+            "python -m tasks.ensemble: error: --out-dir") and runs[0] in message, message
         assert _snapshot(tmp_path / "run0") == before, out
     if nested:  # the run's predictions folder given as the input, its run folder as the output
         with pytest.raises(SystemExit) as err:
@@ -188,7 +190,7 @@ def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypat
 
     monkeypatch.setattr(ens, "write_logits", failing_write_logits)
     monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
-    with pytest.raises(SystemExit) as exc:  # one line, exit status 1 (tasks/errors.py), not a traceback
+    with pytest.raises(SystemExit) as exc:  # one line, exit status 1 (tasks.cli.user_errors), not a traceback
         main([*runs, "--method", "selective", "--data-dir", str(tmp_path / "data"), "--out-dir", str(out)])
     assert exc.value.code == 1 and "error: disk full" in capsys.readouterr().err.strip().splitlines()[-1]
     assert _snapshot(out) == before and sorted(p.name for p in out.iterdir()) == sorted(
