@@ -18,8 +18,6 @@ from tests.helpers import tiny_train_config
 
 
 @pytest.mark.parametrize("task", ["sst", "para", "sts"])
-
-
 def test_distill_targets_on_device_equal_the_old_lookup(task):
     """Distill's term with the target table moved to the device once and indexed there equals the old per-step
     lookup (CPU rows copied to the student's device), over repeated batches in another order."""
@@ -44,8 +42,6 @@ def _cfg(env, out_dir: Path, **overrides):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0])
-
-
 def test_distill_kl_is_zero_when_the_student_is_the_teacher(temperature):
     """SST: KL(teacher ‖ student) of a student with the teacher's own logits is 0, at any temperature."""
     z = torch.randn(6, 5) * 3
@@ -62,8 +58,6 @@ def _softmax(z: list[float], t: float) -> list[float]:
 
 
 @pytest.mark.parametrize("temperature", [1.0, 2.0, 0.5])
-
-
 def test_distill_sst_is_t_squared_kl_teacher_to_student_by_hand(temperature):
     """SST term = T² · mean_n Σ_c p_c (log p_c − log q_c), p = softmax(z_teacher / T), q = softmax(z_student / T),
     computed by hand: not the reverse KL(q ‖ p), and not without the T² factor (the logits tell them apart)."""
@@ -84,8 +78,6 @@ def test_distill_sst_is_t_squared_kl_teacher_to_student_by_hand(temperature):
 
 
 @pytest.mark.parametrize("temperature", [1.0, 3.0])
-
-
 def test_distill_para_is_t_squared_bce_by_hand(temperature):
     """Paraphrase term = T² · mean_n −[p log q + (1 − p) log(1 − q)], p = σ(z_teacher / T), q = σ(z_student / T)."""
     zt, zs = [1.5, -2.0, 0.3, 4.0], [0.0, -1.0, 2.0, 1.0]

@@ -75,8 +75,6 @@ META_CASES = [(name, enc) for name in sorted(meta_settings("cross")) for enc in 
 
 
 @pytest.fixture
-
-
 def meta_autocast(monkeypatch):
     """torch.autocast("meta", ...) raises "unsupported scalarType" (the meta device has no autocast, torch 2.13):
     inside the objectives' float32 regions (``torch.autocast(x.device.type, enabled=False)``) it becomes a no-op
@@ -100,11 +98,7 @@ def meta_autocast(monkeypatch):
 
 
 @pytest.mark.usefixtures("meta_autocast")
-
-
 @pytest.mark.parametrize("name,pair_encoding", META_CASES)
-
-
 def test_objective_runs_on_the_meta_device(name, pair_encoding):
     """Forward (head loss + the objective's terms), backward, a fused AdamW step over model and objective parameters,
     and on_step_end, for every task stream the objective applies to, with every tensor on the meta device."""
@@ -142,12 +136,7 @@ def test_objective_runs_on_the_meta_device(name, pair_encoding):
         assert {t.targets.device for t in obj.targets.values()} == {META}
 
 
-pytestmark = pytest.mark.usefixtures("one_thread")
-
-
 @dataclass
-
-
 class ProbeConfig(ObjectiveConfig):
     weight: float = 0.5
 
@@ -171,8 +160,6 @@ def test_a_config_that_is_not_an_objective_config_is_refused_at_registration():
 
 
 @pytest.fixture
-
-
 def probe():
     """A minimal objective, registered for this test only (the registry is global)."""
 

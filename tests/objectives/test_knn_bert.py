@@ -246,8 +246,6 @@ def knn_predict(model, task, train_dataset, eval_dataset, k=100, phi=0.25, batch
 
 
 @pytest.mark.parametrize("task", ["sst", "para"])
-
-
 def test_phi_zero_is_the_linear_classifier_and_phi_mixes_eq1(task):
     """knn_predict: φ = 0 gives softmax(F(q)) (same predictions as the head), φ = 1 the KNN vote, and
     φ in between (1 − φ)·softmax + φ·KNN (eq. 1); paraphrase is the 2-class [1 − σ, σ]."""
@@ -270,8 +268,6 @@ def test_phi_zero_is_the_linear_classifier_and_phi_mixes_eq1(task):
     ("para", "baseline", "cross", "pooled"),
     ("para", "b1", "siamese", "head_input"),
 ])
-
-
 def test_knn_bert_trains_end_to_end(task, arch, pair_encoding, representation):
     """Two training steps on a tiny MultitaskBert: L'_sc equals eq. 3 by loop over the queue (which holds this
     batch's keys) with the normalized representations as queries, gradient into the encoder, the queue grows,

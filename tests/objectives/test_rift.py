@@ -100,8 +100,6 @@ def test_frozen_encoder_gets_no_gradient_and_stays_unchanged():
 
 
 @pytest.mark.parametrize("pooling", ["pooler", "cls", "mean"])
-
-
 def test_teacher_features_equal_the_models_before_training(pooling):
     """At construction the frozen copy pools exactly as the model does: teacher features == model.embed."""
     model = tiny_model(pooling=pooling).eval()
@@ -112,11 +110,7 @@ def test_teacher_features_equal_the_models_before_training(pooling):
 
 
 @pytest.mark.parametrize("norm", ["l2", "linf"])
-
-
 @pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "siamese")])
-
-
 def test_pgd_perturbation_stays_in_its_ball(norm, task, pair_encoding):
     """Every token's δ lies in its ε-ball (‖δ_t‖₂ ≤ ε or |δ_t,h| ≤ ε), padding is never perturbed, the
     model's train mode comes back, and no parameter gradient is left behind (both Siamese sides attacked)."""
@@ -143,8 +137,6 @@ def test_pgd_perturbation_stays_in_its_ball(norm, task, pair_encoding):
 
 
 @pytest.mark.parametrize("norm", ["l2", "linf"])
-
-
 def test_pgd_does_not_decrease_the_kl(norm):
     """KL(p(x) ‖ p(x')) after PGD is, per example, at least the KL of its random start (same RNG), above the
     0 of the unperturbed input, and in total above the best of 30 random points on the ball's surface
@@ -180,8 +172,6 @@ def test_pgd_does_not_decrease_the_kl(norm):
     ("para", "b1", "cross"),
     ("para", "baseline", "siamese"),
 ])
-
-
 def test_rift_forward_backward_end_to_end(task, arch, pair_encoding):
     """On a tiny MultitaskBert, RIFT returns finite {"adv_kl", "info"}, and their gradient reaches the encoder
     and exactly the projections of the classes with at least two examples in the batch."""
@@ -222,8 +212,6 @@ def test_rift_terms_are_unweighted_and_term_weight_carries_beta_and_alpha():
 
 
 @pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "siamese")])
-
-
 def test_rift_kl_term_reaches_the_word_embeddings_through_x_adv(task, pair_encoding):
     """RIFT eq. 9: x' = x + δ with δ detached, so KL(p(x) ‖ p(x')) alone (α = 0, no CE, the clean side
     detached) sends gradient to the word embeddings through x', as SMART's penalty does."""
@@ -271,8 +259,6 @@ def test_kl_divergence_equals_hand_computation_and_its_direction():
 
 
 @pytest.mark.parametrize("task,pair_encoding", [("sst", "cross"), ("para", "cross"), ("para", "siamese")])
-
-
 def test_rift_adv_kl_is_hand_kl_at_x_plus_delta(task, pair_encoding, monkeypatch):
     """With the attack's δ fixed, "adv_kl" = KL(p(x) ‖ p(x + δ)) computed by hand from the model's logits, and
     its gradient on the word embeddings is that of the same expression built independently from embed(ids) + δ."""

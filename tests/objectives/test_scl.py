@@ -34,8 +34,6 @@ def _scl_before(features: torch.Tensor, labels: torch.Tensor, temperature: float
 
 
 @pytest.mark.parametrize("labels", [[0, 1, 0, 2, 1, 0, 3], [0, 1, 2, 3], [4], [1, 1]])
-
-
 def test_scl_without_host_read_equals_the_old_formula(labels):
     """scl_loss (no branch on the host, most-negative-float self-mask) equals the old formula in value and gradient:
     with singleton classes, with no positive anywhere, for a batch of one and of one pair."""
@@ -68,8 +66,6 @@ def scl_double_loop(features: torch.Tensor, labels: list[int], tau: float) -> fl
 
 
 @pytest.mark.parametrize("tau", [0.1, 0.3, 0.7])
-
-
 def test_scl_equals_double_loop_of_eq3(tau):
     """scl_loss equals eq. 3 computed term by term (sum over anchors; 'mean' = sum / N), singleton class included;
     its gradient is finite despite the −inf self-mask."""
@@ -168,8 +164,6 @@ def test_scl_objective_on_sst_matches_loss_and_reaches_encoder():
 
 
 @pytest.mark.parametrize("arch,embedding", [("baseline", "pooled"), ("b1", "pooled"), ("b1", "head_input")])
-
-
 def test_scl_para_cross_uses_the_pair_vector(arch, embedding):
     """Cross-encoded paraphrase pairs: SCL runs on the pair's vector with the 0./1. float labels as classes."""
     model = make_model(arch, "cross")
@@ -202,8 +196,6 @@ def test_scl_para_siamese_b1_head_input_and_baseline_refused():
     ("scl", {"weight": 0.25}, "loss"),
     ("knn_bert", {"weight": 0.25, "m_most": 2, "m_least": 2, "queue_size": 20, "knn_k": 5}, "sc"),
 ])
-
-
 def test_step_loss_is_loss_weight_times_one_minus_lambda_ce_plus_lambda_term(tiny_env, tmp_path, name, settings,
                                                                               term):
     """SCL eq. 1 and KNN-BERT eq. 6 in the trainer's step: loss = w_task · ((1 − λ)·CE + λ·term) with λ = 0.25 and
