@@ -132,13 +132,6 @@ def _preset(name: str, *argv: str) -> TrainConfig:
     return arguments.config_for(["--preset", name, *argv])
 
 
-@pytest.fixture
-def paper_objectives():
-    registry = registered_objectives()
-    if not {"mnr", "simcse"} <= set(registry):
-        pytest.skip("the presets need the mnr and simcse objectives")
-
-
 def test_baseline_preset_is_paper_section_4_1():
     """baseline: §4.1 heads (Siamese, linear, dropout 0.3), lr 1e-5 constant, sequential schedule, all data."""
     cfg = _preset("baseline")
@@ -151,7 +144,6 @@ def test_baseline_preset_is_paper_section_4_1():
     assert cfg.sst_phrases is None and not any(_preset(name).trains_phrases for name in ("b1", "b2", "b3"))
 
 
-@pytest.mark.usefixtures("paper_objectives")
 def test_b_presets_are_paper_section_5_4():
     """b3 = b1 arch + even batching + para 0.1 + MNR + SimCSE on STS + lr 1e-5 − 4e-7/epoch + head dropout 0.3 + FCN 256;
     b2 = b3 without head dropout; b1 = b2 + the NLI stream trained by MNR."""
@@ -169,7 +161,6 @@ def test_b_presets_are_paper_section_5_4():
     assert dataclasses.replace(b1, nli=False, objectives=b2.objectives) == b2
 
 
-@pytest.mark.usefixtures("paper_objectives")
 def test_the_quick_preset_is_the_default_recipe_in_a_third_of_its_epochs():
     """quick (issue 31): the default recipe, every setting but one, in 1 epoch of the default's 3; flags override."""
     quick, default = _preset("quick").to_dict(), TrainConfig().to_dict()
