@@ -1,6 +1,6 @@
 """The GPU check: everything a lent GPU should show, in one call of at most 8 minutes, with a report written as it goes.
 
-A GPU machine is lent to a session only by chance, for 15 minutes of device time, with no
+A GPU machine is lent only by chance, for 15 minutes of device time, with no
 package registry and at most 64 MiB of files travelling with a call (benchmarks/README.md,
 "The GPU check", gives the call). So the check is prepared and tested here, and on the day a
 GPU is lent it runs in one call whose first try must not be wasted. Its steps, in order, each

@@ -1,4 +1,4 @@
-"""The SST prior's probe fitted with the treebank's phrases too, scored on finished runs (issue 42).
+"""The SST prior's probe fitted with the treebank's phrases too, scored on finished runs.
 
 The SST prior (tasks/evaluation/priors.py) mixes a run's SST head with a linear probe on the frozen MiniLM's
 embeddings of the 8,544 training sentences:

@@ -162,7 +162,7 @@ def test_b_presets_are_paper_section_5_4():
 
 
 def test_the_quick_preset_is_the_default_recipe_in_a_third_of_its_epochs():
-    """quick (issue 31): the default recipe, every setting but one, in 1 epoch of the default's 3; flags override."""
+    """quick: the default recipe, every setting but one, in 1 epoch of the default's 3; flags override."""
     quick, default = _preset("quick").to_dict(), TrainConfig().to_dict()
     assert {k for k in default if quick[k] != default[k]} == {"epochs"}
     assert quick["epochs"] * 3 == default["epochs"]
@@ -204,7 +204,7 @@ def test_default_config_is_the_measured_cpu_recipe():
 
 
 def test_the_default_trains_the_sst_phrases_and_none_turns_them_off(tmp_path):
-    """Issue 42: the default recipe trains 17,088 of the treebank's phrases an epoch through the SST head, in
+    """The default recipe trains 17,088 of the treebank's phrases an epoch through the SST head, in
     batches of 64; a run without sst has no phrase stream (and needs no phrase file); ``--sst-phrases none`` turns
     them off."""
     default = arguments.config_for([])
@@ -251,10 +251,9 @@ def test_every_flag_of_the_readme_techniques_table_is_accepted():
 
 
 def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_path):
-    """Issue 40: --config holding {"epochs": 1} trained with symmetric_eval off, both priors at 0 and
-    train_subsets=fresh (the values for runs saved before those options), silently not the default recipe. A file
-    of some fields now gives today's default recipe but for them; a run's saved config.json lacking an option
-    added since still loads with the value it ran with."""
+    """A --config file of some fields ({"epochs": 1}) gives today's default recipe but for them (symmetric_eval,
+    the priors and train_subsets at their defaults too); a run's saved config.json lacking an option still loads
+    with the value it ran with."""
     (tmp_path / "one.json").write_text('{"epochs": 1, "model": {"fcn_size": 128}}')
     cfg = arguments.config_for(["--config", str(tmp_path / "one.json")])
     default = TrainConfig()
@@ -268,7 +267,7 @@ def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_p
 
 def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_path):
     """An option whose default is on takes "none" for off on the command line (--sst-phrases none); a --config
-    file saying "none" for it means the same (it was read as the file name "none"); null stays off too."""
+    file saying "none" for it means the same (not a file named "none"); null stays off too."""
     (tmp_path / "off.json").write_text('{"sst_phrases": "none"}')
     from_file = arguments.config_for(["--config", str(tmp_path / "off.json")])
     assert from_file == arguments.config_for(["--sst-phrases", "none"]) and from_file.sst_phrases is None

@@ -1,5 +1,5 @@
 """Tests of tasks/checkpoint.py: a checkpoint is safetensors and JSON only, written atomically, and loads
-in the reference libraries as it is (issue 16, item 1).
+in the reference libraries as it is.
 
 checkpoints/best/encoder is a plain HF BERT directory and a sentence-transformers
 model whose outputs equal ours (fp32, atol 1e-5); the checkpoint's top level is
@@ -145,8 +145,8 @@ def test_encoder_dir_loads_in_transformers_and_sentence_transformers(trained):
 
 
 def test_predictor_says_its_precision_and_in_fp32_equals_sentence_transformers(trained, caplog):
-    """Issue 41: Predictor ran bf16 on a bf16 CPU without a word, ~6e-3 from sentence-transformers where the README
-    promised 1e-5. It logs its precision, and bf16=False (--no-bf16) gives fp32, equal to 1e-5."""
+    """The Predictor logs the precision it runs in (bf16 on a bf16 CPU is ~6e-3 from sentence-transformers), and
+    bf16=False (--no-bf16) gives fp32, equal to sentence-transformers within the README's 1e-5."""
     from tasks.evaluation.evaluator import Predictor
 
     caplog.set_level(logging.INFO)
@@ -202,8 +202,8 @@ def test_pretrained_checkpoint_continues_from_its_fine_tuned_encoder(trained):
 
 
 def test_best_does_not_share_files_with_last(tiny_env, tmp_path):
-    """Issue 33: best was made of hard links to last's files, so damage to one file of last (a disk error, an
-    editor) reached best too. Changing every file of last in place leaves best's bytes as they were."""
+    """best is a copy of last, not links to its files: changing every file of last in place (a disk error, an
+    editor) leaves best's bytes as they were."""
     run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
     last, best = tmp_path / "run" / "checkpoints" / "last", tmp_path / "run" / "checkpoints" / "best"
     before = snapshot(best)

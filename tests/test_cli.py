@@ -1,4 +1,4 @@
-"""Tests of tasks/cli.py, what every command shares: the ecosystem's CLI idiom (issue 16, item 4): no
+"""Tests of tasks/cli.py, what every command shares: the ecosystem's CLI idiom: no
 abbreviations, two-line errors, hints for flags from the CS224N starter and the HF Trainer, one name per concept,
 every default in the help."""
 

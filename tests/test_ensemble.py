@@ -211,9 +211,9 @@ def test_submission_zip_and_outputs_follow_the_umask(tmp_path):
 
 
 def test_a_test_id_no_member_predicted_marks_the_submission_incomplete(tmp_path, capsys):
-    """Issue 41: two members whose sts-test logits lack an id gave a zip with 39 of 40 ids, exit 0, not a word. The
-    ensemble checks every test file it writes against the ids of the task's test input file: a missing id is a
-    SUBMISSION INCOMPLETE line on stderr and an "incomplete" entry in ensemble.json; complete tasks say nothing."""
+    """The ensemble checks every test file it writes against the ids of the task's test input file: an id no
+    member predicted is a SUBMISSION INCOMPLETE line on stderr and an "incomplete" entry in ensemble.json, not a
+    silent zip with an id fewer; complete tasks say nothing."""
     runs = make_runs(tmp_path)
     data = tmp_path / "data"
     (data / "sts-test-student.csv").write_text("\tid\tsentence1\tsentence2\n"

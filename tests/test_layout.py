@@ -226,7 +226,7 @@ def device_tests(text: str) -> list[str]:
 
 
 def test_device_decisions_live_in_runtime():
-    """No module outside DEVICE_EXCEPTIONS calls torch.cuda or compares a device type (issue 13): pinning,
+    """No module outside DEVICE_EXCEPTIONS calls torch.cuda or compares a device type: pinning,
     prefetching, backends, optimizer paths, RNG state, synchronization and peak memory ask tasks.runtime."""
     found = {}
     for package in PACKAGES:
@@ -243,10 +243,10 @@ def test_the_device_scan_finds_a_planted_test():
     assert device_tests("pin = runtime.pin_and_prefetch(device)\n") == []
 
 
-# ---- no host reads in the hot path (issue 13): a source scan --------------------------------------------------------
-# The rewrites that removed them are checked against the formulas they replaced in tests/objectives/test_scl.py,
-# test_distill.py and tests/training/test_mlm.py; tests/objectives/test_init.py runs every objective on the meta
-# device, where a host read raises.
+# ---- no host reads in the hot path: a source scan ----------------------------------------------------------------
+# The forms without a host read are checked against direct formulas that read the device in
+# tests/objectives/test_scl.py, test_distill.py and tests/minbert/test_mlm.py; tests/objectives/test_init.py runs
+# every objective on the meta device, where a host read raises.
 
 
 ALLOW = "# host-read:"  # end-of-line marker of an allowed read, followed by its reason
@@ -424,8 +424,8 @@ def _readme_commands() -> list[str]:
 def test_the_readme_opens_with_two_commands_and_the_rest_run_as_written_after_them():
     """A newcomer runs the first block's two commands (the main job and the tests, each setting up on first use);
     every later command is the plain form the activated .venv runs: its python, torchrun, tensorboard, hf, pip,
-    or a console script pyproject.toml installs (a bare `python` once failed in a fresh clone, where nothing said
-    to activate .venv). CI runs the README's test command as written."""
+    or a console script pyproject.toml installs (a bare `python` is the system's in a fresh clone: nothing before it
+    activates .venv). CI runs the README's test command as written."""
     import tomllib
 
     blocks = re.findall(r"```bash\n(.*?)```", (ROOT / "README.md").read_text(), flags=re.S)
@@ -451,7 +451,7 @@ def test_the_readme_fits_250_lines():
 
 
 def test_setup_says_what_it_is_doing_before_each_long_step():
-    """Issue 41: setup.sh was silent for ~2 minutes. Each install (and the virtualenv) is announced first."""
+    """setup.sh announces each install (and the virtualenv) before it starts: together they take minutes."""
     lines = (ROOT / "setup.sh").read_text().splitlines()
     long_steps = [i for i, line in enumerate(lines) if re.search(r"-m venv|\$PIP install", line)]
     assert len(long_steps) == 4

@@ -369,7 +369,7 @@ def test_task_losses_equal_hand_formulas(arch, pair_encoding):
             assert got.item() == pytest.approx(want.item(), rel=1e-5), task
 
 
-# ---- outputs keep float32 precision under bf16 autocast (issue 16, item 3) ------------------------------------
+# ---- outputs keep float32 precision under bf16 autocast ------------------------------------------------------
 # The encoder may run in bf16; the heads run in float32 (autocast off), so STS scores and the logits ensembles
 # average are not rounded to bf16's 8 bits.
 

@@ -1,5 +1,5 @@
 """Tests of tasks/outdir.py: every output directory says whose it is, and no command writes over another
-command's output (issue 33's three data losses, through the commands themselves)."""
+command's output (checked through the commands themselves)."""
 
 from __future__ import annotations
 
@@ -56,7 +56,7 @@ def test_each_command_marks_its_output(finished_run, tiny_env, tmp_path):
 
 
 def test_pretraining_into_a_training_run_is_refused_and_the_run_kept(finished_run, tiny_env, tmp_path, capsys):
-    """Issue 33: python -m tasks.pretrain --out-dir <a finished run> replaced the whole run."""
+    """python -m tasks.pretrain --out-dir <a finished run> is refused (exit 2) and the run keeps every byte."""
     target = _copy(finished_run, tmp_path)
     before = snapshot(target)
     with pytest.raises(SystemExit) as e:
@@ -69,7 +69,8 @@ def test_pretraining_into_a_training_run_is_refused_and_the_run_kept(finished_ru
 
 
 def test_an_ensemble_into_a_training_run_is_refused_and_its_predictions_kept(finished_run, tmp_path, capsys):
-    """Issue 33: python -m tasks.ensemble A B --out-dir <a run that is not an input> overwrote its predictions."""
+    """python -m tasks.ensemble A B --out-dir <a run that is not an input> is refused (exit 2) and the run's
+    predictions keep their bytes; --overwrite replaces it."""
     runs = make_runs(tmp_path)
     target = _copy(finished_run, tmp_path)
     before = snapshot(target)
@@ -85,8 +86,8 @@ def test_an_ensemble_into_a_training_run_is_refused_and_its_predictions_kept(fin
 
 
 def test_a_training_run_into_an_mlm_checkpoint_is_refused_and_its_config_kept(tiny_env, tmp_path, capsys):
-    """Issue 33: train_multitask.py --out-dir <an MLM checkpoint> overwrote its config.json, so that a later
-    --pretrained of it loaded the run's encoder."""
+    """train_multitask.py --out-dir <an MLM checkpoint> is refused and the checkpoint's config.json kept, so that
+    --pretrained of it still loads the MLM encoder."""
     mlm = pretrain.main(_pretrain_flags(tiny_env, tmp_path / "mlm"))
     before = snapshot(mlm)
     with pytest.raises(SystemExit) as e:
@@ -164,8 +165,8 @@ def _held_by(run: Path, pid: int) -> None:
 @pytest.mark.parametrize("command", ["ensemble", "pretrain", "train"])
 def test_overwrite_never_moves_aside_a_directory_a_live_process_holds(finished_run, tiny_env, tmp_path, capsys,
                                                                      live_holder, command):
-    """Issue 41: --overwrite moved a training run in progress aside and deleted it. A directory whose run.lock a
-    live process holds is refused by every command, exit 2, naming the process; not one byte of it changes."""
+    """A directory whose run.lock a live process holds is refused by every command, --overwrite or not, exit 2,
+    naming the process; not one byte of it changes."""
     target = _copy(finished_run, tmp_path)
     _held_by(target, live_holder)
     before = snapshot(target)

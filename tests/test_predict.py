@@ -1,5 +1,5 @@
-"""Tests of tasks/predict.py, python -m tasks.predict: predictions on new text end to end on a tiny finished run
-(issue 16, item 2), and its one-line errors. The Predictor it calls is tested in tests/evaluation/test_evaluator.py."""
+"""Tests of tasks/predict.py, python -m tasks.predict: predictions on new text end to end on a tiny finished run,
+and its one-line errors. The Predictor it calls is tested in tests/evaluation/test_evaluator.py."""
 
 from __future__ import annotations
 
@@ -72,8 +72,8 @@ def test_predict_command_errors_are_one_line(finished, tmp_path, capsys, monkeyp
 ])
 def test_predict_refuses_bad_paths_and_bytes_before_predicting(finished, tmp_path, capsys, monkeypatch, argv, stdin,
                                                                message):
-    """Issue 33: each of these ended in a traceback (the --output ones after every prediction was computed) or
-    was silently replaced (--batch-size 0); now one line naming the flag, file or stdin line, exit status 2."""
+    """Each of these is refused before any prediction is computed, in one line naming the flag, file or stdin
+    line, exit status 2: no traceback, and no value silently replaced (--batch-size 0)."""
     (tmp_path / "latin1.txt").write_bytes(b"a fine film\nun film tr\xe8s dr\xf4le\n")
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin), encoding="utf-8",
                                                        errors="surrogateescape"))

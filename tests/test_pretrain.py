@@ -19,7 +19,7 @@ from tests.helpers import bad_data, tiny_config, write_hf_checkpoint
 def test_cli_end_to_end(tmp_path, caplog):
     """python -m tasks.pretrain on tiny data files: sentences from all three tasks, a checkpoint that loads; the log
     says the device, precision, threads and plan first, the elapsed and remaining time on every progress line, an
-    estimate of the whole after the first, and the wall time last (issue 31)."""
+    estimate of the whole after the first, and the wall time last."""
     caplog.set_level(logging.INFO)  # the level the command's own logging sets; alone, pytest's root is at WARNING
     cfg = tiny_config()
     ckpt = write_hf_checkpoint(tmp_path, BertModel(cfg).state_dict(), cfg)

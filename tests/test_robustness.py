@@ -35,7 +35,7 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     """Each experiment writes its changed train files, trains on them once per seed and reports its scores;
     ``minority`` trains its one task and scores the reduced class from the run's prediction file; none trains the
     SST phrases (their labels would escape the perturbation). The log says
-    the plan first and after each run how far it is (issue 31)."""
+    the plan first and after each run how far it is."""
     from tests.helpers import write_tiny_data
 
     caplog.set_level(logging.INFO)  # the command's level; alone, pytest's root logger is at WARNING
@@ -86,7 +86,7 @@ def test_minority_class_accuracy_reads_starter_files(tmp_path):
 
 def test_attack_says_its_plan_progress_and_result_and_logs_beside_results(tiny_env, tmp_path, monkeypatch, caplog,
                                                                           capsys):
-    """Issue 41: ``attack`` as written printed nothing for 90 s. It logs the plan, a progress line with the time
+    """``attack`` logs the plan, a progress line with the time
     left (at most every PROGRESS_EVERY_S), each task's result, and with --out-dir keeps robustness.log beside
     results.json. A task the checkpoint was not trained on is refused naming the flag."""
     from tasks.training.run import run

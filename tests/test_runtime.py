@@ -1,6 +1,5 @@
-"""Tests of tasks/runtime.py: the device policy on machines this one is not (issue 13, faults 4, 6, 7, 8,
-9): torch.cuda's probes and RNG functions are monkeypatched, so the CUDA branches run with no GPU and record what
-they were asked.
+"""Tests of tasks/runtime.py: the device policy on machines this one is not: torch.cuda's probes and RNG
+functions are monkeypatched, so the CUDA branches run with no GPU and record what they were asked.
 """
 
 from __future__ import annotations
@@ -54,7 +53,7 @@ class FakeCuda:
             self.set(s, torch.device("cuda", i))
 
 
-# ---- fault 4: the training device's CUDA RNG state only ------------------------------------------------------
+# ---- the training device's CUDA RNG state only ---------------------------------------------------------------
 
 
 def test_rng_state_saves_the_training_devices_cuda_state_only(monkeypatch):
@@ -98,7 +97,7 @@ def test_a_cuda_checkpoint_resumed_on_cpu_warns(monkeypatch, caplog):
     assert fake.set_calls == [] and "not on CUDA" in caplog.text
 
 
-# ---- fault 6: bf16 by default only where the device multiplies it natively --------------------------------------
+# ---- bf16 by default only where the device multiplies it natively -----------------------------------------------
 
 
 @pytest.fixture
@@ -140,7 +139,7 @@ def test_bf16_is_the_cpu_default_where_the_cpu_multiplies_bf16_natively(monkeypa
     assert runtime.autocast_dtype(False, cpu) is None
 
 
-# ---- fault 7: full-precision regions turn TF32 off too ----------------------------------------------------------
+# ---- full-precision regions turn TF32 off too -------------------------------------------------------------------
 
 
 def test_full_precision_turns_autocast_and_tf32_off_inside_and_restores_them():
@@ -162,7 +161,7 @@ def test_full_precision_turns_autocast_and_tf32_off_inside_and_restores_them():
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before
 
 
-# ---- fault 8: --deterministic reaches torch ----------------------------------------------------------------------
+# ---- --deterministic reaches torch -------------------------------------------------------------------------------
 
 
 def test_deterministic_reaches_torch_and_sets_the_cublas_workspace(monkeypatch):
@@ -178,7 +177,7 @@ def test_deterministic_reaches_torch_and_sets_the_cublas_workspace(monkeypatch):
     assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":16:8"
 
 
-# ---- fault 9: synchronization and peak memory act on the device they are given ---------------------------------
+# ---- synchronization and peak memory act on the device they are given ------------------------------------------
 
 
 def test_sync_and_peak_memory_act_on_the_given_gpu(monkeypatch):

@@ -113,7 +113,8 @@ def test_a_full_disk_while_copying_names_the_copy_not_its_source(tmp_path, monke
 
 
 def test_write_json_refuses_a_non_finite_value_without_writing_a_byte(tmp_path):
-    """Issue 33: `--lr inf` left a truncated config.json behind: json.dump had written the fields before it."""
+    """A non-finite value (`--lr inf`) is refused before a byte is written: the file keeps its old content rather
+    than the fields json.dump would write before reaching it."""
     path = tmp_path / "config.json"
     path.write_text('{"kept": 1}\n')
     with pytest.raises(ValueError, match="not JSON compliant"):

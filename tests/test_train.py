@@ -1,5 +1,5 @@
 """Tests of tasks/train.py, the train command (train_multitask.py calls it): refusals happen before any work, presets, --resume and --eval-only end to end, and every user-caused error ends
-in one line with the right exit status and an untouched run directory (issue 15).
+in one line with the right exit status and an untouched run directory.
 
 The end-to-end tests run the real command on the tiny random BERT and synthetic
 data of ``tiny_env`` (tests/conftest.py).
@@ -383,7 +383,7 @@ def test_a_run_builds_each_prior_once(tiny_env, tmp_path, monkeypatch):
     assert sorted(built) == ["sst_prior_of", "sts_prior_of"]
 
 
-# ---- user errors: one line, the right exit status, the run directory untouched (issue 15) -------------------------
+# ---- user errors: one line, the right exit status, the run directory untouched ----------------------------------
 # One table: each case damages an input (a data file, a checkpoint file, a flag, the disk), runs the command
 # (tasks.train.main in-process, or ``python train_multitask.py`` in a subprocess) against a copy of a finished
 # run, and checks the exit status (2: found while checking the arguments; 1: found at run time), that the last
@@ -564,8 +564,8 @@ def test_a_user_error_is_one_line_with_its_exit_status_and_changes_nothing(tiny_
 @pytest.mark.parametrize("refusal", ["finished run re-entered", "run directory in use"])
 def test_a_refused_run_writes_nothing_into_the_directory_it_refuses(tiny_env, finished_cli_run, tmp_path,
                                                                    monkeypatch, capsys, refusal):
-    """Issue 33: a run refused at the run directory (an earlier run there, a live owner) appended its log lines to
-    that run's train.log; now its log is held until the directory is its own, so not one byte changes."""
+    """A run refused at the run directory (an earlier run there, a live owner) writes nothing into it, not even to
+    that run's train.log: its log is held until the directory is its own, so not one byte changes."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished_cli_run, run_dir)
     argv = dict((c[0], c[1]) for c in CASES)[refusal](tiny_env, tmp_path, run_dir, monkeypatch)
@@ -580,8 +580,8 @@ def test_a_refused_run_writes_nothing_into_the_directory_it_refuses(tiny_env, fi
 
 
 def test_train_log_holds_what_was_logged_before_the_run_directory_was_ready(tiny_env, tmp_path):
-    """Issue 33: warnings printed while the command line was checked (a damaged last, resumed from best instead)
-    were missing from train.log; the log now opens with the command."""
+    """train.log opens with the command, and holds the warnings printed while the command line was checked (a
+    damaged last, resumed from best instead)."""
     run_dir = tmp_path / "run"
     cli.main([*_flags(tiny_env, run_dir), "--epochs", "2"])
     last = run_dir / "checkpoints" / "last" / "model.safetensors"
@@ -619,8 +619,8 @@ def test_a_resume_on_changed_data_goes_on_when_told_and_records_the_new_data(tin
 
 def test_disk_full_advises_resume_only_where_there_is_a_checkpoint_to_resume(tiny_env, finished_cli_run, tmp_path,
                                                                            monkeypatch, capsys):
-    """Issue 33: a disk full before the first checkpoint advised --resume, which then failed with "no checkpoint"
-    (that case: the table above). A resume that fills the disk (here in its SWA phase) has one: --resume."""
+    """A full disk advises --resume only where a checkpoint exists: not before the first one (the table above),
+    but a resume that fills the disk (here in its SWA phase) has one, so it advises --resume."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished_cli_run, run_dir)
     _disk_full(monkeypatch)
@@ -632,7 +632,7 @@ def test_disk_full_advises_resume_only_where_there_is_a_checkpoint_to_resume(tin
 
 
 def test_the_log_file_says_what_the_run_will_do_how_long_it_takes_and_took(tiny_env, tmp_path):
-    """Issue 31: a run read from its log file (nohup, a scheduler: no terminal, no progress bar) opens with the
+    """A run read from its log file (nohup, a scheduler: no terminal, no progress bar) opens with the
     device, precision and why, threads and plan; estimates the whole run after its first steps; gives elapsed and
     remaining time on every progress line; and ends with the wall time."""
     run_dir = tmp_path / "run"
@@ -672,8 +672,8 @@ def test_resume_from_last_old_keeps_it_until_it_is_loaded(tiny_env, finished_cli
 @pytest.mark.parametrize("damaged", ["model.safetensors", "config.json"])
 def test_resume_falls_back_from_a_damaged_last_to_best_with_a_warning(tiny_env, finished_cli_run, tmp_path, caplog,
                                                                      damaged):
-    """--resume with a truncated last/model.safetensors or last/config.json (issue 41: the config was read after
-    the fallback, so its damage was an error) resumes from the intact best and says so."""
+    """--resume with a truncated last/model.safetensors or last/config.json resumes from the intact best and says
+    so (the config too is read after the fallback)."""
     run_dir = tmp_path / "run"
     shutil.copytree(finished_cli_run, run_dir)
     _damage(run_dir, [f"last/{damaged}"], _truncate)

@@ -235,7 +235,7 @@ def test_load_split_limit_and_logged_summary(tmp_path, caplog):
 
 
 def test_a_limit_the_file_does_not_reach_is_not_said_to_have_stopped_it(tmp_path):
-    """Issue 33: 'kept 20 of 20 rows (stopped at limit=64)' when the file ended first."""
+    """A file that ends before --limit is reported as read whole, not as stopped at the limit."""
     write(tmp_path / get_task("sts").files["dev"], ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t1.0"])
     report = load_split("sts", "dev", tmp_path, limit=64)[1]
     assert report.summary().endswith("kept 1 of 1 rows (the whole file: fewer rows than limit=64)")
@@ -260,7 +260,7 @@ def test_real_quora_dev_has_exactly_two_malformed_rows():
     assert report.duplicate_ids == []
 
 
-# ---- cut, swallowed and unreadable files (issue 15) ---------------------------------------
+# ---- cut, swallowed and unreadable files ---------------------------------------------------
 
 CUT_REASON = "file ends without a newline: the last record may be cut"
 
@@ -333,9 +333,9 @@ def test_report_to_dict_counts_rows_and_reasons_per_file(tmp_path):
 
 
 def test_a_text_of_control_characters_alone_is_skipped_like_a_blank_one(tmp_path):
-    """Issue 41: a sentence of NUL bytes was kept as an empty sentence (trained with its label, predicted from empty
-    text) while a blank one was skipped. A text that is empty once control characters go is skipped and reported
-    ("empty sentence"); a text with a control character among words is kept as it is."""
+    """A text that is empty once control characters go is skipped and reported ("empty sentence"), as a blank one
+    is, rather than trained with its label or predicted from empty text; a text with a control character among
+    words is kept as it is."""
     path = write(tmp_path / "ids-sst-dev.csv", ["\tid\tsentence\tsentiment", "0\ta1\t\x00\x00\x00\t3",
                                                 "1\ta2\t \x07\x1b \t2", "2\ta3\tgood\x00 film\t4"])
     examples, report = read_sentences(path, labeled=True, num_classes=5)
@@ -347,9 +347,9 @@ def test_a_text_of_control_characters_alone_is_skipped_like_a_blank_one(tmp_path
 
 @pytest.mark.parametrize("split", ["dev", "test"])
 def test_duplicate_ids_in_a_file_that_is_predicted_are_refused_naming_file_and_lines(tmp_path, split):
-    """Issue 41: training kept duplicate dev ids with a warning and the ensemble then refused the run's own logits.
-    Prediction files are keyed by id, so a dev or test file repeating an id is refused where it is read, naming the
-    file, both lines and what to do; a training file keeps its rows (reported)."""
+    """Prediction files are keyed by id, so a dev or test file repeating an id is refused where it is read, naming
+    the file, both lines and what to do (its logits could not be ensembled); a training file keeps its rows
+    (reported)."""
     label = "\t3.0" if split == "dev" else ""
     header = "\tid\tsentence1\tsentence2" + ("\tsimilarity" if split == "dev" else "")
     write(tmp_path / get_task("sts").files[split], [header, f"0\tx1\ta\tb{label}", f"1\tx2\tc\td{label}",

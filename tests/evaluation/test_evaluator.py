@@ -1,6 +1,6 @@
 """Tests of tasks/evaluation/evaluator.py: predictions in dataset order, both-order pair scoring, module modes and
-autocast kept, evaluation of a saved checkpoint from the checkpoint alone, and the Predictor API (issue 16, item 2)
-on a tiny finished run."""
+autocast kept, evaluation of a saved checkpoint from the checkpoint alone, and the Predictor API on a tiny finished
+run."""
 
 from __future__ import annotations
 

@@ -103,8 +103,8 @@ def test_the_cache_keeps_only_the_latest_dataset(prior):
 
 
 def test_a_new_dataset_of_the_same_sentences_is_not_encoded_again(prior, monkeypatch):
-    """Issue 31: a run's final predictions make new dev datasets of the sentences its last evaluation scored; the
-    cache is keyed by the sentences, so the frozen encoder does not encode them a second time."""
+    """A run's final predictions make new dev datasets of the sentences its last evaluation scored; the cache is
+    keyed by the sentences, so the frozen encoder does not encode them a second time."""
     pairs = [Example(f"x{i}", a, b, 1.0) for i, (a, b) in enumerate(PAIRS)]
     first = prior.cosines(PairDataset(pairs, prior.tokenizer, mode="cross"))
     monkeypatch.setattr(prior, "embed", lambda texts: pytest.fail("encoded again"))

@@ -182,7 +182,7 @@ def test_a_finished_run_is_reused_however_its_directory_is_spelled(tmp_path, mon
 
 
 def test_a_sweep_says_its_plan_and_after_each_run_how_far_it_is(tmp_path, capsys):
-    """Issue 31: a sweep opens with its plan (runs, at a time, threads) and says after each run how many are done,
+    """A sweep opens with its plan (runs, at a time, threads) and says after each run how many are done,
     the elapsed and the remaining time, and at the end its wall time; runs reused from an earlier sweep are
     counted apart and give no rate. (The commands: python -m json.tool --help, which exits 0 at once.)"""
     sweep = Sweep(tmp_path, threads=1)

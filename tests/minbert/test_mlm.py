@@ -46,8 +46,9 @@ def test_masked_only_head_equals_full_logits_loss():
 
 
 def test_masked_lm_loss_with_host_positions_equals_the_boolean_index_and_runs_on_meta():
-    """masked_lm_loss with positions computed on the CPU (and without them) equals the old h[labels != -100] form
-    exactly; on the meta device, with the positions given, it runs without reading a device value."""
+    """masked_lm_loss with positions computed on the CPU (and without them) equals the head on the boolean index
+    h[labels != -100] exactly; on the meta device, with the positions given, it runs without reading a device
+    value."""
     torch.manual_seed(0)
     mlm = BertForMaskedLM(BertModel(tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))).eval()
     g = torch.Generator().manual_seed(3)
@@ -59,17 +60,18 @@ def test_masked_lm_loss_with_host_positions_equals_the_boolean_index_and_runs_on
     with torch.no_grad():
         h = mlm.bert(ids, mask)["last_hidden_state"]
         where = labels != IGNORE_INDEX
-        old_logits = mlm.head(h[where])
-        old = mlm_loss(old_logits, labels[where])
+        indexed_logits = mlm.head(h[where])
+        indexed = mlm_loss(indexed_logits, labels[where])
         for positions in (masked_positions(labels), None):
             loss, logits, targets = mlm.masked_lm_loss(ids, mask, labels, positions)
-            assert torch.equal(loss, old) and torch.equal(logits, old_logits) and torch.equal(targets, labels[where])
+            assert torch.equal(loss, indexed) and torch.equal(logits, indexed_logits) and torch.equal(targets,
+                                                                                                labels[where])
 
     meta = copy.deepcopy(mlm).to(META)
     loss, logits, _ = meta.masked_lm_loss(ids.to(META), mask.to(META), labels.to(META),
                                           masked_positions(labels).to(META))
     loss.backward()
-    assert loss.device == META and logits.shape == old_logits.shape
+    assert loss.device == META and logits.shape == indexed_logits.shape
 
 
 def test_decoder_tied_to_word_embeddings():

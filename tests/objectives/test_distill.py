@@ -1,5 +1,5 @@
-"""Tests of tasks/objectives/distill.py: teacher targets moved to the device once equal the old per-step lookup
-(issue 13)."""
+"""Tests of tasks/objectives/distill.py: the loss by hand at each task and temperature, targets moved to the device
+once and indexed there equal to a per-step lookup of CPU rows, and teachers' files checked against training."""
 
 from __future__ import annotations
 
@@ -18,9 +18,9 @@ from tests.helpers import tiny_train_config
 
 
 @pytest.mark.parametrize("task", ["sst", "para", "sts"])
-def test_distill_targets_on_device_equal_the_old_lookup(task):
-    """Distill's term with the target table moved to the device once and indexed there equals the old per-step
-    lookup (CPU rows copied to the student's device), over repeated batches in another order."""
+def test_distill_targets_on_device_equal_a_per_step_lookup(task):
+    """Distill's term with the target table moved to the device once and indexed there equals the term on a
+    per-step lookup (CPU rows copied to the student's device), over repeated batches in another order."""
     g = torch.Generator().manual_seed(2)
     n = 12
     table = {"sst": torch.rand(n, 5, generator=g).softmax(-1), "para": torch.rand(n, generator=g),
@@ -32,8 +32,8 @@ def test_distill_targets_on_device_equal_the_old_lookup(task):
         shape = (len(batch_ids), 5) if task == "sst" else (len(batch_ids),)
         logits = torch.randn(shape, generator=g)
         got = obj(None, task, {"ids": batch_ids}, TaskOutput(logits))["loss"]
-        old_target = table[torch.tensor([ids.index(i) for i in batch_ids])].to(logits.device)
-        assert torch.equal(got, distill_loss(task, logits, old_target, 2.0))
+        looked_up = table[torch.tensor([ids.index(i) for i in batch_ids])].to(logits.device)
+        assert torch.equal(got, distill_loss(task, logits, looked_up, 2.0))
 
 
 def _cfg(env, out_dir: Path, **overrides):

@@ -1,5 +1,5 @@
 """Tests of tasks/objectives/__init__.py, the registry and the interface every objective implements: each
-registered objective runs its forward, backward and a fused AdamW step on the meta device (issue 13).
+registered objective runs its forward, backward and a fused AdamW step on the meta device.
 
 The meta device holds shapes and no values: any read of a tensor's value (``.item()``, ``int(t)``, ``bool(t)``,
 a boolean-mask index whose size depends on the data) raises, and so does mixing a CPU tensor with a device one.

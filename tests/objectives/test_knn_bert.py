@@ -1,4 +1,5 @@
-"""Tests of tasks/objectives/knn_bert.py: the key model follows the query model's mode (issue 13, fault 2)."""
+"""Tests of tasks/objectives/knn_bert.py: the loss and the KNN vote by hand, the key model following the query
+model's mode, and KNN-BERT trained end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Tests of tasks/objectives/scl.py: the loss without a host read equals the formula it replaced (issue 13)."""
+"""Tests of tasks/objectives/scl.py: the loss equals Gunel et al.'s eq. 3 term by term and its direct formula
+(which reads the device), and reaches the parameters it should through the trainer."""
 
 from __future__ import annotations
 
@@ -18,8 +19,8 @@ from tests.helpers import labeled_batch as make_batch
 from tests.helpers import tiny_train_config
 
 
-def _scl_before(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
-    """scl_loss as it was before issue 13: a host-read branch for "no positive anywhere", −inf self-mask."""
+def _scl_direct(features: torch.Tensor, labels: torch.Tensor, temperature: float) -> torch.Tensor:
+    """The loss written directly: a host-read branch for "no positive anywhere", a −inf self-mask."""
     n = features.shape[0]
     phi = F.normalize(features.float(), dim=-1)
     self_mask = torch.eye(n, dtype=torch.bool)
@@ -34,19 +35,19 @@ def _scl_before(features: torch.Tensor, labels: torch.Tensor, temperature: float
 
 
 @pytest.mark.parametrize("labels", [[0, 1, 0, 2, 1, 0, 3], [0, 1, 2, 3], [4], [1, 1]])
-def test_scl_without_host_read_equals_the_old_formula(labels):
-    """scl_loss (no branch on the host, most-negative-float self-mask) equals the old formula in value and gradient:
-    with singleton classes, with no positive anywhere, for a batch of one and of one pair."""
+def test_scl_without_host_read_equals_the_direct_formula(labels):
+    """scl_loss (no branch on the host, most-negative-float self-mask) equals the direct formula in value and
+    gradient: with singleton classes, with no positive anywhere, for a batch of one and of one pair."""
     g = torch.Generator().manual_seed(len(labels))
     x = torch.randn(len(labels), 6, generator=g)
-    new, old = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
+    ours, direct = x.clone().requires_grad_(True), x.clone().requires_grad_(True)
     y = torch.tensor(labels)
-    got, want = scl_loss(new, y, 0.3), _scl_before(old, y, 0.3)
+    got, want = scl_loss(ours, y, 0.3), _scl_direct(direct, y, 0.3)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
     got.backward()
     want.backward()
-    assert torch.isfinite(new.grad).all()
-    torch.testing.assert_close(new.grad, old.grad, rtol=1e-5, atol=1e-7)
+    assert torch.isfinite(ours.grad).all()
+    torch.testing.assert_close(ours.grad, direct.grad, rtol=1e-5, atol=1e-7)
 
 
 def scl_double_loop(features: torch.Tensor, labels: list[int], tau: float) -> float:

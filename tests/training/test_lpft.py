@@ -1,5 +1,5 @@
 """Tests of tasks/training/lpft.py: with every objective, LP-FT's first stage leaves the frozen encoder frozen and
-in eval mode (issue 13, fault 1).
+in eval mode.
 
 The tests train the tiny random BERT of ``tiny_env`` (tests/conftest.py) on its synthetic data, capped with
 ``limit`` so that an epoch is six steps, and stop at the end of stage 1.

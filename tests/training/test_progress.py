@@ -96,9 +96,9 @@ def test_run_clock_adds_the_steps_and_evaluations_left(monkeypatch):
 
 
 def test_run_clock_times_the_steps_left_by_their_cost_and_estimates_after_ten():
-    """Issue 41: an estimate after 50 steps said ~15m31s of a run that took 18m33s, its first steps no fair sample
-    of batches whose lengths vary. Each step left is timed by its cost (padded tokens, known from the plan), so a
-    run of 10 short then 90 long steps is estimated right after the first 10; timed per step it would be 5x off.
+    """The first steps are no fair sample of batches whose lengths vary, so each step left is timed by its cost
+    (padded tokens, known from the plan): a run of 10 short then 90 long steps is estimated right after the first
+    10; timed per step it would be 5x off.
     The first estimate is due after ESTIMATE_AFTER steps (or all of them, in a shorter run), once."""
     costs = [100.0] * 10 + [500.0] * 90
     now = [0.0]

@@ -1,5 +1,5 @@
 """Tests of tasks/training/run.py: a whole run (train, reload the best checkpoint, write every prediction file),
-and its crash windows (issue 15): a failure injected at each checkpoint phase, then a resume.
+and its crash windows: a failure injected at each checkpoint phase, then a resume.
 
 Every crash-window test kills a run at one exact point (a monkeypatched function
 raises, as the resume tests of tests/training/test_trainer.py do) and checks
@@ -64,7 +64,7 @@ def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tm
 
 
 def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path, monkeypatch):
-    """Issue 41: run() from Python wrote no train.log. It writes one, the progress and results included though the
+    """run() from Python writes train.log as the command does, the progress and results included though the
     root logger is at WARNING (a script that set up no logging), the error that ended a failed run its last line;
     the caller's logging is as it was after either."""
     root = logging.getLogger()
@@ -87,9 +87,9 @@ def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path
 
 
 def test_save_only_model_keeps_the_model_alone_and_the_log_says_the_disk_use(tiny_env, tmp_path, caplog):
-    """Issue 41: every run kept best and last, each with weights and optimizer state, and nothing said so. The log
-    ends with the run's disk use; --save-only-model deletes last and the optimizer state at the end, the best
-    model still evaluates to the same predictions, and a resume is refused naming why."""
+    """The log ends with the run's disk use (best and last, each with weights and optimizer state);
+    --save-only-model deletes last and the optimizer state at the end, the best model still evaluates to the same
+    predictions, and a resume is refused naming why."""
     from tasks.evaluation.evaluator import evaluate_checkpoint
 
     caplog.set_level("INFO")
@@ -118,7 +118,7 @@ def test_save_only_model_keeps_the_model_alone_and_the_log_says_the_disk_use(tin
 
 def test_the_estimate_from_the_plans_tokens_meets_the_runs_time_on_a_fake_clock(tiny_env, tmp_path, monkeypatch,
                                                                                caplog):
-    """Issue 41: the estimate came after 50 steps (never, in a smoke run) and timed every step alike. On a clock
+    """The estimate comes early (a smoke run gets one too) and times each step by its tokens. On a clock
     where a training step takes 0.1 s a padded token and an evaluation 0.02 s a scored example, the estimate
     given after 10 steps (before the first progress line, log_every being 50; epochs of 9 steps, so the first
     dev evaluation is timed by then) is the run's actual time."""
@@ -234,8 +234,8 @@ def uninterrupted(tiny_env, tmp_path_factory):
 @pytest.mark.parametrize("setting,epoch", [("best-1", 1), ("best-2", 2)])
 def test_crash_between_last_and_best_is_repaired_on_resume(tiny_env, tmp_path, monkeypatch, uninterrupted, setting,
                                                           epoch):
-    """Killed after `last` is written but before `best` is linked (epoch 1: resume used to fail with 'no
-    checkpoint at best'; the last epoch: predictions came from the stale best): resume re-links best."""
+    """Killed after `last` is written but before `best` is linked (epoch 1: best is missing; the last epoch: best
+    is stale and would give the predictions): resume re-links best."""
     calls = []
     real = rundir_mod.copy_directory
 
@@ -302,9 +302,9 @@ def test_a_run_killed_at_any_checkpoint_phase_resumes_to_the_uninterrupted_resul
 
 def test_a_test_file_with_a_skipped_row_is_read_first_and_makes_the_submission_loudly_incomplete(
         tiny_env, tmp_path, caplog):
-    """Issue 33: a cut row in sts-test-student.csv was a log line only, and the leaderboard file silently had one id
-    fewer. The test files are read before training (data.json has them at once), and the final record and a
-    warning say which leaderboard file lacks ids and why."""
+    """A cut row in sts-test-student.csv leaves its leaderboard file an id short, and that is said loudly: the test
+    files are read before training (data.json has them at once), and the final record and a warning say which
+    leaderboard file lacks ids and why."""
     data = tmp_path / "data"
     shutil.copytree(tiny_env[1], data)
     test_file = data / "sts-test-student.csv"
@@ -330,9 +330,8 @@ class _KilledAtStart(Hook):
 
 
 def test_run_from_python_refuses_what_the_command_line_refuses(tiny_env, tmp_path, monkeypatch):
-    """Issue 40: the encoder checks lived in the train command, so run(cfg) skipped them and failed later. Every
-    entry point passes prepare_run: --max-length beyond the encoder's positions and a damaged --pretrained are
-    refused before any data is read, naming the setting."""
+    """run(cfg) and trainer_for pass the same checks as the train command (prepare_run): --max-length beyond the
+    encoder's positions and a damaged --pretrained are refused before any data is read, naming the setting."""
     from tasks.training import run as run_mod
 
     monkeypatch.setattr(run_mod, "build_trainer", lambda *a, **k: pytest.fail("the run got past its checks"))

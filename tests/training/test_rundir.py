@@ -1,4 +1,4 @@
-"""Tests of tasks/training/rundir.py, the run directory (issue 15): one run at a time, --overwrite that can fail
+"""Tests of tasks/training/rundir.py, the run directory: one run at a time, --overwrite that can fail
 safely.
 
 Two processes must never train into one --out-dir (their metrics interleave
