@@ -14,6 +14,7 @@ Type hints become flags so:
     int, float, str        --x VALUE (a float flag refuses NaN and infinities: tasks.cli.Parser)
     Literal[...] / choices --x CHOICE
     tuple[T, ...], list[T] --x V [V ...] (``nargs``, default "*"), or --x V --x V (``repeat``)
+    list[list[T]]          --x V [V ...] --x V [V ...] (``repeat`` with ``nargs``, default "+")
     dict[str, int|float]   --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
                            is removed); the command merges the items into the field's mapping
     X | None               as X; a field whose default is not None takes the word "none" for None (how a
@@ -52,15 +53,17 @@ class AnyKey(tuple):
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
            choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None, metavar: str | None = None,
-           nargs: str | None = None, flag: str | None = None, negatable: bool | None = None,
-           positional: bool = False, repeat: bool = False, group: str | None = None) -> Any:
+           nargs: str | int | None = None, flag: str | None = None, negatable: bool | None = None,
+           positional: bool = False, repeat: bool = False, group: str | None = None, hidden: bool = False) -> Any:
     """A dataclass field with a default (or a ``factory`` for mutable defaults), its help text, and what its flag
-    needs beyond the type hint: ``choices``; ``keys`` of a STREAM=VALUE map; ``metavar``; ``nargs`` of a
-    sequence, or ``repeat`` (a list flag given once per value: --x A --x B); ``flag`` when its name is not the
-    field's; ``negatable`` for a --no- form; ``positional``; and the ``group`` of --help it is listed in."""
+    needs beyond the type hint: ``choices``; ``keys`` of a STREAM=VALUE map; ``metavar`` (a tuple names each of a
+    fixed number of values); ``nargs`` of a sequence (a count: exactly that many), or ``repeat`` (a list flag given
+    once per value: --x A --x B; with ``nargs``, once per group of values: --x A B --x C); ``flag`` when its name is
+    not the field's; ``negatable`` for a --no- form; ``positional``; the ``group`` of --help it is listed in; and
+    ``hidden``, a flag left out of --help (one a program passes to its own child process)."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
             "keys": keys if isinstance(keys, AnyKey) else tuple(keys) if keys is not None else None, "metavar": metavar, "nargs": nargs, "flag": flag,
-            "negatable": negatable, "positional": positional, "repeat": repeat, "group": group}
+            "negatable": negatable, "positional": positional, "repeat": repeat, "group": group, "hidden": hidden}
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -255,7 +258,11 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
     if origin is typing.Literal:
         kw = {"choices": list(args), "type": type(args[0])}
     elif origin in (tuple, list) and meta.get("repeat"):
-        kw = {"action": "append", "type": args[0] if args else str}
+        item = args[0] if args else str
+        if typing.get_origin(item) in (tuple, list):  # --x A B --x C: a list of groups
+            kw = {"action": "append", "nargs": meta.get("nargs") or "+", "type": (typing.get_args(item) or (str,))[0]}
+        else:
+            kw = {"action": "append", "type": item}
     elif origin in (tuple, list):
         item = args[0] if args and args[0] is not Ellipsis else str
         kw = {"nargs": meta.get("nargs") or "*", "type": item}
@@ -302,7 +309,7 @@ def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str
         shown = shown_default(default)
         if shown and kw.get("action") not in ("store_true", "append") and f.name not in required:
             text += f" (default: {shown})"
-        text = text.replace("%", "%%")  # argparse formats help strings with %
+        text = argparse.SUPPRESS if f.metadata.get("hidden") else text.replace("%", "%%")  # argparse formats with %
         target = (groups or {}).get(f.metadata.get("group"), parser)
         dest = dest_prefix + f.name
         if f.metadata.get("positional"):
