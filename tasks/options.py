@@ -6,8 +6,9 @@ flag name of its own). ``add_options`` gives a parser (or an argument group) one
 dataclass (transformers' ``HfArgumentParser`` for this project): the type comes from the field's
 type hint, the help from ``option``, the default shown beside it from the field. Every command
 builds its flags this way: the train command from TrainConfig, ModelConfig, each objective's Config
-and its own ``Command`` fields (tasks/arguments.py), pretrain from PretrainConfig, the others from
-their own small dataclasses.
+and its own ``Command`` fields (tasks/arguments.py), pretrain from PretrainConfig, the others and every
+experiment and benchmark script from their own small dataclasses (the flags the experiments' sweeps
+share from one, experiments.sweep.SweepOptions).
 
 Type hints become flags so:
     bool                   --x (store_true); --x / --no-x when ``negatable`` (or the default is True or None)
@@ -38,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import math
+import shlex
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -52,7 +54,8 @@ class AnyKey(tuple):
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
-           choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None, metavar: str | None = None,
+           choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None,
+           metavar: str | tuple[str, ...] | None = None,
            nargs: str | int | None = None, flag: str | None = None, negatable: bool | None = None,
            positional: bool = False, repeat: bool = False, group: str | None = None, hidden: bool = False) -> Any:
     """A dataclass field with a default (or a ``factory`` for mutable defaults), its help text, and what its flag
@@ -224,13 +227,14 @@ def _unwrap(tp: Any) -> Any:
 
 
 def shown_default(value: Any) -> str:
-    """A default as --help shows it: "" for None (the help says what None means), "none" for an empty one."""
+    """A default as --help shows it: "" for None (the help says what None means), "none" for an empty one, a
+    sequence's values as a command line would give them."""
     if value is None or value is MISSING:
         return ""
     if isinstance(value, dict):
         return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
-    if isinstance(value, (tuple, list)):
-        return " ".join(str(v) for v in value) or "none"
+    if isinstance(value, (tuple, list)):  # as a command line gives it: a value with a space in quotes
+        return " ".join(shlex.quote(str(v)) for v in value) or "none"
     return str(value)
 
 

@@ -11,7 +11,7 @@ import pytest
 from tasks.cli import Parser
 from tasks.config import TrainConfig
 from tasks.model import ModelConfig
-from tasks.options import add_options, default_of, help_text, option, options_of
+from tasks.options import add_options, default_of, help_text, option, options_of, shown_default
 
 
 @dataclass
@@ -93,3 +93,9 @@ def test_a_hidden_flag_parses_but_is_not_listed_in_help():
     assert parser.parse_args(["--step", "train"]).step == "train"
     assert "--step" not in parser.format_help()
     assert all(getattr(a, "field", None) for a in parser._actions if a.dest != "help")
+
+
+def test_a_sequences_default_is_shown_as_a_command_line_gives_it():
+    """--help shows a list default as the values one would type: one with a space quoted, an empty one as ''."""
+    assert shown_default(["--max-train-examples para=all", ""]) == "'--max-train-examples para=all' ''"
+    assert shown_default(("sst", "para")) == "sst para" and shown_default([]) == "none"
