@@ -30,12 +30,14 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
 
 from tasks.cli import Parser
+from tasks.options import add_options, option
 from minbert.pretrained import resolve_model_dir, weights_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -125,11 +127,23 @@ def pack(out: Path, pretrained: str | None = None, data_dir: str | Path = "data"
     return info
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclass
+class PackOptions:
+    """The command's flags."""
+
+    out: str = option(".gpu", "the folder to write (ignored by git; carried to the GPU call)", metavar="DIR")
+    pretrained: str | None = option(None, "encoder directory (default: the embedded MiniLM)", metavar="DIR")
+    data_dir: str = option("data", "the task files (bash setup.sh links them)", metavar="DIR")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=".gpu", help="the folder to write (ignored by git; carried to the GPU call)")
-    ap.add_argument("--pretrained", default=None, help="encoder directory (default: the embedded MiniLM)")
-    ap.add_argument("--data-dir", default="data", help="the task files (bash setup.sh links them)")
+    add_options(ap, PackOptions)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
     args = ap.parse_args(argv)
     info = pack(Path(args.out), args.pretrained, args.data_dir)
     print(f"wrote {args.out}: {info['total_mib']} MiB ({len(info['data_files'])} data files, the encoder in float16) "
