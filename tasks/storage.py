@@ -12,6 +12,7 @@ file, so a shared results folder stays readable.
 Usage:
     with atomic_file(Path("runs/x/predictions/sst-dev-output.csv")) as tmp:
         tmp.write_text(text)
+    write_text(Path("runs/x/results.json"), text)   # the same, for a whole text
     with atomic_directory(Path("runs/x/checkpoints/last")) as tmp:
         save_tensors(tmp / "model.safetensors", model.state_dict())
         write_json(tmp / "state.json", {"epoch": 1})
@@ -156,6 +157,13 @@ def atomic_file(path: Path) -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def write_text(path: Path, text: str) -> None:
+    """``text`` (UTF-8, newlines as given) as the whole of file ``path``, through ``atomic_file``."""
+    with atomic_file(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
 
 
 OLD_SUFFIX = ".old"

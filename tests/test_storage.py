@@ -33,6 +33,21 @@ def test_atomic_file_replaces_whole_or_not_at_all_with_the_umasks_mode(tmp_path)
     assert path.read_text() == "old\n" and [p.name for p in path.parent.iterdir()] == [path.name]
 
 
+def test_write_text_writes_a_whole_file_through_atomic_file(tmp_path, monkeypatch):
+    """write_text replaces a file in one step, exactly the text given (no newline translation, UTF-8), its folder
+    made; a failed write leaves the previous file."""
+    path = tmp_path / "out" / "results.json"
+    storage.write_text(path, "{\n  \"σ\": 1\n}\n")
+    assert path.read_bytes() == "{\n  \"σ\": 1\n}\n".encode()
+
+    def failing_replace(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        storage.write_text(path, "half")
+    assert path.read_text(encoding="utf-8") == "{\n  \"σ\": 1\n}\n" and len(list(path.parent.iterdir())) == 1
+
+
 def test_atomic_directory_leaves_no_partial_checkpoint(tmp_path):
     """A failure while writing leaves the previous checkpoint untouched and no stray temporary directory."""
     final = tmp_path / "checkpoints" / "last"
