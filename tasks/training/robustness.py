@@ -120,11 +120,13 @@ def attack(config: AttackConfig) -> dict:
 
 
 def class_accuracy(pred_csv: Path, examples: Sequence[Example], label: int) -> float:
-    """Accuracy on the dev examples of one class, from a leaderboard prediction file (ours or the starter's)."""
+    """Accuracy on the dev examples of one class, from a leaderboard prediction file (ours or the starter's): over
+    those the file predicts (a run that read part of dev, --limit, predicts only those, and its dev scores are
+    theirs); NaN when it predicts none of the class."""
     ids, preds = read_predictions(pred_csv)
     pred = dict(zip(ids, preds.tolist()))
-    of_class = [e for e in examples if e.label == label]
-    return sum(pred[e.id] == label for e in of_class) / len(of_class)
+    of_class = [e for e in examples if e.label == label and e.id in pred]
+    return sum(pred[e.id] == label for e in of_class) / len(of_class) if of_class else math.nan
 
 
 def _summary(values: list[float]) -> dict[str, float]:

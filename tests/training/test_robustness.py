@@ -3,6 +3,7 @@ runs it trains on perturbed copies, and the minority-class accuracy from any pre
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -22,6 +23,16 @@ def test_minority_class_accuracy_reads_starter_files(tmp_path):
     ours = write_predictions(tmp_path / "ours", "sst", "dev",
                              Predictions(["b757", "d17a", "e3"], torch.zeros(3, 5), torch.tensor([1, 4, 0])))
     assert class_accuracy(ours, examples, 1) == 0.5
+
+
+def test_minority_class_accuracy_is_over_the_examples_the_run_predicted(tmp_path):
+    """A run that read part of dev (--limit, a capped dev set) predicts only those examples: the class is scored
+    over them, as the run's own dev scores are, and a class it has no example of scores NaN (no KeyError)."""
+    examples = [Example("a", "x", label=1), Example("b", "y", label=1), Example("c", "z", label=0)]
+    part = tmp_path / "sst-dev-output.csv"
+    part.write_text("id \t Predicted_Sentiment \na , 1 \nc , 0 \n")
+    assert class_accuracy(part, examples, 1) == 1.0 and class_accuracy(part, examples, 0) == 1.0
+    assert math.isnan(class_accuracy(part, examples, 3))
 
 
 def test_an_experiment_trains_each_setting_once_per_seed_and_summarises_its_dev_scores(tmp_path):
