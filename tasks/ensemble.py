@@ -53,12 +53,10 @@ Usage:
 from __future__ import annotations
 
 import logging
-import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import NoReturn
 
-from tasks.cli import Parser, user_errors
+from tasks.cli import Parser, describe, user_errors
 from tasks.logs import log_to, open_log
 from tasks.evaluation.ensemble import (
     SUBMISSION_ZIP,
@@ -82,31 +80,23 @@ def build_parser() -> Parser:
     return p
 
 
-def _fail(message: str, status: int) -> NoReturn:
-    """A user's error: one line on stderr, exit status 2 (arguments) or 1 (the files they name). Nothing was
-    written: the out_dir is only ever written whole (make_ensemble), so there is no log file to end with it."""
-    print(f"{PROG}: error: {message}", file=sys.stderr)
-    raise SystemExit(status)
-
-
 def main(argv: Sequence[str] | None = None) -> dict:
-    """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks.cli)."""
-    with user_errors(PROG):
-        return _main(argv)
-
-
-def _main(argv: Sequence[str] | None) -> dict:
+    """The command line: a bad flag or a path it names is exit status 2 (the parser's error), a bad or missing input
+    file one line and exit status 1 (tasks.cli.user_errors), both before anything is written."""
     log_to()  # held until the ensemble is written, then <out-dir>/ensemble.log (tasks.logs)
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         config = EnsembleConfig(**options_of(args, EnsembleConfig))
         check_ensemble(config)
     except (ValueError, OSError) as e:  # the flags and the paths they name
-        _fail(str(e), 2)
-    try:
-        summary, results = make_ensemble(config)
-    except (ValueError, FileNotFoundError) as e:  # a bad or missing input file, named in the message
-        _fail(str(e), 1)
+        parser.error(describe(e))
+    with user_errors(PROG):
+        return _ensemble(config)
+
+
+def _ensemble(config: EnsembleConfig) -> dict:
+    summary, results = make_ensemble(config)
     open_log(Path(config.out_dir), "ensemble.log")
     names = run_names(config.runs, config.names)
     model_names = {t: r.model_names(names) for t, r in results.items()}

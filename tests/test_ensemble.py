@@ -103,7 +103,7 @@ def _snapshot(folder):
 @pytest.mark.parametrize("nested", [True, False])
 def test_out_dir_that_is_an_input_is_refused_and_nothing_changes(tmp_path, capsys, nested):
     """--out-dir naming an input run (or its predictions folder, or a folder inside it; any spelling that resolves
-    there) exits 2 with one line, and the input run's files keep their bytes."""
+    there) exits 2 with one error line, and the input run's files keep their bytes."""
     runs = make_runs(tmp_path, nested=nested)
     data = str(tmp_path / "data")
     before = _snapshot(tmp_path / "run0")
@@ -116,8 +116,8 @@ def test_out_dir_that_is_an_input_is_refused_and_nothing_changes(tmp_path, capsy
         with pytest.raises(SystemExit) as err:
             main([*runs, "--data-dir", data, "--out-dir", out])
         assert err.value.code == 2, out
-        message = capsys.readouterr().err.strip()
-        assert "\n" not in message and "--out-dir" in message and runs[0] in message, message
+        usage, message = capsys.readouterr().err.strip().splitlines()
+        assert usage.startswith("usage: ") and "--out-dir" in message and runs[0] in message, message
         assert _snapshot(tmp_path / "run0") == before, out
     if nested:  # the run's predictions folder given as the input, its run folder as the output
         with pytest.raises(SystemExit) as err:
@@ -148,6 +148,29 @@ def test_nan_in_a_logits_file_leaves_no_partial_outputs(tmp_path, capsys):
         assert str(bad) in message and "line 6" in message, message
     assert _snapshot(out) == before
     assert not (tmp_path / "fresh").exists()
+
+
+def test_errors_read_as_every_commands_do(tmp_path, capsys):
+    """The shared user-error path (tasks.cli): a bad argument is the usage line and '<prog>: error: <message>', exit
+    status 2; a bad input file is '<prog>: error: <message> (set MINBERT_VERBOSE=1 ...)', exit status 1."""
+    runs = make_runs(tmp_path)
+    data = ["--data-dir", str(tmp_path / "data")]
+    with pytest.raises(SystemExit) as err:
+        main([runs[0], str(tmp_path / "nope"), *data, "--out-dir", str(tmp_path / "ens")])
+    assert err.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "usage: python -m tasks.ensemble [options]  (--help for all of them)",
+        f"python -m tasks.ensemble: error: no such directory: {tmp_path / 'nope'}"]
+    bad = Path(runs[1]) / "sst-dev-logits.csv"
+    lines = bad.read_text().splitlines()
+    bad.write_text("\n".join([lines[0], lines[1].split(",")[0] + ",nan" * (len(lines[1].split(",")) - 1),
+                               *lines[2:]]) + "\n")
+    with pytest.raises(SystemExit) as err:
+        main([*runs, *data, "--out-dir", str(tmp_path / "ens")])
+    assert err.value.code == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith(f"python -m tasks.ensemble: error: {bad}: line 2: ") and \
+        last.endswith(" (set MINBERT_VERBOSE=1 for the traceback)"), last
 
 
 def test_mistyped_run_path_says_no_such_directory(tmp_path, capsys):
