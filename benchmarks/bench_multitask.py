@@ -107,6 +107,7 @@ from minbert.config import BertConfig
 from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser
 from tasks.options import add_options, option
+from tasks.storage import write_text
 from tasks.config import TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
@@ -893,8 +894,7 @@ def report(res: dict[str, Any], module: str, argv: Sequence[str] | None, render:
     res["command"] = f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
     print(render(res))
     if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(res, indent=1, default=str))
+        write_text(Path(json_out), json.dumps(res, indent=1, default=str))
     return res
 
 

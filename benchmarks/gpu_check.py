@@ -122,8 +122,10 @@ class Report:
         return json.loads(self.json.read_text()) if self.json.is_file() else {"header": "", "steps": {}}
 
     def write(self, data: dict) -> None:
-        write_atomic(self.json, json.dumps(data, indent=2, default=str) + "\n")
-        write_atomic(self.md, render(data))
+        from tasks.storage import write_text
+
+        write_text(self.json, json.dumps(data, indent=2, default=str) + "\n")
+        write_text(self.md, render(data))
 
     def header(self, text: str) -> None:
         data = self.read()
@@ -153,12 +155,6 @@ class Report:
         entry.update(result, text=text)
         data["steps"][step] = entry
         self.write(data)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def render(data: dict) -> str:
@@ -912,7 +908,7 @@ class CheckOptions:
 
 
 def build_parser() -> Parser:
-    from tasks.cli import Parser  # the parent process imports no torch: each step's child does
+    from tasks.cli import Parser
 
     p = Parser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
     add_options(p, CheckOptions, required=("report_dir",))

@@ -73,6 +73,7 @@ from experiments.stats import cell, change_cell, plot_rows
 from experiments.sweep import Sweep, add_sweep_options, final_record, fmt, markdown_table, open_sweep
 from tasks.cli import Parser
 from tasks.options import add_options, option
+from tasks.storage import write_text
 from tasks.task import load_split
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.metrics import task_metric, overall_score
@@ -349,9 +350,9 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"budget": args.budget, "seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
                "wall_s": round(time.perf_counter() - t0, 1), "majority": majority,
                "rows": {r: {str(s): v for s, v in per.items()} for r, per in results.items()}, "flags": flags}
-    (sweep.root / "ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(sweep.root / "ablation.json", json.dumps(summary, indent=2) + "\n")
     text = f"{ladder}\n\n{contrastive}\n"
-    (sweep.root / "ablation.md").write_text(text)
+    write_text(sweep.root / "ablation.md", text)
     print(text)
     return results
 

@@ -76,6 +76,7 @@ from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensem
 from tasks.evaluation.ensemble import METHODS
 from tasks.evaluation.metrics import overall_score, task_metric
 from tasks.options import add_options, option
+from tasks.storage import write_text
 from tasks.task import MULTITASK
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
               **({"incomplete": summary["incomplete"]} if "incomplete" in summary else {}),
               "members_wall_s": round(sum(m["wall_s"] for m in members.values()), 1),
               "wall_s": round(time.perf_counter() - t0, 1), "jobs": args.jobs, "threads": args.threads}
-    (Path(args.out_dir) / "leaderboard.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_text(Path(args.out_dir) / "leaderboard.json", json.dumps(result, indent=2) + "\n")
     if args.method == "simple":
         scores = f"{whole:.4f} (nothing chosen on dev: honest)"
     else:

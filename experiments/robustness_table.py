@@ -71,6 +71,7 @@ from experiments.sweep import Sweep, add_sweep_options, final_record, markdown_t
 from tasks.cli import Parser
 from tasks.options import add_options, option
 from tasks.perturb import perturb, perturbed_data_dir
+from tasks.storage import write_text
 from tasks.task import load_split
 from tasks.training.run import dev_scores
 
@@ -137,7 +138,7 @@ def condition_data(src: Path, root: Path, cond: str, seed: int) -> Path:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f"{dst.name}.partial-"))
         perturbed_data_dir(src, tmp, perturb(command, train, seed, **setting))
-        (tmp / SOURCE).write_text(json.dumps({"data_dir": str(src.resolve())}) + "\n")
+        write_text(tmp / SOURCE, json.dumps({"data_dir": str(src.resolve())}) + "\n")
         try:
             os.replace(tmp, dst)
         except OSError:  # another process renamed its copy into place first: the same files
@@ -343,8 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
                "wall_s": round(time.perf_counter() - t0, 1), "majority": majority, "flags": flags,
                "results": {m: {c: {str(s): v for s, v in per.items()} for c, per in conds.items()}
                            for m, conds in results.items()}, "times": times}
-    (sweep.root / "robustness.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (sweep.root / "robustness.md").write_text(text + "\n")
+    write_text(sweep.root / "robustness.json", json.dumps(summary, indent=2) + "\n")
+    write_text(sweep.root / "robustness.md", text + "\n")
     print(text)
     return results
 

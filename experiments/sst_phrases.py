@@ -53,6 +53,7 @@ from dataclasses import dataclass
 
 from tasks.cli import Parser
 from tasks.options import add_options, option
+from tasks.storage import write_text
 from experiments.stats import cell, change_cell
 from experiments.sweep import Sweep, add_sweep_options, fmt, markdown_table, open_sweep
 
@@ -178,8 +179,8 @@ def render_full(results: dict[str, dict[int, dict]], row: str) -> str:
 
 def write_report(sweep: Sweep, stem: str, summary: dict, text: str) -> None:
     """``<root>/<stem>.json`` (the summary) and ``<stem>.md`` (the table), and the table on stdout."""
-    (sweep.root / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (sweep.root / f"{stem}.md").write_text(text)
+    write_text(sweep.root / f"{stem}.json", json.dumps(summary, indent=2) + "\n")
+    write_text(sweep.root / f"{stem}.md", text)
     print(text)
 
 

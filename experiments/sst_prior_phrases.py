@@ -44,7 +44,7 @@ from tasks.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
 from tasks.task import get_task
 from tasks.selection import load_examples, load_phrases
-from tasks.storage import load_tensors
+from tasks.storage import load_tensors, write_text
 
 OWN = "own"  # the column of the run's own probe
 
@@ -168,12 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
         results.setdefault(r.parent.name, {})[r.name] = score_run(r, configs[r], by_id, probes)
     text = render(results, alone) + "\n"
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     summary = {"runs": [str(r) for r in runs], "weights": args.weights, "phrases": args.phrases,
                "sentences": len(train), "phrase_count": len(phrases), "probe_alone": {str(w): a for w, a in alone.items()},
                "results": results}
-    (out / "sst_prior_phrases.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "sst_prior_phrases.md").write_text(text)
+    write_text(out / "sst_prior_phrases.json", json.dumps(summary, indent=2) + "\n")
+    write_text(out / "sst_prior_phrases.md", text)
     print(text)
     return results
 

@@ -46,6 +46,7 @@ from tasks.cli import Parser
 from tasks.options import add_options, option, options_of
 from tasks.training.progress import RunsClock
 from tasks.outdir import release_lock, take_lock
+from tasks.storage import write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH_FLAGS = ("--out-dir", "--data-dir")  # the directories a sweep names; compared as absolute paths
@@ -210,7 +211,7 @@ class Sweep:
             return {"argv": list(argv), "module": module, "wall_s": math.nan}
         run_dir.mkdir(parents=True, exist_ok=True)
         with _run_lock(run_dir, name):
-            marker.write_text(json.dumps({"argv": list(argv), "module": module, "wall_s": None}, indent=2) + "\n")
+            write_text(marker, json.dumps({"argv": list(argv), "module": module, "wall_s": None}, indent=2) + "\n")
             return self._run(name, cmd, argv, module, run_dir, marker, resumed=run != list(argv))
 
     def _run(self, name: str, cmd: list[str], argv: Sequence[str], module: str | None, run_dir: Path,
@@ -226,7 +227,7 @@ class Sweep:
                              f"log {run_dir / 'sweep.log'}:\n{tail}")
         done = {"argv": list(argv), "module": module, "wall_s": round(wall, 1), "threads": self.threads,
                 "resumed": resumed}
-        marker.write_text(json.dumps(done, indent=2) + "\n")
+        write_text(marker, json.dumps(done, indent=2) + "\n")
         say(f"[{name}] done in {wall:.0f} s")
         return done
 
