@@ -24,11 +24,13 @@ import multiprocessing as mp
 import os
 import statistics
 import time
+from dataclasses import dataclass
 
 import torch
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.cli import Parser
+from tasks.options import add_options, option
 from tasks.runtime import peak_memory_bytes, synchronize
 
 
@@ -123,20 +125,33 @@ def peak_mib(which: str, mode: str, seq: int, args) -> float:
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-def main(argv: list[str] | None = None) -> None:
+@dataclass
+class EncoderBenchOptions:
+    """The benchmark's flags."""
+
+    model: str | None = option(None, "checkpoint dir (default: embedded MiniLM)", metavar="DIR")
+    device: str = option("cpu", "the device both models run on (cpu, cuda, ...)", metavar="DEVICE")
+    dtype: str = option("fp32", "the dtype both models run in", choices=list(DTYPES))
+    batch_size: int = option(32, "sequences a batch")
+    seq_lens: list[int] = option(help="sequence lengths, a row each", factory=lambda: [32, 128], nargs="+")
+    modes: list[str] = option(help="infer: forward under no_grad; train: forward + backward",
+                              factory=lambda: ["infer", "train"], choices=["infer", "train"], nargs="+")
+    threads: int = option(os.cpu_count(), "torch.set_num_threads")
+    repeats: int = option(7, "timed rounds (the median reported)")
+    iters: int = option(3, "steps a timed round")
+    warmup: int = option(2, "untimed steps of each model first")
+    no_memory: bool = option(False, "skip the peak-memory children")
+    compile: bool = option(False, "also time our encoder under torch.compile")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--model", default=None, help="checkpoint dir (default: embedded MiniLM)")
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--dtype", choices=list(DTYPES), default="fp32")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--seq-lens", type=int, nargs="+", default=[32, 128])
-    ap.add_argument("--modes", nargs="+", choices=["infer", "train"], default=["infer", "train"])
-    ap.add_argument("--threads", type=int, default=os.cpu_count())
-    ap.add_argument("--repeats", type=int, default=7)
-    ap.add_argument("--iters", type=int, default=3)
-    ap.add_argument("--warmup", type=int, default=2)
-    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
-    ap.add_argument("--compile", action="store_true", help="also time our encoder under torch.compile")
+    add_options(ap, EncoderBenchOptions)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = build_parser()
     args = ap.parse_args(argv)
 
     torch.set_num_threads(args.threads)

@@ -79,7 +79,6 @@ Nothing is asserted; it prints Markdown tables for the README.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import copy
 import dataclasses
@@ -107,6 +106,8 @@ from minbert import bert
 from minbert.config import BertConfig
 from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser
+from tasks.options import add_options, option
+from tasks.storage import write_text
 from tasks.config import TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
@@ -848,22 +849,34 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+@dataclass
+class MultitaskBenchOptions:
+    """The benchmark's flags."""
+
+    steps: int = option(40, "timed batches per variant and round")
+    warmup: int = option(3, "batches before the timed ones (run once per variant)")
+    rounds: int = option(5, "rounds; each times every variant once; medians reported")
+    threads: int = option(os.cpu_count(), "torch.set_num_threads")
+    bf16: bool | None = option(None, "bf16 autocast (default: the trainer's, on for CPUs with AMX or AVX512_BF16)")
+    variants: list[str] = option(help="compared variants (module docstring); 'ours' is required, every ratio is "
+                                      "against it", factory=lambda: list(DEFAULT_VARIANTS), choices=list(VARIANTS),
+                                 nargs="+")
+    data_dir: str = option("data", "the CS224N CSV files", metavar="DIR")
+    pretrained: str | None = option(None, "checkpoint dir (default: embedded MiniLM)", metavar="DIR")
+    square: int = option(2048, "side of the square matmul of the peak (0: none)")
+    no_memory: bool = option(False, "skip the peak-memory children")
+    profile: bool = option(False, "also break ours' step down by phase and op category")
+    json: str | None = option(None, "write every number to this JSON file", metavar="OUT")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--steps", type=int, default=40, help="timed batches per variant and round")
-    ap.add_argument("--warmup", type=int, default=3, help="batches before the timed ones (run once per variant)")
-    ap.add_argument("--rounds", type=int, default=5, help="rounds; each times every variant once; medians reported")
-    ap.add_argument("--threads", type=int, default=os.cpu_count(), help="torch.set_num_threads")
-    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
-                    help="bf16 autocast (default: the trainer's, on for CPUs with AMX or AVX512_BF16)")
-    ap.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(DEFAULT_VARIANTS),
-                    help="compared variants (module docstring); 'ours' is required, every ratio is against it")
-    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files")
-    ap.add_argument("--pretrained", default=None, help="checkpoint dir (default: embedded MiniLM)")
-    ap.add_argument("--square", type=int, default=2048, help="side of the square matmul of the peak (0: none)")
-    ap.add_argument("--no-memory", action="store_true", help="skip the peak-memory children")
-    ap.add_argument("--profile", action="store_true", help="also break ours' step down by phase and op category")
-    ap.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
+    add_options(ap, MultitaskBenchOptions)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    ap = build_parser()
     args = ap.parse_args(argv)
 
     configure_malloc()  # as train_multitask.main does: the step is timed as training runs it
@@ -881,8 +894,7 @@ def report(res: dict[str, Any], module: str, argv: Sequence[str] | None, render:
     res["command"] = f"python -m {module} " + " ".join(sys.argv[1:] if argv is None else argv)
     print(render(res))
     if json_out:
-        Path(json_out).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_out).write_text(json.dumps(res, indent=1, default=str))
+        write_text(Path(json_out), json.dumps(res, indent=1, default=str))
     return res
 
 

@@ -23,12 +23,14 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from benchmarks.bench_multitask import machine_info, make_base_trainer, report
 from tasks.cli import Parser
+from tasks.options import add_options, option
 from tasks.config import TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.model import PHRASES
@@ -132,15 +134,27 @@ def markdown(res: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
-def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+@dataclass
+class PhrasesBenchOptions:
+    """The benchmark's flags."""
+
+    batch_sizes: list[int] = option(help="phrase batch sizes", factory=lambda: [32, 64, 128], nargs="+")
+    per_epoch: int = option(17088, "phrases an epoch (--sst-phrases-per-epoch)", metavar="N")
+    steps: int = option(12, "batches of each stream timed a round, drawn by size")
+    rounds: int = option(5, "timed rounds (medians reported), after one untimed")
+    threads: int | None = option(None, "torch.set_num_threads (the runs compared: 1)")
+    data_dir: str = option("data", "the CS224N CSV files and sst-phrases-train.csv", metavar="DIR")
+    json: str | None = option(None, "write every number to this JSON file", metavar="OUT")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[32, 64, 128], help="phrase batch sizes")
-    ap.add_argument("--per-epoch", type=int, default=17088, help="phrases an epoch (--sst-phrases-per-epoch)")
-    ap.add_argument("--steps", type=int, default=12, help="batches of each stream timed a round, drawn by size")
-    ap.add_argument("--rounds", type=int, default=5, help="timed rounds (medians reported), after one untimed")
-    ap.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (the runs compared: 1)")
-    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files and sst-phrases-train.csv")
-    ap.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
+    add_options(ap, PhrasesBenchOptions)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
+    ap = build_parser()
     args = ap.parse_args(argv)
     if args.threads is not None:
         torch.set_num_threads(args.threads)

@@ -76,8 +76,14 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from tasks.options import add_options, option
+
+if TYPE_CHECKING:
+    from tasks.cli import Parser
 
 ROOT = Path(__file__).resolve().parent.parent
 STEPS = {"machine": 25, "tests": 60, "encoder": 40, "default": 150, "resume": 60, "step": 35, "torchrun": 40,
@@ -116,8 +122,10 @@ class Report:
         return json.loads(self.json.read_text()) if self.json.is_file() else {"header": "", "steps": {}}
 
     def write(self, data: dict) -> None:
-        write_atomic(self.json, json.dumps(data, indent=2, default=str) + "\n")
-        write_atomic(self.md, render(data))
+        from tasks.storage import write_text
+
+        write_text(self.json, json.dumps(data, indent=2, default=str) + "\n")
+        write_text(self.md, render(data))
 
     def header(self, text: str) -> None:
         data = self.read()
@@ -147,12 +155,6 @@ class Report:
         entry.update(result, text=text)
         data["steps"][step] = entry
         self.write(data)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def render(data: dict) -> str:
@@ -886,23 +888,35 @@ def work_dir(path: str | None) -> Iterator[Path]:
             yield Path(tmp)
 
 
-def parse(argv: list[str] | None) -> argparse.Namespace:
+@dataclass
+class CheckOptions:
+    """The check's flags; the last three are the ones the check passes to each step's own process."""
+
+    report_dir: str = option(help="where report.md, report.json and logs/ go ($OUT on the GPU machine)",
+                             factory=str, metavar="DIR")
+    pack: str = option(".gpu", "the folder python -m benchmarks.gpu_pack wrote", metavar="DIR")
+    pretrained: str | None = option(None, "the encoder (default: <pack>/minilm)", metavar="DIR")
+    data_dir: str | None = option(None, "the task files, plain or *.csv.gz (default: <pack>/data)", metavar="DIR")
+    device: str = option("cuda", "cuda for the check, cpu for the dry run", metavar="DEVICE")
+    tiny: bool = option(False, "every step at tiny sizes (the dry run)")
+    only: list[str] | None = option(None, "run these steps only", choices=list(STEPS), nargs="+")
+    budget: float = option(480.0, "seconds for all the steps together", metavar="SECONDS")
+    work_dir: str | None = option(None, "runs and logs (default: a temporary directory)", metavar="DIR")
+    step: str | None = option(None, "a child's one step", choices=list(STEPS), hidden=True)
+    step_deadline: float | None = option(None, "time.time() for the step to end by", hidden=True)
+    step_budget: float | None = option(None, "the step's share of the budget, for the report", hidden=True)
+
+
+def build_parser() -> Parser:
     from tasks.cli import Parser
 
     p = Parser(prog="python -m benchmarks.gpu_check", description=__doc__.split("\n\n")[0])
-    p.add_argument("--report-dir", required=True, help="where report.md, report.json and logs/ go ($OUT on the GPU "
-                                                       "machine)")
-    p.add_argument("--pack", default=".gpu", help="the folder python -m benchmarks.gpu_pack wrote")
-    p.add_argument("--pretrained", default=None, help="the encoder (default: <pack>/minilm)")
-    p.add_argument("--data-dir", default=None, help="the task files, plain or *.csv.gz (default: <pack>/data)")
-    p.add_argument("--device", default="cuda", help="cuda for the check, cpu for the dry run")
-    p.add_argument("--tiny", action="store_true", help="every step at tiny sizes (the dry run)")
-    p.add_argument("--only", nargs="+", choices=list(STEPS), default=None, help="run these steps only")
-    p.add_argument("--budget", type=float, default=480.0, help="seconds for all the steps together")
-    p.add_argument("--work-dir", default=None, help="runs and logs (default: a temporary directory)")
-    p.add_argument("--step", choices=list(STEPS), default=None, help=argparse.SUPPRESS)  # a child's one step
-    p.add_argument("--step-deadline", type=float, default=None, help=argparse.SUPPRESS)  # time.time() to end by
-    p.add_argument("--step-budget", type=float, default=None, help=argparse.SUPPRESS)  # its share, for the report
+    add_options(p, CheckOptions, required=("report_dir",))
+    return p
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    p = build_parser()
     args = p.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.budget <= 0:

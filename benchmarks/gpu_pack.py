@@ -30,12 +30,15 @@ import json
 import os
 import shutil
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from tasks.cli import Parser
+from tasks.options import add_options, option
+from tasks.storage import atomic_file, save_tensors, write_text
 from minbert.pretrained import resolve_model_dir, weights_file
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -54,7 +57,7 @@ def pack_model(source: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     state = {k: (t.half() if t.is_floating_point() else t).contiguous()
              for k, t in _state(weights_file(source)).items()}
-    save_file(state, str(out / "model.safetensors"))
+    save_tensors(out / "model.safetensors", state)
     for name in MODEL_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, out / name)
@@ -71,7 +74,8 @@ def pack_data(data_dir: Path, out: Path) -> list[str]:
     out.mkdir(parents=True, exist_ok=True)
     names = sorted({p.name for pattern in DATA_PATTERNS for p in data_dir.glob(pattern)})
     for name in names:
-        (out / f"{name}.gz").write_bytes(gzip.compress((data_dir / name).read_bytes(), compresslevel=9, mtime=0))
+        with atomic_file(out / f"{name}.gz") as tmp:
+            tmp.write_bytes(gzip.compress((data_dir / name).read_bytes(), compresslevel=9, mtime=0))
     return names
 
 
@@ -118,18 +122,30 @@ def pack(out: Path, pretrained: str | None = None, data_dir: str | Path = "data"
     info = {"model_from": str(source), "data_from": str(data.resolve()), "data_files": names, "bytes": files,
             "total_mib": round(sum(files.values()) / 2**20, 2), "commit": head, "dirty": dirty,
             "tracked_mib": round(tracked / 2**20, 2)}
-    (out / "pack.json").write_text(json.dumps(info, indent=2) + "\n")
+    write_text(out / "pack.json", json.dumps(info, indent=2) + "\n")
     if tracked + folder_bytes(out) > LIMIT_MIB * 2**20:
         raise ValueError(f"{out} holds {folder_bytes(out) / 2**20:.1f} MiB and the checkout's files "
                          f"{tracked / 2**20:.1f} MiB: more than the {LIMIT_MIB} MiB that travel with a GPU call")
     return info
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclass
+class PackOptions:
+    """The command's flags."""
+
+    out: str = option(".gpu", "the folder to write (ignored by git; carried to the GPU call)", metavar="DIR")
+    pretrained: str | None = option(None, "encoder directory (default: the embedded MiniLM)", metavar="DIR")
+    data_dir: str = option("data", "the task files (bash setup.sh links them)", metavar="DIR")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=".gpu", help="the folder to write (ignored by git; carried to the GPU call)")
-    ap.add_argument("--pretrained", default=None, help="encoder directory (default: the embedded MiniLM)")
-    ap.add_argument("--data-dir", default="data", help="the task files (bash setup.sh links them)")
+    add_options(ap, PackOptions)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
     args = ap.parse_args(argv)
     info = pack(Path(args.out), args.pretrained, args.data_dir)
     print(f"wrote {args.out}: {info['total_mib']} MiB ({len(info['data_files'])} data files, the encoder in float16) "

@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         # a record that cannot be made (the script broke its own imports, say) must not hide the script's error
         with contextlib.suppress(Exception):
-            path.write_text(json.dumps(peak()) + "\n")
+            from tasks.storage import write_text
+
+            write_text(path, json.dumps(peak()) + "\n")
 
 
 if __name__ == "__main__":

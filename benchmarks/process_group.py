@@ -16,17 +16,32 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from tasks.cli import Parser
+from tasks.options import add_options, option
+
+
+@dataclass
+class GroupOptions:
+    """The command's flag."""
+
+    device: str = option("cuda", "cuda: NCCL; cpu: gloo", choices=["cuda", "cpu"])
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="python -m benchmarks.process_group", description=__doc__.split("\n\n")[0])
+    add_options(p, GroupOptions)
+    return p
+
 
 def main(argv: list[str] | None = None) -> dict:
-    from tasks.cli import Parser
     from tasks.runtime import bind_local_device, distributed_backend, synchronize
 
-    p = Parser(prog="python -m benchmarks.process_group", description=__doc__.split("\n\n")[0])
-    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda", help="cuda: NCCL; cpu: gloo")
+    p = build_parser()
     args = p.parse_args(argv)
     if "RANK" not in os.environ:
         p.error("run it under torchrun (python -m torch.distributed.run ... -m benchmarks.process_group)")

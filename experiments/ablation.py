@@ -66,11 +66,14 @@ import json
 import shutil
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.stats import cell, change_cell, plot_rows
-from experiments.sweep import Sweep, final_record, fmt, markdown_table
+from experiments.sweep import Sweep, add_sweep_options, final_record, fmt, markdown_table, open_sweep
 from tasks.cli import Parser
+from tasks.options import add_options, option
+from tasks.storage import write_text
 from tasks.task import load_split
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.metrics import task_metric, overall_score
@@ -306,22 +309,27 @@ def plot(path: Path, results: dict[str, dict[int, dict]], rows: list[str], major
               {m: [[v[m] for v in results[r].values()] for r in rows] for m in METRICS}, title, majority)
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclass
+class AblationOptions:
+    """The ablation's own flags (beside the sweep's, experiments.sweep.SweepOptions)."""
+
+    budget: str = option("cpu", "the rows' training: cpu (one epoch on 2,000 examples of each task) or full (the "
+                                "paper's: 10 epochs on all of them)", choices=sorted(BUDGETS))
+    only: list[str] | None = option(None, "run these rows (and what they need) only; the tables show every finished "
+                                          "row", choices=ROWS, nargs="+")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default="runs/ablation")
-    ap.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="every row runs once per seed")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")
-    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
-    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (majority-class accuracies)")
-    ap.add_argument("--only", nargs="+", choices=ROWS, default=None,
-                    help="run these rows (and what they need) only; the tables show every finished row")
-    ap.add_argument("--force", action="store_true", help="rerun rows that already finished")
-    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_options(ap, AblationOptions)
+    add_sweep_options(ap, out_dir="runs/ablation", help_suffix={"data_dir": " (majority-class accuracies)"})
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        ap.error(f"--jobs {args.jobs}: at least 1")
-    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
+    sweep = open_sweep(ap, args)
     flags = row_flags(args.budget)
     wanted = set(args.only or ROWS)
     if wanted & {"swa", "distill"}:
@@ -342,9 +350,9 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"budget": args.budget, "seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
                "wall_s": round(time.perf_counter() - t0, 1), "majority": majority,
                "rows": {r: {str(s): v for s, v in per.items()} for r, per in results.items()}, "flags": flags}
-    (sweep.root / "ablation.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(sweep.root / "ablation.json", json.dumps(summary, indent=2) + "\n")
     text = f"{ladder}\n\n{contrastive}\n"
-    (sweep.root / "ablation.md").write_text(text)
+    write_text(sweep.root / "ablation.md", text)
     print(text)
     return results
 

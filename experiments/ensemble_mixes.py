@@ -35,12 +35,14 @@ import logging
 import random
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.cli import Parser, user_errors
 from tasks.predictions import load_task_logits, task_members, trained_tasks
 from tasks.evaluation.ensemble import average, dev_labels
 from tasks.evaluation.metrics import overall_score, score, task_metric
+from tasks.options import add_options, option
 from tasks.task import MULTITASK
 
 TASKS = MULTITASK
@@ -150,21 +152,32 @@ def paired_table(rows: list[dict], parent: str, change: str, beside: Sequence[st
         "\n".join(lines)
 
 
+@dataclass
+class MixesOptions:
+    """The command's flags."""
+
+    pool: list[list[str]] = option(help="a name, then the finished runs of one recipe", factory=list, repeat=True,
+                                   nargs="+", metavar=("NAME", "RUN"))
+    mix: list[str] = option(help="a composition (repeatable)", factory=list, repeat=True, metavar="NAME=K,...")
+    paired: tuple[str, str] | None = option(None, "two pools of runs paired by seed: the change's gain at every "
+                                                  "ensemble size", nargs=2, metavar=("PARENT", "CHANGE"))
+    beside: list[str] = option(help="with --paired: pools whose runs join both arms' ensembles (full members beside "
+                                    "specialists)", factory=list, nargs="+", metavar="NAME")
+    draws: int = option(400, "random draws per mix; with --paired, the seed resamples of the whole ensembles' SE")
+    target: float = option(0.770, "report how often a draw reaches this overall")
+    seed: int = option(0, "the draws' random seed")
+    data_dir: str = option("data", "the CS224N CSV files (dev labels)", metavar="DIR")
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog="ensemble_mixes.py", description=__doc__.split("\n")[0])
+    add_options(ap, MixesOptions, required=("pool",))
+    return ap
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     """{"mixes": a row per --mix, "paired": a row per ensemble size of --paired}; prints them as tables."""
-    ap = Parser(prog="ensemble_mixes.py", description=__doc__.split("\n")[0])
-    ap.add_argument("--pool", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
-                    help="a name, then the finished runs of one recipe")
-    ap.add_argument("--mix", action="append", default=[], metavar="NAME=K,...", help="a composition (repeatable)")
-    ap.add_argument("--paired", nargs=2, metavar=("PARENT", "CHANGE"),
-                    help="two pools of runs paired by seed: the change's gain at every ensemble size")
-    ap.add_argument("--beside", nargs="+", default=[], metavar="NAME",
-                    help="with --paired: pools whose runs join both arms' ensembles (full members beside specialists)")
-    ap.add_argument("--draws", type=int, default=400,
-                    help="random draws per mix; with --paired, the seed resamples of the whole ensembles' SE")
-    ap.add_argument("--target", type=float, default=0.770, help="report how often a draw reaches this overall")
-    ap.add_argument("--seed", type=int, default=0, help="the draws' random seed")
-    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels)")
+    ap = build_parser()
     args = ap.parse_args(argv)
     pools: dict[str, list[str]] = {}
     for name, *runs in args.pool:

@@ -64,9 +64,10 @@ import json
 import shlex
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from experiments.sweep import Sweep, changed_settings, say
+from experiments.sweep import add_sweep_options, changed_settings, open_sweep, say
 from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
 from tasks import arguments
@@ -74,6 +75,8 @@ from tasks.cli import Parser, describe
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.ensemble import METHODS
 from tasks.evaluation.metrics import overall_score, task_metric
+from tasks.options import add_options, option
+from tasks.storage import write_text
 from tasks.task import MULTITASK
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
@@ -144,27 +147,36 @@ def variant_tokens(plan: dict[str, tuple[int, str]], extra: Sequence[str]) -> di
         return {}
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclass
+class LeaderboardOptions:
+    """The leaderboard command's own flags (beside the sweep's, experiments.sweep.SweepOptions)."""
+
+    members: int = option(4, "number of members (seeds S..S+K-1)", metavar="K")
+    first_seed: int = option(0, "seed of the first member and of each task's first specialist; for a second ensemble "
+                                "on unseen seeds give S past the first one's seeds, and its own --out-dir", metavar="S")
+    method: str = option("simple", "the ensemble (python -m tasks.ensemble)", choices=METHODS)
+    variants: list[str] = option(help='member k adds variant k mod V to its flags: quoted flag strings, "" for none '
+                                      "(the default recipe's members)", factory=lambda: list(DEFAULT_VARIANTS),
+                                 nargs="+", metavar="FLAGS")
+    specialists: list[str] = option(help="N more members trained on TASK alone (--tasks TASK), in that task's "
+                                         "ensemble only; --specialists with nothing after it for none",
+                                    factory=lambda: list(DEFAULT_SPECIALISTS), nargs="*", metavar="TASK=N")
+    specialist_flags: str = option("", 'a quoted flag string the specialists alone add, as --variants is for the full '
+                                       'members (one flag alone: --specialist-flags="--no-bf16")', metavar="FLAGS")
+
+
+def build_parser() -> Parser:
     ap = Parser(prog="leaderboard.py", description=__doc__.split("\n")[0],
-                                 epilog="Flags after -- go to every member's train_multitask.py.")
-    ap.add_argument("--out-dir", default="runs/leaderboard", help="members, the ensemble and leaderboard.json")
-    ap.add_argument("--members", type=int, default=4, metavar="K", help="number of members (seeds S..S+K-1)")
-    ap.add_argument("--first-seed", type=int, default=0, metavar="S",
-                    help="seed of the first member and of each task's first specialist; for a second ensemble "
-                         "on unseen seeds give S past the first one's seeds, and its own --out-dir")
-    ap.add_argument("--method", choices=METHODS, default="simple", help="the ensemble (python -m tasks.ensemble)")
-    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files (dev labels for the ensemble)")
-    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every member (default: torch's)")
-    ap.add_argument("--jobs", type=int, default=1, help="members trained at the same time")
-    ap.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), metavar="FLAGS",
-                    help='member k adds variant k mod V to its flags: quoted flag strings, "" for none '
-                         "(the default recipe's members)")
-    ap.add_argument("--specialists", nargs="*", default=list(DEFAULT_SPECIALISTS), metavar="TASK=N",
-                    help="N more members trained on TASK alone (--tasks TASK), in that task's ensemble only; "
-                         "--specialists with nothing after it for none")
-    ap.add_argument("--specialist-flags", default="", metavar="FLAGS",
-                    help='a quoted flag string the specialists alone add, as --variants is for the full members '
-                         '(one flag alone: --specialist-flags="--no-bf16")')
+                epilog="Flags after -- go to every member's train_multitask.py.")
+    add_options(ap, LeaderboardOptions)
+    add_sweep_options(ap, out_dir="runs/leaderboard", skip=("seeds", "force", "dry_run"),
+                      help_suffix={"out_dir": ": the members, the ensemble and leaderboard.json",
+                                   "data_dir": " (dev labels for the ensemble)"})
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
     args, extra = ap.parse_known_args(argv)
     if extra and extra[0] == "--":
         extra = extra[1:]
@@ -196,8 +208,6 @@ def main(argv: list[str] | None = None) -> dict:
         extra = [*extra, "--data-dir", args.data_dir]
     if args.first_seed < 0:
         ap.error(f"--first-seed {args.first_seed}: a seed is at least 0")
-    if args.jobs < 1:
-        ap.error(f"--jobs {args.jobs}: at least 1")
     plan = members_of(args.members, args.variants, specialists, args.first_seed, args.specialist_flags)
     for variant, seed in first_seeds(plan).items():  # a typo fails here, not in a member after the directories
         flags = member_flags(seed, extra, variant)
@@ -215,7 +225,7 @@ def main(argv: list[str] | None = None) -> dict:
         if changed:
             ap.error(f"{member_dir} is a member made with other settings ({', '.join(changed)}); "
                      "give this recipe another --out-dir")
-    sweep = Sweep(args.out_dir, threads=args.threads, jobs=args.jobs)
+    sweep = open_sweep(ap, args)
     t0 = time.perf_counter()
     tokens = variant_tokens(plan, extra) if args.jobs > 1 else {}
     trained = sweep.map(lambda item: sweep.train(item[0], member_flags(item[1][0], extra, item[1][1])),
@@ -235,7 +245,7 @@ def main(argv: list[str] | None = None) -> dict:
               **({"incomplete": summary["incomplete"]} if "incomplete" in summary else {}),
               "members_wall_s": round(sum(m["wall_s"] for m in members.values()), 1),
               "wall_s": round(time.perf_counter() - t0, 1), "jobs": args.jobs, "threads": args.threads}
-    (Path(args.out_dir) / "leaderboard.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_text(Path(args.out_dir) / "leaderboard.json", json.dumps(result, indent=2) + "\n")
     if args.method == "simple":
         scores = f"{whole:.4f} (nothing chosen on dev: honest)"
     else:

@@ -62,13 +62,16 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.ablation import majority_accuracies, merge_flags, row_flags
 from experiments.stats import cell, change_cell, plot_rows
-from experiments.sweep import Sweep, final_record, markdown_table
+from experiments.sweep import Sweep, add_sweep_options, final_record, markdown_table, open_sweep
 from tasks.cli import Parser
+from tasks.options import add_options, option
 from tasks.perturb import perturb, perturbed_data_dir
+from tasks.storage import write_text
 from tasks.task import load_split
 from tasks.training.run import dev_scores
 
@@ -135,7 +138,7 @@ def condition_data(src: Path, root: Path, cond: str, seed: int) -> Path:
         dst.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(dir=dst.parent, prefix=f"{dst.name}.partial-"))
         perturbed_data_dir(src, tmp, perturb(command, train, seed, **setting))
-        (tmp / SOURCE).write_text(json.dumps({"data_dir": str(src.resolve())}) + "\n")
+        write_text(tmp / SOURCE, json.dumps({"data_dir": str(src.resolve())}) + "\n")
         try:
             os.replace(tmp, dst)
         except OSError:  # another process renamed its copy into place first: the same files
@@ -299,27 +302,34 @@ def plot(root: Path, results: dict, majority: dict[str, float], title: str) -> l
     return paths
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclass
+class TableOptions:
+    """The table's own flags (beside the sweep's, experiments.sweep.SweepOptions)."""
+
+    budget: str = option("cpu", "the cells' training and attack: cpu (the ablation's CPU budget, 2,000 examples of "
+                                "each task; a light attack on 500 dev examples) or full (the ablation's full budget "
+                                "on every example; the full attack)",
+                         choices=sorted(BUDGETS))
+    methods: list[str] = option(help="which methods (rows)", factory=lambda: list(METHODS), choices=list(METHODS),
+                                nargs="+")
+    conditions: list[str] = option(help="which conditions (attack runs the clean cells it attacks)",
+                                   factory=lambda: list(CONDITIONS), choices=CONDITIONS, nargs="+")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default="runs/robustness")
-    ap.add_argument("--budget", choices=sorted(BUDGETS), default="cpu")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2], help="every cell runs once per seed")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")
-    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
-    ap.add_argument("--data-dir", default="data", help="the CS224N CSV files")
-    ap.add_argument("--methods", nargs="+", choices=list(METHODS), default=list(METHODS))
-    ap.add_argument("--conditions", nargs="+", choices=CONDITIONS, default=CONDITIONS,
-                    help="which conditions (attack runs the clean cells it attacks)")
-    ap.add_argument("--force", action="store_true", help="rerun cells that already finished")
-    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_options(ap, TableOptions)
+    add_sweep_options(ap, out_dir="runs/robustness")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        ap.error(f"--jobs {args.jobs}: at least 1")
     src = Path(args.data_dir).resolve()  # runs start in the repository root: paths must not depend on the caller's
     if not src.is_dir():
         ap.error(f"--data-dir {src}: no such directory (run setup.sh, or point it at the CS224N CSV files)")
-    sweep = Sweep(Path(args.out_dir).resolve(), threads=args.threads, force=args.force, dry_run=args.dry_run,
-                  jobs=args.jobs)
+    sweep = open_sweep(ap, args, root=Path(args.out_dir).resolve())
     t0 = time.perf_counter()
     run_cells(sweep, args.budget, args.methods, args.conditions, args.seeds, src)
     if args.dry_run:
@@ -334,8 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
                "wall_s": round(time.perf_counter() - t0, 1), "majority": majority, "flags": flags,
                "results": {m: {c: {str(s): v for s, v in per.items()} for c, per in conds.items()}
                            for m, conds in results.items()}, "times": times}
-    (sweep.root / "robustness.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (sweep.root / "robustness.md").write_text(text + "\n")
+    write_text(sweep.root / "robustness.json", json.dumps(summary, indent=2) + "\n")
+    write_text(sweep.root / "robustness.md", text + "\n")
     print(text)
     return results
 

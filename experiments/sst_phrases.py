@@ -49,10 +49,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import dataclass
 
 from tasks.cli import Parser
+from tasks.options import add_options, option
+from tasks.storage import write_text
 from experiments.stats import cell, change_cell
-from experiments.sweep import Sweep, fmt, markdown_table
+from experiments.sweep import Sweep, add_sweep_options, fmt, markdown_table, open_sweep
 
 SPECIALIST = ["--tasks", "sst", "--sst-prior", "0"]
 NO_PHRASES = ["--sst-phrases", "none"]
@@ -176,30 +179,35 @@ def render_full(results: dict[str, dict[int, dict]], row: str) -> str:
 
 def write_report(sweep: Sweep, stem: str, summary: dict, text: str) -> None:
     """``<root>/<stem>.json`` (the summary) and ``<stem>.md`` (the table), and the table on stdout."""
-    (sweep.root / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (sweep.root / f"{stem}.md").write_text(text)
+    write_text(sweep.root / f"{stem}.json", json.dumps(summary, indent=2) + "\n")
+    write_text(sweep.root / f"{stem}.md", text)
     print(text)
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclass
+class PhrasesOptions:
+    """The screen's own flags (beside the sweep's, experiments.sweep.SweepOptions)."""
+
+    only: list[str] | None = option(None, "run these rows only (base always)", choices=NAMES, nargs="+")
+    full: str | None = option(None, "run this row on the whole default recipe against base's (no phrases), seed by "
+                                    "seed", choices=[r for r in NAMES if r != PARENT], metavar="ROW")
+    preset: str | None = option(None, "with --full: both arms run this preset of train_multitask.py (e.g. quick: the "
+                                      "default in one epoch)")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default="runs/sst-phrases")
-    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(8)), help="every row runs once per seed")
-    ap.add_argument("--jobs", type=int, default=1, help="runs at the same time (2 on a 2-core CPU, with --threads 1)")
-    ap.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of every run (default: torch's)")
-    ap.add_argument("--only", nargs="+", choices=NAMES, default=None, help="run these rows only (base always)")
-    ap.add_argument("--full", choices=[r for r in NAMES if r != PARENT], default=None, metavar="ROW",
-                    help="run this row on the whole default recipe against base's (no phrases), seed by seed")
-    ap.add_argument("--preset", default=None, help="with --full: both arms run this preset of train_multitask.py "
-                                                    "(e.g. quick: the default in one epoch)")
-    ap.add_argument("--force", action="store_true", help="rerun rows that already finished")
-    ap.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    add_options(ap, PhrasesOptions)
+    add_sweep_options(ap, out_dir="runs/sst-phrases", seeds=range(8), skip=("data_dir",))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        ap.error(f"--jobs {args.jobs}: at least 1")
     if args.preset is not None and args.full is None:
         ap.error("--preset acts with --full ROW only (the screening rows are SST specialists)")
-    sweep = Sweep(args.out_dir, threads=args.threads, force=args.force, dry_run=args.dry_run, jobs=args.jobs)
+    sweep = open_sweep(ap, args)
     if args.full is not None:
         t0 = time.perf_counter()
         run_full(sweep, args.full, args.seeds, args.preset)

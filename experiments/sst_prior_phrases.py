@@ -29,6 +29,7 @@ Writes ``<out-dir>/sst_prior_phrases.json`` and ``sst_prior_phrases.md`` (the ta
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -38,11 +39,12 @@ from experiments.sweep import markdown_table
 from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.cli import Parser
 from tasks.config import TrainConfig
+from tasks.options import add_options, option
 from tasks.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
 from tasks.task import get_task
 from tasks.selection import load_examples, load_phrases
-from tasks.storage import load_tensors
+from tasks.storage import load_tensors, write_text
 
 OWN = "own"  # the column of the run's own probe
 
@@ -114,15 +116,27 @@ def render(results: dict[str, dict[str, dict[str, float]]], alone: dict[float, f
     return markdown_table(["arm", "probe", "runs", "SST acc", "Δ vs its own, paired", "the probe alone"], lines)
 
 
-def main(argv: list[str] | None = None) -> dict:
+@dataclass
+class PriorPhrasesOptions:
+    """The command's flags."""
+
+    out_dir: str = option("runs/sst-prior-phrases", "where the table and its JSON go", metavar="DIR")
+    runs: list[str] = option(help="finished runs with an SST prior (their parent directory names the arm)",
+                             factory=list, nargs="+", metavar="DIR")
+    weights: list[float] = option(help="the phrases' sample weights, each a probe (0: the sentences alone, fitted "
+                                       "again)", factory=lambda: [0.0, 0.1, 0.3, 1.0], nargs="+")
+    phrases: str = option("sst-phrases-train.csv", "the phrase file (--sst-phrases's)", metavar="FILE")
+    threads: int | None = option(None, "torch threads (default: torch's)", metavar="N")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out-dir", default="runs/sst-prior-phrases")
-    ap.add_argument("--runs", nargs="+", required=True, metavar="DIR",
-                    help="finished runs with an SST prior (their parent directory names the arm)")
-    ap.add_argument("--weights", type=float, nargs="+", default=[0.0, 0.1, 0.3, 1.0],
-                    help="the phrases' sample weights, each a probe (0: the sentences alone, fitted again)")
-    ap.add_argument("--phrases", default="sst-phrases-train.csv", help="the phrase file (--sst-phrases's)")
-    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add_options(ap, PriorPhrasesOptions, required=("runs",))
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
     args = ap.parse_args(argv)
     runs = [Path(r) for r in args.runs]
     for r in runs:
@@ -154,12 +168,11 @@ def main(argv: list[str] | None = None) -> dict:
         results.setdefault(r.parent.name, {})[r.name] = score_run(r, configs[r], by_id, probes)
     text = render(results, alone) + "\n"
     out = Path(args.out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     summary = {"runs": [str(r) for r in runs], "weights": args.weights, "phrases": args.phrases,
                "sentences": len(train), "phrase_count": len(phrases), "probe_alone": {str(w): a for w, a in alone.items()},
                "results": results}
-    (out / "sst_prior_phrases.json").write_text(json.dumps(summary, indent=2) + "\n")
-    (out / "sst_prior_phrases.md").write_text(text)
+    write_text(out / "sst_prior_phrases.json", json.dumps(summary, indent=2) + "\n")
+    write_text(out / "sst_prior_phrases.md", text)
     print(text)
     return results
 

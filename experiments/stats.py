@@ -19,6 +19,8 @@ import statistics
 from collections.abc import Sequence
 from pathlib import Path
 
+from tasks.storage import atomic_file
+
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
     """(mean, sample standard deviation); the std of one value is 0."""
@@ -89,5 +91,8 @@ def plot_rows(path: Path, labels: Sequence[str], values: dict[str, Sequence[Sequ
     axes[0][0].set_yticklabels(labels, fontsize=7)
     fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_file(Path(path)) as tmp:
+            fig.savefig(tmp, dpi=110, format=Path(path).suffix[1:] or "png")
+    finally:
+        plt.close(fig)

@@ -12,6 +12,17 @@ working directory, and ``runs/x`` and ``/abs/path/runs/x`` name one run
 (``--out-dir`` and ``--data-dir`` are compared as absolute paths). ``jobs`` > 1
 runs that many commands at once (``Sweep.map``), e.g. two one-thread runs
 side by side on a 2-core CPU (``--jobs 2 --threads 1``).
+
+The flags every such experiment takes (``--out-dir``, ``--seeds``, ``--jobs``,
+``--threads``, ``--data-dir``, ``--force``, ``--dry-run``) are ``SweepOptions``'
+fields, declared once here: an experiment adds them with its own defaults
+(``add_sweep_options``) and makes its Sweep from them (``open_sweep``).
+
+Usage:
+    add_sweep_options(parser, out_dir="runs/ablation", skip=("data_dir",))
+    args = parser.parse_args(argv)
+    sweep = open_sweep(parser, args)
+    record, wall_s = sweep.train("baseline/seed0", ["--epochs", "1", "--seed", "0"])
 """
 
 from __future__ import annotations
@@ -27,15 +38,50 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.cli import Parser
+from tasks.options import add_options, option, options_of
 from tasks.training.progress import RunsClock
 from tasks.outdir import release_lock, take_lock
+from tasks.storage import write_text
 
 ROOT = Path(__file__).resolve().parent.parent
 PATH_FLAGS = ("--out-dir", "--data-dir")  # the directories a sweep names; compared as absolute paths
 PATH_FIELDS = tuple(f[2:].replace("-", "_") for f in PATH_FLAGS)  # the same, as TrainConfig fields
+
+
+@dataclass
+class SweepOptions:
+    """The flags of an experiment that runs a sweep of training runs (a table's rows, each once per seed)."""
+
+    out_dir: str = option("runs", "where the runs, the tables and the plots go", metavar="DIR")
+    seeds: list[int] = option(help="every row (or cell) runs once per seed", factory=lambda: [0, 1, 2], nargs="+")
+    jobs: int = option(1, "runs at the same time (2 on a 2-core CPU, with --threads 1)", metavar="N")
+    threads: int | None = option(None, "OMP_NUM_THREADS of every run (default: torch's)", metavar="N")
+    data_dir: str = option("data", "the CS224N CSV files", metavar="DIR")
+    force: bool = option(False, "rerun what already finished (a finished run is reused otherwise)")
+    dry_run: bool = option(False, "print the commands, run nothing")
+
+
+def add_sweep_options(parser: Parser | Any, *, out_dir: str, seeds: Sequence[int] = (0, 1, 2),
+                      skip: Sequence[str] = (), help_suffix: dict[str, str] | None = None) -> None:
+    """``SweepOptions``' flags on ``parser`` (or an argument group), with an experiment's own defaults; ``skip``:
+    the fields it does not take; ``help_suffix``: what a field means in it."""
+    add_options(parser, SweepOptions, defaults=SweepOptions(out_dir=out_dir, seeds=list(seeds)), skip=skip,
+                help_suffix=help_suffix)
+
+
+def open_sweep(parser: Parser, args: Any, root: str | os.PathLike | None = None) -> Sweep:
+    """The Sweep of an experiment's parsed flags, under ``root`` (default: --out-dir); a --jobs below 1 is an error
+    of ``parser`` (exit status 2), raised before any folder is made."""
+    options = SweepOptions(**options_of(args, SweepOptions))
+    if options.jobs < 1:
+        parser.error(f"--jobs {options.jobs}: at least 1")
+    return Sweep(options.out_dir if root is None else root, threads=options.threads, force=options.force,
+                 dry_run=options.dry_run, jobs=options.jobs)
 
 
 def same_command(a: Sequence[str] | None, b: Sequence[str] | None) -> bool:
@@ -165,7 +211,7 @@ class Sweep:
             return {"argv": list(argv), "module": module, "wall_s": math.nan}
         run_dir.mkdir(parents=True, exist_ok=True)
         with _run_lock(run_dir, name):
-            marker.write_text(json.dumps({"argv": list(argv), "module": module, "wall_s": None}, indent=2) + "\n")
+            write_text(marker, json.dumps({"argv": list(argv), "module": module, "wall_s": None}, indent=2) + "\n")
             return self._run(name, cmd, argv, module, run_dir, marker, resumed=run != list(argv))
 
     def _run(self, name: str, cmd: list[str], argv: Sequence[str], module: str | None, run_dir: Path,
@@ -181,7 +227,7 @@ class Sweep:
                              f"log {run_dir / 'sweep.log'}:\n{tail}")
         done = {"argv": list(argv), "module": module, "wall_s": round(wall, 1), "threads": self.threads,
                 "resumed": resumed}
-        marker.write_text(json.dumps(done, indent=2) + "\n")
+        write_text(marker, json.dumps(done, indent=2) + "\n")
         say(f"[{name}] done in {wall:.0f} s")
         return done
 

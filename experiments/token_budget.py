@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from minbert.pretrained import load_pretrained
 from tasks import arguments
 from tasks.cli import Parser, describe, user_errors
 from tasks.config import TrainConfig
+from tasks.options import add_options, option
 from tasks.selection import load_run_data
 from tasks.training.trainer import build_schedule
 
@@ -53,10 +55,23 @@ def recipe_tokens(argv: Sequence[str], tokenizer) -> dict[str, int]:
     return training_tokens(cfg, load_run_data(cfg, tokenizer).train_sets)
 
 
-def main(argv: Sequence[str] | None = None) -> list[dict]:
+@dataclass
+class BudgetOptions:
+    """The command's flags: recipes, each a quoted string of train_multitask.py flags."""
+
+    reference: str = option("", "flags of the reference recipe (default: the default recipe)", metavar="FLAGS")
+    candidate: list[str] = option(help="flags of a recipe to compare (repeatable)", factory=list, repeat=True,
+                                  metavar="FLAGS")
+
+
+def build_parser() -> Parser:
     ap = Parser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reference", default="", help="flags of the reference recipe (default: the default recipe)")
-    ap.add_argument("--candidate", action="append", default=[], help="flags of a recipe to compare (repeatable)")
+    add_options(ap, BudgetOptions)
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> list[dict]:
+    ap = build_parser()
     args = ap.parse_args(argv)
     rows = []
     recipes = []  # (flags as given, as an argv)

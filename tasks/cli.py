@@ -1,12 +1,13 @@
 """What every command shares: its argument parser, and user errors as one line.
 
-The commands (train, pretrain, ensemble, robustness, predict) build their flags
-on ``Parser`` and run their work inside ``user_errors``, so a bad flag or a
+The commands (train, pretrain, ensemble, robustness, predict) and the experiment
+and benchmark scripts build their flags on ``Parser`` (from dataclass fields:
+tasks.options) and run their work inside ``user_errors``, so a bad flag or a
 user-caused error reads the same whichever command met it.
 
 Usage:
     p = Parser(prog="python -m tasks.predict", description="...")
-    p.add_argument("--batch-size", type=int, default=64, help="sentences per forward pass")
+    add_options(p, PredictOptions)   # one flag per field (tasks.options)
     args = p.parse_args(argv)
     with user_errors(p.prog):
         run(args)          # a ValueError/OSError/... prints "<prog>: error: <one line>", exit status 1

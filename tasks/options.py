@@ -6,14 +6,16 @@ flag name of its own). ``add_options`` gives a parser (or an argument group) one
 dataclass (transformers' ``HfArgumentParser`` for this project): the type comes from the field's
 type hint, the help from ``option``, the default shown beside it from the field. Every command
 builds its flags this way: the train command from TrainConfig, ModelConfig, each objective's Config
-and its own ``Command`` fields (tasks/arguments.py), pretrain from PretrainConfig, the others from
-their own small dataclasses.
+and its own ``Command`` fields (tasks/arguments.py), pretrain from PretrainConfig, the others and every
+experiment and benchmark script from their own small dataclasses (the flags the experiments' sweeps
+share from one, experiments.sweep.SweepOptions).
 
 Type hints become flags so:
     bool                   --x (store_true); --x / --no-x when ``negatable`` (or the default is True or None)
     int, float, str        --x VALUE (a float flag refuses NaN and infinities: tasks.cli.Parser)
     Literal[...] / choices --x CHOICE
     tuple[T, ...], list[T] --x V [V ...] (``nargs``, default "*"), or --x V --x V (``repeat``)
+    list[list[T]]          --x V [V ...] --x V [V ...] (``repeat`` with ``nargs``, default "+")
     dict[str, int|float]   --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
                            is removed); the command merges the items into the field's mapping
     X | None               as X; a field whose default is not None takes the word "none" for None (how a
@@ -37,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import math
+import shlex
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -51,16 +54,19 @@ class AnyKey(tuple):
 
 
 def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any] | Any = MISSING,
-           choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None, metavar: str | None = None,
-           nargs: str | None = None, flag: str | None = None, negatable: bool | None = None,
-           positional: bool = False, repeat: bool = False, group: str | None = None) -> Any:
+           choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None,
+           metavar: str | tuple[str, ...] | None = None,
+           nargs: str | int | None = None, flag: str | None = None, negatable: bool | None = None,
+           positional: bool = False, repeat: bool = False, group: str | None = None, hidden: bool = False) -> Any:
     """A dataclass field with a default (or a ``factory`` for mutable defaults), its help text, and what its flag
-    needs beyond the type hint: ``choices``; ``keys`` of a STREAM=VALUE map; ``metavar``; ``nargs`` of a
-    sequence, or ``repeat`` (a list flag given once per value: --x A --x B); ``flag`` when its name is not the
-    field's; ``negatable`` for a --no- form; ``positional``; and the ``group`` of --help it is listed in."""
+    needs beyond the type hint: ``choices``; ``keys`` of a STREAM=VALUE map; ``metavar`` (a tuple names each of a
+    fixed number of values); ``nargs`` of a sequence (a count: exactly that many), or ``repeat`` (a list flag given
+    once per value: --x A --x B; with ``nargs``, once per group of values: --x A B --x C); ``flag`` when its name is
+    not the field's; ``negatable`` for a --no- form; ``positional``; the ``group`` of --help it is listed in; and
+    ``hidden``, a flag left out of --help (one a program passes to its own child process)."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
             "keys": keys if isinstance(keys, AnyKey) else tuple(keys) if keys is not None else None, "metavar": metavar, "nargs": nargs, "flag": flag,
-            "negatable": negatable, "positional": positional, "repeat": repeat, "group": group}
+            "negatable": negatable, "positional": positional, "repeat": repeat, "group": group, "hidden": hidden}
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -221,13 +227,14 @@ def _unwrap(tp: Any) -> Any:
 
 
 def shown_default(value: Any) -> str:
-    """A default as --help shows it: "" for None (the help says what None means), "none" for an empty one."""
+    """A default as --help shows it: "" for None (the help says what None means), "none" for an empty one, a
+    sequence's values as a command line would give them."""
     if value is None or value is MISSING:
         return ""
     if isinstance(value, dict):
         return " ".join(f"{k}={v}" for k, v in value.items()) or "none"
-    if isinstance(value, (tuple, list)):
-        return " ".join(str(v) for v in value) or "none"
+    if isinstance(value, (tuple, list)):  # as a command line gives it: a value with a space in quotes
+        return " ".join(shlex.quote(str(v)) for v in value) or "none"
     return str(value)
 
 
@@ -255,7 +262,11 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
     if origin is typing.Literal:
         kw = {"choices": list(args), "type": type(args[0])}
     elif origin in (tuple, list) and meta.get("repeat"):
-        kw = {"action": "append", "type": args[0] if args else str}
+        item = args[0] if args else str
+        if typing.get_origin(item) in (tuple, list):  # --x A B --x C: a list of groups
+            kw = {"action": "append", "nargs": meta.get("nargs") or "+", "type": (typing.get_args(item) or (str,))[0]}
+        else:
+            kw = {"action": "append", "type": item}
     elif origin in (tuple, list):
         item = args[0] if args and args[0] is not Ellipsis else str
         kw = {"nargs": meta.get("nargs") or "*", "type": item}
@@ -302,7 +313,7 @@ def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str
         shown = shown_default(default)
         if shown and kw.get("action") not in ("store_true", "append") and f.name not in required:
             text += f" (default: {shown})"
-        text = text.replace("%", "%%")  # argparse formats help strings with %
+        text = argparse.SUPPRESS if f.metadata.get("hidden") else text.replace("%", "%%")  # argparse formats with %
         target = (groups or {}).get(f.metadata.get("group"), parser)
         dest = dest_prefix + f.name
         if f.metadata.get("positional"):

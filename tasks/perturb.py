@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +30,7 @@ from pathlib import Path
 import torch
 
 from tasks.data.readers import Example
+from tasks.storage import write_text
 from tasks.task import get_task
 
 
@@ -106,15 +108,16 @@ def minority(examples: Sequence[Example], label: int, keep: float, seed: int) ->
 
 def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
     """Write examples in the format the task's entry reads (the CS224N files: tab-separated, index column first;
-    a pair classification's labels as Quora writes them, 0.0 / 1.0)."""
+    a pair classification's labels as Quora writes them, 0.0 / 1.0), whole or not at all."""
     entry = get_task(task)
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, delimiter=entry.delimiter)
-        w.writerow(["", entry.id_column or "id", *entry.text_columns, entry.label_column])
-        for i, e in enumerate(examples):
-            label = float(e.label) if entry.kind.binary else e.label
-            texts = (e.text_a, e.text_b) if entry.kind.pair else (e.text_a,)
-            w.writerow([i, e.id, *texts, label])
+    buf = io.StringIO()
+    w = csv.writer(buf, delimiter=entry.delimiter)
+    w.writerow(["", entry.id_column or "id", *entry.text_columns, entry.label_column])
+    for i, e in enumerate(examples):
+        label = float(e.label) if entry.kind.binary else e.label
+        texts = (e.text_a, e.text_b) if entry.kind.pair else (e.text_a,)
+        w.writerow([i, e.id, *texts, label])
+    write_text(path, buf.getvalue())
 
 
 def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) -> Path:

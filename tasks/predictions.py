@@ -6,7 +6,7 @@ logits of several runs read together (an ensemble's members, distillation's teac
 files (``predictions/{sst,para,sts}-{dev,test}-output.csv``) hold one row per
 input id in input order, in the CS224N starter's format; raw logits go beside
 them (``{task}-{split}-logits.csv``) for ensembling and distillation. Every
-writer is atomic (tasks.storage.atomic_file); every reader names the file and
+writer is atomic (tasks.storage.write_text); every reader names the file and
 line of a malformed row. ``load_task_logits`` reads and aligns several runs'
 logits of one task and split by id.
 
@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 from tasks.data.readers import csv_records
-from tasks.storage import atomic_file
+from tasks.storage import write_text
 from tasks.task import get_task, read_task_file, task_names
 
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
@@ -126,10 +126,8 @@ def _write_output(path: Path, task: str, split: str, preds: Predictions) -> Path
 
 
 def _atomic_write_text(path: Path, text: str) -> Path:
-    """Write ``text`` whole or not at all (tasks.storage.atomic_file)."""
-    with atomic_file(path) as tmp:
-        with open(tmp, "w", newline="", encoding="utf-8") as f:
-            f.write(text)
+    """Write ``text`` whole or not at all (tasks.storage.write_text); returns ``path``."""
+    write_text(path, text)
     return path
 
 

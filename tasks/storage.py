@@ -1,20 +1,26 @@
-"""How everything this project writes reaches the disk: JSON, safetensors, and one atomic writer for files and
-one for directories.
+"""How everything this project writes reaches the disk: JSON, safetensors, and one atomic writer for files, one
+for directories and one for several files into a folder that holds others.
 
 Nothing is pickled: tensors go through safetensors, everything else through JSON
 (finite numbers only). A file is written whole or not at all (``atomic_file``: a
-temporary sibling, fsynced, then ``os.replace``); so is a directory
-(``atomic_directory``: a temporary sibling, every file and the directory fsynced,
-then swapped in). Both give the new file or folder the mode the user's umask
-gives (0644 / 0755 under umask 022), not the private 0600 / 0700 of a temporary
-file, so a shared results folder stays readable.
+temporary sibling, fsynced, then ``os.replace``; ``write_text`` for a whole
+text); so is a directory (``atomic_directory``: a temporary sibling, every file
+and the directory fsynced, then swapped in); so are several files written
+together into a folder that keeps its other files (``staged_files``: a
+temporary folder inside it, every file fsynced, then each moved into place).
+All give the new file or folder the mode the user's umask gives (0644 / 0755
+under umask 022), not the private 0600 / 0700 of a temporary file, so a shared
+results folder stays readable.
 
 Usage:
     with atomic_file(Path("runs/x/predictions/sst-dev-output.csv")) as tmp:
         tmp.write_text(text)
+    write_text(Path("runs/x/results.json"), text)   # the same, for a whole text
     with atomic_directory(Path("runs/x/checkpoints/last")) as tmp:
         save_tensors(tmp / "model.safetensors", model.state_dict())
         write_json(tmp / "state.json", {"epoch": 1})
+    with staged_files(Path("runs/ensemble")) as tmp:   # several files into a folder that keeps its others
+        write_json(tmp / "ensemble.json", summary)
     state = read_json(path)                     # a damaged file: a ValueError naming it
 """
 
@@ -158,6 +164,13 @@ def atomic_file(path: Path) -> Iterator[Path]:
         raise
 
 
+def write_text(path: Path, text: str) -> None:
+    """``text`` (UTF-8, newlines as given) as the whole of file ``path``, through ``atomic_file``."""
+    with atomic_file(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+
+
 OLD_SUFFIX = ".old"
 
 
@@ -170,6 +183,15 @@ def temporary_prefix(name: str, pid: int | None = None) -> str:
 _TEMPORARY = re.compile(r"^\.(?P<name>.+)\.tmp-(?P<pid>\d+)@(?P<host>.+)-[^-]+$")
 
 
+def _dead_writers(entry: Path) -> bool:
+    """Whether ``entry`` is a temporary folder (``temporary_prefix``) whose writer died (said in the log)."""
+    m = _TEMPORARY.match(entry.name)
+    if m and entry.is_dir() and not process_alive(int(m["pid"]), m["host"]):
+        logger.warning("removing %s, left by process %s on %s that died while writing it", entry, m["pid"], m["host"])
+        return True
+    return False
+
+
 def remove_stale_temporaries(directory: Path, keep: Path | None = None) -> None:
     """Delete what writers that died left in ``directory``: temporary folders written mid-way, and a previous
     version ``X.old`` whose swap completed (``X`` is in place: ``atomic_directory``), unless it is ``keep`` (a
@@ -177,10 +199,7 @@ def remove_stale_temporaries(directory: Path, keep: Path | None = None) -> None:
     if not directory.is_dir():
         return
     for entry in directory.iterdir():
-        m = _TEMPORARY.match(entry.name)
-        if m and entry.is_dir() and not process_alive(int(m["pid"]), m["host"]):
-            logger.warning("removing %s, left by process %s on %s that died while writing it",
-                           entry, m["pid"], m["host"])
+        if _dead_writers(entry):
             shutil.rmtree(entry, ignore_errors=True)
         elif (entry.name.endswith(OLD_SUFFIX) and entry.is_dir() and entry.with_suffix("").is_dir()
               and (keep is None or entry.resolve() != keep.resolve())):
@@ -221,6 +240,41 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def staged_files(directory: str | os.PathLike[str]) -> Iterator[Path]:
+    """Yield a fresh temporary folder inside ``directory`` to write several files into; on success every one is
+    fsynced and moved to the same place under ``directory`` (a file of that name replaced, the folder's other
+    files kept), with the umask's modes. An exception inside leaves ``directory`` as it was, and removes it
+    again when the block created it; a writer killed mid-way leaves its temporary (``temporary_prefix``),
+    which the next ``staged_files`` into the same folder deletes. For outputs that share a folder with others
+    (an ensemble's --out-dir), where ``atomic_directory`` would replace the whole folder."""
+    directory = Path(directory)
+    created = not directory.exists()
+    directory.mkdir(parents=True, exist_ok=True)
+    for entry in directory.iterdir():
+        if _dead_writers(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+    stage = Path(tempfile.mkdtemp(prefix=temporary_prefix("staged"), dir=directory))
+    try:
+        yield stage
+        _public(stage)
+        _fsync_tree(stage)
+        for path in sorted(stage.rglob("*")):  # a folder before the files in it
+            target = directory / path.relative_to(stage)
+            if path.is_dir():
+                target.mkdir(exist_ok=True)
+            else:
+                os.replace(path, target)
+        for folder in {directory, *(directory / p.relative_to(stage) for p in stage.rglob("*") if p.is_dir())}:
+            _fsync_path(folder)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        if created:
+            shutil.rmtree(directory, ignore_errors=True)
+        raise
+    shutil.rmtree(stage)
 
 
 def copy_directory(src: Path, final: Path) -> None:

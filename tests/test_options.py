@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 import pytest
 
+from tasks.cli import Parser
 from tasks.config import TrainConfig
 from tasks.model import ModelConfig
-from tasks.options import add_options, default_of, help_text, option, options_of
+from tasks.options import add_options, default_of, help_text, option, options_of, shown_default
 
 
 @dataclass
@@ -61,3 +62,40 @@ def test_none_turns_off_a_setting_that_is_on_by_default():
         {"file": "b.csv", "model": None, "size": 8}
     with pytest.raises(SystemExit):
         parser.parse_args(["--size", "eight"])
+
+
+@dataclass
+class _Shapes:
+    pool: list[list[str]] = option(help="a name, then its runs (repeatable)", factory=list, repeat=True, nargs="+",
+                                   metavar=("NAME", "RUN"))
+    paired: tuple[str, str] | None = option(None, "two names", nargs=2, metavar=("PARENT", "CHANGE"))
+    step: str | None = option(None, "a child's own flag", hidden=True)
+
+
+def test_a_repeated_flag_takes_several_values_each_time_and_a_fixed_count_takes_exactly_that_many():
+    """``repeat`` with ``nargs``: --pool A r1 r2 --pool B r3 is [[A, r1, r2], [B, r3]]; ``nargs=2`` takes two values,
+    no more, no fewer; a tuple of metavars names each value in --help."""
+    parser = Parser(prog="x")
+    add_options(parser, _Shapes)
+    args = parser.parse_args(["--pool", "a", "r1", "r2", "--pool", "b", "r3", "--paired", "a", "b"])
+    assert options_of(args, _Shapes) == {"pool": [["a", "r1", "r2"], ["b", "r3"]], "paired": ["a", "b"],
+                                         "step": None}
+    assert "--pool NAME [RUN ...]" in parser.format_help() and "--paired PARENT CHANGE" in parser.format_help()
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--paired", "a"])
+
+
+def test_a_hidden_flag_parses_but_is_not_listed_in_help():
+    """``hidden``: a flag a program passes to its own child process, absent from --help, still made from a field
+    (its type and default written once)."""
+    parser = Parser(prog="x")
+    add_options(parser, _Shapes)
+    assert parser.parse_args(["--step", "train"]).step == "train"
+    assert "--step" not in parser.format_help()
+    assert all(getattr(a, "field", None) for a in parser._actions if a.dest != "help")
+
+
+def test_a_sequences_default_is_shown_as_a_command_line_gives_it():
+    """--help shows a list default as the values one would type: one with a space quoted, an empty one as ''."""
+    assert shown_default(["--max-train-examples para=all", ""]) == "'--max-train-examples para=all' ''"
+    assert shown_default(("sst", "para")) == "sst para" and shown_default([]) == "none"

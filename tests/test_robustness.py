@@ -1,5 +1,5 @@
 """Tests of tasks/robustness.py, the robustness experiments command: its documented examples parse, each experiment
-trains on its perturbed copy of the data, and the minority-class accuracy reads any prediction file format."""
+trains on its perturbed copy of the data, and the attack logs beside its results."""
 
 from __future__ import annotations
 
@@ -8,11 +8,9 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 from tasks import robustness
-from tasks.data.readers import Example
-from tasks.predictions import Predictions, write_predictions
+from tasks.training import robustness as experiments
 
 
 def test_robustness_docstring_examples_parse():
@@ -54,7 +52,7 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     res = robustness.main([command, *extra, "--seeds", "0", "1", "--data-dir", str(data), "--out-dir", str(out),
                            "--", "--epochs", "1"])
     assert [seed for _, _, seed in calls] == [0, 1]
-    said = [r.getMessage() for r in caplog.records if r.name == robustness.log.name]
+    said = [r.getMessage() for r in caplog.records if r.name == experiments.log.name]
     assert "plan: 2 training runs (1 settings x 2 seeds), one after another" in said
     assert any(re.fullmatch(r"1/2 runs done \| elapsed \d+s, left ~\d+s", x) for x in said), said
     assert any(re.fullmatch(r"2/2 runs done \| wall time \d+s", x) for x in said), said
@@ -71,19 +69,6 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
         assert setting["sst_class1_acc"]["mean"] == 1.0  # the fake predicts every class-1 dev sentence right
 
 
-def test_minority_class_accuracy_reads_starter_files(tmp_path):
-    """tasks.robustness.class_accuracy scores a starter-format prediction file by id, as it does our own."""
-    from tasks.robustness import class_accuracy
-
-    examples = [Example("b757", "x", label=1), Example("d17a", "y", label=1), Example("e3", "z", label=0)]
-    starter = tmp_path / "sst-dev-output.csv"
-    starter.write_text("id \t Predicted_Sentiment \nb757 , 1 \nd17a , 4 \ne3 , 0 \n")
-    assert class_accuracy(starter, examples, 1) == 0.5
-    ours = write_predictions(tmp_path / "ours", "sst", "dev",
-                             Predictions(["b757", "d17a", "e3"], torch.zeros(3, 5), torch.tensor([1, 4, 0])))
-    assert class_accuracy(ours, examples, 1) == 0.5
-
-
 def test_attack_says_its_plan_progress_and_result_and_logs_beside_results(tiny_env, tmp_path, monkeypatch, caplog,
                                                                           capsys):
     """``attack`` logs the plan, a progress line with the time
@@ -94,12 +79,12 @@ def test_attack_says_its_plan_progress_and_result_and_logs_beside_results(tiny_e
 
     caplog.set_level(logging.INFO)
     run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1, tasks=("sst",)))
-    monkeypatch.setattr(robustness, "PROGRESS_EVERY_S", 0)
+    monkeypatch.setattr(experiments, "PROGRESS_EVERY_S", 0)
     out = tmp_path / "attack"
     args = ["attack", "--checkpoint", str(tmp_path / "run" / "checkpoints" / "best"), "--data-dir", str(tiny_env[1]),
             "--tasks", "sst", "--steps", "1", "--batch-size", "8", "--device", "cpu"]
     res = robustness.main([*args, "--out-dir", str(out)])
-    said = [r.getMessage() for r in caplog.records if r.name == robustness.log.name]
+    said = [r.getMessage() for r in caplog.records if r.name == experiments.log.name]
     assert said[0] == "cpu | plan: PGD attack (linf, epsilon 0.01, 1 steps of 0.0025) on the dev sets of sst"
     assert any(re.fullmatch(r"sst: 8 of \d+ examples attacked \(\d+s; ~\d+s left\)", x) for x in said), said
     n = res["tasks"]["sst"]["examples"]

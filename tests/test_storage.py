@@ -33,6 +33,50 @@ def test_atomic_file_replaces_whole_or_not_at_all_with_the_umasks_mode(tmp_path)
     assert path.read_text() == "old\n" and [p.name for p in path.parent.iterdir()] == [path.name]
 
 
+def test_write_text_writes_a_whole_file_through_atomic_file(tmp_path, monkeypatch):
+    """write_text replaces a file in one step, exactly the text given (no newline translation, UTF-8), its folder
+    made; a failed write leaves the previous file."""
+    path = tmp_path / "out" / "results.json"
+    storage.write_text(path, "{\n  \"σ\": 1\n}\n")
+    assert path.read_bytes() == "{\n  \"σ\": 1\n}\n".encode()
+
+    def failing_replace(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device", str(dst))
+    monkeypatch.setattr(os, "replace", failing_replace)
+    with pytest.raises(OSError):
+        storage.write_text(path, "half")
+    assert path.read_text(encoding="utf-8") == "{\n  \"σ\": 1\n}\n" and len(list(path.parent.iterdir())) == 1
+
+
+def test_staged_files_move_in_together_or_not_at_all_keeping_the_folders_other_files(tmp_path, monkeypatch):
+    """Files written into staged_files' temporary land in the folder on success (a file of the same name replaced,
+    the folder's other files kept, the umask's modes); an exception inside leaves the folder as it was, and a
+    folder the block created is removed again; a stage left by a writer that died is deleted by the next one."""
+    out = tmp_path / "ens"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    (out / "ensemble.json").write_text("old")
+    dead = out / (temporary_prefix("staged", pid=dead_pid()) + "x")
+    dead.mkdir()
+    with storage.staged_files(out) as stage:
+        (stage / "predictions").mkdir()
+        (stage / "predictions" / "sst-dev-output.csv").write_text("id\n")
+        (stage / "ensemble.json").write_text("new")
+    before = os.umask(0o022)
+    os.umask(before)
+    assert sorted(str(p.relative_to(out)) for p in out.rglob("*")) == [
+        "ensemble.json", "notes.txt", "predictions", "predictions/sst-dev-output.csv"]
+    assert (out / "ensemble.json").read_text() == "new" and (out / "notes.txt").read_text() == "mine"
+    assert stat.S_IMODE((out / "ensemble.json").stat().st_mode) == 0o666 & ~before
+    with pytest.raises(RuntimeError), storage.staged_files(out) as stage:
+        (stage / "ensemble.json").write_text("half")
+        raise RuntimeError("a NaN logit")
+    assert (out / "ensemble.json").read_text() == "new" and len(list(out.iterdir())) == 3
+    with pytest.raises(RuntimeError), storage.staged_files(tmp_path / "fresh" / "ens") as stage:
+        raise RuntimeError("a NaN logit")
+    assert not (tmp_path / "fresh" / "ens").exists()
+
+
 def test_atomic_directory_leaves_no_partial_checkpoint(tmp_path):
     """A failure while writing leaves the previous checkpoint untouched and no stray temporary directory."""
     final = tmp_path / "checkpoints" / "last"

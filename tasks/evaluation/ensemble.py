@@ -24,15 +24,12 @@ Usage:
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import json
 import logging
 import math
 import os
-import shutil
 import stat
-import tempfile
 import zipfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -50,7 +47,7 @@ from tasks.predictions import (
     write_logits,
     write_predictions,
 )
-from tasks.storage import atomic_file
+from tasks.storage import atomic_file, staged_files, write_text
 
 logger = logging.getLogger(__name__)
 from tasks.evaluation.metrics import task_metric, overall_score, score
@@ -501,12 +498,9 @@ def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str
 
 
 def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) -> list[Path]:
-    """Write every output into a staging folder inside ``out_dir``, then move each into place, so that an
-    error (a value a writer refuses, a full disk) leaves ``out_dir`` as it was. Returns the leaderboard files."""
-    created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=".ensemble-", dir=out_dir))
-    try:
+    """Write every output into ``out_dir`` together (tasks.storage.staged_files), so that an error (a value a
+    writer refuses, a full disk) leaves ``out_dir`` as it was. Returns the leaderboard files."""
+    with staged_files(out_dir) as stage:
         staged = []
         for task, res in results.items():
             for split, preds in res.outputs.items():
@@ -515,19 +509,8 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
                     staged.append(written)
                 write_logits(stage / "predictions", task, split, preds)
         write_submission_zip(stage, staged)
-        (stage / "ensemble.json").write_text(json.dumps(summary, indent=2) + "\n")
+        write_text(stage / "ensemble.json", json.dumps(summary, indent=2) + "\n")
         mark(stage, ENSEMBLE)
-        (out_dir / "predictions").mkdir(exist_ok=True)
-        for f in sorted(stage.rglob("*")):
-            if f.is_file():
-                os.replace(f, out_dir / f.relative_to(stage))
-    except BaseException:
-        shutil.rmtree(stage, ignore_errors=True)
-        if created:
-            with contextlib.suppress(OSError):
-                shutil.rmtree(out_dir)
-        raise
-    shutil.rmtree(stage)
     return [out_dir / "predictions" / f.name for f in staged]
 
 

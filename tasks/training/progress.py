@@ -34,6 +34,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from tasks.storage import atomic_file
 from tasks.training import distributed
 
 
@@ -285,10 +286,10 @@ def plot_history(history: list[dict], path: str | os.PathLike[str]) -> Path:
         ax.grid(alpha=0.3)
         if ax.lines:
             ax.legend(fontsize=7)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp.png")
-    fig.savefig(tmp, dpi=90)
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        with atomic_file(path) as tmp:
+            fig.savefig(tmp, dpi=90, format="png")
+    finally:
+        plt.close(fig)
     return path
 

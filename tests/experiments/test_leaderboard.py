@@ -10,6 +10,7 @@ import zipfile
 import pytest
 
 from experiments import leaderboard
+from experiments.sweep import Sweep
 from tasks import arguments
 from tasks import train as cli
 from tasks.training.trainer import Hook, Trainer
@@ -112,7 +113,7 @@ def test_specialist_flags_reach_the_specialists_alone(tmp_path, capsys, monkeypa
 
     def no_training(*args, **kwargs):
         raise AssertionError("the command got past its checks: it would train the members")
-    monkeypatch.setattr(leaderboard, "Sweep", no_training)
+    monkeypatch.setattr(leaderboard, "open_sweep", no_training)
     for argv, message in (
             (["--specialist-flags=--no-such-flag"],  # one flag alone takes the =, as argparse asks of any value
              "member flags --sst-phrases none --seed 0 --data-dir data --tasks sst --no-such-flag (see above)"),
@@ -138,7 +139,7 @@ def test_a_member_made_with_other_settings_is_refused_not_trained_over(tmp_path,
 
     def started(*args, **kwargs):
         raise Started
-    monkeypatch.setattr(leaderboard, "Sweep", started)
+    monkeypatch.setattr(leaderboard, "open_sweep", started)
     member = tmp_path / "lb" / "sst-only-seed0"
     member.mkdir(parents=True)
     flags = leaderboard.member_flags(0, ["--data-dir", "data"], "--tasks sst")
@@ -198,7 +199,7 @@ def test_a_member_flag_a_variant_would_replace_is_refused(tmp_path, capsys, monk
     """The variant's flags come last: a flag after -- that a variant also sets would be silently dropped."""
     def no_training(*args, **kwargs):
         raise AssertionError("the command got past its checks: it would train the members")
-    monkeypatch.setattr(leaderboard, "Sweep", no_training)
+    monkeypatch.setattr(leaderboard, "open_sweep", no_training)
     with pytest.raises(SystemExit) as e:
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--variants", "", "--epochs=4 --lr 2e-5",
                           "--", "--max-train-examples", "para=1000", "--epochs", "2"])
@@ -224,7 +225,7 @@ def test_the_costliest_members_train_first(tiny_env, tmp_path, monkeypatch):
             both_started.wait()
         return {"dev": {"overall": 0.5}}, 1.0
 
-    monkeypatch.setattr(leaderboard.Sweep, "train", train)
+    monkeypatch.setattr(Sweep, "train", train)
     monkeypatch.setattr(leaderboard, "check_ensemble", lambda config: None)
     monkeypatch.setattr(leaderboard, "make_ensemble", lambda config: ({
         "tasks": {task: {"ensemble_score": 0.5} for task in leaderboard.MULTITASK}, "submission": "s.zip"}, {}))
@@ -240,7 +241,7 @@ def test_a_member_flag_train_multitask_refuses_is_refused_before_anything_starts
     """A typo after -- or in a variant ends with exit status 2 naming the member flags, before any directory."""
     def no_training(*args, **kwargs):
         raise AssertionError("the command got past its checks: it would train the members")
-    monkeypatch.setattr(leaderboard, "Sweep", no_training)
+    monkeypatch.setattr(leaderboard, "open_sweep", no_training)
     for argv in (["--", "--epochz", "2"], ["--variants", "", "--lr x"], ["--", "--loss-weights", "para=2"],
                  ["--specialists", "sst"], ["--specialists", "nli=2"], ["--", "--pretrained", str(tmp_path / "no")],
                  ["--", "--config", str(tmp_path / "no.json")]):

@@ -58,6 +58,25 @@ def test_plot_history_writes_a_png_in_place_of_the_old_one(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["training.png"]
 
 
+def test_a_plot_that_fails_to_render_leaves_the_old_one_and_no_temporary(tmp_path, monkeypatch):
+    """The plot is written as every file is (tasks.storage.atomic_file): a failure mid-write (a full disk) leaves
+    the previous training.png whole and nothing beside it, and the figure is closed."""
+    path = tmp_path / "training.png"
+    history = [{"epoch": 0, "train": {"sst/loss": 1.0}, "dev": {"overall": 0.5}}]
+    plot_history(history, path)
+    before = path.read_bytes()
+
+    def full_disk(self, fname, **kwargs):
+        with open(fname, "wb") as f:
+            f.write(b"\x89PNG half")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(plt.Figure, "savefig", full_disk)
+    with pytest.raises(OSError):
+        plot_history(history, path)
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["training.png"]
+    assert plt.get_fignums() == []
+
+
 def test_plot_history_draws_every_term_and_metric_raw_and_normalized(tmp_path, monkeypatch):
     """The four panels hold each loss term and dev metric per epoch, and the same normalized so that the worst
     epoch is 0 and the best 1 (a loss falls, a metric rises); a null metric is drawn as gaps."""
