@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions, upgrade
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, registered_objectives
@@ -61,19 +62,6 @@ RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
                 "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior", "sts_prior_model", "sst_prior",
                 "sst_prior_model")
-
-
-# Fields a saved config.json may lack, with the value that reproduces a config without them: a saved run must
-# resume and re-predict as it was trained and scored, whatever today's default.
-LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
-                 "sst_prior": 0.0, "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544,
-                 "sst_phrases_batch_size": None, "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0,
-                 "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0, "task_files": (),
-                 "freeze_encoder": False}
-
-
-# ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
-LEGACY_SAME_AS = {"sts_prior_model": "pretrained"}
 
 
 @dataclass
@@ -276,20 +264,22 @@ class TrainConfig:
     # -- JSON --
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON, marked with ``model_type`` MODEL_TYPE so that transformers' Auto classes pointed at a
-        run or checkpoint directory refuse it ("unrecognized model type") instead of building a random BERT."""
+        run or checkpoint directory refuse it ("unrecognized model type") instead of building a random BERT, and
+        with the version of its format and of the software that wrote it (tasks/config_versions.py)."""
         d = dataclasses.asdict(self)
         d["tasks"], d["report_to"], d["task_files"] = list(self.tasks), list(self.report_to), list(self.task_files)
-        return {"model_type": MODEL_TYPE, **d}
+        return {"model_type": MODEL_TYPE, VERSION_KEY: CONFIG_VERSION, **software_versions(), **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], complete: bool = False) -> TrainConfig:
         """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load),
         and so is a number that is not finite (JSON's ``Infinity``, ``NaN``), named by its field.
 
-        A run's saved configuration holds every field, but those added since it was written, which take the value
-        that reproduces it (LEGACY_VALUES, LEGACY_SAME_AS), not today's default. A file of some fields
-        (``--config`` of one's own) takes today's defaults for the others. ``complete``: ``d`` must be a run's
-        saved configuration (a checkpoint's): a missing field is an error naming it.
+        A run's saved configuration (one that records its version, or one saved before versions were) is first
+        upgraded to today's fields by the migrations of tasks/config_versions.py, so that it loads as it ran,
+        whatever today's defaults. A file of some fields (``--config`` of one's own) takes today's defaults for the
+        others. ``complete``: ``d`` must be a run's saved configuration (a checkpoint's): a field missing after the
+        upgrade is an error naming it.
         """
         if not isinstance(d, dict):
             raise ValueError(f"a run configuration is a JSON object, got a JSON {type(d).__name__}")
@@ -297,9 +287,10 @@ class TrainConfig:
             if not math.isfinite(value):
                 raise ValueError(f"{where} is {json.dumps(value)}, not a finite number")
         d = dict(d)
-        model_type = d.pop("model_type", MODEL_TYPE)  # runs saved before the marker (2026-11-23) lack it
+        model_type = d.pop("model_type", MODEL_TYPE)  # the first runs' files lack the marker
         if model_type != MODEL_TYPE:
             raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
+        d = upgrade(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -316,13 +307,11 @@ class TrainConfig:
             d["model"] = {k: json_value(ModelConfig, k, v, f"model.{k}") for k, v in d["model"].items()}
         if "objectives" in d:
             d["objectives"] = objective_values(d["objectives"])
-        missing = sorted(known - set(d) - set(LEGACY_VALUES) - set(LEGACY_SAME_AS))
+        missing = sorted(known - set(d))
         missing += [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)
                     if f.name not in d.get("model", {})] if "model" in d else []
         if complete and missing:
             raise ValueError(f"not a complete run configuration: missing {missing}")
-        if not missing:  # a run's saved configuration: the fields added since it was written as it ran
-            d = {**LEGACY_VALUES, **{k: d.get(v) for k, v in LEGACY_SAME_AS.items()}, **d}
         if "model" in d:
             d["model"] = dataclasses.replace(cls().model, **d["model"])  # a partial one: today's others
         return cls(**d)

@@ -35,9 +35,8 @@ The encoder is ``--sts-prior-model`` / ``--sst-prior-model`` (default: the
 embedded all-MiniLM-L6-v2), not ``--pretrained``: the encoder a run fine-tunes
 need not be a sentence encoder (bert-base, an MLM checkpoint of tasks/pretrain.py,
 a fine-tuned run), and its view can be worse than the head it would be blended
-with. A config.json without these options is read with the values it was scored
-with (tasks/config.py, LEGACY_VALUES and LEGACY_SAME_AS), so saved runs re-predict
-as they were scored.
+with. A config.json written before these options is read with the values it was
+scored with (tasks/config_versions.py), so saved runs re-predict as they were scored.
 
 Usage:
     prior = CosinePrior(None, 0.5, device, amp_dtype, batch_size=128, max_length=128)   # None: the embedded
