@@ -8,10 +8,11 @@ Version 0 is every file written before versions were recorded.
 
 A file of some fields (``--config`` of one's own) is not a saved run: it records no version and lacks fields
 that every saved run holds (UNVERSIONED_FIELDS); nothing is filled in for it, and the settings it leaves out take
-today's defaults (TrainConfig.from_dict).
+today's defaults (TrainConfig.from_dict). It may name its settings as version 1 did or as today's: it goes through
+the migrations after version 1, each of which leaves today's names as they are.
 
 Usage:
-    d = upgrade(read_json(path))          # a saved run's file with today's fields; a file of some fields as it is
+    d = upgrade(read_json(path))          # today's names: a saved run upgraded, a file of some fields renamed only
     fields_of(TrainConfig) == MIGRATIONS[-1].fields   # tests/test_config_versions.py: a new field needs a version
 """
 
@@ -84,6 +85,41 @@ def from_unversioned(d: dict[str, Any]) -> dict[str, Any]:
     return {**UNVERSIONED_ADDITIONS, "sts_prior_model": d.get("pretrained"), **d}
 
 
+# ---- version 2: settings of one feature nested, as the heads' are ----
+
+# Version 1's flat fields -> (the nested config, its field) of version 2; the flags keep the flat names.
+NESTED_SETTINGS = {
+    "sts_prior": ("priors", "sts_weight"), "sts_prior_model": ("priors", "sts_model"),
+    "sst_prior": ("priors", "sst_weight"), "sst_prior_model": ("priors", "sst_model"),
+    "sst_phrases": ("sst_phrases", "file"), "sst_phrases_per_epoch": ("sst_phrases", "per_epoch"),
+    "sst_phrases_batch_size": ("sst_phrases", "batch_size"), "sst_phrases_min_words": ("sst_phrases", "min_words"),
+    "sst_phrases_weight": ("sst_phrases", "weight"), "sst_phrases_order": ("sst_phrases", "order"),
+    "lp_epochs": ("lpft", "epochs"), "lp_lr": ("lpft", "lr"), "swa_epochs": ("swa", "epochs"), "swa_lr": ("swa", "lr")}
+
+
+def nest_settings(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: the settings of the priors, the SST phrases, LP-FT and SWA move from flat fields into a
+    nested config each, as ``model`` holds the heads': "sts_prior" -> "priors": {"sts_weight"}, "sst_phrases"
+    (the file) and "sst_phrases_<x>" -> "sst_phrases": {"file", "<x>"}, "lp_<x>" -> "lpft": {"<x>"}, "swa_<x>" ->
+    "swa": {"<x>"} (NESTED_SETTINGS). A setting already nested stays (a file of some fields may be written either
+    way); one given both ways is a ValueError naming both."""
+    out = {k: v for k, v in d.items() if k not in NESTED_SETTINGS or isinstance(v, dict)}
+    for flat, (name, field) in NESTED_SETTINGS.items():
+        if flat not in d or isinstance(d[flat], dict):
+            continue
+        nested = out.get(name, {})
+        if not isinstance(nested, dict):
+            raise ValueError(f"{name}: {nested!r} is not an object of its settings")
+        if field in nested:
+            raise ValueError(f"{flat} and {name}.{field} are one setting: give it once")
+        out[name] = {**nested, field: d[flat]}
+    return out
+
+
+def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
+    return frozenset(".".join(names[f]) if f in names else f for f in fields)
+
+
 # ---- the table ----
 
 @dataclass(frozen=True)
@@ -95,8 +131,12 @@ class Migration:
     fields: frozenset[str]
 
 
+_VERSION_1 = UNVERSIONED_FIELDS | {"sts_prior_model", *UNVERSIONED_ADDITIONS}
+
+
 MIGRATIONS: tuple[Migration, ...] = (
-    Migration(from_unversioned, UNVERSIONED_FIELDS | {"sts_prior_model", *UNVERSIONED_ADDITIONS}),
+    Migration(from_unversioned, _VERSION_1),
+    Migration(nest_settings, _renamed(_VERSION_1, NESTED_SETTINGS)),
 )
 
 
@@ -119,17 +159,15 @@ def upgrade(d: dict[str, Any]) -> dict[str, Any]:
     """``d`` with today's fields.
 
     A file that records its version is a saved run of that version; one without it is a run saved before versions
-    were recorded (version 0) when it holds every UNVERSIONED_FIELDS path, else a file of some fields, taken as it
-    is. A saved run goes through every migration from its version on. The version keys are removed; a version this
-    code does not know is a ValueError saying which it reads.
+    were recorded (version 0) when it holds every UNVERSIONED_FIELDS path, else a file of some fields, read from
+    version 1 on (nothing filled in). It goes through every migration from its version on. The version keys are
+    removed; a version this code does not know is a ValueError saying which it reads.
     """
     d = dict(d)
     for key in SOFTWARE_KEYS:
         d.pop(key, None)
     if VERSION_KEY not in d:
-        if not UNVERSIONED_FIELDS <= _paths(d):
-            return d
-        version = 0
+        version = 0 if UNVERSIONED_FIELDS <= _paths(d) else 1
     else:
         version = d.pop(VERSION_KEY)
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:

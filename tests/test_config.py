@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.config import TrainConfig
+from tasks.config import NESTED, PhrasesConfig, TrainConfig
 from tests.helpers import tiny_train_config
 
 
@@ -23,7 +23,7 @@ def test_a_limit_below_a_tasks_batch_is_refused_but_not_below_the_phrases_batch(
     one partial batch."""
     with pytest.raises(ValueError, match="limit=16 is smaller than the batch size 32"):
         TrainConfig(limit=16).validate()
-    TrainConfig(limit=32, sst_phrases="p.csv", sst_phrases_batch_size=64).validate()
+    TrainConfig(limit=32, sst_phrases=PhrasesConfig(file="p.csv", batch_size=64)).validate()
 
 
 def _outcome(argv: list[str]):
@@ -48,15 +48,14 @@ def test_none_reads_alike_from_a_config_file_and_the_command_line(tmp_path, caps
     parser = build_parser()
     checked = 0
     for action in parser._actions:
-        if not hasattr(action, "field") or action.dest.split(".")[0] not in ("model", "objectives") and \
-                action.field[0] is not TrainConfig:
+        head, _, rest = action.dest.partition(".")
+        if not hasattr(action, "field") or head not in (*NESTED, "objectives") and action.field[0] is not TrainConfig:
             continue
         flag, dest = action.option_strings[0], action.dest
         extra = ["--objective", dest.split(".")[1]] if dest.startswith("objectives.") else []
-        head, _, rest = dest.partition(".")
         name = rest.partition(".")[0]
-        doc = {"model": {rest: "none"}} if head == "model" else \
-            {"objectives": {name: {rest.partition(".")[2]: "none"}}} if head == "objectives" else {dest: "none"}
+        doc = {"objectives": {name: {rest.partition(".")[2]: "none"}}} if head == "objectives" else \
+            {head: {rest: "none"}} if rest else {dest: "none"}
         path = tmp_path / f"{dest}.json"
         path.write_text(json.dumps(doc))
         from_file = _outcome(["--config", str(path)] + ([] if head != "objectives" else []))

@@ -19,6 +19,7 @@ from tasks import train as cli
 from tasks.config import TrainConfig
 from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
                                    fields_of)
+from tests.helpers import unversioned
 
 SAVED = Path(__file__).parent / "saved_configs"
 
@@ -37,10 +38,17 @@ def _saved(path: Path, env: tuple[Path, Path], out: Path) -> dict:
     return json.loads(text.replace("<out>", str(out)))
 
 
-def _paths(d: dict) -> set[str]:
-    """The field paths of a config.json (nested configs dotted), without the marker and the versions."""
-    fields = {k for k in d if k not in ("model", "model_type", "config_version") and not k.endswith("_version")}
-    return fields | {f"model.{k}" for k in d["model"]}
+def _paths(d: dict, version: int) -> set[str]:
+    """The field paths of a config.json of ``version`` (its nested configs' fields dotted), without the marker and
+    the versions."""
+    fields = MIGRATIONS[max(version, 1) - 1].fields
+    out = set()
+    for key, value in d.items():
+        if key == "model_type" or key.endswith("_version"):
+            continue
+        nested = any(f.startswith(f"{key}.") for f in fields)
+        out |= {f"{key}.{k}" for k in value} if nested else {key}
+    return out
 
 
 def test_trainconfig_has_the_fields_of_the_version_it_writes():
@@ -63,9 +71,9 @@ def test_there_is_a_fixture_of_every_version_and_each_holds_its_versions_fields(
         version = d.pop("config_version", 0)
         assert version == _version(path), path.name
         if version == 0:
-            assert UNVERSIONED_FIELDS <= _paths(d) <= MIGRATIONS[0].fields, path.name
+            assert UNVERSIONED_FIELDS <= _paths(d, 0) <= MIGRATIONS[0].fields, path.name
         else:
-            assert _paths(d) == MIGRATIONS[version - 1].fields, path.name
+            assert _paths(d, version) == MIGRATIONS[version - 1].fields, path.name
 
 
 def test_today_writes_the_last_versions_fixture(tiny_env, tmp_path):
@@ -86,10 +94,9 @@ def test_a_run_saved_before_versions_loads_as_it_ran(path, tiny_env, tmp_path):
     AdamW step and per-layer learning rates too, and the STS prior's encoder was --pretrained's."""
     saved = _saved(path, tiny_env, tmp_path / "run")
     cfg = TrainConfig.from_dict(saved, complete=True)
-    loaded = cfg.to_dict()
-    assert {k: loaded[k] for k in saved} == {**saved, "model_type": "minbert-multitask"} if "model_type" in saved \
-        else {k: loaded[k] for k in saved} == saved
-    absent = set(MIGRATIONS[0].fields) - _paths(saved)
+    loaded = unversioned(cfg.to_dict())  # in the names of the file's time
+    assert {k: loaded[k] for k in saved if k != "model_type"} == {k: v for k, v in saved.items() if k != "model_type"}
+    absent = set(MIGRATIONS[0].fields) - _paths(saved, 0)
     expected = {"lp_epochs": 0, "lp_lr": None, "swa_epochs": 0, "swa_lr": 1e-5, "predict_train": False,
                 "final_dev": "full", "fused_adamw": False, "gradient_checkpointing": False, "deterministic": False,
                 "layer_lr_decay": 1.0, "head_lr_scale": 1.0, "train_subsets": "fresh", "pair_swap": 0.0,
@@ -110,7 +117,7 @@ def test_a_file_of_some_fields_takes_todays_defaults(tmp_path):
     almost = json.loads((SAVED / "v0-3cf84b3.json").read_text())
     del almost["seed"]
     cfg = TrainConfig.from_dict(almost)
-    assert (cfg.sst_prior, cfg.sts_prior, cfg.fused_adamw) == (0.5, 0.5, True)  # today's, not the legacy values
+    assert (cfg.priors.sst_weight, cfg.priors.sts_weight, cfg.fused_adamw) == (0.5, 0.5, True)  # today's defaults
     with pytest.raises(ValueError, match=r"not a complete run configuration: missing \[.*'seed'"):
         TrainConfig.from_dict(almost, complete=True)
 
@@ -161,3 +168,48 @@ def test_a_saved_run_of_each_version_evaluates_and_resumes(path, tiny_env, tmp_p
     assert resumed["config_version"] == CONFIG_VERSION and resumed["epochs"] == 2
     assert TrainConfig.from_dict(resumed) == dataclasses.replace(TrainConfig.from_dict(json.loads(
         saved.read_text())), epochs=2)
+
+
+# ---- version 2: settings of one feature nested --------------------------------------------------------------------
+
+
+def test_one_run_saved_by_each_version_since_the_last_unversioned_loads_to_one_config(tiny_env, tmp_path):
+    """The last unversioned fixture, version 1's and version 2's hold the same run: they load to the same
+    TrainConfig (version 1's flat priors, phrases, LP-FT and SWA settings nested by the migration)."""
+    loaded = [TrainConfig.from_dict(_saved(SAVED / name, tiny_env, tmp_path), complete=True)
+              for name in ("v0-15ee338.json", "v1.json", "v2.json")]
+    assert loaded[0] == loaded[1] == loaded[2]
+    assert loaded[2].priors.sts_weight == 0.0 and loaded[2].sst_phrases.file is None and loaded[2].swa.lr == 1e-5
+
+
+def test_a_file_of_some_fields_names_a_setting_flat_or_nested_but_once():
+    """A --config file of one's own may name a nested setting as version 1 did ("swa_epochs") or as today's
+    ("swa": {"epochs"}); naming it both ways is refused naming both."""
+    flat = TrainConfig.from_dict({"sts_prior": 0.25, "swa_epochs": 2, "sst_phrases": "none", "lp_epochs": 1})
+    nested = TrainConfig.from_dict({"priors": {"sts_weight": 0.25}, "swa": {"epochs": 2},
+                                    "sst_phrases": {"file": None}, "lpft": {"epochs": 1}})
+    assert flat == nested == TrainConfig(priors={"sts_weight": 0.25}, swa={"epochs": 2}, sst_phrases={"file": None},
+                                         lpft={"epochs": 1})
+    assert TrainConfig.from_dict({"sst_phrases_weight": 2.0, "sst_phrases": {"order": "first"}}).sst_phrases == \
+        dataclasses.replace(TrainConfig().sst_phrases, weight=2.0, order="first")
+    with pytest.raises(ValueError, match=r"swa_lr and swa\.lr are one setting: give it once"):
+        TrainConfig.from_dict({"swa_lr": 1e-4, "swa": {"lr": 1e-3}})
+    with pytest.raises(ValueError, match=r"unknown SwaConfig field\(s\) \['rate'\]"):
+        TrainConfig.from_dict({"swa": {"rate": 1e-3}})
+    with pytest.raises(ValueError, match=r"priors\.sts_weight: 'x' is not a number"):
+        TrainConfig.from_dict({"sts_prior": "x"})
+
+
+def test_a_nested_setting_in_a_config_file_is_one_line_and_exit_2(tmp_path, capsys):
+    """A --config file naming a setting both ways ends in the command's one error line naming the file and the
+    setting, exit 2, no traceback."""
+    from tasks.arguments import config_for
+
+    (tmp_path / "both.json").write_text('{"swa_epochs": 1, "swa": {"epochs": 2}}')
+    with pytest.raises(ValueError, match=r"--config .*both\.json: swa_epochs and swa\.epochs are one setting"):
+        config_for(["--config", str(tmp_path / "both.json")])
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--config", str(tmp_path / "both.json"), "--out-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("train_multitask.py: error: --config ")
