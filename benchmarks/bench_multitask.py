@@ -11,7 +11,7 @@ step, on batches of the real training files in the default configuration
 (``TrainConfig()``: b1 heads, cross-encoded pairs, mean pooling, batch 32, the
 even schedule with length bucketing, max length 128, bf16 autocast on CPUs
 with AMX or AVX512_BF16, AdamW through the fused kernel), the three tasks'
-batches without the SST phrases' (``sst_phrases=None``). Inference is the
+batches without the SST phrases' (``--sst-phrases none``). Inference is the
 same model's forward under ``no_grad`` in eval mode on the same batches. The
 sample is steps ``warmup .. warmup + steps`` of epoch 0's plan, collated once
 before timing (collation is not part of a step; its cost is in the JSON).
@@ -108,7 +108,7 @@ from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser
 from tasks.options import add_options, option
 from tasks.storage import write_text
-from tasks.config import TrainConfig
+from tasks.config import PhrasesConfig, TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
 from tasks.model import MultitaskBert, head_of
@@ -882,7 +882,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     configure_malloc()  # as train_multitask.main does: the step is timed as training runs it
     # The tasks' batches, as benchmarks/README.md's tables measured them: the default's SST phrase batches (short,
     # the SST head's) are left out.
-    cfg = TrainConfig(data_dir=args.data_dir, pretrained=args.pretrained, bf16=args.bf16, sst_phrases=None)
+    cfg = TrainConfig(data_dir=args.data_dir, pretrained=args.pretrained, bf16=args.bf16,
+                      sst_phrases=PhrasesConfig(file=None))
     res = benchmark(cfg, args.variants, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
                     memory=not args.no_memory, profile=args.profile, threads=args.threads, square=args.square)
     return report(res, "benchmarks.bench_multitask", argv, markdown, args.json)

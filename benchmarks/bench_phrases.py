@@ -18,7 +18,6 @@ Usage:
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import sys
 import time
@@ -31,9 +30,10 @@ import torch
 from benchmarks.bench_multitask import machine_info, make_base_trainer, report
 from tasks.cli import Parser
 from tasks.options import add_options, option
-from tasks.config import TrainConfig
+from tasks.config import PhrasesConfig, TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.model import PHRASES
+from tasks.options import replace_at
 from tasks.runtime import configure_malloc, synchronize
 from tasks.training import lpft
 from tasks.training.trainer import Trainer, build_schedule
@@ -58,7 +58,7 @@ def sample_batches(trainer: Trainer, batch_sizes: Sequence[int], steps: int) -> 
     cfg, sets, device = trainer.cfg, trainer.train_sets, trainer.device
     plans: dict[str, list[list[int]]] = {}
     for b in batch_sizes:
-        for stream, idx in build_schedule(dataclasses.replace(cfg, sst_phrases_batch_size=b), sets).epoch_plan(0):
+        for stream, idx in build_schedule(replace_at(cfg, "sst_phrases.batch_size", b), sets).epoch_plan(0):
             key = phrase_key(b) if stream == PHRASES else stream
             if stream == PHRASES or b == batch_sizes[0]:
                 plans.setdefault(key, []).append(idx)
@@ -101,7 +101,7 @@ def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), step
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, Any]:
     """Per-stream step seconds (medians over ``rounds``) and each phrase batch size's modelled epoch against
     no phrases; ``cfg`` must train phrases (its per-epoch count is the one modelled)."""
-    if not cfg.sst_phrases or "sst" not in cfg.tasks:
+    if not cfg.sst_phrases.file or "sst" not in cfg.tasks:
         raise ValueError("the benchmark needs a config that trains the SST phrases (--sst-phrases FILE, sst)")
     if steps < 1 or rounds < 1 or not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"need steps >= 1, rounds >= 1 and batch sizes >= 1 (got {steps}, {rounds}, "
@@ -118,7 +118,7 @@ def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), step
     base = settings["none"]["train_s"]
     for s in settings.values():
         s["ratio"] = s["train_s"] / base
-    return {"machine": machine_info(torch.get_num_threads()), "per_epoch": cfg.sst_phrases_per_epoch,
+    return {"machine": machine_info(torch.get_num_threads()), "per_epoch": cfg.sst_phrases.per_epoch,
             "steps_timed": steps, "rounds": rounds, "step_s": per_step, "step_s_median": median,
             "settings": settings}
 
@@ -159,8 +159,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     configure_malloc()  # as train_multitask.main does
-    cfg = TrainConfig(data_dir=args.data_dir, sst_phrases="sst-phrases-train.csv",
-                      sst_phrases_per_epoch=args.per_epoch)
+    cfg = TrainConfig(data_dir=args.data_dir,
+                      sst_phrases=PhrasesConfig(file="sst-phrases-train.csv", per_epoch=args.per_epoch))
     try:
         res = benchmark(cfg, args.batch_sizes, steps=args.steps, rounds=args.rounds)
     except (ValueError, OSError) as e:

@@ -38,8 +38,8 @@ from experiments.stats import cell, change_cell
 from experiments.sweep import markdown_table
 from tasks.checkpoint import SST_PRIOR_FILE
 from tasks.cli import Parser
-from tasks.config import TrainConfig
 from tasks.options import add_options, option
+from tasks.config import PhrasesConfig, TrainConfig
 from tasks.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
 from tasks.task import get_task
@@ -84,8 +84,9 @@ def score_run(run: Path, cfg: TrainConfig, dev: dict[str, tuple[torch.Tensor, in
               probes: dict[float, dict[str, torch.Tensor]]) -> dict[str, float]:
     """{OWN: the run's dev SST accuracy as saved, "w": with probe w in place of its own} for one run directory
     and its configuration ``cfg``."""
-    if cfg.sst_prior <= 0 or "sst" not in cfg.tasks:
-        raise SystemExit(f"{run}: the run has no SST prior (sst_prior {cfg.sst_prior}, tasks {list(cfg.tasks)})")
+    if cfg.priors.sst_weight <= 0 or "sst" not in cfg.tasks:
+        raise SystemExit(f"{run}: the run has no SST prior (sst_prior {cfg.priors.sst_weight}, tasks "
+                         f"{list(cfg.tasks)})")
     ids, saved = read_logits(run / "predictions" / "sst-dev-logits.csv")
     try:
         x = torch.stack([dev[i][0] for i in ids])
@@ -93,10 +94,10 @@ def score_run(run: Path, cfg: TrainConfig, dev: dict[str, tuple[torch.Tensor, in
         raise SystemExit(f"{run}: dev id {e} is not in the SST dev file") from None
     y = torch.tensor([dev[i][1] for i in ids])
     own = probe_probabilities(load_tensors(run / "checkpoints" / "best" / SST_PRIOR_FILE), x)
-    head = head_probabilities(saved, own, cfg.sst_prior)
+    head = head_probabilities(saved, own, cfg.priors.sst_weight)
     scores = {OWN: (saved.argmax(-1) == y).float().mean().item()}
     for w, probe in probes.items():
-        mixed = (1 - cfg.sst_prior) * head + cfg.sst_prior * probe_probabilities(probe, x)
+        mixed = (1 - cfg.priors.sst_weight) * head + cfg.priors.sst_weight * probe_probabilities(probe, x)
         scores[str(w)] = (mixed.argmax(-1) == y).float().mean().item()
     return scores
 
@@ -147,10 +148,10 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     configs = {r: run_config(r) for r in runs}
-    models = {cfg.sst_prior_model for cfg in configs.values()}
+    models = {cfg.priors.sst_model for cfg in configs.values()}
     if len(models) != 1:
         ap.error(f"--runs: their SST priors use different encoders ({sorted(map(str, models))}); one at a time")
-    cfg = TrainConfig(sst_phrases=args.phrases)  # today's data: the SST files and the phrase file
+    cfg = TrainConfig(sst_phrases=PhrasesConfig(file=args.phrases))  # today's data: the SST files and the phrases
     train, dev = load_examples("sst", "train", cfg), load_examples("sst", "dev", cfg)
     phrases, _ = load_phrases(cfg)
     encoder = FrozenEncoder(models.pop(), 0.5, "cpu")

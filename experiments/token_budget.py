@@ -39,7 +39,7 @@ def training_tokens(cfg: TrainConfig, train_sets: dict) -> dict[str, int]:
     schedule = build_schedule(cfg, train_sets)  # the plans the Trainer itself follows
     per_example = {s: example_tokens(d) for s, d in train_sets.items()}
     totals = dict.fromkeys(train_sets, 0)
-    for epoch in range(cfg.epochs + cfg.swa_epochs):
+    for epoch in range(cfg.epochs + cfg.swa.epochs):
         for stream, indices in schedule.epoch_plan(epoch):
             n = len(per_example[stream])
             totals[stream] += sum(per_example[stream][i % n] for i in indices)  # i + n: the same pair, swapped

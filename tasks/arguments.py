@@ -2,7 +2,8 @@
 configuration a command line gives.
 
 Flags come from fields, through tasks.options (the one mechanism): the command's own (``Command``: what
-to do with the configuration), TrainConfig's and ModelConfig's (tasks/config.py, tasks/model.py), and every
+to do with the configuration), TrainConfig's and its nested configs' (ModelConfig, the priors', the SST
+phrases', LP-FT's and SWA's: tasks/config.py, tasks/model.py; dests dotted, "swa.epochs"), and every
 registered objective's Config as ``--<objective>-<field>`` (tasks/objectives/); their help texts,
 choices and defaults are written there, once. Parsing keeps only the flags given (their defaults are
 SUPPRESSed), so that ``--preset`` (``apply_preset``) and ``--config`` can fill the rest first and the
@@ -27,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from tasks.cli import Parser
-from tasks.config import PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
+from tasks.config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
 from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
-from tasks.options import add_options, option
+from tasks.options import add_options, flag_of_path, option, value_at
 from tasks.storage import read_json
 from tasks.training.run import check_run
 
@@ -111,14 +112,12 @@ def build_parser(preset: str | None = None) -> Parser:
 
 
 def get_path(cfg: TrainConfig, path: str) -> Any:
-    """The value at a dotted config path: "lr", "model.arch", "objectives.mnr.scale"."""
+    """The value at a dotted config path: "lr", "model.arch", "swa.epochs", "objectives.mnr.scale"."""
     head, _, rest = path.partition(".")
-    if head == "model":
-        return getattr(cfg.model, rest)
     if head == "objectives":
         name, _, key = rest.partition(".")
         return cfg.objectives[name][key]
-    return getattr(cfg, path)
+    return value_at(cfg, path)
 
 
 MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batch_size")  # STREAM=VALUE fields
@@ -127,8 +126,8 @@ MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batc
 def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
     """Set one explicit flag's value in ``cfg`` (mappings are updated, never replaced)."""
     head, _, rest = path.partition(".")
-    if head == "model":
-        setattr(cfg.model, rest, value)
+    if head in NESTED:
+        setattr(getattr(cfg, head), rest, value)
     elif head == "objectives":
         name, _, key = rest.partition(".")
         if name not in cfg.objectives:
@@ -173,10 +172,11 @@ def help_preset(argv: list[str]) -> str | None:
 
 
 def flag_of(path: str) -> str:
-    """The flag of a dotted config path: "model.arch" -> --arch, "objectives.mnr.scale" -> --mnr-scale."""
+    """The flag of a dotted config path: "model.arch" -> --arch, "swa.epochs" -> --swa-epochs,
+    "objectives.mnr.scale" -> --mnr-scale."""
     if path.startswith("objectives."):
         return "--" + path[len("objectives."):].replace(".", "-").replace("_", "-")
-    return "--" + path.split(".")[-1].replace("_", "-")
+    return flag_of_path(TrainConfig, path)
 
 
 def check_command(c: Command, explicit: dict[str, Any], world: int = 1) -> None:
@@ -231,7 +231,8 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
                              f"registered (no module under tasks/objectives/ defines them; registered: "
                              f"{', '.join(sorted(registry)) or 'none'}); a preset never silently drops one")
     # Own copies: flags below edit them in place.
-    cfg = dataclasses.replace(cfg, model=copy.deepcopy(cfg.model), objectives=copy.deepcopy(cfg.objectives))
+    cfg = dataclasses.replace(cfg, objectives=copy.deepcopy(cfg.objectives),
+                              **{name: copy.deepcopy(getattr(cfg, name)) for name in NESTED})
     for name in c.objective:
         cfg.objectives.setdefault(name, {})
     for name in c.no_objective:

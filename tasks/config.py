@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions, upgrade
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, registered_objectives
-from tasks.options import AnyKey, json_value, option
+from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
 from tasks.task import MULTITASK, get_task, read_task_file, task_names, task_with
 from tasks.runtime import check_device_string
 
@@ -52,28 +53,89 @@ MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refu
 # SWA and train-set predictions come after the training steps, so they may change too
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
 RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
-                  "eval_batch_size", "out_dir", "data_dir", "swa_epochs", "swa_lr", "predict_train", "report_to",
+                  "eval_batch_size", "out_dir", "data_dir", "swa.epochs", "swa.lr", "predict_train", "report_to",
                   "save_only_model")
 
 
-# Fields --eval-only may set: they choose what to predict and where, never the model. Objectives add
-# the options that act only at inference (``Objective.inference_options``), see eval_mutable().
+# Settings (dotted paths) --eval-only may set: they choose what to predict and where, never the model. Objectives
+# add the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
-                "final_dev", "dev_max_examples", "symmetric_eval", "sts_prior", "sts_prior_model", "sst_prior",
-                "sst_prior_model")
+                "final_dev", "dev_max_examples", "symmetric_eval", "priors.sts_weight", "priors.sts_model",
+                "priors.sst_weight", "priors.sst_model")
 
 
-# Fields a saved config.json may lack, with the value that reproduces a config without them: a saved run must
-# resume and re-predict as it was trained and scored, whatever today's default.
-LEGACY_VALUES = {"train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0,
-                 "sst_prior": 0.0, "report_to": (), "sst_phrases": None, "sst_phrases_per_epoch": 8544,
-                 "sst_phrases_batch_size": None, "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0,
-                 "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0, "task_files": (),
-                 "freeze_encoder": False}
+@dataclass
+class PriorsConfig:
+    """The priors blended into the heads' predictions at evaluation only (tasks/evaluation/priors.py), each a weight
+    (0 = off) and the frozen sentence encoder it asks."""
+
+    sts_weight: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence "
+                               "encoder's mean-pooled embeddings (--sts-prior-model, frozen, at evaluation only; "
+                               "tasks/evaluation/priors.py); not in the papers; 0 = off", flag="--sts-prior",
+                               group="data", metavar="W")
+    sts_model: str | None = option(None, "the sentence encoder of --sts-prior (a checkpoint directory "
+                                   "whose mean-pooled cosine scores similarity); default: the embedded "
+                                   "all-MiniLM-L6-v2, whatever --pretrained is", flag="--sts-prior-model",
+                                   group="data", metavar="DIR")
+    sst_weight: float = option(0.5, "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
+                               "regression on a frozen sentence encoder's embeddings of the SST training "
+                               "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
+                               "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off",
+                               flag="--sst-prior", group="data", metavar="W")
+    sst_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
+                                   "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is",
+                                   flag="--sst-prior-model", group="data", metavar="DIR")
 
 
-# ... and one that, when missing, takes another field's value: such a config's STS prior is --pretrained's encoder.
-LEGACY_SAME_AS = {"sts_prior_model": "pretrained"}
+@dataclass
+class PhrasesConfig:
+    """The SST treebank's labelled phrases, trained through the SST head as a stream of their own (--sst-phrases
+    FILE; the other settings are --sst-phrases-<field>)."""
+
+    file: str | None = option("sst-phrases-train.csv", "a file of labelled SST phrases in the SST training "
+                              "file's format (data/sst-phrases-train.csv: the treebank's sub-sentence phrases "
+                              "of the training trees; a name in --data-dir or a path), trained through the SST "
+                              "head as a stream of their own beside the sentences on a run with sst (Socher "
+                              "et al. 2013 train on every phrase); not in the minBERT paper; none = off",
+                              flag="--sst-phrases", group="data", metavar="FILE")
+    per_epoch: int = option(17088, "with --sst-phrases: phrases trained an epoch, the next ones of a "
+                            "seeded shuffle of the file (as --train-subsets says)", group="data", metavar="N")
+    batch_size: int | None = option(64, "with --sst-phrases: phrases per batch (none: --batch-size); "
+                                    "phrases are short, so a larger batch trains the same phrases in "
+                                    "fewer, fuller optimizer steps (even batching keeps one size for the "
+                                    "tasks)", group="data", metavar="B")
+    min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)", group="data",
+                            metavar="N")
+    weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data", metavar="W")
+    order: str = option("mixed", "with --sst-phrases: mixed = phrase batches shuffled among the epoch's "
+                        "other batches (as --schedule says); first = each epoch trains its phrase "
+                        "batches first, then the rest, so it ends on whole sentences", group="data",
+                        choices=PHRASE_ORDERS)
+
+
+@dataclass
+class LpftConfig:
+    """LP-FT's first stage (tasks/training/lpft.py): --lp-epochs, --lp-lr."""
+
+    epochs: int = option(0, "LP-FT (paper §4.2): N epochs training only the heads (encoder frozen and in eval "
+                         "mode, so no dropout; the optimizer never sees it), then --epochs of full fine-tuning "
+                         "from those weights with a fresh optimizer, in one run; records carry stage lp / ft; "
+                         "0 = off", group="stages", metavar="N")
+    lr: float | None = option(None, "peak learning rate of LP-FT stage 1 (paper §4.2 gives none; needs "
+                              "--lp-epochs); default: --lr", group="stages", metavar="LR")
+
+
+@dataclass
+class SwaConfig:
+    """The SWA phase after training (tasks/training/swa.py): --swa-epochs, --swa-lr."""
+
+    epochs: int = option(0, "SWA (paper §4.6: 5 epochs at lr 1e-5, PyTorch's SWA modules): after training, N "
+                         "more epochs at constant --swa-lr from the best checkpoint, averaging the weights at "
+                         "each epoch end (torch.optim.swa_utils.AveragedModel; LayerNorm only, so no BN "
+                         "update); saved as checkpoints/swa and used for the predictions when its dev score "
+                         "beats the best epoch's; 0 = off", group="stages", metavar="N")
+    lr: float = option(1e-5, "constant learning rate of the SWA epochs (paper §4.6: 1e-5); needs --swa-epochs",
+                       group="stages", metavar="LR")
 
 
 @dataclass
@@ -122,41 +184,10 @@ class TrainConfig:
     symmetric_eval: bool = option(True, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
                                   "(b, a) at evaluation and prediction: a cross-encoder is not symmetric; not in "
                                   "the paper", group="data")
-    sts_prior: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence "
-                              "encoder's mean-pooled embeddings (--sts-prior-model, frozen, at evaluation only; "
-                              "tasks/evaluation/priors.py); not in the papers; 0 = off", group="data", metavar="W")
-    sts_prior_model: str | None = option(None, "the sentence encoder of --sts-prior (a checkpoint directory "
-                                         "whose mean-pooled cosine scores similarity); default: the embedded "
-                                         "all-MiniLM-L6-v2, whatever --pretrained is", group="data", metavar="DIR")
-    sst_prior: float = option(0.5, "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
-                              "regression on a frozen sentence encoder's embeddings of the SST training "
-                              "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
-                              "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off", group="data",
-                              metavar="W")
-    sst_prior_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
-                                         "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is",
-                                         group="data", metavar="DIR")
-    sst_phrases: str | None = option("sst-phrases-train.csv", "a file of labelled SST phrases in the SST training "
-                                     "file's format (data/sst-phrases-train.csv: the treebank's sub-sentence phrases "
-                                     "of the training trees; a name in --data-dir or a path), trained through the SST "
-                                     "head as a stream of their own beside the sentences on a run with sst (Socher "
-                                     "et al. 2013 train on every phrase); not in the minBERT paper; none = off",
-                                     group="data", metavar="FILE")
-    sst_phrases_per_epoch: int = option(17088, "with --sst-phrases: phrases trained an epoch, the next ones of a "
-                                        "seeded shuffle of the file (as --train-subsets says)", group="data",
-                                        metavar="N")
-    sst_phrases_batch_size: int | None = option(64, "with --sst-phrases: phrases per batch (none: --batch-size); "
-                                                "phrases are short, so a larger batch trains the same phrases in "
-                                                "fewer, fuller optimizer steps (even batching keeps one size for the "
-                                                "tasks)", group="data", metavar="B")
-    sst_phrases_min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)",
-                                        group="data", metavar="N")
-    sst_phrases_weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data",
-                                       metavar="W")
-    sst_phrases_order: str = option("mixed", "with --sst-phrases: mixed = phrase batches shuffled among the epoch's "
-                                    "other batches (as --schedule says); first = each epoch trains its phrase "
-                                    "batches first, then the rest, so it ends on whole sentences", group="data",
-                                    choices=PHRASE_ORDERS)
+    priors: PriorsConfig = option(help="the STS and SST priors blended in at evaluation (tasks/evaluation/priors.py)",
+                                  factory=PriorsConfig)
+    sst_phrases: PhrasesConfig = option(help="the SST treebank's phrases as a training stream", factory=PhrasesConfig,
+                                        prefix="sst_phrases_")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)", group="data", choices=FINAL_DEV)
@@ -217,19 +248,8 @@ class TrainConfig:
                        metavar="SEED")
 
     # -- stages and post-training (tasks/training/lpft.py, tasks/training/swa.py) --
-    lp_epochs: int = option(0, "LP-FT (paper §4.2): N epochs training only the heads (encoder frozen and in eval "
-                            "mode, so no dropout; the optimizer never sees it), then --epochs of full fine-tuning "
-                            "from those weights with a fresh optimizer, in one run; records carry stage lp / ft; "
-                            "0 = off", group="stages", metavar="N")
-    lp_lr: float | None = option(None, "peak learning rate of LP-FT stage 1 (paper §4.2 gives none; needs "
-                                 "--lp-epochs); default: --lr", group="stages", metavar="LR")
-    swa_epochs: int = option(0, "SWA (paper §4.6: 5 epochs at lr 1e-5, PyTorch's SWA modules): after training, N "
-                             "more epochs at constant --swa-lr from the best checkpoint, averaging the weights at "
-                             "each epoch end (torch.optim.swa_utils.AveragedModel; LayerNorm only, so no BN "
-                             "update); saved as checkpoints/swa and used for the predictions when its dev score "
-                             "beats the best epoch's; 0 = off", group="stages", metavar="N")
-    swa_lr: float = option(1e-5, "constant learning rate of the SWA epochs (paper §4.6: 1e-5); needs --swa-epochs",
-                           group="stages", metavar="LR")
+    lpft: LpftConfig = option(help="LP-FT's first stage (tasks/training/lpft.py)", factory=LpftConfig, prefix="lp_")
+    swa: SwaConfig = option(help="the SWA phase (tasks/training/swa.py)", factory=SwaConfig, prefix="swa_")
     predict_train: bool = option(False, "also write predictions/{task}-train-logits.csv on the whole training sets: "
                                  "the soft targets that --distill-teachers reads (paper §4.6 knowledge "
                                  "distillation); with --eval-only, from a saved model", group="stages")
@@ -270,26 +290,29 @@ class TrainConfig:
         declared = [read_task_file(f).name for f in self.task_files]
         self.tasks = tuple(self.tasks) + tuple(t for t in declared if t not in self.tasks)
         self.report_to = tuple(self.report_to)
-        if isinstance(self.model, dict):
-            self.model = ModelConfig(**self.model)
+        for name, cls in NESTED.items():  # a nested config given as a mapping (a preset's, a saved run's)
+            if isinstance(getattr(self, name), dict):
+                setattr(self, name, cls(**getattr(self, name)))
 
     # -- JSON --
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON, marked with ``model_type`` MODEL_TYPE so that transformers' Auto classes pointed at a
-        run or checkpoint directory refuse it ("unrecognized model type") instead of building a random BERT."""
+        run or checkpoint directory refuse it ("unrecognized model type") instead of building a random BERT, and
+        with the version of its format and of the software that wrote it (tasks/config_versions.py)."""
         d = dataclasses.asdict(self)
         d["tasks"], d["report_to"], d["task_files"] = list(self.tasks), list(self.report_to), list(self.task_files)
-        return {"model_type": MODEL_TYPE, **d}
+        return {"model_type": MODEL_TYPE, VERSION_KEY: CONFIG_VERSION, **software_versions(), **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], complete: bool = False) -> TrainConfig:
         """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load),
         and so is a number that is not finite (JSON's ``Infinity``, ``NaN``), named by its field.
 
-        A run's saved configuration holds every field, but those added since it was written, which take the value
-        that reproduces it (LEGACY_VALUES, LEGACY_SAME_AS), not today's default. A file of some fields
-        (``--config`` of one's own) takes today's defaults for the others. ``complete``: ``d`` must be a run's
-        saved configuration (a checkpoint's): a missing field is an error naming it.
+        A run's saved configuration (one that records its version, or one saved before versions were) is first
+        upgraded to today's fields by the migrations of tasks/config_versions.py, so that it loads as it ran,
+        whatever today's defaults. A file of some fields (``--config`` of one's own) takes today's defaults for the
+        others. ``complete``: ``d`` must be a run's saved configuration (a checkpoint's): a field missing after the
+        upgrade is an error naming it.
         """
         if not isinstance(d, dict):
             raise ValueError(f"a run configuration is a JSON object, got a JSON {type(d).__name__}")
@@ -297,34 +320,36 @@ class TrainConfig:
             if not math.isfinite(value):
                 raise ValueError(f"{where} is {json.dumps(value)}, not a finite number")
         d = dict(d)
-        model_type = d.pop("model_type", MODEL_TYPE)  # runs saved before the marker (2026-11-23) lack it
+        model_type = d.pop("model_type", MODEL_TYPE)  # the first runs' files lack the marker
         if model_type != MODEL_TYPE:
             raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
+        d = upgrade(d)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
         # every value read as its flag reads it (tasks.options.json_value): "none", null, types, choices
-        d = {k: v if k in ("model", "objectives") else json_value(cls, k, v) for k, v in d.items()}
-        if "model" in d:
-            if not isinstance(d["model"], dict):
-                raise ValueError(f"model: {json.dumps(d['model'])} is not an object of the heads' settings")
-            model_known = {f.name for f in dataclasses.fields(ModelConfig)}
-            bad = sorted(set(d["model"]) - model_known)
+        d = {k: v if k in NESTED or k == "objectives" else json_value(cls, k, v) for k, v in d.items()}
+        missing = sorted(known - set(d))
+        for name, nested in NESTED.items():
+            if name not in d:
+                continue
+            if not isinstance(d[name], dict):
+                raise ValueError(f"{name}: {json.dumps(d[name])} is not an object of {nested.__name__}'s settings")
+            nested_known = {f.name for f in dataclasses.fields(nested)}
+            bad = sorted(set(d[name]) - nested_known)
             if bad:
-                raise ValueError(f"unknown ModelConfig field(s) {bad}; known: {sorted(model_known)}")
-            d["model"] = {k: json_value(ModelConfig, k, v, f"model.{k}") for k, v in d["model"].items()}
+                raise ValueError(f"unknown {nested.__name__} field(s) {bad}; known: {sorted(nested_known)}")
+            d[name] = {k: json_value(nested, k, v, f"{name}.{k}") for k, v in d[name].items()}
+            missing += [f"{name}.{k}" for k in sorted(nested_known - set(d[name]))]
         if "objectives" in d:
             d["objectives"] = objective_values(d["objectives"])
-        missing = sorted(known - set(d) - set(LEGACY_VALUES) - set(LEGACY_SAME_AS))
-        missing += [f"model.{f.name}" for f in dataclasses.fields(ModelConfig)
-                    if f.name not in d.get("model", {})] if "model" in d else []
         if complete and missing:
             raise ValueError(f"not a complete run configuration: missing {missing}")
-        if not missing:  # a run's saved configuration: the fields added since it was written as it ran
-            d = {**LEGACY_VALUES, **{k: d.get(v) for k, v in LEGACY_SAME_AS.items()}, **d}
-        if "model" in d:
-            d["model"] = dataclasses.replace(cls().model, **d["model"])  # a partial one: today's others
+        default = cls()
+        for name in NESTED:  # a partial one: today's others
+            if name in d:
+                d[name] = dataclasses.replace(getattr(default, name), **d[name])
         return cls(**d)
 
     # -- derived --
@@ -336,23 +361,30 @@ class TrainConfig:
     def trains_phrases(self) -> bool:
         """Whether the run trains --sst-phrases: a phrase file, and sst (the task whose entry takes the phrases)
         among its tasks (a run without it has no SST head to train them through, whatever the file)."""
-        return self.sst_phrases is not None and task_with(self.tasks, "phrases") is not None
+        return self.sst_phrases.file is not None and task_with(self.tasks, "phrases") is not None
 
     def batch_sizes(self) -> dict[str, int]:
         sizes = {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
-        if PHRASES in sizes and self.sst_phrases_batch_size is not None:
-            sizes[PHRASES] = self.sst_phrases_batch_size
+        if PHRASES in sizes and self.sst_phrases.batch_size is not None:
+            sizes[PHRASES] = self.sst_phrases.batch_size
         return sizes
 
-    def acting(self) -> dict[str, Any]:
-        """``to_dict()`` as the run acts on it: the phrase batch size resolved, the phrase settings left out of a
-        run that trains no phrases. Two configs with equal ``acting()`` make one run, however spelled."""
+    def settings(self) -> dict[str, Any]:
+        """``to_dict()`` with each nested config's fields by dotted path ("swa.epochs"): one entry a setting."""
         d = self.to_dict()
+        for name in NESTED:
+            d.update({f"{name}.{k}": v for k, v in d.pop(name).items()})
+        return d
+
+    def acting(self) -> dict[str, Any]:
+        """``settings()`` as the run acts on them: the phrase batch size resolved, the phrase settings left out of a
+        run that trains no phrases. Two configs with equal ``acting()`` make one run, however spelled."""
+        d = self.settings()
         if self.trains_phrases:
-            d["sst_phrases_batch_size"] = self.batch_sizes()[PHRASES]
+            d["sst_phrases.batch_size"] = self.batch_sizes()[PHRASES]
         else:
-            for name in [k for k in d if k.startswith("sst_phrases")]:
-                del d[name]
+            for name in dataclasses.fields(PhrasesConfig):
+                del d[f"sst_phrases.{name.name}"]
         return d
 
     # -- checks --
@@ -382,21 +414,21 @@ class TrainConfig:
             raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
         if not 0.0 <= self.pair_swap <= 1.0:
             raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
-        for name in ("sts_prior", "sst_prior"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                raise ValueError(f"{name} is a weight in [0, 1], got {getattr(self, name)}")
-        if self.sst_phrases_per_epoch < 1:
-            raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {self.sst_phrases_per_epoch}")
-        if self.sst_phrases_batch_size is not None and self.sst_phrases_batch_size < 1:
-            raise ValueError(f"sst_phrases_batch_size must be at least 1, got {self.sst_phrases_batch_size}")
-        if self.sst_phrases_min_words < 1:
-            raise ValueError(f"sst_phrases_min_words must be at least 1, got {self.sst_phrases_min_words}")
-        if not self.sst_phrases_weight > 0:
+        for name, weight in (("sts_prior", self.priors.sts_weight), ("sst_prior", self.priors.sst_weight)):
+            if not 0.0 <= weight <= 1.0:
+                raise ValueError(f"{name} is a weight in [0, 1], got {weight}")
+        phrases = self.sst_phrases
+        if phrases.per_epoch < 1:
+            raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {phrases.per_epoch}")
+        if phrases.batch_size is not None and phrases.batch_size < 1:
+            raise ValueError(f"sst_phrases_batch_size must be at least 1, got {phrases.batch_size}")
+        if phrases.min_words < 1:
+            raise ValueError(f"sst_phrases_min_words must be at least 1, got {phrases.min_words}")
+        if not phrases.weight > 0:
             raise ValueError(f"sst_phrases_weight must be positive (--sst-phrases none: no phrases), got "
-                             f"{self.sst_phrases_weight}")
-        if self.sst_phrases_order not in PHRASE_ORDERS:
-            raise ValueError(f"sst_phrases_order must be one of {', '.join(PHRASE_ORDERS)}, got "
-                             f"{self.sst_phrases_order!r}")
+                             f"{phrases.weight}")
+        if phrases.order not in PHRASE_ORDERS:
+            raise ValueError(f"sst_phrases_order must be one of {', '.join(PHRASE_ORDERS)}, got {phrases.order!r}")
         if self.final_dev not in FINAL_DEV:
             raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
         _positive_ints("task_batch_size", self.task_batch_size, 1)
@@ -406,18 +438,18 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
-        for name in ("lp_epochs", "swa_epochs"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 = off), got {getattr(self, name)}")
-        if self.lp_lr is not None and not self.lp_lr > 0:
-            raise ValueError(f"lp_lr must be positive, got {self.lp_lr}")
-        if self.freeze_encoder and self.lp_epochs:
+        for name, epochs in (("lp_epochs", self.lpft.epochs), ("swa_epochs", self.swa.epochs)):
+            if epochs < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = off), got {epochs}")
+        if self.lpft.lr is not None and not self.lpft.lr > 0:
+            raise ValueError(f"lp_lr must be positive, got {self.lpft.lr}")
+        if self.freeze_encoder and self.lpft.epochs:
             raise ValueError("freeze_encoder trains the heads alone every epoch; LP-FT's lp_epochs (heads alone, then "
                              "everything) contradicts it: choose one")
-        if self.lp_lr is not None and self.lp_epochs == 0:
+        if self.lpft.lr is not None and self.lpft.epochs == 0:
             raise ValueError("lp_lr only acts with lp_epochs N > 0 (LP-FT stage 1, paper §4.2): it would do nothing")
-        if not self.swa_lr > 0:
-            raise ValueError(f"swa_lr must be positive, got {self.swa_lr}")
+        if not self.swa.lr > 0:
+            raise ValueError(f"swa_lr must be positive, got {self.swa.lr}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0 = epoch ends only), got {self.checkpoint_every}")
         unknown = [r for r in self.report_to if r not in REPORTERS]
@@ -445,11 +477,11 @@ class TrainConfig:
         if self.lr_schedule == "epoch_decay" and not self.lr - self.lr_decay * (self.epochs - 1) > 0:
             raise ValueError(f"lr_schedule epoch_decay: lr {self.lr} - lr_decay {self.lr_decay} x {self.epochs - 1} "
                              "epochs is not positive; the last epochs would not train")
-        lp_peak = self.lp_lr if self.lp_lr is not None else self.lr
-        if (self.lr_schedule == "epoch_decay" and self.lp_epochs
-                and not lp_peak - self.lr_decay * (self.lp_epochs - 1) > 0):
+        lp_peak = self.lpft.lr if self.lpft.lr is not None else self.lr
+        if (self.lr_schedule == "epoch_decay" and self.lpft.epochs
+                and not lp_peak - self.lr_decay * (self.lpft.epochs - 1) > 0):
             raise ValueError(f"lr_schedule epoch_decay: LP-FT stage 1 lr {lp_peak} - lr_decay {self.lr_decay} x "
-                             f"{self.lp_epochs - 1} epochs is not positive; its last epochs would not train")
+                             f"{self.lpft.epochs - 1} epochs is not positive; its last epochs would not train")
         if not 0 <= self.warmup < 1:
             raise ValueError(f"warmup is a fraction of all steps in [0, 1), got {self.warmup}")
         if not self.weight_decay >= 0:
@@ -489,28 +521,30 @@ def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:
 
 
 def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) -> None:
-    """Settings given explicitly that only act with another setting: refused when that setting is off."""
+    """Settings given explicitly (dotted paths) that only act with another setting: refused when that setting is
+    off."""
     if "lr_decay" in explicit and cfg.lr_schedule != "epoch_decay":
         raise ValueError(f"--lr-decay only acts with --lr-schedule epoch_decay (the run uses {cfg.lr_schedule})")
     if "warmup" in explicit and cfg.lr_schedule != "warmup_linear":
         raise ValueError(f"--warmup only acts with --lr-schedule warmup_linear (the run uses {cfg.lr_schedule})")
-    if "swa_lr" in explicit and cfg.swa_epochs == 0:
+    if "swa.lr" in explicit and cfg.swa.epochs == 0:
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
     cosine, probe = task_with(cfg.tasks, "cosine_prior"), task_with(cfg.tasks, "probe_prior")
-    if "sts_prior" in explicit and cfg.sts_prior > 0 and cosine is None:
+    priors = cfg.priors
+    if "priors.sts_weight" in explicit and priors.sts_weight > 0 and cosine is None:
         raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
-    if "sts_prior_model" in explicit and (cfg.sts_prior == 0 or cosine is None):
+    if "priors.sts_model" in explicit and (priors.sts_weight == 0 or cosine is None):
         raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
-    if "sst_prior" in explicit and cfg.sst_prior > 0 and probe is None:
+    if "priors.sst_weight" in explicit and priors.sst_weight > 0 and probe is None:
         raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
-    if "sst_phrases" in explicit and cfg.sst_phrases is not None and task_with(cfg.tasks, "phrases") is None:
+    if "sst_phrases.file" in explicit and cfg.sst_phrases.file is not None and task_with(cfg.tasks, "phrases") is None:
         raise ValueError(f"--sst-phrases trains the SST head, and --tasks {' '.join(cfg.tasks)} has no sst")
-    idle = [name for name in ("sst_phrases_per_epoch", "sst_phrases_batch_size", "sst_phrases_min_words",
-                              "sst_phrases_weight", "sst_phrases_order") if name in explicit and not cfg.trains_phrases]
+    idle = [f"sst_phrases.{f.name}" for f in dataclasses.fields(PhrasesConfig)
+            if f.name != "file" and f"sst_phrases.{f.name}" in explicit and not cfg.trains_phrases]
     if idle:
-        raise ValueError(f"--{idle[0].replace('_', '-')} only acts on the phrase stream (--sst-phrases FILE on a run "
-                         "with sst)")
-    if "sst_prior_model" in explicit and (cfg.sst_prior == 0 or probe is None):
+        raise ValueError(f"{flag_of_path(TrainConfig, idle[0])} only acts on the phrase stream (--sst-phrases FILE "
+                         "on a run with sst)")
+    if "priors.sst_model" in explicit and (priors.sst_weight == 0 or probe is None):
         raise ValueError("--sst-prior-model only acts with --sst-prior W > 0 on a run with sst")
 
 
@@ -537,8 +571,8 @@ def check_objectives(cfg: TrainConfig) -> None:
 
 
 def check_resume_config(saved: TrainConfig, cfg: TrainConfig) -> None:
-    """A resumed run must be the same run: only RESUME_MUTABLE fields may differ."""
-    a, b = saved.to_dict(), cfg.to_dict()
+    """A resumed run must be the same run: only RESUME_MUTABLE settings may differ."""
+    a, b = saved.settings(), cfg.settings()
     changed = sorted(k for k in a if a[k] != b.get(k) and k not in RESUME_MUTABLE)
     if changed:
         details = "; ".join(f"{k}: checkpoint {a[k]!r}, now {b[k]!r}" for k in changed)
@@ -557,8 +591,8 @@ def eval_mutable() -> tuple[str, ...]:
 
 
 def eval_overrides(cfg: TrainConfig) -> dict[str, Any]:
-    """The fields of ``cfg`` that evaluation may take over a checkpoint's config (see ``eval_config``)."""
-    return {**{k: getattr(cfg, k) for k in EVAL_MUTABLE}, "objectives": cfg.objectives}
+    """The settings of ``cfg`` that evaluation may take over a checkpoint's config (see ``eval_config``)."""
+    return {**{k: value_at(cfg, k) for k in EVAL_MUTABLE}, "objectives": cfg.objectives}
 
 
 def check_eval_changes(paths: Iterable[str], name: Callable[[str], str] = lambda path: path) -> None:
@@ -575,8 +609,9 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     """The config that evaluates a checkpoint trained with ``saved``: only eval_mutable() fields change
     (``check_eval_changes``).
 
-    ``overrides`` holds top-level fields and, under "objectives", options of the saved objectives (those equal
-    to the saved ones count as no change); the tasks must be a subset of the trained ones.
+    ``overrides`` holds settings by dotted path ("limit", "priors.sts_weight") and, under "objectives", options of
+    the saved objectives (those equal to the saved ones count as no change); the tasks must be a subset of the
+    trained ones.
     """
     objectives = {name: dict(options) for name, options in saved.objectives.items()}
     changed = [k for k in overrides if k != "objectives"]
@@ -586,14 +621,21 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
         changed += [f"objectives.{name}.{k}" for k, v in options.items() if objectives[name].get(k) != v]
         objectives[name].update(options)
     check_eval_changes(changed)
-    cfg = dataclasses.replace(saved, **{k: v for k, v in overrides.items() if k != "objectives"},
-                              objectives=objectives)
+    cfg = dataclasses.replace(saved, objectives=objectives)
+    for path, value in overrides.items():
+        if path != "objectives":
+            cfg = replace_at(cfg, path, value)
     extra = sorted(set(cfg.tasks) - set(saved.tasks))
     if extra:
         raise ValueError(f"--tasks {' '.join(extra)}: the checkpoint was trained on {list(saved.tasks)}, not on "
                          f"{extra}")
     check_device_string(cfg.device)
     return cfg
+
+
+# TrainConfig's nested configs by field name (a field of a dataclass type: its settings are "<name>.<field>")
+NESTED: dict[str, type] = {f.name: nested_config(TrainConfig, f) for f in dataclasses.fields(TrainConfig)
+                           if nested_config(TrainConfig, f) is not None}
 
 
 __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "TrainConfig", "check_eval_changes",
@@ -607,8 +649,8 @@ __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "TrainConfig
 # what it names.
 COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
                               max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
-                              loss_weights={}, objectives={}, symmetric_eval=False, sts_prior=0.0,
-                              sst_prior=0.0, sst_phrases=None)
+                              loss_weights={}, objectives={}, symmetric_eval=False,
+                              priors=dict(sts_weight=0.0, sst_weight=0.0), sst_phrases=dict(file=None))
 
 
 _B_MODEL = dict(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256)
@@ -644,10 +686,11 @@ PRESETS: dict[str, dict[str, Any]] = {**{name: {**COMMON, **settings} for name, 
 
 def apply_preset(cfg: TrainConfig, name: str) -> TrainConfig:
     """A copy of ``cfg`` with preset ``name``'s settings: a paper configuration (baseline, b1, b2, b3) or a
-    recipe (quick)."""
+    recipe (quick). A nested config's mapping (model, priors, ...) sets the fields it names."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     settings = copy.deepcopy(PRESETS[name])
-    if "model" in settings:
-        settings["model"] = ModelConfig(**settings["model"])
+    for field in NESTED:
+        if field in settings:
+            settings[field] = dataclasses.replace(getattr(cfg, field), **settings[field])
     return dataclasses.replace(cfg, **settings)

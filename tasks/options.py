@@ -20,6 +20,8 @@ Type hints become flags so:
                            is removed); the command merges the items into the field's mapping
     X | None               as X; a field whose default is not None takes the word "none" for None (how a
                            setting on by default is turned off, as transformers' ``--report_to none``)
+    a dataclass            a nested config (TrainConfig's model, swa, ...): a flag per field of its own,
+                           --<prefix><field> (``option(prefix=...)``), dest "<name>.<field>"
 Another type is a TypeError naming the field (a flag that would silently do nothing is not made).
 
 Usage:
@@ -57,16 +59,19 @@ def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any]
            choices: Sequence[Any] | None = None, keys: Sequence[str] | None = None,
            metavar: str | tuple[str, ...] | None = None,
            nargs: str | int | None = None, flag: str | None = None, negatable: bool | None = None,
-           positional: bool = False, repeat: bool = False, group: str | None = None, hidden: bool = False) -> Any:
+           positional: bool = False, repeat: bool = False, group: str | None = None, hidden: bool = False,
+           prefix: str = "") -> Any:
     """A dataclass field with a default (or a ``factory`` for mutable defaults), its help text, and what its flag
     needs beyond the type hint: ``choices``; ``keys`` of a STREAM=VALUE map; ``metavar`` (a tuple names each of a
     fixed number of values); ``nargs`` of a sequence (a count: exactly that many), or ``repeat`` (a list flag given
     once per value: --x A --x B; with ``nargs``, once per group of values: --x A B --x C); ``flag`` when its name is
     not the field's; ``negatable`` for a --no- form; ``positional``; the ``group`` of --help it is listed in; and
-    ``hidden``, a flag left out of --help (one a program passes to its own child process)."""
+    ``hidden``, a flag left out of --help (one a program passes to its own child process). A field whose type is a
+    dataclass (a nested config) gives one flag per field of its own, ``--<prefix><field>``."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
             "keys": keys if isinstance(keys, AnyKey) else tuple(keys) if keys is not None else None, "metavar": metavar, "nargs": nargs, "flag": flag,
-            "negatable": negatable, "positional": positional, "repeat": repeat, "group": group, "hidden": hidden}
+            "negatable": negatable, "positional": positional, "repeat": repeat, "group": group, "hidden": hidden,
+            "prefix": prefix}
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -86,6 +91,46 @@ def default_of(f: dataclasses.Field) -> Any:
 def flag_name(f: dataclasses.Field, prefix: str = "") -> str:
     """The flag of field ``f``: its own (``option(flag=...)``) or ``--<prefix><name>`` in kebab case."""
     return f.metadata.get("flag") or "--" + (prefix + f.name).replace("_", "-")
+
+
+def nested_config(cls: type, f: dataclasses.Field) -> type | None:
+    """The dataclass of field ``f`` of dataclass ``cls`` when the field is a nested config (as TrainConfig's
+    ``model``), else None."""
+    tp = typing.get_type_hints(cls)[f.name]
+    return tp if dataclasses.is_dataclass(tp) else None
+
+
+def field_at(cls: type, path: str) -> tuple[type, dataclasses.Field, str]:
+    """(the dataclass that holds it, the field, its flag prefix) of a dotted ``path`` of dataclass ``cls``: "lr",
+    "model.arch", "swa.epochs" (a KeyError for a path that is not one)."""
+    head, _, rest = path.partition(".")
+    f = next((x for x in dataclasses.fields(cls) if x.name == head), None)
+    inner = nested_config(cls, f) if f is not None else None
+    if f is None or bool(rest) != (inner is not None):
+        raise KeyError(f"{cls.__name__} has no setting {path!r}")
+    if not rest:
+        return cls, f, ""
+    owner, field, prefix = field_at(inner, rest)
+    return owner, field, f.metadata.get("prefix", "") + prefix
+
+
+def flag_of_path(cls: type, path: str) -> str:
+    """The flag of a dotted ``path`` of dataclass ``cls``: "swa.epochs" -> --swa-epochs, "model.arch" -> --arch."""
+    _, f, prefix = field_at(cls, path)
+    return flag_name(f, prefix)
+
+
+def value_at(obj: Any, path: str) -> Any:
+    """The value at a dotted ``path`` of a dataclass instance (nested configs' fields dotted: "swa.epochs")."""
+    for name in path.split("."):
+        obj = getattr(obj, name)
+    return obj
+
+
+def replace_at(obj: Any, path: str, value: Any) -> Any:
+    """A copy of dataclass instance ``obj`` with the value at dotted ``path`` replaced (nested configs copied)."""
+    head, _, rest = path.partition(".")
+    return dataclasses.replace(obj, **{head: replace_at(getattr(obj, head), rest, value) if rest else value})
 
 
 def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[str, Any]]:
@@ -300,15 +345,22 @@ def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str
     lay them over a preset or a saved config; --help still shows each field's default. ``skip``: fields that
     are not flags; ``required``: flags a command line must give (fields without a default). ``help_suffix``:
     text added to a field's help. ``groups``: argument groups by the name a field's ``option(group=...)`` gives
-    (fields without one go to ``parser``). ``defaults``: an instance whose values are the defaults (a field of
-    another dataclass: TrainConfig's model), else each field's own.
+    (fields without one go to ``parser``). ``defaults``: an instance whose values are the defaults, else each
+    field's own. A nested config's fields become flags in its place (``option(prefix=...)`` before their names,
+    dests dotted: "swa.epochs").
     """
     dests = []
     for f in dataclasses.fields(cls):
         if f.name in skip:
             continue
-        kw = flag_kwargs(cls, f)
         default = getattr(defaults, f.name) if defaults is not None else default_of(f)
+        inner = nested_config(cls, f)
+        if inner is not None:  # a nested config: its fields' flags, in its place
+            dests += add_options(parser, inner, prefix=prefix + f.metadata.get("prefix", ""),
+                                 dest_prefix=f"{dest_prefix}{f.name}.", suppress=suppress, defaults=default,
+                                 groups=groups)
+            continue
+        kw = flag_kwargs(cls, f)
         text = f.metadata.get("help", "") + (help_suffix or {}).get(f.name, "")
         shown = shown_default(default)
         if shown and kw.get("action") not in ("store_true", "append") and f.name not in required:

@@ -76,10 +76,10 @@ def phrases_file(cfg: TrainConfig) -> Path:
     """The file of ``--sst-phrases``: a bare name is in --data-dir, a path (with a folder in it) is that path; a
     FileNotFoundError naming the flag when it is not there (checked before a run reads anything:
     tasks.training.trainer.prepare_run)."""
-    given = Path(cfg.sst_phrases).expanduser()
+    given = Path(cfg.sst_phrases.file).expanduser()
     path = Path(cfg.data_dir) / given if given.name == str(given) else given
     if not path.is_file():
-        raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases}: no such file {path} (a name in --data-dir, or "
+        raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases.file}: no such file {path} (a name in --data-dir, or "
                                 "a path); build it from the treebank's trees: python -m tasks.sst_phrases TREES "
                                 f"--out {path} (data/README.md), or train without phrases: --sst-phrases none")
     return path
@@ -87,19 +87,19 @@ def phrases_file(cfg: TrainConfig) -> Path:
 
 def load_phrases(cfg: TrainConfig) -> tuple[list[Example], dict]:
     """The labelled phrases of ``--sst-phrases`` (read as an SST training file, under ``cfg.limit``) with at least
-    ``sst_phrases_min_words`` words, and the file's report with the phrases left out for their length counted."""
+    ``sst_phrases.min_words`` words, and the file's report with the phrases left out for their length counted."""
     path = phrases_file(cfg)
     phrases, report = get_task(head_of(PHRASES)).read("train", cfg.data_dir, cfg.limit, path=path)
     if not phrases:
         raise ValueError(f"--sst-phrases {path}: no valid row ({report.summary()})")
-    kept = [p for p in phrases if len(p.text_a.split()) >= cfg.sst_phrases_min_words]
+    kept = [p for p in phrases if len(p.text_a.split()) >= cfg.sst_phrases.min_words]
     if not kept:
-        raise ValueError(f"--sst-phrases {path}: no phrase of {cfg.sst_phrases_min_words} or more words to train on "
+        raise ValueError(f"--sst-phrases {path}: no phrase of {cfg.sst_phrases.min_words} or more words to train on "
                          f"(of {len(phrases)} valid rows)")
     (logger.info if report.clean else logger.warning)("%s", report.summary())
     if len(kept) < len(phrases):
         logger.info("%s: %d of %d phrases have %d or more words (--sst-phrases-min-words)", path, len(kept),
-                    len(phrases), cfg.sst_phrases_min_words)
+                    len(phrases), cfg.sst_phrases.min_words)
     return kept, {**report.to_dict(), "shorter_than_min_words": len(phrases) - len(kept)}
 
 

@@ -7,6 +7,7 @@ Fixtures (``tiny_env``, ``minilm``, ``one_thread``, ...) live in tests/conftest.
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import random
@@ -22,7 +23,8 @@ from safetensors.torch import save_file
 
 from minbert.bert import BertModel
 from minbert.config import BertConfig
-from tasks.config import TrainConfig
+from tasks.config import NESTED, PhrasesConfig, PriorsConfig, TrainConfig
+from tasks.config_versions import NESTED_SETTINGS, SOFTWARE_KEYS
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.ensemble import predict
@@ -172,15 +174,30 @@ def write_tiny_data(directory: Path, n_train: int = 48, n_dev: int = 24, n_test:
 def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> TrainConfig:
     """A fast CPU config on the tiny model: 2 epochs of ~15 steps, dropout on (so RNG state matters). Pairs are
     scored in one order without the STS and SST priors and without the SST phrases (the fixtures' best epochs were
-    found so; tests of their own cover --symmetric-eval, --sts-prior, --sst-prior and --sst-phrases)."""
+    found so; tests of their own cover --symmetric-eval, --sts-prior, --sst-prior and --sst-phrases). A nested
+    config given as a mapping (``swa={"epochs": 2}``) sets the fields it names."""
     pretrained, data = env
     kw = dict(pretrained=str(pretrained), data_dir=str(data), out_dir=str(out_dir), epochs=2, batch_size=8,
               eval_batch_size=16, max_length=32, max_train_examples={}, dev_max_examples={}, lr=1e-3,
-              symmetric_eval=False, sts_prior=0.0, sst_prior=0.0, sst_phrases=None,
-              lr_schedule="warmup_linear", warmup=0.1, log_every=5, device="cpu", bf16=False,
-              model=ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16, head_dropout=0.1))
-    kw.update(overrides)
+              symmetric_eval=False, priors=PriorsConfig(sts_weight=0.0, sst_weight=0.0),
+              sst_phrases=PhrasesConfig(file=None), lr_schedule="warmup_linear", warmup=0.1, log_every=5,
+              device="cpu", bf16=False, model=ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16,
+                                                          head_dropout=0.1))
+    for name, value in overrides.items():
+        nested = name in NESTED and isinstance(value, dict)
+        kw[name] = dataclasses.replace(kw.get(name, getattr(TrainConfig(), name)), **value) if nested else value
     return TrainConfig(**kw)
+
+
+def unversioned(saved: dict) -> dict:
+    """A config.json of today (``TrainConfig.to_dict()``) as a run saved before config.json recorded its version
+    wrote it: no version, every setting a field of its own ("sts_prior", not "priors": {"sts_weight"})."""
+    old = {k: v for k, v in saved.items() if k not in ("config_version", *SOFTWARE_KEYS)}
+    for flat, (name, field) in NESTED_SETTINGS.items():
+        old[flat] = saved[name][field]
+    for name in {name for name, _ in NESTED_SETTINGS.values()} - {"sst_phrases"}:
+        del old[name]
+    return old
 
 
 class Interrupt(Exception):

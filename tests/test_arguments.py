@@ -15,9 +15,10 @@ import pytest
 from tasks import arguments
 from tasks import train as cli
 from tasks.config import TrainConfig
-from tasks.model import ModelConfig
+from tasks.config_versions import fields_of
 from tasks.task import unregister_task
 from tasks.objectives import registered_objectives
+from tests.helpers import unversioned
 
 
 COMMAND_FIELDS = {f.name for f in dataclasses.fields(arguments.Command)}
@@ -69,8 +70,8 @@ def _non_default(action: argparse.Action) -> tuple[list[str], object]:
 
 
 def test_every_flag_reaches_its_config_field(tmp_path):
-    """Each flag of the parser, given a non-default value, sets exactly its TrainConfig / ModelConfig / objective field
-    (--task-file: and adds its task to the run's tasks)."""
+    """Each flag of the parser, given a non-default value, sets exactly its field of TrainConfig, of a config nested in
+    it (ModelConfig, the priors', ...) or of an objective (--task-file: and adds its task to the run's tasks)."""
     parser = arguments.build_parser()
     actions = [a for a in parser._actions if a.option_strings and not isinstance(a, argparse._HelpAction)]
     assert len(actions) > 40
@@ -102,9 +103,8 @@ def test_every_flag_reaches_its_config_field(tmp_path):
         top = action.dest.split(".")[0]
         assert diff == ({top, "tasks"} if top == "task_files" else {top}), (argv, diff)
         seen.add(action.dest)
-    model_fields = {f"model.{f.name}" for f in dataclasses.fields(ModelConfig)}
-    train_fields = {f.name for f in dataclasses.fields(TrainConfig)} - {"model", "objectives"}
-    assert model_fields | train_fields <= seen, sorted((model_fields | train_fields) - seen)
+    train_fields = fields_of(TrainConfig) - {"objectives"}  # nested configs' fields dotted: "model.arch"
+    assert train_fields <= seen, sorted(train_fields - seen)
     for name, cls in registered_objectives().items():
         assert {f"objectives.{name}.{f.name}" for f in dataclasses.fields(cls.Config)} <= seen, name
     unregister_task("topic")
@@ -141,7 +141,7 @@ def test_baseline_preset_is_paper_section_4_1():
     assert (cfg.lr, cfg.lr_schedule, cfg.schedule, cfg.epochs, cfg.batch_size) == (1e-5, "constant", "sequential", 10, 16)
     assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
     assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3
-    assert cfg.sst_phrases is None and not any(_preset(name).trains_phrases for name in ("b1", "b2", "b3"))
+    assert cfg.sst_phrases.file is None and not any(_preset(name).trains_phrases for name in ("b1", "b2", "b3"))
 
 
 def test_b_presets_are_paper_section_5_4():
@@ -208,16 +208,16 @@ def test_the_default_trains_the_sst_phrases_and_none_turns_them_off(tmp_path):
     batches of 64; a run without sst has no phrase stream (and needs no phrase file); ``--sst-phrases none`` turns
     them off."""
     default = arguments.config_for([])
-    assert (default.sst_phrases, default.sst_phrases_per_epoch) == ("sst-phrases-train.csv", 17088)
+    assert (default.sst_phrases.file, default.sst_phrases.per_epoch) == ("sst-phrases-train.csv", 17088)
     assert default.batch_sizes() == {"sst": 32, "para": 32, "sts": 32, "phrases": 64}
     assert default.trains_phrases and default.streams() == ("sst", "para", "sts", "phrases")
     pairs = arguments.config_for(["--tasks", "para", "sts"])
     assert not pairs.trains_phrases and pairs.streams() == ("para", "sts")
     off = arguments.config_for(["--sst-phrases", "none"])
-    assert off.sst_phrases is None and not off.trains_phrases and off.streams() == ("sst", "para", "sts")
+    assert off.sst_phrases.file is None and not off.trains_phrases and off.streams() == ("sst", "para", "sts")
     mine = tmp_path / "mine.csv"
     mine.write_text("id\tsentence\tsentiment\n")
-    assert arguments.config_for(["--sst-phrases", str(mine)]).sst_phrases == str(mine)
+    assert arguments.config_for(["--sst-phrases", str(mine)]).sst_phrases.file == str(mine)
 
 
 def test_config_reruns_a_saved_config_with_flags_overriding_it(tmp_path):
@@ -260,9 +260,9 @@ def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_p
     assert cfg.epochs == 1 and cfg.model.fcn_size == 128
     assert dataclasses.replace(cfg, epochs=default.epochs, model=default.model) == default
     assert cfg.model == dataclasses.replace(default.model, fcn_size=128)
-    saved = {k: v for k, v in default.to_dict().items() if k != "sst_prior"}  # a run saved before --sst-prior
+    saved = {k: v for k, v in unversioned(default.to_dict()).items() if k != "sst_prior"}  # saved before --sst-prior
     (tmp_path / "saved.json").write_text(json.dumps(saved))
-    assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).sst_prior == 0.0
+    assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).priors.sst_weight == 0.0
 
 
 def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_path):
@@ -270,13 +270,13 @@ def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_pa
     file saying "none" for it means the same (not a file named "none"); null stays off too."""
     (tmp_path / "off.json").write_text('{"sst_phrases": "none"}')
     from_file = arguments.config_for(["--config", str(tmp_path / "off.json")])
-    assert from_file == arguments.config_for(["--sst-phrases", "none"]) and from_file.sst_phrases is None
+    assert from_file == arguments.config_for(["--sst-phrases", "none"]) and from_file.sst_phrases.file is None
     (tmp_path / "batch.json").write_text('{"sst_phrases_batch_size": "none"}')
     from_file = arguments.config_for(["--config", str(tmp_path / "batch.json")])
     assert from_file == arguments.config_for(["--sst-phrases-batch-size", "none"])
-    assert from_file.sst_phrases_batch_size is None and from_file.sst_phrases is not None
+    assert from_file.sst_phrases.batch_size is None and from_file.sst_phrases.file is not None
     (tmp_path / "null.json").write_text('{"sst_phrases": null}')
-    assert arguments.config_for(["--config", str(tmp_path / "null.json")]).sst_phrases is None
+    assert arguments.config_for(["--config", str(tmp_path / "null.json")]).sst_phrases.file is None
 
 
 def test_preset_help_shows_the_presets_values(capsys):
@@ -291,3 +291,21 @@ def test_preset_help_shows_the_presets_values(capsys):
         assert e.value.code == 0
         assert f"§5.3) (default: {epochs})" in text and f"§4.1 and §4.5) (default: {lr})" in text
         assert f"(default: {pairs})" in text
+
+
+def test_the_nested_settings_keep_their_flags():
+    """The settings nested in a config of their own (the priors, the SST phrases, LP-FT, SWA) keep the flags of
+    the fields they were (version 1 of config.json): each flag sets its nested setting."""
+    from tasks.config_versions import NESTED_SETTINGS
+
+    parser = arguments.build_parser()
+    flags = {a.option_strings[0]: a.dest for a in parser._actions if a.option_strings}
+    for flat, path in NESTED_SETTINGS.items():
+        assert flags["--" + flat.replace("_", "-")] == ".".join(path), flat
+    command, explicit = arguments.parse(["--sts-prior", "0.25", "--sst-prior-model", "enc", "--sst-phrases-weight",
+                                         "2", "--sst-phrases-order", "first", "--lp-epochs", "1", "--lp-lr", "1e-3",
+                                         "--swa-epochs", "2", "--swa-lr", "1e-4"], parser)
+    cfg = arguments.config_from_flags(command, explicit)
+    assert (cfg.priors.sts_weight, cfg.priors.sst_model, cfg.sst_phrases.weight, cfg.sst_phrases.order) == \
+        (0.25, "enc", 2.0, "first")
+    assert (cfg.lpft.epochs, cfg.lpft.lr, cfg.swa.epochs, cfg.swa.lr) == (1, 1e-3, 2, 1e-4)

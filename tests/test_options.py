@@ -9,9 +9,10 @@ from dataclasses import dataclass
 import pytest
 
 from tasks.cli import Parser
-from tasks.config import TrainConfig
+from tasks.config import LpftConfig, PhrasesConfig, PriorsConfig, SwaConfig, TrainConfig
 from tasks.model import ModelConfig
-from tasks.options import add_options, default_of, help_text, option, options_of, shown_default
+from tasks.options import (add_options, default_of, flag_of_path, help_text, option, options_of, replace_at,
+                           shown_default, value_at)
 
 
 @dataclass
@@ -35,7 +36,7 @@ def test_option_carries_its_help_and_default_and_a_factory_gives_fresh_objects()
         help_text(_Config, "nope")
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, ModelConfig])
+@pytest.mark.parametrize("cls", [TrainConfig, ModelConfig, PriorsConfig, PhrasesConfig, LpftConfig, SwaConfig])
 def test_every_config_field_has_its_help_text(cls):
     """Every field of the training and model configs says what it does: the CLI's --help reads it from here."""
     assert [f.name for f in dataclasses.fields(cls) if not help_text(cls, f.name).strip()] == []
@@ -46,6 +47,39 @@ class _Optional:
     file: str | None = option("a.csv", "a file on by default")
     model: str | None = option(None, "a directory, off by default")
     size: int | None = option(64, "a number, 'none' for another's", metavar="N")
+
+
+@dataclass
+class _Stage:
+    epochs: int = option(0, "epochs of the stage", metavar="N")
+    lr: float = option(1e-5, "its learning rate", metavar="LR")
+    name: str = option("x", "its own flag", flag="--stage-title")
+
+
+@dataclass
+class _Run:
+    lr: float = option(1e-4, "peak learning rate")
+    stage: _Stage = option(help="a nested config", factory=_Stage, prefix="st_")
+
+
+def test_a_nested_config_gives_its_fields_flags_with_its_prefix_and_dotted_dests():
+    """A field whose type is a dataclass gives one flag per field of its own, ``--<prefix><field>`` (or the field's
+    own flag), in its place, the dest dotted; the defaults shown are the instance's given as ``defaults``."""
+    parser = argparse.ArgumentParser()
+    dests = add_options(parser, _Run, defaults=_Run(stage=_Stage(epochs=2)))
+    assert dests == ["lr", "stage.epochs", "stage.lr", "stage.name"]
+    flags = [a.option_strings[0] for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert flags == ["--lr", "--st-epochs", "--st-lr", "--stage-title"]
+    ns = vars(parser.parse_args(["--st-epochs", "3", "--stage-title", "y"]))
+    assert ns == {"lr": 1e-4, "stage.epochs": 3, "stage.lr": 1e-5, "stage.name": "y"}
+    assert "(default: 2)" in parser.format_help()
+    assert [flag_of_path(_Run, p) for p in dests] == flags
+    run = _Run()
+    assert value_at(replace_at(run, "stage.lr", 0.5), "stage.lr") == 0.5 and run.stage.lr == 1e-5
+    with pytest.raises(KeyError, match="_Stage has no setting 'nope'"):
+        flag_of_path(_Run, "stage.nope")
+    with pytest.raises(KeyError, match="_Run has no setting 'stage'"):
+        flag_of_path(_Run, "stage")
 
 
 def test_none_turns_off_a_setting_that_is_on_by_default():

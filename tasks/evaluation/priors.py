@@ -35,9 +35,8 @@ The encoder is ``--sts-prior-model`` / ``--sst-prior-model`` (default: the
 embedded all-MiniLM-L6-v2), not ``--pretrained``: the encoder a run fine-tunes
 need not be a sentence encoder (bert-base, an MLM checkpoint of tasks/pretrain.py,
 a fine-tuned run), and its view can be worse than the head it would be blended
-with. A config.json without these options is read with the values it was scored
-with (tasks/config.py, LEGACY_VALUES and LEGACY_SAME_AS), so saved runs re-predict
-as they were scored.
+with. A config.json written before these options is read with the values it was
+scored with (tasks/config_versions.py), so saved runs re-predict as they were scored.
 
 Usage:
     prior = CosinePrior(None, 0.5, device, amp_dtype, batch_size=128, max_length=128)   # None: the embedded
@@ -149,8 +148,8 @@ class CosinePrior(FrozenEncoder):
 def check_prior_models(cfg) -> None:
     """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.config.TrainConfig)
     exist: refused before any work, naming the flags that fix it, not found missing at the first evaluation."""
-    for flag, feature, weight, model in (("sts", "cosine_prior", cfg.sts_prior, cfg.sts_prior_model),
-                                         ("sst", "probe_prior", cfg.sst_prior, cfg.sst_prior_model)):
+    for flag, feature, weight, model in (("sts", "cosine_prior", cfg.priors.sts_weight, cfg.priors.sts_model),
+                                         ("sst", "probe_prior", cfg.priors.sst_weight, cfg.priors.sst_model)):
         if weight <= 0 or task_with(cfg.tasks, feature) is None or model is None:
             continue
         try:
@@ -162,11 +161,12 @@ def check_prior_models(cfg) -> None:
 
 
 def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> CosinePrior | None:
-    """The run's prior (``cfg.sts_prior`` > 0 on a run with the task whose entry takes it: ``cosine_prior``, a
-    tasks.config.TrainConfig), or None."""
-    if cfg.sts_prior <= 0 or task_with(cfg.tasks, "cosine_prior") is None:
+    """The run's prior (``cfg.priors.sts_weight`` > 0 on a run with the task whose entry takes it:
+    ``cosine_prior``, a tasks.config.TrainConfig), or None."""
+    if cfg.priors.sts_weight <= 0 or task_with(cfg.tasks, "cosine_prior") is None:
         return None
-    return CosinePrior(cfg.sts_prior_model, cfg.sts_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
+    return CosinePrior(cfg.priors.sts_model, cfg.priors.sts_weight, device, amp_dtype, cfg.eval_batch_size,
+                       cfg.max_length)
 
 
 def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, c: float = SST_PRIOR_C,
@@ -251,13 +251,14 @@ class SentimentPrior(FrozenEncoder):
 def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
                  checkpoint: str | Path | None = None, train: tuple[list[str], list[int]] | None = None
                  ) -> SentimentPrior | None:
-    """The run's SST prior (``cfg.sst_prior`` > 0 on a run with the task whose entry takes it: ``probe_prior``), or
-    None: the probe saved in ``checkpoint`` when it holds one, else fitted on that task's training sentences:
-    ``train`` (sentences, labels) when the caller has read them, else read from its training file."""
+    """The run's SST prior (``cfg.priors.sst_weight`` > 0 on a run with the task whose entry takes it:
+    ``probe_prior``), or None: the probe saved in ``checkpoint`` when it holds one, else fitted on that task's
+    training sentences: ``train`` (sentences, labels) when the caller has read them, else read from its training
+    file."""
     task = task_with(cfg.tasks, "probe_prior")
-    if cfg.sst_prior <= 0 or task is None:
+    if cfg.priors.sst_weight <= 0 or task is None:
         return None
-    args = (cfg.sst_prior_model, cfg.sst_prior, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
+    args = (cfg.priors.sst_model, cfg.priors.sst_weight, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
     classes = get_task(task).num_classes
     saved = Path(checkpoint) / SST_PRIOR_FILE if checkpoint is not None else None
     if saved is not None and saved.is_file():
@@ -266,13 +267,13 @@ def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
         try:
             examples = load_examples(task, "train", cfg)
         except DataFileMissing as e:
-            raise FileNotFoundError(f"the SST prior (sst_prior {cfg.sst_prior}) is a probe fitted on SST train, and "
-                                    f"there is no SST training file at {e.path}: point --data-dir at the data, or "
-                                    "pass --sst-prior 0") from None
+            raise FileNotFoundError(f"the SST prior (sst_prior {cfg.priors.sst_weight}) is a probe fitted on SST "
+                                    f"train, and there is no SST training file at {e.path}: point --data-dir at the "
+                                    "data, or pass --sst-prior 0") from None
         train = ([e.text_a for e in examples], [int(e.label) for e in examples])
     t0 = time.perf_counter()
     prior = SentimentPrior(*args, train=train, num_classes=classes)
-    logger.info("SST prior: a probe on %s fitted to %d training sentences in %.0f s", cfg.sst_prior_model or
+    logger.info("SST prior: a probe on %s fitted to %d training sentences in %.0f s", cfg.priors.sst_model or
                 "the embedded all-MiniLM-L6-v2", len(train[0]), time.perf_counter() - t0)
     return prior
 

@@ -6,7 +6,7 @@ fine-tune the full model after initializing it from these weights". Our heads
 are not purely linear (b1's shared FCN and MLP heads), as in the paper.
 
 Usage:
-    run(TrainConfig(lp_epochs=2, epochs=3))     # 2 epochs heads only, then 3 of full fine-tuning
+    run(TrainConfig(lpft=LpftConfig(epochs=2), epochs=3))   # 2 epochs heads only, then 3 of full fine-tuning
     python train_multitask.py --lp-epochs 2 --epochs 3
 
 How the stages map onto the training loop (tasks/training/trainer.py):
@@ -51,7 +51,7 @@ LP, FT = "lp", "ft"
 def stage_at(cfg: Any, epoch: int) -> str:
     """The stage of 0-based ``epoch`` of a run with config ``cfg`` ("lp" or "ft"); every epoch of a run with
     ``freeze_encoder`` (the starter's part-1 "pretrain": heads on a frozen encoder) is stage "lp"."""
-    return LP if epoch < cfg.lp_epochs or cfg.freeze_encoder else FT
+    return LP if epoch < cfg.lpft.epochs or cfg.freeze_encoder else FT
 
 
 def stage_span(cfg: Any, epoch: int) -> tuple[int, int, float]:
@@ -59,8 +59,8 @@ def stage_span(cfg: Any, epoch: int) -> tuple[int, int, float]:
     if cfg.freeze_encoder:
         return 0, cfg.epochs, cfg.lr
     if stage_at(cfg, epoch) == LP:
-        return 0, cfg.lp_epochs, cfg.lp_lr if cfg.lp_lr is not None else cfg.lr
-    return cfg.lp_epochs, cfg.epochs, cfg.lr
+        return 0, cfg.lpft.epochs, cfg.lpft.lr if cfg.lpft.lr is not None else cfg.lr
+    return cfg.lpft.epochs, cfg.epochs, cfg.lr
 
 
 def set_stage(model: nn.Module, stage: str) -> None:

@@ -200,7 +200,7 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     source = trainer.load_best()
     logger.info("best epoch %s (dev overall %s)", summary["best"]["epoch"], score_text(summary["best"]["score"]))
     swa = None
-    if cfg.swa_epochs:
+    if cfg.swa.epochs:
         swa = run_swa(trainer)  # leaves in the model what predicts: the SWA average when it scored higher
         source = Path(swa["checkpoint"]) if swa["used"] else source
     if trainer.rank > 0:  # under torchrun rank 0 alone writes the predictions

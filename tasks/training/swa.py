@@ -6,7 +6,7 @@ our model training ... for 5 epochs with a learning rate of 1e−5, and
 implemented this with Pytorch's SWA modules".
 
 Usage:
-    run(TrainConfig(swa_epochs=5))                 # python train_multitask.py --swa-epochs 5 [--swa-lr 1e-5]
+    run(TrainConfig(swa=SwaConfig(epochs=5)))      # python train_multitask.py --swa-epochs 5 [--swa-lr 1e-5]
     summary = run_swa(trainer)                     # after trainer.fit() and trainer.load_best(); run() does this
 
 The phase:
@@ -80,12 +80,12 @@ def swa_epoch(trainer: Trainer, epoch: int, index: int) -> dict:
     t0 = time.perf_counter()
     lpft.train_mode(trainer.model, lpft.FT)
     with progress_logging():
-        trainer.run_epoch(plan, lambda k: cfg.swa_lr, sums, desc=f"SWA epoch {index + 1}/{cfg.swa_epochs}")
+        trainer.run_epoch(plan, lambda k: cfg.swa.lr, sums, desc=f"SWA epoch {index + 1}/{cfg.swa.epochs}")
     means = sums.means()
     train_time = time.perf_counter() - t0
     logger.info("SWA epoch %d done in %.0f s: %s", index + 1, train_time,
                 " ".join(f"{n} {v:.4f}" for n, v in means.items()))
-    return {"epoch": epoch + 1, "stage": "swa", "swa_epoch": index + 1, "steps": len(plan), "lr": cfg.swa_lr,
+    return {"epoch": epoch + 1, "stage": "swa", "swa_epoch": index + 1, "steps": len(plan), "lr": cfg.swa.lr,
             "train": means, "train_time_s": round(train_time, 2)}
 
 
@@ -100,8 +100,8 @@ def run_swa(trainer: Trainer) -> dict:
     trainer.rebuild_optimizer()
     averaged = AveragedModel(trainer.model)
     logger.info("SWA: %d epochs at constant lr %.1e from the best checkpoint (epoch %s, dev overall %s)",
-                cfg.swa_epochs, cfg.swa_lr, best["epoch"], score_text(best["score"]))
-    for i in range(cfg.swa_epochs):
+                cfg.swa.epochs, cfg.swa.lr, best["epoch"], score_text(best["score"]))
+    for i in range(cfg.swa.epochs):
         record = swa_epoch(trainer, trainer.total_epochs + i, i)
         averaged.update_parameters(trainer.model)
         trainer.run_dir.append(record)
@@ -110,7 +110,7 @@ def run_swa(trainer: Trainer) -> dict:
     metrics = trainer.evaluate_dev(averaged.module)
     score = metrics.get("overall", math.nan)
     used = swa_wins(score, best["score"])
-    summary = {"epochs": cfg.swa_epochs, "lr": cfg.swa_lr, "n_averaged": int(averaged.n_averaged),
+    summary = {"epochs": cfg.swa.epochs, "lr": cfg.swa.lr, "n_averaged": int(averaged.n_averaged),
                "dev": jsonable(metrics), "score": score if math.isfinite(score) else None,
                "best_score": best["score"], "best_epoch": best["epoch"], "used": used,
                "dev_examples": {t: len(d) for t, d in trainer.dev_sets.items()},

@@ -168,11 +168,11 @@ def warmup_linear(peak: float, t: int, total: int, warm: int, decay: bool = True
 def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
     phrases = PHRASES in train_sets
-    caps = {**cfg.max_train_examples, **({PHRASES: cfg.sst_phrases_per_epoch} if phrases else {})}
+    caps = {**cfg.max_train_examples, **({PHRASES: cfg.sst_phrases.per_epoch} if phrases else {})}
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
                              seed=cfg.seed, max_examples_per_epoch=caps, subsets=cfg.train_subsets,
                              swap={t: cfg.pair_swap for t in cfg.tasks if get_task(t).kind.pair and t in train_sets},
-                             first=(PHRASES,) if phrases and cfg.sst_phrases_order == "first" else ())
+                             first=(PHRASES,) if phrases and cfg.sst_phrases.order == "first" else ())
 
 
 class Trainer:
@@ -218,7 +218,7 @@ class Trainer:
         self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
                                    probe_train=(probe.texts, probe.labels.tolist()) if probe is not None else None)
         self.weights = LossWeights(dict(cfg.loss_weights)
-                                   | ({PHRASES: cfg.sst_phrases_weight} if PHRASES in self.train_sets else {}))
+                                   | ({PHRASES: cfg.sst_phrases.weight} if PHRASES in self.train_sets else {}))
 
         # Position: the next step to run is plan(epoch)[step].
         self.epoch = 0
@@ -256,7 +256,7 @@ class Trainer:
     @property
     def total_epochs(self) -> int:
         """Epochs of the training loop: LP-FT's heads-only epochs, then ``epochs`` of fine-tuning."""
-        return self.cfg.lp_epochs + self.cfg.epochs
+        return self.cfg.lpft.epochs + self.cfg.epochs
 
     # -- learning rate --
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
@@ -430,14 +430,14 @@ class Trainer:
         lpft.train_mode(self.model, self.stage)
         if self.epoch >= self.total_epochs:
             logger.info("nothing to train; what follows training runs again: %sthe best checkpoint's dev and test "
-                        "predictions", "SWA from the best epoch, then " if self.cfg.swa_epochs else "")
+                        "predictions", "SWA from the best epoch, then " if self.cfg.swa.epochs else "")
         else:
             self.clock = self._plan()
             if self.cfg.freeze_encoder:
                 logger.info("frozen encoder: heads only for every epoch (%d trainable tensors)", len(self.params))
             elif self.stage == lpft.LP:
                 logger.info("LP-FT stage 1: heads only for epochs %d-%d (encoder frozen, %d trainable tensors), "
-                            "then %d epochs of full fine-tuning", self.epoch + 1, self.cfg.lp_epochs,
+                            "then %d epochs of full fine-tuning", self.epoch + 1, self.cfg.lpft.epochs,
                             len(self.params), self.cfg.epochs)
         with progress_logging():
             while self.epoch < self.total_epochs:

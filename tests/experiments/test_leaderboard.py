@@ -93,7 +93,7 @@ def test_members_train_the_measured_recipe_and_flags_after_the_dashes_win():
     """The members are the recipe the ensemble was measured with: the default without the SST phrases (issue
     42 adopted them into the default, not yet into the ensemble); ``-- --sst-phrases FILE`` trains them."""
     members = arguments.config_for([*leaderboard.member_flags(0, []), "--out-dir", "unused"])
-    assert members.sst_phrases is None and not members.trains_phrases
+    assert members.sst_phrases.file is None and not members.trains_phrases
     assert {k: v for k, v in members.to_dict().items() if k != "sst_phrases"} == \
         {k: v for k, v in arguments.config_for(["--out-dir", "unused"]).to_dict().items() if k != "sst_phrases"}
     on = arguments.config_for([*leaderboard.member_flags(0, ["--sst-phrases", "sst-phrases-train.csv"]),

@@ -14,13 +14,14 @@ from tasks import arguments
 def test_every_row_is_an_sst_specialist_scored_by_its_head_and_differs_from_base():
     configs = {name: arguments.config_for([*FLAGS[name], "--out-dir", "unused"]) for name in NAMES}
     for name, cfg in configs.items():
-        assert cfg.tasks == ("sst",) and cfg.sst_prior == 0, name
+        assert cfg.tasks == ("sst",) and cfg.priors.sst_weight == 0, name
         assert name == "base" or cfg.to_dict() != configs["base"].to_dict(), name
-    assert configs["base"].sst_phrases is None
-    assert configs["phrases"].sst_phrases == "sst-phrases-train.csv" and configs["phrases"].sst_phrases_per_epoch == 8544
-    assert configs["w0.25"].sst_phrases_weight == 0.25 and configs["n17k"].sst_phrases_per_epoch == 17088
-    assert configs["min3"].sst_phrases_min_words == 3 and configs["first"].sst_phrases_order == "first"
-    assert configs["llrd"].sst_phrases is None and configs["llrd"].layer_lr_decay == 0.9
+    assert configs["base"].sst_phrases.file is None
+    assert configs["phrases"].sst_phrases.file == "sst-phrases-train.csv"
+    assert configs["phrases"].sst_phrases.per_epoch == 8544
+    assert configs["w0.25"].sst_phrases.weight == 0.25 and configs["n17k"].sst_phrases.per_epoch == 17088
+    assert configs["min3"].sst_phrases.min_words == 3 and configs["first"].sst_phrases.order == "first"
+    assert configs["llrd"].sst_phrases.file is None and configs["llrd"].layer_lr_decay == 0.9
 
 
 def test_the_table_pairs_each_row_with_base_by_seed(tmp_path):
@@ -50,7 +51,7 @@ def test_a_full_arm_is_the_default_plus_the_rows_own_flags_and_n17k_b64_is_the_d
     n17k = arguments.config_for([*sst_phrases.full_flags("n17k-b64"), "--out-dir", "unused"])
     assert n17k.to_dict() == default.to_dict()
     assert arguments.config_for([*sst_phrases.full_flags("n17k"), "--out-dir", "unused"]).batch_sizes()["phrases"] == 32
-    assert base.sst_phrases is None and not base.trains_phrases and base.streams() == ("sst", "para", "sts")
+    assert base.sst_phrases.file is None and not base.trains_phrases and base.streams() == ("sst", "para", "sts")
     assert {k: v for k, v in base.to_dict().items() if not k.startswith("sst_phrases")} == \
         {k: v for k, v in default.to_dict().items() if not k.startswith("sst_phrases")}
 

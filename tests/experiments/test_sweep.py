@@ -15,6 +15,7 @@ import pytest
 
 from experiments.sweep import Sweep, _run_lock, final_record
 from tasks import arguments
+from tests.helpers import unversioned
 
 
 def test_final_record_is_the_last_final_line(tmp_path):
@@ -102,11 +103,12 @@ def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, caps
     (run / "config.json").write_text(json.dumps(today))
     sweep.train("member", flags)
     assert "reusing the finished run" in capsys.readouterr().out
-    (run / "config.json").write_text(json.dumps({**today, "sts_prior": 0.25}))  # as if the default had been 0.25
+    changed = {**today, "priors": {**today["priors"], "sts_weight": 0.25}}  # as if the default had been 0.25
+    (run / "config.json").write_text(json.dumps(changed))
     sweep.train("member", flags)
     out = capsys.readouterr().out
-    assert "reusing" not in out and "made with other settings (sts_prior)" in out and "python" in out
-    older = {k: v for k, v in today.items() if k != "sts_prior"}  # written before the field existed: its legacy 0
+    assert "reusing" not in out and "made with other settings (priors.sts_weight)" in out and "python" in out
+    older = {k: v for k, v in unversioned(today).items() if k != "sts_prior"}  # saved before it existed: legacy 0
     (run / "config.json").write_text(json.dumps(older))
     sweep.train("member", [*flags, "--sts-prior", "0"])  # the record's settings (legacy 0), spelled otherwise
     assert "reusing the finished run" in capsys.readouterr().out
@@ -125,13 +127,13 @@ def test_settings_that_act_on_nothing_do_not_make_another_run(tmp_path, capsys):
                                                 "wall_s": 12.0}))
     (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": {"overall": 0.5}}) + "\n")
     recorded = arguments.config_for(sweep.train_argv("member", ["--seed", "3", "--sst-phrases", "none"])).to_dict()
-    older = {k: v for k, v in recorded.items() if not k.startswith("sst_phrases")}  # before the phrase options
+    older = {k: v for k, v in unversioned(recorded).items() if not k.startswith("sst_phrases")}  # saved before them
     (run / "config.json").write_text(json.dumps(older))
     sweep.train("member", ["--sst-phrases", "none", "--seed", "3"])
     assert "reusing the finished run" in capsys.readouterr().out
     sweep.train("member", ["--seed", "3"])  # today's default trains phrases: another run
     out = capsys.readouterr().out
-    assert "made with other settings (sst_phrases, sst_phrases_batch_size" in out and "python" in out
+    assert "made with other settings (sst_phrases.batch_size, sst_phrases.file" in out and "python" in out
 
 
 def test_a_finished_run_moved_to_the_directory_a_row_now_names_is_reused(tmp_path, capsys):

@@ -9,7 +9,7 @@ def test_training_tokens_count_every_planned_example_once_per_appearance():
     """token_budget counts the real tokens of each planned example: an uncapped epoch is every example once,
     Siamese pairs count both sides, a swapped pair (index i + N) counts as pair i, SWA epochs are included."""
     from experiments.token_budget import example_tokens, training_tokens
-    from tasks.config import TrainConfig
+    from tasks.config import SwaConfig, TrainConfig
     from tasks.data.datasets import PairDataset, SentenceDataset
     from tasks.data.readers import Example
     from tests.helpers import WordTokenizer
@@ -24,8 +24,8 @@ def test_training_tokens_count_every_planned_example_once_per_appearance():
     cfg = TrainConfig(tasks=("sst", "para"), batch_size=4, epochs=2, max_train_examples={}, pair_swap=0.5)
     totals = training_tokens(cfg, {"sst": sst, "para": cross})
     assert totals == {"sst": 2 * sum(example_tokens(sst)), "para": 2 * sum(example_tokens(cross))}
-    capped = TrainConfig(tasks=("sst", "para"), batch_size=4, epochs=1, swa_epochs=2, max_train_examples={"para": 4},
-                         train_subsets="cycle")
+    capped = TrainConfig(tasks=("sst", "para"), batch_size=4, epochs=1, swa=SwaConfig(epochs=2),
+                         max_train_examples={"para": 4}, train_subsets="cycle")
     assert training_tokens(capped, {"sst": sst, "para": siamese})["para"] == sum(example_tokens(siamese))  # 3 x 4
 
 

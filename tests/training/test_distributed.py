@@ -114,7 +114,7 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
             trainer = full
         elif job == "objectives":
             writes = _watch_writes(root / "obj") if rank > 0 else []
-            cfg = tiny_train_config(env, root / "obj", epochs=1, swa_epochs=1, swa_lr=1e-4, limit=24,
+            cfg = tiny_train_config(env, root / "obj", epochs=1, swa={"epochs": 1, "lr": 1e-4}, limit=24,
                                     objectives={"rift": {"proj_hidden": 16, "proj_dim": 8}, "smart": {}})
             keep = _Keep()
             summary = run(cfg, hooks=[keep])

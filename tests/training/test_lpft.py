@@ -87,7 +87,7 @@ def test_lp_stage_keeps_the_frozen_encoder_in_eval_mode_with_every_objective(tin
         settings = {"teachers": [_write_teachers(tmp_path / "teacher")]}
     model = ModelConfig(arch="b1", pair_encoding="siamese" if REGISTRY[name].needs_siamese else "cross",
                         fcn_size=16, head_dropout=0.1)
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", limit=16, epochs=1, lp_epochs=1, model=model,
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", limit=16, epochs=1, lpft={"epochs": 1}, model=model,
                             objectives={name: settings})
     watch = _WatchFrozen()
     trainer = trainer_for(cfg, hooks=[watch])
@@ -148,7 +148,7 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
     while the heads change; stage 2 starts a fresh optimizer over everything and changes the encoder; records carry
     the stage; a run interrupted at the stage boundary and resumed ends bit-identical."""
     watch = _Watch()
-    full = trainer_for(_cfg(tiny_env, tmp_path / "full", lp_epochs=1, epochs=1), hooks=[watch])
+    full = trainer_for(_cfg(tiny_env, tmp_path / "full", lpft={"epochs": 1}, epochs=1), hooks=[watch])
     full.fit()
     assert watch.lp_param_names and not any(n.startswith("model.encoder.") for n in watch.lp_param_names)
     assert watch.lp_encoder_training == {False}
@@ -169,7 +169,7 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
         def on_epoch_end(self, trainer, record):
             raise Stop
 
-    cut = _cfg(tiny_env, tmp_path / "cut", lp_epochs=1, epochs=1)
+    cut = _cfg(tiny_env, tmp_path / "cut", lpft={"epochs": 1}, epochs=1)
     with pytest.raises(Stop):
         trainer_for(cut, hooks=[StopAfterLP()]).fit()
     resumed = trainer_for(cut, resume_from=tmp_path / "cut" / "checkpoints" / "last")
@@ -182,7 +182,7 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
 
 def test_lp_ft_learning_rate_restarts_per_stage(tiny_env, tmp_path):
     """Each stage runs the schedule over its own epochs: stage 1 peaks at lp_lr, stage 2 at lr."""
-    t = trainer_for(_cfg(tiny_env, tmp_path / "r", lp_epochs=2, epochs=2, lp_lr=1e-2, lr=1e-3,
+    t = trainer_for(_cfg(tiny_env, tmp_path / "r", lpft={"epochs": 2, "lr": 1e-2}, epochs=2, lr=1e-3,
                      lr_schedule="epoch_decay", lr_decay=1e-4))
     assert t.stage == "lp" and t.total_epochs == 4
     assert [t.lr_at(e, 0, 5) for e in range(4)] == pytest.approx([1e-2, 1e-2 - 1e-4, 1e-3, 1e-3 - 1e-4])

@@ -45,7 +45,7 @@ def test_swa_phase_end_to_end(tiny_env, tmp_path, monkeypatch):
 
     monkeypatch.setattr(AveragedModel, "update_parameters", capture)
     run_dir = tmp_path / "run"
-    cfg = _cfg(tiny_env, run_dir, swa_epochs=2, swa_lr=1e-3)
+    cfg = _cfg(tiny_env, run_dir, swa={"epochs": 2, "lr": 1e-3})
     final = run(cfg)
     assert len(snapshots) == 2
     saved = load_tensors(run_dir / "checkpoints" / "swa" / "model.safetensors")

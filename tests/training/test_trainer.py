@@ -105,9 +105,8 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
     """--sst-phrases: each epoch trains sst_phrases_per_epoch phrases (the next ones of a shuffle: two epochs see
     different phrases), in batches of the SST head whose loss is the phrases' weight x the SST loss; the sentences
     still train in full, and with order "first" the phrase batches open the epoch."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases="sst-phrases-train.csv", sst_phrases_per_epoch=20,
-                            sst_phrases_batch_size=8, sst_phrases_min_words=2, sst_phrases_weight=0.25,
-                            train_subsets="cycle")
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases={"file": "sst-phrases-train.csv", "per_epoch": 20,
+                            "batch_size": 8, "min_words": 2, "weight": 0.25}, train_subsets="cycle")
     trainer = trainer_for(cfg)
     phrases = trainer.train_sets["phrases"]
     assert len(phrases) > 20 and min(len(t.split()) for t in phrases.texts) >= 2
@@ -121,7 +120,8 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
     head = trainer.model.task_loss("sst", trainer.model("sst", batch), batch)
     assert set(terms) == {"phrases/loss"} and torch.equal(terms["phrases/loss"], head)
     assert loss.item() == pytest.approx(0.25 * head.item())
-    first = trainer_for(dataclasses.replace(cfg, out_dir=str(tmp_path / "first"), sst_phrases_order="first"))
+    first = trainer_for(dataclasses.replace(cfg, out_dir=str(tmp_path / "first"),
+                                            sst_phrases=dataclasses.replace(cfg.sst_phrases, order="first")))
     plan = first.schedule.epoch_plan(0)
     assert [s for s, _ in plan[:3]] == ["phrases"] * 3 and "phrases" not in {s for s, _ in plan[3:]}
 
@@ -129,8 +129,8 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
 def test_phrases_take_their_own_batch_size_under_even_batching(tiny_env, tmp_path):
     """--sst-phrases-batch-size: the phrase stream's batches hold that many phrases, shuffled among the tasks'
     batches of --batch-size (even batching), the epoch's phrases unchanged in number."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases="sst-phrases-train.csv", sst_phrases_per_epoch=24,
-                            sst_phrases_batch_size=12)
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases={"file": "sst-phrases-train.csv", "per_epoch": 24,
+                                                                     "batch_size": 12})
     plan = trainer_for(cfg).schedule.epoch_plan(0)
     sizes: dict[str, set[int]] = {}
     for stream, batch in plan:
@@ -416,8 +416,8 @@ def test_resume_with_objective_state_is_bit_identical(tiny_env, tmp_path, object
 def test_resume_with_phrases_draws_the_same_phrases(tiny_env, tmp_path):
     """A run with --sst-phrases cut mid-epoch and resumed trains the same phrase batches as the whole run: it ends
     with the same weights and the same per-epoch phrase losses, bit for bit."""
-    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 9, sst_phrases="sst-phrases-train.csv",
-                                      sst_phrases_per_epoch=24, checkpoint_every=4)
+    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 9, sst_phrases={"file": "sst-phrases-train.csv",
+                                                                          "per_epoch": 24}, checkpoint_every=4)
     assert [r["train"]["phrases/loss"] for r in full.history] == [r["train"]["phrases/loss"] for r in resumed.history]
 
 

@@ -1,0 +1,180 @@
+"""The versions of a run's config.json, and the migrations that upgrade an old one to today's.
+
+Every config.json a run or checkpoint writes records the version of its format (``config_version``) and the
+versions of this package and of torch that wrote it, as transformers records ``transformers_version``. A saved
+run's file is read by upgrading it one version at a time through MIGRATIONS, as fairseq upgrades old checkpoint
+arguments: migration i turns a file of version i into one of version i + 1, and its docstring says what changed.
+Version 0 is every file written before versions were recorded.
+
+A file of some fields (``--config`` of one's own) is not a saved run: it records no version and lacks fields
+that every saved run holds (UNVERSIONED_FIELDS); nothing is filled in for it, and the settings it leaves out take
+today's defaults (TrainConfig.from_dict). It may name its settings as version 1 did or as today's: it goes through
+the migrations after version 1, each of which leaves today's names as they are.
+
+Usage:
+    d = upgrade(read_json(path))          # today's names: a saved run upgraded, a file of some fields renamed only
+    fields_of(TrainConfig) == MIGRATIONS[-1].fields   # tests/test_config_versions.py: a new field needs a version
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+VERSION_KEY = "config_version"
+
+
+SOFTWARE_KEYS = ("minbert_multitask_version", "torch_version")  # what wrote the file: recorded, never read back
+
+
+def fields_of(cls: type, prefix: str = "") -> frozenset[str]:
+    """Every field path of dataclass ``cls`` as config.json holds it: a nested config's fields dotted
+    ("model.arch"), a mapping (objectives) one field."""
+    hints = typing.get_type_hints(cls)
+    out: set[str] = set()
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            out |= fields_of(hints[f.name], f"{prefix}{f.name}.")
+        else:
+            out.add(prefix + f.name)
+    return frozenset(out)
+
+
+def _paths(d: dict[str, Any]) -> set[str]:
+    """The field paths of a JSON config: the keys of "model" (an object) dotted, every other key one path."""
+    model = d.get("model")
+    return (set(d) - {"model"}) | {f"model.{k}" for k in model} if isinstance(model, dict) else set(d)
+
+
+# ---- version 0: the files written before versions were recorded ----
+
+# The fields of the first TrainConfig's config.json: every run saved since holds them.
+UNVERSIONED_FIELDS = frozenset((
+    "batch_size", "bf16", "checkpoint_every", "compile", "data_dir", "dev_max_examples", "device", "encoder_dropout",
+    "epochs", "eval_batch_size", "grad_clip", "limit", "log_every", "loss_weights", "lr", "lr_decay", "lr_schedule",
+    "max_length", "max_train_examples", "nli", "objectives", "out_dir", "pretrained", "schedule", "seed",
+    "task_batch_size", "tasks", "warmup", "weight_decay", "model.arch", "model.baseline_proj_size", "model.fcn_size",
+    "model.head_dropout", "model.pair_encoding", "model.pooling", "model.sts_scale"))
+
+
+# Each field added while versions were not recorded, with the value a run saved before it trained with: every one
+# came in off, or set as the runs before it had it.
+UNVERSIONED_ADDITIONS: dict[str, Any] = {
+    "lp_epochs": 0, "lp_lr": None, "swa_epochs": 0, "swa_lr": 1e-5, "predict_train": False,  # LP-FT, SWA, logits
+    "final_dev": "full", "fused_adamw": False, "gradient_checkpointing": False, "deterministic": False,
+    "layer_lr_decay": 1.0, "head_lr_scale": 1.0,  # one learning rate for every layer, the heads' too
+    "train_subsets": "fresh", "pair_swap": 0.0, "symmetric_eval": False, "sts_prior": 0.0, "sst_prior": 0.0,
+    "sst_prior_model": None, "report_to": [], "sst_phrases": None, "sst_phrases_per_epoch": 8544,
+    "sst_phrases_batch_size": None, "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0,
+    "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0, "task_files": [],
+    "freeze_encoder": False}
+
+
+def from_unversioned(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 0 -> 1: a run saved before config.json recorded its version holds the first TrainConfig's fields
+    and those added before it was written; each field added since takes the value the run trained with
+    (UNVERSIONED_ADDITIONS), and the STS prior's encoder, which was --pretrained's before it had its own setting,
+    takes ``pretrained``'s value."""
+    return {**UNVERSIONED_ADDITIONS, "sts_prior_model": d.get("pretrained"), **d}
+
+
+# ---- version 2: settings of one feature nested, as the heads' are ----
+
+# Version 1's flat fields -> (the nested config, its field) of version 2; the flags keep the flat names.
+NESTED_SETTINGS = {
+    "sts_prior": ("priors", "sts_weight"), "sts_prior_model": ("priors", "sts_model"),
+    "sst_prior": ("priors", "sst_weight"), "sst_prior_model": ("priors", "sst_model"),
+    "sst_phrases": ("sst_phrases", "file"), "sst_phrases_per_epoch": ("sst_phrases", "per_epoch"),
+    "sst_phrases_batch_size": ("sst_phrases", "batch_size"), "sst_phrases_min_words": ("sst_phrases", "min_words"),
+    "sst_phrases_weight": ("sst_phrases", "weight"), "sst_phrases_order": ("sst_phrases", "order"),
+    "lp_epochs": ("lpft", "epochs"), "lp_lr": ("lpft", "lr"), "swa_epochs": ("swa", "epochs"), "swa_lr": ("swa", "lr")}
+
+
+def nest_settings(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 1 -> 2: the settings of the priors, the SST phrases, LP-FT and SWA move from flat fields into a
+    nested config each, as ``model`` holds the heads': "sts_prior" -> "priors": {"sts_weight"}, "sst_phrases"
+    (the file) and "sst_phrases_<x>" -> "sst_phrases": {"file", "<x>"}, "lp_<x>" -> "lpft": {"<x>"}, "swa_<x>" ->
+    "swa": {"<x>"} (NESTED_SETTINGS). A setting already nested stays (a file of some fields may be written either
+    way); one given both ways is a ValueError naming both."""
+    out = {k: v for k, v in d.items() if k not in NESTED_SETTINGS or isinstance(v, dict)}
+    for flat, (name, field) in NESTED_SETTINGS.items():
+        if flat not in d or isinstance(d[flat], dict):
+            continue
+        nested = out.get(name, {})
+        if not isinstance(nested, dict):
+            raise ValueError(f"{name}: {nested!r} is not an object of its settings")
+        if field in nested:
+            raise ValueError(f"{flat} and {name}.{field} are one setting: give it once")
+        out[name] = {**nested, field: d[flat]}
+    return out
+
+
+def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
+    return frozenset(".".join(names[f]) if f in names else f for f in fields)
+
+
+# ---- the table ----
+
+@dataclass(frozen=True)
+class Migration:
+    """One step of config.json's format: ``upgrade`` turns a file of the version before into one of this
+    version, whose field paths are ``fields``."""
+
+    upgrade: Callable[[dict[str, Any]], dict[str, Any]]
+    fields: frozenset[str]
+
+
+_VERSION_1 = UNVERSIONED_FIELDS | {"sts_prior_model", *UNVERSIONED_ADDITIONS}
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    Migration(from_unversioned, _VERSION_1),
+    Migration(nest_settings, _renamed(_VERSION_1, NESTED_SETTINGS)),
+)
+
+
+CONFIG_VERSION = len(MIGRATIONS)  # the version today's TrainConfig writes
+
+
+@functools.cache
+def software_versions() -> dict[str, str]:
+    """The versions of this package and of torch, as config.json records them (the package's where installed)."""
+    out = {}
+    try:
+        out["minbert_multitask_version"] = importlib.metadata.version("minbert-multitask")
+    except importlib.metadata.PackageNotFoundError:
+        pass  # a checkout on PYTHONPATH: no installed metadata to name
+    out["torch_version"] = torch.__version__
+    return out
+
+
+def upgrade(d: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with today's fields.
+
+    A file that records its version is a saved run of that version; one without it is a run saved before versions
+    were recorded (version 0) when it holds every UNVERSIONED_FIELDS path, else a file of some fields, read from
+    version 1 on (nothing filled in). It goes through every migration from its version on. The version keys are
+    removed; a version this code does not know is a ValueError saying which it reads.
+    """
+    d = dict(d)
+    for key in SOFTWARE_KEYS:
+        d.pop(key, None)
+    if VERSION_KEY not in d:
+        version = 0 if UNVERSIONED_FIELDS <= _paths(d) else 1
+    else:
+        version = d.pop(VERSION_KEY)
+        if isinstance(version, bool) or not isinstance(version, int) or version < 0:
+            raise ValueError(f"{VERSION_KEY}: {version!r} is not a version (a whole number, 0 to {CONFIG_VERSION})")
+        if version > CONFIG_VERSION:
+            raise ValueError(f"{VERSION_KEY} {version} was written by a newer minbert-multitask, which this one "
+                             f"(config versions 0 to {CONFIG_VERSION}) cannot read: upgrade it to load this run")
+    for migration in MIGRATIONS[version:]:
+        d = migration.upgrade(d)
+    return d

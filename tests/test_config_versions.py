@@ -1,0 +1,215 @@
+"""Tests of tasks/config_versions.py: a saved run of every config.json format this project has written loads as it
+ran, evaluates and resumes; a field added to a config without a new version and its migration fails here.
+
+tests/saved_configs/ holds one config.json of a tiny run per format, as the code of that format wrote it (the
+file named v0-<commit> by TrainConfig.to_dict at that commit, v<N> by version N's), its machine's paths written
+<pretrained>, <data> and <out>. Version 0 is every file written before config.json recorded its version.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tasks import train as cli
+from tasks.config import TrainConfig
+from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
+                                   fields_of)
+from tests.helpers import unversioned
+
+SAVED = Path(__file__).parent / "saved_configs"
+
+
+def _version(path: Path) -> int:
+    return int(path.stem.split("-")[0][1:])
+
+
+FIXTURES = sorted(SAVED.glob("v*.json"), key=lambda p: (_version(p), p.stem))
+
+
+def _saved(path: Path, env: tuple[Path, Path], out: Path) -> dict:
+    """A fixture's config.json with this machine's paths."""
+    pretrained, data = env
+    text = path.read_text().replace("<pretrained>", str(pretrained)).replace("<data>", str(data))
+    return json.loads(text.replace("<out>", str(out)))
+
+
+def _paths(d: dict, version: int) -> set[str]:
+    """The field paths of a config.json of ``version`` (its nested configs' fields dotted), without the marker and
+    the versions."""
+    fields = MIGRATIONS[max(version, 1) - 1].fields
+    out = set()
+    for key, value in d.items():
+        if key == "model_type" or key.endswith("_version"):
+            continue
+        nested = any(f.startswith(f"{key}.") for f in fields)
+        out |= {f"{key}.{k}" for k in value} if nested else {key}
+    return out
+
+
+def test_trainconfig_has_the_fields_of_the_version_it_writes():
+    """TrainConfig's fields (nested configs' dotted) are the fields of the last version in the migration table: a
+    field added, renamed or removed without a new version and its migration fails here."""
+    assert CONFIG_VERSION == len(MIGRATIONS)
+    assert fields_of(TrainConfig) == MIGRATIONS[-1].fields, (
+        "TrainConfig's fields differ from config.json version "
+        f"{CONFIG_VERSION}'s: added {sorted(fields_of(TrainConfig) - MIGRATIONS[-1].fields)}, gone "
+        f"{sorted(MIGRATIONS[-1].fields - fields_of(TrainConfig))}; add a version to tasks/config_versions.py "
+        "(a migration that upgrades the last version's files to it, and its fixture in tests/saved_configs/)")
+
+
+def test_there_is_a_fixture_of_every_version_and_each_holds_its_versions_fields():
+    """Every version has its fixture; a versioned one holds exactly its version's fields, an unversioned one the
+    first TrainConfig's and some of those added before versions were recorded."""
+    assert {_version(p) for p in FIXTURES} == set(range(CONFIG_VERSION + 1))
+    for path in FIXTURES:
+        d = json.loads(path.read_text())
+        version = d.pop("config_version", 0)
+        assert version == _version(path), path.name
+        if version == 0:
+            assert UNVERSIONED_FIELDS <= _paths(d, 0) <= MIGRATIONS[0].fields, path.name
+        else:
+            assert _paths(d, version) == MIGRATIONS[version - 1].fields, path.name
+
+
+def test_today_writes_the_last_versions_fixture(tiny_env, tmp_path):
+    """The fixture of the last version is what TrainConfig.to_dict writes today for the same settings (but the
+    software versions): a change of the written format needs a new version."""
+    last = [p for p in FIXTURES if _version(p) == CONFIG_VERSION]
+    saved = _saved(last[0], tiny_env, tmp_path / "run")
+    written = TrainConfig.from_dict(saved, complete=True).to_dict()
+    drop = ("minbert_multitask_version", "torch_version")
+    assert json.loads(json.dumps({k: v for k, v in written.items() if k not in drop})) == \
+        {k: v for k, v in saved.items() if k not in drop}
+
+
+@pytest.mark.parametrize("path", [p for p in FIXTURES if _version(p) == 0], ids=lambda p: p.stem)
+def test_a_run_saved_before_versions_loads_as_it_ran(path, tiny_env, tmp_path):
+    """A config.json without a version holds its own values, and every field added after it was written takes
+    the value the run trained with: each such field came in off (LP-FT, SWA, priors, phrases, ...), the fused
+    AdamW step and per-layer learning rates too, and the STS prior's encoder was --pretrained's."""
+    saved = _saved(path, tiny_env, tmp_path / "run")
+    cfg = TrainConfig.from_dict(saved, complete=True)
+    loaded = unversioned(cfg.to_dict())  # in the names of the file's time
+    assert {k: loaded[k] for k in saved if k != "model_type"} == {k: v for k, v in saved.items() if k != "model_type"}
+    absent = set(MIGRATIONS[0].fields) - _paths(saved, 0)
+    expected = {"lp_epochs": 0, "lp_lr": None, "swa_epochs": 0, "swa_lr": 1e-5, "predict_train": False,
+                "final_dev": "full", "fused_adamw": False, "gradient_checkpointing": False, "deterministic": False,
+                "layer_lr_decay": 1.0, "head_lr_scale": 1.0, "train_subsets": "fresh", "pair_swap": 0.0,
+                "symmetric_eval": False, "sts_prior": 0.0, "sts_prior_model": saved["pretrained"], "sst_prior": 0.0,
+                "sst_prior_model": None, "report_to": [], "sst_phrases": None, "sst_phrases_per_epoch": 8544,
+                "sst_phrases_batch_size": None, "sst_phrases_min_words": 1, "sst_phrases_weight": 1.0,
+                "sst_phrases_order": "mixed", "save_only_model": False, "reinit_layers": 0, "task_files": [],
+                "freeze_encoder": False}
+    assert set(expected) == set(UNVERSIONED_ADDITIONS) | {"sts_prior_model"}
+    assert {k: loaded[k] for k in absent} == {k: expected[k] for k in absent}
+
+
+def test_a_file_of_some_fields_takes_todays_defaults(tmp_path):
+    """A file without a version that lacks fields every saved run holds is one's own --config: nothing is filled
+    in for it; what it leaves out takes today's defaults, and a checkpoint's config may not be such a file."""
+    cfg = TrainConfig.from_dict({"epochs": 2, "lr": 1e-3})
+    assert dataclasses.replace(cfg, epochs=3, lr=1e-4) == TrainConfig()
+    almost = json.loads((SAVED / "v0-3cf84b3.json").read_text())
+    del almost["seed"]
+    cfg = TrainConfig.from_dict(almost)
+    assert (cfg.priors.sst_weight, cfg.priors.sts_weight, cfg.fused_adamw) == (0.5, 0.5, True)  # today's defaults
+    with pytest.raises(ValueError, match=r"not a complete run configuration: missing \[.*'seed'"):
+        TrainConfig.from_dict(almost, complete=True)
+
+
+@pytest.mark.parametrize("version, message", [
+    (CONFIG_VERSION + 1, f"config_version {CONFIG_VERSION + 1} was written by a newer minbert-multitask"),
+    ("1", "config_version: '1' is not a version"), (-1, "config_version: -1 is not a version"),
+    (True, "config_version: True is not a version")])
+def test_a_version_this_code_cannot_read_is_refused_naming_it(version, message):
+    saved = {**TrainConfig().to_dict(), "config_version": version}
+    with pytest.raises(ValueError, match=message):
+        TrainConfig.from_dict(saved)
+
+
+def test_a_saved_run_names_what_wrote_it():
+    """config.json records its format's version and the package's and torch's (as transformers_version)."""
+    import torch
+
+    d = TrainConfig().to_dict()
+    assert d["config_version"] == CONFIG_VERSION and d["torch_version"] == torch.__version__
+    assert TrainConfig.from_dict(d) == TrainConfig()
+
+
+# ---- end to end: load, evaluate, resume ---------------------------------------------------------------------------
+
+END_TO_END = [p for p in FIXTURES if p.stem in ("v0-3cf84b3", "v0-15ee338") or _version(p) > 0]
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("path", END_TO_END, ids=lambda p: p.stem)
+def test_a_saved_run_of_each_version_evaluates_and_resumes(path, tiny_env, tmp_path):
+    """A run whose config.json files are the fixture's (the weights trained here from the same settings):
+    --eval-only re-predicts its best checkpoint byte for byte, and --resume trains a second epoch from it."""
+    run, saved = tmp_path / "run", tmp_path / "config.json"
+    saved.write_text(json.dumps(_saved(path, tiny_env, run)))
+    cli.main(["--config", str(saved)])
+    for where in (run, run / "checkpoints" / "best", run / "checkpoints" / "last"):
+        shutil.copyfile(saved, where / "config.json")  # the run as the fixture's version left it
+
+    cli.main(["--eval-only", "--out-dir", str(tmp_path / "eval"), "--checkpoint", str(run / "checkpoints" / "best")])
+    for name in sorted(p.name for p in (run / "predictions").iterdir()):
+        assert (tmp_path / "eval" / "predictions" / name).read_bytes() == (run / "predictions" / name).read_bytes()
+
+    final = cli.main(["--resume", "--out-dir", str(run), "--epochs", "2"])
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["epoch"] for r in records if not r.get("final")] == [1, 2] and "dev" in final
+    resumed = json.loads((run / "checkpoints" / "last" / "config.json").read_text())
+    assert resumed["config_version"] == CONFIG_VERSION and resumed["epochs"] == 2
+    assert TrainConfig.from_dict(resumed) == dataclasses.replace(TrainConfig.from_dict(json.loads(
+        saved.read_text())), epochs=2)
+
+
+# ---- version 2: settings of one feature nested --------------------------------------------------------------------
+
+
+def test_one_run_saved_by_each_version_since_the_last_unversioned_loads_to_one_config(tiny_env, tmp_path):
+    """The last unversioned fixture, version 1's and version 2's hold the same run: they load to the same
+    TrainConfig (version 1's flat priors, phrases, LP-FT and SWA settings nested by the migration)."""
+    loaded = [TrainConfig.from_dict(_saved(SAVED / name, tiny_env, tmp_path), complete=True)
+              for name in ("v0-15ee338.json", "v1.json", "v2.json")]
+    assert loaded[0] == loaded[1] == loaded[2]
+    assert loaded[2].priors.sts_weight == 0.0 and loaded[2].sst_phrases.file is None and loaded[2].swa.lr == 1e-5
+
+
+def test_a_file_of_some_fields_names_a_setting_flat_or_nested_but_once():
+    """A --config file of one's own may name a nested setting as version 1 did ("swa_epochs") or as today's
+    ("swa": {"epochs"}); naming it both ways is refused naming both."""
+    flat = TrainConfig.from_dict({"sts_prior": 0.25, "swa_epochs": 2, "sst_phrases": "none", "lp_epochs": 1})
+    nested = TrainConfig.from_dict({"priors": {"sts_weight": 0.25}, "swa": {"epochs": 2},
+                                    "sst_phrases": {"file": None}, "lpft": {"epochs": 1}})
+    assert flat == nested == TrainConfig(priors={"sts_weight": 0.25}, swa={"epochs": 2}, sst_phrases={"file": None},
+                                         lpft={"epochs": 1})
+    assert TrainConfig.from_dict({"sst_phrases_weight": 2.0, "sst_phrases": {"order": "first"}}).sst_phrases == \
+        dataclasses.replace(TrainConfig().sst_phrases, weight=2.0, order="first")
+    with pytest.raises(ValueError, match=r"swa_lr and swa\.lr are one setting: give it once"):
+        TrainConfig.from_dict({"swa_lr": 1e-4, "swa": {"lr": 1e-3}})
+    with pytest.raises(ValueError, match=r"unknown SwaConfig field\(s\) \['rate'\]"):
+        TrainConfig.from_dict({"swa": {"rate": 1e-3}})
+    with pytest.raises(ValueError, match=r"priors\.sts_weight: 'x' is not a number"):
+        TrainConfig.from_dict({"sts_prior": "x"})
+
+
+def test_a_nested_setting_in_a_config_file_is_one_line_and_exit_2(tmp_path, capsys):
+    """A --config file naming a setting both ways ends in the command's one error line naming the file and the
+    setting, exit 2, no traceback."""
+    from tasks.arguments import config_for
+
+    (tmp_path / "both.json").write_text('{"swa_epochs": 1, "swa": {"epochs": 2}}')
+    with pytest.raises(ValueError, match=r"--config .*both\.json: swa_epochs and swa\.epochs are one setting"):
+        config_for(["--config", str(tmp_path / "both.json")])
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--config", str(tmp_path / "both.json"), "--out-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("train_multitask.py: error: --config ")
