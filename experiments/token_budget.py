@@ -23,7 +23,7 @@ from tasks import arguments
 from tasks.cli import Parser, describe, user_errors
 from tasks.config import TrainConfig
 from tasks.selection import load_run_data
-from tasks.training.trainer import build_schedule
+from tasks.training.optim import build_schedule
 
 
 def example_tokens(dataset) -> list[int]:

@@ -52,7 +52,7 @@ from tasks.checkpoint import load_optimizer_state, optimizer_state
 from tasks.storage import atomic_directory, load_tensors, read_json, save_tensors, write_json
 from tasks.options import option
 from tasks.training.progress import RunClock, duration
-from tasks.training.trainer import parameter_groups, warmup_linear
+from tasks.training.optim import parameter_groups, warmup_linear
 from tasks.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
 
 log = logging.getLogger(__name__)
