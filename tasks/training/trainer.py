@@ -37,8 +37,9 @@ The ``Trainer`` (multitask fine-tuning):
    trainable, a fresh optimizer at constant ``swa_lr``, epochs that are not
    evaluated nor checkpointed, whose average SWA's hook scores at the end.
 
-Determinism: batches come from explicit generators (a pure function of seed
-and epoch); dropout draws from torch's global RNG, whose state is saved with
+Determinism: the Trainer's batches come from explicit generators (a pure
+function of seed and epoch; MLM's collator keeps its generator's state in the
+checkpoint); dropout draws from torch's global RNG, whose state is saved with
 every checkpoint, so ``resume_from`` continues bit for bit on CPU.
 
 Throughput: losses stay tensors on the device; the log's hook reads them back
