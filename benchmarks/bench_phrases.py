@@ -36,7 +36,8 @@ from tasks.model import PHRASES
 from tasks.options import replace_at
 from tasks.runtime import configure_malloc, synchronize
 from tasks.training import lpft
-from tasks.training.trainer import Trainer, build_schedule
+from tasks.training.optim import build_schedule
+from tasks.training.trainer import Trainer
 
 
 def phrase_key(batch_size: int) -> str:

@@ -25,7 +25,7 @@ from tasks.cli import Parser, describe, user_errors
 from tasks.config import TrainConfig
 from tasks.options import add_options, option
 from tasks.selection import load_run_data
-from tasks.training.trainer import build_schedule
+from tasks.training.optim import build_schedule
 
 
 def example_tokens(dataset) -> list[int]:

@@ -9,7 +9,7 @@ the checkpoint has one (bert-base-uncased does) and creates it fresh otherwise
 the tensors of an HF ``BertForMaskedLM`` checkpoint (the tied decoder weight
 stored once); ``load_pretrained(DIR)`` loads such a checkpoint's encoder (its
 ``cls.*`` head goes to the "other" tensors, which it does not use). Pretraining
-with it: tasks/training/mlm.py.
+with it: tasks/training/pretraining.py.
 
 Usage:
     mlm, tokenizer, had_head = load_mlm()               # embedded MiniLM + a new head

@@ -407,19 +407,47 @@ def save_encoder_files(directory: Path, encoder: nn.Module, tokenizer: Any, *, m
         "pooling_mode_mean_sqrt_len_tokens": False})
 
 
+def write_training_state(directory: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer,
+                         param_names: list[str], state: dict) -> None:
+    """The files of every checkpoint a training loop resumes (tasks.training.trainer.Loop: fine-tuning's and MLM
+    pretraining's): model.safetensors, optimizer.safetensors and optimizer.json, state.json."""
+    save_tensors(directory / "model.safetensors", model.state_dict())
+    tensors, meta = optimizer_state(optimizer, param_names)
+    save_tensors(directory / "optimizer.safetensors", tensors)
+    write_json(directory / "optimizer.json", meta)
+    write_json(directory / "state.json", state)
+
+
+def load_weights(model: nn.Module, ckpt: Path, device: torch.device | str = "cpu") -> None:
+    """Checkpoint ``ckpt``'s model.safetensors into ``model``."""
+    model.load_state_dict(load_tensors(ckpt / "model.safetensors", device))
+
+
+def load_training_state(ckpt: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, param_names: list[str],
+                        device: torch.device | str = "cpu") -> None:
+    """The weights and the optimizer state ``write_training_state`` wrote, into ``model`` and ``optimizer`` (its
+    parameters named ``param_names``: they must be the checkpoint's). state.json is read where the checkpoint is
+    checked (``resume_point``, ``read_state``)."""
+    load_weights(model, ckpt, device)
+    load_optimizer_state(optimizer, load_tensors(ckpt / "optimizer.safetensors", device),
+                         read_json(ckpt / "optimizer.json"), param_names)
+
+
+def read_state(ckpt: Path) -> dict | None:
+    """The state.json of checkpoint directory ``ckpt``; None when there is none (no checkpoint there yet)."""
+    path = ckpt / "state.json"
+    return read_json(path) if path.is_file() else None
+
+
 def write_checkpoint(directory: Path, *, model: MultitaskBert, objectives: Sequence[nn.Module],
                      optimizer: torch.optim.Optimizer, param_names: list[str], state: dict, config: TrainConfig,
                      tokenizer: Any, sst_prior: dict[str, torch.Tensor] | None = None) -> None:
     """Write every file of a checkpoint (the module docstring) into ``directory``, a fresh folder the caller
     swaps in (``atomic_directory``)."""
-    save_tensors(directory / "model.safetensors", model.state_dict())
+    write_training_state(directory, model=model, optimizer=optimizer, param_names=param_names, state=state)
     obj_state = objectives_state(objectives, model)
     if obj_state:
         save_tensors(directory / "objectives.safetensors", obj_state)
-    tensors, meta = optimizer_state(optimizer, param_names)
-    save_tensors(directory / "optimizer.safetensors", tensors)
-    write_json(directory / "optimizer.json", meta)
-    write_json(directory / "state.json", state)
     write_json(directory / "config.json", config.to_dict())
     if sst_prior is not None:
         save_tensors(directory / SST_PRIOR_FILE, sst_prior)

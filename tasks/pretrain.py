@@ -1,8 +1,8 @@
 """The pretrain command: additional masked-LM pretraining of the encoder on the task sentences.
 
-A thin command over tasks.training.mlm, which holds the MLM head, the
-pretraining loop and its resumable state: this module parses the flags, picks
-the sentences and writes the checkpoint.
+A thin command over tasks.training.pretraining, which runs the masking
+collator and the MLM loss (tasks/training/mlm.py) on the training loop and
+writes the checkpoint: this module parses the flags and picks the sentences.
 
 Sun et al. (2020), "How to fine-tune BERT for text classification?", further
 pretrain on in-domain text before fine-tuning; the minBERT paper (§4.2,
@@ -18,15 +18,15 @@ drawn afresh for every batch (dynamic masking) from one seeded generator. The
 loss is cross-entropy over the chosen positions only; the MLM head's vocabulary
 projection runs on those positions only, not on every token.
 
-The MLM head and its checkpoint format are in tasks.training.mlm. The result is a
-Hugging Face ``BertForMaskedLM`` checkpoint directory (``save_mlm_checkpoint``)
-plus pretrain_config.json and pretrain_log.jsonl; ``train_multitask.py
+The MLM head is minbert's (minbert/mlm.py). The result is a Hugging Face
+``BertForMaskedLM`` checkpoint directory (``save_mlm_checkpoint``) plus
+pretrain_config.json and pretrain_log.jsonl; ``train_multitask.py
 --pretrained DIR`` loads its encoder.
 
 A long run resumes: every ``--checkpoint-every`` steps the whole state goes
-to ``<out-dir>.partial/state`` (atomically), and the same command again continues
-from it to the uninterrupted run's weights, bit for bit (other settings or
-data are refused). The log is ``<out-dir>.partial/pretrain.log`` while the run
+to ``<out-dir>.partial/checkpoints/last`` (atomically, a checkpoint of the
+training loop), and the same command again continues from it to the
+uninterrupted run's weights, bit for bit (other settings or data are refused). The log is ``<out-dir>.partial/pretrain.log`` while the run
 runs (a failed run's ends with its error) and moves into the checkpoint with it;
 ``<out-dir>.partial`` is removed once the checkpoint is written. On a CPU the
 steps run in fp32 unless ``--bf16`` asks for autocast.
@@ -56,19 +56,11 @@ from minbert.mlm import load_mlm
 from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser, user_errors
 from tasks.logs import log_to, open_log
-from tasks.task import MULTITASK, task_names
+from tasks.task import MULTITASK, load_split, task_names
 from tasks.options import add_options, option, options_of
 from tasks.outdir import LOCK_FILE, take_lock
-from tasks.training.mlm import (
-    PretrainConfig,
-    check_replaceable,
-    collect_sentences,
-    make_eval_batches,
-    partial_dir,
-    pretrain,
-    save_mlm_checkpoint,
-    shuffled,
-)
+from tasks.training.mlm import make_eval_batches
+from tasks.training.pretraining import PretrainConfig, check_replaceable, pretrain, save_mlm_checkpoint
 from tasks.training.progress import duration
 
 log = logging.getLogger(__name__)
@@ -93,6 +85,33 @@ class PretrainArgs:
                                        "0 = none", metavar="N")
     checkpoint_every: int = option(500, "write the state for resuming to <out-dir>.partial every N steps (0: "
                                         "never); the same command again continues from it", metavar="N")
+
+
+def collect_sentences(data_dir: str | os.PathLike[str], split: str = "train",
+                      tasks: Sequence[str] = MULTITASK) -> list[str]:
+    """Every distinct sentence of the tasks' ``split`` files (SST sentences, both sides of pairs), first-seen order."""
+    seen: dict[str, None] = {}
+    for task in tasks:
+        loaded = load_split(task, split, data_dir)
+        if loaded is None:  # only a test split can be absent
+            continue
+        for ex in loaded[0]:
+            for text in (ex.text_a, ex.text_b):
+                if text:
+                    seen.setdefault(text, None)
+    return list(seen)
+
+
+def shuffled(items: Sequence[str], seed: int) -> list[str]:
+    """A seeded permutation of ``items`` (torch's generator: the same on every platform)."""
+    g = torch.Generator().manual_seed(seed)
+    return [items[i] for i in torch.randperm(len(items), generator=g).tolist()]
+
+
+def partial_dir(out_dir: str | os.PathLike[str]) -> Path:
+    """Where a run writing ``out_dir`` keeps its log, lock and state for resuming (``<out-dir>.partial``)."""
+    out = Path(out_dir)
+    return out.with_name(out.name + ".partial")
 
 
 def build_parser() -> Parser:
@@ -162,12 +181,12 @@ def _main(argv: Sequence[str] | None) -> Path:
         eval_data = make_eval_batches(tokenizer, eval_sentences, config.max_length, 64, config.seed + 1,
                                       config.mlm_probability)
     source = str(resolve_model_dir(args.pretrained))
-    state = partial / "state"
     identity = {"source_checkpoint": source, "train_sentences_sha256": hashlib.sha256(
         "\n".join(train).encode()).hexdigest(), "eval_sentences": len(eval_sentences)}
     if args.checkpoint_every:
-        log.info("state for resuming: %s, every %d steps (removed when done)", state, args.checkpoint_every)
-    records = pretrain(mlm, tokenizer, train, config, eval_data, state_dir=state,
+        log.info("state for resuming: %s, every %d steps (removed when done)", partial / "checkpoints" / "last",
+                 args.checkpoint_every)
+    records = pretrain(mlm, tokenizer, train, config, eval_data, run_dir=partial,
                        checkpoint_every=args.checkpoint_every, identity=identity)
     run_info = {"source_checkpoint": source, "mlm_head_from_checkpoint": had_head, "data_dir": args.data_dir,
                 "tasks": args.tasks, "sentences": len(train), "distinct_train_sentences": n_distinct,

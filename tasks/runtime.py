@@ -334,6 +334,15 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
 
 
+def encode_state(state: torch.Tensor) -> str:
+    """An RNG state (``torch.Generator.get_state()``) as text for a JSON checkpoint; ``decode_state`` inverts it."""
+    return _b64(state)
+
+
+def decode_state(text: str) -> torch.Tensor:
+    return _unb64(text)
+
+
 def _cuda_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 

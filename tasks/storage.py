@@ -209,7 +209,7 @@ def remove_stale_temporaries(directory: Path, keep: Path | None = None) -> None:
 
 
 @contextlib.contextmanager
-def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
+def atomic_directory(final: str | os.PathLike[str], *, user_folder: bool = False) -> Iterator[Path]:
     """Yield a fresh temporary directory beside ``final``; on success it replaces ``final``.
 
     The swap is two renames (old ``final`` -> ``final.old``, temporary ->
@@ -219,26 +219,40 @@ def atomic_directory(final: str | os.PathLike[str]) -> Iterator[Path]:
     version at ``final.old`` (a reader of checkpoints finds it there). A process
     killed mid-write leaves its temporary (named by ``temporary_prefix``): the
     next write into the same folder deletes it.
+
+    ``user_folder``: ``final``'s folder is the user's (a command's --out-dir), where a ``final.old`` or a
+    temporary-looking name may be the user's own: nothing there but ``final`` is touched (no clean-up of other
+    writers' leftovers), and the previous version waits under a fresh hidden name while the two renames run.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
-    remove_stale_temporaries(final.parent)
+    if not user_folder:
+        remove_stale_temporaries(final.parent)
     tmp = Path(tempfile.mkdtemp(prefix=temporary_prefix(final.name), dir=final.parent))
+    aside: Path | None = None
     try:
         yield tmp
         _public(tmp)
         _fsync_tree(tmp)
-        old = final.with_name(final.name + OLD_SUFFIX)
-        if old.exists():
-            shutil.rmtree(old)
+        if user_folder:
+            aside = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=OLD_SUFFIX, dir=final.parent))
+            old = aside / final.name
+        else:
+            old = final.with_name(final.name + OLD_SUFFIX)
+            if old.exists():
+                shutil.rmtree(old)
         if final.exists():
             os.replace(final, old)
         os.replace(tmp, final)
         _fsync_path(final.parent)
         if old.exists():
             shutil.rmtree(old)
+        if aside is not None:
+            aside.rmdir()
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
+        if aside is not None and aside.is_dir() and not any(aside.iterdir()):
+            aside.rmdir()  # a previous version swapped aside stays there
         raise
 
 

@@ -31,7 +31,8 @@ from tasks.evaluation.ensemble import predict
 from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import registered_objectives
-from tasks.training.trainer import Hook, Trainer
+from tasks.training.callbacks import Hook, Step
+from tasks.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
@@ -210,7 +211,7 @@ class StopAt(Hook):
     def __init__(self, step: int | None = None, epoch: int | None = None):
         self.at_step, self.at_epoch = step, epoch
 
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, trainer: Trainer, step: Step) -> None:
         if trainer.global_step == self.at_step:
             raise Interrupt
 

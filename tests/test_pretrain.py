@@ -12,7 +12,7 @@ import pytest
 from minbert.bert import BertModel
 from minbert.pretrained import load_pretrained
 from tasks.pretrain import build_parser, config_from_args, main
-from tasks.training.mlm import PretrainConfig
+from tasks.training.pretraining import PretrainConfig
 from tests.helpers import bad_data, tiny_config, write_hf_checkpoint
 
 

@@ -115,6 +115,27 @@ def test_stale_temporary_checkpoints_of_dead_writers_are_removed(tmp_path):
     assert not dead.exists() and live.exists()
 
 
+def test_a_directory_in_a_users_folder_is_replaced_without_touching_its_siblings(tmp_path):
+    """user_folder: the user's own "mlm.old" and a dead writer's temporary beside "mlm" stay; "mlm" is replaced
+    whole; nothing of the write is left beside it; an error inside the block leaves the previous "mlm" as it was."""
+    mine = [tmp_path / "mlm.old", tmp_path / (temporary_prefix("mlm", dead_pid()) + "abc123")]
+    for d in mine:
+        d.mkdir()
+        (d / "keep.txt").write_text("the user's")
+    (tmp_path / "mlm").mkdir()
+    (tmp_path / "mlm" / "old.txt").write_text("previous")
+    with atomic_directory(tmp_path / "mlm", user_folder=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert [p.name for p in (tmp_path / "mlm").iterdir()] == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mlm", *(d.name for d in mine)])
+    assert all((d / "keep.txt").read_text() == "the user's" for d in mine)
+    with pytest.raises(RuntimeError), atomic_directory(tmp_path / "mlm", user_folder=True) as tmp:
+        (tmp / "half.txt").write_text("half")
+        raise RuntimeError
+    assert [p.name for p in (tmp_path / "mlm").iterdir()] == ["new.txt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["mlm", *(d.name for d in mine)])
+
+
 def test_a_full_disk_while_writing_tensors_is_reported_as_a_full_disk(tmp_path, monkeypatch):
     """safetensors reports a failed write as a SafetensorError, not an OSError: it must still read "disk full
     writing <file>", not "truncated or corrupted: use another checkpoint" (what a full disk printed before)."""

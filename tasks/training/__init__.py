@@ -1,16 +1,19 @@
-"""Training: the loop, what plugs into it, and what a run leaves on disk.
+"""Training: one loop, what plugs into it, and what a run leaves on disk.
 
-trainer (the ``Trainer``: one epoch loop for every task, schedule and
-objective), run (a whole run: fit, best checkpoint, SWA, predictions, final
-record), lpft (the linear-probing stage before full fine-tuning), swa
-(stochastic weight averaging after training), checkpoint (atomic checkpoint
-directories of safetensors and JSON), rundir (the run directory, its
-metrics.jsonl and its lock), progress (loss sums, log lines and training.png),
-runtime (device, precision, seeding and memory policy), distributed (torchrun
-data parallel), mlm (masked-LM pretraining of the encoder: head, loop and its
-resumable state).
+trainer (``Loop``: epochs of planned steps, each a batch, an optimizer step
+and events for hooks; ``Trainer``: multitask fine-tuning on it, with its
+LP-FT and SWA stages), callbacks (the hooks' API, ``Hook``, and a run's own
+hooks: log lines and their clock, progress bar, checkpoints every N steps,
+metrics.jsonl, training.png), tensorboard (the --report-to tensorboard hook),
+optim (AdamW's parameter groups, lr factors and schedules, the batch plan),
+run (a fine-tuning run: checks, parts, hooks, fit, predictions, final record),
+lpft (the heads-only stage before full fine-tuning), swa (the averaging stage
+after training), mlm (BERT's masking, the masking collator and the MLM loss),
+pretraining (masked-LM pretraining on the loop and the checkpoint it leaves),
+rundir (the run directory, its metrics.jsonl and its lock), progress (loss
+sums, the run's clock, training.png), distributed (torchrun data parallel).
 
 Usage:
     from tasks.training.run import run
-    summary = run(TrainConfig(out_dir="runs/try"))
+    summary = run(TrainConfig(out_dir="runs/try"))                  # your hooks: run(cfg, hooks=[MyHook()])
 """

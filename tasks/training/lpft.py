@@ -10,7 +10,7 @@ Usage:
     python train_multitask.py --lp-epochs 2 --epochs 3
 
 How the stages map onto the training loop (tasks/training/trainer.py):
-- Epochs are numbered across both stages: epochs 1..lp_epochs are stage "lp",
+- Epochs are numbered across both stages: epochs 1..lpft.epochs are stage "lp",
   the next ``epochs`` are stage "ft". Every metrics.jsonl epoch record carries
   its ``"stage"`` ("ft" for every epoch of a run without LP-FT).
 - Stage "lp": every encoder parameter has ``requires_grad`` False, so the
@@ -28,15 +28,15 @@ How the stages map onto the training loop (tasks/training/trainer.py):
   LP-FT continues from where probing ended).
 - Learning rate: each stage runs ``lr_schedule`` on its own, over its own
   epochs (warmup_linear warms up and decays to 0 within each stage;
-  epoch_decay counts the stage's epochs), with peak ``lp_lr`` (default
+  epoch_decay counts the stage's epochs), with peak ``lpft.lr`` (default
   ``lr``) in stage "lp" and ``lr`` in stage "ft".
 - Best checkpoint: chosen on the dev score over all epochs of both stages
   (the project's one rule); the record of the best epoch names its stage.
 - Resume: the stage is a function of the position (the epoch), and the
   switch happens before the checkpoint at the end of the last "lp" epoch is
   written, so every checkpoint's optimizer belongs to its position's stage:
-  ``--resume`` continues exactly anywhere, mid-stage included. ``lp_epochs``
-  and ``lp_lr`` may not change on resume (they decide what was trained).
+  ``--resume`` continues exactly anywhere, mid-stage included. ``lpft.epochs``
+  and ``lpft.lr`` may not change on resume (they decide what was trained).
 """
 
 from __future__ import annotations

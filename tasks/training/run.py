@@ -1,4 +1,4 @@
-"""A training run, from its checks to its final record: prepare_run -> build_trainer -> fit -> best -> SWA ->
+"""A training run, from its checks to its final record: prepare_run -> build_trainer -> fit (SWA included) ->
 predictions.
 
 Usage:
@@ -7,6 +7,7 @@ Usage:
     summary = run(TrainConfig(out_dir="runs/try"))        # check, train, keep the best epoch, write predictions
     summary = run(cfg, resume_from="runs/try/checkpoints/last")
     plan = prepare_run(cfg); trainer = build_trainer(plan)   # the same steps one by one (a trainer to drive)
+    summary = run(cfg, hooks=[MyHook()])                  # your own hooks see every step, record and evaluation
 
 What a run does (``tasks.config.TrainConfig`` documents every setting):
 1. ``prepare_run``: every check, before any data is read (the command line's,
@@ -17,13 +18,16 @@ What a run does (``tasks.config.TrainConfig`` documents every setting):
 2. ``build_trainer``: lock the run directory, seed, read and tokenize each
    task's train and dev files and the test files (tasks/selection.py), build
    the encoder, the ``MultitaskBert`` heads (tasks/model.py), the objectives
-   (tasks/objectives/) and our AdamW (``build_parts``).
+   (tasks/objectives/) and our AdamW (``build_parts``), and the run's hooks
+   (``run_hooks``: log lines, progress bar, checkpoints every N steps,
+   metrics.jsonl, training.png, TensorBoard), the caller's after them.
 3. ``Trainer.fit``: every epoch of the schedule, dev metrics after each, a
    JSONL record, the plot, checkpoint ``last``, and ``best`` when the overall
-   dev score improved (LP-FT's stages inside the loop, tasks/training/lpft.py).
-4. The best checkpoint is loaded; with ``swa_epochs`` the SWA phase runs from
-   it (tasks/training/swa.py, paper §4.6) and its averaged model replaces the best one
-   when it scores higher on dev.
+   dev score improved (LP-FT's stages inside the loop, tasks/training/lpft.py);
+   with ``swa.epochs`` the SWA stage from the best checkpoint
+   (tasks/training/swa.py, paper §4.6), whose averaged model replaces the best
+   one when it scores higher on dev.
+4. Without SWA, the best checkpoint is loaded.
 5. Dev and test predictions and logits for every task (``Evaluator.write_all``),
    training-set logits too with ``predict_train``, and the final record in
    metrics.jsonl.
@@ -47,10 +51,9 @@ from typing import Any
 import torch
 
 from minbert.pretrained import load_pretrained
-from tasks.checkpoint import ResumePoint, check_same_data, resume_point
+from tasks.checkpoint import ResumePoint, check_encoder, check_same_data, resolve_checkpoint, resume_point
 from tasks.config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
-from tasks.evaluation.evaluator import check_encoder
 from tasks.evaluation.priors import check_prior_models
 from tasks.logs import score_text, size_text
 from tasks.model import MultitaskBert
@@ -60,9 +63,9 @@ from tasks.selection import load_run_data, phrases_file
 from tasks.training import distributed
 from tasks.training.progress import duration
 from tasks.training.rundir import RunDir, check_out_dir
-from tasks.training.swa import run_swa
-from tasks.training.tensorboard import check_available
-from tasks.training.trainer import Hook, Parts, Trainer
+from tasks.training.callbacks import CheckpointEvery, Evaluation, Hook, LogLines, MetricsFile, Plot, ProgressBar
+from tasks.training.tensorboard import ReportToTensorBoard, check_available
+from tasks.training.trainer import Parts, Trainer
 
 logger = logging.getLogger(__name__)
 
@@ -133,10 +136,21 @@ def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
         if plan.resume is not None:
             check_same_data(plan.resume, parts.data or {})
         run_dir.record(cfg, parts.data)
-        return Trainer(cfg, parts, device=device, hooks=hooks, run_dir=run_dir, resume=plan.resume)
+        return Trainer(cfg, parts, device=device, hooks=[*run_hooks(cfg, run_dir), *hooks], run_dir=run_dir,
+                       resume=plan.resume)
     except BaseException as e:
         run_dir.close(e)  # bad data: the lock is freed and a run moved aside by overwrite comes back
         raise
+
+
+def run_hooks(cfg: TrainConfig, run_dir: RunDir) -> list[Hook]:
+    """The hooks of a run with a run directory, in their order: the log and the progress bar, checkpoints every N
+    steps, metrics.jsonl, training.png, and TensorBoard with --report-to tensorboard (rank 0)."""
+    hooks: list[Hook] = [LogLines(cfg.log_every), ProgressBar(), CheckpointEvery(cfg.checkpoint_every),
+                         MetricsFile(run_dir), Plot(run_dir)]
+    if "tensorboard" in cfg.report_to and run_dir.writer:
+        hooks.append(ReportToTensorBoard(run_dir.path / "tensorboard"))
+    return hooks
 
 
 OFFSET_INIT_PAIRS = 256  # training pairs (in file order) that start the baseline's paraphrase offset
@@ -196,20 +210,22 @@ def run_plan(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> dict:
 
 def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     cfg = trainer.cfg
-    summary = trainer.fit()
-    source = trainer.load_best()
+    summary = trainer.fit()  # with swa.epochs, the model holds what predicts: SWA's average when it scored higher
+    swa = summary.get("swa")
+    if swa is None:
+        source = trainer.load_best()
+    else:
+        source = Path(swa["checkpoint"]) if swa["used"] else resolve_checkpoint(trainer.checkpoints / "best")
     logger.info("best epoch %s (dev overall %s)", summary["best"]["epoch"], score_text(summary["best"]["score"]))
-    swa = None
-    if cfg.swa.epochs:
-        swa = run_swa(trainer)  # leaves in the model what predicts: the SWA average when it scored higher
-        source = Path(swa["checkpoint"]) if swa["used"] else source
     if trainer.rank > 0:  # under torchrun rank 0 alone writes the predictions
         return {"final": True, "rank": trainer.rank, "best_epoch": summary["best"]["epoch"],
                 "predictions_from": str(source)}
     logger.info("writing predictions from %s", source)
+    t_final = time.perf_counter()
     final = trainer.evaluator.write_all(trainer.model, trainer.tokenizer, trainer.run_dir.path / "predictions",
                                         train_sets=trainer.train_sets, examples=trainer.final_examples,
                                         reports=trainer.data)
+    trainer.emit("on_evaluate", Evaluation("final", final["dev"], time.perf_counter() - t_final))
     own = ("dev", "dev_rows", "files", "skipped", "rows_skipped", "incomplete")
     extra = sorted((k for k in final if k not in own), key=lambda k: k != "train")
     record = {"final": True, "best_epoch": summary["best"]["epoch"], "predictions_from": str(source),
@@ -218,7 +234,7 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
               "process_time_s": round(time.perf_counter() - t0, 1), "predictions": final["files"],
               "skipped": final["skipped"], "rows_skipped": final["rows_skipped"],
               **({"incomplete": final["incomplete"]} if final["incomplete"] else {})}
-    trainer.run_dir.append(record)
+    trainer.record(record)
     logger.info("final dev (%s): %s", final_dev_scope(cfg, final["dev_rows"]),
                 " ".join(f"{k} {v:.4f}" for k, v in final["dev"].items() if v is not None))
     if cfg.save_only_model:

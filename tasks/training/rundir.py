@@ -34,7 +34,6 @@ from tasks.outdir import OWNER_FILE, RUN, check_kind, check_writable_dir, mark, 
 from tasks.training import distributed
 from tasks.checkpoint import ResumePoint, keep_model_only, repair_best
 from tasks.storage import OLD_SUFFIX, copy_directory, disk_use, remove_stale_temporaries, write_json
-from tasks.training.tensorboard import TensorBoard
 
 logger = logging.getLogger(__name__)
 
@@ -79,9 +78,7 @@ class RunDir:
         self.lock = self.path / "run.lock"
         self.writer = writer
         self.replaced: Path | None = None
-        self.report_to: tuple[str, ...] = ()  # --report-to, set by ``record``
         self.log = LogFile()  # train.log: the command's (tasks.logs.log_to), or this run's own from Python
-        self.tensorboard: TensorBoard | None = None
 
     def start(self, cfg: Any, *, resume: ResumePoint | None = None, overwrite: bool = False) -> None:
         """Lock the directory; a fresh run refuses an earlier run's files (or another command's output) unless
@@ -146,7 +143,6 @@ class RunDir:
             mark(self.path, RUN)
             if data is not None:
                 write_json(self.path / "data.json", {"files": data})
-            self.report_to = tuple(cfg.report_to)
 
     def checkpoint_written(self) -> None:
         """The new run has its first checkpoint: the run that --overwrite moved aside is deleted."""
@@ -161,9 +157,6 @@ class RunDir:
         if not self.writer:
             return
         failed = error is not None
-        if self.tensorboard is not None:
-            self.tensorboard.close()
-            self.tensorboard = None
         if failed and self.replaced is not None:
             for name in (*RUN_FILES, OWNER_FILE):
                 new = self.path / name
@@ -198,39 +191,19 @@ class RunDir:
                  if p.is_dir()] if self.checkpoints.is_dir() else []
         return f"{self.path} holds {size_text(disk_use(self.path))}" + (f" ({', '.join(parts)})" if parts else "")
 
-    def end_epoch(self, record: dict, history: list[dict], improved: bool) -> None:
-        """After ``last`` is saved: copy it to ``best`` when the epoch ``improved``, append the record, plot."""
-        if improved:
-            copy_directory(self.checkpoints / "last", self.checkpoints / "best")
-        self.append(record)
-        from tasks.training.progress import plot_history
-
-        plot_history(history, self.path / "training.png")
+    def keep_best(self) -> None:
+        """The epoch just saved as ``last`` improved the dev score: ``best`` becomes a copy of it."""
+        copy_directory(self.checkpoints / "last", self.checkpoints / "best")
 
     def append(self, record: dict) -> None:
-        """One record more in metrics.jsonl (and in the TensorBoard events with --report-to tensorboard)."""
+        """One record more in metrics.jsonl."""
         if self.writer:
             with open(self.metrics, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, allow_nan=False) + "\n")
-            if self._report() is not None:
-                self.tensorboard.record(record)
 
-    def log_line(self, step: int, values: dict[str, float]) -> None:
-        """A training log line's values at global step ``step``, for --report-to (metrics.jsonl keeps epochs only)."""
-        if self.writer and self._report() is not None:
-            self.tensorboard.log_line(step, values)
-
-    def rewrite(self, records: Sequence[dict], step: int) -> None:
-        """metrics.jsonl holding exactly ``records``: a resumed run at global step ``step`` drops the records after
-        its checkpoint, and hides the TensorBoard events after ``step``."""
+    def rewrite(self, records: Sequence[dict]) -> None:
+        """metrics.jsonl holding exactly ``records``: a resumed run drops the records after its checkpoint."""
         if self.writer:
             with open(self.metrics, "w", encoding="utf-8") as f:
                 for record in records:
                     f.write(json.dumps(record, allow_nan=False) + "\n")
-            self._report(purge_step=step + 1)
-
-    def _report(self, purge_step: int | None = None) -> TensorBoard | None:
-        """The TensorBoard writer, opened at the first use when the config asks for it."""
-        if self.tensorboard is None and "tensorboard" in self.report_to:
-            self.tensorboard = TensorBoard(self.path / "tensorboard", purge_step=purge_step)
-        return self.tensorboard

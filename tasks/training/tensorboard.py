@@ -10,6 +10,8 @@ metrics.jsonl stays the run's record; these files are a view of it for ``tensorb
 shows each run directory as one run. A resumed run purges the events written after its checkpoint's step,
 as it drops those records from metrics.jsonl. TensorBoard is an optional dependency: ``check_available``
 says how to install it.
+
+``ReportToTensorBoard`` is the hook (tasks/training/callbacks.py) that writes them; ``TensorBoard`` the writer.
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
+from typing import Any
+
+from tasks.training.callbacks import Hook
 
 INSTALL = ".venv/bin/pip install tensorboard"
 
@@ -50,10 +55,11 @@ class TensorBoard:
         self._scalars("train", values, step)
 
     def record(self, record: dict) -> None:
-        """A metrics.jsonl record: an epoch's (train means, dev scores) or the final one (final dev scores)."""
+        """A metrics.jsonl record: a training epoch's (train means, dev scores) or the final one (final dev
+        scores); SWA's records, which are at no global step of training, are not drawn."""
         if record.get("final"):
             self._scalars("final_dev", record.get("dev", {}), self.step)
-        elif "epoch" in record:
+        elif "global_step" in record:
             step = record["global_step"]
             self._scalars("epoch", record.get("train", {}), step)
             self._scalars("dev", record.get("dev", {}), step)
@@ -61,3 +67,28 @@ class TensorBoard:
 
     def close(self) -> None:
         self.writer.close()
+
+
+class ReportToTensorBoard(Hook):
+    """--report-to tensorboard: each log line's values and each record as scalars in ``directory``; the events of a
+    resumed run after its checkpoint's step are hidden. The writer closes after the final record, the run's last."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.writer: TensorBoard | None = None
+
+    def on_train_start(self, trainer: Any) -> None:
+        if self.writer is None:
+            self.writer = TensorBoard(self.directory, purge_step=trainer.global_step + 1
+                                      if trainer.resumed_from is not None else None)
+
+    def on_log(self, trainer: Any, values: dict[str, float]) -> None:
+        if self.writer is not None:
+            self.writer.log_line(trainer.global_step, values)
+
+    def on_record(self, trainer: Any, record: dict) -> None:
+        if self.writer is not None:
+            self.writer.record(record)
+            if record.get("final"):
+                self.writer.close()
+                self.writer = None

@@ -13,7 +13,8 @@ from experiments import leaderboard
 from experiments.sweep import Sweep
 from tasks import arguments
 from tasks import train as cli
-from tasks.training.trainer import Hook, Trainer
+from tasks.training.callbacks import Hook
+from tasks.training.trainer import Trainer
 from tasks.training.run import trainer_for
 
 

@@ -25,7 +25,8 @@ from tasks.model import ModelConfig
 from tasks import runtime
 from tasks.training import distributed
 from tasks.training.run import run, trainer_for
-from tasks.training.trainer import Hook, Trainer
+from tasks.training.callbacks import Hook
+from tasks.training.trainer import Trainer
 from tests.helpers import ROOT, Interrupt, StopAt, tiny_train_config
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),

@@ -18,7 +18,7 @@ from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig
 from tasks.objectives import REGISTRY
 from tasks.objectives.knn_bert import KNNBert
-from tasks.training.trainer import Hook
+from tasks.training.callbacks import Hook
 from tasks.training.run import trainer_for
 from tests.helpers import OBJECTIVE_SETTINGS, tiny_train_config
 
@@ -66,7 +66,7 @@ class _WatchFrozen(Hook):
                         self.train_mode_forwards.add(name)
                 m.register_forward_pre_hook(record)
 
-    def on_step_end(self, trainer):
+    def on_step_end(self, trainer, step):
         assert trainer.stage == "lp"
         self.steps += 1
         for prefix, root in self._watched(trainer).items():
@@ -132,7 +132,7 @@ class _Watch(Hook):
         self.start_encoder, self.start_heads = _encoder_state(trainer.model), _head_state(trainer.model)
         self.lp_param_names = list(trainer.param_names)
 
-    def on_step_end(self, trainer):
+    def on_step_end(self, trainer, step):
         if trainer.stage == "lp":
             self.lp_encoder_training.add(trainer.model.encoder.training)
             assert all(p.grad is None for p in trainer.model.encoder.parameters())

@@ -1,29 +1,16 @@
-"""Tests of tasks/training/mlm.py (MLM pretraining): masking, the loop, checkpoints, exact resume (the head:
-tests/minbert/test_mlm.py). The command (python -m tasks.pretrain) is tested in tests/test_pretrain.py."""
+"""Tests of tasks/training/mlm.py: BERT's masking and the masking collator (the head: tests/minbert/test_mlm.py; the
+pretraining run on the loop: tests/training/test_pretraining.py)."""
 
 from __future__ import annotations
 
-import json
-
-import pytest
 import torch
 
-from minbert.bert import BertModel
-from minbert.pretrained import load_pretrained
+from minbert.mlm import IGNORE_INDEX
 from minbert.tokenizer import BertTokenizer
-from minbert.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm
-from tasks.training.mlm import (
-    PretrainConfig,
-    evaluate_mlm,
-    make_eval_batches,
-    mask_tokens,
-    pretrain,
-    save_mlm_checkpoint,
-)
-from tests.helpers import mlm_batch, tiny_config, write_vocab_dir
+from tasks.training.mlm import MaskingCollator, mask_tokens
+from tests.helpers import mlm_batch, write_vocab_dir
 
 PAD, UNK, CLS, SEP, MASK = range(5)
-META = torch.device("meta")
 
 
 def test_masking_rate_and_never_specials():
@@ -74,197 +61,39 @@ def test_masking_is_seeded_and_never_empty():
         assert labels.tolist() == [[IGNORE_INDEX, 7, IGNORE_INDEX]]
 
 
-def test_pretrain_reduces_loss_and_writes_loadable_checkpoint(tmp_path):
-    """A tiny model on tiny sentences: held-out-masks loss goes down; the checkpoint loads with equal weights."""
-    torch.manual_seed(0)
-    cfg = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
-    mlm = BertForMaskedLM(BertModel(cfg))
-    # sentences over 10 of the 94 words: learnable in a few steps (ln 99 -> towards ln 10)
-    g = torch.Generator().manual_seed(0)
-    sentences = [" ".join(f"w{j}" for j in torch.randint(0, 10, (8,), generator=g).tolist()) for _ in range(64)]
-    data = make_eval_batches(tok, sentences, max_length=16, batch_size=32, seed=123)  # fixed masks
-    before = evaluate_mlm(mlm, data)["loss"]
-    config = PretrainConfig(epochs=5, batch_size=16, lr=3e-3, max_length=16, seed=0, log_every=5)
-    records = pretrain(mlm, tok, sentences, config)
-    after = evaluate_mlm(mlm, data)["loss"]
-    assert after < before - 0.8, (before, after)
-    assert [r["step"] for r in records] == [5, 10, 15, 20] and records[-1]["loss"] < records[0]["loss"]
-
-    out = save_mlm_checkpoint(tmp_path / "mlm", mlm, tok, extra_files={"pretrain_log.jsonl": "{}\n"})
-    assert {"config.json", "model.safetensors", "vocab.txt", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
-    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
-    loaded, tok2 = load_pretrained(out)
-    assert len(tok2) == 99
-    ours = mlm.bert.state_dict()
-    theirs = loaded.state_dict()
-    assert ours.keys() == theirs.keys()
-    assert all(torch.equal(ours[k], theirs[k]) for k in ours)
-    mlm2, _, had_head = load_mlm(out)
-    assert had_head
-    assert all(torch.equal(a, b) for a, b in zip(mlm.head.state_dict().values(), mlm2.head.state_dict().values()))
-    assert mlm2.head.decoder.weight is mlm2.bert.embeddings.word_embeddings.weight
-    # written again over itself: replaced atomically, no temporary siblings left behind
-    save_mlm_checkpoint(tmp_path / "mlm", mlm2, tok)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["mlm", "vocab"]
-
-
-def test_refuses_to_replace_a_non_checkpoint_directory(tmp_path):
-    """--out-dir pointing at a directory with other files (no config.json) is refused, untouched."""
-    (tmp_path / "work").mkdir()
-    (tmp_path / "work" / "notes.txt").write_text("keep me")
-    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
-    with pytest.raises(FileExistsError, match="not a checkpoint directory"):
-        save_mlm_checkpoint(tmp_path / "work", BertForMaskedLM(BertModel(tiny_config())), tok)
-    assert (tmp_path / "work" / "notes.txt").read_text() == "keep me"
-
-
-def test_a_full_disk_while_saving_is_a_full_disk_and_leaves_nothing(tmp_path, monkeypatch):
-    """A failed write of model.safetensors (safetensors' own error) is the OSError it names, so it reads "disk full
-    writing ...", not "truncated or corrupted"; no half-written directory is left at --out-dir."""
-    import errno
-
-    from safetensors import SafetensorError
-
-    from tasks import storage
-
-    def full(tensors, filename, metadata=None):
-        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
-
-    monkeypatch.setattr(storage, "save_file", full)
-    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
-    with pytest.raises(OSError) as exc:
-        save_mlm_checkpoint(tmp_path / "mlm", BertForMaskedLM(BertModel(tiny_config())), tok)
-    assert exc.value.errno == errno.ENOSPC and exc.value.filename.endswith("model.safetensors")
-    assert not (tmp_path / "mlm").exists()
-
-
-@pytest.mark.parametrize("bf16,want", [(None, None), (True, torch.bfloat16), (False, None)])
-def test_bf16_autocast_is_asked_for_on_the_cpu(tmp_path, monkeypatch, bf16, want):
-    """--bf16 runs the MLM steps under bf16 autocast on a CPU; unset, a CPU stays in fp32 (the default, as
-    measured before the flag existed), and --no-bf16 keeps it there."""
-    from tasks.training import mlm as pretrain_module
-    seen = []
-    real = pretrain_module.autocast
-    monkeypatch.setattr(pretrain_module, "autocast", lambda device, dtype: seen.append(dtype) or real(device, dtype))
-    tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
-    mlm = BertForMaskedLM(BertModel(tiny_config()))
-    pretrain(mlm, tok, ["w1 w2 w3 w4", "w5 w6 w7"] * 4, PretrainConfig(max_steps=2, batch_size=4, device="cpu",
-                                                                       bf16=bf16))
-    assert seen == [want, want]
-
-
-# ---- an interrupted pretraining resumes -------------------------------------------------------------------
-
-
-def _resume_setup(tmp_path):
+def _collator(tmp_path) -> MaskingCollator:
     tok = BertTokenizer(write_vocab_dir(tmp_path) / "vocab.txt")
     g = torch.Generator().manual_seed(0)
     sentences = [" ".join(f"w{j}" for j in torch.randint(0, 30, (int(n),), generator=g).tolist())
-                 for n in torch.randint(3, 12, (16,), generator=g)]
-    config = PretrainConfig(epochs=2, batch_size=4, lr=1e-3, max_length=16, seed=0, log_every=2)  # 8 steps
-    return tok, sentences, config, make_eval_batches(tok, sentences[:6], max_length=16, batch_size=3, seed=5)
+                 for n in torch.randint(3, 12, (10,), generator=g)]
+    return MaskingCollator(tok, sentences, max_length=16, batch_size=4, mlm_probability=0.15, seed=0)
 
 
-def _fresh_mlm(seed: int) -> BertForMaskedLM:
-    torch.manual_seed(seed)  # the new model's init, then the dropout masks (tiny_config has dropout on)
-    return BertForMaskedLM(BertModel(tiny_config()))
+def _epochs(collator: MaskingCollator, epochs: int, skip: int = 0) -> list[list]:
+    """Each epoch's batches, each collated (the first ``skip`` batches of the first epoch drawn but not collated)."""
+    out = []
+    for e in range(epochs):
+        batches = collator.epoch_batches()
+        out.append([(b, collator.collate(b)) for b in batches[skip if e == 0 else 0:]])
+    return out
 
 
-@pytest.mark.parametrize("crash_at", [5, 8])
-def test_an_interrupted_pretraining_resumes_to_the_uninterrupted_result(tmp_path, monkeypatch, crash_at):
-    """Killed during step ``crash_at`` (after the state of step 3, inside epoch 1, or of step 6, inside epoch 2),
-    the same call again continues from the saved state: weights and records (but for speed) are the
-    uninterrupted run's, bit for bit, although the process's RNG and the new model's init differ."""
-    from tasks.training import mlm as pretrain_module
-    tok, sentences, config, eval_data = _resume_setup(tmp_path)
-    whole = _fresh_mlm(0)
-    want = pretrain(whole, tok, sentences, config, eval_data)
+def test_a_collator_restored_from_its_state_goes_on_as_the_uninterrupted_one(tmp_path):
+    """The state taken after two batches of epoch 2 (as a checkpoint keeps it), given to a fresh collator: its next
+    epoch is epoch 2's batches again, and the masks of batches 3 on and of epoch 3 are the uninterrupted run's."""
+    whole = _epochs(_collator(tmp_path), 3)
+    cut = _collator(tmp_path)
+    _epochs(cut, 1)
+    for b in cut.epoch_batches()[:2]:
+        cut.collate(b)
+    state = cut.state()
+    resumed = _collator(tmp_path)
+    resumed.load_state(state)
+    again = _epochs(resumed, 2, skip=2)
+    assert [b for b, _ in whole[1][2:]] == [b for b, _ in again[0]] and whole[2][0][0] == again[1][0][0]
+    for (_, want), (_, got) in zip(whole[1][2:] + whole[2], again[0] + again[1]):
+        assert want.keys() == got.keys()
+        assert all(torch.equal(want[k], got[k]) if isinstance(want[k], torch.Tensor) else want[k] == got[k]
+                   for k in want)
+    assert whole[0][0][1]["tokens"] == int(whole[0][0][1]["attention_mask"].sum())
 
-    state, real = tmp_path / "out.partial", pretrain_module.mask_tokens
-    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(real, crash_at))  # the process is killed
-    with pytest.raises(KeyboardInterrupt):
-        pretrain(_fresh_mlm(0), tok, sentences, config, eval_data, state_dir=state, checkpoint_every=3)
-    monkeypatch.setattr(pretrain_module, "mask_tokens", real)
-    cut = _fresh_mlm(123)
-    got = pretrain(cut, tok, sentences, config, eval_data, state_dir=state, checkpoint_every=3)
-    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), cut.state_dict().values()))
-    speedless = [[{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rs] for rs in (want, got)]
-    assert speedless[0] == speedless[1] and len(want) == 1 + 4 + 1
-
-
-def test_a_resumed_log_window_reports_the_uninterrupted_speed(tmp_path, monkeypatch):
-    """The log window open when the state was saved (step 3 of the window of steps 3-4) keeps its time: its
-    tokens per second after the resume are the uninterrupted run's, not its tokens over the resumed part's
-    time alone. A fake clock ticks one second per step, wherever the process is."""
-    from types import SimpleNamespace
-
-    from tasks.training import mlm as pretrain_module
-    tok, sentences, config, _ = _resume_setup(tmp_path)
-    clock, real = [0.0], pretrain_module.mask_tokens
-
-    def ticking(*args, **kwargs):
-        clock[0] += 1.0
-        return real(*args, **kwargs)
-    monkeypatch.setattr(pretrain_module, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
-    monkeypatch.setattr(pretrain_module, "mask_tokens", ticking)
-    want = pretrain(_fresh_mlm(0), tok, sentences, config)
-    state = tmp_path / "out.partial"
-    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(ticking, 5))
-    with pytest.raises(KeyboardInterrupt):
-        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
-    clock[0] += 1000.0  # the time between the kill and the new call is not training
-    monkeypatch.setattr(pretrain_module, "mask_tokens", ticking)
-    got = pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
-    assert [r["tokens_per_s"] for r in got] == [r["tokens_per_s"] for r in want]
-    assert len(want) == 4 and all(r["tokens_per_s"] > 0 for r in want)
-
-
-def test_a_state_saved_before_the_window_time_was_kept_still_resumes(tmp_path, monkeypatch):
-    """A state.json of the first resumable version (no window_seconds) continues to the same weights."""
-    import json
-
-    from tasks.training import mlm as pretrain_module
-    tok, sentences, config, _ = _resume_setup(tmp_path)
-    whole = _fresh_mlm(0)
-    pretrain(whole, tok, sentences, config)
-    state, real = tmp_path / "out.partial", pretrain_module.mask_tokens
-    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(real, 5))
-    with pytest.raises(KeyboardInterrupt):
-        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
-    monkeypatch.setattr(pretrain_module, "mask_tokens", real)
-    saved = json.loads((state / "state.json").read_text())
-    del saved["window_seconds"]
-    (state / "state.json").write_text(json.dumps(saved))
-    cut = _fresh_mlm(1)
-    pretrain(cut, tok, sentences, config, state_dir=state, checkpoint_every=3)
-    assert all(torch.equal(a, b) for a, b in zip(whole.state_dict().values(), cut.state_dict().values()))
-
-
-def test_a_saved_state_of_other_settings_is_refused(tmp_path, monkeypatch):
-    """The state of an interrupted run is only continued by the same settings and data: anything else would
-    train a mix of two runs. The error names what differs."""
-    from tasks.training import mlm as pretrain_module
-    tok, sentences, config, _ = _resume_setup(tmp_path)
-    state = tmp_path / "out.partial"
-    monkeypatch.setattr(pretrain_module, "mask_tokens", _dies_at(pretrain_module.mask_tokens, 5))
-    with pytest.raises(KeyboardInterrupt):
-        pretrain(_fresh_mlm(0), tok, sentences, config, state_dir=state, checkpoint_every=3)
-    assert (state / "state.json").is_file()
-    other = PretrainConfig(**{**config.__dict__, "lr": 2e-3})
-    with pytest.raises(ValueError, match=r"other settings or data \(config.lr: 0.001 there, 0.002 now\)"):
-        pretrain(_fresh_mlm(0), tok, sentences, other, state_dir=state, checkpoint_every=3)
-    with pytest.raises(ValueError, match="sentences: 16 there, 15 now"):
-        pretrain(_fresh_mlm(0), tok, sentences[:15], config, state_dir=state, checkpoint_every=3)
-
-
-def _dies_at(fn, n: int):
-    """``fn``, but its ``n``-th call raises KeyboardInterrupt (a process killed there)."""
-    calls = []
-
-    def wrapped(*args, **kwargs):
-        calls.append(1)
-        if len(calls) == n:
-            raise KeyboardInterrupt
-        return fn(*args, **kwargs)
-    return wrapped

@@ -28,7 +28,7 @@ from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as trainer_mod
 from tasks.storage import read_json
 from tasks.training.run import run, trainer_for
-from tasks.training.trainer import Hook
+from tasks.training.callbacks import Hook
 from tests.helpers import tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -72,7 +72,7 @@ def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path
     monkeypatch.setattr(root, "level", logging.WARNING)
     run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
     text = (tmp_path / "run" / "train.log").read_text()
-    assert " I tasks.training.trainer: epoch 1 done" in text and "I tasks.training.run: done: wall time" in text
+    assert " I tasks.training.callbacks: epoch 1 done" in text and "I tasks.training.run: done: wall time" in text
     assert root.handlers == [] and logging.getLogger("tasks").level == logging.NOTSET
 
     class Broken(Hook):

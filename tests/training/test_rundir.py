@@ -21,7 +21,8 @@ import pytest
 from tasks.config import TrainConfig
 from tasks.training.run import run, trainer_for
 from tasks.training.rundir import RunDir, check_out_dir
-from tasks.training.trainer import Hook, Trainer
+from tasks.training.callbacks import Hook, Step
+from tasks.training.trainer import Trainer
 from tests.helpers import dead_pid, snapshot, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -81,7 +82,7 @@ class _Boom(Exception):
 
 
 class _FailFirstStep(Hook):
-    def on_step_end(self, trainer: Trainer) -> None:
+    def on_step_end(self, trainer: Trainer, step: Step) -> None:
         aside = list(trainer.run_dir.path.glob(".replaced-*"))
         assert len(aside) == 1 and (aside[0] / "checkpoints" / "best").is_dir(), "the old run is kept aside"
         raise _Boom

@@ -34,7 +34,7 @@ def test_swa_replaces_the_best_epoch_only_with_a_strictly_higher_finite_score():
 
 
 def test_swa_phase_end_to_end(tiny_env, tmp_path, monkeypatch):
-    """run() with swa_epochs=2: checkpoint "swa" is the mean of the two end-of-epoch snapshots, both scores are
+    """run() with swa.epochs=2: checkpoint "swa" is the mean of the two end-of-epoch snapshots, both scores are
     recorded, the predictions come from the winner, and the SWA checkpoint cannot be resumed."""
     snapshots = []
     original = AveragedModel.update_parameters

@@ -68,6 +68,18 @@ def test_a_resumed_run_replaces_the_events_after_its_checkpoint(tiny_env, tmp_pa
     assert after == list(range(end_of_1 + 1, end_of_1 + 1 + len(after))) and after  # every step: --log-every 1
 
 
+def test_a_run_with_swa_reports_to_tensorboard(tiny_env, tmp_path):
+    """SWA's records, at no global step of training, are left out of the events (they stopped the run with a
+    KeyError); its epoch's log lines are there, after the training's steps, and the final dev scores last."""
+    run_dir = tmp_path / "run"
+    cli.main([*_flags(tiny_env, run_dir), "--epochs", "1", "--swa-epochs", "1", "--report-to", "tensorboard"])
+    scalars = _read(run_dir / "tensorboard")
+    trained = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])["global_step"]
+    steps = [s for s, _ in scalars["train/loss"]]
+    assert steps == sorted(steps) and steps[-1] > trained and [s for s, _ in scalars["epoch/loss"]] == [trained]
+    assert scalars["final_dev/overall"] == [(steps[-1], pytest.approx(scalars["final_dev/overall"][0][1]))]
+
+
 def test_without_report_to_no_events_are_written(tiny_env, tmp_path):
     run_dir = tmp_path / "run"
     cli.main([*_flags(tiny_env, run_dir), "--epochs", "1"])

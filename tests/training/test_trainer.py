@@ -26,7 +26,8 @@ from tasks.objectives import REGISTRY, import_all
 from tasks import checkpoint as ckpt_mod
 from tasks.checkpoint import resolve_checkpoint
 from tasks.storage import read_json
-from tasks.training.trainer import Trainer, lr_scale
+from tasks.training.optim import lr_scale
+from tasks.training.trainer import Trainer
 from tasks.training.run import build_parts, check_run, trainer_for
 from tests.helpers import DATA, OBJECTIVE_SETTINGS, Interrupt, StopAt, read_column, tiny_train_config
 
@@ -304,17 +305,6 @@ def test_reinit_layers_redraws_the_top_layers_alone_and_the_pooler_where_the_hea
 
 
 # ---- layer-wise lr decay and the heads' lr scale (--layer-lr-decay, --head-lr-scale) ----------------------
-
-
-def test_lr_scale_decays_from_the_top_layer_down_to_the_embeddings():
-    """Layer i of L at γ^(L-1-i), the embeddings at γ^L, pooler 1, everything outside the encoder at the head scale."""
-    g = 0.5
-    assert lr_scale("model.encoder.encoder.layer.5.output.dense.weight", 6, g, 3.0) == 1.0
-    assert lr_scale("model.encoder.encoder.layer.0.attention.self.qkv.weight", 6, g, 3.0) == g ** 5
-    assert lr_scale("model.encoder.embeddings.word_embeddings.weight", 6, g, 3.0) == g ** 6
-    assert lr_scale("model.encoder.pooler.dense.bias", 6, g, 3.0) == 1.0
-    assert lr_scale("model.sst_head.0.weight", 6, g, 3.0) == 3.0
-    assert lr_scale("objectives.rift.proj.0.weight", 6, g, 3.0) == 3.0
 
 
 def test_default_keeps_two_groups_at_one_lr(tiny_env, tmp_path):
