@@ -11,7 +11,8 @@ lpft (the heads-only stage before full fine-tuning), swa (the averaging stage
 after training), mlm (BERT's masking, the masking collator and the MLM loss),
 pretraining (masked-LM pretraining on the loop and the checkpoint it leaves),
 rundir (the run directory, its metrics.jsonl and its lock), progress (loss
-sums, the run's clock, training.png), distributed (torchrun data parallel).
+sums, the run's clock, training.png), distributed (torchrun data parallel),
+robustness (the perturbed-data experiments and the embedding-space PGD attack).
 
 Usage:
     from tasks.training.run import run

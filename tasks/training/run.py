@@ -117,7 +117,8 @@ def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
 
 def trainer_for(cfg: TrainConfig, *, hooks: Sequence[Hook] = (), resume_from: str | os.PathLike | None = None,
                 overwrite: bool = False) -> Trainer:
-    """``build_trainer`` of ``cfg`` checked by ``prepare_run`` (with ``resume_from``: the checkpoint found there)."""
+    """``build_trainer`` of ``cfg`` checked by ``prepare_run`` (with ``resume_from``: the checkpoint found there). The
+    trainer holds its run directory's lock and log until closed: ``with trainer_for(cfg) as trainer: ...``."""
     resume = resume_point(resume_from) if resume_from is not None else None
     return build_trainer(prepare_run(cfg, resume, overwrite), hooks=hooks)
 
@@ -198,14 +199,8 @@ def run_plan(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> dict:
     Returns the final summary, also appended to metrics.jsonl.
     """
     t0 = time.perf_counter()
-    trainer = build_trainer(plan, hooks=hooks)
-    try:
-        return _train_and_predict(trainer, t0)
-    except BaseException as e:
-        trainer.run_dir.close(e)  # before a first checkpoint: a run moved aside by overwrite comes back
-        raise
-    finally:
-        trainer.run_dir.close()  # the lock
+    with build_trainer(plan, hooks=hooks) as trainer:  # closed with the error that ended it, if any: a run that
+        return _train_and_predict(trainer, t0)          # --overwrite moved aside comes back before a first checkpoint
 
 
 def _train_and_predict(trainer: Trainer, t0: float) -> dict:

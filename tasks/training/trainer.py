@@ -2,8 +2,8 @@
 loop (tasks/training/pretraining.py).
 
 Usage:
-    trainer = trainer_for(TrainConfig(out_dir="runs/try"))   # tasks.training.run: checks, builds, run dir, hooks
-    summary = trainer.fit()                                          # every epoch; checkpoints last / best
+    with trainer_for(TrainConfig(out_dir="runs/try")) as trainer:  # tasks.training.run: checks, builds, run dir
+        summary = trainer.fit()                                    # every epoch; checkpoints last / best
     trainer = Trainer(cfg, build_parts(cfg, device), device=device)  # no run directory (benchmarks, tests)
 
 The loop (``Loop.fit``): every epoch's plan of steps (``epoch_plan``: (stream, example indices) pairs), each
@@ -435,6 +435,18 @@ class Trainer(Loop):
             self.model.encoder.compile()
 
     # -- building --
+
+    def close(self, error: BaseException | None = None) -> None:
+        """Release the run directory (its lock; from Python, its train.log and the logging it set up), where the
+        trainer has one; ``error``: the one that ended the run (RunDir.close)."""
+        if self.run_dir is not None:
+            self.run_dir.close(error)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
+        self.close(error)
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW (no moments) over the model's and objectives' parameters trainable now (at the start, LP-FT
         stage 2, the SWA stage), each at its lr factor (``lr_scale``)."""

@@ -70,6 +70,7 @@ def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # pytest's capture set aside: a bare script
     monkeypatch.setattr(root, "level", logging.WARNING)
+    monkeypatch.setattr(logging.getLogger("tasks"), "level", logging.NOTSET)
     run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
     text = (tmp_path / "run" / "train.log").read_text()
     assert " I tasks.training.callbacks: epoch 1 done" in text and "I tasks.training.run: done: wall time" in text
@@ -84,6 +85,25 @@ def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path
     last = (tmp_path / "failed" / "train.log").read_text().splitlines()[-1]
     assert last.endswith("E tasks: failed: RuntimeError: a hook's bug")
     assert root.handlers == [] and logging.getLogger("tasks").level == logging.NOTSET
+
+
+def test_a_trainer_from_python_closes_as_a_context_manager(tiny_env, tmp_path, monkeypatch):
+    """``with trainer_for(cfg) as trainer``: on leaving the block the run's train.log is closed (a later run's lines
+    stay out of it), the package loggers' levels and the root's handlers are as they were, and the run directory's
+    lock is free: the same process may resume it."""
+    root, package = logging.getLogger(), logging.getLogger("tasks")
+    monkeypatch.setattr(root, "handlers", [])
+    monkeypatch.setattr(package, "level", logging.NOTSET)
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
+    with trainer_for(cfg) as trainer:
+        trainer.fit()
+    assert root.handlers == [] and package.level == logging.NOTSET
+    size = (tmp_path / "run" / "train.log").stat().st_size
+    with trainer_for(tiny_train_config(tiny_env, tmp_path / "other", epochs=1)) as other:
+        other.fit()
+    assert (tmp_path / "run" / "train.log").stat().st_size == size
+    with trainer_for(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last") as resumed:
+        assert resumed.epoch == 1
 
 
 def test_save_only_model_keeps_the_model_alone_and_the_log_says_the_disk_use(tiny_env, tmp_path, caplog):
