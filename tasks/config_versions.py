@@ -14,6 +14,7 @@ the migrations after version 1, each of which leaves today's names as they are.
 Usage:
     d = upgrade(read_json(path))          # today's names: a saved run upgraded, a file of some fields renamed only
     fields_of(TrainConfig) == MIGRATIONS[-1].fields   # tests/test_config_versions.py: a new field needs a version
+    objective_options(REGISTRY) == MIGRATIONS[-1].objective_options   # and so does an objective's new option
 """
 
 from __future__ import annotations
@@ -125,10 +126,37 @@ def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> froze
 @dataclass(frozen=True)
 class Migration:
     """One step of config.json's format: ``upgrade`` turns a file of the version before into one of this
-    version, whose field paths are ``fields``."""
+    version, whose field paths are ``fields`` and whose built-in objectives' options are ``objective_options``
+    ("<objective>.<option>"; empty where the version did not record them). An objective's option added in a new
+    version is filled in by its ``upgrade`` (in each objective of ``objectives`` that lacks it) with the value
+    the runs before it trained with."""
 
     upgrade: Callable[[dict[str, Any]], dict[str, Any]]
     fields: frozenset[str]
+    objective_options: frozenset[str] = frozenset()
+
+
+def objective_options(objectives: dict[str, type]) -> frozenset[str]:
+    """"<objective>.<option>" of every option of each objective class's ``Config`` (tasks.objectives.REGISTRY)."""
+    return frozenset(f"{name}.{f.name}" for name, cls in objectives.items() for f in dataclasses.fields(cls.Config))
+
+
+# The built-in objectives' options when versions began to record them (version 2): a run saved since reads each
+# option it leaves out at its default, so an option added later needs a version that fills in the old value.
+_OBJECTIVE_OPTIONS_2 = frozenset(f"{name}.{option}" for name, options in {
+    "distill": ("weight", "tasks", "teachers", "temperature"),
+    "knn_bert": ("weight", "tasks", "momentum", "temperature", "queue_size", "m_most", "m_least", "representation",
+                 "knn_k", "knn_phi"),
+    "label_smoothing": ("weight", "tasks", "to"),
+    "match_tuning": ("weight", "tasks", "temperature", "inference"),
+    "mnr": ("weight", "tasks", "scale", "sts_label_weighting", "hard_negatives", "para_positives"),
+    "rdrop": ("weight", "tasks", "alpha"),
+    "rift": ("weight", "tasks", "beta", "alpha", "temperature", "norm", "epsilon", "step_size", "steps",
+             "proj_hidden", "proj_dim"),
+    "scl": ("weight", "tasks", "temperature", "embedding", "reduction"),
+    "simcse": ("weight", "tasks", "temperature", "similarity"),
+    "smart": ("weight", "tasks", "sigma", "step_size", "epsilon", "steps", "reuse_head_output"),
+}.items() for option in options)
 
 
 _VERSION_1 = UNVERSIONED_FIELDS | {"sts_prior_model", *UNVERSIONED_ADDITIONS}
@@ -136,7 +164,7 @@ _VERSION_1 = UNVERSIONED_FIELDS | {"sts_prior_model", *UNVERSIONED_ADDITIONS}
 
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(from_unversioned, _VERSION_1),
-    Migration(nest_settings, _renamed(_VERSION_1, NESTED_SETTINGS)),
+    Migration(nest_settings, _renamed(_VERSION_1, NESTED_SETTINGS), _OBJECTIVE_OPTIONS_2),
 )
 
 

@@ -18,7 +18,8 @@ import pytest
 from tasks import train as cli
 from tasks.config import TrainConfig
 from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
-                                   fields_of)
+                                   fields_of, objective_options)
+from tasks.objectives import registered_objectives
 from tests.helpers import unversioned
 
 SAVED = Path(__file__).parent / "saved_configs"
@@ -60,6 +61,16 @@ def test_trainconfig_has_the_fields_of_the_version_it_writes():
         f"{CONFIG_VERSION}'s: added {sorted(fields_of(TrainConfig) - MIGRATIONS[-1].fields)}, gone "
         f"{sorted(MIGRATIONS[-1].fields - fields_of(TrainConfig))}; add a version to tasks/config_versions.py "
         "(a migration that upgrades the last version's files to it, and its fixture in tests/saved_configs/)")
+
+
+def test_the_objectives_have_the_options_of_the_version_it_writes():
+    """Every built-in objective's options ("<objective>.<option>") are those the last version records: an option
+    added, renamed or removed without a new version (whose migration gives a saved run the value it trained with)
+    fails here, as a TrainConfig field does."""
+    have, recorded = objective_options(registered_objectives()), MIGRATIONS[-1].objective_options
+    assert have == recorded, (f"the objectives' options differ from config.json version {CONFIG_VERSION}'s: added "
+                              f"{sorted(have - recorded)}, gone {sorted(recorded - have)}; add a version to "
+                              "tasks/config_versions.py")
 
 
 def test_there_is_a_fixture_of_every_version_and_each_holds_its_versions_fields():
