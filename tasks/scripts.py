@@ -17,44 +17,23 @@ command does not load the others' modules.
 
 from __future__ import annotations
 
-
-def train() -> None:
-    """``minbert-train``: train_multitask.py."""
-    from tasks.train import main
-
-    main()
+import importlib
+from collections.abc import Callable
 
 
-def predict() -> None:
-    """``minbert-predict``: python -m tasks.predict."""
-    from tasks.predict import main
+def _command(module: str) -> Callable[[], None]:
+    """The console script of the command ``module`` (its ``main``): imported when called, nothing returned."""
 
-    main()
+    def script() -> None:
+        importlib.import_module(module).main()
 
-
-def ensemble() -> None:
-    """``minbert-ensemble``: python -m tasks.ensemble."""
-    from tasks.ensemble import main
-
-    main()
+    script.__doc__ = f"python -m {module}"
+    return script
 
 
-def pretrain() -> None:
-    """``minbert-pretrain``: python -m tasks.pretrain."""
-    from tasks.pretrain import main
-
-    main()
-
-
-def robustness() -> None:
-    """``minbert-robustness``: python -m tasks.robustness."""
-    from tasks.robustness import main
-
-    main()
-
-
-def sst_phrases() -> None:
-    """``minbert-sst-phrases``: python -m tasks.sst_phrases."""
-    from tasks.sst_phrases import main
-
-    main()
+train = _command("tasks.train")  # minbert-train: train_multitask.py
+predict = _command("tasks.predict")
+ensemble = _command("tasks.ensemble")
+pretrain = _command("tasks.pretrain")
+robustness = _command("tasks.robustness")
+sst_phrases = _command("tasks.sst_phrases")
