@@ -121,7 +121,13 @@ def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
 
 
 def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) -> Path:
-    """A data directory whose train files for ``changed`` tasks are rewritten; everything else is linked."""
+    """A data directory whose train files for ``changed`` tasks are rewritten; everything else is linked. A task
+    whose train file is not a name in the data directory (a user's task reads its own files) is a ValueError."""
+    own = [t for t in changed if Path(get_task(t).files["train"]).name != get_task(t).files["train"]]
+    if own:
+        raise ValueError(f"task {own[0]!r} reads its own train file ({get_task(own[0]).files['train']}), not one in "
+                         "--data-dir: a perturbed copy cannot stand in for it; perturbation experiments take the "
+                         "built-in tasks")
     dst.mkdir(parents=True, exist_ok=True)
     rewritten = {get_task(t).files["train"] for t in changed}
     for f in sorted(src.iterdir()):

@@ -85,3 +85,24 @@ def test_perturbed_files_round_trip_through_the_readers(tmp_path):
     got = load_split("para", "train", out)[0]
     assert [(e.id, e.text_a, e.text_b, e.label) for e in got] == [(e.id, e.text_a, e.text_b, e.label) for e in para]
     assert (out / "ids-sst-dev.csv").is_symlink()
+
+
+def test_a_task_whose_files_are_not_in_the_data_dir_is_refused_and_its_file_kept(tmp_path):
+    """A user's task (--task-file) reads its own files, not --data-dir's: a perturbed copy cannot stand in for its
+    training file, so the experiment is refused, and the user's file keeps its bytes."""
+    import dataclasses
+
+    from tasks.perturb import perturbed_data_dir
+    from tasks.task import get_task, register_task, unregister_task
+
+    own = tmp_path / "mine-train.csv"
+    own.write_text("\tid\tsentence\tsentiment\n0\ta\tthe user's own\t1\n")
+    entry = dataclasses.replace(get_task("sst"), name="mine", files={**get_task("sst").files, "train": str(own)})
+    register_task(entry)
+    try:
+        (tmp_path / "src").mkdir()
+        with pytest.raises(ValueError, match="mine"):
+            perturbed_data_dir(tmp_path / "src", tmp_path / "dst", {"mine": [Example("x", "changed", label=0)]})
+        assert own.read_text() == "\tid\tsentence\tsentiment\n0\ta\tthe user's own\t1\n"
+    finally:
+        unregister_task("mine")
