@@ -19,7 +19,7 @@ import torch
 
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
-from tasks.data.readers import Example, load_nli
+from tasks.data.readers import Example, load_nli, log_report
 from tasks.model import NLI, PHRASES, head_of
 from tasks.task import get_task, load_split
 
@@ -96,7 +96,7 @@ def load_phrases(cfg: TrainConfig) -> tuple[list[Example], dict]:
     if not kept:
         raise ValueError(f"--sst-phrases {path}: no phrase of {cfg.sst_phrases.min_words} or more words to train on "
                          f"(of {len(phrases)} valid rows)")
-    (logger.info if report.clean else logger.warning)("%s", report.summary())
+    log_report(report)
     if len(kept) < len(phrases):
         logger.info("%s: %d of %d phrases have %d or more words (--sst-phrases-min-words)", path, len(kept),
                     len(phrases), cfg.sst_phrases.min_words)

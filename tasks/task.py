@@ -259,7 +259,6 @@ class PairRegression(Kind):
     pair = True
     classification = False
     metric = "r"
-    LOW, HIGH = 0.0, 5.0  # the scores a head can give: sts_scale x a sigmoid or a cosine
 
     def parse_label(self, task, raw, problems):
         return similarity_label(raw, problems)
