@@ -20,6 +20,8 @@ optimizer, config and position: ``stage``, ``epoch``, ``plan``, ``step`` (the ne
     on_record(trainer, record)            a record for metrics.jsonl: an epoch's, SWA's, the final one
     on_epoch_end(trainer, record)         the epoch ended: evaluated, its checkpoint written, recorded
     on_train_end(trainer)                 fit() is done, SWA included
+    close()                               the trainer is closed (``with trainer_for(cfg)``; run() does it), also
+                                          after a failure: release files and writers
 
 A hook steers the loop through ``trainer.control`` (``should_save``: checkpoint ``last`` after this step;
 ``should_training_stop``: end fit() after it). A hook that keeps state a resume needs returns it from ``state``
@@ -106,6 +108,10 @@ class Hook:
     def on_epoch_end(self, trainer: Any, record: dict) -> None: ...
 
     def on_train_end(self, trainer: Any) -> None: ...
+
+    def close(self) -> None:
+        """Release what the hook holds open (a writer, a file): the trainer calls it when it is closed, after a
+        failed run too."""
 
     def state(self) -> dict | None:
         """What a resumed run needs of this hook (JSON values), saved with every checkpoint; None: nothing."""

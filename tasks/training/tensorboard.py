@@ -71,7 +71,7 @@ class TensorBoard:
 
 class ReportToTensorBoard(Hook):
     """--report-to tensorboard: each log line's values and each record as scalars in ``directory``; the events of a
-    resumed run after its checkpoint's step are hidden. The writer closes after the final record, the run's last."""
+    resumed run after its checkpoint's step are hidden. The writer closes after the final record, the run's last, or when the trainer is closed."""
 
     def __init__(self, directory: Path) -> None:
         self.directory = directory
@@ -90,5 +90,9 @@ class ReportToTensorBoard(Hook):
         if self.writer is not None:
             self.writer.record(record)
             if record.get("final"):
-                self.writer.close()
-                self.writer = None
+                self.close()
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None

@@ -435,18 +435,6 @@ class Trainer(Loop):
             self.model.encoder.compile()
 
     # -- building --
-
-    def close(self, error: BaseException | None = None) -> None:
-        """Release the run directory (its lock; from Python, its train.log and the logging it set up), where the
-        trainer has one; ``error``: the one that ended the run (RunDir.close)."""
-        if self.run_dir is not None:
-            self.run_dir.close(error)
-
-    def __enter__(self) -> Trainer:
-        return self
-
-    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
-        self.close(error)
     def rebuild_optimizer(self) -> None:
         """A fresh AdamW (no moments) over the model's and objectives' parameters trainable now (at the start, LP-FT
         stage 2, the SWA stage), each at its lr factor (``lr_scale``)."""
@@ -524,7 +512,6 @@ class Trainer(Loop):
             raise RuntimeError(f"the {stream} batch produced no loss term (objectives here: "
                                f"{[o.name for o in applying]})")
         return self.weights.get(stream) * total, terms
-
 
     def after_optimizer_step(self) -> None:
         for o in self.objectives:
@@ -659,6 +646,22 @@ class Trainer(Loop):
         load_weights(self.model, best, self.device)
         load_objectives_state(self.objectives, self.model, best, self.device, self.rank)
         return best
+
+    # -- closing --
+    def close(self, error: BaseException | None = None) -> None:
+        """Close every hook (Hook.close: writers, files), then release the run directory (its lock; from Python,
+        its train.log and the logging it set up), where the trainer has one; ``error``: the one that ended the
+        run (RunDir.close)."""
+        for hook in self.hooks:
+            hook.close()
+        if self.run_dir is not None:
+            self.run_dir.close(error)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, kind: type | None, error: BaseException | None, tb: Any) -> None:
+        self.close(error)
 
 
 # ---- what a Trainer trains ----

@@ -107,3 +107,21 @@ def test_without_the_package_one_line_says_how_to_install_it(tiny_env, tmp_path,
     assert exc.value.code == 2 and err[-1].endswith("needs the tensorboard package, which is not installed: "
                                                     ".venv/bin/pip install tensorboard"), err
     assert not (tmp_path / "run").exists()
+
+
+def test_a_trainer_closed_without_a_final_record_closes_its_writer(tiny_env, tmp_path, monkeypatch):
+    """A trainer from Python (no final record) or a run that fails: closing the trainer closes the TensorBoard writer,
+    so every log line's scalars are in the event file."""
+    from tasks.training.run import trainer_for
+    from tasks.training.tensorboard import ReportToTensorBoard
+    from tests.helpers import tiny_train_config
+
+    closed = []
+    monkeypatch.setattr(TensorBoard, "close", lambda self: closed.append(self) or self.writer.close())
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1, report_to=("tensorboard",), log_every=1)
+    with trainer_for(cfg) as trainer:
+        trainer.fit()
+        hook = next(h for h in trainer.hooks if isinstance(h, ReportToTensorBoard))
+    assert len(closed) == 1 and hook.writer is None
+    steps = [s for s, _ in _read(tmp_path / "run" / "tensorboard")["train/loss"]]
+    assert steps == list(range(1, trainer.global_step + 1))
