@@ -145,7 +145,7 @@ class EncoderBenchOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     add_options(ap, EncoderBenchOptions)
     return ap
 

@@ -149,7 +149,7 @@ class PhrasesBenchOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     add_options(ap, PhrasesBenchOptions)
     return ap
 

@@ -139,7 +139,7 @@ class PackOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     add_options(ap, PackOptions)
     return ap
 

@@ -320,7 +320,7 @@ class AblationOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     add_options(ap, AblationOptions)
     add_sweep_options(ap, out_dir="runs/ablation", help_suffix={"data_dir": " (majority-class accuracies)"})
     return ap

@@ -170,7 +170,7 @@ class MixesOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(prog="ensemble_mixes.py", description=__doc__.split("\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     add_options(ap, MixesOptions, required=("pool",))
     return ap
 
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, list[dict]]:
     rows = []
     logging.disable(logging.WARNING)  # every run's data-file report, once per task, would bury the table
     try:
-        with user_errors("ensemble_mixes.py"):
+        with user_errors(f"python -m {__spec__.name}"):
             scorer = Scorer(sorted({run for runs in pools.values() for run in runs}), args.data_dir)
             for text, mix in mixes:
                 scores = draw_scores(scorer, pools, mix, args.draws, random.Random(args.seed))

@@ -166,7 +166,7 @@ class LeaderboardOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(prog="leaderboard.py", description=__doc__.split("\n")[0],
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0],
                 epilog="Flags after -- go to every member's train_multitask.py.")
     add_options(ap, LeaderboardOptions)
     add_sweep_options(ap, out_dir="runs/leaderboard", skip=("seeds", "force", "dry_run"),

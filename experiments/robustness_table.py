@@ -317,7 +317,7 @@ class TableOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     add_options(ap, TableOptions)
     add_sweep_options(ap, out_dir="runs/robustness")
     return ap

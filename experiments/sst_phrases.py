@@ -196,7 +196,7 @@ class PhrasesOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     add_options(ap, PhrasesOptions)
     add_sweep_options(ap, out_dir="runs/sst-phrases", seeds=range(8), skip=("data_dir",))
     return ap

@@ -131,7 +131,7 @@ class PriorPhrasesOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
     add_options(ap, PriorPhrasesOptions, required=("runs",))
     return ap
 

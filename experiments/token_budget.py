@@ -65,7 +65,7 @@ class BudgetOptions:
 
 
 def build_parser() -> Parser:
-    ap = Parser(description=__doc__.split("\n\n")[0])
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n\n")[0])
     add_options(ap, BudgetOptions)
     return ap
 
@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
             ap.error(f"{label} {flags!r} (see above)")
         except (ValueError, OSError) as e:  # OSError: a --config or --pretrained that is not there
             ap.error(f"{label} {flags!r}: {describe(e)}")
-    with user_errors("token_budget.py"):  # a data file that is missing or unreadable: one line, exit status 1
+    with user_errors(f"python -m {__spec__.name}"):  # a data file that is missing or unreadable: one line, exit status 1
         _, tokenizer = load_pretrained(None, add_pooling_layer=False)
         for flags, recipe in recipes:
             tokens = recipe_tokens(recipe, tokenizer)

@@ -91,8 +91,8 @@ def test_variants_make_members_diverse():
 
 
 def test_members_train_the_measured_recipe_and_flags_after_the_dashes_win():
-    """The members are the recipe the ensemble was measured with: the default without the SST phrases (issue
-    42 adopted them into the default, not yet into the ensemble); ``-- --sst-phrases FILE`` trains them."""
+    """The members are the recipe the ensemble was measured with: the default without the SST phrases (the
+    default trains them; the ensemble was measured without); ``-- --sst-phrases FILE`` trains them."""
     members = arguments.config_for([*leaderboard.member_flags(0, []), "--out-dir", "unused"])
     assert members.sst_phrases.file is None and not members.trains_phrases
     assert {k: v for k, v in members.to_dict().items() if k != "sst_phrases"} == \
@@ -249,6 +249,6 @@ def test_a_member_flag_train_multitask_refuses_is_refused_before_anything_starts
         with pytest.raises(SystemExit) as e:
             leaderboard.main(["--out-dir", str(tmp_path / "lb"), *argv])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and ("leaderboard.py: error: member flags" in err
-                                      or "leaderboard.py: error: --specialists" in err), err
+        assert e.value.code == 2 and ("python -m experiments.leaderboard: error: member flags" in err
+                                      or "python -m experiments.leaderboard: error: --specialists" in err), err
         assert not (tmp_path / "lb").exists()

@@ -46,4 +46,4 @@ def test_token_budget_refuses_bad_flags_and_missing_data_in_one_line(tmp_path, c
         token_budget.main([f"--candidate=--data-dir {tmp_path} --sst-phrases none"])
     err = capsys.readouterr().err
     assert e.value.code == 1 and f"{tmp_path}/ids-sst-train.csv" in err and "Traceback" not in err
-    assert err.startswith("token_budget.py: error: ") and len(err.strip().splitlines()) == 1
+    assert err.startswith("python -m experiments.token_budget: error: ") and len(err.strip().splitlines()) == 1
