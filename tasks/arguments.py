@@ -242,7 +242,7 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
         del cfg.objectives[name]
     for path, value in explicit.items():
         set_path(cfg, path, value)
-    cfg = dataclasses.replace(cfg)  # built again from its fields: --task-file's tasks declared and joined to --tasks
+    cfg = dataclasses.replace(cfg, tasks=(*cfg.tasks, *(t for t in cfg.declared_tasks() if t not in cfg.tasks)))
     # Per-stream settings that come from the defaults or the preset follow --tasks / --no-nli
     # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked.
     streams = set(cfg.streams())

@@ -284,15 +284,21 @@ class TrainConfig:
                                    "save_only_model)", group="runtime")
 
     def __post_init__(self) -> None:
-        # A task file declares its task (registered, once: tasks/task.py) and adds it to the run's tasks; its path
+        # A task file declares its task (registered, once: tasks/task.py); the command line adds it to the run's
+        # tasks (tasks.arguments), so that a config built again from this one keeps the tasks it is given. Its path
         # is kept absolute, so that the run's config finds it from any folder (--eval-only, the ensemble).
         self.task_files = tuple(str(Path(f).expanduser().resolve()) for f in self.task_files)
-        declared = [read_task_file(f).name for f in self.task_files]
-        self.tasks = tuple(self.tasks) + tuple(t for t in declared if t not in self.tasks)
+        for f in self.task_files:
+            read_task_file(f)
+        self.tasks = tuple(self.tasks)
         self.report_to = tuple(self.report_to)
         for name, cls in NESTED.items():  # a nested config given as a mapping (a preset's, a saved run's)
             if isinstance(getattr(self, name), dict):
                 setattr(self, name, cls(**getattr(self, name)))
+
+    def declared_tasks(self) -> tuple[str, ...]:
+        """The tasks its task files declare (each file read once: tasks.task.read_task_file)."""
+        return tuple(read_task_file(f).name for f in self.task_files)
 
     # -- JSON --
     def to_dict(self) -> dict[str, Any]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import csv
+import dataclasses
 import json
 import zipfile
 from pathlib import Path
@@ -120,6 +121,18 @@ def test_an_objective_asked_for_a_kind_it_does_not_support_is_refused_before_any
     assert not (tmp_path / "run").exists()
 
 
+def test_a_task_files_task_joins_the_command_lines_tasks_once_and_can_be_left_out_after(tmp_path, user_tasks):
+    """--task-file's task joins --tasks where the command line is read; a config built from it again (an
+    --eval-only of some tasks, dataclasses.replace) keeps the tasks it is given: the user's task can be left out."""
+    from tasks.config import eval_config
+
+    task_file = three_class_task(tmp_path / "t")
+    cfg = config_for(["--task-file", str(task_file), "--tasks", "sst"])
+    assert cfg.tasks == ("sst", "topic")
+    assert eval_config(cfg, {"tasks": ("sst",)}).tasks == ("sst",)
+    assert dataclasses.replace(cfg, tasks=("sst",)).tasks == ("sst",)
+
+
 def test_a_users_three_class_csv_trains_predicts_and_ensembles_with_no_code(tmp_path, user_tasks, tiny_env,
                                                                              one_thread):
     """--task-file topic.json (a CSV of its own columns) joins --tasks; the run trains it beside SST with its own
@@ -233,7 +246,7 @@ def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env,
         (folder / f"{name}.json").write_text(json.dumps({"name": name, "train": f"{name}-train.csv", "dev":
                                                          f"{name}-dev.csv", "text": ["a", "b"], "label": label}))
     files = (str(folder / "dup.json"), str(folder / "sim.json"))
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=(), task_files=files, epochs=1)
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("dup", "sim"), task_files=files, epochs=1)
     assert cfg.tasks == ("dup", "sim")
     assert (get_task("dup").kind, get_task("sim").kind) == (KINDS["pair-classification"], KINDS["pair-regression"])
     summary = run(cfg)
