@@ -326,21 +326,13 @@ def peak_memory_bytes(device: torch.device) -> int:
     return hwm if hwm is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
-
-
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
-
-
 def encode_state(state: torch.Tensor) -> str:
     """An RNG state (``torch.Generator.get_state()``) as text for a JSON checkpoint; ``decode_state`` inverts it."""
-    return _b64(state)
+    return base64.b64encode(state.cpu().numpy().tobytes()).decode("ascii")
 
 
 def decode_state(text: str) -> torch.Tensor:
-    return _unb64(text)
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8).clone()
 
 
 def _cuda_index(device: torch.device) -> int:
@@ -367,12 +359,12 @@ def rng_state(device: torch.device | None = None) -> dict[str, Any]:
     version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
-        "torch": _b64(torch.get_rng_state()),
+        "torch": encode_state(torch.get_rng_state()),
         "python": [version, list(internal), gauss],
         "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
     }
     if device is not None and device.type == "cuda" and torch.cuda.is_initialized():
-        state["cuda"] = _b64(torch.cuda.get_rng_state(device))
+        state["cuda"] = encode_state(torch.cuda.get_rng_state(device))
     return state
 
 
@@ -383,7 +375,7 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
     that saved every GPU's state): the entry of ``device``'s index is taken when
     present, else a warning says the dropout masks will differ.
     """
-    torch.set_rng_state(_unb64(state["torch"]))
+    torch.set_rng_state(decode_state(state["torch"]))
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     name, keys, pos, has_gauss, cached = state["numpy"]
@@ -401,5 +393,5 @@ def set_rng_state(state: dict[str, Any], device: torch.device | None = None) -> 
                            "differ", len(saved), device)
             return
         saved = saved[index]
-    torch.cuda.set_rng_state(_unb64(saved), device)
+    torch.cuda.set_rng_state(decode_state(saved), device)
 

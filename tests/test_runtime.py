@@ -61,7 +61,7 @@ def test_rng_state_saves_the_training_devices_cuda_state_only(monkeypatch):
     fake = FakeCuda(monkeypatch, 4)
     state = runtime.rng_state(CUDA1)
     assert fake.all_calls == 0
-    assert isinstance(state["cuda"], str) and runtime._unb64(state["cuda"]).tolist() == [11] * 16
+    assert isinstance(state["cuda"], str) and runtime.decode_state(state["cuda"]).tolist() == [11] * 16
 
 
 def test_resume_on_a_machine_with_fewer_gpus(monkeypatch):
@@ -79,7 +79,7 @@ def test_an_older_checkpoint_with_one_state_per_gpu_still_loads(monkeypatch, cap
     the list warns and leaves the CUDA state alone."""
     fake = FakeCuda(monkeypatch, 4)
     old = runtime.rng_state(None)
-    old["cuda"] = [runtime._b64(t) for t in fake.get_all()]
+    old["cuda"] = [runtime.encode_state(t) for t in fake.get_all()]
     runtime.set_rng_state(old, CUDA1)
     assert fake.set_calls == [(1, 11)]
     old["cuda"] = old["cuda"][:1]
