@@ -369,11 +369,29 @@ class TrainConfig:
         among its tasks (a run without it has no SST head to train them through, whatever the file)."""
         return self.sst_phrases.file is not None and task_with(self.tasks, "phrases") is not None
 
+    # The phrase stream takes the per-stream settings every stream has: its entry in task_batch_size,
+    # max_train_examples or loss_weights where one is given, else --sst-phrases-<x> (the SST entry's spelling of
+    # the same setting; a command line that gives both is refused: refuse_idle_settings).
     def batch_sizes(self) -> dict[str, int]:
+        """Examples per batch, by stream."""
         sizes = {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
-        if PHRASES in sizes and self.sst_phrases.batch_size is not None:
+        if PHRASES in sizes and PHRASES not in self.task_batch_size and self.sst_phrases.batch_size is not None:
             sizes[PHRASES] = self.sst_phrases.batch_size
         return sizes
+
+    def train_caps(self) -> dict[str, int]:
+        """Training examples an epoch, by capped stream."""
+        caps = dict(self.max_train_examples)
+        if self.trains_phrases:
+            caps.setdefault(PHRASES, self.sst_phrases.per_epoch)
+        return caps
+
+    def stream_weights(self) -> dict[str, float]:
+        """Loss factors, by stream named (any other weighs 1)."""
+        weights = dict(self.loss_weights)
+        if self.trains_phrases:
+            weights.setdefault(PHRASES, self.sst_phrases.weight)
+        return weights
 
     def settings(self) -> dict[str, Any]:
         """``to_dict()`` with each nested config's fields by dotted path ("swa.epochs"): one entry a setting."""
@@ -383,11 +401,15 @@ class TrainConfig:
         return d
 
     def acting(self) -> dict[str, Any]:
-        """``settings()`` as the run acts on them: the phrase batch size resolved, the phrase settings left out of a
-        run that trains no phrases. Two configs with equal ``acting()`` make one run, however spelled."""
+        """``settings()`` as the run acts on them: the phrase stream's settings resolved (given either way), the
+        phrase settings left out of a run that trains no phrases. Two configs with equal ``acting()`` make one run, however spelled."""
         d = self.settings()
         if self.trains_phrases:
             d["sst_phrases.batch_size"] = self.batch_sizes()[PHRASES]
+            d["sst_phrases.per_epoch"] = self.train_caps()[PHRASES]
+            d["sst_phrases.weight"] = self.stream_weights()[PHRASES]
+            for name in ("task_batch_size", "max_train_examples", "loss_weights"):
+                d[name] = {k: v for k, v in d[name].items() if k != PHRASES}
         else:
             for name in dataclasses.fields(PhrasesConfig):
                 del d[f"sst_phrases.{name.name}"]
@@ -545,6 +567,13 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
     if "sst_phrases.file" in explicit and cfg.sst_phrases.file is not None and task_with(cfg.tasks, "phrases") is None:
         raise ValueError(f"--sst-phrases trains the SST head, and --tasks {' '.join(cfg.tasks)} has no sst")
+    for mapping, own in (("task_batch_size", "batch_size"), ("max_train_examples", "per_epoch"),
+                         ("loss_weights", "weight")):
+        given = explicit.get(mapping) if isinstance(explicit, dict) else None
+        if f"sst_phrases.{own}" in explicit and PHRASES in dict(given or ()):
+            raise ValueError(f"{flag_of_path(TrainConfig, mapping)} {PHRASES}=... and "
+                             f"{flag_of_path(TrainConfig, 'sst_phrases.' + own)} set one setting of the phrase "
+                             "stream: give it once")
     idle = [f"sst_phrases.{f.name}" for f in dataclasses.fields(PhrasesConfig)
             if f.name != "file" and f"sst_phrases.{f.name}" in explicit and not cfg.trains_phrases]
     if idle:

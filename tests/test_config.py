@@ -69,3 +69,15 @@ def test_none_reads_alike_from_a_config_file_and_the_command_line(tmp_path, caps
         checked += 1
     capsys.readouterr()
     assert checked > 100
+
+
+def test_a_phrase_setting_given_both_ways_is_refused_and_either_spelling_is_one_run():
+    """--loss-weights phrases=W is --sst-phrases-weight W (and so for the batch size and the phrases an epoch):
+    either spelling makes the same run (``acting``), both at once are refused."""
+    from tasks.arguments import config_for
+    with pytest.raises(ValueError, match="--loss-weights phrases=... and --sst-phrases-weight set one setting"):
+        config_for(["--loss-weights", "phrases=0.5", "--sst-phrases-weight", "2"])
+    for general, own in ((["--loss-weights", "phrases=0.5"], ["--sst-phrases-weight", "0.5"]),
+                         (["--max-train-examples", "phrases=100"], ["--sst-phrases-per-epoch", "100"]),
+                         (["--task-batch-size", "phrases=8"], ["--sst-phrases-batch-size", "8"])):
+        assert config_for(general).acting() == config_for(own).acting() != config_for([]).acting()

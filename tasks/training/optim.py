@@ -89,8 +89,7 @@ def warmup_linear(peak: float, t: int, total: int, warm: int, decay: bool = True
 def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
     phrases = PHRASES in train_sets
-    caps = {**cfg.max_train_examples, **({PHRASES: cfg.sst_phrases.per_epoch} if phrases else {})}
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
-                             seed=cfg.seed, max_examples_per_epoch=caps, subsets=cfg.train_subsets,
+                             seed=cfg.seed, max_examples_per_epoch=cfg.train_caps(), subsets=cfg.train_subsets,
                              swap={t: cfg.pair_swap for t in cfg.tasks if get_task(t).kind.pair and t in train_sets},
                              first=(PHRASES,) if phrases and cfg.sst_phrases.order == "first" else ())

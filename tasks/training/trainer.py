@@ -77,7 +77,7 @@ from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
-from tasks.model import PHRASES, MultitaskBert, head_of
+from tasks.model import MultitaskBert, head_of
 from tasks.task import task_with
 from tasks.objectives import Objective
 from tasks.training import distributed, lpft, swa
@@ -422,8 +422,7 @@ class Trainer(Loop):
         probe = self.train_sets.get(task_with(cfg.tasks, "probe_prior") or "")
         self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
                                    probe_train=(probe.texts, probe.labels.tolist()) if probe is not None else None)
-        self.weights = LossWeights(dict(cfg.loss_weights)
-                                   | ({PHRASES: cfg.sst_phrases.weight} if PHRASES in self.train_sets else {}))
+        self.weights = LossWeights(cfg.stream_weights())
         self.best: dict | None = None
         self.history: list[dict] = []  # the training epochs' records
         self.elapsed = 0.0  # training seconds before this process (resumed runs)

@@ -139,6 +139,22 @@ def test_phrases_take_their_own_batch_size_under_even_batching(tiny_env, tmp_pat
     assert sizes.pop("phrases") == {12} and max(map(max, sizes.values())) == cfg.batch_size == 8
 
 
+
+
+def test_the_phrase_streams_general_settings_take_effect(tiny_env, tmp_path):
+    """The phrase stream takes the per-stream settings every stream has: --loss-weights phrases=W,
+    --max-train-examples phrases=N and --task-batch-size phrases=B act as --sst-phrases-weight, -per-epoch and
+    -batch-size (the SST entry's spellings of the same settings), never silently ignored."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases={"file": "sst-phrases-train.csv"},
+                            schedule="round_robin", loss_weights={"phrases": 0.5},
+                            max_train_examples={"phrases": 12}, task_batch_size={"phrases": 4})
+    trainer = trainer_for(cfg)
+    plan = trainer.schedule.epoch_plan(0)
+    phrases = [b for s, b in plan if s == "phrases"]
+    assert sum(map(len, phrases)) == 12 and {len(b) for b in phrases} == {4}
+    assert trainer.weights.get("phrases") == 0.5
+
+
 def test_learning_rate_schedules(tiny_env, tmp_path):
     """constant stays; epoch_decay is lr - decay·epoch (paper §4.5); warmup_linear rises then decays to ~0."""
     t = trainer_for(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
