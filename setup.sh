@@ -44,6 +44,10 @@ if [ -d "$DATA_SRC" ]; then
     ln -sfn "$f" "data/$(basename "$f")"
     n=$((n + 1))
   done
+  if [ -d "$src/glue" ]; then  # GLUE's tasks as GLUE ships them (tasks/glue/: --tasks rte reads data/glue/RTE/)
+    ln -sfn "$src/glue" data/glue
+    n=$((n + 1))
+  fi
   echo "setup.sh: linked $n data files from $src into data/"
 else
   echo "setup.sh: no data directory at '$DATA_SRC'." >&2

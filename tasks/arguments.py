@@ -33,6 +33,7 @@ from tasks.model import ModelConfig
 from tasks.objectives import registered_objectives
 from tasks.options import add_options, flag_of_path, option, value_at
 from tasks.storage import read_json
+from tasks.task_file import read_task_file
 from tasks.training.run import check_run
 
 PAPER = 'Venkateswaran, "Methods to Improve Downstream Generalization of minBERT" (Stanford CS224N)'
@@ -99,7 +100,7 @@ def build_parser(preset: str | None = None) -> Parser:
                 help_suffix={"objective": f": {', '.join(sorted(registry))}"})
     groups = {key: p.add_argument_group(*((name,) if isinstance(name, str) else name))
               for key, name in GROUPS.items()}
-    add_options(p, TrainConfig, suppress=True, skip=("model", "objectives"), groups=groups, defaults=base)
+    add_options(p, TrainConfig, suppress=True, skip=("model", "objectives", "user_tasks"), groups=groups, defaults=base)
     add_options(groups["model"], ModelConfig, dest_prefix="model.", suppress=True, defaults=base.model)
     p.add_argument_group("objectives", "plug-in objectives (tasks/objectives/, one file each); an objective's "
                          "options --<objective>-<option> need --objective <objective> (or a preset that adds it)")
@@ -242,7 +243,19 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
         del cfg.objectives[name]
     for path, value in explicit.items():
         set_path(cfg, path, value)
-    cfg = dataclasses.replace(cfg, tasks=(*cfg.tasks, *(t for t in cfg.declared_tasks() if t not in cfg.tasks)))
+    # A fresh run reads its task files once, here: each declares a task that joins --tasks, its entry kept in the
+    # config (what the run predicts with later, the files gone or not). A task of --config's saved run stays as
+    # that run declared it, unless --task-file names its file again.
+    given = {str(Path(f).expanduser().resolve()) for f in explicit.get("task_files", ())}
+    kept = {n: e for n, e in cfg.user_tasks.items() if e["origin"].get("file") not in given}
+    declared = [read_task_file(f) for f in cfg.task_files
+                if f in given or not any(e["origin"].get("file") == f for e in kept.values())]
+    names = [t.name for t in declared]
+    twice = next((n for n in names if names.count(n) > 1 or n in kept), None)
+    if twice is not None:
+        raise ValueError(f"two --task-file files declare task {twice!r}: give each task one name")
+    cfg = dataclasses.replace(cfg, user_tasks={**kept, **{t.name: t.to_dict() for t in declared}},
+                              tasks=(*cfg.tasks, *(n for n in names if n not in cfg.tasks)))
     # Per-stream settings that come from the defaults or the preset follow --tasks / --no-nli
     # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked.
     streams = set(cfg.streams())

@@ -30,7 +30,8 @@ from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, registered_objectives
 from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
-from tasks.task import MULTITASK, get_task, read_task_file, task_names, task_with
+from tasks.task import MULTITASK, Task, get_task, register_task, task_names, task_with
+from tasks.task_file import check_unchanged, read_declaration
 from tasks.runtime import check_device_string
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
@@ -54,14 +55,14 @@ MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refu
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
 RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
                   "eval_batch_size", "out_dir", "data_dir", "swa.epochs", "swa.lr", "predict_train", "report_to",
-                  "save_only_model")
+                  "save_only_model", "task_files")
 
 
 # Settings (dotted paths) --eval-only may set: they choose what to predict and where, never the model. Objectives
 # add the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
                 "final_dev", "dev_max_examples", "symmetric_eval", "priors.sts_weight", "priors.sts_model",
-                "priors.sst_weight", "priors.sst_model")
+                "priors.sst_weight", "priors.sst_model", "task_files")
 
 
 @dataclass
@@ -154,9 +155,18 @@ class TrainConfig:
                                     "cfimdb (the starter's part 1) or a task of --task-file", group="data",
                                     nargs="+", metavar="TASK")
     task_files: tuple[str, ...] = option((), "declare a task of your own by a JSON file (repeatable; README 'Adding a "
-                                         "task': its train/dev/test files, text and label columns; the kind inferred "
-                                         "from the labels); it joins --tasks", group="data", flag="--task-file",
-                                         repeat=True, metavar="FILE")
+                                         "task': its train/dev/test files, text and label columns; the kind and "
+                                         "classes inferred from the labels); it joins --tasks. With --resume or "
+                                         "--eval-only: where a run's task file now is (it must declare the task as "
+                                         "it did)", group="data", flag="--task-file", repeat=True, metavar="FILE")
+    user_tasks: dict[str, dict[str, Any]] = option(
+        help="the tasks the task files declared, as the run read them (tasks.task.Task.to_dict): what a saved run "
+             "predicts with, its files gone or not; set by --task-file", factory=dict)
+    best_metric: tuple[str, ...] = option((), "what selects the best epoch (and SWA over it): the mean of these tasks' "
+                                          "main metrics or of these metrics (rte_f1), each in [0, 1] (a correlation c "
+                                          "as (c + 1) / 2); default: the CS224N overall, over the run's built-in "
+                                          "tasks (a run of only your own tasks: over them)", group="data", nargs="+",
+                                          metavar="TASK|METRIC")
     freeze_encoder: bool = option(False, "train the heads alone on a frozen encoder (in eval mode) every epoch: the "
                                   "minBERT starter's part-1 '--option pretrain' (its predictions are named "
                                   "pretrain-*; fine-tuning's finetune-*)", group="data")
@@ -284,21 +294,20 @@ class TrainConfig:
                                    "save_only_model)", group="runtime")
 
     def __post_init__(self) -> None:
-        # A task file declares its task (registered, once: tasks/task.py); the command line adds it to the run's
-        # tasks (tasks.arguments), so that a config built again from this one keeps the tasks it is given. Its path
-        # is kept absolute, so that the run's config finds it from any folder (--eval-only, the ensemble).
+        # The tasks its task files declared (read once, where the command line is read: tasks.arguments) are
+        # entries of the registry while a config of their run exists: a saved run predicts with them as they were.
+        if not isinstance(self.user_tasks, dict):  # Tasks from Python (tasks.task_file.read_task_file)
+            self.user_tasks = {t.name: t for t in self.user_tasks}
+        for entry in self.user_tasks.values():
+            register_task(entry if isinstance(entry, Task) else Task.from_dict(entry))
+        self.user_tasks = {name: e.to_dict() if isinstance(e, Task) else e for name, e in self.user_tasks.items()}
         self.task_files = tuple(str(Path(f).expanduser().resolve()) for f in self.task_files)
-        for f in self.task_files:
-            read_task_file(f)
         self.tasks = tuple(self.tasks)
+        self.best_metric = tuple(self.best_metric)
         self.report_to = tuple(self.report_to)
         for name, cls in NESTED.items():  # a nested config given as a mapping (a preset's, a saved run's)
             if isinstance(getattr(self, name), dict):
                 setattr(self, name, cls(**getattr(self, name)))
-
-    def declared_tasks(self) -> tuple[str, ...]:
-        """The tasks its task files declare (each file read once: tasks.task.read_task_file)."""
-        return tuple(read_task_file(f).name for f in self.task_files)
 
     # -- JSON --
     def to_dict(self) -> dict[str, Any]:
@@ -307,6 +316,7 @@ class TrainConfig:
         with the version of its format and of the software that wrote it (tasks/config_versions.py)."""
         d = dataclasses.asdict(self)
         d["tasks"], d["report_to"], d["task_files"] = list(self.tasks), list(self.report_to), list(self.task_files)
+        d["best_metric"] = list(self.best_metric)
         return {"model_type": MODEL_TYPE, VERSION_KEY: CONFIG_VERSION, **software_versions(), **d}
 
     @classmethod
@@ -335,7 +345,7 @@ class TrainConfig:
         if unknown:
             raise ValueError(f"unknown TrainConfig field(s) {unknown}; known: {sorted(known)}")
         # every value read as its flag reads it (tasks.options.json_value): "none", null, types, choices
-        d = {k: v if k in NESTED or k == "objectives" else json_value(cls, k, v) for k, v in d.items()}
+        d = {k: v if k in NESTED or k in ("objectives", "user_tasks") else json_value(cls, k, v) for k, v in d.items()}
         missing = sorted(known - set(d))
         for name, nested in NESTED.items():
             if name not in d:
@@ -426,6 +436,11 @@ class TrainConfig:
                              "with --task-file)")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks {list(self.tasks)} names a task twice")
+        keys = {k: t for t in self.tasks for k in get_task(t).metric_keys}
+        bad = [m for m in self.best_metric if m not in self.tasks and m not in keys]
+        if bad:
+            raise ValueError(f"best_metric {bad[0]!r} is neither a task of this run nor one of their metrics; it can "
+                             f"be {', '.join(self.tasks)} or {', '.join(keys)}")
         streams = self.streams()
         for name, mapping in (("max_train_examples", self.max_train_examples), ("loss_weights", self.loss_weights),
                               ("task_batch_size", self.task_batch_size)):
@@ -605,9 +620,15 @@ def check_objectives(cfg: TrainConfig) -> None:
                          "train nothing: add an objective for nli (the paper uses --objective mnr, §4.2)")
 
 
+def _what_tasks_are(d: dict[str, Any]) -> dict[str, Any]:
+    """``settings()`` with its user tasks' entries apart from where their files are (a run may move)."""
+    return {**d, "user_tasks": {name: {k: v for k, v in e.items() if k not in ("files", "origin")}
+                                for name, e in d["user_tasks"].items()}}
+
+
 def check_resume_config(saved: TrainConfig, cfg: TrainConfig) -> None:
     """A resumed run must be the same run: only RESUME_MUTABLE settings may differ."""
-    a, b = saved.settings(), cfg.settings()
+    a, b = _what_tasks_are(saved.settings()), _what_tasks_are(cfg.settings())
     changed = sorted(k for k in a if a[k] != b.get(k) and k not in RESUME_MUTABLE)
     if changed:
         details = "; ".join(f"{k}: checkpoint {a[k]!r}, now {b[k]!r}" for k in changed)
@@ -616,6 +637,27 @@ def check_resume_config(saved: TrainConfig, cfg: TrainConfig) -> None:
     if a["epochs"] != b["epochs"] and cfg.lr_schedule == "warmup_linear":
         raise ValueError("epochs cannot change on resume with lr_schedule warmup_linear: the decay is spread over "
                          "all steps, so the steps already taken would have had other learning rates")
+
+
+def with_task_files(saved: TrainConfig, given: Iterable[str] = ()) -> TrainConfig:
+    """A saved run's config (``--resume``, ``--eval-only``) with its tasks checked against their task files
+    (tasks.task_file.check_unchanged: a file that changed since the run is refused, naming what changed; one that
+    is gone leaves the saved task as it is) and relocated where ``given`` (``--task-file``) says a file now is."""
+    given = [str(Path(f).expanduser().resolve()) for f in given]
+    by_name = {}
+    for path in given:
+        declaration = read_declaration(Path(path), f"--task-file {path}")
+        name = declaration.get("name") if isinstance(declaration, dict) else None
+        if name not in saved.user_tasks:
+            raise ValueError(f"--task-file {path} declares task {name!r}, which the run has not (its own tasks: "
+                             f"{', '.join(saved.user_tasks) or 'none'}): with --resume or --eval-only it names "
+                             "where a run's task file now is")
+        by_name[name] = path
+    entries = {name: check_unchanged(Task.from_dict(e), by_name.get(name)).to_dict()
+               for name, e in saved.user_tasks.items()}
+    files = tuple(e["origin"].get("file") for e in entries.values() if e["origin"].get("file"))
+    return dataclasses.replace(saved, user_tasks=entries, task_files=files) if given or entries != saved.user_tasks \
+        else saved
 
 
 def eval_mutable() -> tuple[str, ...]:
@@ -675,7 +717,7 @@ NESTED: dict[str, type] = {f.name: nested_config(TrainConfig, f) for f in datacl
 
 __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "TrainConfig", "check_eval_changes",
            "check_objectives", "check_resume_config", "eval_config", "eval_mutable", "eval_overrides",
-           "refuse_idle_settings")
+           "refuse_idle_settings", "with_task_files")
 
 
 # ---- presets ----

@@ -19,15 +19,21 @@ Usage:
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import functools
 import importlib.metadata
+import json
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from tasks.data.readers import FileFormat, decode_utf8, read_labels
+from tasks.task import canonical_number
 
 VERSION_KEY = "config_version"
 
@@ -117,6 +123,66 @@ def nest_settings(d: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# ---- version 3: a run keeps its own tasks' entries, and says what selects its best epoch ----
+
+
+def _task_of_version_2(path: str) -> dict[str, Any]:
+    """The task a task file declared to a run of version 2, by that version's rules (the entry
+    ``Task.to_dict`` writes): the delimiter of the training file's header line for every file, CSV quoting, a
+    header, a last line without a line end taken for cut; without "kind", whole-number labels a classification (a sentence one of as many classes as the
+    largest label + 1, a pair one of two, scored by one logit) and other numbers a pair regression on STS's
+    head (0-5, sts_scale); accuracy or Pearson r; predictions in the course's file format."""
+    file = Path(path)
+    where = f"{file}, the task file of a run saved before version 3 (it keeps its task in config.json since)"
+    try:
+        spec = json.loads(file.read_text(encoding="utf-8"))
+    except OSError:
+        raise ValueError(f"{where}: not found; the run reads its task there: put the file back to load it") from None
+    folder = file.resolve().parent
+    files = {s: str(folder / spec[s]) for s in ("train", "dev", "test") if spec.get(s)}
+    text = [spec["text"]] if isinstance(spec["text"], str) else list(spec["text"])
+    first = decode_utf8(files["train"], Path(files["train"]).read_bytes()).split("\n", 1)[0]
+    delimiter = spec.get("delimiter") or ("\t" if "\t" in first else ",")
+    header = [h.strip() for h in next(csv.reader([first.rstrip("\r")], delimiter=delimiter))]
+    fmt = FileFormat(delimiter, quoting=True, line_ends=True)
+    labels = [raw for _, raw in read_labels(files["train"], spec["label"], fmt=fmt)[0]]
+    kind = spec.get("kind")
+    if kind is None:
+        whole = all(canonical_number(raw) is not None for raw in labels)
+        kind = ("pair-classification" if len(text) == 2 else "sentence-classification") if whole else "pair-regression"
+    classes = None
+    if kind == "pair-classification":
+        classes = ["0", "1"]
+    elif kind == "sentence-classification":
+        n = spec.get("num_classes") or int(max(float(raw) for raw in labels)) + 1
+        classes = [str(k) for k in range(n)]
+    regression = kind == "pair-regression"
+    layout = {"text": text, "label": spec["label"], "id": spec["id"] if "id" in spec else "id" if "id" in header
+              else None, "delimiter": delimiter, "quoting": True, "header": True, "line_ends": True}
+    return {"name": spec["name"], "kind": kind, "classes": classes, "score_range": [0.0, 5.0] if regression else None,
+            "checks_range": regression, "metrics": ["r" if regression else "acc"], "files": files, "layout": layout,
+            "split_layouts": {}, "output_column": f"Predicted_{spec['name']}", "starter_format": True,
+            "positive": "", "span_option": "sts_scale" if regression else "",
+            "origin": {"file": str(file), "declaration": spec, "inferred": []}}
+
+
+_SAVED_RUN = ("tasks", "task_files", "seed", "epochs", "data_dir", "out_dir", "model", "objectives")  # every run's
+
+
+def keep_tasks(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 2 -> 3: a saved run keeps its task files' tasks in "user_tasks" (the task files were read again by
+    every command that loaded the run; this reads them once more, by version 2's rules: ``_task_of_version_2``),
+    and "best_metric" says what selected its best epoch: in version 2 the overall over every task of the run,
+    a user's too. A file of some fields (``--config`` of one's own) gets neither: a fresh run reads its task files
+    itself, and selects as today's runs do."""
+    if "user_tasks" in d or not set(_SAVED_RUN) <= set(d):
+        return d
+    entries = [_task_of_version_2(f) for f in d.get("task_files") or ()]
+    own = [e["name"] for e in entries if e["name"] in d["tasks"]]
+    builtin = [t for t in ("sst", "para", "sts", "cfimdb") if t in d["tasks"]]
+    return {**d, "user_tasks": {e["name"]: e for e in entries}, "best_metric": builtin + own if own else []}
+
+
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
     return frozenset(".".join(names[f]) if f in names else f for f in fields)
 
@@ -162,9 +228,13 @@ _OBJECTIVE_OPTIONS_2 = frozenset(f"{name}.{option}" for name, options in {
 _VERSION_1 = UNVERSIONED_FIELDS | {"sts_prior_model", *UNVERSIONED_ADDITIONS}
 
 
+_VERSION_2 = _renamed(_VERSION_1, NESTED_SETTINGS)
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(from_unversioned, _VERSION_1),
-    Migration(nest_settings, _renamed(_VERSION_1, NESTED_SETTINGS), _OBJECTIVE_OPTIONS_2),
+    Migration(nest_settings, _VERSION_2, _OBJECTIVE_OPTIONS_2),
+    Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric"}, _OBJECTIVE_OPTIONS_2),
 )
 
 

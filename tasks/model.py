@@ -193,8 +193,10 @@ class MultitaskBert(nn.Module):
                 n = t.kind.out_features(t)
                 if t.kind.pair and not cross:  # Siamese: a projection per sentence, compared
                     setattr(self, f"{t.name}_head", _mlp([H, P], p))
-                    if t.kind.classification:  # the threshold on the dot product, learned (see forward)
+                    if t.kind.siamese == "compare" and t.kind.binary:  # the dot product's threshold, learned
                         setattr(self, f"{t.name}_bias", nn.Parameter(torch.zeros(())))
+                    elif t.kind.siamese == "compare":  # C classes: Sentence-BERT's classifier on (u, v, |u - v|)
+                        setattr(self, f"{t.name}_classifier", _mlp([3 * P, n], p))
                 else:
                     setattr(self, f"{t.name}_head", _mlp([H, n], p))
         else:
@@ -205,7 +207,7 @@ class MultitaskBert(nn.Module):
                 n = t.kind.out_features(t)
                 if not t.kind.pair or cross:
                     head = _mlp([2 * Fs, Fs, n], p)
-                elif t.kind.classification:  # the structural change: products of both + both raw embeddings
+                elif t.kind.siamese == "compare":  # the structural change: products of both + both raw embeddings
                     head = _mlp([2 * Fs + 2 * H, Fs, n], p)
                 else:  # Siamese regression: the cosine of the [shared, own] features
                     head = nn.Identity()
@@ -239,6 +241,14 @@ class MultitaskBert(nn.Module):
         if task not in self.tasks:
             raise ValueError(f"unknown task {task!r}; this model's tasks are {list(self.tasks)}")
         return get_task(task)
+
+    def span(self, task: Task) -> float:
+        """A regression head's high - low: its range's, or the ModelConfig option its entry names (STS's
+        ``sts_scale``, the paper's 5 x)."""
+        if task.span_option:
+            return getattr(self.config, task.span_option)
+        low, high = task.score_range
+        return high - low
 
     def offsets(self) -> tuple[str, ...]:
         """The tasks with a learned offset (the baseline's Siamese pair classification): ``init_offset`` starts it."""
@@ -315,7 +325,8 @@ class MultitaskBert(nn.Module):
             with _float32(e):
                 e = t(e.float())
                 x = e if cfg.arch == "baseline" else self._features(task, e)
-                logits = kind.head_output(entry, getattr(self, f"{task}_head")(x), cfg.sts_scale)
+                logits = kind.head_output(entry, getattr(self, f"{task}_head")(x),
+                                          None if kind.classification else self.span(entry))
             return TaskOutput(logits, {"pooled": e, "head_input": x})
         if cfg.pair_encoding == "cross" or "input_ids_1" not in batch:
             # A cross model's pair heads score one joint sequence; fed two sides they would
@@ -326,22 +337,27 @@ class MultitaskBert(nn.Module):
         with _float32(e1):
             e1, e2 = t(e1.float()), t(e2.float())
             feats = {"pooled_1": e1, "pooled_2": e2}
-            if kind.classification:
+            if kind.siamese == "compare":
                 head = getattr(self, f"{task}_head")
-                if cfg.arch == "baseline":
+                if cfg.arch == "baseline" and kind.binary:
                     u, v = head(e1), head(e2)  # (B, P)
                     # + a learned offset: at 0 the threshold is where any two similar sentences start out
                     # (init_offset says why it starts from data)
                     logits = (u * v).sum(-1) + getattr(self, f"{task}_bias")
+                elif cfg.arch == "baseline":
+                    u, v = head(e1), head(e2)  # (B, P)
+                    x = torch.cat([u, v, (u - v).abs()], dim=-1)  # (B, 3P): Reimers & Gurevych 2019, §3
+                    logits = getattr(self, f"{task}_classifier")(x)  # (B, C)
+                    feats["head_input"] = x
                 else:
                     f1, f2 = self._features(task, e1), self._features(task, e2)  # (B, 2F)
                     x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
-                    logits = head(x).squeeze(-1)
+                    logits = kind.head_output(entry, head(x), None)  # (B,) one logit, or (B, C)
                     feats["head_input"] = x
                 return TaskOutput(logits, feats)
             u, v = self.pair_embeddings(task, e1), self.pair_embeddings(task, e2)
             feats.update(sts_1=u, sts_2=v)
-            return TaskOutput(cfg.sts_scale * F.cosine_similarity(u, v, dim=-1), feats)
+            return TaskOutput(kind.scaled(entry, F.cosine_similarity(u, v, dim=-1), self.span(entry)), feats)
 
     def pair_embeddings(self, task: str, e: torch.Tensor) -> torch.Tensor:
         """A Siamese regression task's embedding of pooled sentences (B, D), in float32: what its cosine (and

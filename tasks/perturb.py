@@ -110,9 +110,10 @@ def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
     """Write examples in the format the task's entry reads (the CS224N files: tab-separated, index column first;
     a pair classification's labels as Quora writes them, 0.0 / 1.0), whole or not at all."""
     entry = get_task(task)
+    layout = entry.layout
     buf = io.StringIO()
-    w = csv.writer(buf, delimiter=entry.delimiter)
-    w.writerow(["", entry.id_column or "id", *entry.text_columns, entry.label_column])
+    w = csv.writer(buf, delimiter=layout.fmt.delimiter or "\t")
+    w.writerow(["", layout.id or "id", *layout.text, layout.label])
     for i, e in enumerate(examples):
         label = float(e.label) if entry.kind.binary else e.label
         texts = (e.text_a, e.text_b) if entry.kind.pair else (e.text_a,)
@@ -152,7 +153,7 @@ def perturb(command: str, train: dict[str, list[Example]], seed: int, *, n: int 
     if command == "few-shot":
         return {t: few_shot(train[t], n, seed) for t in train}
     if command == "label-noise":
-        return {t: label_noise(train[t], rate, get_task(t).classes, seed)[0] for t in train
+        return {t: label_noise(train[t], rate, get_task(t).num_classes, seed)[0] for t in train
                 if get_task(t).kind.classification}
     if command == "minority":
         return {task: minority(train[task], label, keep, seed)}

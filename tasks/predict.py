@@ -70,17 +70,13 @@ def read_inputs(task: str, source: str) -> list[Example]:
 
 
 def prediction_rows(predictor: Predictor, task: str, examples: list[Example]) -> tuple[list[str], list[list]]:
-    """(CSV header, rows) of the predictions for ``examples``."""
-    ids = [e.id for e in examples]
+    """(CSV header, rows) of the predictions for ``examples``: its kind's columns (the prediction in the task's own
+    labels, then the class probabilities; or the score)."""
     entry = get_task(task)
     inputs = [(e.text_a, e.text_b) for e in examples] if entry.kind.pair else [e.text_a for e in examples]
-    labels, outputs = predictor.predict(task, inputs)
-    if not entry.kind.classification:
-        return ["id", "score"], [[i, float(s)] for i, s in zip(ids, labels)]
-    if outputs.dim() == 2:  # class probabilities
-        return (["id", "label"] + [f"p{k}" for k in range(outputs.shape[1])],
-                [[i, int(y), *map(float, p)] for i, y, p in zip(ids, labels, outputs)])
-    return ["id", "label", f"p_{entry.positive}"], [[i, int(y), float(p)] for i, y, p in zip(ids, labels, outputs)]
+    preds, outputs = predictor.predict(task, inputs)
+    return (["id", *entry.kind.row_columns(entry)],
+            [[e.id, *entry.kind.row(entry, p, o)] for e, p, o in zip(examples, preds, outputs)])
 
 
 def check_output(output: str) -> None:

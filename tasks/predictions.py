@@ -33,7 +33,8 @@ import torch
 
 from tasks.data.readers import csv_records
 from tasks.storage import write_text
-from tasks.task import get_task, read_task_file, task_names
+from tasks.config_versions import upgrade
+from tasks.task import Task, get_task, register_task, task_names
 
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 
@@ -83,12 +84,13 @@ def _check_finite(what: str, values: torch.Tensor) -> None:
 def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions) -> Path:
     """Write the leaderboard file ``pred_dir/{task}-{split}-output.csv`` and return its path.
 
-    Byte for byte the CS224N starter's format (multitask_classifier.py, classifier.py), for
-    which the leaderboard was built: a header ``id \t Predicted_Sentiment \n``
+    For the course's tasks byte for byte the CS224N starter's format (multitask_classifier.py, classifier.py),
+    for which the leaderboard was built: a header ``id \t Predicted_Sentiment \n``
     (the task's ``output_column``: ``Predicted_Is_Paraphrase``; for STS the starter's spelling
     ``Predicted_Similiary``), then one row ``<id> , <value> \n`` per id in
     ``preds`` order; class ids (SST 0-4, paraphrase 0/1), or float scores
-    (full precision). ``read_predictions`` reads it back.
+    (full precision). Any other task's is a plain CSV, ``id,label`` with each prediction as the task's files write
+    its labels (RTE: entailment / not_entailment), or ``id,score``. ``read_predictions`` reads both back.
     """
     return _write_output(Path(pred_dir) / f"{task}-{split}-output.csv", task, split, preds)
 
@@ -117,12 +119,16 @@ def _write_output(path: Path, task: str, split: str, preds: Predictions) -> Path
         if p.is_floating_point() and not torch.equal(p, p.round()):
             raise ValueError(f"{task}-{split} predictions must be class ids, got non-integer values")
         values = [int(v) for v in p.long().tolist()]
-        top = entry.classes
+        top = entry.num_classes
         bad = [v for v in values if not 0 <= v < top]
         if bad:
             raise ValueError(f"{task}-{split} predictions must be in 0..{top - 1}, got {bad[0]} ({len(bad)} rows)")
-    lines = [f"id \t {entry.output_column} \n"] + [f"{i} , {v} \n" for i, v in zip(preds.ids, values)]
-    return _atomic_write_text(path, "".join(lines))
+    if entry.starter_format:
+        lines = [f"id \t {entry.output_column} \n"] + [f"{i} , {v} \n" for i, v in zip(preds.ids, values)]
+        return _atomic_write_text(path, "".join(lines))
+    # a user's task: a plain CSV of each id and its prediction in the task's own labels
+    labels = values if entry.classes is None else [entry.label_name(v) for v in values]
+    return _atomic_write_csv(path, ["id", entry.output_column], ([i, v] for i, v in zip(preds.ids, labels)))
 
 
 def _atomic_write_text(path: Path, text: str) -> Path:
@@ -226,36 +232,47 @@ def read_logits(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
     return ids, logits.reshape(len(ids))  # (N,)
 
 
-def read_predictions(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
-    """Inverse of ``write_predictions``: (ids, (N,) long class ids, or float32 scores), the task known by its column.
+def read_predictions(path: str | os.PathLike[str], task: str | None = None) -> tuple[list[str], torch.Tensor]:
+    """Inverse of ``write_predictions``: (ids, (N,) long class ids, or float32 scores).
 
-    Also reads the CS224N starter's files: header ``id \t Predicted_Sentiment ``
-    (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows ``<id> , <value> ``. Tasks that share a
-    column (SST and CFIMDB: ``Predicted_Sentiment``) are read as the first registered; a class id is then
-    checked against its range.
+    The task is ``task``, else known by the file's column (the CS224N starter's files: header
+    ``id \t Predicted_Sentiment `` (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows
+    ``<id> , <value> ``; tasks that share a column, SST and CFIMDB's ``Predicted_Sentiment``, are read as the first
+    registered), else by the file's name (``{task}-{split}-output.csv``: another task's ``id,label`` file, its
+    labels read back to class ids). A class id is checked against the task's classes.
     """
     entries = [get_task(t) for t in task_names()]
     column_task: dict[str, object] = {}
     for t in entries:  # a column two tasks share is read as the first registered's (SST before CFIMDB)
         for c in (t.output_column, t.also_read):
-            if c:
+            if c and t.starter_format:
                 column_task.setdefault(c, t)
+    named = task or Path(path).name.rsplit("-", 2)[0]
     found: dict[str, object] = {}
 
     def parse_header(header: list[str]) -> str | None:
-        if len(header) == 2 and header[0] == "id" and header[1] in column_task:
+        if task is None and len(header) == 2 and header[0] == "id" and header[1] in column_task:
             found["task"] = column_task[header[1]]
+            return None
+        if named in task_names() and header == ["id", get_task(named).output_column]:
+            found["task"] = get_task(named)
             return None
         return f"header {header} is not id,<{'|'.join(column_task)}> (a write_predictions file)"
 
     def parse_value(raw: str) -> float | int:
         entry = found["task"]
+        if entry.classes is not None and not entry.starter_format:
+            problems: list[str] = []
+            v = entry.parse_label(raw, problems)
+            if problems:
+                raise ValueError(problems[0])
+            return v
         v = _finite_float(raw)  # accepts "3" and "3.0"
         if entry.classes is None:
             return v
         if v != int(v):
             raise ValueError(f"{raw!r} is not a class id")
-        top = entry.classes
+        top = entry.num_classes
         if not 0 <= v < top:
             raise ValueError(f"{raw!r} is out of range 0..{top - 1}")
         return int(v)
@@ -287,13 +304,13 @@ def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
         config = folder / "config.json"
         if config.is_file():
             try:
-                saved = json.loads(config.read_text(encoding="utf-8"))
+                saved = upgrade(json.loads(config.read_text(encoding="utf-8")))
                 tasks = saved["tasks"]
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{config}: no list of tasks in it ({e}); "
                                  "is it a training run's config.json?") from None
-            for task_file in saved.get("task_files") or ():  # a user's task: known by the file it declared
-                read_task_file(task_file)
+            for entry in (saved.get("user_tasks") or {}).values():  # a user's task: as the run saved it
+                register_task(Task.from_dict(entry))
             if not isinstance(tasks, list) or not set(tasks) <= set(task_names()):
                 raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(task_names())}")
             return tuple(tasks)

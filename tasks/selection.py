@@ -19,7 +19,7 @@ import torch
 
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
-from tasks.data.readers import Example, load_nli, log_report
+from tasks.data.readers import DataFileMissing, Example, load_nli, log_report
 from tasks.model import NLI, PHRASES, head_of
 from tasks.task import get_task, load_split
 
@@ -31,8 +31,9 @@ def make_dataset(task: str, examples: Sequence[Example], tokenizer: Any, cfg: Tr
     labels as its kind reads them (class ids, or float targets: BCE's, a regression's)."""
     kind = get_task(task).kind
     if not kind.pair:
-        return SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
-    return PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
+        return SentenceDataset(examples, tokenizer, max_length=cfg.max_length, label_dtype=kind.label_dtype)
+    return PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length,
+                       label_dtype=kind.label_dtype)
 
 
 def fixed_subset(examples: list[Example], n: int, seed: int) -> list[Example]:
@@ -119,8 +120,21 @@ class RunData:
 def load_final_examples(cfg: TrainConfig, reports: dict[str, dict] | None = None
                         ) -> dict[str, dict[str, list[Example] | None]]:
     """The whole dev and the test examples final predictions are made of (``RunData.final_examples``), for a
-    command that trains nothing (--eval-only)."""
-    return {split: {task: load_examples(task, split, cfg, reports) for task in cfg.tasks} for split in FINAL_SPLITS}
+    command that trains nothing (--eval-only). A user's task whose files are gone (the run moved, or its task
+    folder) is skipped with a warning: the run predicts its other tasks."""
+    final: dict[str, dict[str, list[Example] | None]] = {split: {} for split in FINAL_SPLITS}
+    for task in cfg.tasks:
+        entry = get_task(task)
+        for split in FINAL_SPLITS:
+            try:
+                final[split][task] = load_examples(task, split, cfg, reports)
+            except DataFileMissing as e:
+                if not entry.origin.get("file"):
+                    raise
+                logger.warning("task %s: its %s file %s is not there: its %s predictions are skipped (where its "
+                               "task file is now: --task-file PATH)", task, split, e.path, split)
+                final[split][task] = None
+    return final
 
 
 def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:

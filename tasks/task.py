@@ -1,25 +1,28 @@
-"""The tasks, as data: one registry of entries, each a name, a kind, its files and columns and its classes.
+"""The tasks, as data: one registry of entries, each a name, a kind, its files and columns, its classes or scale.
 
 A **kind** owns everything that differs between kinds of task, so nothing outside this module asks a task's
-name: how its files are read and tokenized, its head and loss, its prediction rule, its metric and that
-metric's place in the overall score, the columns of its prediction and logits files, how an ensemble
-combines its members, and what the Predictor returns. Three kinds (the CS224N project's, as
-sentence-transformers keeps an evaluator per kind of task):
+name: its label tensors, its head's last layer and output, its loss, its prediction rule, the metrics it can be
+scored by, the columns of its logits files and of the Predictor's rows, how an ensemble combines its members.
+One text or a pair, times classes or a score on the labels' own scale:
 
-    sentence-classification   one text, C classes: C logits, cross-entropy, argmax, accuracy     (sst, cfimdb)
-    pair-classification       two texts, 2 classes: one logit, binary cross-entropy, > 0, accuracy  (para)
-    pair-regression           two texts, a score in [0, 5]: MSE, Pearson r, (r + 1) / 2 overall     (sts)
+    sentence-classification   one text, C classes: C logits, softmax cross-entropy, argmax     (sst, cfimdb, cola)
+    pair-classification       two texts, C classes: C logits, as above                        (NLI's three)
+                              two classes: one logit, sigmoid BCE, logit > 0 (Quora's head)    (para, mrpc, rte)
+    sentence-regression       one text, a score in [low, high]: low + span x sigmoid, MSE        (a 1-10 rating)
+    pair-regression           two texts, a score in [low, high], as above                       (sts: [0, 5])
 
-A **task** is an entry (``Task``): the four built-in ones below, or a user's own declared by a JSON file
-(``--task-file``, ``read_task_file``), its kind inferred from its labels when not given, as HF's
-``run_glue.py`` does with ``--train_file`` (whole numbers: classification with as many classes; other
-numbers: regression; a label the kind cannot take is refused naming the file and line).
+A **task** is an entry (``Task``): the four built-in ones below (the CS224N project's three and CFIMDB), the
+GLUE tasks declared by the files of tasks/glue/ (their files in --data-dir/glue/), or a user's own declared by a
+JSON file (tasks/task_file.py), whose classes are the sorted distinct labels (words, sparse or negative ids) and
+whose kind is inferred from its labels as HF's ``run_glue.py`` infers it. An entry holds everything a model of
+it needs to predict, so a run's config.json keeps its user tasks' entries (``Task.to_dict``) and loads without
+their files.
 
 Usage:
     task = get_task("sst")                     # the entry; get_task(task) gives it back
     task.kind.loss(logits, labels)             # the head's loss; task.kind.predict(logits), ...
     examples, report = task.read("dev", "data", limit=None)
-    task = read_task_file("topic.json")        # a user's task, registered (register_task) under its name
+    task.label_name(2)                         # the user's label of class 2 ("neutral"), "2" for SST
 
 The model's heads: every model has the CS224N project's three (``MULTITASK``), so that each run of the
 default project has one checkpoint layout whatever ``--tasks`` trains, and a head for every other task of
@@ -29,64 +32,53 @@ its run (``model_tasks``).
 from __future__ import annotations
 
 import abc
-import contextlib
-import csv
-import io
 import json
 import logging
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-from tasks.data.readers import (DataFileMissing, Example, ReadReport, class_label, decode_utf8, log_report,
-                                read_examples, similarity_label)
+from tasks.data.readers import (COURSE_FORMAT, Column, Example, FileFormat, ReadReport, class_label, log_report,
+                                read_examples)
 
 logger = logging.getLogger(__name__)
 
 SPLITS = ("train", "dev", "test")
 
+STREAMS = ("nli", "phrases")  # the names of the training streams that are no task (tasks/model.py)
+
 
 # ---- kinds ---------------------------------------------------------------------------------------------------
 
 
-def pearson_r(x: torch.Tensor, y: torch.Tensor) -> float:
-    """Pearson correlation of two 1-D tensors, computed in float64.
-
-    nan when either side has zero variance (r is undefined there), like scipy.
-    """
-    x = x.detach().reshape(-1).to("cpu", torch.float64)
-    y = y.detach().reshape(-1).to("cpu", torch.float64)
-    if x.numel() != y.numel():
-        raise ValueError(f"pearson_r: {x.numel()} predictions but {y.numel()} labels")
-    if x.numel() < 2:
-        raise ValueError(f"pearson_r needs at least 2 values, got {x.numel()}")
-    xc, yc = x - x.mean(), y - y.mean()
-    denom = math.sqrt(float((xc * xc).sum()) * float((yc * yc).sum()))
-    if denom == 0.0:
-        return math.nan
-    return max(-1.0, min(1.0, float((xc * yc).sum()) / denom))
-
-
 class Kind(abc.ABC):
     """What differs between kinds of task: each kind implements every abstract method (a kind that forgets one
-    cannot be built). Methods take the task where its entry matters (its classes)."""
+    cannot be built). Methods take the task where its entry matters (its classes, its scale)."""
 
-    name: str = ""
-    pair: bool = False  # examples are two texts (a PairDataset); else one (a SentenceDataset)
-    classification: bool = True  # labels are class ids (long); else scores (float)
+    classification: bool = True  # labels are classes; else scores
     binary: bool = False  # two classes scored by one logit (sigmoid); else C logits (softmax), or a score
-    metric: str = "acc"  # the metric's suffix: "<task>_acc", "<task>_r"
+    label_dtype: torch.dtype = torch.long  # of the label tensors of its datasets
+    metrics: tuple[str, ...] = ()  # what it can be scored by (tasks/evaluation/metrics.py)
+    # How a Siamese model (each sentence encoded alone) scores a pair: "compare" the two sentences' features
+    # (the paraphrase head's way), or "cosine" (the STS head's: the score is the scaled cosine).
+    siamese: str = "compare"
 
-    # -- data --
+    def __init__(self, name: str, pair: bool) -> None:
+        self.name = name
+        self.pair = pair  # examples are two texts (a PairDataset); else one (a SentenceDataset)
+
+    def __repr__(self) -> str:
+        return f"<kind {self.name}{' (one logit)' if self.binary else ''}>"
+
     @abc.abstractmethod
-    def parse_label(self, task: Task, raw: str, problems: list[str]) -> int | float | None:
-        """A label cell as this kind reads it, or None with the reason appended to ``problems``."""
+    def default_metrics(self, task: Task) -> tuple[str, ...]:
+        """A user's task's metrics when its file names none, the main one first."""
 
     # -- model --
     @abc.abstractmethod
@@ -94,8 +86,9 @@ class Kind(abc.ABC):
         """The head's last layer's width."""
 
     @abc.abstractmethod
-    def head_output(self, task: Task, z: torch.Tensor, sts_scale: float) -> torch.Tensor:
-        """The logits of a head that scored one sequence, from its last layer's output ``z`` (B, out_features)."""
+    def head_output(self, task: Task, z: torch.Tensor, span: float) -> torch.Tensor:
+        """The logits of a head that scored one sequence, from its last layer's output ``z`` (B, out_features);
+        ``span``: a regression head's high - low (the model's, ``MultitaskBert.span``)."""
 
     @abc.abstractmethod
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -117,15 +110,6 @@ class Kind(abc.ABC):
 
     def pred_dtype(self) -> torch.dtype:
         return torch.long if self.classification else torch.float32
-
-    # -- metric --
-    def score(self, preds: torch.Tensor, labels: torch.Tensor) -> float:
-        """Accuracy of class ids against labels (Quora's are floats 0.0 / 1.0: compared as class ids)."""
-        return (preds.detach().cpu().long() == labels.detach().cpu().long()).double().mean().item()
-
-    def normalized(self, value: float) -> float:
-        """The metric's part of the overall score, in [0, 1]."""
-        return value
 
     # -- ensembles --
     @abc.abstractmethod
@@ -150,24 +134,32 @@ class Kind(abc.ABC):
         """The regression ensembler's data term on float64 logits ``z`` and labels ``y`` (a regression's, the squared
         error, is minimised in closed form by least squares)."""
 
-    # -- the Predictor --
+    # -- the Predictor and the predict command --
     @abc.abstractmethod
     def outputs(self, logits: torch.Tensor) -> torch.Tensor:
         """What a user reads beside a prediction: class probabilities (N, C), P(class 1) (N,), or the score."""
 
+    @abc.abstractmethod
+    def row_columns(self, task: Task) -> list[str]:
+        """The predict command's columns after ``id``: the label and its probabilities, or the score."""
 
-class SentenceClassification(Kind):
-    """One text, ``num_classes`` classes: C logits, softmax cross-entropy, argmax, accuracy."""
+    @abc.abstractmethod
+    def row(self, task: Task, pred: torch.Tensor, output: torch.Tensor) -> list:
+        """One example's values of ``row_columns``: the prediction in the user's label, then its outputs."""
 
-    name = "sentence-classification"
 
-    def parse_label(self, task, raw, problems):
-        return class_label(raw, task.num_classes, problems)
+class Classes(Kind):
+    """C classes: C logits, softmax cross-entropy, argmax."""
+
+    metrics = ("acc", "f1", "macro_f1", "mcc")
+
+    def default_metrics(self, task):
+        return ("acc", "f1", "mcc") if task.num_classes == 2 else ("acc", "macro_f1", "mcc")
 
     def out_features(self, task):
         return task.num_classes
 
-    def head_output(self, task, z, sts_scale):
+    def head_output(self, task, z, span):
         return z  # (B, C)
 
     def loss(self, logits, labels, reduction="mean"):
@@ -199,21 +191,27 @@ class SentenceClassification(Kind):
     def outputs(self, logits):
         return torch.softmax(logits, dim=-1)
 
+    def row_columns(self, task):
+        return ["label"] + [task.probability_column(k) for k in range(task.num_classes)]
 
-class PairClassification(Kind):
-    """Two texts, two classes: one logit, sigmoid binary cross-entropy, prediction logit > 0, accuracy."""
+    def row(self, task, pred, output):
+        return [task.label_name(int(pred)), *map(float, output)]
 
-    name = "pair-classification"
-    pair = True
+
+class Binary(Kind):
+    """Two classes scored by one logit (Quora's head): sigmoid binary cross-entropy, prediction logit > 0."""
+
     binary = True
+    label_dtype = torch.float32  # BCE's targets
+    metrics = ("acc", "f1", "macro_f1", "mcc")
 
-    def parse_label(self, task, raw, problems):
-        return class_label(raw, 2, problems)
+    def default_metrics(self, task):
+        return ("acc", "f1", "mcc")
 
     def out_features(self, task):
         return 1
 
-    def head_output(self, task, z, sts_scale):
+    def head_output(self, task, z, span):
         return z.squeeze(-1)  # (B,)
 
     def loss(self, logits, labels, reduction="mean"):
@@ -251,23 +249,36 @@ class PairClassification(Kind):
     def outputs(self, logits):
         return torch.sigmoid(logits)
 
+    def row_columns(self, task):
+        return ["label", f"p_{task.positive or task.label_name(1)}"]
 
-class PairRegression(Kind):
-    """Two texts, a similarity score in [0, 5]: the score itself, MSE, Pearson r; (r + 1) / 2 in the overall."""
+    def row(self, task, pred, output):
+        return [task.label_name(int(pred)), float(output)]
 
-    name = "pair-regression"
-    pair = True
+
+class Scores(Kind):
+    """A score on the task's scale [low, high]: the head's low + span x sigmoid (a Siamese pair's: low + span x
+    cosine), MSE; scored by correlations, which count as (c + 1) / 2 in the overall score."""
+
     classification = False
-    metric = "r"
+    label_dtype = torch.float32
+    metrics = ("r", "spearman")
+    siamese = "cosine"
 
-    def parse_label(self, task, raw, problems):
-        return similarity_label(raw, problems)
+    def default_metrics(self, task):
+        return ("r", "spearman")
 
     def out_features(self, task):
         return 1
 
-    def head_output(self, task, z, sts_scale):
-        return sts_scale * torch.sigmoid(z.squeeze(-1))  # (B,)
+    def scaled(self, task: Task, unit: torch.Tensor, span: float) -> torch.Tensor:
+        """low + span x ``unit`` (a sigmoid in [0, 1], or a cosine)."""
+        out = span * unit
+        low = task.score_range[0]
+        return out + low if low else out  # a scale from 0 (STS's) adds nothing, not even to the sign of a zero
+
+    def head_output(self, task, z, span):
+        return self.scaled(task, torch.sigmoid(z.squeeze(-1)), span)  # (B,)
 
     def loss(self, logits, labels, reduction="mean"):
         return F.mse_loss(logits.float(), labels.float(), reduction=reduction)
@@ -277,12 +288,6 @@ class PairRegression(Kind):
 
     def logit_columns(self, task):
         return ["score"]
-
-    def score(self, preds, labels):
-        return pearson_r(preds, labels)
-
-    def normalized(self, value):
-        return (value + 1.0) / 2.0
 
     def contributions(self, x):
         return x
@@ -300,70 +305,209 @@ class PairRegression(Kind):
     def outputs(self, logits):
         return logits
 
+    def row_columns(self, task):
+        return ["score"]
 
-KINDS: dict[str, Kind] = {k.name: k for k in (SentenceClassification(), PairClassification(), PairRegression())}
+    def row(self, task, pred, output):
+        return [float(pred)]
+
+
+# The kinds by the name a task file gives; a pair classification of two classes is scored by one logit, as
+# Quora's head is (``kind_for``).
+KINDS: dict[str, Kind] = {k.name: k for k in (
+    Classes("sentence-classification", pair=False), Classes("pair-classification", pair=True),
+    Scores("sentence-regression", pair=False), Scores("pair-regression", pair=True))}
+PAIR_BINARY = Binary("pair-classification", pair=True)
+
+
+def kind_for(name: str, num_classes: int | None = None) -> Kind:
+    """The kind a task of kind ``name`` and ``num_classes`` classes has: KINDS[name], or PAIR_BINARY for a pair
+    classification of two classes (one logit, the paraphrase head's)."""
+    if name not in KINDS:
+        raise ValueError(f"kind {name!r}; kinds are {', '.join(KINDS)}")
+    return PAIR_BINARY if name == "pair-classification" and num_classes == 2 else KINDS[name]
 
 
 # ---- entries -------------------------------------------------------------------------------------------------
 
+NAME_LENGTH = 40  # a task's name is in its files' names ({name}-{split}-output.csv) and its flags' values
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where a file holds what a task reads: its text column(s), label and id columns (header names, or 0-based
+    positions in a file without a header; id None: ids are the rows' file lines), and how it is split
+    (``FileFormat``)."""
+
+    text: tuple[Column, ...]
+    label: Column | None
+    id: Column | None = "id"
+    fmt: FileFormat = COURSE_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"text": list(self.text), "label": self.label, "id": self.id, "delimiter": self.fmt.delimiter,
+                "quoting": self.fmt.quoting, "header": self.fmt.header, "line_ends": self.fmt.line_ends}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Layout:
+        return cls(tuple(d["text"]), d["label"], d["id"], FileFormat(d["delimiter"], d["quoting"], d["header"],
+                                                                       d["line_ends"]))
+
 
 @dataclass(frozen=True)
 class Task:
-    """One task: its name, kind, files (by split: a name in the data directory, or a path) and columns.
+    """One task: its name, kind, files (by split: a name in the data directory, or a path), where they hold its
+    columns, and its classes (names by class id) or its scale.
 
-    ``title``: how tables name it; ``output_column``: the column of its leaderboard file
-    (``{name}-{split}-output.csv``, the CS224N starter's format); ``also_read``: another spelling of that column
-    a reader takes; ``submission``: its files go into the CS224N submission zip; ``part1``: the minBERT starter's
-    part 1 (``classifier.py``) also writes it as ``{finetune|pretrain}-{name}-{split}-out.csv``;
-    ``part1_only``: a run with it writes those files for each of its part-1 tasks; ``positive``: what class 1 of
-    a pair classification means (the Predictor's ``p_<positive>`` column). The SST head's helpers attach
-    through the entry: ``phrases`` (the treebank's phrase stream, ``--sst-phrases``), ``probe_prior``
-    (``--sst-prior``) and ``cosine_prior`` (``--sts-prior``); and STS's, ``nli``: the head whose embeddings MNR
-    trains on the NLI triplets (``--nli``).
+    ``layout``: the columns and format of its files, ``split_layouts`` a split's own where it differs (CoLA's
+    test file has a header, its train file none). ``classes``: a classification's labels as its files write
+    them, by class id (SST: "0".."4"; RTE: "entailment", "not_entailment"). ``score_range``: a regression's
+    (low, high), its head's range; ``checks_range``: labels outside it are refused (STS's 0-5), else taken as
+    they are. ``metrics``: what it is scored by, the main one first (tasks/evaluation/metrics.py); default: its
+    kind's. ``overall``: it counts in the default overall score (the CS224N tasks and CFIMDB; another task's
+    metric selects only when asked, ``--best-metric``). ``span_option``: the ModelConfig field that sets a
+    regression head's span instead of its range (STS: ``sts_scale``, the paper's 5 ×).
+
+    How the files of its predictions read: ``title`` (tables), ``output_column`` and ``starter_format``
+    (``{name}-{split}-output.csv``: the CS224N starter's bytes, else a plain CSV of id and the user's label);
+    ``also_read``: another spelling of that column a reader takes; ``submission``: its files go into the CS224N
+    submission zip; ``part1``: the minBERT starter's part 1 (``classifier.py``) also writes it as
+    ``{finetune|pretrain}-{name}-{split}-out.csv``; ``part1_only``: a run with it writes those files for each of its
+    part-1 tasks; ``positive``: what class 1 of a one-logit classification means (the Predictor's ``p_<positive>``
+    column; default: its label). The SST head's helpers attach through the entry: ``phrases`` (the treebank's
+    phrase stream, ``--sst-phrases``), ``probe_prior`` (``--sst-prior``) and ``cosine_prior`` (``--sts-prior``);
+    and STS's, ``nli``: the head whose embeddings MNR trains on the NLI triplets (``--nli``). ``origin``: a user's
+    task's file and the declaration it read there (tasks/task_file.py); not part of what the task is.
     """
 
     name: str
     kind: Kind
-    files: Mapping[str, str]
-    text_columns: tuple[str, ...]
-    label_column: str
-    num_classes: int | None = None
-    id_column: str | None = "id"
-    delimiter: str = "\t"
+    files: Mapping[str, str] = field(compare=False)  # where they are is not what the task is (a run may move)
+    layout: Layout
+    classes: tuple[str, ...] | None = None
+    score_range: tuple[float, float] | None = None
+    checks_range: bool = False
+    metrics: tuple[str, ...] = ()
+    split_layouts: Mapping[str, Layout] = field(default_factory=dict)
     title: str = ""
     output_column: str = ""
+    starter_format: bool = False
     also_read: str = ""
     submission: bool = False
     part1: bool = False
     part1_only: bool = False
-    positive: str = "1"
+    positive: str = ""
+    overall: bool = False
+    span_option: str = ""
     phrases: bool = False
     probe_prior: bool = False
     cosine_prior: bool = False
     nli: bool = False
-    spec: Mapping[str, Any] = field(default_factory=dict, compare=False)  # a user's task: the file it came from
+    origin: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if len(self.text_columns) != (2 if self.kind.pair else 1):
-            raise ValueError(f"task {self.name!r}: a {self.kind.name} task reads {2 if self.kind.pair else 1} "
-                             f"text column(s), got {list(self.text_columns)}")
-        if self.kind.classification and not self.kind.pair and not (self.num_classes or 0) >= 2:
-            raise ValueError(f"task {self.name!r}: a classification task needs num_classes >= 2")
+        where = f"task {self.name!r}"
+        if not isinstance(self.name, str) or not self.name.isidentifier() or len(self.name) > NAME_LENGTH \
+                or self.name in STREAMS:
+            raise ValueError(f"task name {self.name!r}: use up to {NAME_LENGTH} letters, digits and _, not starting "
+                             f"with a digit (not {' or '.join(STREAMS)}, the streams' names)")
+        for split, layout in {"": self.layout, **self.split_layouts}.items():
+            if len(layout.text) != (2 if self.kind.pair else 1):
+                raise ValueError(f"{where}: a {self.kind.name} task reads {2 if self.kind.pair else 1} text "
+                                 f"column(s), got {list(layout.text)}" + (f" in its {split} file" if split else ""))
+        if self.kind.classification:
+            if self.classes is None or len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
+                raise ValueError(f"{where}: a classification needs two or more distinct classes, got {self.classes}")
+            if self.kind.binary and len(self.classes) != 2:
+                raise ValueError(f"{where}: a one-logit classification has two classes, got {len(self.classes)}")
+        elif not (self.score_range is not None and self.score_range[0] < self.score_range[1]):
+            raise ValueError(f"{where}: a regression needs a scale (low, high) with low < high, got "
+                             f"{self.score_range}")
+        if not self.metrics:
+            object.__setattr__(self, "metrics", self.kind.default_metrics(self))
+        bad = [m for m in self.metrics if m not in self.kind.metrics or (m == "f1" and self.num_classes != 2)]
+        if bad:
+            can = [m for m in self.kind.metrics if m != "f1" or self.num_classes == 2]
+            of = f" of {self.num_classes} classes" if self.classes else ""
+            raise ValueError(f"{where}: a {self.kind.name} task{of} is not scored by {bad[0]!r}; its metrics are "
+                             f"{', '.join(can)}")
+
+    @property
+    def text_columns(self) -> tuple[Column, ...]:
+        return self.layout.text
+
+    @property
+    def num_classes(self) -> int | None:
+        """How many classes its predictions range over (None: scores)."""
+        return len(self.classes) if self.classes is not None else None
 
     @property
     def metric(self) -> str:
-        """Its metric's name in a run's records: sst_acc, para_acc, sts_r, ..."""
-        return f"{self.name}_{self.kind.metric}"
+        """Its main metric's name in a run's records: sst_acc, para_acc, sts_r, ..."""
+        return f"{self.name}_{self.metrics[0]}"
+
+    @property
+    def metric_keys(self) -> tuple[str, ...]:
+        """Every metric's name in a run's records, the main one first."""
+        return tuple(f"{self.name}_{m}" for m in self.metrics)
 
     @property
     def table_title(self) -> str:
         """Its column in tables: "SST acc", "STS r"."""
-        return f"{self.title or self.name} {self.kind.metric}"
+        return f"{self.title or self.name} {self.metrics[0]}"
+
+    def label_name(self, class_id: int) -> str:
+        """The label its files write for class ``class_id``."""
+        return self.classes[class_id]
+
+    def probability_column(self, class_id: int) -> str:
+        """The predict command's column of P(class): p0..p4 for classes named by their ids (SST), else p_<label>."""
+        name = self.label_name(class_id)
+        return f"p{name}" if name == str(class_id) else f"p_{name}"
 
     @property
-    def classes(self) -> int | None:
-        """How many classes its predictions range over (None: scores)."""
-        return (self.num_classes or 2) if self.kind.classification else None
+    def ids_are_labels(self) -> bool:
+        """Its classes are named 0, 1, ..., C - 1 in its files (the course's tasks)."""
+        return self.classes == tuple(str(k) for k in range(len(self.classes or ())))
+
+    def parse_label(self, raw: str, problems: list[str]) -> int | float | None:
+        """A label cell as this task reads it: a class id (its label among ``classes``; a whole number also as
+        written otherwise, 1.0 for 1), or a score; else None with the reason appended to ``problems``."""
+        raw = raw.strip()
+        if self.kind.classification:
+            if self.ids_are_labels:
+                return class_label(raw, len(self.classes), problems)
+            if not raw:
+                problems.append("empty label")
+                return None
+            index = {c: k for k, c in enumerate(self.classes)}
+            if raw in index:
+                return index[raw]
+            whole = canonical_number(raw)
+            if whole in index:
+                return index[whole]
+            problems.append(f"label {raw!r} is not one of the classes {', '.join(self.classes)}")
+            return None
+        if not raw:
+            problems.append("empty label")
+            return None
+        try:
+            value = float(raw)
+        except ValueError:
+            problems.append(f"label {raw!r} is not a number")
+            return None
+        low, high = self.score_range
+        if self.checks_range and not low <= value <= high:  # also refuses nan
+            problems.append(f"label {raw!r} out of range [{low:g}, {high:g}]")
+            return None
+        if not math.isfinite(value):
+            problems.append(f"label {raw!r} is not a finite number")
+            return None
+        return value
+
+    def layout_of(self, split: str) -> Layout:
+        """The columns and format of the split's file."""
+        return self.split_layouts.get(split, self.layout)
 
     def path(self, split: str, data_dir: str | os.PathLike[str]) -> Path | None:
         """The file of ``split`` (a name in ``data_dir``, or a user's path), None where the task has none."""
@@ -371,15 +515,69 @@ class Task:
             raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
         return Path(data_dir) / self.files[split] if split in self.files else None
 
+    @property
+    def about(self) -> str | None:
+        """What a reader says of this task's files: a user's task file names them; None: the course's files."""
+        return f"task file {self.origin['file']} names it" if self.origin.get("file") else None
+
     def read(self, split: str, data_dir: str | os.PathLike[str], limit: int | None = None, *,
              path: str | os.PathLike[str] | None = None) -> tuple[list[Example], ReadReport]:
         """The examples of one split's file (``path`` instead of the entry's file), and its ReadReport; a test
         file is read unlabelled."""
+        layout = self.layout_of(split)
         labeled = split != "test"
-        parse = (lambda raw, problems: self.kind.parse_label(self, raw, problems)) if labeled else None
-        return read_examples(path if path is not None else self.path(split, data_dir), self.text_columns,
-                             self.label_column if labeled else None, parse, id_column=self.id_column,
-                             delimiter=self.delimiter, limit=limit)
+        return read_examples(path if path is not None else self.path(split, data_dir), layout.text,
+                             layout.label if labeled else None, self.parse_label if labeled else None,
+                             id_column=layout.id, fmt=layout.fmt, limit=limit, about=self.about)
+
+    def describe(self) -> str:
+        """One line of what the task is: its kind, classes or scale, and metrics."""
+        if self.kind.classification:
+            what = f"{self.num_classes} classes ({', '.join(self.classes)})" + (
+                ", one logit" if self.kind.binary else "")
+        else:
+            what = f"a score in [{self.score_range[0]:g}, {self.score_range[1]:g}]"
+        return f"{self.name}: {self.kind.name}, {what}; metrics {', '.join(self.metrics)} ({self.metrics[0]} the main)"
+
+    # -- a user's task as plain JSON (a run's config.json keeps it: tasks/config.py) --
+    def to_dict(self) -> dict[str, Any]:
+        """What a user's task is, as plain JSON: everything a model of it needs to predict, its files and where
+        it was declared (``from_dict`` reads it back)."""
+        return {"name": self.name, "kind": self.kind.name, "classes": list(self.classes) if self.classes else None,
+                "score_range": list(self.score_range) if self.score_range else None,
+                "checks_range": self.checks_range, "metrics": list(self.metrics), "files": dict(self.files),
+                "layout": self.layout.to_dict(),
+                "split_layouts": {s: lay.to_dict() for s, lay in self.split_layouts.items()},
+                "output_column": self.output_column, "starter_format": self.starter_format,
+                "positive": self.positive, "span_option": self.span_option, "origin": dict(self.origin)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Task:
+        """Inverse of ``to_dict``; a ValueError naming what is wrong with ``d``."""
+        if not isinstance(d, Mapping):
+            raise ValueError(f"a task entry is a JSON object, got {json.dumps(d)}")
+        keys = ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout",
+                "split_layouts", "output_column", "starter_format", "positive", "span_option", "origin")
+        wrong = sorted(set(d) ^ set(keys))
+        if wrong:
+            raise ValueError(f"task entry {d.get('name')!r}: keys {wrong} are unknown or missing")
+        classes = tuple(d["classes"]) if d["classes"] is not None else None
+        return cls(d["name"], kind_for(d["kind"], len(classes) if classes else None), dict(d["files"]),
+                   Layout.from_dict(d["layout"]), classes=classes,
+                   score_range=tuple(d["score_range"]) if d["score_range"] is not None else None,
+                   checks_range=d["checks_range"], metrics=tuple(d["metrics"]),
+                   split_layouts={s: Layout.from_dict(v) for s, v in d["split_layouts"].items()},
+                   output_column=d["output_column"], starter_format=d["starter_format"], positive=d["positive"],
+                   span_option=d["span_option"], origin=dict(d["origin"]))
+
+
+def canonical_number(raw: str) -> str | None:
+    """A whole number as its digits ("1.0" -> "1", "-2" -> "-2"); None for anything else."""
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    return str(int(value)) if math.isfinite(value) and value == int(value) else None
 
 
 # ---- the registry --------------------------------------------------------------------------------------------
@@ -388,22 +586,30 @@ _REGISTRY: dict[str, Task] = {}
 
 
 def register_task(task: Task) -> Task:
-    """Add ``task``; the same entry again is a no-op, another entry under a taken name a ValueError."""
-    if not task.name.isidentifier() or task.name in ("nli", "phrases"):
-        raise ValueError(f"task name {task.name!r}: use letters, digits and _ (not nli or phrases, the streams' "
-                         "names)")
+    """Add ``task``. The same task again (the same entry but for where its files are: a run moved, runs of one
+    task from two folders) takes the place of the one registered, so that its files are the latest declared;
+    another entry under a taken name is a ValueError."""
     old = _REGISTRY.get(task.name)
     if old is not None and old != task:
+        by = old.origin.get("file")
         raise ValueError(f"task {task.name!r} is already declared otherwise"
-                         + (f" (by {old.spec.get('file')})" if old.spec.get("file") else " (a built-in task)"))
-    _REGISTRY.setdefault(task.name, task)
-    return _REGISTRY[task.name]
+                         + (f" (by {by})" if by else " (a task this package declares)")
+                         + f": {_difference(old, task)}")
+    _REGISTRY[task.name] = task
+    return task
+
+
+def _difference(a: Task, b: Task) -> str:
+    """What differs between two entries of one name, for the message."""
+    da, db = a.to_dict(), b.to_dict()
+    keys = [k for k in da if k not in ("files", "origin") and da[k] != db[k]]
+    return "; ".join(f"{k} {json.dumps(da[k])} there, {json.dumps(db[k])} here" for k in keys) or "other settings"
 
 
 def unregister_task(name: str) -> None:
     """Drop a user's task (tests); the built-in ones stay."""
-    if name in BUILTIN:
-        raise ValueError(f"{name!r} is a built-in task")
+    if name in BUILTIN or name in GLUE:
+        raise ValueError(f"{name!r} is a task this package declares")
     _REGISTRY.pop(name, None)
 
 
@@ -430,26 +636,80 @@ def model_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
     return MULTITASK + tuple(t for t in tasks if t not in MULTITASK)
 
 
-_SENTIMENT = dict(kind=KINDS["sentence-classification"], text_columns=("sentence",), label_column="sentiment",
-                  output_column="Predicted_Sentiment", part1=True)
+_IDS = tuple(str(k) for k in range(5))
+_SENTIMENT = dict(kind=KINDS["sentence-classification"], layout=Layout(("sentence",), "sentiment"),
+                  output_column="Predicted_Sentiment", starter_format=True, part1=True, overall=True, metrics=("acc",))
 BUILTIN = tuple(register_task(t).name for t in (
     Task("sst", files={"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
-         num_classes=5, title="SST", submission=True, phrases=True, probe_prior=True, **_SENTIMENT),
-    Task("para", KINDS["pair-classification"],
-         files={"train": "quora-train.csv", "dev": "quora-dev.csv", "test": "quora-test-student.csv"},
-         text_columns=("sentence1", "sentence2"), label_column="is_duplicate", title="Para",
-         output_column="Predicted_Is_Paraphrase", submission=True, positive="paraphrase"),
+         classes=_IDS, title="SST", submission=True, phrases=True, probe_prior=True, **_SENTIMENT),
+    Task("para", PAIR_BINARY, files={"train": "quora-train.csv", "dev": "quora-dev.csv",
+                                     "test": "quora-test-student.csv"},
+         layout=Layout(("sentence1", "sentence2"), "is_duplicate"), classes=_IDS[:2], metrics=("acc",), title="Para",
+         output_column="Predicted_Is_Paraphrase", starter_format=True, submission=True, positive="paraphrase",
+         overall=True),
     # the starter writes STS's column misspelt (Predicted_Similiary): we write it so and also read it spelt right
     Task("sts", KINDS["pair-regression"],
          files={"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
-         text_columns=("sentence1", "sentence2"), label_column="similarity", title="STS",
-         output_column="Predicted_Similiary", also_read="Predicted_Similarity", submission=True, cosine_prior=True,
-         nli=True),
+         layout=Layout(("sentence1", "sentence2"), "similarity"), score_range=(0.0, 5.0), checks_range=True,
+         metrics=("r",), title="STS", output_column="Predicted_Similiary", starter_format=True,
+         also_read="Predicted_Similarity", submission=True, overall=True, span_option="sts_scale",
+         cosine_prior=True, nli=True),
     Task("cfimdb", files={"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv",
                           "test": "ids-cfimdb-test-student.csv"},
-         num_classes=2, title="CFIMDB", part1_only=True, **_SENTIMENT),
+         classes=_IDS[:2], title="CFIMDB", part1_only=True, **_SENTIMENT),
 ))
 MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the default --tasks, in every model
+
+
+# ---- declarations: a task file's keys (a user's is checked, and what it leaves out inferred: tasks/task_file.py) --
+
+TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "classes", "num_classes", "range",
+                  "metric", "delimiter", "quoting", "header", "positive")
+LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header")  # what a split's own object may set too
+
+
+def layout_from(spec: Mapping[str, Any]) -> Layout:
+    """The Layout a declaration's keys give: columns by name (a header) unless every one is a position."""
+    text = (spec["text"],) if isinstance(spec["text"], (str, int)) else tuple(spec["text"])
+    refs = [*text, spec.get("label"), spec.get("id")]
+    header = spec.get("header")
+    if header is None:
+        header = not all(isinstance(r, int) for r in refs if r is not None)
+    return Layout(text, spec.get("label"), spec.get("id"), FileFormat(spec.get("delimiter"), spec.get("quoting"),
+                                                                        header))
+
+
+def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
+                     origin: Mapping[str, Any] | None = None, checks_range: bool = True) -> Task:
+    """The task a complete declaration gives (TASK_FILE_KEYS, with ``kind`` and ``classes`` or ``range`` given:
+    tasks/task_file.py checks a user's file and fills them in). A split is a file name, or an object with its
+    ``file`` and the LAYOUT_KEYS where its file differs. Files are relative to ``folder`` (a task file's), or
+    names in --data-dir (None: the packaged GLUE files). ``checks_range``: a label outside ``range`` is refused
+    (a range the file declares; one inferred from the training labels is not)."""
+    files, split_layouts = {}, {}
+    for split in SPLITS:
+        value = spec.get(split)
+        if value is None:
+            continue
+        own = value if isinstance(value, Mapping) else {"file": value}
+        files[split] = str(folder / own["file"]) if folder is not None else own["file"]
+        if set(own) - {"file"}:
+            split_layouts[split] = layout_from({**spec, **{k: v for k, v in own.items() if k != "file"}})
+    classes = tuple(spec["classes"]) if spec.get("classes") is not None else None
+    metric = spec.get("metric") or ()
+    return Task(spec["name"], kind_for(spec["kind"], len(classes) if classes else None), files, layout_from(spec),
+                classes=classes, score_range=tuple(spec["range"]) if spec.get("range") is not None else None,
+                checks_range=spec.get("range") is not None and checks_range,
+                metrics=(metric,) if isinstance(metric, str) else tuple(metric), split_layouts=split_layouts,
+                output_column="label" if spec["kind"].endswith("classification") else "score",
+                positive=spec.get("positive") or "", origin=dict(origin or {}))
+
+
+GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task; its files are in --data-dir
+
+
+GLUE = tuple(register_task(from_declaration(json.loads(f.read_text(encoding="utf-8")))).name
+             for f in sorted(GLUE_DIR.glob("*.json")))
 
 
 def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], limit: int | None = None
@@ -481,138 +741,6 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
     return result
 
 
-# ---- a user's task from a JSON file --------------------------------------------------------------------------
-
-TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "num_classes", "delimiter")
-
-
-def _labelled_rows(path: Path, label: str, delimiter: str | None) -> tuple[str, list[str], list[tuple[int, str]]]:
-    """(delimiter, header, (line, raw label) of every row) of a task's training or dev file, read once, for
-    inferring and checking its kind; the delimiter, when not given, is a tab where the header holds one (the
-    CS224N files, .tsv), else a comma."""
-    text = decode_utf8(path, path.read_bytes())
-    delimiter = delimiter or ("\t" if "\t" in text.split("\n", 1)[0] else ",")
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    header = [h.strip() for h in next(reader, [])]
-    if label not in header:
-        raise ValueError(f"{path}: line 1: no label column {label!r} (the header has {header})")
-    k = header.index(label)
-    return delimiter, header, [(reader.line_num, row[k].strip()) for row in reader if len(row) > k and row[k].strip()]
-
-
-def _whole(raw: str) -> bool:
-    try:
-        v = float(raw)
-    except ValueError:
-        return False
-    return math.isfinite(v) and v == int(v)
-
-
-_DECLARED: dict[Path, tuple[tuple, Task]] = {}  # a task file's task, while neither it nor its files changed
-
-
-def _stamp(paths: Sequence[str | os.PathLike[str]]) -> tuple:
-    return tuple((os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in paths)
-
-
-def read_task_file(path: str | os.PathLike[str]) -> Task:
-    """The task a JSON file declares, registered; a ValueError naming the file (and the data file and line).
-    Read once while neither the file nor its data files change: every config naming it (the command line, a
-    saved run, an ensemble's members) asks again.
-
-    Keys: ``name``; ``train``, ``dev`` and optionally ``test`` (CSV files, relative to the JSON file's folder,
-    tab- or comma-separated as their header line shows, or ``delimiter``); ``text``: one column (a sentence task)
-    or two (a pair task); ``label``; optional ``id`` (the id column; null: ids are line numbers; default "id" when
-    the header has one); optional ``kind`` (sentence-classification, pair-classification, pair-regression) and
-    ``num_classes``. Without ``kind``, whole-number labels make a classification task with as many classes as
-    the largest label + 1 (pair tasks: two), other numbers a pair regression.
-    """
-    path = Path(path)
-    known = _DECLARED.get(path.resolve())
-    if known is not None:
-        with contextlib.suppress(OSError):
-            if _stamp([path, *known[1].files.values()]) == known[0]:
-                return register_task(known[1])
-    task = _read_task_file(path)
-    _DECLARED[path.resolve()] = (_stamp([path, *task.files.values()]), task)
-    return register_task(task)
-
-
-def _read_task_file(path: Path) -> Task:
-    where = f"--task-file {path}"
-    try:
-        spec = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise FileNotFoundError(f"{where}: no such file") from None
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"{where}: not a JSON file ({e})") from None
-    if not isinstance(spec, dict):
-        raise ValueError(f"{where}: a task file is a JSON object with keys {', '.join(TASK_FILE_KEYS)}")
-    unknown = sorted(set(spec) - set(TASK_FILE_KEYS))
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; a task file has {', '.join(TASK_FILE_KEYS)}")
-    for key in ("name", "train", "dev", "text", "label"):
-        if key not in spec:
-            raise ValueError(f"{where}: no {key!r}; a task file names its name, train and dev files, text "
-                             "column(s) and label column")
-    folder = path.resolve().parent
-    files = {s: str(folder / spec[s]) for s in SPLITS if spec.get(s)}
-    for split, f in files.items():
-        if not Path(f).is_file():
-            raise DataFileMissing(f)
-    text = (spec["text"],) if isinstance(spec["text"], str) else tuple(spec["text"])
-    if len(text) not in (1, 2) or not all(isinstance(c, str) for c in text):
-        raise ValueError(f"{where}: 'text' is one column name or a list of two (a sentence pair), got {spec['text']!r}")
-    train = Path(files["train"])
-    delimiter, header, labels = _labelled_rows(train, spec["label"], spec.get("delimiter"))
-    if not labels:
-        raise ValueError(f"{train}: no labels in column {spec['label']!r}")
-    kind_name = spec.get("kind")
-    if kind_name is not None and kind_name not in KINDS:
-        raise ValueError(f"{where}: kind {kind_name!r}; kinds are {', '.join(KINDS)}")
-    fractional = next(((line, raw) for line, raw in labels if not _whole(raw)), None)
-    if kind_name is None:
-        classification = fractional is None
-        kind_name = ("pair-classification" if len(text) == 2 else "sentence-classification") if classification \
-            else "pair-regression"
-    kind = KINDS[kind_name]
-    if kind.pair != (len(text) == 2):
-        raise ValueError(f"{where}: a {kind.name} task reads {2 if kind.pair else 1} text column(s), 'text' names "
-                         f"{len(text)}" + ("; there is no sentence regression kind" if not kind.classification else ""))
-    if kind.classification and fractional is not None:
-        line, raw = fractional
-        raise ValueError(f"{train}: line {line}: label {raw!r} is not a class id, and task {spec['name']!r} is "
-                         f"{kind.name}" + ("" if spec.get("kind") else " (its text columns make it one)")
-                         + "; give whole-number classes 0, 1, ... or \"kind\": \"pair-regression\"")
-    num_classes = spec.get("num_classes")
-    if kind.classification and not kind.pair and num_classes is None:
-        num_classes = int(max(float(raw) for _, raw in labels)) + 1
-    if kind.pair and kind.classification and num_classes not in (None, 2):
-        raise ValueError(f"{where}: a pair-classification task has two classes (one logit, as Quora's), got "
-                         f"num_classes {num_classes}")
-    if kind.pair and kind.classification:
-        num_classes = 2
-    id_column = spec["id"] if "id" in spec else "id" if "id" in header else None
-    task = Task(spec["name"], kind, files=files, text_columns=text, label_column=spec["label"],
-                num_classes=num_classes, id_column=id_column, delimiter=delimiter,
-                output_column=f"Predicted_{spec['name']}", spec={"file": str(path)})
-    # every label the kind cannot take, named with its line (the readers would skip it and carry on)
-    for split in ("train", "dev"):
-        problems_at = []
-        for line, raw in (labels if split == "train" else
-                          _labelled_rows(Path(files[split]), spec["label"], delimiter)[2]):
-            problems: list[str] = []
-            kind.parse_label(task, raw, problems)
-            if problems:
-                problems_at.append((line, problems[0]))
-        if problems_at:
-            line, problem = problems_at[0]
-            raise ValueError(f"{files[split]}: line {line}: {problem} for task {task.name!r} ({kind.name}"
-                             + (f", {num_classes} classes" if num_classes else "") + ")"
-                             + (f"; and {len(problems_at) - 1} more rows" if len(problems_at) > 1 else ""))
-    return task
-
-
-__all__ = ("BUILTIN", "KINDS", "MULTITASK", "SPLITS", "Kind", "PairClassification", "PairRegression",
-           "SentenceClassification", "Task", "get_task", "load_split", "model_tasks", "pearson_r",
-           "read_task_file", "register_task", "task_names", "task_with", "unregister_task")
+__all__ = ("BUILTIN", "GLUE", "KINDS", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "SPLITS", "TASK_FILE_KEYS", "Binary",
+           "Classes", "Kind", "Layout", "Scores", "Task", "canonical_number", "from_declaration", "get_task", "kind_for",
+           "layout_from", "load_split", "model_tasks", "register_task", "task_names", "task_with", "unregister_task")

@@ -29,7 +29,7 @@ from typing import Any
 from tasks.arguments import Command, applied, build_parser, check_command, config_from_flags, help_preset, parse
 from tasks.checkpoint import resume_point, verify_checkpoint
 from tasks.cli import describe, user_errors, verbose
-from tasks.config import TrainConfig, eval_overrides, refuse_idle_settings
+from tasks.config import TrainConfig, eval_overrides, refuse_idle_settings, with_task_files
 from tasks.evaluation.evaluator import EvalPlan, default_out_dir, predict_checkpoint, prepare_eval
 from tasks.logs import log_to
 from tasks.runtime import configure_malloc, torchrun_env
@@ -60,6 +60,8 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     if c.eval_only:
         ckpt, saved = verify_checkpoint(c.checkpoint if c.checkpoint is not None else
                                         out_dir / "checkpoints" / "best")  # its config read once, here
+        saved = with_task_files(saved, explicit.get("task_files", ()))  # a task file changed: refused
+        explicit = {k: v for k, v in explicit.items() if k != "task_files"}
         changed = applied(saved, explicit)
         refuse_idle_settings(changed, explicit)  # e.g. --sts-prior on a run without STS
         return Invocation(c, prepare_eval(ckpt, eval_overrides(changed), explicit.get("out_dir"), saved=saved))
@@ -68,7 +70,8 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
                               c.data_changed)  # a damaged last: last.old or best
         if "out_dir" not in explicit:  # the run's own directory
             explicit = {**explicit, "out_dir": str(default_out_dir(resume.checkpoint, resume.config))}
-        cfg = applied(resume.config, explicit)
+        saved = with_task_files(resume.config, explicit.get("task_files", ()))  # a task file changed: refused
+        cfg = applied(saved, {k: v for k, v in explicit.items() if k != "task_files"})
         refuse_idle_settings(cfg, explicit)
         return Invocation(c, prepare_run(cfg, resume))
     cfg = config_from_flags(c, explicit)

@@ -11,6 +11,7 @@ import torch
 import transformers
 
 from tasks.model import ModelConfig
+from tasks.task import BUILTIN, GLUE, task_names, unregister_task
 from tasks.training.run import run
 from tests.helpers import tiny_train_config, write_tiny_data, write_tiny_model
 
@@ -53,6 +54,19 @@ def _commands_log_handlers_removed():
     for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
         root.removeHandler(handler)
         handler.close()
+
+
+@pytest.fixture(autouse=True)
+def _user_tasks_forgotten():
+    """The tasks a test declares (task files, saved runs' entries) leave the process-wide registry after it."""
+    yield
+    for name in [t for t in task_names() if t not in BUILTIN + GLUE]:
+        unregister_task(name)
+
+
+@pytest.fixture
+def user_tasks():
+    """Names that a test declares tasks of its own (the registry forgets them after every test)."""
 
 
 @pytest.fixture

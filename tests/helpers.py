@@ -31,6 +31,7 @@ from tasks.evaluation.ensemble import predict
 from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import registered_objectives
+from tasks.task_file import read_task_file
 from tasks.training.callbacks import Hook, Step
 from tasks.training.trainer import Trainer
 
@@ -176,7 +177,8 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
     """A fast CPU config on the tiny model: 2 epochs of ~15 steps, dropout on (so RNG state matters). Pairs are
     scored in one order without the STS and SST priors and without the SST phrases (the fixtures' best epochs were
     found so; tests of their own cover --symmetric-eval, --sts-prior, --sst-prior and --sst-phrases). A nested
-    config given as a mapping (``swa={"epochs": 2}``) sets the fields it names."""
+    config given as a mapping (``swa={"epochs": 2}``) sets the fields it names; ``task_files`` declare their tasks
+    as --task-file does."""
     pretrained, data = env
     kw = dict(pretrained=str(pretrained), data_dir=str(data), out_dir=str(out_dir), epochs=2, batch_size=8,
               eval_batch_size=16, max_length=32, max_train_examples={}, dev_max_examples={}, lr=1e-3,
@@ -187,6 +189,8 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
     for name, value in overrides.items():
         nested = name in NESTED and isinstance(value, dict)
         kw[name] = dataclasses.replace(kw.get(name, getattr(TrainConfig(), name)), **value) if nested else value
+    if kw.get("task_files") and "user_tasks" not in kw:  # as the command line declares them (tasks.arguments)
+        kw["user_tasks"] = [read_task_file(f) for f in kw["task_files"]]
     return TrainConfig(**kw)
 
 
@@ -492,3 +496,55 @@ def mlm_batch(n: int = 400, t: int = 40, vocab: int = 1000, seed: int = 0) -> to
         ids[i, length:] = 0
     ids[0, 1] = 1
     return ids
+
+
+# ---- a user's own task: its files and its task file ----
+
+CLASS_WORDS = {0: "awful dull", 1: "fine okay", 2: "great moving"}  # a class is said by its words
+
+
+def write_csv(path: Path, header: list[str], rows: list[list], delimiter: str = ",") -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        w = csv.writer(f, delimiter=delimiter)
+        w.writerow(header)
+        w.writerows(rows)
+    return path
+
+
+def three_class_task(folder: Path, n: int = 48, name: str = "topic", labels=None) -> Path:
+    """A user's three-class sentence CSV (comma-separated, no id column) and its task file."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split, size in (("train", n), ("dev", n // 2), ("test", n // 4)):
+        rows = [[f"the film was {CLASS_WORDS[i % 3]} {i}"] + ([labels(i) if labels else i % 3] if split != "test" else [])
+                for i in range(size)]
+        write_csv(folder / f"{name}-{split}.csv", ["text"] + (["label"] if split != "test" else []), rows)
+    spec = {"name": name, "train": f"{name}-train.csv", "dev": f"{name}-dev.csv", "test": f"{name}-test.csv",
+            "text": "text", "label": "label"}
+    (folder / f"{name}.json").write_text(json.dumps(spec))
+    return folder / f"{name}.json"
+
+
+def user_task(folder: Path, spec: dict, rows: dict[str, list[list]], header: list | None, delimiter: str = ",",
+              suffix: str = "csv", bom: bool = False) -> Path:
+    """A user's task as it comes: a file per split (``rows``; ``header`` None: no header line), written with
+    ``delimiter`` without CSV quoting (a quote is text) and the task file declaring ``spec``; returns the task
+    file's path. The split files are ``<name>-<split>.<suffix>``, named in the spec unless it names them."""
+    folder.mkdir(parents=True, exist_ok=True)
+    name = spec["name"]
+    for split, split_rows in rows.items():
+        lines = ([delimiter.join(map(str, header))] if header is not None else []) + [
+            delimiter.join(map(str, r)) for r in split_rows]
+        text = "\n".join(lines) + "\n"
+        (folder / f"{name}-{split}.{suffix}").write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode())
+        spec = {split: f"{name}-{split}.{suffix}", **spec}
+    (folder / f"{name}.json").write_text(json.dumps(spec))
+    return folder / f"{name}.json"
+
+
+def tiny_flags(env: tuple[Path, Path], out_dir: Path) -> list[str]:
+    """train_multitask.py's flags of a fast run on the tiny model and data (the priors and phrases off)."""
+    pretrained, data = env
+    return ["--pretrained", str(pretrained), "--data-dir", str(data), "--out-dir", str(out_dir), "--device", "cpu",
+            "--no-bf16", "--batch-size", "8", "--eval-batch-size", "16", "--max-length", "32", "--fcn-size", "16",
+            "--lr", "1e-3", "--log-every", "2", "--sst-prior", "0", "--sts-prior", "0", "--sst-phrases", "none",
+            "--epochs", "1"]

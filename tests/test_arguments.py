@@ -101,9 +101,9 @@ def test_every_flag_reaches_its_config_field(tmp_path):
         base = arguments.config_from_flags(dataclasses.replace(command), {})
         diff = {k for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
         top = action.dest.split(".")[0]
-        assert diff == ({top, "tasks"} if top == "task_files" else {top}), (argv, diff)
+        assert diff == ({top, "tasks", "user_tasks"} if top == "task_files" else {top}), (argv, diff)
         seen.add(action.dest)
-    train_fields = fields_of(TrainConfig) - {"objectives"}  # nested configs' fields dotted: "model.arch"
+    train_fields = fields_of(TrainConfig) - {"objectives", "user_tasks"}  # user_tasks: --task-file sets it; nested configs' fields dotted: "model.arch"
     assert train_fields <= seen, sorted(train_fields - seen)
     for name, cls in registered_objectives().items():
         assert {f"objectives.{name}.{f.name}" for f in dataclasses.fields(cls.Config)} <= seen, name

@@ -20,7 +20,7 @@ from tasks.config import TrainConfig
 from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
                                    fields_of, objective_options)
 from tasks.objectives import registered_objectives
-from tests.helpers import unversioned
+from tests.helpers import three_class_task, unversioned
 
 SAVED = Path(__file__).parent / "saved_configs"
 
@@ -33,9 +33,11 @@ FIXTURES = sorted(SAVED.glob("v*.json"), key=lambda p: (_version(p), p.stem))
 
 
 def _saved(path: Path, env: tuple[Path, Path], out: Path) -> dict:
-    """A fixture's config.json with this machine's paths."""
+    """A fixture's config.json with this machine's paths (a user's task file: written beside ``out``)."""
     pretrained, data = env
     text = path.read_text().replace("<pretrained>", str(pretrained)).replace("<data>", str(data))
+    if "<task_file>" in text:
+        text = text.replace("<task_file>", str(three_class_task(out.parent / "task")))
     return json.loads(text.replace("<out>", str(out)))
 
 
@@ -224,3 +226,22 @@ def test_a_nested_setting_in_a_config_file_is_one_line_and_exit_2(tmp_path, caps
     err = capsys.readouterr().err
     assert refused.value.code == 2 and "Traceback" not in err
     assert err.strip().splitlines()[-1].startswith("train_multitask.py: error: --config ")
+
+
+# ---- version 3: a run keeps its own tasks' entries ----------------------------------------------------------------
+
+
+def test_a_version_2_run_of_a_users_task_keeps_the_task_it_trained(tiny_env, tmp_path):
+    """A run of version 2 read its task file again whenever it loaded, by that version's rules: classes 0 to the
+    largest label, the course's prediction format, every task in the overall. The migration reads the file once
+    more by those rules, into the entry the run keeps since; with the file gone it says to put it back."""
+    saved = _saved(SAVED / "v2-usertask.json", tiny_env, tmp_path / "run")
+    cfg = TrainConfig.from_dict(saved, complete=True)
+    entry = cfg.user_tasks["topic"]
+    assert (entry["kind"], entry["classes"], entry["starter_format"], entry["output_column"]) == (
+        "sentence-classification", ["0", "1", "2"], True, "Predicted_topic")
+    assert cfg.best_metric == ("sst", "topic")  # version 2's overall: over every task of the run
+    Path(saved["task_files"][0]).unlink()
+    with pytest.raises(ValueError, match="the task file of a run saved before version 3 .*: not found; the run reads "
+                                         "its task there: put the file back to load it"):
+        TrainConfig.from_dict(saved, complete=True)

@@ -14,7 +14,7 @@ from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.evaluator import predict_dataset
 from tasks.model import ModelConfig, MultitaskBert, preserved_modes
-from tasks.task import MULTITASK as TASKS
+from tasks.task import KINDS, MULTITASK as TASKS, Layout, Task, register_task
 from tests.helpers import WordTokenizer, make_dataset, make_model, tiny_config, tiny_model
 
 SENTENCES = [
@@ -422,3 +422,33 @@ def test_preserved_modes_restores_every_submodule():
         model.train()
         raise RuntimeError
     assert {n: m.training for n, m in model.named_modules()} == before
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_the_new_kinds_get_heads_of_their_shape(arch, pair_encoding):
+    """A pair classification of three classes scores C logits in every encoding (the baseline's Siamese:
+    Sentence-BERT's classifier on (u, v, |u - v|), its own parameters); a sentence regression and a pair regression
+    on a scale of their own give scores in it (low + span x sigmoid, or x cosine for a Siamese pair)."""
+    three = Task("three", KINDS["pair-classification"], {}, Layout(("a", "b"), "y"), classes=("x", "y", "z"))
+    rating = Task("rating", KINDS["sentence-regression"], {}, Layout(("t",), "y"), score_range=(1.0, 10.0))
+    scale = Task("scale", KINDS["pair-regression"], {}, Layout(("a", "b"), "y"), score_range=(-2.0, 2.0))
+    for t in (three, rating, scale):
+        register_task(t)
+    torch.manual_seed(0)
+    model = MultitaskBert(BertModel(tiny_config()), ModelConfig(arch=arch, pair_encoding=pair_encoding,
+                                                                 fcn_size=16), TASKS + ("three", "rating", "scale"))
+    model.eval()
+    ex = [Example(str(i), a, b, i % 3) for i, (a, b) in enumerate(PAIRS)]
+    logits = model("three", PairDataset(ex, TOK, mode=pair_encoding, label_dtype=torch.long).collate(range(B))).logits
+    assert logits.shape == (B, 3)
+    assert hasattr(model, "three_classifier") == (arch == "baseline" and pair_encoding == "siamese")
+    loss = model.task_loss("three", model("three", PairDataset(ex, TOK, mode=pair_encoding, label_dtype=torch.long)
+                                          .collate(range(B))), {"labels": torch.tensor([e.label for e in ex])})
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    scores = model("rating", SentenceDataset([Example(str(i), s) for i, s in enumerate(SENTENCES)], TOK)
+                   .collate(range(B))).logits
+    assert scores.shape == (B,) and bool(((scores >= 1) & (scores <= 10)).all())
+    scaled = model("scale", PairDataset([Example(str(i), a, b) for i, (a, b) in enumerate(PAIRS)], TOK,
+                                        mode=pair_encoding).collate(range(B))).logits
+    low = -6.0 if pair_encoding == "siamese" else -2.0  # -2 + 4 cos: a cosine may be negative, as STS's
+    assert bool(((scaled >= low) & (scaled <= 2.0)).all())

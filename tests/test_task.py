@@ -1,67 +1,45 @@
-"""Tests of tasks/task.py: the registry of tasks and their kinds, a user's task from a JSON file, and that nothing
-outside the registry asks a task's name."""
+"""Tests of tasks/task.py: the registry of tasks and their kinds; users' tasks of every kind trained, evaluated,
+predicted and ensembled from task files alone; a run that needs none of its task's files; and that nothing outside
+the registry asks a task's name. (A task file's checks and inference: tests/test_task_file.py.)"""
 
 from __future__ import annotations
 
 import ast
 import csv
 import dataclasses
+import io
 import json
+import shutil
 import zipfile
 from pathlib import Path
 
 import pytest
+import sklearn.metrics  # test dependency: a missing reference fails instead of skipping
 import torch
 
+from tasks import train as cli
 from tasks.arguments import config_for
+from tasks.ensemble import main as ensemble_main
+from tasks.predict import main as predict_main
 from tasks.predictions import read_logits, read_predictions
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.evaluator import Predictor, evaluate_checkpoint
-from tasks.task import (BUILTIN, KINDS, MULTITASK, get_task, load_split, model_tasks, read_task_file, task_names,
-                        unregister_task)
+from tasks.task_file import read_task_file
+from tasks.task import BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, get_task, load_split, model_tasks, unregister_task
 from tasks.training.run import run
-from tests.helpers import tiny_train_config
+from tests.helpers import CLASS_WORDS, three_class_task, tiny_flags, tiny_train_config, user_task, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
-WORDS = {0: "awful dull", 1: "fine okay", 2: "great moving"}  # a class is said by its words
-
-
-@pytest.fixture
-def user_tasks():
-    """Drops the tasks a test declares from the (process-wide) registry afterwards."""
-    yield
-    for name in [t for t in task_names() if t not in BUILTIN]:
-        unregister_task(name)
-
-
-def write_csv(path: Path, header: list[str], rows: list[list], delimiter: str = ",") -> Path:
-    with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.writer(f, delimiter=delimiter)
-        w.writerow(header)
-        w.writerows(rows)
-    return path
-
-
-def three_class_task(folder: Path, n: int = 48, name: str = "topic", labels=None) -> Path:
-    """A user's three-class sentence CSV (comma-separated, no id column) and its task file."""
-    folder.mkdir(parents=True, exist_ok=True)
-    for split, size in (("train", n), ("dev", n // 2), ("test", n // 4)):
-        rows = [[f"the film was {WORDS[i % 3]} {i}"] + ([labels(i) if labels else i % 3] if split != "test" else [])
-                for i in range(size)]
-        write_csv(folder / f"{name}-{split}.csv", ["text"] + (["label"] if split != "test" else []), rows)
-    spec = {"name": name, "train": f"{name}-train.csv", "dev": f"{name}-dev.csv", "test": f"{name}-test.csv",
-            "text": "text", "label": "label"}
-    (folder / f"{name}.json").write_text(json.dumps(spec))
-    return folder / f"{name}.json"
 
 
 def test_the_builtin_entries_and_their_kinds():
     """sst, para, sts and cfimdb are entries; each kind owns its metric and its logits' columns."""
     assert BUILTIN == ("sst", "para", "sts", "cfimdb") and MULTITASK == ("sst", "para", "sts")
     sst, para, sts, cfimdb = map(get_task, BUILTIN)
-    assert (sst.kind, para.kind, sts.kind, cfimdb.kind) == (KINDS["sentence-classification"],
-                                                            KINDS["pair-classification"], KINDS["pair-regression"],
-                                                            KINDS["sentence-classification"])
+    assert (sst.kind, para.kind, sts.kind, cfimdb.kind) == (KINDS["sentence-classification"], PAIR_BINARY,
+                                                            KINDS["pair-regression"], KINDS["sentence-classification"])
+    assert sst.classes == ("0", "1", "2", "3", "4") and para.kind.name == "pair-classification"
+    assert sts.score_range == (0.0, 5.0) and sts.checks_range
     assert (sst.metric, para.metric, sts.metric, cfimdb.metric) == ("sst_acc", "para_acc", "sts_r", "cfimdb_acc")
     assert cfimdb.kind.logit_columns(cfimdb) == ["logit_0", "logit_1"] and sts.kind.logit_columns(sts) == ["score"]
     assert model_tasks(("cfimdb",)) == ("sst", "para", "sts", "cfimdb")  # the project's three heads stay
@@ -75,37 +53,6 @@ def test_cfimdb_reads_its_files(tmp_path):
         pytest.skip("data/ not linked (bash setup.sh)")
     examples, report = load_split("cfimdb", "dev", ROOT / "data")
     assert len(examples) == 245 and {e.label for e in examples} == {0, 1} and report.clean
-
-
-def test_a_task_file_infers_its_kind_from_the_labels(tmp_path, user_tasks):
-    """Whole-number labels make a classification with max + 1 classes; a pair of text columns with fractional
-    labels a pair regression; the ids are line numbers when the file has no id column."""
-    task = read_task_file(three_class_task(tmp_path))
-    assert task.kind is KINDS["sentence-classification"] and task.num_classes == 3
-    assert task.id_column is None and task.delimiter == ","
-    examples, _ = task.read("dev", ".")
-    assert examples[0].id == "2" and examples[0].label == 0  # line 2: the first row after the header
-    rows = [[i, f"a {i}", f"b {i}", i % 5 + 0.5] for i in range(6)]
-    for split in ("train", "dev"):
-        write_csv(tmp_path / f"sim-{split}.csv", ["id", "s1", "s2", "score"], rows, delimiter="\t")
-    (tmp_path / "sim.json").write_text(json.dumps({"name": "sim", "train": "sim-train.csv", "dev": "sim-dev.csv",
-                                                   "text": ["s1", "s2"], "label": "score"}))
-    sim = read_task_file(tmp_path / "sim.json")
-    assert sim.kind is KINDS["pair-regression"] and sim.delimiter == "\t" and sim.id_column == "id"
-
-
-def test_float_labels_given_as_classification_are_refused_naming_the_file_and_row(tmp_path, user_tasks):
-    """A fractional label in a task declared a classification: refused, naming the file and its line."""
-    path = three_class_task(tmp_path, labels=lambda i: 2.5 if i == 7 else i % 3)
-    spec = json.loads(path.read_text()) | {"kind": "sentence-classification"}
-    path.write_text(json.dumps(spec))
-    with pytest.raises(ValueError, match=r"topic-train\.csv: line 9: label '2\.5' is not a class id"):
-        read_task_file(path)
-    assert "topic" not in task_names()
-    # without a kind, fractional labels on one text column: no kind fits (no sentence regression)
-    path.write_text(json.dumps({k: v for k, v in spec.items() if k != "kind"}))
-    with pytest.raises(ValueError, match="no sentence regression kind"):
-        read_task_file(path)
 
 
 def test_an_objective_asked_for_a_kind_it_does_not_support_is_refused_before_any_data(tmp_path, user_tasks,
@@ -206,7 +153,7 @@ def test_cfimdb_with_a_frozen_encoder_writes_the_starters_part1_files(tmp_path, 
     for f in tiny.iterdir():
         (data / f.name).symlink_to(f)
     for split, n in (("train", 32), ("dev", 16), ("test", 8)):
-        rows = [[i, f"cf-{split}-{i}", f"the film was {WORDS[2 * (i % 2)]}"] + ([i % 2] if split != "test" else [])
+        rows = [[i, f"cf-{split}-{i}", f"the film was {CLASS_WORDS[2 * (i % 2)]}"] + ([i % 2] if split != "test" else [])
                 for i in range(n)]
         name = f"ids-cfimdb-{split}.csv" if split != "test" else "ids-cfimdb-test-student.csv"
         write_csv(data / name, ["", "id", "sentence"] + (["sentiment"] if split != "test" else []), rows, "\t")
@@ -231,15 +178,16 @@ def test_cfimdb_with_a_frozen_encoder_writes_the_starters_part1_files(tmp_path, 
 
 def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env, one_thread):
     """A pair classification (two classes) and a pair regression from a user's files train beside each other: each
-    gets its kind's head, loss, metric and files (one logit; a 0-5 score), and the Predictor reads pairs."""
+    gets its kind's head, loss, metrics and files (one logit; a score on its labels' scale), and the Predictor
+    reads pairs."""
     folder = tmp_path / "t"
     folder.mkdir()
     for split, n in (("train", 32), ("dev", 16)):
         write_csv(folder / f"dup-{split}.csv", ["a", "b", "same"],
-                  [[f"the film was {WORDS[i % 3]}", f"the film was {WORDS[(i // 2) % 3]}", int(i % 3 == (i // 2) % 3)]
+                  [[f"the film was {CLASS_WORDS[i % 3]}", f"the film was {CLASS_WORDS[(i // 2) % 3]}", int(i % 3 == (i // 2) % 3)]
                    for i in range(n)])
         write_csv(folder / f"sim-{split}.csv", ["a", "b", "score"],
-                  [[f"the film was {WORDS[i % 3]}", f"the film was {WORDS[(i // 2) % 3]}", (i % 5) + 0.5]
+                  [[f"the film was {CLASS_WORDS[i % 3]}", f"the film was {CLASS_WORDS[(i // 2) % 3]}", (i % 5) + 0.5]
                    for i in range(n)])
     for name in ("dup", "sim"):
         label = "same" if name == "dup" else "score"
@@ -248,9 +196,10 @@ def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env,
     files = (str(folder / "dup.json"), str(folder / "sim.json"))
     cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("dup", "sim"), task_files=files, epochs=1)
     assert cfg.tasks == ("dup", "sim")
-    assert (get_task("dup").kind, get_task("sim").kind) == (KINDS["pair-classification"], KINDS["pair-regression"])
+    assert (get_task("dup").kind, get_task("sim").kind) == (PAIR_BINARY, KINDS["pair-regression"])
+    assert get_task("sim").score_range == (0.5, 4.5)  # the training labels' own scale
     summary = run(cfg)
-    assert set(summary["dev"]) == {"dup_acc", "sim_r", "overall"}
+    assert set(summary["dev"]) == {"dup_acc", "dup_f1", "dup_mcc", "sim_r", "sim_spearman", "overall"}
     assert read_logits(tmp_path / "run" / "predictions" / "dup-dev-logits.csv")[1].shape == (16,)
     ids, scores = read_predictions(tmp_path / "run" / "predictions" / "sim-dev-output.csv")
     assert scores.dtype == torch.float32 and len(ids) == 16
@@ -262,20 +211,209 @@ def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env,
         p.predict("sim", ["one sentence"])
 
 
-def test_a_task_file_is_read_once_until_it_or_its_data_change(tmp_path, user_tasks, monkeypatch):
-    """Every config naming a task file declares it again (a saved run, an ensemble's members): the files are read
-    once while they stay as they were, and again once one changes."""
-    import os
+# ---- users' tasks of every kind, from task files alone ------------------------------------------------------------
 
-    from tasks import task as task_mod
-    path = three_class_task(tmp_path)
-    reads = []
-    real = task_mod._read_task_file
-    monkeypatch.setattr(task_mod, "_read_task_file", lambda p: reads.append(p) or real(p))
-    first = read_task_file(path)
-    assert read_task_file(path) is first and len(reads) == 1
-    train = tmp_path / "topic-train.csv"
-    train.write_text(train.read_text() + "the film was great moving 99,2\n")
-    os.utime(train, ns=(os.stat(train).st_atime_ns, os.stat(train).st_mtime_ns + 10**9))
-    unregister_task("topic")  # the changed file declares the task anew
-    assert read_task_file(path).num_classes == 3 and len(reads) == 2
+NLI_LABELS = ("entailment", "neutral", "contradiction")
+
+
+def nli_task(folder: Path) -> Path:
+    """An NLI-style task as it comes: tab-separated premise/hypothesis pairs labelled with words, no id column."""
+    def rows(n: int, labelled: bool = True) -> list[list]:
+        return [[f"the film was {CLASS_WORDS[i % 3]}", f"a film {CLASS_WORDS[(i + i // 3) % 3]} {i}"]
+                + ([NLI_LABELS[(i // 3) % 3]] if labelled else []) for i in range(n)]
+    task = user_task(folder, {"name": "nli3", "text": ["premise", "hypothesis"], "label": "gold"},
+                     {"train": rows(48), "dev": rows(24)}, ["premise", "hypothesis", "gold"], "\t", "tsv")
+    (folder / "nli3-test.tsv").write_text("premise\thypothesis\n" + "".join(f"{a}\t{b}\n" for a, b in rows(8, False)))
+    spec = json.loads(task.read_text())
+    task.write_text(json.dumps({**spec, "test": "nli3-test.tsv"}))
+    return task
+
+
+def _train(env, out: Path, task_file: Path, *flags: str, seed: int = 0) -> dict:
+    return cli.main([*tiny_flags(env, out), "--task-file", str(task_file), "--seed", str(seed), *flags])
+
+
+def _predict(run: Path, task: str, lines: str, capsys) -> list[list[str]]:
+    source = run.parent / f"{task}-input.txt"
+    source.write_text(lines)
+    capsys.readouterr()
+    predict_main(["--checkpoint", str(run), "--task", task, "--input", str(source), "--device", "cpu"])
+    return list(csv.reader(io.StringIO(capsys.readouterr().out)))
+
+
+def _eval_again(run: Path, out: Path, *flags: str) -> Path:
+    cli.main(["--eval-only", "--checkpoint", str(run / "checkpoints" / "best"), "--out-dir", str(out), *flags])
+    return out / "predictions"
+
+
+def test_a_three_class_pair_task_with_word_labels_trains_predicts_and_ensembles_in_its_words(
+        tmp_path, tiny_env, one_thread, capsys):
+    """NLI as it comes (premise, hypothesis, a word): its classes are the sorted words, its head softmax over three;
+    the run scores it, writes its predictions as the words, --eval-only re-predicts them byte for byte, predict
+    prints a word and each class's probability, and an ensemble of two seeds writes words too."""
+    task_file = nli_task(tmp_path / "nli")
+    runs = [tmp_path / f"run{seed}" for seed in (0, 1)]
+    for seed, out in enumerate(runs):
+        summary = _train(tiny_env, out, task_file, "--tasks", "nli3", seed=seed)
+    task = get_task("nli3")
+    assert task.kind is KINDS["pair-classification"] and task.classes == ("contradiction", "entailment", "neutral")
+    assert set(summary["dev"]) == {"nli3_acc", "nli3_macro_f1", "nli3_mcc", "overall"}
+    assert summary["dev"]["overall"] == summary["dev"]["nli3_acc"]  # a run of one's own tasks only: selected by them
+    pred = runs[0] / "predictions"
+    rows = list(csv.reader((pred / "nli3-dev-output.csv").open()))
+    assert rows[0] == ["id", "label"] and len(rows) == 25 and {r[1] for r in rows[1:]} <= set(NLI_LABELS)
+    assert read_logits(pred / "nli3-dev-logits.csv")[1].shape == (24, 3)
+    assert len(list(csv.reader((pred / "nli3-test-output.csv").open()))) == 9
+    again = _eval_again(runs[0], tmp_path / "eval")
+    for name in ("nli3-dev-output.csv", "nli3-dev-logits.csv", "nli3-test-output.csv"):
+        assert (again / name).read_bytes() == (pred / name).read_bytes(), name
+
+    printed = _predict(runs[0], "nli3", "the film was great moving\ta film great moving\n", capsys)
+    assert printed[0] == ["id", "label", "p_contradiction", "p_entailment", "p_neutral"]
+    assert printed[1][1] in NLI_LABELS and sum(map(float, printed[1][2:])) == pytest.approx(1.0, abs=1e-5)
+
+    ensemble_main([*map(str, runs), "--out-dir", str(tmp_path / "ens"), "--data-dir", str(tiny_env[1])])
+    ens = list(csv.reader((tmp_path / "ens" / "predictions" / "nli3-dev-output.csv").open()))
+    assert [r[0] for r in ens] == [r[0] for r in rows] and {r[1] for r in ens[1:]} <= set(NLI_LABELS)
+
+
+def test_a_sentence_regression_on_a_1_to_10_scale_trains_predicts_and_ensembles(tmp_path, tiny_env, one_thread,
+                                                                                  capsys):
+    """Whole-number ratings 1-10 declared a sentence regression: a score on the labels' own scale (the head's
+    range [1, 10]), scored by Pearson and Spearman r; predictions, predict and the ensemble give scores in it."""
+    def rows(n: int) -> list[list]:
+        return [[f"the film was {CLASS_WORDS[i % 3]} {i}", 1 + (i % 3) * 4 + i % 2] for i in range(n)]
+    task_file = user_task(tmp_path / "t", {"name": "rating", "text": "review", "label": "stars",
+                                           "kind": "sentence-regression"},
+                          {"train": rows(48), "dev": rows(24)}, ["review", "stars"])
+    runs = [tmp_path / f"run{seed}" for seed in (0, 1)]
+    for seed, out in enumerate(runs):
+        summary = _train(tiny_env, out, task_file, "--tasks", "rating", seed=seed)
+    task = get_task("rating")
+    assert task.kind is KINDS["sentence-regression"] and task.score_range == (1.0, 10.0)
+    assert set(summary["dev"]) == {"rating_r", "rating_spearman", "overall"}
+    ids, scores = read_predictions(runs[0] / "predictions" / "rating-dev-output.csv")
+    assert len(ids) == 24 and scores.dtype == torch.float32 and bool(((scores >= 1) & (scores <= 10)).all())
+    printed = _predict(runs[0], "rating", "a great moving film\n", capsys)
+    assert printed[0] == ["id", "score"] and 1 <= float(printed[1][1]) <= 10
+    again = _eval_again(runs[0], tmp_path / "eval")
+    assert (again / "rating-dev-output.csv").read_bytes() == (runs[0] / "predictions" / "rating-dev-output.csv").read_bytes()
+    ensemble_main([*map(str, runs), "--out-dir", str(tmp_path / "ens"), "--data-dir", str(tiny_env[1])])
+    ids, scores = read_predictions(tmp_path / "ens" / "predictions" / "rating-dev-output.csv")
+    assert len(ids) == 24 and bool(((scores >= 1) & (scores <= 10)).all())
+
+
+def test_a_header_less_tsv_is_read_by_column_position(tmp_path, tiny_env, one_thread, capsys):
+    """A CoLA-shaped file (no header; source, label, mark, sentence; a lone quote in the text) declared by column
+    positions, its test file with a header of its own; its chosen metric (Matthews correlation) selects and
+    equals scikit-learn's on the written predictions."""
+    folder = tmp_path / "acc"
+    def rows(n: int) -> list[list]:
+        return [["src", i % 2, "" if i % 2 else "*", f'the film " was {CLASS_WORDS[2 * (i % 2)]} {i}'] for i in range(n)]
+    task_file = user_task(folder, {"name": "accept", "text": 3, "label": 1, "metric": "matthews",
+                                   "test": {"file": "accept-test.tsv", "text": "sentence", "id": "index"}},
+                          {"train": rows(48), "dev": rows(24)}, None, "\t", "tsv")
+    (folder / "accept-test.tsv").write_text("index\tsentence\n" + "".join(f"{i}\tthe film {i}\n" for i in range(6)))
+    runs = [tmp_path / f"run{seed}" for seed in (0, 1)]
+    for seed, out in enumerate(runs):
+        summary = _train(tiny_env, out, task_file, "--tasks", "accept", seed=seed)
+    task = get_task("accept")
+    assert task.metrics == ("mcc",) and task.layout.fmt.header is False and task.layout.text == (3,)
+    examples, report = task.read("dev", ".")
+    assert len(examples) == 24 and report.clean and examples[0].text_a == 'the film " was awful dull 0'
+    assert examples[0].id == "1"  # no id column: the file line
+    ids, preds = read_predictions(runs[0] / "predictions" / "accept-dev-output.csv")
+    gold = [e.label for e in examples]
+    assert summary["dev"]["accept_mcc"] == pytest.approx(sklearn.metrics.matthews_corrcoef(gold, preds.tolist()))
+    test_ids, _ = read_predictions(runs[0] / "predictions" / "accept-test-output.csv")
+    assert test_ids == [str(i) for i in range(6)]
+    assert _predict(runs[0], "accept", "a great film\n", capsys)[0] == ["id", "label", "p0", "p1"]
+    ensemble_main([*map(str, runs), "--out-dir", str(tmp_path / "ens"), "--data-dir", str(tiny_env[1])])
+    assert len(read_predictions(tmp_path / "ens" / "predictions" / "accept-dev-output.csv")[0]) == 24
+
+
+def test_a_run_needs_none_of_its_tasks_files_to_predict_and_moves_with_them(tmp_path, tiny_env, one_thread, capsys):
+    """A run keeps its task's entry: with the task file and its CSVs moved away, predict gives the user's task
+    and SST, --eval-only predicts SST (the task's files skipped with a warning) and, told where the task file is
+    now (--task-file), the task's files byte for byte as the run wrote them; an ensemble of it and a run of the
+    same task from another folder combines them, and one of two runs whose task files are both gone averages
+    the task's predictions without scoring them."""
+    task_file = nli_task(tmp_path / "nli")
+    run = tmp_path / "run"
+    _train(tiny_env, run, task_file, "--tasks", "sst", "nli3")
+    copy = shutil.copytree(tmp_path / "nli", tmp_path / "elsewhere")
+    _train(tiny_env, tmp_path / "run-b", copy / "nli3.json", "--tasks", "sst", "nli3", seed=1)
+    moved = (tmp_path / "nli").rename(tmp_path / "moved")
+    unregister_task("nli3")  # a new process: nothing known but what the run holds
+
+    assert _predict(run, "nli3", "a\tb\n", capsys)[1][1] in NLI_LABELS
+    assert len(_predict(run, "sst", "a great film\n", capsys)) == 2
+    eval_dir = _eval_again(run, tmp_path / "eval")
+    assert "its dev file" in (tmp_path / "eval" / "train.log").read_text() and not (eval_dir / "nli3-dev-output.csv").exists()
+    assert (eval_dir / "sst-dev-output.csv").read_bytes() == (run / "predictions" / "sst-dev-output.csv").read_bytes()
+    eval_dir = _eval_again(run, tmp_path / "eval2", "--task-file", str(moved / "nli3.json"))
+    for name in ("nli3-dev-output.csv", "nli3-dev-logits.csv", "nli3-test-output.csv"):
+        assert (eval_dir / name).read_bytes() == (run / "predictions" / name).read_bytes(), name
+
+    ensemble_main([str(run), str(tmp_path / "run-b"), "--out-dir", str(tmp_path / "ens"), "--data-dir",
+                   str(tiny_env[1])])
+    assert {r[1] for r in csv.reader((tmp_path / "ens" / "predictions" / "nli3-dev-output.csv").open())} \
+        <= {"label", *NLI_LABELS}
+    unregister_task("nli3")
+    shutil.copytree(run, tmp_path / "run-copy")  # two runs whose task files are both gone: averaged, not scored
+    summary = ensemble_main([str(run), str(tmp_path / "run-copy"), "--out-dir", str(tmp_path / "ens2"),
+                             "--data-dir", str(tiny_env[1])])
+    assert summary["tasks"]["nli3"]["simple_score"] is None and summary["tasks"]["sst"]["simple_score"] is not None
+    assert (tmp_path / "ens2" / "predictions" / "nli3-dev-output.csv").is_file()
+
+
+def test_a_task_file_changed_since_the_run_is_refused_by_eval_only_and_resume(tmp_path, tiny_env, one_thread,
+                                                                               capsys):
+    """--eval-only and --resume read a run's task as it was declared: a task file that since names another text
+    column or other classes is refused, naming each change and what to do (exit status 2), never silently
+    predicted or trained on; put back, it is taken again."""
+    task_file = three_class_task(tmp_path / "t")
+    run = tmp_path / "run"
+    _train(tiny_env, run, task_file, "--tasks", "topic")
+    spec = json.loads(task_file.read_text())
+    task_file.write_text(json.dumps({**spec, "num_classes": 4}))
+    for argv in (["--eval-only", "--out-dir", str(run)], ["--resume", "--out-dir", str(run), "--epochs", "2"]):
+        with pytest.raises(SystemExit) as refused:
+            cli.main(argv)
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert refused.value.code == 2 and "changed since the run was trained ('num_classes' was null, is 4)" in err
+    task_file.write_text(json.dumps(spec))
+    cli.main(["--eval-only", "--out-dir", str(run)])
+
+
+def test_a_users_task_selects_the_best_epoch_only_when_asked(tmp_path, tiny_env, one_thread):
+    """Beside the built-in tasks a user's task is scored but does not pick the best epoch (nor the checkpoint
+    that writes the CS224N files): the overall is SST's alone; --best-metric topic makes it the task's."""
+    task_file = three_class_task(tmp_path / "t")
+    plain = _train(tiny_env, tmp_path / "run", task_file, "--tasks", "sst")
+    assert plain["dev"]["overall"] == plain["dev"]["sst_acc"] != plain["dev"]["topic_acc"]
+    chosen = _train(tiny_env, tmp_path / "chosen", task_file, "--tasks", "sst", "--best-metric", "topic_macro_f1")
+    assert chosen["dev"]["overall"] == chosen["dev"]["topic_macro_f1"]
+    log = (tmp_path / "chosen" / "train.log").read_text()
+    assert "the best epoch is the one of the highest dev overall: topic_macro_f1" in log
+    assert "task topic: sentence-classification, 3 classes (0, 1, 2)" in log
+
+
+GLUE_ROWS = {"cola": (8551, 1043, 1063), "sst2": (67349, 872, 1821), "mrpc": (3667, 408, 1725),
+             "rte": (2490, 277, 3000), "wnli": (635, 71, 146)}
+
+
+@pytest.mark.parametrize("name", GLUE)
+def test_each_glue_task_reads_its_files_as_glue_ships_them(name):
+    """The task files of tasks/glue/ read GLUE's own files (data/glue, linked by setup.sh) with every row kept:
+    CoLA's header-less train and dev by position (its dev file's last line without a line end) and its test by
+    header, MRPC's BOM and lone quotes, RTE's words."""
+    if not (ROOT / "data" / "glue").exists():
+        pytest.skip("data/glue not linked (bash setup.sh)")
+    task = get_task(name)
+    for split, n in zip(("train", "dev", "test"), GLUE_ROWS[name]):
+        examples, report = load_split(name, split, ROOT / "data")
+        assert len(examples) == n and report.clean, report.summary()
+        if split != "test":
+            assert {task.label_name(e.label) for e in examples} == set(task.classes)
+    assert examples[0].id == "0"  # the test files' index column

@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -71,15 +71,62 @@ class Triplet:
     negative: str | None
 
 
-class DataFileMissing(FileNotFoundError):
-    """A task file is not where it should be; the message says how to get it."""
+# What the course's files are, for the messages about them (a user's own files are named by their task file).
+COURSE_FILES = "the CS224N format, see data/README.md"
+COURSE_SOURCE = "data/README.md names its public source"
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+
+class DataFileMissing(FileNotFoundError):
+    """A task file is not where it should be; the message says how to get it: ``about`` says whose file it is
+    ("task file X names it"), else it is one of the course's files in --data-dir."""
+
+    def __init__(self, path: str | os.PathLike[str], about: str | None = None) -> None:
         self.path = Path(path)
         super().__init__(
+            f"data file not found: {self.path} ({about}); put the file there or correct the path" if about else
             f"data file not found: {self.path}. Copy the CS224N file there (data/README.md names each file's "
             f"public source), or set MINBERT_DATA=/dir/with/csvs and run `bash setup.sh` to link them."
         )
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """How a file's text is split into rows and fields.
+
+    ``delimiter``: None reads a tab where the file's first line holds one, else a comma. ``quoting``: CSV quoting
+    (a field in double quotes may hold the delimiter, ``""`` is a quote); None: on, except in a tab-separated
+    file whose quotes do not pair up as CSV's (GLUE's MRPC: a lone ``"`` inside a sentence), which is read as
+    plain text split at the tabs, as GLUE's own readers do. ``header``: the first line names the columns; else
+    every line is a row and columns are 0-based positions. ``line_ends``: every record of the file ends with a
+    line end, so a last one without is cut (the course's files; a user's last line may well lack one, as GLUE's
+    CoLA dev file's does).
+    """
+
+    delimiter: str | None = None
+    quoting: bool | None = None
+    header: bool = True
+    line_ends: bool = False
+
+    def __post_init__(self) -> None:
+        if self.delimiter is not None and (len(self.delimiter) != 1 or self.delimiter in "\"\r\n"):
+            raise ValueError(f"a delimiter is one character (not a quote or a line end), got {self.delimiter!r}")
+
+
+COURSE_FORMAT = FileFormat("\t", quoting=True, line_ends=True)  # the CS224N files: tab-separated, CSV quoting
+
+
+def sniff_delimiter(text: str) -> str:
+    """A tab where the first line holds one, else a comma."""
+    return "\t" if "\t" in text.split("\n", 1)[0] else ","
+
+
+def _quotes_pair_up(text: str, delimiter: str) -> bool:
+    """Whether no record of ``text`` read with CSV quoting runs over a line end (no field of a task file does)."""
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    try:
+        return all(last == first for first, _, _, last in csv_records(reader))
+    except csv.Error:
+        return False
 
 
 @dataclass
@@ -165,23 +212,28 @@ def csv_records(reader) -> Iterator[tuple[int, list[str] | None, str | None, int
         yield line, row, error, end_of_previous
 
 
+Column = str | int  # a column's header name, or its 0-based position in a file without a header
+
+
 def _read_rows(
     path: str | os.PathLike[str],
-    delimiter: str,
-    columns: Sequence[str],
-    parse: Callable[[dict[str, str]], T | str],
+    fmt: FileFormat,
+    columns: Sequence[Column],
+    parse: Callable[[dict[Column, str]], T | str],
     limit: int | None,
     key: Callable[[T], str] | None = None,
+    about: str | None = None,
 ) -> tuple[list[T], ReadReport]:
-    """Shared loop of all readers: ``parse`` turns the named fields into an item or a skip reason (a str).
+    """Shared loop of all readers: ``parse`` turns the fields of ``columns`` into an item or a skip reason (a str).
 
     Columns are looked up by header name, which is what makes the test-student
     header (two index columns ``0``, ```` before ``id``) and the unnamed index
-    column harmless.
+    column harmless; in a file without a header (``fmt.header`` False) by position. ``about`` says whose file
+    it is for the messages (a user's task file); without it, one of the course's files.
     """
     path = Path(path)
     if not path.is_file():
-        raise DataFileMissing(path)
+        raise DataFileMissing(path, about)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be a positive number of rows or None, got {limit}")
     report = ReadReport(path=str(path), limit=limit)
@@ -191,20 +243,34 @@ def _read_rows(
     report.sha256 = hashlib.sha256(data).hexdigest()
     text = decode_utf8(path, data)
     if not text.strip():
-        raise ValueError(f"{path}: the file is empty; copy the CS224N file there again "
-                         "(data/README.md names its public source)")
+        raise ValueError(f"{path}: the file is empty; " + (f"put the task's rows there ({about})" if about else
+                         f"copy the CS224N file there again ({COURSE_SOURCE})"))
     # A record is complete when a line end follows it; a file that stops without
     # one was most likely cut, possibly inside the last field ("0.8" -> "0").
     ends_with_newline = data.endswith((b"\n", b"\r"))
+    delimiter = fmt.delimiter or sniff_delimiter(text)
+    quoting = fmt.quoting if fmt.quoting is not None else delimiter != "\t" or _quotes_pair_up(text, delimiter)
     # newline="" lets csv handle quoted fields itself.
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
-    header = [h.strip() for h in next(reader)]
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ValueError(
-            f"{path}: line 1: the header has no column {missing[0]!r} (it has {header}); this reader needs "
-            f"{', '.join(columns)} (the CS224N format, see data/README.md): is this the right file?")
-    where = {c: header.index(c) for c in columns}
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter,
+                        quoting=csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE)
+    if fmt.header:
+        header = [h.strip() for h in next(reader)]
+        missing = [c for c in columns if c not in header]
+        if missing:
+            raise ValueError(
+                f"{path}: line 1: the header has no column {missing[0]!r} (it has {header}); " + (
+                    f"{about}, and its columns {', '.join(map(repr, columns))}" if about else
+                    f"this reader needs {', '.join(columns)} ({COURSE_FILES}): is this the right file?"))
+        where = {c: header.index(c) for c in columns}
+    else:
+        first = next(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter,
+                                quoting=csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE), [])
+        header = [str(i) for i in range(len(first))]  # a row's expected fields: as many as the first line's
+        beyond = [c for c in columns if not 0 <= c < len(first)]
+        if beyond:
+            raise ValueError(f"{path}: line 1: no column {beyond[0]} (0-based positions; the line has "
+                             f"{len(first)} fields)" + (f"; {about}, and the column" if about else ""))
+        where = {c: c for c in columns}
     for (line, row, error, last_line), is_last in _with_last(csv_records(reader)):
         if limit is not None and report.rows_kept >= limit:
             report.stopped_at_limit = True
@@ -216,7 +282,7 @@ def _read_rows(
         report.rows_total += 1
         if error is not None:
             reason = f"unparseable CSV ({error})"
-        elif is_last and not ends_with_newline:
+        elif is_last and not ends_with_newline and fmt.line_ends:
             reason = CUT_RECORD
         elif not row:
             reason = "blank line"
@@ -249,8 +315,8 @@ def _read_rows(
             report.rows_total += 1
             report.skipped.append((swallowed, f"swallowed by the unbalanced quote of the record on line {line}"))
     if report.rows_total == 0:
-        raise ValueError(f"{path}: has a header but no rows; copy the CS224N file there again "
-                         "(data/README.md names its public source)")
+        raise ValueError(f"{path}: has a header but no rows; " + (f"put the task's rows there ({about})" if about
+                         else f"copy the CS224N file there again ({COURSE_SOURCE})"))
     return items, report
 
 
@@ -287,7 +353,7 @@ def blank(text: str) -> bool:
     return not text.translate(_CONTROL).strip()
 
 
-def _text(fields: dict[str, str], column: str, problems: list[str]) -> str:
+def _text(fields: dict[Column, str], column: Column, problems: list[str]) -> str:
     # The SST files put a space before every sentence; other files have stray
     # trailing spaces. Neither carries meaning.
     value = fields[column].strip()
@@ -333,23 +399,25 @@ def similarity_label(raw: str, problems: list[str]) -> float | None:
 
 def read_examples(
     path: str | os.PathLike[str],
-    text_columns: Sequence[str],
-    label_column: str | None,
-    parse_label: Callable[[str, list[str]], int | float | None] | None,
+    text_columns: Sequence[Column],
+    label_column: Column | None,
+    parse_label: Callable[[str, list[str]], Any] | None,
     *,
-    id_column: str | None = "id",
-    delimiter: str = "\t",
+    id_column: Column | None = "id",
+    fmt: FileFormat = COURSE_FORMAT,
     limit: int | None = None,
+    about: str | None = None,
 ) -> tuple[list[Example], ReadReport]:
     """Read a task file: one text column (a sentence) or two (a pair), and a label unless ``label_column`` is None.
 
     ``parse_label(raw, problems)`` gives a label or appends why it cannot (the row is then skipped and reported);
-    ``id_column`` None numbers the rows by their file line.
+    ``id_column`` None numbers the rows by their file line. ``fmt``: how the file is split (the course's files':
+    tab-separated with CSV quoting and a header); ``about``: whose file it is, for the messages.
     """
     if len(text_columns) not in (1, 2):
         raise ValueError(f"a task file has one text column or two, got {list(text_columns)}")
 
-    def parse(fields: dict[str, str]) -> Example | str:
+    def parse(fields: dict[Column, str]) -> Example | str:
         problems: list[str] = []
         ex_id = _text(fields, id_column, problems) if id_column is not None else fields[LINE]
         texts = [_text(fields, c, problems) for c in text_columns]
@@ -358,7 +426,19 @@ def read_examples(
 
     columns = ([id_column] if id_column is not None else []) + list(text_columns) + (
         [label_column] if label_column is not None else [])
-    return _read_rows(path, delimiter, columns, parse, limit, key=lambda e: e.id)
+    return _read_rows(path, fmt, columns, parse, limit, key=lambda e: e.id, about=about)
+
+
+def read_labels(path: str | os.PathLike[str], label_column: Column, *, fmt: FileFormat = COURSE_FORMAT,
+                about: str | None = None) -> tuple[list[tuple[int, str]], ReadReport]:
+    """(1-based file line, label cell stripped) of every row with a label, read by the same loop as the examples
+    (a user's task infers its kind and classes from them: tasks/task_file.py); an empty cell is a skipped row."""
+
+    def parse(fields: dict[Column, str]) -> tuple[int, str] | str:
+        raw = fields[label_column].strip()
+        return (int(fields[LINE]), raw) if raw else "empty label"
+
+    return _read_rows(path, fmt, [label_column], parse, None, about=about)
 
 
 def read_sentences(
@@ -411,7 +491,8 @@ def read_nli(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple
         negative = fields["hard_neg"].strip() or None
         return ", ".join(problems) if problems else Triplet(anchor, positive, negative)
 
-    return _read_rows(path, ",", ["sent0", "sent1", "hard_neg"], parse, limit)
+    return _read_rows(path, FileFormat(",", quoting=True, line_ends=True), ["sent0", "sent1", "hard_neg"], parse,
+                      limit)
 
 
 NLI_FILE = "nli-train.csv"

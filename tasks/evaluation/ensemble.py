@@ -47,6 +47,7 @@ from tasks.predictions import (
     write_logits,
     write_predictions,
 )
+from tasks.data.readers import DataFileMissing
 from tasks.storage import atomic_file, staged_files, write_text
 
 logger = logging.getLogger(__name__)
@@ -256,18 +257,22 @@ class TaskResult:
         return [names[i] for i in self.runs]
 
 
-def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor, test: TaskLogits | None, method: str, *,
+def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor | None, test: TaskLogits | None, method: str, *,
                   max_exhaustive: int = 10, seed: int = 0, regression_sts: bool = False, l2: float = 1e-3,
                   max_iter: int = 300) -> TaskResult:
-    """Run ``method`` on one task: choose on dev, apply to dev and test; scores on dev."""
+    """Run ``method`` on one task: choose on dev, apply to dev and test; scores on dev (``labels`` None: the
+    simple average, every score nan)."""
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; methods: {METHODS}")
+    if labels is None and method != "simple":
+        raise ValueError(f"{task}: the {method} ensemble chooses on dev labels, and there are none")
     n_models = len(dev.logits)
     if test is not None and len(test.logits) != n_models:
         raise ValueError(f"{task}: {n_models} runs have dev logits but {len(test.logits)} have test logits")
-    model_scores = [score(task, predict(task, x), labels) for x in dev.logits]
+    scored = (lambda preds: score(task, preds, labels)) if labels is not None else (lambda preds: math.nan)
+    model_scores = [scored(predict(task, x)) for x in dev.logits]
     simple_dev = average(task, dev.logits)
-    simple_score = score(task, simple_dev[1], labels)
+    simple_score = scored(simple_dev[1])
     result = TaskResult(task, model_scores, simple_score, simple_score, list(range(n_models)),
                         runs=list(range(n_models)))  # ensemble_runs maps them to its input runs
 
@@ -482,7 +487,14 @@ def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str
             logger.warning("%s: no run has %s-dev-logits.csv; task skipped", task, task)
             skipped.extend([f"{task}-dev", f"{task}-test"])
             continue
-        labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
+        try:
+            labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
+        except DataFileMissing as e:  # a user's task whose files are gone: its runs' predictions, not scored
+            if not get_task(task).origin.get("file"):
+                raise
+            log.warning("%s: its dev file %s is not there, so its runs' predictions are averaged (simple) and "
+                           "not scored", task, e.path)
+            labels = None
         test = load_task_logits(run_dirs, task, "test")
         if test is None:
             logger.warning("%s: no run has %s-test-logits.csv (no %s test file?); %s-test-output.csv skipped", task,
@@ -490,7 +502,8 @@ def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str
             skipped.append(f"{task}-test")
         elif (line := missing_test_ids(task, test.ids, args.data_dir)) is not None:
             incomplete.append(line)
-        results[task] = ensemble_task(task, dev, labels, test, args.method, max_exhaustive=args.max_exhaustive,
+        results[task] = ensemble_task(task, dev, labels, test, args.method if labels is not None else "simple",
+                                      max_exhaustive=args.max_exhaustive,
                                       seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
                                       max_iter=args.regression_iters)
         results[task].runs = runs
@@ -514,6 +527,11 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
     return [out_dir / "predictions" / f.name for f in staged]
 
 
+def _json_score(value: float) -> float | None:
+    """A score as JSON holds it: null where there is none (a task whose dev labels are gone)."""
+    return value if math.isfinite(value) else None
+
+
 def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
     """Ensemble the runs of a checked ``config`` (``check_ensemble``) into its out_dir: predictions/, the submission
     zip and ensemble.json, written so that a failure leaves out_dir as it was. Returns (the summary, also
@@ -529,8 +547,9 @@ def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
         "method": config.method, "runs": [str(r) for r in config.runs], "names": names, "data_dir": config.data_dir,
         "seed": config.seed, "skipped": skipped, "submission": str(out_dir / SUBMISSION_ZIP),
         **({"incomplete": incomplete} if incomplete else {}),
-        "tasks": {t: {"model_scores": r.model_scores, "simple_score": r.simple_score,
-                      "ensemble_score": r.ensemble_score, "models": [model_names[t][m] for m in r.models],
+        "tasks": {t: {"model_scores": [_json_score(x) for x in r.model_scores],
+                      "simple_score": _json_score(r.simple_score), "ensemble_score": _json_score(r.ensemble_score),
+                      "models": [model_names[t][m] for m in r.models],
                       "runs": model_names[t], "weights": r.weights, "bias": r.bias,
                       "holdout": _named_holdout(r, model_names[t]), "note": r.note}
                   for t, r in results.items()},

@@ -47,7 +47,7 @@ from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_b
 from tasks.data.readers import Example
 from tasks.selection import capped_dev, load_examples, load_final_examples, make_dataset
 from tasks.predictions import Predictions, write_logits, write_part1, write_predictions
-from tasks.evaluation.metrics import task_metric, jsonable, overall_score, score
+from tasks.evaluation.metrics import jsonable, overall_score, scores
 from tasks.evaluation.priors import RunPriors, check_prior_models
 from tasks.model import MultitaskBert, TaskOutput
 from tasks.task import get_task
@@ -143,14 +143,14 @@ def predict_dataset(
     return Predictions(list(dataset.ids), logits, preds.to(kind.pred_dtype()))
 
 
-def evaluate(model: nn.Module, datasets: dict[str, Dataset], **options: Any
+def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[str] = (), **options: Any
              ) -> tuple[dict[str, float], dict[str, Predictions]]:
     """Predict every dataset (keyed by task) and score the labeled ones; ``options`` are ``predict_dataset``'s.
 
-    Returns (metrics, predictions). metrics has task_metric(task) for each
-    dataset with labels (``dataset.labels is not None``) and "overall" (see
-    ``overall_score``) when at least one was scored; unlabeled datasets (test
-    splits) only get predictions.
+    Returns (metrics, predictions). metrics has every metric of each task (``scores``: its main one,
+    task_metric(task), first) with labels (``dataset.labels is not None``) and "overall" (``overall_score``, of
+    ``select``: what selects the best epoch) when at least one was scored; unlabeled datasets (test splits) only
+    get predictions.
     """
     metrics: dict[str, float] = {}
     predictions: dict[str, Predictions] = {}
@@ -158,9 +158,9 @@ def evaluate(model: nn.Module, datasets: dict[str, Dataset], **options: Any
         p = predict_dataset(model, task, dataset, **options)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
-            metrics[task_metric(task)] = score(task, p.preds, dataset.labels)
+            metrics.update(scores(task, p.preds, dataset.labels))
     if metrics:
-        metrics["overall"] = overall_score(metrics)
+        metrics["overall"] = overall_score(metrics, select)
     return metrics, predictions
 
 
@@ -195,8 +195,16 @@ class Evaluator:
 
     def evaluate(self, model: MultitaskBert, datasets: dict[str, Dataset]
                  ) -> tuple[dict[str, float], dict[str, Predictions]]:
-        """Metrics and predictions of every dataset."""
-        return evaluate(model, datasets, **self.options())
+        """Metrics and predictions of every dataset; "overall" is what selects the run's best epoch."""
+        return evaluate(model, datasets, self.select(datasets), **self.options())
+
+    def select(self, datasets: dict[str, Any]) -> tuple[str, ...]:
+        """What the overall score of ``datasets`` averages: the run's ``best_metric`` where it scores them all
+        (an evaluation of some tasks only, as ``--eval-only --tasks`` makes: the default rule)."""
+        chosen = self.cfg.best_metric
+        tasks = {t: get_task(t) for t in datasets}
+        held = set(tasks) | {k for t in tasks.values() for k in t.metric_keys}
+        return chosen if set(chosen) <= held else ()
 
     def write_all(self, model: MultitaskBert, tokenizer: Any, pred_dir: Path,
                   train_sets: dict[str, Any] | None = None,
@@ -261,7 +269,8 @@ class Evaluator:
             leaderboard = preds
             if split != "train":  # a training example is its own nearest neighbour
                 for inference in inferences:
-                    leaderboard, scored = apply_inference(inference, split, datasets, leaderboard, metrics)
+                    leaderboard, scored = apply_inference(inference, split, datasets, leaderboard, metrics,
+                                                          self.select(datasets))
                     if scored:
                         result.setdefault(inference.key, dict(inference.info)).update(scored)
             for task, p in preds.items():
@@ -284,7 +293,8 @@ class Evaluator:
 
 
 def apply_inference(inference: Inference, split: str, datasets: dict[str, Dataset], preds: dict[str, Predictions],
-                    metrics: dict[str, float]) -> tuple[dict[str, Predictions], dict[str, Any]]:
+                    metrics: dict[str, float], select: Sequence[str] = ()
+                    ) -> tuple[dict[str, Predictions], dict[str, Any]]:
     """(the leaderboard's predictions, {record name: metrics}) of one split under an objective's ``inference``:
     its "" classes replace the model's where it ``replaces``; on a labelled split every variant is scored (the
     plain ``metrics`` with its tasks' scores replaced, overall recomputed) and logged."""
@@ -302,8 +312,8 @@ def apply_inference(inference: Inference, split: str, datasets: dict[str, Datase
         for task, classes in by_task.items():
             labels = getattr(datasets[task], "labels", None)
             if labels is not None:
-                m[task_metric(task)] = score(task, classes, labels)
-        m["overall"] = overall_score(m)
+                m.update(scores(task, classes, labels))
+        m["overall"] = overall_score(m, select)
         scored[f"{split}_{variant}" if variant else split] = jsonable(m)
     logger.info("%s %s: %s", split, inference.name, " | ".join(
         f"{variant or 'its prediction'}: " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if v is not None)

@@ -194,7 +194,7 @@ class KNNInference:
             t0 = time.perf_counter()
             train = self.train_set(task)
             feats, _ = self._features(task, train)
-            self.classifiers[task] = KNNClassifier(self.config.knn_k, get_task(task).classes).fit(feats, train.labels)
+            self.classifiers[task] = KNNClassifier(self.config.knn_k, get_task(task).num_classes).fit(feats, train.labels)
             logger.info("KNN-BERT: %d %s training representations in %.0f s", len(train), task,
                         time.perf_counter() - t0)
         knn = self.classifiers[task]

@@ -48,7 +48,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -164,6 +164,15 @@ class MultipleNegativesRanking(Objective):
         if config.tasks:
             return tuple(config.tasks)
         return cls.default_tasks + (("para",) if config.para_positives else ())
+
+    @classmethod
+    def check_run(cls, config: MNRConfig, run_config: Any) -> None:
+        """A pair classification of more than two classes has no positive pairs to rank: refused."""
+        many = [t for t in cls.tasks_of(config) if t in run_config.tasks and get_task(t).kind.classification
+                and not get_task(t).kind.binary]
+        if many:
+            raise ValueError(f"mnr ranks a pair classification's positive pairs, which needs two classes, and task "
+                             f"{many[0]!r} has {get_task(many[0]).num_classes}")
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         cfg = self.config

@@ -338,7 +338,7 @@ class RIFT(Objective):
         self.proj_student = nn.ModuleDict()
         self.proj_teacher = nn.ModuleDict()
         for task in self.active_tasks():
-            n = get_task(task).classes
+            n = get_task(task).num_classes
             self.proj_student[task] = nn.ModuleList(
                 projection(hidden, config.proj_hidden, config.proj_dim) for _ in range(n))
             self.proj_teacher[task] = nn.ModuleList(

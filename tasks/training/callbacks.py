@@ -52,7 +52,9 @@ from tasks.training import distributed
 from tasks.training.progress import RunClock, RunningSums, duration, plot_history, sequences
 from tasks.training.rundir import RunDir
 from tasks.runtime import precision_note, synchronize
+from tasks.evaluation.metrics import describe_selection
 from tasks.task import get_task
+from tasks.task_file import inferred_note
 
 logger = logging.getLogger(__name__)
 
@@ -198,7 +200,15 @@ class LogLines(Hook):
                     torch.get_num_threads(), len(plans), "s" if len(plans) > 1 else "",
                     "/".join(str(len(p)) for p in plans.values()), steps,
                     ", ".join(f"{t} {n}" for t, n in per_task.items()), ", ".join(f"{t} {n}" for t, n in dev.items()),
-                    " (pairs in both orders)" if cfg.symmetric_eval else "")
+                    " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).kind.pair for t in dev)
+                    else "")
+        for task in cfg.tasks:  # what a user's task file made of the task
+            entry = get_task(task)
+            if entry.origin.get("file"):
+                note = inferred_note(entry)
+                logger.info("task %s%s", entry.describe(), f"; {note}" if note else "")
+        logger.info("the best epoch is the one of the highest dev overall: %s%s", describe_selection(
+            cfg.tasks, cfg.best_metric), "" if cfg.best_metric else " (--best-metric chooses another)")
         costs = [trainer.train_sets[stream].padded_tokens(idx) for e, p in plans.items()
                  for stream, idx in (p[trainer.step:] if e == trainer.epoch else p)]
         return RunClock(costs, len(plans), sum(scored(t, n) for t, n in dev.items()),

@@ -90,6 +90,7 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
     phrases = PHRASES in train_sets
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
-                             seed=cfg.seed, max_examples_per_epoch=cfg.train_caps(), subsets=cfg.train_subsets,
+                             seed=cfg.seed, subsets=cfg.train_subsets,
+                             max_examples_per_epoch={s: n for s, n in cfg.train_caps().items() if s in train_sets},
                              swap={t: cfg.pair_swap for t in cfg.tasks if get_task(t).kind.pair and t in train_sets},
                              first=(PHRASES,) if phrases and cfg.sst_phrases.order == "first" else ())

@@ -1,12 +1,14 @@
-"""Tests of tasks/evaluation/metrics.py: accuracy, Pearson r (against scipy) and the CS224N overall score."""
+"""Tests of tasks/evaluation/metrics.py: every metric against scikit-learn or scipy, and the overall score (the
+CS224N one by default, what --best-metric names otherwise)."""
 
 from __future__ import annotations
 
 import pytest
-import scipy.stats  # test dependency: a missing reference fails instead of skipping
+import scipy.stats  # test dependencies: a missing reference fails instead of skipping
+import sklearn.metrics
 import torch
 
-from tasks.evaluation.metrics import overall_score, pearson_r, score
+from tasks.evaluation.metrics import f1, macro_f1, mcc, overall_score, pearson_r, ranks, score, scores, spearman
 
 
 def test_overall_score_formula_on_hand_values():
@@ -46,3 +48,38 @@ def test_accuracy_for_class_tasks():
         score("sst", torch.tensor([0, 1]), torch.tensor([0]))
     with pytest.raises(ValueError):
         score("nli", torch.tensor([0]), torch.tensor([0]))
+
+
+def test_each_metric_equals_scikit_learn_or_scipy_on_random_data():
+    """F1 (binary), macro-F1, Matthews correlation (binary and multi-class) against scikit-learn, Spearman's rank
+    correlation (with ties) against scipy, on random predictions, including the degenerate ones (a constant
+    prediction: Matthews 0, F1 0 where nothing is predicted positive)."""
+    g = torch.Generator().manual_seed(0)
+    for n, k in ((2, 2), (9, 2), (200, 2), (7, 3), (300, 5)):
+        y = torch.randint(k, (n,), generator=g)
+        for p in (torch.randint(k, (n,), generator=g), torch.zeros(n, dtype=torch.long), y.clone()):
+            if k == 2:
+                assert f1(p, y.float()) == pytest.approx(sklearn.metrics.f1_score(y, p, zero_division=0), abs=1e-12)
+            assert macro_f1(p, y) == pytest.approx(
+                sklearn.metrics.f1_score(y, p, average="macro", zero_division=0), abs=1e-12)
+            assert mcc(p, y) == pytest.approx(sklearn.metrics.matthews_corrcoef(y, p), abs=1e-12)
+    for n in (3, 50, 400):
+        x = torch.randint(6, (n,), generator=g).double() / 2  # ties
+        z = x + torch.randn(n, generator=g, dtype=torch.float64)
+        assert spearman(z, x) == pytest.approx(float(scipy.stats.spearmanr(z.numpy(), x.numpy()).statistic),
+                                               abs=1e-12)
+        assert torch.equal(ranks(x), torch.from_numpy(scipy.stats.rankdata(x.numpy())))
+
+
+def test_a_tasks_metrics_go_into_the_records_by_name_and_the_overall_selects_as_asked():
+    """``scores`` gives every metric of a task under "<task>_<metric>", the main one first; the overall counts the
+    built-in tasks by default, a correlation as (c + 1) / 2, and ``select`` a task's main metric or a named one."""
+    preds, labels = torch.tensor([1, 0, 1, 1]), torch.tensor([1, 0, 0, 1])
+    assert list(scores("mrpc", preds, labels)) == ["mrpc_f1", "mrpc_acc"]
+    m = {"sst_acc": 0.5, "cola_mcc": 0.2, "cola_acc": 0.9}
+    assert overall_score(m) == 0.5  # cola is not a CS224N task: it selects only when asked
+    assert overall_score(m, select=("cola",)) == pytest.approx(0.6)  # (0.2 + 1) / 2
+    assert overall_score(m, select=("sst", "cola_acc")) == pytest.approx(0.7)
+    assert overall_score({"cola_mcc": 0.2, "cola_acc": 0.9}) == pytest.approx(0.6)  # no built-in task: its own
+    with pytest.raises(ValueError, match=r"selects \['rte_acc'\], which the scores do not hold"):
+        overall_score(m, select=("rte",))

@@ -259,3 +259,19 @@ def test_smart_acts_under_bf16_autocast(task):
     fp32, _ = smart_penalty(model, task, batch)
     assert under_bf16.item() > 0
     torch.testing.assert_close(under_bf16, fp32, rtol=1e-4, atol=0)
+
+
+def test_a_pair_classification_of_three_classes_is_refused_before_any_data(tmp_path, tiny_env):
+    """MNR ranks the positive pairs of a two-class pair task; one of three classes has none: refused by the
+    run's checks, naming the task, before anything is read."""
+    from tasks.task import KINDS, Layout, Task
+    from tests.helpers import tiny_train_config
+
+    three = Task("three", KINDS["pair-classification"], {"train": "x.csv", "dev": "x.csv"}, Layout(("a", "b"), "y"),
+                 classes=("a", "b", "c"))
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("sts", "three"), user_tasks=[three],
+                            objectives={"mnr": {"tasks": ["sts", "three"], "para_positives": False}},
+                            model={"pair_encoding": "siamese"})
+    with pytest.raises(ValueError, match="mnr ranks a pair classification's positive pairs, which needs two classes, "
+                                         "and task 'three' has 3"):
+        cfg.validate()

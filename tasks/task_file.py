@@ -1,0 +1,399 @@
+"""A user's task from a JSON file: every value checked before any data is read, what the file leaves out inferred
+from its labels as HF's ``run_glue.py`` infers it, and a run's task checked against its file again later.
+
+A task file (README "Adding a task"; the GLUE ones of tasks/glue/ are examples) names the task, its files and
+columns; the rest is inferred from the training file's labels unless declared:
+
+    {"name": "nli", "train": "nli-train.tsv", "dev": "nli-dev.tsv", "text": ["premise", "hypothesis"],
+     "label": "label"}
+
+- ``kind``: numbers that are not all whole make a regression (on the labels' own scale, ``range`` [min, max]);
+  whole numbers or words make a classification whose ``classes`` are the distinct labels, sorted (numbers by
+  value: 1, 2, 5, 10): labels 1-10 are ten classes, not eleven. One text column is a sentence task, two a pair.
+- a refusal names the file, the line and the declaration that would work: a label that is no class of a
+  classification, a column of numbers with a stray word in it, a label far outside the others (a typo, not a
+  class), more classes than a classification plausibly has.
+- ``id``: the ids of a file's rows, default ``id`` where the file's header has that column, else the rows' file
+  lines; files are relative to the task file's folder, tab- or comma-separated by their first line.
+
+Usage:
+    task = read_task_file("nli.json")                 # the Task (tasks/task.py), not registered
+    task = check_unchanged(saved, given=None)          # --resume / --eval-only: a ValueError naming what changed
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from tasks.data.readers import DataFileMissing, FileFormat, decode_utf8, read_labels, sniff_delimiter
+from tasks.task import (KINDS, LAYOUT_KEYS, NAME_LENGTH, SPLITS, STREAMS, TASK_FILE_KEYS, Kind, Task, canonical_number,
+                        from_declaration, layout_from)
+
+# A metric's other spellings a task file may use (tasks/evaluation/metrics.py names each by the first).
+METRIC_NAMES = {"acc": ("accuracy",), "f1": (), "macro_f1": ("macro-f1", "f1_macro"), "mcc": ("matthews",),
+                "r": ("pearson", "pearson_r"), "spearman": ("spearman_r",)}
+MAX_CLASSES = 100  # inferred from whole numbers: more is most likely a score, or a column of ids
+OUTLIER_GAP = 10  # a label further from the others than this many times their span is most likely a typo
+
+
+def _fail(where: str, message: str) -> ValueError:
+    return ValueError(f"{where}: {message}")
+
+
+# ---- checking a declaration ------------------------------------------------------------------------------------
+
+
+def _column(value: Any) -> bool:
+    return (isinstance(value, str) and value != "") or (isinstance(value, int) and not isinstance(value, bool)
+                                                        and value >= 0)
+
+
+COLUMN = "a column's header name (a string) or its 0-based position in a file without a header (a number)"
+
+
+def _check_layout(where: str, spec: Mapping[str, Any], own: str = "") -> None:
+    """The LAYOUT_KEYS of ``spec`` (a task file, or one split's object: ``own`` names it)."""
+    at = f"{own}'s " if own else ""
+    if "text" in spec:
+        text = spec["text"]
+        columns = [text] if not isinstance(text, list) else text
+        if not 1 <= len(columns) <= 2 or not all(_column(c) for c in columns):
+            raise _fail(where, f"{at}'text' is one column (a sentence task) or a list of two (a pair task), each "
+                               f"{COLUMN}; got {json.dumps(text)}")
+    for key in ("label", "id"):
+        if key in spec and not (_column(spec[key]) or (key == "id" and spec[key] is None)):
+            raise _fail(where, f"{at}{key!r} is {COLUMN}" + (", or null (ids are the rows' file lines)"
+                                                            if key == "id" else "") + f"; got {json.dumps(spec[key])}")
+    if "delimiter" in spec:
+        try:
+            FileFormat(spec["delimiter"])
+        except (ValueError, TypeError):
+            raise _fail(where, f"{at}'delimiter' is one character, \"\\t\" or \",\" say; got "
+                               f"{json.dumps(spec['delimiter'])}") from None
+    for key in ("quoting", "header"):
+        if key in spec and not isinstance(spec[key], bool):
+            raise _fail(where, f"{at}{key!r} is true or false; got {json.dumps(spec[key])}")
+
+
+def _metric(where: str, name: Any) -> str:
+    for canonical, others in METRIC_NAMES.items():
+        if name == canonical or name in others:
+            return canonical
+    raise _fail(where, f"'metric' {json.dumps(name)}: metrics are {', '.join(METRIC_NAMES)}")
+
+
+def check_declaration(spec: Any, where: str) -> dict[str, Any]:
+    """A task file's JSON checked value by value, before any data is read: a ValueError naming the key; returns
+    it with its metrics spelt as tasks/evaluation/metrics.py names them."""
+    if not isinstance(spec, dict):
+        raise _fail(where, f"a task file is a JSON object with keys {', '.join(TASK_FILE_KEYS)}")
+    unknown = sorted(set(spec) - set(TASK_FILE_KEYS))
+    if unknown:
+        raise _fail(where, f"unknown key(s) {unknown}; a task file has {', '.join(TASK_FILE_KEYS)}")
+    for key in ("name", "train", "dev", "text", "label"):
+        if key not in spec:
+            raise _fail(where, f"no {key!r}; a task file names its name, train and dev files, text column(s) and "
+                               "label column (README 'Adding a task')")
+    name = spec["name"]
+    if not isinstance(name, str) or not name.isidentifier() or len(name) > NAME_LENGTH or name in STREAMS:
+        raise _fail(where, f"'name' {json.dumps(name)}: up to {NAME_LENGTH} letters, digits and _, not starting with "
+                           f"a digit (it names the task's flags and files; not {' or '.join(STREAMS)})")
+    _check_layout(where, spec)
+    for split in SPLITS:
+        value = spec.get(split)
+        if value is None:
+            continue
+        if isinstance(value, dict):
+            bad = sorted(set(value) - {"file", *LAYOUT_KEYS})
+            if "file" not in value or bad:
+                raise _fail(where, f"{split!r} is a file name, or an object with its \"file\" and where that file "
+                                   f"differs, of {', '.join(LAYOUT_KEYS)}; got {json.dumps(value)}")
+            _check_layout(where, value, split)
+            value = value["file"]
+        if not isinstance(value, str) or not value:
+            raise _fail(where, f"{split!r} is a file name (relative to the task file's folder); got {json.dumps(value)}")
+    if "kind" in spec and spec["kind"] not in KINDS:
+        raise _fail(where, f"'kind' {json.dumps(spec['kind'])}; kinds are {', '.join(KINDS)}")
+    if "num_classes" in spec:
+        n = spec["num_classes"]
+        if isinstance(n, bool) or not isinstance(n, int) or not 2 <= n <= 10_000:
+            raise _fail(where, f"'num_classes' is a whole number of classes, 2 or more (classes 0 .. n-1); got "
+                               f"{json.dumps(n)}")
+    if "classes" in spec:
+        c = spec["classes"]
+        if not isinstance(c, list) or len(c) < 2 or not all(isinstance(x, str) or (isinstance(x, int) and not
+                                                                                     isinstance(x, bool)) for x in c):
+            raise _fail(where, f"'classes' is a list of the labels, two or more, as the files write them (class 0 "
+                               f"first); got {json.dumps(c)}")
+        names = [str(x) for x in c]
+        if len(set(names)) != len(names):
+            raise _fail(where, f"'classes' names a class twice: {json.dumps(c)}")
+        spec = {**spec, "classes": names}
+    if "classes" in spec and "num_classes" in spec:
+        raise _fail(where, "give 'classes' (the labels) or 'num_classes' (classes 0 .. n-1), not both")
+    if "range" in spec:
+        r = spec["range"]
+        if not (isinstance(r, list) and len(r) == 2 and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                                            and math.isfinite(x) for x in r) and r[0] < r[1]):
+            raise _fail(where, f"'range' is [low, high] of a regression's scores, low < high; got {json.dumps(r)}")
+    kind = spec.get("kind")
+    if kind is not None and (("classes" in spec or "num_classes" in spec) and not KINDS[kind].classification
+                             or "range" in spec and KINDS[kind].classification):
+        raise _fail(where, f"a {kind} task has " + ("no classes; drop 'classes' and 'num_classes'"
+                                                    if not KINDS[kind].classification else "no range; drop 'range'"))
+    if "range" in spec and ("classes" in spec or "num_classes" in spec):
+        raise _fail(where, "'range' is a regression's, 'classes' and 'num_classes' a classification's: give one")
+    if "metric" in spec:
+        m = spec["metric"]
+        names = [m] if isinstance(m, str) else m
+        if not isinstance(names, list) or not names:
+            raise _fail(where, f"'metric' is a metric or a list of them (the first selects); got {json.dumps(m)}")
+        spec = {**spec, "metric": [_metric(where, x) for x in names]}
+    if "positive" in spec and not (isinstance(spec["positive"], str) and spec["positive"].isidentifier()):
+        raise _fail(where, f"'positive' is a word for what class 1 means; got {json.dumps(spec['positive'])}")
+    return spec
+
+
+# ---- inferring what a declaration leaves out --------------------------------------------------------------------
+
+
+def _first_line_fields(path: Path, fmt: FileFormat, about: str) -> list[str]:
+    """The fields of a file's first line (its header), stripped; an empty file is a ValueError naming it."""
+    text = decode_utf8(path, path.read_bytes())
+    if not text.strip():
+        raise ValueError(f"{path}: the file is empty; put the task's rows there ({about})")
+    delimiter = fmt.delimiter or sniff_delimiter(text)
+    return [f.strip() for f in text.split("\n", 1)[0].rstrip("\r").split(delimiter)]
+
+
+def _number(raw: str) -> float | None:
+    try:
+        return float(raw)
+    except ValueError:
+        return None
+
+
+def _suggest(spec: Mapping[str, Any], regression: bool) -> str:
+    pair = "pair" if len([spec["text"]] if not isinstance(spec["text"], list) else spec["text"]) == 2 else "sentence"
+    return f'"kind": "{pair}-{"regression" if regression else "classification"}"'
+
+
+def _classes_of(train: Path, labels: list[tuple[int, str]], spec: Mapping[str, Any], where: str,
+                declared: bool) -> list[str]:
+    """The classes of a classification whose file declares none: its training labels' distinct values, sorted
+    (whole numbers by value); refused where they look like something else (``declared``: the file says it is a
+    classification)."""
+    numbers = {raw: _number(raw) for _, raw in labels}
+    words = [(line, raw) for line, raw in labels if numbers[raw] is None]
+    if words and 2 * len(words) < len(labels) and not declared:
+        line, raw = words[0]
+        raise _fail(f"{train}: line {line}", f"label {raw!r} is not a number, while most labels are; fix it, or "
+                    f"declare the classes (\"classes\": [...]) in {where}")
+    if words:
+        return sorted(numbers)
+    bad = next(((line, raw) for line, raw in labels if canonical_number(raw) is None), None)
+    if bad is not None:
+        raise _fail(f"{train}: line {bad[0]}", f"label {bad[1]!r} is not a whole number, and task {spec['name']!r} "
+                    f"is a classification; give whole-number or word classes, or {_suggest(spec, True)} in {where}")
+    first: dict[int, int] = {}
+    for line, raw in labels:
+        first.setdefault(int(float(raw)), line)
+    values = sorted(first)
+    if len(values) >= 3:
+        for outlier, rest in ((values[-1], values[:-1]), (values[0], values[1:])):
+            gap = min(abs(outlier - rest[0]), abs(outlier - rest[-1]))
+            if gap > OUTLIER_GAP * (rest[-1] - rest[0] + 1):
+                listed = [str(v) for v in values[:6]] + (["..."] if len(values) > 6 else [])
+                raise _fail(f"{train}: line {first[outlier]}", f"label {outlier} is far outside the others "
+                            f"({rest[0]} to {rest[-1]}): a typo? Fix it, or declare every class (\"classes\": "
+                            f"{json.dumps(listed)}) in {where}")
+    names = [str(v) for v in values]
+    if len(names) < 2:
+        raise _fail(train.as_posix(), f"every label in column {json.dumps(spec['label'])} is {names[0]!r}: a "
+                    "classification needs two classes or more (is 'label' the right column?)")
+    if len(names) > MAX_CLASSES:
+        raise _fail(train.as_posix(), f"{len(names)} distinct labels would make {len(names)} classes; if they are "
+                    f"scores, declare {_suggest(spec, True)}; if classes, declare them (\"classes\") in {where}")
+    return names
+
+
+def infer(spec: dict[str, Any], files: dict[str, Path], where: str) -> tuple[dict[str, Any], list[str]]:
+    """``spec`` completed from its training file's labels: ``kind`` and ``classes`` or ``range`` (and the id
+    column of each file); returns it and the keys inferred."""
+    spec = dict(spec)
+    inferred: list[str] = []
+    layout = layout_from(spec)
+    train = files["train"]
+    labels, report = read_labels(train, layout.label, fmt=layout.fmt, about=f"{where} names it")
+    if not labels:
+        raise _fail(train.as_posix(), f"no labels in column {json.dumps(spec['label'])} ({report.summary(3)})")
+    pair = len(layout.text) == 2
+    kind_name = spec.get("kind")
+    if kind_name is None:
+        if "range" in spec:
+            kind_name = f"{'pair' if pair else 'sentence'}-regression"
+        elif "classes" in spec or "num_classes" in spec:
+            kind_name = f"{'pair' if pair else 'sentence'}-classification"
+        else:
+            numbers = [(line, raw, _number(raw)) for line, raw in labels]
+            bad = next(((line, raw) for line, raw, v in numbers if v is not None and not math.isfinite(v)), None)
+            if bad is not None:
+                raise _fail(f"{train}: line {bad[0]}", f"label {bad[1]!r} is not a finite number; fix the row")
+            fractional = all(v is not None for _, _, v in numbers) and any(v != int(v) for _, _, v in numbers)
+            kind_name = f"{'pair' if pair else 'sentence'}-{'regression' if fractional else 'classification'}"
+        inferred.append("kind")
+    kind: Kind = KINDS[kind_name]
+    if kind.pair != pair:
+        raise _fail(where, f"a {kind.name} task reads {2 if kind.pair else 1} text column(s), 'text' names "
+                           f"{len(layout.text)}; declare {_suggest(spec, not kind.classification)}")
+    spec["kind"] = kind.name
+    if kind.classification:
+        if "num_classes" in spec:
+            spec["classes"] = [str(k) for k in range(spec.pop("num_classes"))]
+        elif "classes" not in spec:
+            spec["classes"] = _classes_of(train, labels, spec, where, declared="kind" not in inferred)
+            inferred.append("classes")
+    elif "range" not in spec:
+        values = []
+        for line, raw in labels:
+            v = _number(raw)
+            if v is None or not math.isfinite(v):
+                raise _fail(f"{train}: line {line}", f"label {raw!r} is not a number, and task {spec['name']!r} is a "
+                            f"{kind.name}; fix the row" + ("" if "kind" in inferred else
+                                                            f", or declare {_suggest(spec, False)}"))
+            values.append(v)
+        if min(values) == max(values):
+            raise _fail(train.as_posix(), f"every label is {labels[0][1]}: a regression needs scores that differ "
+                        "(is 'label' the right column?)")
+        spec["range"] = [min(values), max(values)]
+        inferred.append("range")
+    if "id" not in spec:  # each file's own: "id" where its header has one
+        for split, path in files.items():
+            own = spec.get(split) if isinstance(spec.get(split), dict) else None
+            lay = layout_from({**spec, **(own or {})})
+            if own is not None and "id" in own or not lay.fmt.header:
+                continue
+            has_id = "id" in _first_line_fields(path, lay.fmt, f"{where} names it")
+            if split == "train":
+                spec["id"] = "id" if has_id else None
+            elif has_id != (spec.get("id") == "id"):
+                spec[split] = {**(own or {"file": spec[split]}), "id": "id" if has_id else None}
+        spec.setdefault("id", None)
+    return spec, inferred
+
+
+# ---- reading a task file -----------------------------------------------------------------------------------------
+
+
+def read_declaration(path: Path, where: str) -> Any:
+    """The JSON of a task file; a FileNotFoundError or ValueError naming it."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{where}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{where} is a directory: name the task's JSON file") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f"{where}: not a JSON file ({e})") from None
+
+
+def read_task_file(path: str | os.PathLike[str]) -> Task:
+    """The task a JSON file declares (not registered); a ValueError naming the file, or the data file and line.
+
+    Every value is checked before any data is read; the files are relative to the JSON file's folder; what it
+    does not declare is inferred from the training file's labels (the module's docstring), and every dev label
+    must then be one the task can take.
+    """
+    path = Path(path).expanduser().resolve()
+    where = f"task file {path}"
+    declaration = read_declaration(path, where)
+    spec = check_declaration(declaration, where)
+    about = f"{where} names it"
+    files = {}
+    for split in SPLITS:
+        if spec.get(split) is not None:
+            name = spec[split]["file"] if isinstance(spec[split], dict) else spec[split]
+            files[split] = path.parent / name
+            if not files[split].is_file():
+                raise DataFileMissing(files[split], f"{about} as {split!r}, relative to its own folder")
+    for split, file in files.items():  # every column the task file names, in the file it names it for
+        own = spec[split] if isinstance(spec[split], dict) else {}
+        lay = layout_from({**spec, **{k: v for k, v in own.items() if k != "file"}})
+        if lay.fmt.header:
+            header = _first_line_fields(file, lay.fmt, f"{where} names it")
+            for key, column in [*(("text", c) for c in lay.text), ("label", lay.label), ("id", lay.id)]:
+                if column is not None and column not in header and not (split == "test" and key == "label") \
+                        and not (key == "id" and "id" not in spec and "id" not in own):
+                    raise _fail(f"{file}: line 1", f"the header has no column {column!r} (it has {header}); {where} "
+                                f"names it as the {key} column" + (f" of its {split} file" if own else ""))
+    spec, inferred = infer(spec, files, where)
+    task = from_declaration(spec, path.parent, {"file": str(path), "declaration": declaration, "inferred": inferred},
+                            checks_range="range" not in inferred)
+    # every dev label the task cannot take, named with its line (the reader would skip it and carry on)
+    dev_layout = task.layout_of("dev")
+    problems_at = []
+    for line, raw in read_labels(files["dev"], dev_layout.label, fmt=dev_layout.fmt, about=about)[0]:
+        problems: list[str] = []
+        task.parse_label(raw, problems)
+        if problems:
+            problems_at.append((line, problems[0]))
+    if problems_at:
+        line, problem = problems_at[0]
+        hint = (" (a class the training file lacks: declare every class, \"classes\", in the task file)"
+                if "classes" in inferred else "")
+        raise _fail(f"{files['dev']}: line {line}", f"{problem} for task {task.name!r} ({task.kind.name}"
+                    + (f", {task.num_classes} classes" if task.classes else "") + ")" + hint
+                    + (f"; and {len(problems_at) - 1} more rows" if len(problems_at) > 1 else ""))
+    return task
+
+
+def inferred_note(task: Task) -> str:
+    """What of ``task`` its file left to its labels, and the declaration that says otherwise (for the run's log)."""
+    inferred = task.origin.get("inferred") or []
+    if not inferred:
+        return ""
+    numbers = not task.kind.classification or all(canonical_number(c) is not None for c in task.classes)
+    other = ("" if not numbers or "kind" not in inferred else
+             f" (to read them as a score: \"kind\": \"{task.kind.name.replace('classification', 'regression')}\")"
+             if task.kind.classification else
+             f" (to read them as classes: \"kind\": \"{task.kind.name.replace('regression', 'classification')}\")")
+    return f"{' and '.join(inferred)} inferred from its training labels{other}"
+
+
+# ---- a saved run's task against its file -----------------------------------------------------------------------
+
+
+def check_unchanged(saved: Task, given: str | os.PathLike[str] | None = None) -> Task:
+    """A saved run's task (``--resume``, ``--eval-only``) against its task file: the file it was declared by (or
+    ``given``, where the user moved it) must declare it as it did then (a ValueError naming each change); a file
+    that is gone leaves the saved task as it is. Returns the task with its files where the file now says."""
+    origin = saved.origin.get("file")
+    if origin is None:
+        return saved
+    path = Path(given).expanduser().resolve() if given is not None else Path(origin)
+    where = f"task file {path}"
+    if given is None and not path.is_file():
+        return saved
+    now = read_declaration(path, where)
+    then = saved.origin.get("declaration")
+    if now != then:
+        if not isinstance(now, dict):
+            raise ValueError(f"{where} no longer declares task {saved.name!r} (it is not a JSON object)")
+        keys = sorted(set(now) | set(then or {}), key=lambda k: TASK_FILE_KEYS.index(k) if k in TASK_FILE_KEYS
+                      else len(TASK_FILE_KEYS))
+        changes = [f"{k!r} was {json.dumps((then or {}).get(k))}, is {json.dumps(now.get(k))}" for k in keys
+                   if (then or {}).get(k) != now.get(k)]
+        raise ValueError(f"{where} changed since the run was trained ({'; '.join(changes)}): the run's task is "
+                         "what the file declared then; restore it, or train a new run on the file as it is")
+    if given is None:
+        return saved
+    files = {s: os.path.normpath(path.parent / os.path.relpath(f, Path(origin).parent)) for s, f in saved.files.items()}
+    return Task.from_dict({**saved.to_dict(), "files": files, "origin": {**saved.origin, "file": str(path)}})
+
+
+__all__ = ("METRIC_NAMES", "check_declaration", "check_unchanged", "infer", "inferred_note", "read_task_file")
