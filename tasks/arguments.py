@@ -260,8 +260,8 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked.
     streams = set(cfg.streams())
     for path in MAPPINGS:
-        if path not in explicit:
-            setattr(cfg, path, {k: v for k, v in getattr(cfg, path).items() if k in streams})
+        given = {k for k, _ in explicit.get(path, ())}
+        setattr(cfg, path, {k: v for k, v in getattr(cfg, path).items() if k in streams or k in given})
     return cfg
 
 

@@ -309,3 +309,13 @@ def test_the_nested_settings_keep_their_flags():
     assert (cfg.priors.sts_weight, cfg.priors.sst_model, cfg.sst_phrases.weight, cfg.sst_phrases.order) == \
         (0.25, "enc", 2.0, "first")
     assert (cfg.lpft.epochs, cfg.lpft.lr, cfg.swa.epochs, cfg.swa.lr) == (1, 1e-3, 2, 1e-4)
+
+
+def test_a_per_stream_setting_for_a_run_without_the_defaults_streams_keeps_only_what_acts():
+    """--max-train-examples sst2=N on a run without para: the default's para cap (a stream the run does not train)
+    is left out rather than refused; the explicit entry stays, and one for an untrained stream is refused."""
+    cfg = arguments.config_for(["--tasks", "sst", "--max-train-examples", "sst=100"])
+    assert cfg.max_train_examples == {"sst": 100}
+    assert arguments.config_for(["--max-train-examples", "sst=100"]).max_train_examples == {"para": 23000, "sst": 100}
+    with pytest.raises(ValueError, match=r"max_train_examples names \['para'\], which this run does not train"):
+        arguments.config_for(["--tasks", "sst", "--max-train-examples", "para=100"])
