@@ -22,8 +22,15 @@ rm -f "$STAMP"
 # several GB. The CPU index's 2.13.0+cpu ranks above PyPI's 2.13.0 (a local version label), so pip takes it;
 # that index is asked for torch alone (--no-deps), its dependencies then come from the usual ones.
 TORCH_INDEX=()
+CPU_INDEX=https://download.pytorch.org/whl/cpu
 if [ "$(uname -s)" = Linux ] && [ "${MINBERT_TORCH:-cpu}" = cpu ]; then
-  TORCH_INDEX=(--extra-index-url https://download.pytorch.org/whl/cpu)
+  # asked once, quickly: an index pip cannot reach costs five retries, each a warning
+  if "$PYTHON" -c "import sys, urllib.request; urllib.request.urlopen(sys.argv[1], timeout=5)" "$CPU_INDEX/" \
+      >/dev/null 2>&1; then
+    TORCH_INDEX=(--extra-index-url "$CPU_INDEX")
+  else
+    echo "setup.sh: PyTorch's CPU index ($CPU_INDEX) is not reachable: torch 2.13.0 comes from pip's usual indexes (on Linux PyPI's is the CUDA build, several GB)"
+  fi
 fi
 echo "setup.sh: installing torch 2.13.0 (${MINBERT_TORCH:-cpu}; minutes on a first install: a large download)"
 $PIP install -q --no-deps torch==2.13.0 ${TORCH_INDEX[@]+"${TORCH_INDEX[@]}"}

@@ -24,7 +24,10 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import re
+import socket
+import urllib.parse
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -126,6 +129,17 @@ def cached_snapshot(repo_id: str, revision: str | None, cache: Path) -> Path | N
     return config.parent
 
 
+def hub_reachable(timeout: float = 5.0) -> bool:
+    """Whether a connection to the Hub (HF_ENDPOINT, else huggingface.co) opens within ``timeout`` seconds."""
+    endpoint = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    try:
+        socket.create_connection((endpoint.hostname, endpoint.port or (80 if endpoint.scheme == "http" else 443)),
+                                 timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
 def hub_snapshot(name: str) -> Path:
     """The snapshot directory of Hub model ``NAME[@REVISION]``: from the cache, else downloaded into it.
 
@@ -149,6 +163,8 @@ def hub_snapshot(name: str) -> Path:
                   "cache here (HF_HOME=DIR names its parent), or pass a checkpoint directory")
     if hub_offline():
         raise FileNotFoundError(not_cached.format(why="HF_HUB_OFFLINE is set"))
+    if not hub_reachable():  # one quick try, not huggingface_hub's five retries (each logged) over half a minute
+        raise FileNotFoundError(not_cached.format(why="the Hub could not be reached"))
     log.info("%s: not in the Hugging Face cache %s; downloading it", name, cache)
 
     def download(filename: str) -> Path:
@@ -202,7 +218,11 @@ def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
     """The raw tensors of a checkpoint directory, safetensors preferred; a damaged file is a ValueError naming it."""
     f = weights_file(model_dir)
     if f.suffix != ".safetensors":
-        return torch.load(f, map_location="cpu", weights_only=True)
+        try:
+            return torch.load(f, map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError:  # torch's message would suggest weights_only=False: running the file's code
+            raise ValueError(f"{f} holds code, not only tensors, and is refused: loading it would run that code; use a "
+                             "checkpoint in model.safetensors (one you trust can be converted to it)") from None
     try:
         return load_file(str(f))
     except SafetensorError as e:

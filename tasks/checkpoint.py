@@ -188,7 +188,8 @@ def resumable_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, TrainConfi
                 continue
             logger.warning("%s; resuming from %s instead: training goes on from its position", e, good[0])
             return good
-        raise ValueError(f"{e}; neither last.old nor best beside it is intact: start afresh (--overwrite)") from e
+        raise ValueError(f"{e}; neither last.old nor best beside it is intact: mend the file it names (a run never "
+                         "needs deleting to be resumed)") from e
 
 
 @dataclass(frozen=True)

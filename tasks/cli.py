@@ -19,8 +19,10 @@ What it adds to argparse.ArgumentParser:
   still prints everything), exit status 2;
 - a hint for flags people bring from the CS224N starter and the HF Trainer
   (``--use_gpu``, ``--output_dir``, ``--learning_rate``, ``--num_train_epochs``,
-  ``--batch_size``, ``--option finetune|pretrain``), for snake_case spellings
-  of our kebab-case flags, and close matches for typos;
+  ``--batch_size``, ``--option finetune|pretrain``), spelt with underscores or
+  dashes alike, for snake_case spellings of our kebab-case flags, and close
+  matches for typos;
+- started as an installed command (``minbert-train``), its usage lines and errors name it so;
 - every option's default at the end of its help (``DefaultsHelp``);
 - NaN and infinities refused for every float flag, naming it (``finite_float``).
 """
@@ -102,7 +104,7 @@ def foreign_flag_hint(argv: Sequence[str], known: set[str], renamed: dict[str, s
         if flag == "--option":
             value = token.split("=", 1)[1] if "=" in token else (argv[i + 1] if i + 1 < len(argv) else "")
             return f"--option is the CS224N starter's flag; {OPTION_VALUES.get(value, OPTION_VALUES['finetune'])}"
-        target, hint = FOREIGN_FLAGS.get(flag, (None, ""))
+        target, hint = FOREIGN_FLAGS.get(flag) or FOREIGN_FLAGS.get("--" + flag[2:].replace("-", "_"), (None, ""))
         if hint and (target is None or target in known):
             return f"unrecognized argument {flag}: {hint}"
         kebab = flag.replace("_", "-")
@@ -127,10 +129,25 @@ def finite_float(text: str) -> float:
     return value
 
 
+# The commands and the console scripts that run them (pyproject.toml): started as one, a command's usage lines and
+# errors name it so.
+INSTALLED = {"train_multitask.py": "minbert-train", "python -m tasks.predict": "minbert-predict",
+             "python -m tasks.ensemble": "minbert-ensemble", "python -m tasks.pretrain": "minbert-pretrain",
+             "python -m tasks.robustness": "minbert-robustness", "python -m tasks.sst_phrases": "minbert-sst-phrases"}
+
+
+def program(prog: str) -> str:
+    """How the user started the command ``prog``: its console script's name when started as one, else ``prog``."""
+    started = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return started if INSTALLED.get(prog) == started else prog
+
+
 class Parser(argparse.ArgumentParser):
     """argparse.ArgumentParser with this project's conventions (see the module docstring)."""
 
     def __init__(self, *args, renamed: dict[str, str] | None = None, **kwargs) -> None:
+        if kwargs.get("prog") is not None:
+            kwargs["prog"] = program(kwargs["prog"])
         kwargs.setdefault("allow_abbrev", False)
         kwargs.setdefault("formatter_class", DefaultsHelp)
         super().__init__(*args, **kwargs)

@@ -53,14 +53,14 @@ MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refu
 # arithmetic of the steps already taken or the batches still to come.
 # SWA and train-set predictions come after the training steps, so they may change too
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
-RESUME_MUTABLE = ("epochs", "device", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
+RESUME_MUTABLE = ("epochs", "device", "threads", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
                   "eval_batch_size", "out_dir", "data_dir", "swa.epochs", "swa.lr", "predict_train", "report_to",
                   "save_only_model", "task_files")
 
 
 # Settings (dotted paths) --eval-only may set: they choose what to predict and where, never the model. Objectives
 # add the options that act only at inference (``Objective.inference_options``), see eval_mutable().
-EVAL_MUTABLE = ("data_dir", "out_dir", "device", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
+EVAL_MUTABLE = ("data_dir", "out_dir", "device", "threads", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
                 "final_dev", "dev_max_examples", "symmetric_eval", "priors.sts_weight", "priors.sts_model",
                 "priors.sst_weight", "priors.sst_model", "task_files")
 
@@ -269,6 +269,10 @@ class TrainConfig:
     bf16: bool | None = option(None, "bf16 autocast; default: on for CUDA with bf16 and on CPUs with native bf16 "
                                "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)",
                                group="runtime")
+    threads: int | None = option(None, "CPU threads to compute with (torch.set_num_threads); default: torch's, one "
+                                 "per core (OMP_NUM_THREADS sets it too); a run's scores depend on it (sums split "
+                                 "otherwise round otherwise), and beside other work one thread can be the faster",
+                                 group="runtime", metavar="N")
     compile: bool = option(False, "torch.compile the encoder", group="runtime")
     deterministic: bool = option(False, "torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG="
                                  ":4096:8 when unset): on CUDA, what makes --resume repeat a run bit for bit (same "
@@ -540,6 +544,8 @@ class TrainConfig:
         if self.encoder_dropout is not None and not 0 <= self.encoder_dropout < 1:
             raise ValueError(f"encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
         check_device_string(self.device)
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be at least 1 (default: torch's, one per core), got {self.threads}")
         self.model.__post_init__()  # a ModelConfig edited after construction is re-checked
         check_objectives(self)
 

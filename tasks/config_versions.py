@@ -173,14 +173,15 @@ def keep_tasks(d: dict[str, Any]) -> dict[str, Any]:
     """Version 2 -> 3: a saved run keeps its task files' tasks in "user_tasks" (the task files were read again by
     every command that loaded the run; this reads them once more, by version 2's rules: ``_task_of_version_2``),
     and "best_metric" says what selected its best epoch: in version 2 the overall over every task of the run,
-    a user's too. A file of some fields (``--config`` of one's own) gets neither: a fresh run reads its task files
-    itself, and selects as today's runs do."""
+    a user's too; "threads" (--threads) is torch's choice, as it was. A file of some fields (``--config`` of
+    one's own) gets none of them: a fresh run reads its task files itself, and selects as today's runs do."""
     if "user_tasks" in d or not set(_SAVED_RUN) <= set(d):
         return d
     entries = [_task_of_version_2(f) for f in d.get("task_files") or ()]
     own = [e["name"] for e in entries if e["name"] in d["tasks"]]
     builtin = [t for t in ("sst", "para", "sts", "cfimdb") if t in d["tasks"]]
-    return {**d, "user_tasks": {e["name"]: e for e in entries}, "best_metric": builtin + own if own else []}
+    return {**d, "user_tasks": {e["name"]: e for e in entries}, "best_metric": builtin + own if own else [],
+            "threads": None}
 
 
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
@@ -234,7 +235,7 @@ _VERSION_2 = _renamed(_VERSION_1, NESTED_SETTINGS)
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(from_unversioned, _VERSION_1),
     Migration(nest_settings, _VERSION_2, _OBJECTIVE_OPTIONS_2),
-    Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric"}, _OBJECTIVE_OPTIONS_2),
+    Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads"}, _OBJECTIVE_OPTIONS_2),
 )
 
 
@@ -266,6 +267,12 @@ def upgrade(d: dict[str, Any]) -> dict[str, Any]:
         d.pop(key, None)
     if VERSION_KEY not in d:
         version = 0 if UNVERSIONED_FIELDS <= _paths(d) else 1
+        nested = sorted(name for name, _ in NESTED_SETTINGS.values() if isinstance(d.get(name), dict))
+        if version == 0 and nested:  # a saved run of version 2 or later that lost its version: not version 0's
+            was = 3 if "user_tasks" in d else 2
+            raise ValueError(f"{VERSION_KEY} is missing, and the file holds every setting of a saved run with "
+                             f"{', '.join(nested)} nested, as version {was} writes them: put back "
+                             f'"{VERSION_KEY}": {was}')
     else:
         version = d.pop(VERSION_KEY)
         if isinstance(version, bool) or not isinstance(version, int) or version < 0:

@@ -94,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         if verbose():
             raise
         parser.error(describe(e))
-    with user_errors(PROG):
+    with user_errors(parser.prog):
         return _ensemble(config)
 
 

@@ -183,3 +183,8 @@ def failure_text(error: BaseException) -> str:
     if isinstance(error, KeyboardInterrupt):
         return "interrupted (KeyboardInterrupt)"
     return " ".join(f"{type(error).__name__}: {error}".split())
+
+
+def count(n: int, noun: str) -> str:
+    """``1 thread``, ``2 threads``: a number with its noun, for log lines."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

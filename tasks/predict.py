@@ -21,13 +21,12 @@ from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 
-from tasks.cli import Parser, user_errors
+from tasks.cli import Parser, describe, user_errors, verbose
 from tasks.logs import log_to
 from tasks.options import add_options, option
-from tasks.predictions import trained_tasks
 from tasks.data.readers import Example, blank, decode_utf8
 from tasks.evaluation.evaluator import Predictor
-from tasks.task import get_task, task_names
+from tasks.task import get_task
 
 logger = logging.getLogger(__name__)
 
@@ -125,16 +124,19 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
     args = parser.parse_args(argv)
     if args.batch_size is not None and args.batch_size < 1:
         parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
-    try:
+    try:  # what the user named: the checkpoint, its task, --input and --output (an argument error, exit status 2)
         check_output(args.output)
-        if args.task not in task_names() and Path(args.checkpoint).is_dir():
-            trained_tasks(args.checkpoint)  # the checkpoint's own tasks (a --task-file's) become known
+        plan = Predictor.plan(args.checkpoint, device=args.device, bf16=args.bf16)  # its own tasks become known
+        if args.task not in plan.config.tasks:
+            raise ValueError(f"--task {args.task}: {plan.checkpoint} was trained on "
+                             f"{', '.join(plan.config.tasks)}; name one of them")
         examples = read_inputs(args.task, args.input)
-    except (ValueError, FileNotFoundError) as e:
-        parser.error(str(e))  # the --input and --output the user gave: an argument error (exit status 2)
-    with user_errors(parser.prog):  # a damaged checkpoint, a task it was not trained on: one line, exit status 1
-        predictor = Predictor.from_checkpoint(args.checkpoint, device=args.device, batch_size=args.batch_size,
-                                              bf16=args.bf16)
+    except (ValueError, OSError) as e:
+        if verbose():
+            raise
+        parser.error(describe(e))
+    with user_errors(parser.prog):  # what loading and predicting meet (damaged weights): one line, exit status 1
+        predictor = Predictor.from_plan(plan, batch_size=args.batch_size)
         header, rows = prediction_rows(predictor, args.task, examples)
     with (contextlib.nullcontext(sys.stdout) if args.output == "-"
           else open(args.output, "w", newline="", encoding="utf-8")) as f:

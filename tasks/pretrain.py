@@ -54,9 +54,10 @@ import torch
 
 from minbert.mlm import load_mlm
 from minbert.pretrained import resolve_model_dir
-from tasks.cli import Parser, user_errors
+from tasks.cli import Parser, describe, program, user_errors
 from tasks.logs import log_to, open_log
-from tasks.task import MULTITASK, load_split, task_names
+from tasks.data.readers import DataFileMissing
+from tasks.task import MULTITASK, get_task, load_split, task_names
 from tasks.options import add_options, option, options_of
 from tasks.outdir import LOCK_FILE, take_lock
 from tasks.training.mlm import make_eval_batches
@@ -133,7 +134,7 @@ def config_from_args(args: argparse.Namespace) -> PretrainConfig:
 def main(argv: Sequence[str] | None = None) -> Path:
     """The command line; a user-caused error after argument checking is one line and exit status 1 (tasks.cli)."""
     log_to()  # held until <out-dir>.partial is this run's, then its pretrain.log (tasks.logs)
-    with user_errors("python -m tasks.pretrain"):
+    with user_errors(program("python -m tasks.pretrain")):
         return _main(argv)
 
 
@@ -150,8 +151,14 @@ def _main(argv: Sequence[str] | None) -> Path:
     out_dir = Path(args.out_dir)
     try:
         check_replaceable(out_dir, args.overwrite)
-    except FileExistsError as e:
-        parser.error(str(e))
+        for task in args.tasks:  # the files the flags name, before any folder is made: an argument error
+            for split in ("train", "dev") if args.eval_sentences else ("train",):
+                path = get_task(task).path(split, args.data_dir)
+                if path is not None and not path.is_file():
+                    raise DataFileMissing(path, get_task(task).about)
+        resolve_model_dir(args.pretrained)
+    except (FileExistsError, ValueError, OSError) as e:
+        parser.error(describe(e))
     config = config_from_args(args)
     partial = partial_dir(out_dir)
     partial.mkdir(parents=True, exist_ok=True)

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks import arguments
+from tasks.checkpoint import verify_checkpoint
 from tasks.cli import Parser, describe, user_errors
 from tasks.config import TrainConfig
 from tasks.logs import log_to, open_log
@@ -177,9 +178,23 @@ def split_argv(argv: list[str]) -> tuple[argparse.Namespace, list[str], TrainCon
     return args, flags, cfg
 
 
+def check_attack(args: argparse.Namespace, parser: Parser) -> None:
+    """The checkpoint an attack names, and its tasks: an argument error (exit status 2), as every command's."""
+    try:
+        _, saved = verify_checkpoint(args.checkpoint)
+    except (ValueError, OSError) as e:
+        parser.error(describe(e))
+    missing = [task for task in args.tasks if task not in saved.tasks]
+    if missing:
+        parser.error(f"--tasks {' '.join(missing)}: {args.checkpoint} was not trained on it (it has "
+                     f"{' '.join(saved.tasks)})")
+
+
 def main(argv: list[str] | None = None) -> dict:
     log_to()
     args, flags, cfg = split_argv(list(os.sys.argv[1:] if argv is None else argv))
+    if cfg is None:
+        check_attack(args, build_parser())
     configure_malloc()
     with user_errors(build_parser().prog):
         if args.out_dir:  # its own log first: each training run's train.log is the run's (tasks.logs.open_log)

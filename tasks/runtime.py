@@ -211,6 +211,31 @@ def full_precision(device: torch.device) -> Iterator[None]:
         yield
 
 
+def set_threads(n: int | None) -> int:
+    """Compute on ``n`` CPU threads (None: torch's choice, one per core unless OMP_NUM_THREADS says otherwise);
+    the count in use. A run's numbers depend on it (a sum split over other threads rounds otherwise)."""
+    if n is not None:
+        torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def busy_cpu_note(threads: int, device: torch.device) -> str | None:
+    """A warning when other work already keeps the CPU busy (its 1-minute load average), so that ``threads``
+    compute threads on it (``device`` the CPU), waiting on each other, may go slower than one would; None otherwise
+    (or unknown)."""
+    if device.type != "cpu":
+        return None
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average on this system
+        return None
+    cores = os.cpu_count() or 1
+    if threads < 2 or load <= cores - threads + 0.75:
+        return None
+    return (f"other work keeps the CPU busy (load average {load:.1f} on {cores} cores): {threads} threads that wait "
+            "on each other can then be slower than one; --threads 1 may help")
+
+
 def configure_device(device: torch.device, deterministic: bool = False) -> None:
     """Process-wide math settings of ``device``: TF32 matmuls on CUDA; ``deterministic`` algorithms when asked.
 

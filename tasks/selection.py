@@ -80,9 +80,10 @@ def phrases_file(cfg: TrainConfig) -> Path:
     given = Path(cfg.sst_phrases.file).expanduser()
     path = Path(cfg.data_dir) / given if given.name == str(given) else given
     if not path.is_file():
-        raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases.file}: no such file {path} (a name in --data-dir, or "
-                                "a path); build it from the treebank's trees: python -m tasks.sst_phrases TREES "
-                                f"--out {path} (data/README.md), or train without phrases: --sst-phrases none")
+        raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases.file}: no such file {path} (a name in --data-dir "
+                                f"{cfg.data_dir}, or a path): point --data-dir at the folder of the data files, build "
+                                f"it from the treebank's trees (python -m tasks.sst_phrases TREES --out {path}, "
+                                "data/README.md), or train without phrases: --sst-phrases none")
     return path
 
 

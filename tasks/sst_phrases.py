@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> PhraseReport:
                      f"trainDevTestTrees_PTB.zip)")
     if (out.exists() or out.is_symlink()) and not args.overwrite:
         parser.error(f"--out {out} exists; pass --overwrite to replace it")
-    with user_errors(PROG):
+    with user_errors(parser.prog):
         held_out = held_out_sentences([trees / "dev.txt", trees / "test.txt"])
         phrases, report = build_phrases(read_trees(trees / "train.txt"), held_out)
         write_phrases(out, phrases)

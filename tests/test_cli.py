@@ -5,9 +5,11 @@ every default in the help."""
 from __future__ import annotations
 
 import argparse
+import sys
 
 import pytest
 
+from tasks import cli as cli_module
 from tasks import ensemble, predict, pretrain, robustness
 from tasks import arguments
 from tasks import train as cli
@@ -20,6 +22,8 @@ CASES = [  # (command, argv, what the error line must say)
     ("train", ["--use_gpu"], "the device is automatic (CUDA when present); to choose one pass --device cuda"),
     ("train", ["--output_dir", "runs/x"], "use --out-dir"),
     ("train", ["--learning_rate", "1e-5"], "use --lr"),
+    ("train", ["--learning-rate", "1e-5"], "use --lr"),  # dashes or underscores alike
+    ("train", ["--num-train-epochs", "3"], "use --epochs"),
     ("train", ["--num_train_epochs", "3"], "use --epochs"),
     ("train", ["--batch_size", "8"], "use --batch-size"),
     ("train", ["--option", "finetune"], "full fine-tuning is the default"),
@@ -48,7 +52,7 @@ CASES = [  # (command, argv, what the error line must say)
     ("robustness", ["label-noise", "--rate", "0.1", "--out-dir", "x", "--", "--epoch", "2"],
      "did you mean --epochs?"),
     ("predict", ["--checkpoint", "x", "--task", "sst", "--use_gpu"], "--device cuda"),
-    ("predict", ["--checkpoint", "x", "--task", "sentiment"], "unknown task 'sentiment'; tasks are"),
+    ("predict", ["--checkpoint", "x", "--task", "sentiment"], "no checkpoint at x"),
 ]
 
 
@@ -125,3 +129,37 @@ def test_an_empty_default_reads_none():
     assert report.endswith("(default: none)")
 
 
+
+
+@pytest.mark.parametrize("command", sorted(COMMANDS))
+def test_an_installed_command_names_itself_in_its_usage_and_errors(command, monkeypatch, capsys):
+    """Started as its console script (minbert-train, ...), a command's usage line and error name the script, not
+    train_multitask.py or python -m tasks.X, which a pip user does not run."""
+    main, prog = COMMANDS[command]
+    script = cli_module.INSTALLED[prog]
+    monkeypatch.setattr(sys, "argv", [f"/venv/bin/{script}"])
+    with pytest.raises(SystemExit) as e:
+        main(["--no-such-flag"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[0].startswith(f"usage: {script} [options]") and \
+        err[-1].startswith(f"{script}: error: ")
+
+
+@pytest.mark.parametrize("command, argv", [
+    ("train", ["--eval-only", "--checkpoint", "{missing}"]),
+    ("train", ["--resume", "--out-dir", "{missing}"]),
+    ("predict", ["--checkpoint", "{missing}", "--task", "sst"]),
+    ("ensemble", ["{missing}", "--out-dir", "{tmp}/ens"]),
+    ("robustness", ["attack", "--checkpoint", "{missing}"]),
+    ("pretrain", ["--out-dir", "{tmp}/mlm", "--data-dir", "{missing}"]),
+])
+def test_a_missing_path_is_an_argument_error_in_every_command(command, argv, tmp_path, capsys):
+    """One exit rule for every command: a path the user named that is not there is refused with the arguments,
+    exit status 2, one line naming it, nothing written."""
+    main, _ = COMMANDS[command]
+    missing = tmp_path / "missing"
+    with pytest.raises(SystemExit) as e:
+        main([a.format(missing=missing, tmp=tmp_path) for a in argv])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and len(err) == 2 and str(missing) in err[1] and "Traceback" not in err[1], err
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -245,3 +245,27 @@ def test_a_version_2_run_of_a_users_task_keeps_the_task_it_trained(tiny_env, tmp
     with pytest.raises(ValueError, match="the task file of a run saved before version 3 .*: not found; the run reads "
                                          "its task there: put the file back to load it"):
         TrainConfig.from_dict(saved, complete=True)
+
+
+def test_a_saved_run_that_lost_its_version_is_named_and_never_told_to_delete(tiny_env, tmp_path, capsys):
+    """A version-2 run whose config.json lost "config_version" is not read as version 0 (and refused for another
+    setting): the message names the missing key and the version its settings are written in; --resume on it
+    says to mend the file, never --overwrite (which would delete its intact checkpoints)."""
+    saved = _saved(SAVED / "v2.json", tiny_env, tmp_path / "run")
+    del saved["config_version"]
+    with pytest.raises(ValueError, match='config_version is missing, .* version 2 writes them: put back '
+                                         '"config_version": 2'):
+        TrainConfig.from_dict(saved, complete=True)
+    run = tmp_path / "run"
+    cli.main(["--config", str(_write(tmp_path / "config.json", _saved(SAVED / "v2.json", tiny_env, run)))])
+    for where in (run / "checkpoints" / "best", run / "checkpoints" / "last"):
+        _write(where / "config.json", saved)
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--resume", "--out-dir", str(run)])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and 'put back "config_version": 2' in err and "--overwrite" not in err, err
+
+
+def _write(path: Path, d: dict) -> Path:
+    path.write_text(json.dumps(d))
+    return path

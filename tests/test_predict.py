@@ -87,9 +87,9 @@ def test_predict_refuses_bad_paths_and_bytes_before_predicting(finished, tmp_pat
     assert message in err[1] and not computed
 
 
-def test_a_damaged_checkpoint_is_one_line_with_exit_status_1(finished, tmp_path, capsys, monkeypatch):
-    """A checkpoint whose weights file is cut short: one line naming the problem, exit status 1 (a run-time error,
-    not an argument error), no traceback."""
+def test_a_damaged_checkpoint_is_refused_as_an_argument_with_exit_status_2(finished, tmp_path, capsys, monkeypatch):
+    """A checkpoint whose weights file is cut short is checked with the arguments, before any work, as the train
+    command's --eval-only checks it: one line naming the file, exit status 2, no traceback."""
     import shutil
 
     damaged = tmp_path / "damaged"
@@ -100,7 +100,17 @@ def test_a_damaged_checkpoint_is_one_line_with_exit_status_1(finished, tmp_path,
     with pytest.raises(SystemExit) as e:
         main(["--checkpoint", str(damaged), "--task", "sst"])
     err = capsys.readouterr().err.strip().splitlines()
-    assert e.value.code == 1 and len(err) == 1 and "Traceback" not in err[0], err
+    assert e.value.code == 2 and len(err) == 2 and "model.safetensors is truncated or corrupted" in err[1], err
+
+
+def test_a_task_the_checkpoint_lacks_is_refused_naming_the_checkpoints_tasks(finished, capsys):
+    """--task of a task the checkpoint was not trained on names the tasks it was (not the built-in list, not
+    --task-file, which predict does not take)."""
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(finished), "--task", "topic"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert e.value.code == 2 and "--task topic: " in err and "was trained on sst, para, sts; name one of them" in err
+    assert "--task-file" not in err
 
 
 def test_text_input_is_a_file_of_lines(tmp_path):

@@ -344,3 +344,23 @@ def test_fp32_matmuls_are_tf32_on_cuda_only_while_the_flag_is_on():
         assert runtime.fp32_matmul_precision(torch.device("cpu")) == "fp32"
         with runtime.no_tf32():
             assert runtime.fp32_matmul_precision(CUDA0) == "fp32"
+
+
+def test_threads_sets_torchs_count_and_a_busy_cpu_is_said(monkeypatch):
+    """--threads N sets torch's thread count (None leaves torch's); a CPU other work keeps busy is one warning for
+    a run of several threads, and none for one thread or an idle CPU."""
+    from tasks import runtime
+
+    before = torch.get_num_threads()
+    try:
+        assert runtime.set_threads(1) == 1 == torch.get_num_threads()
+        assert runtime.set_threads(None) == 1
+    finally:
+        torch.set_num_threads(before)
+    monkeypatch.setattr(runtime.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (1.9, 1.0, 1.0))
+    cpu = torch.device("cpu")
+    assert "(load average 1.9 on 2 cores): 2 threads" in runtime.busy_cpu_note(2, cpu)
+    assert runtime.busy_cpu_note(1, cpu) is None and runtime.busy_cpu_note(2, torch.device("cuda")) is None
+    monkeypatch.setattr(runtime.os, "getloadavg", lambda: (0.3, 1.0, 1.0))
+    assert runtime.busy_cpu_note(2, cpu) is None

@@ -417,3 +417,18 @@ def test_each_glue_task_reads_its_files_as_glue_ships_them(name):
         if split != "test":
             assert {task.label_name(e.label) for e in examples} == set(task.classes)
     assert examples[0].id == "0"  # the test files' index column
+
+
+def test_a_users_task_run_logs_what_it_did_in_its_own_words(tmp_path, tiny_env, one_thread):
+    """A run of a user's sentence task without a test file: no empty "test predictions for  in 0 s", no "pairs in
+    both orders" where there are no pairs, counts in the singular where they are one, no pointer to RESULTS.md
+    (which measures the CS224N tasks alone)."""
+    rows = {s: [[f"the film was {CLASS_WORDS[i % 3]} {i}", ["bad", "ok", "good"][i % 3]] for i in range(24)]
+            for s in ("train", "dev")}
+    task_file = user_task(tmp_path / "t", {"name": "tone", "text": "text", "label": "y"}, rows, ["text", "y"])
+    _train(tiny_env, tmp_path / "run", task_file, "--tasks", "tone")
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "1 thread |" in log and "plan: 1 epoch x" in log and "estimate after 3 steps" in log
+    assert "no test predictions: no task of the run has a test file" in log
+    assert "test predictions for  in" not in log and "pairs in both orders" not in log and "RESULTS.md" not in log
+    assert "task tone: sentence-classification, 3 classes (bad, good, ok)" in log

@@ -508,7 +508,8 @@ CASES = [
                                                         "--overwrite"], 2, r"no-such-model", "main"),
     ("--sst-phrases does not exist", lambda e, t, r, m: [*_flags(e, r), "--sst-phrases", "nope.csv",
                                                          "--overwrite"], 2,
-     r"--sst-phrases nope\.csv: no such file .*nope\.csv \(a name in --data-dir, or a path", "main"),
+     r"--sst-phrases nope\.csv: no such file .*nope\.csv \(a name in --data-dir .*, or a path\): point --data-dir",
+     "main"),
     ("--sst-phrases without a label column", lambda e, t, r, m: [*_flags(e, r, bad_data(
         e, t, "sst-phrases-train.csv", lambda b: b.replace(b"sentiment", b"label", 1))), "--sst-phrases",
         "sst-phrases-train.csv", "--overwrite"], 1, r"sst-phrases-train\.csv: line 1: the header has no column "
@@ -639,7 +640,7 @@ def test_the_log_file_says_what_the_run_will_do_how_long_it_takes_and_took(tiny_
     cli.main([*_flags(tiny_env, run_dir), "--epochs", "2", "--log-every", "2"])
     lines = (run_dir / "train.log").read_text().splitlines()
     (plan,) = [x for x in lines if "| plan: " in x]
-    assert re.search(r"cpu, fp32 \(--no-bf16\), \d+ threads \| plan: 2 epochs x (\d+)/\1 steps \(\d+ to go\): .*sst "
+    assert re.search(r"cpu, fp32 \(--no-bf16\), \d+ threads? \| plan: 2 epochs x (\d+)/\1 steps \(\d+ to go\): .*sst "
                      r"\d+.* examples an epoch; dev scores after each epoch on .*; then the best epoch predicts the whole "
                      r"dev and test sets", plan), plan
     progress = [x for x in lines if re.search(r"epoch \d/2 step \d+/\d+ \|", x)]

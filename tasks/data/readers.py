@@ -84,9 +84,16 @@ class DataFileMissing(FileNotFoundError):
         self.path = Path(path)
         super().__init__(
             f"data file not found: {self.path} ({about}); put the file there or correct the path" if about else
-            f"data file not found: {self.path}. Copy the CS224N file there (data/README.md names each file's "
-            f"public source), or set MINBERT_DATA=/dir/with/csvs and run `bash setup.sh` to link them."
-        )
+            f"data file not found: {self.path}: {course_remedy()}")
+
+
+def course_remedy() -> str:
+    """What to do when a course data file is not where a run looks: name its folder, and, in a checkout (where the
+    set-up script is), link it there."""
+    link = (" or link the files into data/ with `MINBERT_DATA=DIR bash setup.sh`"
+            if (Path(__file__).resolve().parents[2] / "setup.sh").is_file() else "")
+    return (f"point --data-dir at the folder holding the CS224N files (data/README.md names each one's public "
+            f"source){link}")
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,8 @@ from tasks.task import get_task
 from tasks.objectives import Inference, Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
 from tasks.checkpoint import check_encoder, load_model, verify_checkpoint
-from tasks.logs import open_log
-from tasks.runtime import autocast, autocast_dtype, precision_note, resolve_device
+from tasks.logs import count, open_log
+from tasks.runtime import autocast, autocast_dtype, busy_cpu_note, precision_note, resolve_device, set_threads
 
 logger = logging.getLogger(__name__)
 
@@ -262,6 +262,9 @@ class Evaluator:
                     skipped.append(msg)
                     continue
                 datasets[task] = make_dataset(task, rows, tokenizer, cfg)
+            if not datasets:  # no task of the run has a file of this split (test files are optional)
+                logger.info("no %s predictions: no task of the run has a %s file", split, split)
+                continue
             t0 = time.perf_counter()
             metrics, preds = self.evaluate(model, datasets)
             logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
@@ -385,9 +388,12 @@ def predict_checkpoint(plan: EvalPlan) -> dict:
         cfg = plan.config
         device = resolve_device(cfg.device)
         amp = autocast_dtype(cfg.bf16, device)
+        threads = set_threads(cfg.threads)
         t0 = time.perf_counter()
-        logger.info("evaluating %s on %s, %s, %d threads: dev and test predictions of %s", plan.checkpoint, device,
-                    precision_note(cfg.bf16, device, amp), torch.get_num_threads(), ", ".join(cfg.tasks))
+        logger.info("evaluating %s on %s, %s, %s: dev and test predictions of %s", plan.checkpoint, device,
+                    precision_note(cfg.bf16, device, amp), count(threads, "thread"), ", ".join(cfg.tasks))
+        if busy := busy_cpu_note(threads, device):
+            logger.warning(busy)
         model, objectives, tokenizer, _ = load_model(plan.checkpoint, device, cfg)
         evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=plan.checkpoint)
         result = evaluator.write_all(model, tokenizer, out / "predictions")
@@ -446,10 +452,20 @@ class Predictor:
                         bf16: bool | None = None) -> Predictor:
         """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present);
         ``bf16`` True or False overrides the run's precision rule (False: fp32)."""
+        return cls.from_plan(cls.plan(path, device, bf16), batch_size)
+
+    @staticmethod
+    def plan(path: str | os.PathLike, device: str = "auto", bf16: bool | None = None) -> EvalPlan:
+        """Every check of ``from_checkpoint`` (the checkpoint, its config, the device, the priors' encoders),
+        before any weights are loaded: what the predict command checks as its arguments."""
         run_best = Path(path) / "checkpoints" / "best"
         overrides = {"device": device, **({"bf16": bf16} if bf16 is not None else {})}
-        plan = prepare_eval(run_best if run_best.is_dir() else Path(path), overrides, writes=False)
-        dev = resolve_device(device)
+        return prepare_eval(run_best if run_best.is_dir() else Path(path), overrides, writes=False)
+
+    @classmethod
+    def from_plan(cls, plan: EvalPlan, batch_size: int | None = None) -> Predictor:
+        """The Predictor of a checked checkpoint (``plan``): its model loaded."""
+        dev = resolve_device(plan.config.device)
         model, objectives, tokenizer, cfg = load_model(plan.checkpoint, dev, plan.config)
         return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=plan.checkpoint)
 

@@ -49,9 +49,10 @@ import torch
 from tqdm import tqdm
 
 from tasks.training import distributed
+from tasks.logs import count
 from tasks.training.progress import RunClock, RunningSums, duration, plot_history, sequences
 from tasks.training.rundir import RunDir
-from tasks.runtime import precision_note, synchronize
+from tasks.runtime import busy_cpu_note, precision_note, synchronize
 from tasks.evaluation.metrics import describe_selection
 from tasks.task import get_task
 from tasks.task_file import inferred_note
@@ -194,14 +195,16 @@ class LogLines(Hook):
         dev = {t: len(d) for t, d in trainer.dev_sets.items()}
         final = {(t, split): len(rows) for split, by_task in (trainer.final_examples or {}).items()
                  for t, rows in by_task.items() if rows is not None}
-        logger.info("%s, %s, %d threads | plan: %d epoch%s x %s steps (%d to go): %s examples an epoch; dev scores "
+        logger.info("%s, %s, %s | plan: %s x %s steps (%d to go): %s examples an epoch; dev scores "
                     "after each epoch on %s; then the best epoch predicts the whole dev and test sets%s",
                     trainer.device, precision_note(cfg.bf16, trainer.device, trainer.amp_dtype),
-                    torch.get_num_threads(), len(plans), "s" if len(plans) > 1 else "",
+                    count(torch.get_num_threads(), "thread"), count(len(plans), "epoch"),
                     "/".join(str(len(p)) for p in plans.values()), steps,
                     ", ".join(f"{t} {n}" for t, n in per_task.items()), ", ".join(f"{t} {n}" for t, n in dev.items()),
                     " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).kind.pair for t in dev)
                     else "")
+        if busy := busy_cpu_note(torch.get_num_threads(), trainer.device):
+            logger.warning(busy)
         for task in cfg.tasks:  # what a user's task file made of the task
             entry = get_task(task)
             if entry.origin.get("file"):
@@ -234,8 +237,9 @@ class LogLines(Hook):
             self.clock_steps, self.clock_seqs, self.t_clock = 0, 0, now
             if clock.estimate_due(0):
                 clock.estimated = True
-                logger.info("estimate after %d steps: the run takes ~%s in all, evaluations included (the steps "
-                            "left timed by their padded tokens)", clock.steps_done, duration(clock.total()))
+                logger.info("estimate after %s: the run takes ~%s in all, evaluations included (the steps "
+                            "left timed by their padded tokens)", count(clock.steps_done, "step"),
+                            duration(clock.total()))
         if log_line:
             now = time.perf_counter()
             means = self.window.means()  # the one device sync per log_every steps

@@ -35,6 +35,7 @@ import torch
 from minbert.mlm import BertForMaskedLM, checkpoint_state, hf_config_dict
 from minbert.tokenizer import BertTokenizer
 from tasks.checkpoint import read_state, write_training_state
+from tasks.logs import count
 from tasks.options import option
 from tasks.outdir import MLM, check_kind, mark
 from tasks.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
@@ -273,9 +274,10 @@ def pretrain(mlm: BertForMaskedLM, tokenizer: BertTokenizer, sentences: Sequence
     trainer = MaskedLMTrainer(mlm, data, config, total=total, device=device, eval_data=eval_data, identity=identity,
                               hooks=[log_hook, ProgressBar(), CheckpointEvery(checkpoint_every), *hooks],
                               checkpoints=checkpoints)
-    log.info("%s, %s, %d threads | plan: MLM pretraining on %d sentences, %d steps (%d per epoch, batch %d), "
+    log.info("%s, %s, %s | plan: MLM pretraining on %d sentences, %s (%d per epoch, batch %d), "
              "lr %g%s", device, precision_note(config.bf16, device, trainer.amp_dtype, cpu_default=False),
-             torch.get_num_threads(), len(data), total, data.steps_per_epoch, config.batch_size, config.lr,
+             count(torch.get_num_threads(), "thread"), len(data), count(total, "step"), data.steps_per_epoch,
+             config.batch_size, config.lr,
              f"; held-out MLM scored before and after on {eval_data.n_sentences} sentences" if eval_data else "")
     if run_dir is not None:
         resume_from(trainer, Path(run_dir), total)
@@ -298,7 +300,7 @@ def resume_from(trainer: MaskedLMTrainer, run_dir: Path, total: int) -> None:
         differ = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
         raise ValueError(f"{ckpt} holds an interrupted pretraining with other settings or data ("
                          + ", ".join(f"{k}: {theirs.get(k)!r} there, {mine.get(k)!r} now" for k in differ[:4])
-                         + f"): run its command again to continue it, or delete {run_dir} to start afresh")
+                         + "): run its command again to continue it, or pretrain into another --out-dir")
     trainer.load_checkpoint(ckpt, saved)
     log.info("resuming from %s: step %d of %d", ckpt, trainer.global_step, total)
 

@@ -36,19 +36,21 @@ from pathlib import Path
 import torch
 
 from tasks.checkpoint import load_model, resolve_checkpoint
-from tasks.data.datasets import PairDataset, SentenceDataset, move_batch
+from tasks.data.datasets import move_batch
 from tasks.data.readers import Example
 from tasks.objectives.rift import pgd_attack
+from tasks.logs import count
 from tasks.options import option
 from tasks.perturb import perturb, perturbed_data_dir
 from tasks.predictions import read_predictions
 from tasks.runtime import resolve_device
-from tasks.task import get_task, load_split, task_names
+from tasks.selection import make_dataset
+from tasks.task import BUILTIN, get_task, load_split, task_names
 from tasks.training.progress import RunsClock, duration
 
 log = logging.getLogger(__name__)
 
-CLASSIFICATION = tuple(t for t in task_names() if get_task(t).kind.classification)  # the built-in ones
+CLASSIFICATION = tuple(t for t in BUILTIN if get_task(t).kind.classification)  # the course's ones
 PROGRESS_EVERY_S = 30  # a progress line of the attack at most this often
 
 
@@ -86,14 +88,10 @@ def attack(config: AttackConfig) -> dict:
     if missing:
         raise ValueError(f"--tasks {' '.join(missing)}: the checkpoint was not trained on it (it has "
                          f"{' '.join(cfg.tasks)})")
-    log.info("%s | plan: PGD attack (%s, epsilon %g, %d steps of %g) on the dev sets of %s", device, c.norm,
-             c.epsilon, c.steps, c.step_size, ", ".join(c.tasks))
+    log.info("%s | plan: PGD attack (%s, epsilon %g, %s of %g) on the dev sets of %s", device, c.norm,
+             c.epsilon, count(c.steps, "step"), c.step_size, ", ".join(c.tasks))
     for task in c.tasks:
-        examples = load_split(task, "dev", c.data_dir, limit=c.limit)[0]
-        if not get_task(task).kind.pair:
-            ds = SentenceDataset(examples, tokenizer, max_length=cfg.max_length)
-        else:
-            ds = PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length)
+        ds = make_dataset(task, load_split(task, "dev", c.data_dir, limit=c.limit)[0], tokenizer, cfg)
         clean_ok = adv_ok = 0
         order = list(range(len(ds)))
         t0 = last = time.perf_counter()

@@ -58,13 +58,15 @@ from tasks.evaluation.priors import check_prior_models
 from tasks.logs import score_text, size_text
 from tasks.model import MultitaskBert
 from tasks.objectives import build_objectives
-from tasks.runtime import autocast_dtype, configure_device, resolve_device, seed_everything, torchrun_env
+from tasks.runtime import (autocast_dtype, configure_device, resolve_device, seed_everything, set_threads,
+                           torchrun_env)
 from tasks.selection import load_run_data, phrases_file
 from tasks.training import distributed
 from tasks.training.progress import duration
 from tasks.training.rundir import RunDir, check_out_dir
 from tasks.training.callbacks import CheckpointEvery, Evaluation, Hook, LogLines, MetricsFile, Plot, ProgressBar
 from tasks.training.tensorboard import ReportToTensorBoard, check_available
+from tasks.task import MULTITASK
 from tasks.training.trainer import Parts, Trainer
 
 logger = logging.getLogger(__name__)
@@ -162,6 +164,7 @@ def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
 
     Seeding first makes the initial weights a function of ``cfg.seed`` alone (the same on every rank).
     """
+    set_threads(cfg.threads)
     seed_everything(cfg.seed)
     amp_dtype = autocast_dtype(cfg.bf16, device)
     configure_device(device, cfg.deterministic)
@@ -238,8 +241,10 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
                     "evaluated (--eval-only), no longer resumed", size_text(freed))
     logger.info("disk: %s%s", trainer.run_dir.disk_line(), "" if cfg.save_only_model else
                 "; --save-only-model keeps the model alone")
-    logger.info("predictions: %s (leaderboard files and logits; the recipe's measured scores over seeds, to "
-                "compare with: experiments/RESULTS.md)", trainer.run_dir.path / "predictions")
+    measured = set(cfg.tasks) <= set(MULTITASK)  # RESULTS.md holds the recipe's scores of the CS224N tasks
+    logger.info("predictions: %s (leaderboard files and logits%s)", trainer.run_dir.path / "predictions",
+                "; the recipe's measured scores over seeds, to compare with: experiments/RESULTS.md" if measured
+                else "")
     logger.info("done: wall time %s (this process: %.0f s)", duration(record["process_time_s"]),
                 record["process_time_s"])
     return record

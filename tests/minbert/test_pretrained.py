@@ -212,8 +212,8 @@ def test_a_revision_picks_its_snapshot_and_a_local_directory_comes_first(tmp_pat
 
 @pytest.mark.parametrize("offline", [True, False], ids=["HF_HUB_OFFLINE", "no network"])
 def test_a_name_not_cached_offline_says_how_to_get_it(tmp_path, monkeypatch, offline):
-    """With HF_HUB_OFFLINE set, or the Hub unreachable, a name that is not cached is one line naming the cache and
-    the command that fetches it (and its revision)."""
+    """With HF_HUB_OFFLINE set, or the Hub unreachable (found in one try), a name that is not cached is one line
+    naming the cache and the command that fetches it (and its revision)."""
     import socket
 
     def unreachable(*args, **kwargs):
@@ -226,8 +226,11 @@ def test_a_name_not_cached_offline_says_how_to_get_it(tmp_path, monkeypatch, off
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1" if offline else "0")
     monkeypatch.chdir(tmp_path)
+    tries = []
+    monkeypatch.setattr(socket, "create_connection", lambda *a, **k: tries.append(a) or unreachable())
     with pytest.raises(FileNotFoundError) as e:
         load_pretrained("google-bert/bert-base-uncased@v2")
+    assert len(tries) == (0 if offline else 1)  # one quick try, not the hub library's retries over half a minute
     message = str(e.value)
     assert "\n" not in message
     assert f"not in the cache {tmp_path / 'hub'}" in message
@@ -241,3 +244,14 @@ def test_a_path_is_not_taken_for_a_hub_name():
 
     assert is_hub_name("bert-base-uncased") and is_hub_name("google-bert/bert-base-uncased@refs/pr/1")
     assert not any(map(is_hub_name, ("/tmp/x", "./x", "~/x", "../x", "a/b/c", "a--b", "")))
+
+
+def test_a_bin_file_holding_code_is_refused_in_one_line_that_keeps_the_protection(tmp_path):
+    """A pytorch_model.bin whose pickle names a function (code that loading would run) is refused: one ValueError
+    naming the file and why, never torch's advice to turn weights_only off."""
+    cfg = tiny_config()
+    state = {**BertModel(cfg).state_dict(), "hook": print}  # a global a weights-only load must refuse
+    d = _write_checkpoint(tmp_path, state, cfg, weights="pytorch_model.bin")
+    with pytest.raises(ValueError, match="pytorch_model.bin holds code, not only tensors, and is refused") as refused:
+        load_pretrained(d)
+    assert "weights_only" not in str(refused.value)
