@@ -28,7 +28,7 @@ from typing import Any
 from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions, upgrade
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
-from tasks.objectives import objective_config, objective_values, registered_objectives
+from tasks.objectives import load_plugin, objective_config, objective_values, registered_objectives
 from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
 from tasks.task import MULTITASK, Task, get_task, register_task, task_names, task_with
 from tasks.task_file import check_unchanged, read_declaration
@@ -47,6 +47,9 @@ REPORTERS = ("tensorboard",)  # --report-to (tasks/training/tensorboard.py)
 
 
 MODEL_TYPE = "minbert-multitask"  # config.json's marker: HF's Auto classes refuse it (see TrainConfig.to_dict)
+
+
+OBJECTIVE_VERSIONS = "objective_versions"  # config.json: each objective's version of its options, as it wrote them
 
 
 # Config fields that may change when a run is resumed: none of them changes the
@@ -214,6 +217,11 @@ class TrainConfig:
     model: ModelConfig = option(help="the heads (tasks/model.py)", factory=lambda: ModelConfig(
         arch="b1", pair_encoding="cross", pooling="mean", head_dropout=0.0))
     objectives: dict[str, dict[str, Any]] = option(help="objective name -> its Config overrides", factory=dict)
+    objective_modules: tuple[str, ...] = option((), "load objectives from a Python file of your own (repeatable; "
+                                                "README 'Adding an objective': it registers what it defines, and "
+                                                "--objective NAME uses it); MINBERT_PLUGINS=FILE[:FILE] loads files "
+                                                "for every command", group="model", flag="--objective-module",
+                                                repeat=True, metavar="FILE")
 
     # -- optimization --
     epochs: int = option(3, "training epochs (paper: 10 for ablations, 20 for the final models, §5.3)",
@@ -320,8 +328,11 @@ class TrainConfig:
         with the version of its format and of the software that wrote it (tasks/config_versions.py)."""
         d = dataclasses.asdict(self)
         d["tasks"], d["report_to"], d["task_files"] = list(self.tasks), list(self.report_to), list(self.task_files)
-        d["best_metric"] = list(self.best_metric)
-        return {"model_type": MODEL_TYPE, VERSION_KEY: CONFIG_VERSION, **software_versions(), **d}
+        d["best_metric"], d["objective_modules"] = list(self.best_metric), list(self.objective_modules)
+        versions = {name: registered_objectives()[name].options_version for name in self.objectives
+                    if name in registered_objectives()}
+        return {"model_type": MODEL_TYPE, VERSION_KEY: CONFIG_VERSION, **software_versions(),
+                OBJECTIVE_VERSIONS: versions, **d}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any], complete: bool = False) -> TrainConfig:
@@ -343,7 +354,12 @@ class TrainConfig:
         model_type = d.pop("model_type", MODEL_TYPE)  # the first runs' files lack the marker
         if model_type != MODEL_TYPE:
             raise ValueError(f"not a {MODEL_TYPE} config: model_type is {model_type!r}")
+        versions = d.pop(OBJECTIVE_VERSIONS, None) or {}  # each objective's own (Objective.options_version)
+        if not isinstance(versions, dict) or not all(isinstance(v, int) and v >= 1 for v in versions.values()):
+            raise ValueError(f"{OBJECTIVE_VERSIONS}: {json.dumps(versions)} is not an object of objective -> version")
         d = upgrade(d)
+        for module in d.get("objective_modules") or ():  # a run's own objectives' files, before their options
+            load_plugin(module)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -364,6 +380,9 @@ class TrainConfig:
             missing += [f"{name}.{k}" for k in sorted(nested_known - set(d[name]))]
         if "objectives" in d:
             d["objectives"] = objective_values(d["objectives"])
+            registry = registered_objectives()
+            d["objectives"] = {name: registry[name].upgrade_options(options, versions.get(name, 1))
+                               if name in registry else options for name, options in d["objectives"].items()}
         if complete and missing:
             raise ValueError(f"not a complete run configuration: missing {missing}")
         default = cls()

@@ -14,7 +14,7 @@ the migrations after version 1, each of which leaves today's names as they are.
 Usage:
     d = upgrade(read_json(path))          # today's names: a saved run upgraded, a file of some fields renamed only
     fields_of(TrainConfig) == MIGRATIONS[-1].fields   # tests/test_config_versions.py: a new field needs a version
-    objective_options(REGISTRY) == MIGRATIONS[-1].objective_options   # and so does an objective's new option
+    objective_options(REGISTRY) == MIGRATIONS[1].objective_options    # version 2's record of the objectives' options
 """
 
 from __future__ import annotations
@@ -173,7 +173,8 @@ def keep_tasks(d: dict[str, Any]) -> dict[str, Any]:
     """Version 2 -> 3: a saved run keeps its task files' tasks in "user_tasks" (the task files were read again by
     every command that loaded the run; this reads them once more, by version 2's rules: ``_task_of_version_2``),
     and "best_metric" says what selected its best epoch: in version 2 the overall over every task of the run,
-    a user's too; "threads" (--threads) is torch's choice, as it was. A file of some fields (``--config`` of
+    a user's too; "threads" (--threads) is torch's choice and "objective_modules" (--objective-module) none, as
+    they were. A file of some fields (``--config`` of
     one's own) gets none of them: a fresh run reads its task files itself, and selects as today's runs do."""
     if "user_tasks" in d or not set(_SAVED_RUN) <= set(d):
         return d
@@ -181,7 +182,7 @@ def keep_tasks(d: dict[str, Any]) -> dict[str, Any]:
     own = [e["name"] for e in entries if e["name"] in d["tasks"]]
     builtin = [t for t in ("sst", "para", "sts", "cfimdb") if t in d["tasks"]]
     return {**d, "user_tasks": {e["name"]: e for e in entries}, "best_metric": builtin + own if own else [],
-            "threads": None}
+            "threads": None, "objective_modules": []}
 
 
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
@@ -235,7 +236,9 @@ _VERSION_2 = _renamed(_VERSION_1, NESTED_SETTINGS)
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(from_unversioned, _VERSION_1),
     Migration(nest_settings, _VERSION_2, _OBJECTIVE_OPTIONS_2),
-    Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads"}, _OBJECTIVE_OPTIONS_2),
+    # since version 3 each objective versions its own options (Objective.options_version; config.json's
+    # "objective_versions"): the built-in ones' version 1 is _OBJECTIVE_OPTIONS_2
+    Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
 )
 
 

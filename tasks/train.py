@@ -28,7 +28,8 @@ from typing import Any
 
 from tasks.arguments import Command, applied, build_parser, check_command, config_from_flags, help_preset, parse
 from tasks.checkpoint import resume_point, verify_checkpoint
-from tasks.cli import describe, user_errors, verbose
+from tasks.cli import Parser, describe, user_errors, verbose
+from tasks.objectives import load_plugin
 from tasks.config import TrainConfig, eval_overrides, refuse_idle_settings, with_task_files
 from tasks.evaluation.evaluator import EvalPlan, default_out_dir, predict_checkpoint, prepare_eval
 from tasks.logs import log_to
@@ -79,11 +80,30 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     return Invocation(c, prepare_run(cfg, overwrite=c.overwrite))
 
 
+def objective_modules(argv: list[str]) -> list[str]:
+    """The files of ``--objective-module FILE`` (or ``=FILE``) in ``argv``, before the parser that needs them."""
+    found = []
+    for i, token in enumerate(argv):
+        if token == "--":
+            break
+        if token == "--objective-module" and i + 1 < len(argv):
+            found.append(argv[i + 1])
+        elif token.startswith("--objective-module="):
+            found.append(token.split("=", 1)[1])
+    return found
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Parse, refuse contradictions (exit status 2, before any data is read), then train or evaluate."""
     log_to()  # held until the run directory is this command's, then train.log (tasks.logs.open_log)
     configure_malloc()
-    parser = build_parser(help_preset(argv if argv is not None else sys.argv[1:]))  # --preset X --help: X's values
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:  # a user's objective files first: their options are flags of the parser (tasks.objectives.load_plugin)
+        for module in objective_modules(argv):
+            load_plugin(module)
+    except ValueError as e:
+        Parser(prog="train_multitask.py").error(describe(e))
+    parser = build_parser(help_preset(argv))  # --preset X --help: X's values
     command, explicit = parse(argv, parser)
     try:
         inv = build_invocation(command, explicit)

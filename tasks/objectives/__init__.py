@@ -33,6 +33,7 @@ task's loss weight, sums, and logs every unweighted term under ``<task>/<objecti
 from __future__ import annotations
 
 import abc
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Protocol
@@ -95,6 +96,12 @@ class Objective(nn.Module, abc.ABC):
     batch_coupled: ClassVar[bool] = False
     # Config fields that act only at inference, so --eval-only may change them.
     inference_options: ClassVar[tuple[str, ...]] = ()
+    # The version of its options and their names at it. A saved run records each objective's version
+    # (config.json's "objective_versions") and stores only the options it changed: an option added, renamed or
+    # removed needs a new version and an ``upgrade_options`` step that gives an older run's options the values it
+    # trained with. ``option_names`` (None: not declared) is what a test holds the Config's fields against.
+    options_version: ClassVar[int] = 1
+    option_names: ClassVar[frozenset[str] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -111,6 +118,16 @@ class Objective(nn.Module, abc.ABC):
     def __init__(self, config: Any, model: nn.Module | None = None):
         super().__init__()
         self.config = config
+
+    @classmethod
+    def upgrade_options(cls, options: dict[str, Any], version: int) -> dict[str, Any]:
+        """A saved run's options of this objective at ``version`` as today's version reads them (version 1, the
+        first, as they are); a version newer than this code's is refused."""
+        if version > cls.options_version:
+            raise ValueError(f"objective {cls.name!r}: its options were saved at version {version}, and this code "
+                             f"reads versions up to {cls.options_version}: update minbert-multitask (or the "
+                             "objective's file)")
+        return options
 
     def term_weight(self, term: str) -> float:
         """The factor the trainer puts on the unweighted term ``term``: ``weight``, times the term's own
@@ -161,8 +178,9 @@ def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objecti
     objective for an unknown name, an unknown option or a value its Config refuses."""
     import_all()
     if name not in REGISTRY:
-        raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/ defines it "
-                         f"(registered: {', '.join(sorted(REGISTRY)) or 'none'})")
+        raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/, no "
+                         f"--objective-module and no {PLUGINS_ENV} file defines it (registered: "
+                         f"{', '.join(sorted(REGISTRY)) or 'none'})")
     cls = REGISTRY[name]
     known = {f.name for f in fields(cls.Config)}
     bad = set(overrides) - known
@@ -218,11 +236,45 @@ def registered_objectives() -> dict[str, type[Objective]]:
     return dict(REGISTRY)
 
 
+PLUGINS_ENV = "MINBERT_PLUGINS"  # objective files outside the package, loaded by every command (os.pathsep-separated)
+
+
 def import_all() -> None:
-    """Import every objective module so each registers itself."""
+    """Import every objective module so each registers itself: the package's, and the files MINBERT_PLUGINS
+    names."""
     import importlib
     import pkgutil
 
     for m in pkgutil.iter_modules(__path__):
         if not m.name.startswith("_"):
             importlib.import_module(f"{__name__}.{m.name}")
+    for path in filter(None, os.environ.get(PLUGINS_ENV, "").split(os.pathsep)):
+        load_plugin(path)
+
+
+_PLUGINS: dict[str, Any] = {}  # a plug-in file's resolved path -> its module, imported once
+
+
+def load_plugin(path: str | os.PathLike[str]) -> None:
+    """Import a user's objective file from anywhere (fairseq's --user-dir): the objectives it defines register
+    themselves, nothing in the package changes; once per file. A missing file or one that fails to import is a
+    ValueError naming it."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    file = Path(path).expanduser().resolve()
+    if str(file) in _PLUGINS:
+        return
+    if not file.is_file() or file.suffix != ".py":
+        raise ValueError(f"objective module {path}: no such Python file (--objective-module, {PLUGINS_ENV})")
+    name = f"minbert_plugins.{file.stem}_{abs(hash(str(file))):x}"
+    spec = importlib.util.spec_from_file_location(name, file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as e:  # the user's code: one line naming the file (MINBERT_VERBOSE=1 keeps the traceback)
+        del sys.modules[name]
+        raise ValueError(f"objective module {path} failed to import: {type(e).__name__}: {e}") from e
+    _PLUGINS[str(file)] = module

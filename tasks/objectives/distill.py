@@ -177,6 +177,7 @@ class Distill(Objective):
 
     name = "distill"
     Config = DistillConfig
+    option_names = frozenset(("weight", "tasks", "teachers", "temperature"))  # at options_version 1
     kinds = tuple(KINDS)
     tasks = DISTILL_TASKS
 

@@ -335,6 +335,9 @@ class KNNBert(Objective):
 
     name = "knn_bert"
     Config = KNNBertConfig
+    option_names = frozenset((  # at options_version 1
+        "weight", "tasks", "momentum", "temperature", "queue_size", "m_most", "m_least", "representation", "knn_k",
+        "knn_phi"))
     kinds = ("sentence-classification", "pair-classification")
     tasks = ("sst", "para")
     batch_coupled = True  # the queue is filled from the batch (under torchrun: each rank's own queue)

@@ -79,6 +79,7 @@ class LabelSmoothing(Objective):
 
     name = "label_smoothing"
     Config = LabelSmoothingConfig
+    option_names = frozenset(("weight", "tasks", "to"))  # at options_version 1
     kinds = ("sentence-classification",)
     tasks = SMOOTHING_TASKS
 

@@ -137,6 +137,7 @@ class MatchTuning(Objective):
 
     name = "match_tuning"
     Config = MatchTuningConfig
+    option_names = frozenset(("weight", "tasks", "temperature", "inference"))  # at options_version 1
     kinds = tuple(KINDS)
     tasks = MATCH_TASKS
     batch_coupled = True  # mixes the embeddings of the batch

@@ -153,6 +153,8 @@ class MultipleNegativesRanking(Objective):
 
     name = "mnr"
     Config = MNRConfig
+    option_names = frozenset((  # at options_version 1
+        "weight", "tasks", "scale", "sts_label_weighting", "hard_negatives", "para_positives"))
     kinds = ("pair-regression", "pair-classification")  # sentence pairs
     tasks = MNR_TASKS
     default_tasks = ("sts", NLI)  # and "para" with para_positives

@@ -70,6 +70,7 @@ class RDrop(Objective):
 
     name = "rdrop"
     Config = RDropConfig
+    option_names = frozenset(("weight", "tasks", "alpha"))  # at options_version 1
     kinds = ("sentence-classification", "pair-classification")
     tasks = RDROP_TASKS
     default_tasks = ("sst", PHRASES)

@@ -318,6 +318,9 @@ class RIFT(Objective):
 
     name = "rift"
     Config = RIFTConfig
+    option_names = frozenset((  # at options_version 1
+        "weight", "tasks", "beta", "alpha", "temperature", "norm", "epsilon", "step_size", "steps", "proj_hidden",
+        "proj_dim"))
     kinds = ("sentence-classification", "pair-classification")
     tasks = ("sst", "para")
     batch_coupled = True  # L_I's negatives are the batch's other examples of the class

@@ -141,6 +141,7 @@ class SupervisedContrastive(Objective):
 
     name = "scl"
     Config = SCLConfig
+    option_names = frozenset(("weight", "tasks", "temperature", "embedding", "reduction"))  # at options_version 1
     kinds = ("sentence-classification", "pair-classification")
     tasks = SCL_TASKS
     batch_coupled = True  # contrasts the batch's examples

@@ -98,6 +98,7 @@ class SimCSE(Objective):
 
     name = "simcse"
     Config = SimCSEConfig
+    option_names = frozenset(("weight", "tasks", "temperature", "similarity"))  # at options_version 1
     kinds = tuple(KINDS)  # any sentences
     tasks = SIMCSE_TASKS
     default_tasks = ("sts",)

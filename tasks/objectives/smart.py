@@ -214,6 +214,8 @@ class SMART(Objective):
 
     name = "smart"
     Config = SMARTConfig
+    option_names = frozenset((  # at options_version 1
+        "weight", "tasks", "sigma", "step_size", "epsilon", "steps", "reuse_head_output"))
     kinds = tuple(KINDS)
     tasks = SMART_TASKS
 

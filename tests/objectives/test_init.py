@@ -10,6 +10,7 @@ The source scan for host reads in the hot path is in tests/test_layout.py.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 import pytest
@@ -205,3 +206,37 @@ def test_an_unknown_option_is_refused_naming_it_and_the_options_by_the_config_ch
         TrainConfig(objectives={"mnr": {"nope": 1}}, model=ModelConfig(pair_encoding="siamese")).validate()
     with pytest.raises(ValueError, match=r"objective 'mnr': .*scale"):
         build_objectives({"mnr": {"scale": -1.0}}, None)
+
+
+def test_the_readmes_objective_loads_from_a_file_outside_the_package_with_no_version_change(tmp_path, tiny_env):
+    """README's example objective, as a file of one's own (--objective-module), trains (its term logged), and the
+    run's config.json keeps today's config version, records the objective's own version and file, and loads in a
+    new process (--eval-only) through that record; nothing under tasks/objectives/ changed. In subprocesses: the
+    registry of this one stays the package's."""
+    import json
+    import re
+    import subprocess
+    import sys
+
+    from tasks.config_versions import CONFIG_VERSION
+    from tests.helpers import ROOT, tiny_flags
+
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Adding an objective.*?```python\n(.*?)```", readme, re.S).group(1)
+    plugin = tmp_path / "elsewhere" / "my_loss.py"
+    plugin.parent.mkdir()
+    plugin.write_text(code)
+    run = tmp_path / "run"
+    train = [sys.executable, str(ROOT / "train_multitask.py"), *tiny_flags(tiny_env, run), "--tasks", "sst",
+             "--objective-module", str(plugin), "--objective", "my_loss", "--my-loss-temperature", "0.5"]
+    done = subprocess.run(train, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "sst/my_loss.neg_entropy" in records[0]["train"]
+    saved = json.loads((run / "config.json").read_text())
+    assert saved["config_version"] == CONFIG_VERSION and saved["objective_versions"] == {"my_loss": 1}
+    assert saved["objective_modules"] == [str(plugin)] and saved["objectives"] == {"my_loss": {"temperature": 0.5}}
+    again = subprocess.run([sys.executable, str(ROOT / "train_multitask.py"), "--eval-only", "--out-dir", str(run)],
+                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert not list((ROOT / "tasks" / "objectives").glob("my_loss*"))
