@@ -30,7 +30,7 @@ from typing import Any
 from tasks.cli import Parser
 from tasks.config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
 from tasks.model import ModelConfig
-from tasks.objectives import registered_objectives
+from tasks.objectives import load_plugin, registered_objectives
 from tasks.options import add_options, flag_of_path, option, value_at
 from tasks.storage import read_json
 from tasks.task_file import read_task_file
@@ -243,6 +243,8 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
         del cfg.objectives[name]
     for path, value in explicit.items():
         set_path(cfg, path, value)
+    for module in cfg.objective_modules:  # a user's objectives: loaded (train_multitask.py did so before parsing)
+        load_plugin(module)
     # A fresh run reads its task files once, here: each declares a task that joins --tasks, its entry kept in the
     # config (what the run predicts with later, the files gone or not). A task of --config's saved run stays as
     # that run declared it, unless --task-file names its file again.
