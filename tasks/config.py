@@ -314,6 +314,7 @@ class TrainConfig:
             register_task(entry if isinstance(entry, Task) else Task.from_dict(entry))
         self.user_tasks = {name: e.to_dict() if isinstance(e, Task) else e for name, e in self.user_tasks.items()}
         self.task_files = tuple(str(Path(f).expanduser().resolve()) for f in self.task_files)
+        self.objective_modules = tuple(str(Path(f).expanduser().resolve()) for f in self.objective_modules)
         self.tasks = tuple(self.tasks)
         self.best_metric = tuple(self.best_metric)
         self.report_to = tuple(self.report_to)

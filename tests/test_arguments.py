@@ -83,6 +83,9 @@ def test_every_flag_reaches_its_config_field(tmp_path):
         argv, expected = _non_default(action)
         if action.dest == "task_files":
             argv, expected = [action.option_strings[0], str(task_file)], (str(task_file.resolve()),)
+        if action.dest == "objective_modules":  # a file of one's own (it may define no objective)
+            (tmp_path / "mine.py").write_text("x = 1\n")
+            argv, expected = [action.option_strings[0], str(tmp_path / "mine.py")], (str((tmp_path / "mine.py").resolve()),)
         command, explicit = arguments.parse(argv, parser)
         if action.dest in COMMAND_FIELDS:
             assert getattr(command, action.dest) == expected, action.option_strings
