@@ -36,14 +36,14 @@ import torch
 
 from experiments.stats import cell, change_cell
 from experiments.sweep import markdown_table
-from tasks.checkpoint import SST_PRIOR_FILE
+from tasks.checkpoint import prior_file
 from tasks.cli import Parser
 from tasks.options import add_options, option
 from tasks.config import PhrasesConfig, TrainConfig
 from tasks.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
 from tasks.task import get_task
-from tasks.selection import load_examples, load_phrases
+from tasks.selection import load_examples, load_stream
 from tasks.storage import load_tensors, write_text
 
 OWN = "own"  # the column of the run's own probe
@@ -93,7 +93,7 @@ def score_run(run: Path, cfg: TrainConfig, dev: dict[str, tuple[torch.Tensor, in
     except KeyError as e:
         raise SystemExit(f"{run}: dev id {e} is not in the SST dev file") from None
     y = torch.tensor([dev[i][1] for i in ids])
-    own = probe_probabilities(load_tensors(run / "checkpoints" / "best" / SST_PRIOR_FILE), x)
+    own = probe_probabilities(load_tensors(run / "checkpoints" / "best" / prior_file("sst")), x)
     head = head_probabilities(saved, own, cfg.priors.sst_weight)
     scores = {OWN: (saved.argmax(-1) == y).float().mean().item()}
     for w, probe in probes.items():
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--runs: their SST priors use different encoders ({sorted(map(str, models))}); one at a time")
     cfg = TrainConfig(sst_phrases=PhrasesConfig(file=args.phrases))  # today's data: the SST files and the phrases
     train, dev = load_examples("sst", "train", cfg), load_examples("sst", "dev", cfg)
-    phrases, _ = load_phrases(cfg)
+    phrases, _ = load_stream(cfg)
     encoder = FrozenEncoder(models.pop(), 0.5, "cpu")
     x_train, x_phrases, x_dev = (encoder.embed([e.text_a for e in ex]) for ex in (train, phrases, dev))
 

@@ -20,7 +20,8 @@ A checkpoint directory (``<out_dir>/checkpoints/last``, ``.../best``, ``.../swa`
                              of every data file read (``data_sha256``: a resume compares them); "swa"
                              in an SWA average's (not a training position)
     config.json              the full run configuration (TrainConfig as plain JSON)
-    sst_prior.safetensors    the SST prior's probe (tasks/evaluation/priors.py), once it was fitted
+    <task>_prior.safetensors a task's prior probe (tasks/evaluation/priors.py; SST's sst_prior.safetensors),
+                             once it was fitted
     encoder/                 a complete HF BERT + sentence-transformers directory of the encoder
                              (see save_encoder_files): AutoModel / SentenceTransformer load it as it is
 
@@ -78,7 +79,9 @@ CHECKPOINT_FORMAT = 1
 REQUIRED_FILES = ("model.safetensors", "state.json", "config.json")  # and OPTIMIZER_FILES unless MODEL_ONLY
 
 
-SST_PRIOR_FILE = "sst_prior.safetensors"  # the SST prior's probe
+def prior_file(task: str) -> str:
+    """The file of a task's prior probe in a checkpoint (SST's: sst_prior.safetensors)."""
+    return f"{task}_prior.safetensors"
 
 
 # What every state.json holds (Trainer.state): a resume reads each of them.
@@ -442,16 +445,16 @@ def read_state(ckpt: Path) -> dict | None:
 
 def write_checkpoint(directory: Path, *, model: MultitaskBert, objectives: Sequence[nn.Module],
                      optimizer: torch.optim.Optimizer, param_names: list[str], state: dict, config: TrainConfig,
-                     tokenizer: Any, sst_prior: dict[str, torch.Tensor] | None = None) -> None:
+                     tokenizer: Any, priors: dict[str, dict[str, torch.Tensor]] | None = None) -> None:
     """Write every file of a checkpoint (the module docstring) into ``directory``, a fresh folder the caller
-    swaps in (``atomic_directory``)."""
+    swaps in (``atomic_directory``); ``priors``: the tasks' probes (tasks/evaluation/priors.py) fitted so far."""
     write_training_state(directory, model=model, optimizer=optimizer, param_names=param_names, state=state)
     obj_state = objectives_state(objectives, model)
     if obj_state:
         save_tensors(directory / "objectives.safetensors", obj_state)
     write_json(directory / "config.json", config.to_dict())
-    if sst_prior is not None:
-        save_tensors(directory / SST_PRIOR_FILE, sst_prior)
+    for task, probe in (priors or {}).items():
+        save_tensors(directory / prior_file(task), probe)
     save_encoder_files(directory / "encoder", model.encoder, tokenizer, max_length=config.max_length,
                        pooling=config.model.pooling)
 

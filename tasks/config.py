@@ -30,7 +30,7 @@ from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import load_plugin, objective_config, objective_values, registered_objectives
 from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
-from tasks.task import MULTITASK, Task, get_task, register_task, task_names, task_with
+from tasks.task import MULTITASK, ExtraStream, Prior, Task, get_task, register_task, stream_task, task_names
 from tasks.task_file import check_unchanged, read_declaration
 from tasks.runtime import check_device_string
 
@@ -394,37 +394,80 @@ class TrainConfig:
 
     # -- derived --
     def streams(self) -> tuple[str, ...]:
-        """The schedule's streams: the tasks, then "phrases" (--sst-phrases) and "nli" when on."""
-        return self.tasks + ((PHRASES,) if self.trains_phrases else ()) + ((NLI,) if self.nli else ())
+        """The schedule's streams: the tasks, then their extra streams (``extra_streams``: SST's "phrases") and
+        "nli" when on."""
+        return self.tasks + tuple(self.extra_streams()) + ((NLI,) if self.nli else ())
+
+    def extra_streams(self) -> dict[str, ExtraStream]:
+        """The extra labelled streams the run trains, by name: each declared by a task of the run (its entry's
+        ``stream``), as its settings say (the SST entry's: --sst-phrases FILE, or none); one without a file is off."""
+        out = {}
+        for task in self.tasks:
+            stream = get_task(task).stream
+            if stream is None:
+                continue
+            if stream.settings:  # the run's flags set it (the SST entry's phrases: --sst-phrases*)
+                own = getattr(self, stream.settings)
+                stream = dataclasses.replace(stream, file=own.file, min_words=own.min_words, order=own.order)
+            if stream.file is not None:
+                out[stream.name] = stream
+        return out
 
     @property
     def trains_phrases(self) -> bool:
-        """Whether the run trains --sst-phrases: a phrase file, and sst (the task whose entry takes the phrases)
-        among its tasks (a run without it has no SST head to train them through, whatever the file)."""
-        return self.sst_phrases.file is not None and task_with(self.tasks, "phrases") is not None
+        """Whether the run trains the SST entry's phrases (--sst-phrases FILE on a run with sst)."""
+        return PHRASES in self.extra_streams()
 
-    # The phrase stream takes the per-stream settings every stream has: its entry in task_batch_size,
-    # max_train_examples or loss_weights where one is given, else --sst-phrases-<x> (the SST entry's spelling of
-    # the same setting; a command line that gives both is refused: refuse_idle_settings).
+    def priors_of(self) -> dict[str, Prior]:
+        """The priors the run blends in at evaluation, by task: each declared by a task of the run (its entry's
+        ``prior``), with its weight and encoder as its settings say (the SST entry's probe: --sst-prior and
+        --sst-prior-model; STS's cosine: --sts-prior*); a weight of 0 is off."""
+        out = {}
+        for task in self.tasks:
+            prior = get_task(task).prior
+            if prior is None:
+                continue
+            if prior.settings:  # the run's flags set it
+                prior = dataclasses.replace(prior, weight=value_at(self, prior.settings + "weight"),
+                                            model=value_at(self, prior.settings + "model"))
+            if prior.weight > 0:
+                out[task] = prior
+        return out
+
+    def _stream_setting(self, stream: str, field: str) -> Any:
+        """An extra stream's own setting (``field`` of its ``settings``: the SST phrases' --sst-phrases-<field>),
+        or None where its settings are the general ones alone (a user's stream)."""
+        settings = get_task(stream_task(stream)).stream.settings
+        return getattr(getattr(self, settings), field) if settings else None
+
+    # Every stream takes the per-stream settings every stream has: its entry in task_batch_size,
+    # max_train_examples or loss_weights where one is given; else an extra stream's own (--sst-phrases-<x>, the SST
+    # entry's spelling of the same setting; a command line that gives both is refused: refuse_idle_settings).
     def batch_sizes(self) -> dict[str, int]:
         """Examples per batch, by stream."""
         sizes = {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
-        if PHRASES in sizes and PHRASES not in self.task_batch_size and self.sst_phrases.batch_size is not None:
-            sizes[PHRASES] = self.sst_phrases.batch_size
+        for stream in self.extra_streams():
+            own = self._stream_setting(stream, "batch_size")
+            if stream not in self.task_batch_size and own is not None:
+                sizes[stream] = own
         return sizes
 
     def train_caps(self) -> dict[str, int]:
         """Training examples an epoch, by capped stream."""
         caps = dict(self.max_train_examples)
-        if self.trains_phrases:
-            caps.setdefault(PHRASES, self.sst_phrases.per_epoch)
+        for stream in self.extra_streams():
+            own = self._stream_setting(stream, "per_epoch")
+            if own is not None:
+                caps.setdefault(stream, own)
         return caps
 
     def stream_weights(self) -> dict[str, float]:
         """Loss factors, by stream named (any other weighs 1)."""
         weights = dict(self.loss_weights)
-        if self.trains_phrases:
-            weights.setdefault(PHRASES, self.sst_phrases.weight)
+        for stream in self.extra_streams():
+            own = self._stream_setting(stream, "weight")
+            if own is not None:
+                weights.setdefault(stream, own)
         return weights
 
     def settings(self) -> dict[str, Any]:
@@ -436,7 +479,8 @@ class TrainConfig:
 
     def acting(self) -> dict[str, Any]:
         """``settings()`` as the run acts on them: the phrase stream's settings resolved (given either way), the
-        phrase settings left out of a run that trains no phrases. Two configs with equal ``acting()`` make one run, however spelled."""
+        phrase settings left out of a run that trains no phrases. Two configs with equal ``acting()`` make one run,
+        however spelled."""
         d = self.settings()
         if self.trains_phrases:
             d["sst_phrases.batch_size"] = self.batch_sizes()[PHRASES]
@@ -527,8 +571,9 @@ class TrainConfig:
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; schedules: {', '.join(SCHEDULES)}")
         sizes = self.batch_sizes()
-        # The phrases are SST's short auxiliary examples, batched by their own size (--sst-phrases-batch-size).
-        task_sizes = {s: b for s, b in sizes.items() if s != PHRASES}
+        # An extra stream (SST's phrases: short auxiliary examples) is batched by its own size.
+        extra = self.extra_streams()
+        task_sizes = {s: b for s, b in sizes.items() if s not in extra}
         if self.schedule == "even" and len(set(task_sizes.values())) > 1:
             raise ValueError(f"schedule 'even' (paper §4.2) splits every task into batches of one size, "
                              f"but the batch sizes differ: {task_sizes}")
@@ -589,6 +634,15 @@ def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:
         raise ValueError(f"{name} values must be integers >= {low}, got {bad}")
 
 
+def _declaring(cfg: TrainConfig, settings: str) -> str | None:
+    """The run's task whose extra stream or prior these settings set (the SST entry's for sst_phrases), or None."""
+    for task in cfg.tasks:
+        entry = get_task(task)
+        if any(part is not None and part.settings == settings for part in (entry.stream, entry.prior)):
+            return task
+    return None
+
+
 def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) -> None:
     """Settings given explicitly (dotted paths) that only act with another setting: refused when that setting is
     off."""
@@ -598,7 +652,7 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError(f"--warmup only acts with --lr-schedule warmup_linear (the run uses {cfg.lr_schedule})")
     if "swa.lr" in explicit and cfg.swa.epochs == 0:
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
-    cosine, probe = task_with(cfg.tasks, "cosine_prior"), task_with(cfg.tasks, "probe_prior")
+    cosine, probe = _declaring(cfg, "priors.sts_"), _declaring(cfg, "priors.sst_")
     priors = cfg.priors
     if "priors.sts_weight" in explicit and priors.sts_weight > 0 and cosine is None:
         raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
@@ -606,7 +660,7 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
     if "priors.sst_weight" in explicit and priors.sst_weight > 0 and probe is None:
         raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
-    if "sst_phrases.file" in explicit and cfg.sst_phrases.file is not None and task_with(cfg.tasks, "phrases") is None:
+    if "sst_phrases.file" in explicit and cfg.sst_phrases.file is not None and _declaring(cfg, "sst_phrases") is None:
         raise ValueError(f"--sst-phrases trains the SST head, and --tasks {' '.join(cfg.tasks)} has no sst")
     for mapping, own in (("task_batch_size", "batch_size"), ("max_train_examples", "per_epoch"),
                          ("loss_weights", "weight")):

@@ -48,7 +48,7 @@ from torch import nn
 
 from minbert.bert import BertModel
 from tasks.options import option
-from tasks.task import MULTITASK, Kind, Task, get_task, model_tasks, task_names
+from tasks.task import MULTITASK, Kind, Task, get_task, model_tasks, stream_task
 
 # ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
 
@@ -80,17 +80,15 @@ def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
 
 # ---- the streams, the heads' config and the model ----
 NLI = "nli"  # the AllNLI triplet stream: trained by objectives only (no head)
-PHRASES = "phrases"  # the SST treebank's phrase labels (--sst-phrases): a stream of the SST head, set by its own options
+PHRASES = "phrases"  # the SST entry's extra stream (its treebank phrases, --sst-phrases), through the SST head
 
 
 def head_of(stream: str) -> str | None:
-    """The task whose head trains on ``stream``: the stream itself, the phrases' task (its entry's ``phrases``)
-    for the phrases, None for NLI (no head)."""
+    """The task whose head trains on ``stream``: the stream itself, the task that declares it for an extra
+    stream (its entry's ``stream``: SST's phrases), None for NLI (no head)."""
     if stream == NLI:
         return None
-    if stream == PHRASES:
-        return next(t for t in task_names() if get_task(t).phrases)
-    return stream
+    return stream_task(stream) or stream
 
 
 def kind_of(stream: str) -> Kind | None:
@@ -146,7 +144,7 @@ class TaskOutput:
     for b1 and cross, in [-5, 5] for the baseline's Siamese 5 × cosine (§4.1).
     features: "pooled" (B, H) for one-sequence inputs, "pooled_1"/"pooled_2" for
     Siamese pairs; "head_input" (B, D) for SST and cross pairs (what SCL/KNN use);
-    "sts_1"/"sts_2" (B, D) the STS embeddings whose cosine is the score (MNR uses them).
+    "cos_1"/"cos_2" (B, D) a Siamese regression's embeddings whose cosine is the score (MNR uses them).
     """
 
     logits: torch.Tensor
@@ -356,7 +354,7 @@ class MultitaskBert(nn.Module):
                     feats["head_input"] = x
                 return TaskOutput(logits, feats)
             u, v = self.pair_embeddings(task, e1), self.pair_embeddings(task, e2)
-            feats.update(sts_1=u, sts_2=v)
+            feats.update(cos_1=u, cos_2=v)
             return TaskOutput(kind.scaled(entry, F.cosine_similarity(u, v, dim=-1), self.span(entry)), feats)
 
     def pair_embeddings(self, task: str, e: torch.Tensor) -> torch.Tensor:

@@ -20,8 +20,9 @@ import torch
 from tasks.config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
 from tasks.data.readers import DataFileMissing, Example, load_nli, log_report
-from tasks.model import NLI, PHRASES, head_of
-from tasks.task import get_task, load_split
+from tasks.model import NLI, PHRASES
+from tasks.options import flag_of_path
+from tasks.task import ExtraStream, get_task, load_split, stream_task
 
 logger = logging.getLogger(__name__)
 
@@ -73,36 +74,48 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
     return examples
 
 
-def phrases_file(cfg: TrainConfig) -> Path:
-    """The file of ``--sst-phrases``: a bare name is in --data-dir, a path (with a folder in it) is that path; a
-    FileNotFoundError naming the flag when it is not there (checked before a run reads anything:
-    tasks.training.trainer.prepare_run)."""
-    given = Path(cfg.sst_phrases.file).expanduser()
+def _named(stream: ExtraStream) -> str:
+    """How a user named an extra stream's file: the SST entry's flag (--sst-phrases), else its task file's key."""
+    if stream.settings:
+        return flag_of_path(TrainConfig, f"{stream.settings}.file")
+    return f"task file {get_task(stream_task(stream.name)).origin.get('file')}'s \"phrases\""
+
+
+def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
+    """The file of an extra stream of the run (``TrainConfig.extra_streams``; the SST phrases' ``--sst-phrases``: a
+    bare name is in --data-dir, a path with a folder in it is that path); a FileNotFoundError naming where it was
+    named when it is not there (checked before a run reads anything: tasks.training.run.prepare_run)."""
+    spec = cfg.extra_streams()[stream]
+    given = Path(spec.file).expanduser()
     path = Path(cfg.data_dir) / given if given.name == str(given) else given
     if not path.is_file():
-        raise FileNotFoundError(f"--sst-phrases {cfg.sst_phrases.file}: no such file {path} (a name in --data-dir "
+        if not spec.settings:
+            raise FileNotFoundError(f"{_named(spec)} {spec.file}: no such file")
+        raise FileNotFoundError(f"{_named(spec)} {spec.file}: no such file {path} (a name in --data-dir "
                                 f"{cfg.data_dir}, or a path): point --data-dir at the folder of the data files, build "
                                 f"it from the treebank's trees (python -m tasks.sst_phrases TREES --out {path}, "
                                 "data/README.md), or train without phrases: --sst-phrases none")
     return path
 
 
-def load_phrases(cfg: TrainConfig) -> tuple[list[Example], dict]:
-    """The labelled phrases of ``--sst-phrases`` (read as an SST training file, under ``cfg.limit``) with at least
-    ``sst_phrases.min_words`` words, and the file's report with the phrases left out for their length counted."""
-    path = phrases_file(cfg)
-    phrases, report = get_task(head_of(PHRASES)).read("train", cfg.data_dir, cfg.limit, path=path)
-    if not phrases:
-        raise ValueError(f"--sst-phrases {path}: no valid row ({report.summary()})")
-    kept = [p for p in phrases if len(p.text_a.split()) >= cfg.sst_phrases.min_words]
+def load_stream(cfg: TrainConfig, stream: str = PHRASES) -> tuple[list[Example], dict]:
+    """The examples of an extra stream of the run (read as its task's training file, under ``cfg.limit``) with at
+    least its ``min_words`` words, and the file's report with the examples left out for their length counted."""
+    spec = cfg.extra_streams()[stream]
+    path = stream_file(cfg, stream)
+    where = f"{_named(spec)} {path}"
+    rows, report = get_task(stream_task(stream)).read("train", cfg.data_dir, cfg.limit, path=path)
+    if not rows:
+        raise ValueError(f"{where}: no valid row ({report.summary()})")
+    kept = [p for p in rows if len(p.text_a.split()) >= spec.min_words]
     if not kept:
-        raise ValueError(f"--sst-phrases {path}: no phrase of {cfg.sst_phrases.min_words} or more words to train on "
-                         f"(of {len(phrases)} valid rows)")
+        raise ValueError(f"{where}: no phrase of {spec.min_words} or more words to train on (of {len(rows)} valid "
+                         "rows)")
     log_report(report)
-    if len(kept) < len(phrases):
-        logger.info("%s: %d of %d phrases have %d or more words (--sst-phrases-min-words)", path, len(kept),
-                    len(phrases), cfg.sst_phrases.min_words)
-    return kept, {**report.to_dict(), "shorter_than_min_words": len(phrases) - len(kept)}
+    if len(kept) < len(rows):
+        logger.info("%s: %d of %d phrases have %d or more words (%s)", path, len(kept), len(rows), spec.min_words,
+                    f"{_named(spec)}-min-words" if spec.settings else "its \"min_words\"")
+    return kept, {**report.to_dict(), "shorter_than_min_words": len(rows) - len(kept)}
 
 
 FINAL_SPLITS = ("dev", "test")
@@ -151,10 +164,11 @@ def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
         dev = final["dev"][task] = load_examples(task, "dev", cfg, reports)
         dev_sets[task] = make_dataset(task, capped_dev(task, dev, cfg), tokenizer, cfg)
         final["test"][task] = load_examples(task, "test", cfg, reports)
-    if cfg.trains_phrases:
-        phrases, report = load_phrases(cfg)
-        reports["sst phrases"] = report
-        train_sets[PHRASES] = make_dataset(head_of(PHRASES), phrases, tokenizer, cfg)
+    for stream in cfg.extra_streams():  # a task's extra labelled stream (SST's phrases), through its head
+        rows, report = load_stream(cfg, stream)
+        task = stream_task(stream)
+        reports[f"{task} {stream}"] = report
+        train_sets[stream] = make_dataset(task, rows, tokenizer, cfg)
     if cfg.nli:
         triplets, report = load_nli(cfg.data_dir, limit=cfg.limit)
         reports["nli train"] = report.to_dict()

@@ -355,6 +355,47 @@ class Layout:
 
 
 @dataclass(frozen=True)
+class ExtraStream:
+    """An extra labelled stream a task declares, trained through its head beside its own examples (SST's treebank
+    phrases): its stream's name, its file (a name in --data-dir, or a path; read as the task's training file),
+    the fewest words an example may have and where its batches go in an epoch ("mixed" among the others, or
+    "first"). How many an epoch, in batches of how many and at what loss weight are the per-stream settings every
+    stream has (--max-train-examples, --task-batch-size, --loss-weights). ``settings``: the TrainConfig field that
+    sets it on the command line instead (the SST entry's: ``sst_phrases``, its flags --sst-phrases*)."""
+
+    name: str
+    file: str | None
+    min_words: int = 1
+    order: str = "mixed"
+    settings: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "file": self.file, "min_words": self.min_words, "order": self.order,
+                "settings": self.settings}
+
+
+PRIOR_KINDS = {"probe": "sentence-classification", "cosine": "pair-regression"}  # a prior's kind -> its task's
+
+
+@dataclass(frozen=True)
+class Prior:
+    """A second opinion a task declares, blended into its predictions at evaluation (tasks/evaluation/priors.py):
+    a "probe" (a sentence classification's: a linear probe on a frozen sentence encoder's embeddings of its
+    training sentences, mixed into its class probabilities) or a "cosine" (a pair regression's: the encoder's
+    cosine on the task's scale, mixed into its scores), with its weight (0: off) and the encoder (None: the
+    embedded all-MiniLM-L6-v2). ``settings``: where a run's flags set weight and model instead (the SST entry's
+    ``priors.sst_``: --sst-prior and --sst-prior-model)."""
+
+    kind: str
+    weight: float = 0.5
+    model: str | None = None
+    settings: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "weight": self.weight, "model": self.model, "settings": self.settings}
+
+
+@dataclass(frozen=True)
 class Task:
     """One task: its name, kind, files (by split: a name in the data directory, or a path), where they hold its
     columns, and its classes (names by class id) or its scale.
@@ -374,10 +415,12 @@ class Task:
     submission zip; ``part1``: the minBERT starter's part 1 (``classifier.py``) also writes it as
     ``{finetune|pretrain}-{name}-{split}-out.csv``; ``part1_only``: a run with it writes those files for each of its
     part-1 tasks; ``positive``: what class 1 of a one-logit classification means (the Predictor's ``p_<positive>``
-    column; default: its label). The SST head's helpers attach through the entry: ``phrases`` (the treebank's
-    phrase stream, ``--sst-phrases``), ``probe_prior`` (``--sst-prior``) and ``cosine_prior`` (``--sts-prior``);
-    and STS's, ``nli``: the head whose embeddings MNR trains on the NLI triplets (``--nli``). ``origin``: a user's
-    task's file and the declaration it read there (tasks/task_file.py); not part of what the task is.
+    column; default: its label). What some tasks have beside their own files, any task may declare: ``stream``, an
+    extra labelled stream through its head (``ExtraStream``: SST's treebank phrases, ``--sst-phrases``);
+    ``prior``, a second opinion at evaluation (``Prior``: SST's probe, ``--sst-prior``, and STS's cosine,
+    ``--sts-prior``); ``nli``, the head whose embeddings MNR trains on the NLI triplets (STS's, ``--nli``).
+    ``origin``: a user's task's file and the declaration it read there (tasks/task_file.py); not part of what the
+    task is.
     """
 
     name: str
@@ -399,9 +442,8 @@ class Task:
     positive: str = ""
     overall: bool = False
     span_option: str = ""
-    phrases: bool = False
-    probe_prior: bool = False
-    cosine_prior: bool = False
+    stream: ExtraStream | None = None
+    prior: Prior | None = None
     nli: bool = False
     origin: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
@@ -423,6 +465,13 @@ class Task:
         elif not (self.score_range is not None and self.score_range[0] < self.score_range[1]):
             raise ValueError(f"{where}: a regression needs a scale (low, high) with low < high, got "
                              f"{self.score_range}")
+        if self.prior is not None and PRIOR_KINDS.get(self.prior.kind) != self.kind.name:
+            raise ValueError(f"{where}: a prior is a probe of a sentence classification or a cosine of a pair "
+                             f"regression, and the task is a {self.kind.name}")
+        if self.stream is not None and (self.stream.name in ("nli", self.name) or self.stream.order not in
+                                        ("mixed", "first") or self.stream.min_words < 1):
+            raise ValueError(f"{where}: its stream {self.stream} needs a name of its own, min_words >= 1 and an "
+                             "order of mixed or first")
         if not self.metrics:
             object.__setattr__(self, "metrics", self.kind.default_metrics(self))
         bad = [m for m in self.metrics if m not in self.kind.metrics or (m == "f1" and self.num_classes != 2)]
@@ -549,7 +598,9 @@ class Task:
                 "layout": self.layout.to_dict(),
                 "split_layouts": {s: lay.to_dict() for s, lay in self.split_layouts.items()},
                 "output_column": self.output_column, "starter_format": self.starter_format,
-                "positive": self.positive, "span_option": self.span_option, "origin": dict(self.origin)}
+                "positive": self.positive, "span_option": self.span_option,
+                "stream": self.stream.to_dict() if self.stream else None,
+                "prior": self.prior.to_dict() if self.prior else None, "origin": dict(self.origin)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Task:
@@ -557,7 +608,8 @@ class Task:
         if not isinstance(d, Mapping):
             raise ValueError(f"a task entry is a JSON object, got {json.dumps(d)}")
         keys = ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout",
-                "split_layouts", "output_column", "starter_format", "positive", "span_option", "origin")
+                "split_layouts", "output_column", "starter_format", "positive", "span_option", "stream", "prior",
+                "origin")
         wrong = sorted(set(d) ^ set(keys))
         if wrong:
             raise ValueError(f"task entry {d.get('name')!r}: keys {wrong} are unknown or missing")
@@ -568,7 +620,8 @@ class Task:
                    checks_range=d["checks_range"], metrics=tuple(d["metrics"]),
                    split_layouts={s: Layout.from_dict(v) for s, v in d["split_layouts"].items()},
                    output_column=d["output_column"], starter_format=d["starter_format"], positive=d["positive"],
-                   span_option=d["span_option"], origin=dict(d["origin"]))
+                   span_option=d["span_option"], stream=ExtraStream(**d["stream"]) if d["stream"] else None,
+                   prior=Prior(**d["prior"]) if d["prior"] else None, origin=dict(d["origin"]))
 
 
 def canonical_number(raw: str) -> str | None:
@@ -627,8 +680,13 @@ def task_names() -> tuple[str, ...]:
 
 
 def task_with(tasks: Sequence[str], feature: str) -> str | None:
-    """The first of ``tasks`` whose entry has ``feature`` (``phrases``, ``probe_prior``, ``cosine_prior``), or None."""
+    """The first of ``tasks`` whose entry has ``feature`` (``nli``), or None."""
     return next((t for t in tasks if getattr(get_task(t), feature)), None)
+
+
+def stream_task(stream: str) -> str | None:
+    """The task whose entry declares the extra stream ``stream`` (its ``ExtraStream``), or None."""
+    return next((t for t in task_names() if get_task(t).stream and get_task(t).stream.name == stream), None)
 
 
 def model_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
@@ -641,7 +699,9 @@ _SENTIMENT = dict(kind=KINDS["sentence-classification"], layout=Layout(("sentenc
                   output_column="Predicted_Sentiment", starter_format=True, part1=True, overall=True, metrics=("acc",))
 BUILTIN = tuple(register_task(t).name for t in (
     Task("sst", files={"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
-         classes=_IDS, title="SST", submission=True, phrases=True, probe_prior=True, **_SENTIMENT),
+         classes=_IDS, title="SST", submission=True, **_SENTIMENT,
+         stream=ExtraStream("phrases", "sst-phrases-train.csv", settings="sst_phrases"),  # the treebank's phrases
+         prior=Prior("probe", settings="priors.sst_")),
     Task("para", PAIR_BINARY, files={"train": "quora-train.csv", "dev": "quora-dev.csv",
                                      "test": "quora-test-student.csv"},
          layout=Layout(("sentence1", "sentence2"), "is_duplicate"), classes=_IDS[:2], metrics=("acc",), title="Para",
@@ -653,7 +713,7 @@ BUILTIN = tuple(register_task(t).name for t in (
          layout=Layout(("sentence1", "sentence2"), "similarity"), score_range=(0.0, 5.0), checks_range=True,
          metrics=("r",), title="STS", output_column="Predicted_Similiary", starter_format=True,
          also_read="Predicted_Similarity", submission=True, overall=True, span_option="sts_scale",
-         cosine_prior=True, nli=True),
+         prior=Prior("cosine", settings="priors.sts_"), nli=True),
     Task("cfimdb", files={"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv",
                           "test": "ids-cfimdb-test-student.csv"},
          classes=_IDS[:2], title="CFIMDB", part1_only=True, **_SENTIMENT),
@@ -664,7 +724,7 @@ MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the 
 # ---- declarations: a task file's keys (a user's is checked, and what it leaves out inferred: tasks/task_file.py) --
 
 TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "classes", "num_classes", "range",
-                  "metric", "delimiter", "quoting", "header", "positive")
+                  "metric", "delimiter", "quoting", "header", "positive", "phrases", "prior")
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header")  # what a split's own object may set too
 
 
@@ -697,12 +757,22 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
             split_layouts[split] = layout_from({**spec, **{k: v for k, v in own.items() if k != "file"}})
     classes = tuple(spec["classes"]) if spec.get("classes") is not None else None
     metric = spec.get("metric") or ()
+    stream = spec.get("phrases")
+    if stream is not None:  # an extra labelled stream through its head: "<name>_phrases"
+        own = stream if isinstance(stream, Mapping) else {"file": stream}
+        stream = ExtraStream(f"{spec['name']}_phrases", str(folder / own["file"]) if folder else own["file"],
+                             own.get("min_words", 1), own.get("order", "mixed"))
+    prior = spec.get("prior")
+    if prior is not None:  # a probe of a sentence classification, the cosine of a pair regression
+        own = prior if isinstance(prior, Mapping) else {"weight": prior}
+        prior = Prior(next(k for k, v in PRIOR_KINDS.items() if v == spec["kind"]), own.get("weight", 0.5),
+                      own.get("model"))
     return Task(spec["name"], kind_for(spec["kind"], len(classes) if classes else None), files, layout_from(spec),
                 classes=classes, score_range=tuple(spec["range"]) if spec.get("range") is not None else None,
                 checks_range=spec.get("range") is not None and checks_range,
                 metrics=(metric,) if isinstance(metric, str) else tuple(metric), split_layouts=split_layouts,
                 output_column="label" if spec["kind"].endswith("classification") else "score",
-                positive=spec.get("positive") or "", origin=dict(origin or {}))
+                positive=spec.get("positive") or "", stream=stream, prior=prior, origin=dict(origin or {}))
 
 
 GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task; its files are in --data-dir
@@ -741,6 +811,7 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
     return result
 
 
-__all__ = ("BUILTIN", "GLUE", "KINDS", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "SPLITS", "TASK_FILE_KEYS", "Binary",
-           "Classes", "Kind", "Layout", "Scores", "Task", "canonical_number", "from_declaration", "get_task", "kind_for",
-           "layout_from", "load_split", "model_tasks", "register_task", "task_names", "task_with", "unregister_task")
+__all__ = ("BUILTIN", "GLUE", "KINDS", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "PRIOR_KINDS", "SPLITS",
+           "TASK_FILE_KEYS", "Binary", "Classes", "ExtraStream", "Kind", "Layout", "Prior", "Scores", "Task",
+           "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "load_split", "model_tasks",
+           "register_task", "stream_task", "task_names", "task_with", "unregister_task")

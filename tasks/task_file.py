@@ -15,6 +15,10 @@ columns; the rest is inferred from the training file's labels unless declared:
   class), more classes than a classification plausibly has.
 - ``id``: the ids of a file's rows, default ``id`` where the file's header has that column, else the rows' file
   lines; files are relative to the task file's folder, tab- or comma-separated by their first line.
+- what SST has any task may declare: ``phrases``, a file of extra labelled examples (the train file's layout)
+  trained through its head as a stream of its own, ``<name>_phrases`` (or an object with its ``file``,
+  ``min_words`` and ``order``); ``prior``, a second opinion at evaluation (its weight, or an object with its
+  ``weight`` and ``model``): a probe for a sentence classification, the cosine for a pair regression.
 
 Usage:
     task = read_task_file("nli.json")                 # the Task (tasks/task.py), not registered
@@ -31,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.data.readers import DataFileMissing, FileFormat, decode_utf8, read_labels, sniff_delimiter
-from tasks.task import (KINDS, LAYOUT_KEYS, NAME_LENGTH, SPLITS, STREAMS, TASK_FILE_KEYS, Kind, Task, canonical_number,
-                        from_declaration, layout_from)
+from tasks.task import (KINDS, LAYOUT_KEYS, NAME_LENGTH, PRIOR_KINDS, SPLITS, STREAMS, TASK_FILE_KEYS, Kind, Task,
+                        canonical_number, from_declaration, layout_from)
 
 # A metric's other spellings a task file may use (tasks/evaluation/metrics.py names each by the first).
 METRIC_NAMES = {"acc": ("accuracy",), "f1": (), "macro_f1": ("macro-f1", "f1_macro"), "mcc": ("matthews",),
@@ -154,6 +158,23 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
         if not isinstance(names, list) or not names:
             raise _fail(where, f"'metric' is a metric or a list of them (the first selects); got {json.dumps(m)}")
         spec = {**spec, "metric": [_metric(where, x) for x in names]}
+    if "phrases" in spec:
+        value = spec["phrases"]
+        own = value if isinstance(value, dict) else {"file": value}
+        if not isinstance(own.get("file"), str) or set(own) - {"file", "min_words", "order"} or \
+                not isinstance(own.get("min_words", 1), int) or isinstance(own.get("min_words", 1), bool) or \
+                own.get("min_words", 1) < 1 or own.get("order", "mixed") not in ("mixed", "first"):
+            raise _fail(where, "'phrases' is a file of extra labelled examples (its train file's layout), or an object "
+                               "with its \"file\", \"min_words\" (1 or more) and \"order\" (mixed or first); got "
+                               f"{json.dumps(value)}")
+    if "prior" in spec:
+        value = spec["prior"]
+        own = value if isinstance(value, dict) else {"weight": value}
+        weight, model = own.get("weight", 0.5), own.get("model")
+        if set(own) - {"weight", "model"} or isinstance(weight, bool) or not isinstance(weight, (int, float)) \
+                or not 0 <= weight <= 1 or not (model is None or isinstance(model, str)):
+            raise _fail(where, "'prior' is its weight in [0, 1], or an object with its \"weight\" and \"model\" (a "
+                               f"sentence encoder's directory); got {json.dumps(value)}")
     if "positive" in spec and not (isinstance(spec["positive"], str) and spec["positive"].isidentifier()):
         raise _fail(where, f"'positive' is a word for what class 1 means; got {json.dumps(spec['positive'])}")
     return spec
@@ -332,6 +353,13 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
                     raise _fail(f"{file}: line 1", f"the header has no column {column!r} (it has {header}); {where} "
                                 f"names it as the {key} column" + (f" of its {split} file" if own else ""))
     spec, inferred = infer(spec, files, where)
+    if "prior" in spec and spec["kind"] not in PRIOR_KINDS.values():
+        raise _fail(where, f"'prior': a prior is a probe of a sentence classification or the cosine of a pair "
+                           f"regression, and the task is a {spec['kind']}")
+    if "phrases" in spec:
+        own = spec["phrases"] if isinstance(spec["phrases"], dict) else {"file": spec["phrases"]}
+        if not (path.parent / own["file"]).is_file():
+            raise DataFileMissing(path.parent / own["file"], f"{about} as 'phrases', relative to its own folder")
     task = from_declaration(spec, path.parent, {"file": str(path), "declaration": declaration, "inferred": inferred},
                             checks_range="range" not in inferred)
     # every dev label the task cannot take, named with its line (the reader would skip it and carry on)

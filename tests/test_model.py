@@ -112,7 +112,7 @@ def test_baseline_sts_is_five_times_cosine_of_projections():
         u, v = (e @ linear.weight.T + linear.bias for e in pooled)  # (B, 32)
         expected = 5.0 * (u * v).sum(-1) / (u.norm(dim=-1) * v.norm(dim=-1))
     torch.testing.assert_close(out.logits, expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out.features["sts_1"], u)
+    torch.testing.assert_close(out.features["cos_1"], u)
 
 
 def test_baseline_para_is_dot_product_of_projections_plus_a_learned_offset():

@@ -10,7 +10,7 @@ from tasks.config import PhrasesConfig, TrainConfig
 from tasks.options import replace_at
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example, read_sentences
-from tasks.selection import capped_dev, fixed_subset, load_phrases, make_dataset
+from tasks.selection import capped_dev, fixed_subset, load_stream, make_dataset
 from tasks.model import ModelConfig
 from tests.helpers import WordTokenizer
 
@@ -56,34 +56,34 @@ def test_phrases_are_read_as_sst_rows_with_short_ones_left_out_and_counted(tiny_
     counted in the file's report; a missing file names the flag and the path."""
     _, data = tiny_env
     cfg = TrainConfig(data_dir=str(data), sst_phrases=PhrasesConfig(file="sst-phrases-train.csv", min_words=3))
-    phrases, report = load_phrases(cfg)
+    phrases, report = load_stream(cfg)
     everything, _ = read_sentences(data / "sst-phrases-train.csv", labeled=True, num_classes=5)
     assert phrases == [p for p in everything if len(p.text_a.split()) >= 3] and 0 < len(phrases) < len(everything)
     assert report["kept"] == len(everything) and report["shorter_than_min_words"] == len(everything) - len(phrases)
     assert report["sha256"]
     absolute = replace_at(replace_at(cfg, "data_dir", "elsewhere"), "sst_phrases.file",
                           str(data / "sst-phrases-train.csv"))
-    assert load_phrases(absolute)[0] == phrases
+    assert load_stream(absolute)[0] == phrases
     with pytest.raises(FileNotFoundError, match=r"--sst-phrases nope.csv: no such file .*nope.csv.*build it from the "
-                       r"treebank's trees: python -m tasks.sst_phrases TREES --out .*nope.csv.*--sst-phrases none"):
-        load_phrases(replace_at(cfg, "sst_phrases.file", "nope.csv"))
+                       r"treebank's trees \(python -m tasks.sst_phrases TREES --out .*nope.csv.*--sst-phrases none"):
+        load_stream(replace_at(cfg, "sst_phrases.file", "nope.csv"))
     with pytest.raises(ValueError, match="no phrase of 9 or more words"):
-        load_phrases(replace_at(cfg, "sst_phrases.min_words", 9))
+        load_stream(replace_at(cfg, "sst_phrases.min_words", 9))
 
 
 def test_a_phrase_file_is_a_name_in_data_dir_or_a_path(tiny_env, tmp_path, monkeypatch):
     """--sst-phrases NAME is looked up in --data-dir; a path (with a folder in it) is a path, from the working
     directory, as the flag's help says."""
-    from tasks.selection import phrases_file
+    from tasks.selection import stream_file
     _, data = tiny_env
     (tmp_path / "mine").mkdir()
     own = tmp_path / "mine" / "phrases.csv"
     own.write_text((data / "sst-phrases-train.csv").read_text())
     monkeypatch.chdir(tmp_path)
     cfg = TrainConfig(data_dir=str(data))
-    assert phrases_file(cfg) == data / "sst-phrases-train.csv"
-    assert phrases_file(replace_at(cfg, "sst_phrases.file", "mine/phrases.csv")) == Path("mine/phrases.csv")
-    assert phrases_file(replace_at(cfg, "sst_phrases.file", str(own))) == own
+    assert stream_file(cfg) == data / "sst-phrases-train.csv"
+    assert stream_file(replace_at(cfg, "sst_phrases.file", "mine/phrases.csv")) == Path("mine/phrases.csv")
+    assert stream_file(replace_at(cfg, "sst_phrases.file", str(own))) == own
 
 
 def test_a_phrase_file_without_one_valid_row_says_why_each_was_skipped(tiny_env, tmp_path):
@@ -93,4 +93,4 @@ def test_a_phrase_file_without_one_valid_row_says_why_each_was_skipped(tiny_env,
     bad.write_text("\tid\tsentence\tsentiment\n0\tp0\ta fine film\t7\n1\tp1\tdull\tx\n")
     cfg = TrainConfig(data_dir=str(data), sst_phrases=PhrasesConfig(file=str(bad)), limit=None)
     with pytest.raises(ValueError, match=r"no valid row.*line 2: label '7' out of range 0\.\.4.*line 3: label 'x'"):
-        load_phrases(cfg)
+        load_stream(cfg)

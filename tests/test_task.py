@@ -432,3 +432,36 @@ def test_a_users_task_run_logs_what_it_did_in_its_own_words(tmp_path, tiny_env, 
     assert "no test predictions: no task of the run has a test file" in log
     assert "test predictions for  in" not in log and "pairs in both orders" not in log and "RESULTS.md" not in log
     assert "task tone: sentence-classification, 3 classes (bad, good, ok)" in log
+
+
+def test_a_users_sentiment_task_declares_phrases_and_a_prior_beside_sst(tmp_path, tiny_env, one_thread):
+    """What SST has (an extra stream of labelled phrases through its head, a probe prior at evaluation) any task may
+    declare: a user's three-class sentiment task with "phrases" and "prior" trains its phrases as a stream of its
+    own beside SST's, blends its own probe, saved per task in the checkpoint, and re-predicts from it."""
+    folder = tmp_path / "t"
+    rows = {s: [[f"the film was {CLASS_WORDS[i % 3]} {i}", i % 3] for i in range(48 if s == "train" else 24)]
+            for s in ("train", "dev")}
+    task_file = user_task(folder, {"name": "mood", "text": "text", "label": "y", "phrases": "mood-phrases.csv",
+                                   "prior": 0.5}, rows, ["text", "y"])
+    (folder / "mood-phrases.csv").write_text("text,y\n" + "".join(f"{CLASS_WORDS[i % 3]} {i},{i % 3}\n"
+                                                                   for i in range(40)))
+    run = tmp_path / "run"
+    tiny = tiny_flags(tiny_env, run)
+    flags = [f for i, f in enumerate(tiny) if f not in ("--sst-prior", "--sst-phrases")
+             and tiny[i - 1] not in ("--sst-prior", "--sst-phrases")]  # the SST entry's own, set below
+    summary = cli.main([*flags, "--task-file", str(task_file), "--tasks", "sst", "mood", "--sst-prior", "0.5",
+                        "--sst-phrases", "sst-phrases-train.csv", "--max-train-examples", "mood_phrases=16",
+                        "--task-batch-size", "mood_phrases=8"])
+    cfg = config_for([*flags, "--task-file", str(task_file), "--tasks", "sst", "mood", "--sst-phrases",
+                      "sst-phrases-train.csv"])
+    assert list(cfg.extra_streams()) == ["phrases", "mood_phrases"] and set(cfg.priors_of()) == {"sst", "mood"}
+    assert cfg.priors_of()["mood"].kind == "probe"
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert "mood_phrases/loss" in records[0]["train"] and "phrases/loss" in records[0]["train"]
+    assert records[0]["data"]["mood mood_phrases"]["kept"] == 40
+    best = run / "checkpoints" / "best"
+    assert (best / "sst_prior.safetensors").is_file() and (best / "mood_prior.safetensors").is_file()
+    assert "mood_acc" in summary["dev"]
+    again = _eval_again(run, tmp_path / "eval")
+    for name in ("mood-dev-output.csv", "mood-dev-logits.csv", "sst-dev-logits.csv"):
+        assert (again / name).read_bytes() == (run / "predictions" / name).read_bytes(), name

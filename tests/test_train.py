@@ -26,7 +26,7 @@ from tasks import selection as splits
 from tasks.evaluation import priors as prior_module
 from tasks.evaluation import priors as priors_module
 from tasks.evaluation.evaluator import Predictor
-from tasks.checkpoint import SST_PRIOR_FILE
+from tasks.checkpoint import prior_file
 from tasks import checkpoint as ckpt_mod
 from tasks.training import run as train_mod
 from tasks.training import rundir as rundir_mod
@@ -281,7 +281,7 @@ def test_the_sst_probe_travels_with_the_checkpoint(tiny_env, tmp_path, monkeypat
     cli.main([*_tiny_flags(tiny_env, run), "--limit", "24", "--lr-schedule", "constant", "--epochs", "1",
               "--sst-prior", "0.5"])
     best = run / "checkpoints" / "best"
-    assert (best / SST_PRIOR_FILE).is_file() and (run / "checkpoints" / "last" / SST_PRIOR_FILE).is_file()
+    assert (best / prior_file("sst")).is_file() and (run / "checkpoints" / "last" / prior_file("sst")).is_file()
     data = tmp_path / "data-without-sst-train"
     shutil.copytree(tiny_env[1], data)
     (data / "ids-sst-train.csv").unlink()
@@ -375,12 +375,10 @@ def test_a_resume_reads_the_checkpoints_state_and_config_once(tiny_env, tmp_path
 def test_a_run_builds_each_prior_once(tiny_env, tmp_path, monkeypatch):
     """The STS and SST priors are built at the first evaluation and serve every later one and the final files."""
     built = []
-    for name in ("sts_prior_of", "sst_prior_of"):
-        real = getattr(priors_module, name)
-        monkeypatch.setattr(priors_module, name, lambda *a, _real=real, _name=name, **k: built.append(_name)
-                            or _real(*a, **k))
+    real = priors_module.prior_of
+    monkeypatch.setattr(priors_module, "prior_of", lambda task, *a, **k: built.append(task) or real(task, *a, **k))
     cli.main([*_tiny_flags(tiny_env, tmp_path / "run"), "--epochs", "2", "--limit", "8"])
-    assert sorted(built) == ["sst_prior_of", "sts_prior_of"]
+    assert sorted(built) == ["para", "sst", "sts"]  # asked once each (para has none)
 
 
 # ---- user errors: one line, the right exit status, the run directory untouched ----------------------------------

@@ -258,7 +258,7 @@ class TaskResult:
 
 
 def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor | None, test: TaskLogits | None, method: str, *,
-                  max_exhaustive: int = 10, seed: int = 0, regression_sts: bool = False, l2: float = 1e-3,
+                  max_exhaustive: int = 10, seed: int = 0, fit_scores: bool = False, l2: float = 1e-3,
                   max_iter: int = 300) -> TaskResult:
     """Run ``method`` on one task: choose on dev, apply to dev and test; scores on dev (``labels`` None: the
     simple average, every score nan)."""
@@ -300,8 +300,8 @@ def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor | None, test:
     holdout = {"n_fit": len(fit_idx), "n_eval": len(eval_idx),
                "models": [score(task, predict(task, x), held_y) for x in held_x],
                "simple": score(task, average(task, held_x)[1], held_y)}
-    if not get_task(task).kind.classification and not regression_sts:
-        result.note = ("the paper fit no regression ensembler for STS: simple average "
+    if not get_task(task).kind.classification and not fit_scores:
+        result.note = ("the paper fit no regression ensembler for scores (STS): simple average "
                        "(--regression-sts fits least-squares weights)")
         holdout["regression"] = holdout["simple"]
         result.holdout = holdout
@@ -410,8 +410,8 @@ class EnsembleConfig:
     max_exhaustive: int = option(10, "selective: try every subset up to this many models, greedy selection above",
                                  metavar="N")
     seed: int = option(0, "regression: the dev split into halves", metavar="SEED")
-    regression_sts: bool = option(False, "regression: also fit STS (least squares); the paper did not, so STS is "
-                                         "simply averaged")
+    fit_scores: bool = option(False, "regression: also fit the regression tasks' weights (STS: least squares); "
+                                     "the paper did not, so scores are simply averaged", flag="--regression-sts")
     regression_l2: float = option(1e-3, "regression: L2 penalty on the weights", metavar="L2")
     regression_iters: int = option(300, "regression: L-BFGS iterations", metavar="N")
 
@@ -420,7 +420,7 @@ class EnsembleConfig:
             raise ValueError("an ensemble needs runs: name their directories")
         if self.max_exhaustive < 1:
             raise ValueError("--max-exhaustive must be at least 1")
-        if self.regression_sts and self.method != "regression":
+        if self.fit_scores and self.method != "regression":
             raise ValueError("--regression-sts only applies to --method regression")
         if self.names and len(self.names) != len(self.runs):
             raise ValueError(f"--names gives {len(self.names)} names for {len(self.runs)} runs; give one per run")
@@ -504,7 +504,7 @@ def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str
             incomplete.append(line)
         results[task] = ensemble_task(task, dev, labels, test, args.method if labels is not None else "simple",
                                       max_exhaustive=args.max_exhaustive,
-                                      seed=args.seed, regression_sts=args.regression_sts, l2=args.regression_l2,
+                                      seed=args.seed, fit_scores=args.fit_scores, l2=args.regression_l2,
                                       max_iter=args.regression_iters)
         results[task].runs = runs
     return results, skipped, incomplete

@@ -73,8 +73,7 @@ def predict_dataset(
     device: str | torch.device = "cpu",
     autocast_dtype: torch.dtype | None = None,
     both_orders: bool = False,
-    sts_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
-    sst_prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
+    prior: Callable[[Dataset, torch.Tensor], torch.Tensor] | None = None,
 ) -> Predictions:
     """Run ``model`` over ``dataset`` and return its outputs in dataset order.
 
@@ -89,10 +88,8 @@ def predict_dataset(
     for the device's type; logits come back as float32. ``both_orders`` scores
     a pair task's pair as the mean of its logits for (a, b) and (b, a) (the
     dataset's index ``i + N``, tasks.data.datasets.PairDataset), predictions from that mean.
-    ``sts_prior(dataset, scores)`` replaces the scores of the task whose entry takes it (``cosine_prior``: STS), in
-    dataset order, with its blend of them (tasks.evaluation.priors.CosinePrior.blend); ``sst_prior(dataset,
-    logits)`` the logits of the task whose entry takes it (``probe_prior``: SST) with its blend
-    (tasks.evaluation.priors.SentimentPrior.blend), the predictions then its argmax.
+    ``prior(dataset, logits)`` (the task's prior: tasks.evaluation.priors, STS's cosine, SST's probe) replaces
+    the logits, in dataset order, with its blend of them, the predictions then its kind's rule on the blend.
     """
     kind = (entry := get_task(task)).kind
     device = torch.device(device)
@@ -136,16 +133,17 @@ def predict_dataset(
     preds = torch.empty_like(preds_sorted)
     logits[where] = logits_sorted
     preds[where] = preds_sorted
-    prior = sts_prior if entry.cosine_prior else sst_prior if entry.probe_prior else None
     if prior is not None:
         logits = prior(dataset, logits)
         preds = kind.predict(logits)
     return Predictions(list(dataset.ids), logits, preds.to(kind.pred_dtype()))
 
 
-def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[str] = (), **options: Any
+def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[str] = (),
+             priors: Callable[[str], Callable | None] = lambda task: None, **options: Any
              ) -> tuple[dict[str, float], dict[str, Predictions]]:
-    """Predict every dataset (keyed by task) and score the labeled ones; ``options`` are ``predict_dataset``'s.
+    """Predict every dataset (keyed by task) and score the labeled ones; ``options`` are ``predict_dataset``'s,
+    ``priors(task)`` each task's prior (its ``prior``).
 
     Returns (metrics, predictions). metrics has every metric of each task (``scores``: its main one,
     task_metric(task), first) with labels (``dataset.labels is not None``) and "overall" (``overall_score``, of
@@ -155,7 +153,7 @@ def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[st
     metrics: dict[str, float] = {}
     predictions: dict[str, Predictions] = {}
     for task, dataset in datasets.items():
-        p = predict_dataset(model, task, dataset, **options)
+        p = predict_dataset(model, task, dataset, prior=priors(task), **options)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
             metrics.update(scores(task, p.preds, dataset.labels))
@@ -170,33 +168,32 @@ def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[st
 class Evaluator:
     """How a model becomes predictions, one object for the trainer's dev scores, the final files, ``--eval-only``
     and the Predictor: both-order scoring of pairs (``symmetric_eval``), the
-    STS and SST priors (built once, at the first use; the SST probe from ``checkpoint`` when it holds one) and
+    tasks' priors (each built once, at its first use; a probe from ``checkpoint`` when it holds one) and
     an objective's inference-time vote (KNN-BERT) for the files (usage: the module's docstring).
     """
 
     def __init__(self, cfg: TrainConfig, objectives: Sequence[Objective], device: torch.device,
                  amp_dtype: torch.dtype | None, checkpoint: Path | None = None,
-                 probe_train: tuple[list[str], list[int]] | None = None) -> None:
+                 probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
         self.cfg, self.objectives, self.device, self.amp_dtype = cfg, list(objectives), device, amp_dtype
         self.priors = RunPriors(cfg, device, amp_dtype, probe_train)
         self.priors.checkpoint = checkpoint
 
     def options(self, batch_size: int | None = None) -> dict[str, Any]:
-        """``predict_dataset``'s keyword arguments for this run: its batch size, device, precision, pair orders
-        and priors (each prior built at its first use)."""
+        """``predict_dataset``'s keyword arguments for this run but the prior: its batch size, device, precision
+        and pair orders."""
         return dict(batch_size=batch_size or self.cfg.eval_batch_size, device=self.device,
-                    autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval,
-                    sts_prior=self.priors.sts, sst_prior=self.priors.sst)
+                    autocast_dtype=self.amp_dtype, both_orders=self.cfg.symmetric_eval)
 
     def predict(self, model: MultitaskBert, task: str, dataset: Dataset, batch_size: int | None = None
                 ) -> Predictions:
         """One dataset's predictions in dataset order."""
-        return predict_dataset(model, task, dataset, **self.options(batch_size))
+        return predict_dataset(model, task, dataset, prior=self.priors.get(task), **self.options(batch_size))
 
     def evaluate(self, model: MultitaskBert, datasets: dict[str, Dataset]
                  ) -> tuple[dict[str, float], dict[str, Predictions]]:
         """Metrics and predictions of every dataset; "overall" is what selects the run's best epoch."""
-        return evaluate(model, datasets, self.select(datasets), **self.options())
+        return evaluate(model, datasets, self.select(datasets), self.priors.get, **self.options())
 
     def select(self, datasets: dict[str, Any]) -> tuple[str, ...]:
         """What the overall score of ``datasets`` averages: the run's ``best_metric`` where it scores them all
@@ -442,7 +439,7 @@ class Predictor:
         logger.info("predicting with %s on %s, %s", checkpoint or "a model", device,
                     precision_note(cfg.bf16, device, self.amp))
         self.batch_size = batch_size or cfg.eval_batch_size
-        # the checkpoint's SST probe: no data needed; both priors built now, so a missing encoder fails here
+        # the checkpoint's probes: no data needed; every prior built now, so a missing encoder fails here
         self.evaluator = Evaluator(cfg, objectives, device, self.amp,
                                    checkpoint=Path(checkpoint) if checkpoint is not None else None)
         self.evaluator.priors.build()

@@ -1,37 +1,36 @@
-"""A frozen sentence encoder as a second opinion at evaluation (``--sts-prior W``, ``--sst-prior W``; not in
-the papers).
+"""A frozen sentence encoder as a second opinion at evaluation: the prior a task declares (its entry's ``prior``;
+the SST and STS entries': ``--sst-prior W``, ``--sts-prior W``; not in the papers).
 
 all-MiniLM-L6-v2 was trained so that the cosine of two sentences' mean-pooled
 embeddings scores their similarity (sentence-transformers' recipe). Multitask
 fine-tuning of a cross-encoder gives up that geometry: the fine-tuned encoder's
 own Siamese cosine scores STS dev far below the original's (experiments/RESULTS.md,
 "The STS prior's encoder"). So the prior is a frozen copy of a sentence encoder,
-used only at evaluation:
+used only at evaluation. A pair regression's is its cosine on the task's scale [low, high]:
 
-    STS score = (1 - W) x the head's score + W x 5 x cos(mean(a), mean(b))
+    score = (1 - W) x the head's score + W x (low + (high - low) x cos(mean(a), mean(b)))   (STS: 5 x cos)
 
-Both terms are on the 0-5 scale, so W = 0.5 is the simple mean of two models'
+Both terms are on the task's scale, so W = 0.5 is the simple mean of two models'
 scores, as the "simple" ensemble (tasks.evaluation.ensemble) takes it: nothing is fitted.
-It costs one more encoder in memory (one copy for both priors) and one pass
-over the STS sentences (cached for the latest sentences), no training.
+It costs one more encoder in memory (one copy for every prior) and one pass
+over the task's sentences (cached for the latest sentences), no training.
 
-SST gets the same kind of second opinion (SentimentPrior): a multinomial
-logistic regression on the frozen encoder's embeddings of the SST training
-sentences (a linear probe: 5 x H weights, fitted by L-BFGS), mixed
-with the head's class probabilities:
+A sentence classification's is a probe (ProbePrior): a multinomial logistic regression on the frozen
+encoder's embeddings of the task's training sentences (a linear probe: C x H weights, fitted by L-BFGS),
+mixed with the head's class probabilities:
 
     p(class) = (1 - W) x softmax(head logits) + W x softmax(probe(mean(sentence)))
 
-Joint training costs the head SST accuracy (the minBERT paper's negative
+Joint training costs SST's head accuracy (the minBERT paper's negative
 transfer, §5; here too a model trained on SST alone scores higher:
 experiments/RESULTS.md, "SST specialists"), and the frozen encoder's view of
 the sentence has not paid it. The probe's L2 strength was chosen by
-cross-validation on SST train (SST_PRIOR_C); W = 0.5 is the simple mean, as for STS.
-The probe is saved in every checkpoint (``sst_prior.safetensors``), so a
+cross-validation on SST train (PROBE_C); W = 0.5 is the simple mean, as for STS.
+A task's probe is saved in every checkpoint (``<task>_prior.safetensors``), so a
 checkpoint predicts without the training data; where a checkpoint has none,
-it is fitted again from the run's SST training file (the fit is deterministic).
+it is fitted again from the task's training file (the fit is deterministic).
 
-The encoder is ``--sts-prior-model`` / ``--sst-prior-model`` (default: the
+The encoder is the prior's own (``--sts-prior-model`` / ``--sst-prior-model``; default: the
 embedded all-MiniLM-L6-v2), not ``--pretrained``: the encoder a run fine-tunes
 need not be a sentence encoder (bert-base, an MLM checkpoint of tasks/pretrain.py,
 a fine-tuned run), and its view can be worse than the head it would be blended
@@ -39,10 +38,11 @@ with. A config.json written before these options is read with the values it was
 scored with (tasks/config_versions.py), so saved runs re-predict as they were scored.
 
 Usage:
-    prior = CosinePrior(None, 0.5, device, amp_dtype, batch_size=128, max_length=128)   # None: the embedded
+    prior = CosinePrior("sts", None, 0.5, device, amp_dtype, batch_size=128, max_length=128)   # None: the embedded
     scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order; prior(...) is the same
-    sst = SentimentPrior(None, 0.5, device, train=(sentences, labels))   # or state=load_tensors(probe_file)
-    logits = sst.blend(sst_dataset, head_logits)        # (N, 5) log of the mixed probabilities
+    probe = ProbePrior("sst", None, 0.5, device, train=(sentences, labels))   # or state=load_tensors(probe_file)
+    logits = probe.blend(sst_dataset, head_logits)      # (N, 5) log of the mixed probabilities
+    priors = RunPriors(cfg, device, amp_dtype)           # a run's, by task, each built at its first use
 """
 
 from __future__ import annotations
@@ -55,21 +55,19 @@ import torch
 import torch.nn.functional as F
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
+from tasks.options import flag_of_path
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import DataFileMissing, Example
 from tasks.selection import load_examples
-from tasks.task import get_task, task_with
-from tasks.checkpoint import SST_PRIOR_FILE
+from tasks.task import Prior, Task, get_task
+from tasks.checkpoint import prior_file
 from tasks.storage import load_tensors
 from tasks.runtime import autocast
 
-STS_SCALE = 5.0  # cosine -> the 0-5 STS scale (paper §4.1's 5 x cosine)
-
-
-# The SST probe's inverse L2 strength, in scikit-learn's convention (C x the summed loss + ||W||^2 / 2): the
+# A probe's inverse L2 strength, in scikit-learn's convention (C x the summed loss + ||W||^2 / 2): the
 # best of C in 0.03, 0.1, 0.2, 0.3, 0.5 by 5-fold cross-validation on SST train (the embedded MiniLM's embeddings;
 # experiments/RESULTS.md, "Design choices measured once").
-SST_PRIOR_C = 0.2
+PROBE_C = 0.2
 
 
 logger = logging.getLogger(__name__)
@@ -129,7 +127,12 @@ class FrozenEncoder:
 
 
 class CosinePrior(FrozenEncoder):
-    """5 x cosine of the pretrained encoder's mean-pooled embeddings, blended into STS scores with weight ``weight``."""
+    """The frozen encoder's cosine on a pair regression's scale (STS: 5 x cosine), blended into its scores with weight
+    ``weight``."""
+
+    def __init__(self, task: str | Task, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.task = get_task(task)
 
     def cosines(self, dataset) -> torch.Tensor:
         """(N,) cosine of each pair of a tasks.data.datasets.PairDataset (its ``texts``); cached for the latest
@@ -138,38 +141,43 @@ class CosinePrior(FrozenEncoder):
         return self._latest((tuple(a), tuple(b)), lambda: (self.embed(a) * self.embed(b)).sum(-1))
 
     def blend(self, dataset, scores: torch.Tensor) -> torch.Tensor:
-        """(1 - weight) x ``scores`` + weight x 5 x cosine, per pair of ``dataset`` (scores in dataset order)."""
-        prior = STS_SCALE * self.cosines(dataset).to(scores.device, scores.dtype)
+        """(1 - weight) x ``scores`` + weight x the cosine on the task's scale, per pair of ``dataset`` (scores in
+        dataset order)."""
+        low, high = self.task.score_range
+        cosines = self.cosines(dataset).to(scores.device, scores.dtype)
+        prior = self.task.kind.scaled(self.task, cosines, high - low)
         return (1.0 - self.weight) * scores + self.weight * prior
 
-    __call__ = blend  # the ``sts_prior(dataset, scores)`` that tasks.evaluation.evaluator.predict_dataset takes
+    __call__ = blend  # the ``prior(dataset, scores)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
 def check_prior_models(cfg) -> None:
-    """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.config.TrainConfig)
-    exist: refused before any work, naming the flags that fix it, not found missing at the first evaluation."""
-    for flag, feature, weight, model in (("sts", "cosine_prior", cfg.priors.sts_weight, cfg.priors.sts_model),
-                                         ("sst", "probe_prior", cfg.priors.sst_weight, cfg.priors.sst_model)):
-        if weight <= 0 or task_with(cfg.tasks, feature) is None or model is None:
+    """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.config.TrainConfig) exist:
+    refused before any work, naming what sets them, not found missing at the first evaluation."""
+    for task, prior in cfg.priors_of().items():
+        if prior.model is None:
             continue
         try:
-            resolve_model_dir(model)
+            resolve_model_dir(prior.model)
         except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"--{flag}-prior-model {model}: no such checkpoint directory (a sentence "
-                                    f"encoder: config.json, weights, vocab.txt): name another, or pass "
-                                    f"--{flag}-prior 0") from None
+            raise FileNotFoundError(f"{_where(task, prior, 'model')} {prior.model}: no such checkpoint directory (a "
+                                    f"sentence encoder: config.json, weights, vocab.txt): name another, or "
+                                    f"{_off(task, prior)}") from None
 
 
-def sts_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None) -> CosinePrior | None:
-    """The run's prior (``cfg.priors.sts_weight`` > 0 on a run with the task whose entry takes it:
-    ``cosine_prior``, a tasks.config.TrainConfig), or None."""
-    if cfg.priors.sts_weight <= 0 or task_with(cfg.tasks, "cosine_prior") is None:
-        return None
-    return CosinePrior(cfg.priors.sts_model, cfg.priors.sts_weight, device, amp_dtype, cfg.eval_batch_size,
-                       cfg.max_length)
+def _where(task: str, prior: Prior, what: str) -> str:
+    """What sets a prior's ``what`` (weight, model): the SST and STS entries' flags, a user's task file."""
+    if prior.settings:
+        from tasks.config import TrainConfig  # the flag of a setting (the config imports this module's callers)
+        return flag_of_path(TrainConfig, prior.settings + what)
+    return f"task file {get_task(task).origin.get('file')}'s \"prior\""
 
 
-def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, c: float = SST_PRIOR_C,
+def _off(task: str, prior: Prior) -> str:
+    return f"pass {_where(task, prior, 'weight')} 0" if prior.settings else f"drop {_where(task, prior, 'weight')}"
+
+
+def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, c: float = PROBE_C,
                             sample_weight: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """Multinomial logistic regression with scikit-learn's objective, C x sum of cross-entropies + ||W||^2 / 2
     (the bias not penalized), minimized by full-batch L-BFGS in float64 (deterministic on the CPU).
@@ -204,26 +212,28 @@ def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, 
     return {"weight": weight.detach().float(), "bias": bias.detach().float()}
 
 
-class SentimentPrior(FrozenEncoder):
-    """A linear probe on the frozen encoder's sentence embeddings, mixed into SST class probabilities with weight
-    ``weight``. Built from ``train`` = (sentences, labels 0..num_classes-1), fitting the probe, or from ``state``
-    (a saved probe: ``state_dict()``, SST_PRIOR_FILE)."""
+class ProbePrior(FrozenEncoder):
+    """A linear probe on the frozen encoder's sentence embeddings, mixed into a sentence classification's class
+    probabilities with weight ``weight``. Built from ``train`` = (sentences, labels 0..C-1), fitting the probe, or
+    from ``state`` (a saved probe: ``state_dict()``, ``prior_file(task)``)."""
 
-    def __init__(self, pretrained: str | None, weight: float, device: torch.device | str,
+    def __init__(self, task: str | Task, pretrained: str | None, weight: float, device: torch.device | str,
                  amp_dtype: torch.dtype | None = None, batch_size: int = 128, max_length: int | None = 128, *,
-                 train: tuple[list[str], list[int]] | None = None, state: dict[str, torch.Tensor] | None = None,
-                 num_classes: int = 5) -> None:
+                 train: tuple[list[str], list[int]] | None = None, state: dict[str, torch.Tensor] | None = None
+                 ) -> None:
         if (train is None) == (state is None):
-            raise ValueError("a SentimentPrior is built from its training sentences or from a saved probe: "
-                             "give exactly one of train and state")
+            raise ValueError("a ProbePrior is built from its training sentences or from a saved probe: give exactly "
+                             "one of train and state")
         super().__init__(pretrained, weight, device, amp_dtype, batch_size, max_length)
+        self.task = get_task(task)
+        num_classes = self.task.num_classes
         if state is None:
             texts, labels = train
             state = fit_logistic_regression(self.embed(list(texts)), torch.as_tensor(labels), num_classes)
         hidden = self.encoder.config.hidden_size
         if set(state) != {"weight", "bias"} or tuple(state["weight"].shape) != (num_classes, hidden) \
                 or tuple(state["bias"].shape) != (num_classes,):
-            raise ValueError(f"the SST prior's probe must be weight ({num_classes}, {hidden}) and bias "
+            raise ValueError(f"the {self.task.name} prior's probe must be weight ({num_classes}, {hidden}) and bias "
                              f"({num_classes},) for this encoder, got "
                              + ", ".join(f"{k} {tuple(v.shape)}" for k, v in state.items()))
         self.probe = {k: v.detach().to("cpu", torch.float32) for k, v in state.items()}
@@ -232,82 +242,76 @@ class SentimentPrior(FrozenEncoder):
         return dict(self.probe)
 
     def probabilities(self, dataset) -> torch.Tensor:
-        """(N, 5) the probe's class probabilities for each sentence of a tasks.data.datasets.SentenceDataset (its
+        """(N, C) the probe's class probabilities for each sentence of a tasks.data.datasets.SentenceDataset (its
         ``texts``); cached for the latest dataset."""
         texts = dataset.texts
         return self._latest(tuple(texts), lambda: (self.embed(texts) @ self.probe["weight"].T
                                                    + self.probe["bias"]).softmax(-1))
 
     def blend(self, dataset, logits: torch.Tensor) -> torch.Tensor:
-        """log((1 - weight) x softmax(``logits``) + weight x the probe's probabilities), (N, 5) in dataset order:
+        """log((1 - weight) x softmax(``logits``) + weight x the probe's probabilities), (N, C) in dataset order:
         logits whose softmax is the mixture (tasks.evaluation.ensemble averages members' softmax, so an ensemble of
         blended members is the mixture of their mean and the probe)."""
         prior = self.probabilities(dataset).to(logits.device, torch.float32)
         return torch.log((1.0 - self.weight) * logits.float().softmax(-1) + self.weight * prior)
 
-    __call__ = blend  # the ``sst_prior(dataset, logits)`` that tasks.evaluation.evaluator.predict_dataset takes
+    __call__ = blend  # the ``prior(dataset, logits)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
-def sst_prior_of(cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
-                 checkpoint: str | Path | None = None, train: tuple[list[str], list[int]] | None = None
-                 ) -> SentimentPrior | None:
-    """The run's SST prior (``cfg.priors.sst_weight`` > 0 on a run with the task whose entry takes it:
-    ``probe_prior``), or None: the probe saved in ``checkpoint`` when it holds one, else fitted on that task's
-    training sentences: ``train`` (sentences, labels) when the caller has read them, else read from its training
-    file."""
-    task = task_with(cfg.tasks, "probe_prior")
-    if cfg.priors.sst_weight <= 0 or task is None:
+def prior_of(task: str, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
+             checkpoint: str | Path | None = None, train: tuple[list[str], list[int]] | None = None
+             ) -> CosinePrior | ProbePrior | None:
+    """``task``'s prior in the run of ``cfg`` (``TrainConfig.priors_of``), or None when it has none (or weight 0).
+    A probe: the one saved in ``checkpoint`` when that holds one, else fitted on the task's training sentences:
+    ``train`` (sentences, labels) when the caller has read them, else read from its training file."""
+    prior = cfg.priors_of().get(task)
+    if prior is None:
         return None
-    args = (cfg.priors.sst_model, cfg.priors.sst_weight, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
-    classes = get_task(task).num_classes
-    saved = Path(checkpoint) / SST_PRIOR_FILE if checkpoint is not None else None
+    args = (prior.model, prior.weight, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
+    if prior.kind == "cosine":
+        return CosinePrior(task, *args)
+    saved = Path(checkpoint) / prior_file(task) if checkpoint is not None else None
     if saved is not None and saved.is_file():
-        return SentimentPrior(*args, state=load_tensors(saved), num_classes=classes)
+        return ProbePrior(task, *args, state=load_tensors(saved))
     if train is None:
         try:
             examples = load_examples(task, "train", cfg)
         except DataFileMissing as e:
-            raise FileNotFoundError(f"the SST prior (sst_prior {cfg.priors.sst_weight}) is a probe fitted on SST "
-                                    f"train, and there is no SST training file at {e.path}: point --data-dir at the "
-                                    "data, or pass --sst-prior 0") from None
+            raise FileNotFoundError(f"the {task} prior ({_where(task, prior, 'weight')} {prior.weight}) is a probe "
+                                    f"fitted on {task}'s training sentences, and there is no training file at "
+                                    f"{e.path}: point --data-dir at the data, or {_off(task, prior)}") from None
         train = ([e.text_a for e in examples], [int(e.label) for e in examples])
     t0 = time.perf_counter()
-    prior = SentimentPrior(*args, train=train, num_classes=classes)
-    logger.info("SST prior: a probe on %s fitted to %d training sentences in %.0f s", cfg.priors.sst_model or
+    probe = ProbePrior(task, *args, train=train)
+    logger.info("%s prior: a probe on %s fitted to %d training sentences in %.0f s", task, prior.model or
                 "the embedded all-MiniLM-L6-v2", len(train[0]), time.perf_counter() - t0)
-    return prior
+    return probe
 
 
 class RunPriors:
-    """A training run's priors, each built the first time it is asked for (rank 0, at the first evaluation;
-    None when off). The SST probe comes from ``checkpoint`` when that holds one (a resumed run: set it to the
-    checkpoint resumed from), else it is fitted, on ``probe_train`` (the training sentences and labels of the
-    task it serves) when given; ``save`` puts it in every checkpoint written after that."""
+    """A run's priors by task, each built the first time it is asked for (rank 0, at the first evaluation; None
+    when the task has none). A probe comes from ``checkpoint`` when that holds one (a resumed run: set it to the
+    checkpoint resumed from), else it is fitted, on ``probe_train[task]`` (the task's training sentences and
+    labels) when given; ``states`` puts it in every checkpoint written after that."""
 
     def __init__(self, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
-                 probe_train: tuple[list[str], list[int]] | None = None) -> None:
-        self.cfg, self.device, self.amp, self.probe_train = cfg, device, amp_dtype, probe_train
+                 probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
+        self.cfg, self.device, self.amp, self.probe_train = cfg, device, amp_dtype, dict(probe_train or {})
         self.checkpoint: Path | None = None
-        self._sts: CosinePrior | None = None
-        self._sst: SentimentPrior | None = None
+        self._built: dict[str, CosinePrior | ProbePrior | None] = {}
 
-    @property
-    def sts(self) -> CosinePrior | None:
-        if self._sts is None:
-            self._sts = sts_prior_of(self.cfg, self.device, self.amp)
-        return self._sts
-
-    @property
-    def sst(self) -> SentimentPrior | None:
-        if self._sst is None:
-            self._sst = sst_prior_of(self.cfg, self.device, self.amp, self.checkpoint, self.probe_train)
-        return self._sst
+    def get(self, task: str) -> CosinePrior | ProbePrior | None:
+        """``task``'s prior, built at the first ask."""
+        if task not in self._built:
+            self._built[task] = prior_of(task, self.cfg, self.device, self.amp, self.checkpoint,
+                                         self.probe_train.get(task))
+        return self._built[task]
 
     def build(self) -> None:
-        """Both priors now (otherwise each is built at its first use)."""
-        _ = self.sts, self.sst
+        """Every task's prior now (otherwise each is built at its first use)."""
+        for task in self.cfg.tasks:
+            self.get(task)
 
-    def sst_state(self) -> dict[str, torch.Tensor] | None:
-        """The SST probe's tensors once it exists (a checkpoint saves them: tasks/checkpoint.py), else None."""
-        return self._sst.state_dict() if self._sst is not None else None
-
+    def states(self) -> dict[str, dict[str, torch.Tensor]]:
+        """The probes' tensors once each exists, by task (a checkpoint saves them: tasks/checkpoint.py)."""
+        return {task: p.state_dict() for task, p in self._built.items() if isinstance(p, ProbePrior)}

@@ -87,7 +87,7 @@ class Objective(nn.Module, abc.ABC):
     tasks: ClassVar[tuple[str, ...]] = ()
     # The streams it takes when its config names none; None: every one of ``tasks``.
     default_tasks: ClassVar[tuple[str, ...] | None] = None
-    # True when the objective reads Siamese features (sts_1/sts_2, pooled_1/2): the
+    # True when the objective reads Siamese features (cos_1/cos_2, pooled_1/2): the
     # config check refuses it with pair_encoding cross before any work starts.
     needs_siamese: ClassVar[bool] = False
     # True when the loss couples the examples of a batch (in-batch negatives, batch mixing, a

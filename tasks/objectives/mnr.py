@@ -22,7 +22,7 @@ full strength; with all labels equal to l the loss is the plain one times
 e^l / Σ_j e^j.
 
 Inputs (one objective, three task streams):
-- ``sts``: the head's Siamese STS embeddings ``out.features["sts_1"/"sts_2"]``
+- ``sts``: the head's Siamese STS embeddings ``out.features["cos_1"/"cos_2"]``
   (the vectors whose cosine is the prediction); label weighting on by default.
 - ``nli``: triplets (_1 anchor, _2 entailed positive, _3 contradiction) encoded
   here through the STS head (``model.pair_embeddings("sts", model.embed(...))``), the
@@ -203,8 +203,8 @@ class MultipleNegativesRanking(Objective):
 def _pair_features(model: nn.Module, task: str, batch: dict, out, *, cosine: bool
                    ) -> tuple[torch.Tensor, torch.Tensor]:
     """Siamese features of the head's pass (computed here when ``out`` is None): with ``cosine`` the embeddings
-    whose cosine scores ``task`` (features ``sts_1``/``sts_2``), else the pooled sentences (``pooled_1``/``_2``)."""
-    name = "sts" if cosine else "pooled"
+    whose cosine scores ``task`` (features ``cos_1``/``cos_2``), else the pooled sentences (``pooled_1``/``_2``)."""
+    name = "cos" if cosine else "pooled"
     if out is not None:
         if f"{name}_1" not in out.features:
             raise ValueError(f"mnr needs Siamese features '{name}_1'/'{name}_2' (pair_encoding='siamese'); "

@@ -20,7 +20,6 @@ from torch import nn
 from minbert.optimizer import AdamW
 from tasks.config import TrainConfig
 from tasks.data.schedule import MultitaskSchedule
-from tasks.model import PHRASES
 from tasks.task import get_task
 
 
@@ -88,9 +87,10 @@ def warmup_linear(peak: float, t: int, total: int, warm: int, decay: bool = True
 
 def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
-    phrases = PHRASES in train_sets
+    first = tuple(name for name, stream in cfg.extra_streams().items()
+                  if stream.order == "first" and name in train_sets)
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
                              seed=cfg.seed, subsets=cfg.train_subsets,
                              max_examples_per_epoch={s: n for s, n in cfg.train_caps().items() if s in train_sets},
                              swap={t: cfg.pair_swap for t in cfg.tasks if get_task(t).kind.pair and t in train_sets},
-                             first=(PHRASES,) if phrases and cfg.sst_phrases.order == "first" else ())
+                             first=first)

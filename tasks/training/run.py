@@ -60,7 +60,7 @@ from tasks.model import MultitaskBert
 from tasks.objectives import build_objectives
 from tasks.runtime import (autocast_dtype, configure_device, resolve_device, seed_everything, set_threads,
                            torchrun_env)
-from tasks.selection import load_run_data, phrases_file
+from tasks.selection import load_run_data, stream_file
 from tasks.training import distributed
 from tasks.training.progress import duration
 from tasks.training.rundir import RunDir, check_out_dir
@@ -104,14 +104,15 @@ def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: 
 
 def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
     """What a training config needs besides its directory, checked without reading data: the config itself
-    (``TrainConfig.validate``), its per-process batches under torchrun, its device, its phrase file and reporters,
+    (``TrainConfig.validate``), its per-process batches under torchrun, its device, its extra streams' files and
+    reporters,
     its encoder (``check_encoder``: ``checkpoint``'s when it resumes one) and the priors' (``check_prior_models``).
     tasks.arguments.config_for checks an experiment's flags with it."""
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
-    if cfg.trains_phrases:
-        phrases_file(cfg)
+    for stream in cfg.extra_streams():
+        stream_file(cfg, stream)
     check_available(cfg.report_to)
     check_encoder(cfg, checkpoint)
     check_prior_models(cfg)

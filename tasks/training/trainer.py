@@ -78,7 +78,6 @@ from tasks.data.schedule import LossWeights
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import MultitaskBert, head_of
-from tasks.task import task_with
 from tasks.objectives import Objective
 from tasks.training import distributed, lpft, swa
 from tasks.checkpoint import (
@@ -418,10 +417,11 @@ class Trainer(Loop):
         lpft.set_stage(self.model, self.stage)
         self.rebuild_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
-        # the SST prior's probe is fitted on the sentences read already (of the task whose entry takes it)
-        probe = self.train_sets.get(task_with(cfg.tasks, "probe_prior") or "")
+        # a task's prior probe is fitted on its training sentences, read already
+        probes = {t: self.train_sets[t] for t, p in cfg.priors_of().items()
+                  if p.kind == "probe" and t in self.train_sets}
         self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
-                                   probe_train=(probe.texts, probe.labels.tolist()) if probe is not None else None)
+                                   probe_train={t: (d.texts, d.labels.tolist()) for t, d in probes.items()})
         self.weights = LossWeights(cfg.stream_weights())
         self.best: dict | None = None
         self.history: list[dict] = []  # the training epochs' records
@@ -621,7 +621,7 @@ class Trainer(Loop):
                                                                                self.world_size):
             write_checkpoint(tmp, model=self.model, objectives=self.objectives, optimizer=self.optimizer,
                              param_names=self.param_names, state=state, config=self.cfg, tokenizer=self.tokenizer,
-                             sst_prior=self.evaluator.priors.sst_state())
+                             priors=self.evaluator.priors.states())
         self.run_dir.checkpoint_written()  # a run that --overwrite moved aside is deleted now
 
     def load_checkpoint(self, ckpt: Path, state: dict) -> None:
@@ -629,7 +629,7 @@ class Trainer(Loop):
         super().load_checkpoint(ckpt, state)
         load_objectives_state(self.objectives, self.model, ckpt, self.device, self.rank)
         self.best, self.history, self.elapsed = state["best"], state["history"], state["elapsed_s"]
-        self.evaluator.priors.checkpoint = ckpt  # its SST probe, not a new fit
+        self.evaluator.priors.checkpoint = ckpt  # its probes, not new fits
         if self.epoch >= self.total_epochs:
             logger.info("resumed from %s: the run is finished (%d of %d epochs trained, global step %d)", ckpt,
                         self.epoch, self.total_epochs, self.global_step)

@@ -184,7 +184,7 @@ def test_regression_test_outputs_use_the_weights_fit_on_the_dev_half(task):
     test_x = [torch.randn((30, 5) if task == "sst" else (30,), generator=g, dtype=torch.float64) for _ in range(3)]
     res = ensemble_task(task, _task_logits(task, y, dev_x), y,
                         TaskLogits(task, "test", [f"t{i}" for i in range(30)], test_x, []), "regression",
-                        seed=seed, regression_sts=True)
+                        seed=seed, fit_scores=True)
 
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     fit_idx = perm[: n // 2].sort().values

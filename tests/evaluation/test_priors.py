@@ -1,5 +1,5 @@
-"""Tests of tasks/evaluation/priors.py: a frozen sentence encoder as a second opinion on STS (--sts-prior) and SST
-(--sst-prior)."""
+"""Tests of tasks/evaluation/priors.py: a frozen sentence encoder as a second opinion a task declares: STS's cosine
+(--sts-prior), SST's probe (--sst-prior), a user's task's."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ from minbert.pretrained import default_model_dir
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.evaluator import predict_dataset
-from tasks.checkpoint import SST_PRIOR_FILE
+from tasks.checkpoint import prior_file
 from tasks.storage import save_tensors
-from tasks.evaluation.priors import CosinePrior, SentimentPrior, fit_logistic_regression, sst_prior_of
+from tasks.evaluation.priors import CosinePrior, ProbePrior, fit_logistic_regression, prior_of
 from tests.helpers import WordTokenizer, make_model
 
 PAIRS = [("A man is playing a guitar.", "A man plays the guitar."),
@@ -28,7 +28,7 @@ PAIRS = [("A man is playing a guitar.", "A man plays the guitar."),
 @pytest.fixture(scope="module")
 def prior() -> CosinePrior:
     torch.set_num_threads(1)
-    return CosinePrior(None, 0.5, "cpu")
+    return CosinePrior("sts", None, 0.5, "cpu")
 
 
 def test_embeddings_equal_sentence_transformers_all_minilm(prior):
@@ -53,8 +53,8 @@ def test_blend_is_the_weighted_mean_with_five_times_the_cosine(prior):
 
 
 def test_predict_dataset_blends_only_sts_scores(prior):
-    """predict_dataset(sts_prior=...) returns the blended STS scores as logits and predictions; SST and
-    paraphrase outputs never pass through it."""
+    """predict_dataset(prior=...) returns the blended STS scores as logits and predictions; without a prior the
+    outputs are the head's."""
     model = make_model("b1", "cross", pooling="mean").eval()  # tiny: its dataset uses the tiny tokenizer
     ds = PairDataset([Example(f"x{i}", a, b, float(i)) for i, (a, b) in enumerate(PAIRS)], WordTokenizer(),
                      mode="cross")
@@ -65,16 +65,15 @@ def test_predict_dataset_blends_only_sts_scores(prior):
         return prior.blend(dataset, scores)
 
     plain = predict_dataset(model, "sts", ds)
-    blended = predict_dataset(model, "sts", ds, sts_prior=spy)
+    blended = predict_dataset(model, "sts", ds, prior=spy)
     torch.testing.assert_close(blended.logits, prior.blend(ds, plain.logits))
     assert torch.equal(blended.preds, blended.logits) and calls == [ds]
-    para = predict_dataset(model, "para", ds, sts_prior=spy)
-    assert torch.equal(para.logits, predict_dataset(model, "para", ds).logits) and calls == [ds]
+    assert not torch.equal(plain.logits, blended.logits)
 
 
 def test_weight_must_be_in_range():
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        CosinePrior(None, 0.0, "cpu")
+        CosinePrior("sts", None, 0.0, "cpu")
 
 
 def test_building_the_prior_leaves_the_random_state_alone():
@@ -86,7 +85,7 @@ def test_building_the_prior_leaves_the_random_state_alone():
     priors_module._LOADED.clear()  # build it, not the copy an earlier test loaded
     torch.manual_seed(0)
     state = torch.get_rng_state()
-    CosinePrior(None, 0.5, "cpu")
+    CosinePrior("sts", None, 0.5, "cpu")
     assert torch.equal(torch.get_rng_state(), state)
 
 
@@ -116,13 +115,12 @@ def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
     pooled cosine need not score similarity at all (a fine-tuned run's: r 0.54 on STS dev): the prior is the
     embedded all-MiniLM-L6-v2 unless --sts-prior-model names another sentence encoder."""
     from tasks.config import PriorsConfig, TrainConfig
-    from tasks.evaluation.priors import sts_prior_of
     from tests.helpers import write_tiny_model
 
     tiny = write_tiny_model(tmp_path / "tiny")
-    fine_tuned_from_tiny = sts_prior_of(TrainConfig(pretrained=str(tiny)), "cpu", None)
+    fine_tuned_from_tiny = prior_of("sts", TrainConfig(pretrained=str(tiny)), "cpu", None)
     assert fine_tuned_from_tiny.encoder.config.hidden_size == 384  # all-MiniLM-L6-v2, not the tiny BERT
-    chosen = sts_prior_of(TrainConfig(priors=PriorsConfig(sts_model=str(tiny))), "cpu", None)
+    chosen = prior_of("sts", TrainConfig(priors=PriorsConfig(sts_model=str(tiny))), "cpu", None)
     assert chosen.encoder.config.hidden_size == json.loads((tiny / "config.json").read_text())["hidden_size"] != 384
 
 
@@ -136,9 +134,9 @@ SENTENCES = [("A gorgeous, witty, seductive movie.", 4), ("An utterly charming a
 
 
 @pytest.fixture(scope="module")
-def sst_prior() -> SentimentPrior:
+def sst_prior() -> ProbePrior:
     torch.set_num_threads(1)
-    return SentimentPrior(None, 0.5, "cpu", train=([t for t, _ in SENTENCES], [y for _, y in SENTENCES]))
+    return ProbePrior("sst", None, 0.5, "cpu", train=([t for t, _ in SENTENCES], [y for _, y in SENTENCES]))
 
 
 def test_logistic_regression_equals_scikit_learn():
@@ -182,45 +180,42 @@ def test_sst_blend_is_the_log_of_the_mixed_probabilities(sst_prior):
 
 
 def test_predict_dataset_blends_only_sst_logits(sst_prior):
-    """predict_dataset(sst_prior=...) returns the blended SST logits and their argmax as predictions; pair
-    tasks never pass through it."""
+    """predict_dataset(prior=...) returns the blended SST logits and their argmax as predictions."""
     model = make_model("b1", "cross", pooling="mean").eval()
     sentences = SentenceDataset([Example(f"s{i}", t, None, y) for i, (t, y) in enumerate(SENTENCES)],
                                 WordTokenizer())
     sentences.texts = [t for t, _ in SENTENCES]
     plain = predict_dataset(model, "sst", sentences)
-    blended = predict_dataset(model, "sst", sentences, sst_prior=sst_prior)
+    blended = predict_dataset(model, "sst", sentences, prior=sst_prior)
     torch.testing.assert_close(blended.logits, sst_prior.blend(sentences, plain.logits))
     assert torch.equal(blended.preds, blended.logits.argmax(-1))
-    reversed_ = predict_dataset(model, "sst", sentences, sst_prior=lambda ds, logits: -logits)  # preds follow
+    reversed_ = predict_dataset(model, "sst", sentences, prior=lambda ds, logits: -logits)  # preds follow
     assert torch.equal(reversed_.preds, (-plain.logits).argmax(-1)) and not torch.equal(reversed_.preds, plain.preds)
-    pairs = PairDataset([Example(f"x{i}", a, b, 1.0) for i, (a, b) in enumerate(PAIRS)], WordTokenizer(), mode="cross")
-    assert torch.equal(predict_dataset(model, "para", pairs, sst_prior=sst_prior).logits,
-                       predict_dataset(model, "para", pairs).logits)
 
 
 def test_a_saved_probe_predicts_without_the_training_data(sst_prior, tmp_path):
-    """A checkpoint's sst_prior.safetensors is the probe: read back, it blends exactly as the fitted one, with
+    """A checkpoint's sst_prior.safetensors is SST's probe: read back, it blends exactly as the fitted one, with
     no SST training file anywhere. Without it and without the data, the error names the data and --sst-prior 0."""
     from tasks.config import PriorsConfig, TrainConfig
 
-    save_tensors(tmp_path / SST_PRIOR_FILE, sst_prior.state_dict())
+    assert prior_file("sst") == "sst_prior.safetensors"
+    save_tensors(tmp_path / prior_file("sst"), sst_prior.state_dict())
     cfg = TrainConfig(data_dir=str(tmp_path / "no-data"))
-    loaded = sst_prior_of(cfg, "cpu", None, checkpoint=tmp_path)
+    loaded = prior_of("sst", cfg, "cpu", None, checkpoint=tmp_path)
     for key in ("weight", "bias"):
         assert torch.equal(loaded.state_dict()[key], sst_prior.state_dict()[key])
-    (tmp_path / SST_PRIOR_FILE).unlink()
-    with pytest.raises(FileNotFoundError, match=r"no SST training file at .*no-data.*--sst-prior 0"):
-        sst_prior_of(cfg, "cpu", None, checkpoint=tmp_path)
-    assert sst_prior_of(TrainConfig(priors=PriorsConfig(sst_weight=0.0)), "cpu", None) is None
-    assert sst_prior_of(TrainConfig(tasks=["para", "sts"]), "cpu", None) is None
+    (tmp_path / prior_file("sst")).unlink()
+    with pytest.raises(FileNotFoundError, match=r"no training file at .*no-data.*--sst-prior 0"):
+        prior_of("sst", cfg, "cpu", None, checkpoint=tmp_path)
+    assert prior_of("sst", TrainConfig(priors=PriorsConfig(sst_weight=0.0)), "cpu", None) is None
+    assert prior_of("sst", TrainConfig(tasks=["para", "sts"]), "cpu", None) is None
 
 
 def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"weight \(5, 384\)"):
-        SentimentPrior(None, 0.5, "cpu", state={"weight": torch.zeros(5, 8), "bias": torch.zeros(5)})
+        ProbePrior("sst", None, 0.5, "cpu", state={"weight": torch.zeros(5, 8), "bias": torch.zeros(5)})
     with pytest.raises(ValueError, match="exactly one"):
-        SentimentPrior(None, 0.5, "cpu")
+        ProbePrior("sst", None, 0.5, "cpu")
 
 
 @pytest.mark.parametrize("task", ["sts", "sst"])
@@ -240,9 +235,8 @@ def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp
 
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):
     """Both priors of a run are the embedded MiniLM by default: one copy in memory, loaded once."""
-    from tasks.config import PriorsConfig, TrainConfig
-    from tasks.evaluation.priors import sts_prior_of
+    from tasks.config import TrainConfig
 
-    sts = sts_prior_of(TrainConfig(), "cpu", None)
+    sts = prior_of("sts", TrainConfig(), "cpu", None)
     assert sts.encoder is sst_prior.encoder and sts.tokenizer is sst_prior.tokenizer
     assert not any(p.requires_grad for p in sts.encoder.parameters()) and not sts.encoder.training

@@ -15,7 +15,7 @@ from experiments.sst_prior_phrases import (
     run_config,
     score_run,
 )
-from tasks.checkpoint import SST_PRIOR_FILE
+from tasks.checkpoint import prior_file
 from tasks.config import PriorsConfig, TrainConfig
 from tasks.predictions import Predictions, write_logits
 from tasks.evaluation.priors import fit_logistic_regression
@@ -31,7 +31,7 @@ def fake_run(tmp_path, head: torch.Tensor, probe: dict[str, torch.Tensor], x: to
     mixed = (1 - weight) * head.softmax(-1) + weight * probe_probabilities(probe, x)
     ids = [f"s{i}" for i in range(len(x))]
     write_logits(run / "predictions", "sst", "dev", Predictions(ids, mixed.log(), mixed.argmax(-1)))
-    save_tensors(run / "checkpoints" / "best" / SST_PRIOR_FILE, probe)
+    save_tensors(run / "checkpoints" / "best" / prior_file("sst"), probe)
     return run, ids
 
 

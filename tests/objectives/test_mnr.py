@@ -107,15 +107,15 @@ def test_mnr_nli_uses_sts_head_and_hard_negative_column(hard_negatives):
 
 
 def test_mnr_sts_uses_head_features_and_label_weights():
-    """On STS, MNR reads out.features sts_1/sts_2 and weights by the batch labels (on by default)."""
+    """On STS, MNR reads out.features cos_1/cos_2 and weights by the batch labels (on by default)."""
     model = tiny_model().eval()
     batch = make_batch("sts")
     out = model("sts", batch)
     got = MultipleNegativesRanking(MNRConfig())(model, "sts", batch, out)["loss"]
-    expected = mnr_loss(out.features["sts_1"], out.features["sts_2"], weights=sts_label_weights(batch["labels"]))
+    expected = mnr_loss(out.features["cos_1"], out.features["cos_2"], weights=sts_label_weights(batch["labels"]))
     torch.testing.assert_close(got, expected)
     plain = MultipleNegativesRanking(MNRConfig(sts_label_weighting=False))(model, "sts", batch, out)["loss"]
-    torch.testing.assert_close(plain, mnr_loss(out.features["sts_1"], out.features["sts_2"]))
+    torch.testing.assert_close(plain, mnr_loss(out.features["cos_1"], out.features["cos_2"]))
 
 
 def test_mnr_para_positives_only_and_zero_below_two():
@@ -194,7 +194,7 @@ def _expected_term(model, name: str, task: str, batch: dict, out, seed: int) -> 
 
     if name == "mnr":
         if task == "sts":
-            return mnr_loss(out.features["sts_1"], out.features["sts_2"], weights=sts_label_weights(batch["labels"]))
+            return mnr_loss(out.features["cos_1"], out.features["cos_2"], weights=sts_label_weights(batch["labels"]))
         if task == "nli":
             z = [model.pair_embeddings("sts", embed(s)) for s in ("_1", "_2", "_3")]
             return mnr_loss(z[0], z[1], negatives=z[2])
