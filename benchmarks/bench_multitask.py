@@ -112,7 +112,6 @@ from tasks.config import PhrasesConfig, TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
 from tasks.model import MultitaskBert, head_of
-from tasks.training import lpft
 from tasks.runtime import (
     autocast,
     configure_malloc,
@@ -267,7 +266,7 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
 def train_steps(v: Variant, batches: Sequence[tuple[str, dict]], lrs: Sequence[float]) -> float:
     """Seconds for Trainer.train_step over ``batches`` (train mode, as fit() sets it)."""
     tr = v.trainer
-    lpft.train_mode(tr.model, tr.stage)
+    tr.current.train_mode(tr.model)
     with v.patch():
         synchronize(tr.device)
         t0 = time.perf_counter()
@@ -289,7 +288,7 @@ def infer_steps(v: Variant, batches: Sequence[tuple[str, dict]]) -> float:
             tr.model(head_of(stream), batch)
     synchronize(tr.device)
     elapsed = time.perf_counter() - t0
-    lpft.train_mode(tr.model, tr.stage)
+    tr.current.train_mode(tr.model)
     return elapsed
 
 
@@ -507,7 +506,7 @@ def profile_variant(v: Variant, lrs: Sequence[float]) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile, record_function
 
     tr = v.trainer
-    lpft.train_mode(tr.model, tr.stage)
+    tr.current.train_mode(tr.model)
 
     def one_step(stream: str, batch: dict, lr: float, stamps: list[float]) -> None:
         for g in tr.optimizer.param_groups:

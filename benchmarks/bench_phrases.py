@@ -35,7 +35,6 @@ from tasks.data.datasets import move_batch
 from tasks.model import PHRASES
 from tasks.options import replace_at
 from tasks.runtime import configure_malloc, synchronize
-from tasks.training import lpft
 from tasks.training.optim import build_schedule
 from tasks.training.trainer import Trainer
 
@@ -71,7 +70,7 @@ def sample_batches(trainer: Trainer, batch_sizes: Sequence[int], steps: int) -> 
 def time_streams(trainer: Trainer, batches: dict[str, list[dict]], rounds: int,
                  log: Callable[[str], None]) -> dict[str, list[float]]:
     """Seconds per step of each stream in each round: the streams' batches in turn, one untimed pass first."""
-    lpft.train_mode(trainer.model, trainer.stage)
+    trainer.current.train_mode(trainer.model)
     lr = trainer.lr_at(0, 0, trainer.schedule.steps_per_epoch())  # a warm-up lr: the steps barely move the model
     per_step: dict[str, list[float]] = {key: [] for key in batches}
     for r in range(rounds + 1):

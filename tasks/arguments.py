@@ -67,8 +67,8 @@ class Command:
 
 GROUPS = {  # TrainConfig's option(group=...) -> the --help section it is listed in
     "data": "data", "model": "model", "optimization": "optimization",
-    "stages": ("stages and post-training", "LP-FT (paper §4.2, tasks/training/lpft.py), SWA (§4.6, "
-                                           "tasks/training/swa.py), training-set logits for distillation (§4.6, "
+    "stages": ("stages and post-training", "LP-FT (paper §4.2) and SWA (§4.6): tasks/training/stages.py; "
+                                           "training-set logits for distillation (§4.6, "
                                            "tasks/objectives/distill.py)"),
     "runtime": "runtime"}
 

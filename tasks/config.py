@@ -119,7 +119,7 @@ class PhrasesConfig:
 
 @dataclass
 class LpftConfig:
-    """LP-FT's first stage (tasks/training/lpft.py): --lp-epochs, --lp-lr."""
+    """LP-FT's first stage (tasks/training/stages.py): --lp-epochs, --lp-lr."""
 
     epochs: int = option(0, "LP-FT (paper §4.2): N epochs training only the heads (encoder frozen and in eval "
                          "mode, so no dropout; the optimizer never sees it), then --epochs of full fine-tuning "
@@ -131,7 +131,7 @@ class LpftConfig:
 
 @dataclass
 class SwaConfig:
-    """The SWA phase after training (tasks/training/swa.py): --swa-epochs, --swa-lr."""
+    """The SWA phase after training (tasks/training/stages.py): --swa-epochs, --swa-lr."""
 
     epochs: int = option(0, "SWA (paper §4.6: 5 epochs at lr 1e-5, PyTorch's SWA modules): after training, N "
                          "more epochs at constant --swa-lr from the best checkpoint, averaging the weights at "
@@ -265,9 +265,9 @@ class TrainConfig:
     seed: int = option(0, "seed of python, numpy and torch and of the batch order", group="optimization",
                        metavar="SEED")
 
-    # -- stages and post-training (tasks/training/lpft.py, tasks/training/swa.py) --
-    lpft: LpftConfig = option(help="LP-FT's first stage (tasks/training/lpft.py)", factory=LpftConfig, prefix="lp_")
-    swa: SwaConfig = option(help="the SWA phase (tasks/training/swa.py)", factory=SwaConfig, prefix="swa_")
+    # -- stages and post-training (tasks/training/stages.py) --
+    lpft: LpftConfig = option(help="LP-FT's first stage (tasks/training/stages.py)", factory=LpftConfig, prefix="lp_")
+    swa: SwaConfig = option(help="the SWA phase (tasks/training/stages.py)", factory=SwaConfig, prefix="swa_")
     predict_train: bool = option(False, "also write predictions/{task}-train-logits.csv on the whole training sets: "
                                  "the soft targets that --distill-teachers reads (paper §4.6 knowledge "
                                  "distillation); with --eval-only, from a saved model", group="stages")

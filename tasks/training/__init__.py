@@ -1,14 +1,13 @@
 """Training: one loop, what plugs into it, and what a run leaves on disk.
 
 trainer (``Loop``: epochs of planned steps, each a batch, an optimizer step
-and events for hooks; ``Trainer``: multitask fine-tuning on it, with its
-LP-FT and SWA stages), callbacks (the hooks' API, ``Hook``, and a run's own
+and events for hooks; ``Trainer``: multitask fine-tuning on it, its stages in
+order), stages (LP-FT's heads-only stage, fine-tuning, SWA's averaging stage), callbacks (the hooks' API, ``Hook``, and a run's own
 hooks: log lines and their clock, progress bar, checkpoints every N steps,
 metrics.jsonl, training.png), tensorboard (the --report-to tensorboard hook),
 optim (AdamW's parameter groups, lr factors and schedules, the batch plan),
 run (a fine-tuning run: checks, parts, hooks, fit, predictions, final record),
-lpft (the heads-only stage before full fine-tuning), swa (the averaging stage
-after training), mlm (BERT's masking, the masking collator and the MLM loss),
+mlm (BERT's masking, the masking collator and the MLM loss),
 pretraining (masked-LM pretraining on the loop and the checkpoint it leaves),
 rundir (the run directory, its metrics.jsonl and its lock), progress (loss
 sums, the run's clock, training.png), distributed (torchrun data parallel),

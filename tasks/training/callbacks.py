@@ -4,7 +4,7 @@ The loop trains batches and tells its hooks what happened, as Hugging Face's ``T
 ``TrainerCallback``s; what a run does around its steps is a hook: the log lines and their clock (``LogLines``),
 the progress bar (``ProgressBar``), checkpoints every N steps (``CheckpointEvery``), metrics.jsonl
 (``MetricsFile``), training.png (``Plot``), TensorBoard (tasks/training/tensorboard.py), SWA's average
-(tasks/training/swa.py), MLM pretraining's log (tasks/training/pretraining.py). A user's own hooks, passed to
+(tasks/training/stages.py), MLM pretraining's log (tasks/training/pretraining.py). A user's own hooks, passed to
 ``run(cfg, hooks=[...])`` or ``trainer_for``, see the same events after the run's own.
 
 Events, each a no-op unless overridden, in the order a run meets them (``trainer``: the loop, with its model,

@@ -23,9 +23,9 @@ What a run does (``tasks.config.TrainConfig`` documents every setting):
    metrics.jsonl, training.png, TensorBoard), the caller's after them.
 3. ``Trainer.fit``: every epoch of the schedule, dev metrics after each, a
    JSONL record, the plot, checkpoint ``last``, and ``best`` when the overall
-   dev score improved (LP-FT's stages inside the loop, tasks/training/lpft.py);
-   with ``swa.epochs`` the SWA stage from the best checkpoint
-   (tasks/training/swa.py, paper §4.6), whose averaged model replaces the best
+   dev score improved; the stages in order (tasks/training/stages.py: LP-FT's,
+   fine-tuning, with ``swa.epochs`` SWA's from the best checkpoint, paper §4.6,
+   whose averaged model replaces the best
    one when it scores higher on dev.
 4. Without SWA, the best checkpoint is loaded.
 5. Dev and test predictions and logits for every task (``Evaluator.write_all``),

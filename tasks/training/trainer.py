@@ -30,11 +30,10 @@ The ``Trainer`` (multitask fine-tuning):
 2. After every epoch: dev metrics (tasks.evaluation.evaluator), checkpoint
    ``last``, ``best`` when the overall dev score improved, and the epoch's
    record for the hooks (metrics.jsonl, the plot).
-3. Stages, by epoch: LP-FT's heads-only epochs (``lpft.epochs``, stage "lp",
-   tasks/training/lpft.py), then ``epochs`` of full fine-tuning (stage "ft")
-   with a fresh optimizer; then, with ``swa.epochs``, the SWA stage
-   (tasks/training/swa.py): from the best checkpoint, every parameter
-   trainable, a fresh optimizer at constant ``swa.lr``, epochs that are not
+3. Stages (tasks/training/stages.py), by epoch: LP-FT's heads-only epochs
+   (``lpft.epochs``, stage "lp"), then ``epochs`` of full fine-tuning (stage "ft")
+   with a fresh optimizer; then, with ``swa.epochs``, the SWA stage: from the
+   best checkpoint, every parameter trainable, a fresh optimizer at constant ``swa.lr``, epochs that are not
    evaluated nor checkpointed, whose average SWA's hook scores at the end.
 
 Determinism: the Trainer's batches come from explicit generators (a pure
@@ -79,7 +78,8 @@ from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import MultitaskBert, head_of
 from tasks.objectives import Objective
-from tasks.training import distributed, lpft, swa
+from tasks.training import distributed
+from tasks.training.stages import Stage, stages_of
 from tasks.checkpoint import (
     CHECKPOINT_FORMAT,
     ResumePoint,
@@ -91,7 +91,7 @@ from tasks.checkpoint import (
 )
 from tasks.storage import atomic_directory
 from tasks.training.callbacks import Control, Evaluation, Hook, Step
-from tasks.training.optim import adamw, build_schedule, lr_scale, warmup_linear
+from tasks.training.optim import adamw, build_schedule, lr_scale
 from tasks.training.progress import RunningSums, progress_logging
 from tasks.training.rundir import RunDir
 from tasks.runtime import autocast, pin_and_prefetch, rng_state, seed_everything, set_rng_state
@@ -385,17 +385,17 @@ class Trainer(Loop):
     states. Under torchrun each process builds its own Trainer (``rank`` of
     ``world_size``); its collectives (gradient all-reduce, loss sums at log
     time, dev scores, checkpoint states) are entered by every rank at the same
-    steps. Hooks run on every rank; SWA's (``swa.Averaging``, with ``swa.epochs``) first.
+    steps. Hooks run on every rank. Its stages (tasks/training/stages.py: LP-FT's, fine-tuning, SWA's) are run in
+    order by epoch; the trainer asks the stage of an epoch what to train and at what learning rate.
     """
 
     saves_each_epoch = True
 
     def __init__(self, cfg: TrainConfig, parts: Parts, *, device: torch.device, hooks: Sequence[Hook] = (),
                  run_dir: RunDir | None = None, resume: ResumePoint | None = None) -> None:
-        self.averaging = swa.Averaging() if cfg.swa.epochs else None
-        super().__init__(parts.model, device=device, hooks=[*([self.averaging] if self.averaging else []), *hooks],
-                         grad_clip=cfg.grad_clip, seed=cfg.seed,
+        super().__init__(parts.model, device=device, hooks=hooks, grad_clip=cfg.grad_clip, seed=cfg.seed,
                          checkpoints=run_dir.checkpoints if run_dir is not None else None)
+        self.stages = stages_of(cfg)
         self.cfg, self.run_dir = cfg, run_dir
         self.objectives = parts.objectives
         self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
@@ -412,9 +412,10 @@ class Trainer(Loop):
                            "queues): this run is not the one a single process with the same batch size would make",
                            self.world_size, ", ".join(coupled),
                            {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
-        # LP-FT: the stage of the position to start from decides which parameters the optimizer sees.
-        self.stage = lpft.stage_at(cfg, resume.state["epoch"] if resume is not None else 0)
-        lpft.set_stage(self.model, self.stage)
+        # The stage of the position to start from decides which parameters the optimizer sees (one that starts from
+        # the best checkpoint, SWA's, is entered when its first epoch starts: the run stands in the stage before).
+        self.current = self.stage_at(min(resume.state["epoch"] if resume is not None else 0, self.total_epochs - 1))
+        self.current.set_trainable(self.model)
         self.rebuild_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
         # a task's prior probe is fitted on its training sentences, read already
@@ -447,26 +448,29 @@ class Trainer(Loop):
 
     @property
     def total_epochs(self) -> int:
-        """Epochs of training: LP-FT's heads-only epochs, then ``epochs`` of fine-tuning (SWA's come after)."""
-        return self.cfg.lpft.epochs + self.cfg.epochs
+        """The epochs that train and are scored: the stages that evaluate (LP-FT's, fine-tuning); SWA's come after."""
+        return sum(st.epochs for st in self.stages if st.evaluates)
 
     @property
     def epochs(self) -> int:
-        return self.total_epochs + self.cfg.swa.epochs
+        return sum(st.epochs for st in self.stages)
 
-    def stage_at(self, epoch: int) -> str:
-        """The stage of 0-based ``epoch``: "lp" or "ft" (tasks/training/lpft.py), then with ``swa.epochs`` "swa"."""
-        return swa.SWA if epoch >= self.total_epochs and self.cfg.swa.epochs else lpft.stage_at(self.cfg, epoch)
+    @property
+    def stage(self) -> str:
+        """The name of the stage training now ("lp", "ft", "swa": tasks/training/stages.py)."""
+        return self.current.name
+
+    def stage_at(self, epoch: int) -> Stage:
+        """The stage of 0-based ``epoch``."""
+        return next((st for st in self.stages if st.first <= epoch < st.first + st.epochs), self.stages[-1])
 
     @property
     def epoch_title(self) -> str:
-        if self.epoch >= self.total_epochs:
-            return f"SWA epoch {self.epoch - self.total_epochs + 1}/{self.cfg.swa.epochs}"
-        return f"epoch {self.epoch + 1}/{self.total_epochs}"
+        return self.stage_at(self.epoch).title(self.epoch, self.total_epochs)
 
     @property
     def resumable(self) -> bool:
-        return self.stage != swa.SWA
+        return self.current.evaluates
 
     # -- what it trains --
     def epoch_plan(self, epoch: int) -> Sequence[tuple[str, list[int]]]:
@@ -476,19 +480,9 @@ class Trainer(Loop):
         return self.train_sets[stream].collate(indices)
 
     def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
-        """The learning rate of plan(epoch)[step] under ``lr_schedule``, run within epoch's LP-FT stage; SWA's
-        constant ``swa.lr`` after training."""
-        cfg = self.cfg
-        if self.stage_at(epoch) == swa.SWA:
-            return cfg.swa.lr
-        first, n_epochs, peak = lpft.stage_span(cfg, epoch)
-        epoch -= first
-        if cfg.lr_schedule == "constant":
-            return peak
-        if cfg.lr_schedule == "epoch_decay":
-            return peak - cfg.lr_decay * epoch
-        total = n_epochs * steps_per_epoch
-        return warmup_linear(peak, epoch * steps_per_epoch + step, total, round(cfg.warmup * total))
+        """The learning rate of plan(epoch)[step]: its stage's (the run's lr_schedule over the stage's own epochs,
+        SWA's constant ``swa.lr``)."""
+        return self.stage_at(epoch).lr_at(self.cfg, epoch, step, steps_per_epoch)
 
     def step_loss(self, stream: str, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(weighted total loss, unweighted named terms) of one batch of ``stream``."""
@@ -518,44 +512,36 @@ class Trainer(Loop):
 
     # -- stages and epochs --
     def begin(self) -> None:
-        lpft.train_mode(self.model, self.stage)
+        self.current.train_mode(self.model)
         if self.epoch >= self.total_epochs:
             logger.info("nothing to train; what follows training runs again: %sthe best checkpoint's dev and test "
-                        "predictions", "SWA from the best epoch, then " if self.cfg.swa.epochs else "")
-        elif self.cfg.freeze_encoder:
-            logger.info("frozen encoder: heads only for every epoch (%d trainable tensors)", len(self.params))
-        elif self.stage == lpft.LP:
-            logger.info("LP-FT stage 1: heads only for epochs %d-%d (encoder frozen, %d trainable tensors), "
-                        "then %d epochs of full fine-tuning", self.epoch + 1, self.cfg.lpft.epochs,
-                        len(self.params), self.cfg.epochs)
+                        "predictions", "SWA from the best epoch, then " if self.stages[-1].from_best else "")
+        elif self.current.begins:
+            logger.info(self.current.begins.format(epoch=self.epoch + 1, tensors=len(self.params)))
 
     def start_epoch(self) -> None:
-        if self.stage_at(self.epoch) == swa.SWA and self.stage != swa.SWA:
-            self._enter_stage(swa.SWA)
+        stage = self.stage_at(self.epoch)
+        if stage is not self.current and stage.from_best:  # after the previous epoch's checkpoints (SWA's)
+            self._enter(stage)
 
-    def _enter_stage(self, stage: str) -> None:
-        """A stage switch at an epoch boundary: LP-FT's stage 2 (the encoder unfrozen), or SWA's (from the best
-        checkpoint: SWA averages around the best point found, not around the last epoch, which may be past it;
-        every parameter trainable, also after LP-FT); then a fresh optimizer (the best checkpoint's moments may
-        belong to the other LP-FT stage, and Adam's bias correction makes a fresh start a well-scaled step)."""
-        if stage == swa.SWA:
-            self.load_best()
-        lpft.set_stage(self.model, lpft.FT if stage == swa.SWA else stage)
-        self.stage = stage
-        self.rebuild_optimizer()
-        if stage == lpft.FT:
-            logger.info("LP-FT stage 2 from epoch %d: full fine-tuning of %d tensors with a fresh optimizer",
-                        self.epoch + 1, len(self.params))
+    def _enter(self, stage: Stage) -> None:
+        """A stage switch at an epoch boundary (``Stage.enter``: its trainable parameters, a fresh optimizer, and
+        whatever else the stage starts with: SWA's best checkpoint)."""
+        self.current = stage
+        stage.enter(self)
 
     def end_epoch(self, lr: float, train_time: float) -> None:
-        """A training epoch: dev scores, the record, the best score, the next epoch's stage, checkpoint ``last``
-        (and ``best`` when it improved). An SWA epoch: its record only (its weights are not a position)."""
-        if self.stage == swa.SWA:
-            record = {"epoch": self.epoch + 1, "stage": swa.SWA, "swa_epoch": self.epoch - self.total_epochs + 1,
+        """An epoch of a stage that evaluates: dev scores, the record, the best score, the next epoch's stage,
+        checkpoint ``last`` (and ``best`` when it improved). Of one that does not (SWA's): its record only (its
+        weights are not a position), and the stage's own end of an epoch."""
+        stage = self.current
+        if not stage.evaluates:
+            record = {"epoch": self.epoch + 1, "stage": stage.name, f"{stage.name}_epoch": self.epoch - stage.first + 1,
                       "steps": len(self.plan), "lr": lr, "train": self.epoch_sums.means(),
                       "train_time_s": round(train_time, 2)}
             self.next_epoch()
             self.record(record)
+            stage.end_epoch(self, record)
             self.emit("on_epoch_end", record)
             return
         t0 = time.perf_counter()
@@ -568,7 +554,7 @@ class Trainer(Loop):
         improved = self.best is None or (math.isfinite(score) and (self.best["score"] is None
                                                                     or score > self.best["score"]))
         self.elapsed += train_time + eval_time
-        record = {"epoch": self.epoch + 1, "stage": self.stage, "global_step": self.global_step, "lr": lr,
+        record = {"epoch": self.epoch + 1, "stage": stage.name, "global_step": self.global_step, "lr": lr,
                   "train": means,
                   "dev": jsonable(metrics), "dev_examples": {t: len(d) for t, d in self.dev_sets.items()},
                   "train_time_s": round(train_time, 2), "eval_time_s": round(eval_time, 2),
@@ -577,20 +563,23 @@ class Trainer(Loop):
         self.history.append(record)
         if improved:
             self.best = {"score": score if math.isfinite(score) else None, "epoch": self.epoch + 1,
-                         "stage": self.stage, "dev": jsonable(metrics)}
+                         "stage": stage.name, "dev": jsonable(metrics)}
         self.next_epoch()
-        if self.epoch < self.total_epochs and lpft.stage_at(self.cfg, self.epoch) != self.stage:
-            self._enter_stage(lpft.stage_at(self.cfg, self.epoch))  # before the checkpoint: it saves the new optimizer
+        following = self.stage_at(self.epoch)
+        if self.epoch < self.total_epochs and following is not stage and not following.from_best:
+            self._enter(following)  # before the checkpoint: it saves the new stage's optimizer
         self.save_checkpoint("last")
         if improved and self.rank == 0:
             self.run_dir.keep_best()
         self.record(record)
         self.emit("on_epoch_end", record)
 
+    def finish(self) -> None:
+        self.current.finish(self)  # a stage's own end (SWA: score and keep the average), before on_train_end
+
     def summary(self) -> dict:
-        swa_summary = self.averaging.summary if self.averaging is not None else None
-        return {"best": self.best, "epochs": self.epoch, "global_step": self.global_step,
-                **({"swa": swa_summary} if swa_summary is not None else {})}
+        stages = {st.name: own for st in self.stages if (own := st.summary()) is not None}  # SWA's
+        return {"best": self.best, "epochs": self.epoch, "global_step": self.global_step, **stages}
 
     def evaluate_dev(self, model: nn.Module | None = None) -> dict[str, float]:
         """Dev metrics of ``model`` (default: the trained one) on the run's dev sets.

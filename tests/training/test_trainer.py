@@ -157,11 +157,14 @@ def test_the_phrase_streams_general_settings_take_effect(tiny_env, tmp_path):
 
 def test_learning_rate_schedules(tiny_env, tmp_path):
     """constant stays; epoch_decay is lr - decay·epoch (paper §4.5); warmup_linear rises then decays to ~0."""
-    t = trainer_for(tiny_train_config(tiny_env, tmp_path / "r", lr_schedule="epoch_decay", lr=1e-5, lr_decay=4e-7))
+    def trainer(**settings):
+        return trainer_for(tiny_train_config(tiny_env, tmp_path / str(len(list(tmp_path.iterdir()))), lr=1e-5,
+                                             **settings))
+
+    t = trainer(lr_schedule="epoch_decay", lr_decay=4e-7, epochs=4)
     assert t.lr_at(0, 5, 10) == 1e-5 and t.lr_at(3, 0, 10) == pytest.approx(1e-5 - 3 * 4e-7)
-    t.cfg = dataclasses.replace(t.cfg, lr_schedule="constant")
-    assert t.lr_at(1, 3, 10) == 1e-5
-    t.cfg = dataclasses.replace(t.cfg, lr_schedule="warmup_linear", warmup=0.25, epochs=2)
+    assert trainer(lr_schedule="constant").lr_at(1, 3, 10) == 1e-5
+    t = trainer(lr_schedule="warmup_linear", warmup=0.25, epochs=2)
     lrs = [t.lr_at(e, s, 10) for e in range(2) for s in range(10)]
     assert lrs[4] == pytest.approx(1e-5) and lrs[0] < lrs[1] < lrs[4]
     assert all(a > b for a, b in zip(lrs[5:], lrs[6:])) and 0 < lrs[-1] < 1e-6

@@ -1,26 +1,28 @@
-"""Tests of tasks/training/lpft.py: with every objective, LP-FT's first stage leaves the frozen encoder frozen and
-in eval mode.
-
-The tests train the tiny random BERT of ``tiny_env`` (tests/conftest.py) on its synthetic data, capped with
-``limit`` so that an epoch is six steps, and stop at the end of stage 1.
-"""
+"""Tests of tasks/training/stages.py: LP-FT's first stage leaves the frozen encoder frozen and untrained with every
+objective and resumes exactly across the switch; SWA's average and stage (minbert §4.2, §4.6)."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel
 
-from tasks.predictions import Predictions, write_logits
+from tasks.evaluation.evaluator import evaluate_checkpoint
 from tasks.model import ModelConfig
 from tasks.objectives import REGISTRY
 from tasks.objectives.knn_bert import KNNBert
+from tasks.predictions import Predictions, write_logits
+from tasks.storage import load_tensors
+from tasks.training import stages
 from tasks.training.callbacks import Hook
-from tasks.training.run import trainer_for
+from tasks.training.run import run, trainer_for
 from tests.helpers import OBJECTIVE_SETTINGS, tiny_train_config
+
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -186,3 +188,56 @@ def test_lp_ft_learning_rate_restarts_per_stage(tiny_env, tmp_path):
                      lr_schedule="epoch_decay", lr_decay=1e-4))
     assert t.stage == "lp" and t.total_epochs == 4
     assert [t.lr_at(e, 0, 5) for e in range(4)] == pytest.approx([1e-2, 1e-2 - 1e-4, 1e-3, 1e-3 - 1e-4])
+
+
+def _cfg(env, out_dir: Path, **overrides):
+    """The tiny config capped at 16 examples per split: 2 batches of 8 per task and epoch."""
+    return tiny_train_config(env, out_dir, **{"limit": 16, "epochs": 1, **overrides})
+
+
+def _records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_swa_replaces_the_best_epoch_only_with_a_strictly_higher_finite_score():
+    """SWA wins on a higher score or when no epoch had one; a tie, a lower or an undefined score keeps the best."""
+    assert stages.swa_wins(0.71, 0.70) and stages.swa_wins(0.5, None)
+    assert not stages.swa_wins(0.70, 0.70) and not stages.swa_wins(0.6, 0.7)
+    assert not stages.swa_wins(math.nan, 0.7) and not stages.swa_wins(math.nan, None)
+
+
+def test_swa_phase_end_to_end(tiny_env, tmp_path, monkeypatch):
+    """run() with swa.epochs=2: checkpoint "swa" is the mean of the two end-of-epoch snapshots, both scores are
+    recorded, the predictions come from the winner, and the SWA checkpoint cannot be resumed."""
+    snapshots = []
+    original = AveragedModel.update_parameters
+
+    def capture(self, model):
+        snapshots.append({k: v.detach().clone() for k, v in model.state_dict().items()})
+        return original(self, model)
+
+    monkeypatch.setattr(AveragedModel, "update_parameters", capture)
+    run_dir = tmp_path / "run"
+    cfg = _cfg(tiny_env, run_dir, swa={"epochs": 2, "lr": 1e-3})
+    final = run(cfg)
+    assert len(snapshots) == 2
+    saved = load_tensors(run_dir / "checkpoints" / "swa" / "model.safetensors")
+    for k, v in saved.items():
+        if v.is_floating_point() and not k.endswith("position_ids"):
+            assert torch.allclose(v, (snapshots[0][k] + snapshots[1][k]) / 2, atol=1e-6), k
+
+    records = _records(run_dir)
+    swa_epochs = [r for r in records if r.get("stage") == "swa" and "swa_epoch" in r]
+    assert [r["swa_epoch"] for r in swa_epochs] == [1, 2] and all(r["lr"] == 1e-3 for r in swa_epochs)
+    assert all("loss" in r["train"] for r in swa_epochs)
+    summary = next(r for r in records if r.get("swa_model"))
+    assert summary["n_averaged"] == 2 and summary["best_epoch"] == 1
+    assert summary["score"] is not None and summary["best_score"] is not None
+    assert summary["used"] == stages.swa_wins(summary["score"], summary["best_score"])
+    assert final["swa"]["used"] == summary["used"] and final["final"]
+    chosen = run_dir / "checkpoints" / ("swa" if summary["used"] else "best")
+    assert final["predictions_from"] == str(chosen)
+    again = evaluate_checkpoint(chosen, out_dir=tmp_path / "again")
+    assert again["dev"] == final["dev"]  # the written predictions are the chosen model's
+    with pytest.raises(ValueError, match="SWA-averaged"):
+        trainer_for(cfg, resume_from=run_dir / "checkpoints" / "swa")
