@@ -32,8 +32,7 @@ from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import registered_objectives
 from tasks.task_file import read_task_file
-from tasks.training.callbacks import Hook, Step
-from tasks.training.trainer import Trainer
+from tasks.training.loop import Control, Hook, Step, TrainingState
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "data"
@@ -215,12 +214,12 @@ class StopAt(Hook):
     def __init__(self, step: int | None = None, epoch: int | None = None):
         self.at_step, self.at_epoch = step, epoch
 
-    def on_step_end(self, trainer: Trainer, step: Step) -> None:
-        if trainer.global_step == self.at_step:
+    def on_step_end(self, state: TrainingState, control: Control, step: Step) -> None:
+        if state.global_step == self.at_step:
             raise Interrupt
 
-    def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
-        if trainer.epoch == self.at_epoch:
+    def on_epoch_end(self, state: TrainingState, control: Control, record: dict) -> None:
+        if state.epoch == self.at_epoch:
             raise Interrupt
 
 

@@ -24,7 +24,6 @@ from tasks.predict import main as predict_main
 from tasks.predictions import read_logits, read_predictions
 from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.evaluator import Predictor, evaluate_checkpoint
-from tasks.task_file import read_task_file
 from tasks.task import BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, get_task, load_split, model_tasks, unregister_task
 from tasks.training.run import run
 from tests.helpers import CLASS_WORDS, three_class_task, tiny_flags, tiny_train_config, user_task, write_csv

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import PHRASES, kind_of
+from tasks.model import PHRASES
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 

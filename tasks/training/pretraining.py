@@ -40,11 +40,11 @@ from tasks.options import option
 from tasks.outdir import MLM, check_kind, mark
 from tasks.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
 from tasks.storage import atomic_directory, save_tensors
-from tasks.training.callbacks import CheckpointEvery, Evaluation, Hook, ProgressBar, Step
+from tasks.training.hooks import CheckpointEvery, ProgressBar
+from tasks.training.loop import Control, Evaluation, Hook, Loop, Step, TrainingState
 from tasks.training.mlm import MaskedBatches, MaskingCollator, evaluate_mlm, masked_lm_loss
 from tasks.training.optim import adamw, warmup_linear
 from tasks.training.progress import RunClock, duration
-from tasks.training.trainer import Loop
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,11 @@ class MaskedLMTrainer(Loop):
     ``grad_clip``; the held-out batches scored before the first step (not on a resume) and after the last.
 
     Masks are drawn while collating, so batches are collated in line (``prefetch`` False) and a checkpoint keeps the
-    collator's generator; none is written at an epoch's end (``CheckpointEvery`` saves every N steps)."""
+    collator's generator; none is written at an epoch's end (``CheckpointEvery`` saves every N steps).
+
+    Its log window runs over global steps, across epochs: a line every ``log_every`` steps and after the last, with
+    the window's mean MLM loss, the epoch reached, lr and real tokens a second; the open window travels with a
+    checkpoint, so that a resumed run's lines are the uninterrupted run's."""
 
     prefetch = False
     stage = "mlm"
@@ -118,6 +122,11 @@ class MaskedLMTrainer(Loop):
         self.data, self.config, self.eval_data, self.identity = data, config, eval_data, identity or {}
         self.amp_dtype = autocast_dtype(config.bf16, device, cpu_default=False)
         self.epochs, self.max_steps, self.warmup = config.epochs, total, int(config.warmup * total)
+        self.log_every = config.log_every
+        self.window_loss = torch.zeros((), device=device)
+        self.window_steps = self.window_tokens = 0
+        self.window_seconds = 0.0  # a resumed window's time before the cut
+        self.window_start: float | None = None
         self.params, self.param_names, self.optimizer = adamw(mlm.named_parameters(), lr=config.lr,
                                                               weight_decay=config.weight_decay,
                                                               foreach=foreach_default(device))
@@ -150,6 +159,28 @@ class MaskedLMTrainer(Loop):
             self.evaluate_held_out()
         self.model.eval()
 
+    # -- its log window --
+    def start_window(self) -> None:
+        if self.window_start is None:  # the steps' time: not the held-out scoring before them
+            self.window_start = time.perf_counter() - self.window_seconds
+
+    def add_to_window(self, step: Step) -> None:
+        self.window_loss += step.terms["loss"]
+        self.window_steps += 1
+        self.window_tokens += step.batch["tokens"]
+
+    def log_due(self, step: Step) -> bool:
+        return not self.global_step % self.log_every or self.global_step == self.max_steps
+
+    def log_values(self, step: Step) -> dict[str, float]:
+        elapsed = time.perf_counter() - self.window_start
+        values = {"epoch": self.global_step / self.data.steps_per_epoch,
+                  "loss": float(self.window_loss) / self.window_steps, "lr": step.lr,
+                  "tokens_per_s": self.window_tokens / max(elapsed, 1e-9)}
+        self.window_loss.zero_()
+        self.window_steps, self.window_tokens, self.window_start = 0, 0, time.perf_counter()
+        return values
+
     def evaluate_held_out(self) -> dict[str, float]:
         """The held-out batches' masked-token loss and accuracy, for the hooks (``on_evaluate``)."""
         t0 = time.perf_counter()
@@ -159,12 +190,24 @@ class MaskedLMTrainer(Loop):
         return result
 
     def state(self) -> dict:
-        """The loop's state.json, the masking generator's states and the run's identity (its settings and data)."""
-        return {**super().state(), "masking": self.data.state(), "identity": self.identity}
+        """The loop's state.json, the masking generator's states, the run's identity (its settings and data) and
+        the open log window."""
+        seconds = time.perf_counter() - self.window_start if self.window_start is not None else self.window_seconds
+        return {**super().state(), "masking": self.data.state(), "identity": self.identity,
+                "log_window": {"loss": float(self.window_loss), "steps": self.window_steps,
+                               "tokens": self.window_tokens, "seconds": seconds}}
 
     def load_checkpoint(self, ckpt: Path, state: dict) -> None:
         super().load_checkpoint(ckpt, state)
         self.data.load_state(state["masking"])
+        # a checkpoint of an earlier version kept the window in its log hook's state, as window_<key>
+        window = state.get("log_window") or {k.removeprefix("window_"): v for k, v in
+                                             state.get("hooks", {}).get("PretrainLog", {}).items()
+                                             if k.startswith("window_")}
+        self.window_loss = torch.full((), float(window["loss"]), device=self.device)
+        self.window_steps, self.window_tokens = window["steps"], window["tokens"]
+        self.window_seconds = window["seconds"]
+        self.window_start = None
 
     def write_checkpoint_dir(self, final: Path, state: dict) -> None:
         with atomic_directory(final) as tmp:
@@ -173,33 +216,29 @@ class MaskedLMTrainer(Loop):
 
 
 class PretrainLog(Hook):
-    """Pretraining's log and its records (pretrain_log.jsonl): the held-out scores before and after, and every
-    ``log_every`` steps (and the last) the window's mean MLM loss, the epoch reached, lr and real tokens per second,
-    with the elapsed and remaining time; an estimate of the whole after the first window. The open window and the
-    records travel with a checkpoint (``state``), so a resumed run's are the uninterrupted run's."""
+    """Pretraining's log and its records (pretrain_log.jsonl): the held-out scores before and after, and each log
+    line's values (``MaskedLMTrainer``'s window: mean MLM loss, epoch reached, lr, real tokens a second) with the
+    elapsed and remaining time; an estimate of the whole after the first line. The records travel with a checkpoint
+    (``state``), so a resumed run's are the uninterrupted run's."""
 
-    def __init__(self, log_every: int, total: int, steps_per_epoch: int, batch_size: int, eval_sentences: int) -> None:
-        self.log_every, self.total, self.steps_per_epoch = log_every, total, steps_per_epoch
-        self.batch_size, self.eval_sentences = batch_size, eval_sentences
+    def __init__(self, total: int, batch_size: int, eval_sentences: int) -> None:
+        self.total, self.batch_size, self.eval_sentences = total, batch_size, eval_sentences
         self.records: list[dict] = []
         self.clock: RunClock | None = None
-        self.window_loss: torch.Tensor | float = 0.0
-        self.window_steps = self.window_tokens = 0
-        self.window_seconds = 0.0  # a resumed window's time before the cut
-        self.window_start: float | None = None
+        self.steps = 0  # since the last line, for the clock
+        self.t_last: float | None = None
 
-    def on_train_start(self, trainer: Loop) -> None:
-        self.clock = RunClock(self.total - trainer.global_step, evals_left=0, eval_sequences=0,
+    def on_train_start(self, state: TrainingState, control: Control) -> None:
+        self.clock = RunClock(self.total - state.global_step, evals_left=0, eval_sequences=0,
                               final_sequences=self.eval_sentences)
-        self.window_loss = torch.full((), float(self.window_loss), device=trainer.device)
-        self.window_start = None
+        self.t_last = None
 
-    def on_epoch_start(self, trainer: Loop) -> None:
-        if self.window_start is None:  # the steps' time: not the held-out scoring before them
-            self.window_start = time.perf_counter() - self.window_seconds
+    def on_epoch_start(self, state: TrainingState, control: Control) -> None:
+        if self.t_last is None:  # the steps' time: not the held-out scoring before them
+            self.t_last = time.perf_counter()
 
-    def on_evaluate(self, trainer: Loop, evaluation: Evaluation) -> None:
-        result, step = evaluation.metrics, trainer.global_step
+    def on_evaluate(self, state: TrainingState, control: Control, evaluation: Evaluation) -> None:
+        result, step = evaluation.metrics, state.global_step
         before = next((r for r in self.records if "eval_loss" in r), None)
         self.records.append({"step": step, "eval_loss": result["loss"], "eval_accuracy": result["accuracy"]})
         if before is None:
@@ -210,38 +249,27 @@ class PretrainLog(Hook):
             log.info("held-out MLM after %d steps: loss %.4f (was %.4f), accuracy %.4f (was %.4f)", step,
                      result["loss"], before["eval_loss"], result["accuracy"], before["eval_accuracy"])
 
-    def on_step_end(self, trainer: Loop, step: Step) -> None:
-        self.window_loss += step.terms["loss"]
-        self.window_steps += 1
-        self.window_tokens += step.batch["tokens"]
-        done = trainer.global_step
-        if done % self.log_every and done != self.total:
-            return
-        elapsed = time.perf_counter() - self.window_start
-        record = {"step": done, "epoch": done / self.steps_per_epoch,
-                  "loss": float(self.window_loss) / self.window_steps, "lr": step.lr,
-                  "tokens_per_s": self.window_tokens / max(elapsed, 1e-9)}
+    def on_step_end(self, state: TrainingState, control: Control, step: Step) -> None:
+        self.steps += 1
+
+    def on_log(self, state: TrainingState, control: Control, values: dict[str, float]) -> None:
+        record = {"step": state.global_step, **values}
         self.records.append(record)
-        # the window's seconds (a resumed window's include the time before the cut); its sentences counted as
-        # full batches: only the estimate of an evaluation not yet timed uses them
-        first_window = self.clock.trained(self.window_steps, self.window_steps * self.batch_size, elapsed)
-        log.info("step %d/%d epoch %.2f mlm_loss %.4f lr %.2e %.0f tok/s | %s", done, self.total, record["epoch"],
-                 record["loss"], step.lr, record["tokens_per_s"], self.clock.line())
+        now = time.perf_counter()
+        # its sentences counted as full batches: only the estimate of an evaluation not yet timed uses them
+        first_window = self.clock.trained(self.steps, self.steps * self.batch_size, now - self.t_last)
+        log.info("step %d/%d epoch %.2f mlm_loss %.4f lr %.2e %.0f tok/s | %s", state.global_step, self.total,
+                 record["epoch"], record["loss"], record["lr"], record["tokens_per_s"], self.clock.line())
         if first_window:
-            log.info("estimate after %d steps: the pretraining takes ~%s in all", self.window_steps,
+            log.info("estimate after %d steps: the pretraining takes ~%s in all", self.steps,
                      duration(self.clock.total()))
-        trainer.log({k: v for k, v in record.items() if k != "step"})
-        self.window_loss.zero_()
-        self.window_steps, self.window_tokens, self.window_start = 0, 0, time.perf_counter()
+        self.steps, self.t_last = 0, now
 
     def state(self) -> dict:
-        return {"records": self.records, "window_loss": float(self.window_loss), "window_steps": self.window_steps,
-                "window_tokens": self.window_tokens, "window_seconds": time.perf_counter() - self.window_start}
+        return {"records": self.records}
 
     def load_state(self, state: dict) -> None:
         self.records = state["records"]
-        self.window_loss, self.window_steps = state["window_loss"], state["window_steps"]
-        self.window_tokens, self.window_seconds = state["window_tokens"], state["window_seconds"]
 
 
 def pretrain(mlm: BertForMaskedLM, tokenizer: BertTokenizer, sentences: Sequence[str], config: PretrainConfig,
@@ -268,8 +296,7 @@ def pretrain(mlm: BertForMaskedLM, tokenizer: BertTokenizer, sentences: Sequence
     if config.max_steps is not None:
         total = min(total, config.max_steps)
     identity = {**(identity or {}), "config": asdict(config), "sentences": len(data)}
-    log_hook = PretrainLog(config.log_every, total, data.steps_per_epoch, config.batch_size,
-                           eval_data.n_sentences if eval_data is not None else 0)
+    log_hook = PretrainLog(total, config.batch_size, eval_data.n_sentences if eval_data is not None else 0)
     checkpoints = Path(run_dir) / "checkpoints" if run_dir is not None else None
     trainer = MaskedLMTrainer(mlm, data, config, total=total, device=device, eval_data=eval_data, identity=identity,
                               hooks=[log_hook, ProgressBar(), CheckpointEvery(checkpoint_every), *hooks],

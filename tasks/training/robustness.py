@@ -45,7 +45,7 @@ from tasks.perturb import perturb, perturbed_data_dir
 from tasks.predictions import read_predictions
 from tasks.runtime import resolve_device
 from tasks.selection import make_dataset
-from tasks.task import BUILTIN, get_task, load_split, task_names
+from tasks.task import BUILTIN, get_task, load_split
 from tasks.training.progress import RunsClock, duration
 
 log = logging.getLogger(__name__)

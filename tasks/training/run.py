@@ -64,7 +64,8 @@ from tasks.selection import load_run_data, stream_file
 from tasks.training import distributed
 from tasks.training.progress import duration
 from tasks.training.rundir import RunDir, check_out_dir
-from tasks.training.callbacks import CheckpointEvery, Evaluation, Hook, LogLines, MetricsFile, Plot, ProgressBar
+from tasks.training.hooks import CheckpointEvery, LogLines, MetricsFile, Plot, ProgressBar
+from tasks.training.loop import Evaluation, Hook
 from tasks.training.tensorboard import ReportToTensorBoard, check_available
 from tasks.task import MULTITASK
 from tasks.training.trainer import Parts, Trainer
@@ -150,7 +151,7 @@ def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
 def run_hooks(cfg: TrainConfig, run_dir: RunDir) -> list[Hook]:
     """The hooks of a run with a run directory, in their order: the log and the progress bar, checkpoints every N
     steps, metrics.jsonl, training.png, and TensorBoard with --report-to tensorboard (rank 0)."""
-    hooks: list[Hook] = [LogLines(cfg.log_every), ProgressBar(), CheckpointEvery(cfg.checkpoint_every),
+    hooks: list[Hook] = [LogLines(), ProgressBar(), CheckpointEvery(cfg.checkpoint_every),
                          MetricsFile(run_dir), Plot(run_dir)]
     if "tensorboard" in cfg.report_to and run_dir.writer:
         hooks.append(ReportToTensorBoard(run_dir.path / "tensorboard"))

@@ -63,7 +63,7 @@ from torch.optim.swa_utils import AveragedModel
 
 from tasks.evaluation.metrics import jsonable
 from tasks.logs import score_text
-from tasks.training.callbacks import Evaluation
+from tasks.training.loop import Evaluation
 from tasks.training.optim import warmup_linear
 
 logger = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ shows each run directory as one run. A resumed run purges the events written aft
 as it drops those records from metrics.jsonl. TensorBoard is an optional dependency: ``check_available``
 says how to install it.
 
-``ReportToTensorBoard`` is the hook (tasks/training/callbacks.py) that writes them; ``TensorBoard`` the writer.
+``ReportToTensorBoard`` is the hook (tasks/training/loop.py) that writes them; ``TensorBoard`` the writer.
 """
 
 from __future__ import annotations
@@ -19,9 +19,8 @@ from __future__ import annotations
 import importlib.util
 import math
 from pathlib import Path
-from typing import Any
 
-from tasks.training.callbacks import Hook
+from tasks.training.loop import Control, Hook, TrainingState
 
 INSTALL = ".venv/bin/pip install tensorboard"
 
@@ -77,16 +76,16 @@ class ReportToTensorBoard(Hook):
         self.directory = directory
         self.writer: TensorBoard | None = None
 
-    def on_train_start(self, trainer: Any) -> None:
+    def on_train_start(self, state: TrainingState, control: Control) -> None:
         if self.writer is None:
-            self.writer = TensorBoard(self.directory, purge_step=trainer.global_step + 1
-                                      if trainer.resumed_from is not None else None)
+            self.writer = TensorBoard(self.directory, purge_step=state.global_step + 1
+                                      if state.resumed_from is not None else None)
 
-    def on_log(self, trainer: Any, values: dict[str, float]) -> None:
+    def on_log(self, state: TrainingState, control: Control, values: dict[str, float]) -> None:
         if self.writer is not None:
-            self.writer.log_line(trainer.global_step, values)
+            self.writer.log_line(state.global_step, values)
 
-    def on_record(self, trainer: Any, record: dict) -> None:
+    def on_record(self, state: TrainingState, control: Control, record: dict) -> None:
         if self.writer is not None:
             self.writer.record(record)
             if record.get("final"):

@@ -1,17 +1,15 @@
-"""The training loop (``Loop``) and the multitask ``Trainer`` that fine-tunes on it; MLM pretraining runs on the same
-loop (tasks/training/pretraining.py).
+"""The multitask ``Trainer``: fine-tuning on the training loop (tasks/training/loop.py, where MLM pretraining runs
+too: tasks/training/pretraining.py).
 
 Usage:
     with trainer_for(TrainConfig(out_dir="runs/try")) as trainer:  # tasks.training.run: checks, builds, run dir
         summary = trainer.fit()                                    # every epoch; checkpoints last / best
     trainer = Trainer(cfg, build_parts(cfg, device), device=device)  # no run directory (benchmarks, tests)
 
-The loop (``Loop.fit``): every epoch's plan of steps (``epoch_plan``: (stream, example indices) pairs), each
-step a batch (``batches``: collated, sharded under torchrun, prefetched on CUDA), one optimizer step
-(``train_step``) and events for the hooks (tasks/training/callbacks.py: on_step_end, on_evaluate, on_epoch_end,
-...). Everything else a run does around its steps is a hook: log lines and their clock, the progress bar,
-checkpoints every N steps, metrics.jsonl, training.png, TensorBoard, SWA's average. A subclass says what it
-trains: the plan, the batch, the loss, the learning rate, what an epoch's end does and what a checkpoint holds.
+The loop trains every epoch's plan of steps and tells its hooks (log lines and their clock, the progress bar,
+checkpoints every N steps, metrics.jsonl, training.png, TensorBoard: tasks/training/hooks.py) what happened; the
+Trainer says what it trains: the plan, the batch, the loss, the learning rate, what an epoch's end does and what a
+checkpoint holds.
 
 The ``Trainer`` (multitask fine-tuning):
 1. ``MultitaskSchedule.epoch_plan(epoch)`` lists (stream, batch) steps
@@ -41,7 +39,7 @@ function of seed and epoch; MLM's collator keeps its generator's state in the
 checkpoint); dropout draws from torch's global RNG, whose state is saved with
 every checkpoint, so ``resume_from`` continues bit for bit on CPU.
 
-Throughput: losses stay tensors on the device; the log's hook reads them back
+Throughput: losses stay tensors on the device; the loop reads them back for a log line
 once per ``log_every`` steps. On CUDA the next batch is collated and pinned in
 a background thread while the current one trains, and copied to the GPU with
 non_blocking=True.
@@ -61,9 +59,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -72,7 +68,6 @@ import torch
 from torch import nn
 
 from tasks.config import TrainConfig
-from tasks.data.datasets import move_batch
 from tasks.data.schedule import LossWeights
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
@@ -81,299 +76,23 @@ from tasks.objectives import Objective
 from tasks.training import distributed
 from tasks.training.stages import Stage, stages_of
 from tasks.checkpoint import (
-    CHECKPOINT_FORMAT,
     ResumePoint,
     load_objectives_state,
-    load_training_state,
     load_weights,
     resolve_checkpoint,
     write_checkpoint,
 )
 from tasks.storage import atomic_directory
-from tasks.training.callbacks import Control, Evaluation, Hook, Step
+from tasks.training.loop import Evaluation, Hook, Loop
 from tasks.training.optim import adamw, build_schedule, lr_scale
-from tasks.training.progress import RunningSums, progress_logging
 from tasks.training.rundir import RunDir
-from tasks.runtime import autocast, pin_and_prefetch, rng_state, seed_everything, set_rng_state
+from tasks.runtime import autocast, busy_cpu_note, precision_note, seed_everything
+from tasks.evaluation.metrics import describe_selection
+from tasks.logs import count
+from tasks.task import get_task
+from tasks.task_file import inferred_note
 
 logger = logging.getLogger(__name__)
-
-
-class Loop(ABC):
-    """One training loop: epochs of planned steps, each a batch and an optimizer step, and events for its hooks.
-
-    A subclass says what it trains: ``epoch_plan``, ``collate``, ``step_loss``, ``lr_at``, ``end_epoch`` (call
-    ``next_epoch`` there), ``write_checkpoint_dir`` and the title of an epoch; it builds ``params``, ``param_names``
-    and ``optimizer``, and sets ``epochs`` (where fit() ends; ``max_steps`` may end it sooner). A checkpoint holds
-    the position (the next step is ``plan[step]`` of ``epoch``; ``global_step`` steps taken), the epoch's loss
-    sums, every rank's RNG state and the hooks' states, so that a resume continues bit for bit.
-    """
-
-    # Collate the next batch in a background thread (``batches``); None = on CUDA only. False where collating draws
-    # random numbers (MLM's masks): they must be drawn in step order.
-    prefetch: bool | None = None
-    saves_each_epoch = False  # whether ``end_epoch`` writes checkpoint ``last`` (then CheckpointEvery need not)
-    stage = "train"  # what the steps do; the Trainer's: "lp", "ft", "swa"
-    epochs = 0  # fit() trains epochs epoch..epochs-1
-
-    def __init__(self, model: nn.Module, *, device: torch.device, hooks: Sequence[Hook] = (), grad_clip: float = 0.0,
-                 seed: int = 0, checkpoints: Path | None = None) -> None:
-        self.model, self.device, self.hooks = model, device, list(hooks)
-        self.grad_clip, self.seed, self.checkpoints = grad_clip, seed, checkpoints
-        self.rank, self.world_size = distributed.rank(), distributed.world_size()
-        self.control = Control()
-        self.params: list[nn.Parameter] = []
-        self.param_names: list[str] = []
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.max_steps: int | None = None
-        # Position: the next step to run is plan[step] of epoch; plan is the epoch's while it trains.
-        self.epoch = 0
-        self.step = 0
-        self.global_step = 0
-        self.plan: Sequence[tuple[str, list[int]]] = []
-        self.epoch_sums = RunningSums()  # steps (under torchrun: this rank's shares of them)
-        self.resumed_from: Path | None = None
-        self._rng_to_restore: dict | None = None
-
-    # -- what a subclass trains --
-    @abstractmethod
-    def epoch_plan(self, epoch: int) -> Sequence[tuple[str, list[int]]]:
-        ...
-
-    @abstractmethod
-    def collate(self, stream: str, indices: list[int]) -> dict:
-        ...
-
-    @abstractmethod
-    def step_loss(self, stream: str, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """(weighted total loss, unweighted named terms) of one batch of ``stream``."""
-        ...
-
-    @abstractmethod
-    def lr_at(self, epoch: int, step: int, steps_per_epoch: int) -> float:
-        ...
-
-    def end_epoch(self, lr: float, train_time: float) -> None:
-        """After an epoch's last step (``lr`` its learning rate): at least ``next_epoch``."""
-        self.next_epoch()
-
-    @abstractmethod
-    def write_checkpoint_dir(self, final: Path, state: dict) -> None:
-        """Write checkpoint directory ``final`` (atomically) with ``state`` as its state.json."""
-        ...
-
-    @property
-    def epoch_title(self) -> str:
-        return f"epoch {self.epoch + 1}/{self.epochs}"
-
-    @property
-    def resumable(self) -> bool:
-        """Whether the position is one a resume continues from (not in SWA's epochs)."""
-        return True
-
-    def after_optimizer_step(self) -> None:
-        """After each optimizer step (objectives' momentum encoders)."""
-
-    # -- events --
-    def emit(self, event: str, *args: Any) -> None:
-        """Call ``event`` (a Hook method's name) of every hook, in order."""
-        for hook in self.hooks:
-            getattr(hook, event)(self, *args)
-
-    def log(self, values: dict[str, float]) -> None:
-        """Hand a log window's values (loss terms, lr, speed) to every hook (``on_log``)."""
-        self.emit("on_log", values)
-
-    def record(self, record: dict) -> None:
-        """A record of the run (an epoch's, SWA's, the final one) to every hook (``on_record``: metrics.jsonl)."""
-        self.emit("on_record", record)
-
-    # -- one step --
-    def train_step(self, stream: str, batch: dict | None, lr: float, share: float = 1) -> dict[str, torch.Tensor]:
-        """One optimizer step on one batch; returns the detached terms plus the weighted total "loss".
-
-        Under torchrun ``batch`` is this rank's shard of the global batch (None
-        when the shard is empty: a partial last batch smaller than the world)
-        and ``share`` its fraction of the global batch. The loss is scaled by
-        share × world before backward, so the gradients averaged over the ranks
-        (``distributed.all_reduce_gradients``) are those of the global batch's
-        mean loss; clipping then acts on the averaged gradients, the same on every rank.
-        """
-        for g in self.optimizer.param_groups:
-            g["lr"] = lr * g["lr_scale"] if "lr_scale" in g else lr
-        detached: dict[str, torch.Tensor] = {}
-        if batch is not None:
-            loss, terms = self.step_loss(stream, batch)
-            scale = share * self.world_size
-            (loss if scale == 1 else loss * scale).backward()
-            detached = {k: v.detach().float() for k, v in terms.items()}
-            detached["loss"] = loss.detach().float()
-        distributed.all_reduce_gradients(self.params)
-        if self.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        self.after_optimizer_step()
-        return detached
-
-    def batches(self, plan: Sequence[tuple[str, list[int]]], start: int = 0
-                ) -> Iterator[tuple[str, dict | None, float]]:
-        """(stream, batch on the device, share) for each step of ``plan[start:]``.
-
-        One process: the whole batch, share 1. Under torchrun: this rank's
-        shard ``indices[rank::world]`` (None when empty) and its fraction of
-        the global batch. Where ``runtime.pin_and_prefetch`` says so (CUDA), the
-        next step's batch is collated and pinned in a background thread while
-        this one trains (unless collating draws random numbers: ``prefetch``), then
-        copied with non_blocking=True; elsewhere in line (``prefetch`` overrides the choice).
-        """
-        pin = pin_and_prefetch(self.device)
-        prefetch = pin if self.prefetch is None else self.prefetch
-
-        def load(k: int) -> tuple[str, dict | None, float]:
-            stream, indices = plan[k]
-            mine = distributed.shard(indices) if self.world_size > 1 else indices
-            if not mine:
-                return stream, None, 0.0
-            batch = self.collate(stream, mine)
-            if pin:
-                batch = {n: v.pin_memory() if isinstance(v, torch.Tensor) else v for n, v in batch.items()}
-            return stream, batch, (len(mine) / len(indices) if self.world_size > 1 else 1)
-
-        def on_device(item: tuple[str, dict | None, float]) -> tuple[str, dict | None, float]:
-            stream, batch, share = item
-            return stream, (move_batch(batch, self.device) if batch is not None else None), share
-
-        if not prefetch:
-            for k in range(start, len(plan)):
-                yield on_device(load(k))
-            return
-        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="collate") as pool:
-            pending = pool.submit(load, start) if start < len(plan) else None
-            for k in range(start, len(plan)):
-                item = pending.result()
-                pending = pool.submit(load, k + 1) if k + 1 < len(plan) else None
-                yield on_device(item)
-
-    # -- the loop --
-    def run_epoch(self) -> float:
-        """Train the steps ``plan[step:]`` of the current epoch, moving the position and telling the hooks after
-        each (``on_step_end``), then doing what they asked (``control``: a checkpoint, a stop; ``max_steps`` stops
-        too); returns the learning rate of the last step."""
-        n = len(self.plan)
-        lr = self.lr_at(self.epoch, self.step, n)
-        for stream, batch, share in self.batches(self.plan, self.step):
-            lr = self.lr_at(self.epoch, self.step, n)
-            terms = self.train_step(stream, batch, lr, share)
-            self.epoch_sums.add(terms, share)
-            step = Step(self.step, stream, batch, share, terms, lr)
-            self.step += 1
-            self.global_step += 1
-            if self.max_steps is not None and self.global_step >= self.max_steps:
-                self.control.should_training_stop = True
-            self.emit("on_step_end", step)
-            if self.control.should_save:
-                self.control.should_save = False
-                self.save_checkpoint("last")
-            if self.control.should_training_stop:
-                break
-        return lr
-
-    def fit(self) -> dict:
-        """Train from the current position to the end (``epochs``, or ``max_steps``, or a hook's stop); returns
-        the summary."""
-        self.control = Control(should_training_stop=self.max_steps is not None and self.global_step >= self.max_steps)
-        self.emit("on_train_start")
-        if self._rng_to_restore is not None:
-            set_rng_state(self._rng_to_restore, self.device)  # last: nothing after it may draw from the global RNGs
-            self._rng_to_restore = None
-        self.begin()
-        with progress_logging():
-            while self.epoch < self.epochs and not self.control.should_training_stop:
-                self.start_epoch()
-                self.plan = self.epoch_plan(self.epoch)
-                t0 = time.perf_counter()
-                self.emit("on_epoch_start")
-                lr = self.run_epoch()
-                if self.step == len(self.plan):
-                    self.end_epoch(lr, time.perf_counter() - t0)
-        self.finish()
-        self.emit("on_train_end")
-        return self.summary()
-
-    def begin(self) -> None:
-        """After on_train_start, before the first step (the RNG states of a resume are back)."""
-
-    def start_epoch(self) -> None:
-        """Before an epoch's plan is drawn (a stage that starts with it)."""
-
-    def finish(self) -> None:
-        """After the last step, before on_train_end."""
-
-    def summary(self) -> dict:
-        return {"epochs": self.epoch, "global_step": self.global_step}
-
-    def next_epoch(self) -> None:
-        """The position moves to the next epoch's first step; its loss sums start from zero."""
-        self.epoch += 1
-        self.step = 0
-        self.epoch_sums = RunningSums()
-
-    # -- checkpoints --
-    def state(self) -> dict:
-        """state.json: the position, the epoch's loss sums, the RNG states and the hooks' states (JSON values).
-
-        Under torchrun every rank must call it (it gathers): the loss sums are
-        those of all ranks, "rng" is rank 0's state and "rng_other_ranks" the others'.
-        """
-        sums = self.epoch_sums.totals()
-        rngs = distributed.gather(rng_state(self.device))
-        hooks = {type(h).__name__: s for h in self.hooks if (s := h.state()) is not None}
-        return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
-                "epoch_sums": {k: [s, c] for k, (s, c) in sums.items()}, **({"hooks": hooks} if hooks else {}),
-                "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
-
-    def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
-        """Write checkpoint ``name`` atomically under ``checkpoints`` (``write_checkpoint_dir``), ``extra_state``
-        merged into state.json, then tell the hooks (``on_save``). Under torchrun every rank calls it."""
-        if self.checkpoints is None:
-            raise RuntimeError("this trainer has no run directory (built without tasks.training.run.build_trainer): "
-                               "nothing to save to")
-        final = self.checkpoints / name
-        self.write_checkpoint_dir(final, {**self.state(), **(extra_state or {})})
-        self.emit("on_save", final)
-        return final
-
-    def load_checkpoint(self, ckpt: Path, state: dict) -> None:
-        """A checked checkpoint (``state``: its state.json) into this loop: weights, optimizer, position, loss sums,
-        hooks' states; its RNG states are put back when fit() starts."""
-        load_training_state(ckpt, model=self.model, optimizer=self.optimizer, param_names=self.param_names,
-                            device=self.device)
-        self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
-        # The saved sums are over all ranks: rank 0 carries them on, the others start from zero.
-        saved_sums = state["epoch_sums"] if self.rank == 0 else {}
-        self.epoch_sums = RunningSums({k: torch.tensor(v, dtype=torch.float32, device=self.device)
-                                       for k, (v, _) in saved_sums.items()},
-                                      {k: c for k, (_, c) in saved_sums.items()})
-        saved_hooks = state.get("hooks", {})
-        for hook in self.hooks:
-            if type(hook).__name__ in saved_hooks:
-                hook.load_state(saved_hooks[type(hook).__name__])
-        self._rng_to_restore = self._rank_rng(state)
-        self.resumed_from = ckpt
-
-    def _rank_rng(self, state: dict) -> dict:
-        """The RNG state this rank resumes from: its own when the checkpoint has one, else a fresh seeded one."""
-        others = state.get("rng_other_ranks", [])
-        if self.rank == 0:
-            return state["rng"]
-        if len(others) == self.world_size - 1:
-            return others[self.rank - 1]
-        logger.warning("rank %d: the checkpoint holds the RNG states of %d process(es), this run has %d: this rank "
-                       "draws fresh dropout masks, so the run will not repeat the interrupted one bit for bit",
-                       self.rank, len(others) + 1, self.world_size)
-        seed_everything(distributed.rank_seed(self.seed, self.rank, state["global_step"]))
-        return rng_state(self.device)
 
 
 class Trainer(Loop):
@@ -414,7 +133,7 @@ class Trainer(Loop):
                            {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
         # The stage of the position to start from decides which parameters the optimizer sees (one that starts from
         # the best checkpoint, SWA's, is entered when its first epoch starts: the run stands in the stage before).
-        self.current = self.stage_at(min(resume.state["epoch"] if resume is not None else 0, self.total_epochs - 1))
+        self.current = self.stage_at(min(resume.state["epoch"] if resume is not None else 0, self.training_epochs - 1))
         self.current.set_trainable(self.model)
         self.rebuild_optimizer()
         self.schedule = build_schedule(cfg, self.train_sets)
@@ -424,8 +143,7 @@ class Trainer(Loop):
         self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
                                    probe_train={t: (d.texts, d.labels.tolist()) for t, d in probes.items()})
         self.weights = LossWeights(cfg.stream_weights())
-        self.best: dict | None = None
-        self.history: list[dict] = []  # the training epochs' records
+        self.log_every = cfg.log_every
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         if resume is not None:
             self.load_checkpoint(resume.checkpoint, resume.state)
@@ -447,7 +165,7 @@ class Trainer(Loop):
             lr_scale_of=lambda n: lr_scale(n, layers, self.cfg.layer_lr_decay, self.cfg.head_lr_scale))
 
     @property
-    def total_epochs(self) -> int:
+    def training_epochs(self) -> int:
         """The epochs that train and are scored: the stages that evaluate (LP-FT's, fine-tuning); SWA's come after."""
         return sum(st.epochs for st in self.stages if st.evaluates)
 
@@ -466,7 +184,7 @@ class Trainer(Loop):
 
     @property
     def epoch_title(self) -> str:
-        return self.stage_at(self.epoch).title(self.epoch, self.total_epochs)
+        return self.stage_at(self.epoch).title(self.epoch, self.training_epochs)
 
     @property
     def resumable(self) -> bool:
@@ -513,11 +231,62 @@ class Trainer(Loop):
     # -- stages and epochs --
     def begin(self) -> None:
         self.current.train_mode(self.model)
-        if self.epoch >= self.total_epochs:
+        if self.epoch < self.training_epochs:
+            self.outlook = self.log_plan()
+        if self.epoch >= self.training_epochs:
             logger.info("nothing to train; what follows training runs again: %sthe best checkpoint's dev and test "
                         "predictions", "SWA from the best epoch, then " if self.stages[-1].from_best else "")
         elif self.current.begins:
             logger.info(self.current.begins.format(epoch=self.epoch + 1, tensors=len(self.params)))
+
+    def log_plan(self) -> dict:
+        """Log what the run will do (device, precision and why, threads, the plan of steps and evaluations, what a
+        user's task file made of a task, how the best epoch is chosen); return its outlook for a clock
+        (``TrainingState.outlook``)."""
+        cfg = self.cfg
+        epochs = range(self.epoch, self.training_epochs)
+        plans = {e: self.schedule.epoch_plan(e) for e in epochs}
+        steps = sum(len(p) for p in plans.values()) - self.step
+        per_task: dict[str, int] = {}
+        for stream, idx in plans[self.epoch]:
+            per_task[stream] = per_task.get(stream, 0) + len(idx)
+
+        def scored(task: str, n: int) -> int:  # a pair scored in both orders is two sequences' work
+            return n * (2 if cfg.symmetric_eval and get_task(task).kind.pair else 1)
+
+        dev = {t: len(d) for t, d in self.dev_sets.items()}
+        final = {(t, split): len(rows) for split, by_task in (self.final_examples or {}).items()
+                 for t, rows in by_task.items() if rows is not None}
+        if self.rank == 0:
+            logger.info("%s, %s, %s | plan: %s x %s steps (%d to go): %s examples an epoch; dev scores "
+                        "after each epoch on %s; then the best epoch predicts the whole dev and test sets%s",
+                        self.device, precision_note(cfg.bf16, self.device, self.amp_dtype),
+                        count(torch.get_num_threads(), "thread"), count(len(plans), "epoch"),
+                        "/".join(str(len(p)) for p in plans.values()), steps,
+                        ", ".join(f"{t} {n}" for t, n in per_task.items()),
+                        ", ".join(f"{t} {n}" for t, n in dev.items()),
+                        " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).kind.pair for t in dev)
+                        else "")
+            if busy := busy_cpu_note(torch.get_num_threads(), self.device):
+                logger.warning(busy)
+            for task in cfg.tasks:  # what a user's task file made of the task
+                entry = get_task(task)
+                if entry.origin.get("file"):
+                    note = inferred_note(entry)
+                    logger.info("task %s%s", entry.describe(), f"; {note}" if note else "")
+            logger.info("the best epoch is the one of the highest dev overall: %s%s", describe_selection(
+                cfg.tasks, cfg.best_metric), "" if cfg.best_metric else " (--best-metric chooses another)")
+        costs = [self.train_sets[stream].padded_tokens(idx) for e, p in plans.items()
+                 for stream, idx in (p[self.step:] if e == self.epoch else p)]
+        return {"costs": costs, "evaluations": len(plans), "dev_sequences": sum(scored(t, n) for t, n in dev.items()),
+                "final_sequences": sum(scored(t, n) for (t, _), n in final.items())}
+
+    def evaluate_now(self) -> None:
+        """Dev scores between epochs, because a hook asked (``Control.should_evaluate``): told to the hooks (an
+        ``Evaluation`` of scope "step"); the best epoch is still chosen among the epochs' own scores."""
+        t0 = time.perf_counter()
+        metrics = self.evaluate_dev()
+        self.emit("on_evaluate", Evaluation("step", metrics, time.perf_counter() - t0))
 
     def start_epoch(self) -> None:
         stage = self.stage_at(self.epoch)
@@ -566,7 +335,7 @@ class Trainer(Loop):
                          "stage": stage.name, "dev": jsonable(metrics)}
         self.next_epoch()
         following = self.stage_at(self.epoch)
-        if self.epoch < self.total_epochs and following is not stage and not following.from_best:
+        if self.epoch < self.training_epochs and following is not stage and not following.from_best:
             self._enter(following)  # before the checkpoint: it saves the new stage's optimizer
         self.save_checkpoint("last")
         if improved and self.rank == 0:
@@ -619,9 +388,9 @@ class Trainer(Loop):
         load_objectives_state(self.objectives, self.model, ckpt, self.device, self.rank)
         self.best, self.history, self.elapsed = state["best"], state["history"], state["elapsed_s"]
         self.evaluator.priors.checkpoint = ckpt  # its probes, not new fits
-        if self.epoch >= self.total_epochs:
+        if self.epoch >= self.training_epochs:
             logger.info("resumed from %s: the run is finished (%d of %d epochs trained, global step %d)", ckpt,
-                        self.epoch, self.total_epochs, self.global_step)
+                        self.epoch, self.training_epochs, self.global_step)
         else:
             logger.info("resumed from %s at epoch %d step %d (global step %d)", ckpt, self.epoch + 1, self.step,
                         self.global_step)

@@ -13,8 +13,7 @@ from experiments import leaderboard
 from experiments.sweep import Sweep
 from tasks import arguments
 from tasks import train as cli
-from tasks.training.callbacks import Hook
-from tasks.training.trainer import Trainer
+from tasks.training.loop import Hook
 from tasks.training.run import trainer_for
 
 
@@ -23,7 +22,7 @@ class _Cut(Exception):
 
 
 class _StopAfterEpoch1(Hook):
-    def on_epoch_end(self, trainer: Trainer, record: dict) -> None:
+    def on_epoch_end(self, state, control, record: dict) -> None:
         raise _Cut  # after checkpoints/last of epoch 1 of 2
 
 

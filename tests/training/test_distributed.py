@@ -25,8 +25,6 @@ from tasks.model import ModelConfig
 from tasks import runtime
 from tasks.training import distributed
 from tasks.training.run import run, trainer_for
-from tasks.training.callbacks import Hook
-from tasks.training.trainer import Trainer
 from tests.helpers import ROOT, Interrupt, StopAt, tiny_train_config
 
 pytestmark = [pytest.mark.usefixtures("one_thread"),
@@ -74,11 +72,6 @@ def _watch_writes(root: Path) -> list[str]:
     return seen
 
 
-class _Keep(Hook):
-    def on_train_start(self, trainer: Trainer) -> None:
-        self.trainer = trainer
-
-
 def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None:
     """One rank: set torchrun's variables, run ``job``, save what the test compares under ``root``/results."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
@@ -117,10 +110,12 @@ def _worker(rank: int, world: int, port: int, job: str, env, root: Path) -> None
             writes = _watch_writes(root / "obj") if rank > 0 else []
             cfg = tiny_train_config(env, root / "obj", epochs=1, swa={"epochs": 1, "lr": 1e-4}, limit=24,
                                     objectives={"rift": {"proj_hidden": 16, "proj_dim": 8}, "smart": {}})
-            keep = _Keep()
-            summary = run(cfg, hooks=[keep])
+            from tasks.training import run as run_module
+            built, build = [], run_module.build_trainer
+            run_module.build_trainer = lambda *a, **k: built.append(build(*a, **k)) or built[-1]  # keep the trainer
+            summary = run(cfg)
             (results / f"rank{rank}.json").write_text(json.dumps({"summary": summary, "writes": writes}))
-            trainer = keep.trainer  # its model: what run() predicts with (after SWA)
+            trainer = built[0]  # its model: what run() predicts with (after SWA)
         else:
             raise ValueError(job)
         save_file({k: v.contiguous() for k, v in trainer.model.state_dict().items()},

@@ -28,7 +28,7 @@ from tasks.training import rundir as rundir_mod
 from tasks.training import trainer as trainer_mod
 from tasks.storage import read_json
 from tasks.training.run import run, trainer_for
-from tasks.training.callbacks import Hook
+from tasks.training.loop import Hook
 from tests.helpers import tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,11 +73,11 @@ def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path
     monkeypatch.setattr(logging.getLogger("tasks"), "level", logging.NOTSET)
     run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
     text = (tmp_path / "run" / "train.log").read_text()
-    assert " I tasks.training.callbacks: epoch 1 done" in text and "I tasks.training.run: done: wall time" in text
+    assert " I tasks.training.hooks: epoch 1 done" in text and "I tasks.training.run: done: wall time" in text
     assert root.handlers == [] and logging.getLogger("tasks").level == logging.NOTSET
 
     class Broken(Hook):
-        def on_epoch_end(self, trainer, record):
+        def on_epoch_end(self, state, control, record):
             raise RuntimeError("a hook's bug")
 
     with pytest.raises(RuntimeError):
@@ -345,7 +345,7 @@ def test_a_test_file_with_a_skipped_row_is_read_first_and_makes_the_submission_l
 
 
 class _KilledAtStart(Hook):
-    def on_train_start(self, trainer) -> None:
+    def on_train_start(self, state, control) -> None:
         raise Killed
 
 

@@ -21,8 +21,7 @@ import pytest
 from tasks.config import TrainConfig
 from tasks.training.run import run, trainer_for
 from tasks.training.rundir import RunDir, check_out_dir
-from tasks.training.callbacks import Hook, Step
-from tasks.training.trainer import Trainer
+from tasks.training.loop import Hook
 from tests.helpers import dead_pid, snapshot, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -82,8 +81,11 @@ class _Boom(Exception):
 
 
 class _FailFirstStep(Hook):
-    def on_step_end(self, trainer: Trainer, step: Step) -> None:
-        aside = list(trainer.run_dir.path.glob(".replaced-*"))
+    def __init__(self, out: Path) -> None:
+        self.out = out
+
+    def on_step_end(self, state, control, step) -> None:
+        aside = list(self.out.glob(".replaced-*"))
         assert len(aside) == 1 and (aside[0] / "checkpoints" / "best").is_dir(), "the old run is kept aside"
         raise _Boom
 
@@ -110,7 +112,7 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_env
                                  "public source)")
     log = (out / "train.log").read_text()
     with pytest.raises(_Boom):
-        run(tiny_train_config(tiny_env, out, epochs=1, lr=2e-3), overwrite=True, hooks=[_FailFirstStep()])
+        run(tiny_train_config(tiny_env, out, epochs=1, lr=2e-3), overwrite=True, hooks=[_FailFirstStep(out)])
     assert unchanged_but_the_log("failed: _Boom:")
     run(tiny_train_config(tiny_env, out, epochs=1, lr=2e-3), overwrite=True)
     after = snapshot(out)

@@ -19,7 +19,7 @@ from tasks.objectives.knn_bert import KNNBert
 from tasks.predictions import Predictions, write_logits
 from tasks.storage import load_tensors
 from tasks.training import stages
-from tasks.training.callbacks import Hook
+from tasks.training.loop import Hook
 from tasks.training.run import run, trainer_for
 from tests.helpers import OBJECTIVE_SETTINGS, tiny_train_config
 
@@ -52,30 +52,30 @@ class _WatchFrozen(Hook):
         self.after_lp: dict[str, torch.Tensor] = {}
         self.steps = 0
 
-    def _watched(self, trainer) -> dict[str, nn.Module]:
-        watched = {"encoder": trainer.model.encoder}
-        for o in trainer.objectives:
+    def _watched(self) -> dict[str, nn.Module]:
+        watched = {"encoder": self.trainer.model.encoder}
+        for o in self.trainer.objectives:
             if isinstance(o, KNNBert):
                 watched["key_model.encoder"] = o.key_model.encoder
         return watched
 
-    def on_train_start(self, trainer):
-        self.start = {k: v.clone() for k, v in trainer.model.encoder.state_dict().items()}
-        for prefix, root in self._watched(trainer).items():
+    def on_train_start(self, state, control):
+        self.start = {k: v.clone() for k, v in self.trainer.model.encoder.state_dict().items()}
+        for prefix, root in self._watched().items():
             for name, m in root.named_modules():
                 def record(module, args, name=f"{prefix}.{name}"):
-                    if trainer.stage == "lp" and module.training:
+                    if self.trainer.stage == "lp" and module.training:
                         self.train_mode_forwards.add(name)
                 m.register_forward_pre_hook(record)
 
-    def on_step_end(self, trainer, step):
-        assert trainer.stage == "lp"
+    def on_step_end(self, state, control, step):
+        assert state.stage == "lp"
         self.steps += 1
-        for prefix, root in self._watched(trainer).items():
+        for prefix, root in self._watched().items():
             self.train_mode_after_step |= {f"{prefix}.{n}" for n, m in root.named_modules() if m.training}
 
-    def on_epoch_end(self, trainer, record):
-        self.after_lp = {k: v.clone() for k, v in trainer.model.encoder.state_dict().items()}
+    def on_epoch_end(self, state, control, record):
+        self.after_lp = {k: v.clone() for k, v in self.trainer.model.encoder.state_dict().items()}
         raise _Stop
 
 
@@ -92,7 +92,7 @@ def test_lp_stage_keeps_the_frozen_encoder_in_eval_mode_with_every_objective(tin
     cfg = tiny_train_config(tiny_env, tmp_path / "run", limit=16, epochs=1, lpft={"epochs": 1}, model=model,
                             objectives={name: settings})
     watch = _WatchFrozen()
-    trainer = trainer_for(cfg, hooks=[watch])
+    trainer = watch.trainer = trainer_for(cfg, hooks=[watch])
     assert trainer.model.encoder.config.hidden_dropout_prob > 0  # dropout exists: the mode matters
     with pytest.raises(_Stop):
         trainer.fit()
@@ -130,16 +130,18 @@ class _Watch(Hook):
         self.lp_encoder_training: set[bool] = set()
         self.after_lp = None
 
-    def on_train_start(self, trainer):
+    def on_train_start(self, state, control):
+        trainer = self.trainer
         self.start_encoder, self.start_heads = _encoder_state(trainer.model), _head_state(trainer.model)
         self.lp_param_names = list(trainer.param_names)
 
-    def on_step_end(self, trainer, step):
-        if trainer.stage == "lp":
-            self.lp_encoder_training.add(trainer.model.encoder.training)
-            assert all(p.grad is None for p in trainer.model.encoder.parameters())
+    def on_step_end(self, state, control, step):
+        if state.stage == "lp":
+            self.lp_encoder_training.add(self.trainer.model.encoder.training)
+            assert all(p.grad is None for p in self.trainer.model.encoder.parameters())
 
-    def on_epoch_end(self, trainer, record):
+    def on_epoch_end(self, state, control, record):
+        trainer = self.trainer
         if record["stage"] == "lp":
             self.after_lp = {"encoder": _encoder_state(trainer.model), "heads": _head_state(trainer.model),
                              "optimizer_state": len(trainer.optimizer.state), "names": list(trainer.param_names)}
@@ -150,7 +152,7 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
     while the heads change; stage 2 starts a fresh optimizer over everything and changes the encoder; records carry
     the stage; a run interrupted at the stage boundary and resumed ends bit-identical."""
     watch = _Watch()
-    full = trainer_for(_cfg(tiny_env, tmp_path / "full", lpft={"epochs": 1}, epochs=1), hooks=[watch])
+    full = watch.trainer = trainer_for(_cfg(tiny_env, tmp_path / "full", lpft={"epochs": 1}, epochs=1), hooks=[watch])
     full.fit()
     assert watch.lp_param_names and not any(n.startswith("model.encoder.") for n in watch.lp_param_names)
     assert watch.lp_encoder_training == {False}
@@ -168,7 +170,7 @@ def test_lp_ft_freezes_the_encoder_then_fine_tunes_all_and_resumes_exactly(tiny_
         pass
 
     class StopAfterLP(Hook):
-        def on_epoch_end(self, trainer, record):
+        def on_epoch_end(self, state, control, record):
             raise Stop
 
     cut = _cfg(tiny_env, tmp_path / "cut", lpft={"epochs": 1}, epochs=1)
@@ -186,7 +188,7 @@ def test_lp_ft_learning_rate_restarts_per_stage(tiny_env, tmp_path):
     """Each stage runs the schedule over its own epochs: stage 1 peaks at lp_lr, stage 2 at lr."""
     t = trainer_for(_cfg(tiny_env, tmp_path / "r", lpft={"epochs": 2, "lr": 1e-2}, epochs=2, lr=1e-3,
                      lr_schedule="epoch_decay", lr_decay=1e-4))
-    assert t.stage == "lp" and t.total_epochs == 4
+    assert t.stage == "lp" and t.training_epochs == 4
     assert [t.lr_at(e, 0, 5) for e in range(4)] == pytest.approx([1e-2, 1e-2 - 1e-4, 1e-3, 1e-3 - 1e-4])
 
 
