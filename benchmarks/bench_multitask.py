@@ -108,7 +108,7 @@ from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser
 from tasks.options import add_options, option
 from tasks.storage import write_text
-from tasks.config import PhrasesConfig, TrainConfig
+from tasks.train_config import PhrasesConfig, TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
 from tasks.model import MultitaskBert, head_of

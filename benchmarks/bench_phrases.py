@@ -30,7 +30,7 @@ import torch
 from benchmarks.bench_multitask import machine_info, make_base_trainer, report
 from tasks.cli import Parser
 from tasks.options import add_options, option
-from tasks.config import PhrasesConfig, TrainConfig
+from tasks.train_config import PhrasesConfig, TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.model import PHRASES
 from tasks.options import replace_at

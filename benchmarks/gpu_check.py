@@ -680,7 +680,7 @@ def kill_mid_epoch(cmd: list[str], run: Path, log: Path, timeout: float) -> str 
 
 def step_step(args: argparse.Namespace, progress: Progress) -> tuple[dict, str]:
     from benchmarks.bench_multitask import benchmark
-    from tasks.config import PhrasesConfig, TrainConfig
+    from tasks.train_config import PhrasesConfig, TrainConfig
 
     steps, warmup, rounds = (2, 1, 1) if args.tiny else (16, 3, 2)
     square = 512 if args.tiny else 8192 if args.train_device == "cuda" else 2048

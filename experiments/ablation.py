@@ -75,7 +75,7 @@ from tasks.cli import Parser
 from tasks.options import add_options, option
 from tasks.storage import write_text
 from tasks.task import load_split
-from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
+from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.metrics import task_metric, overall_score
 
 BASELINE = ["--arch", "baseline", "--pair-encoding", "siamese", "--pooling", "mean", "--head-dropout", "0.3",

@@ -4,7 +4,7 @@ Each ``--pool NAME RUN...`` is a set of finished runs of one recipe (run
 directories with ``predictions/``); each ``--mix NAME=K,NAME=K`` is a
 composition. A draw picks K runs of each named pool at random, without
 replacement, and scores their simple-mean ensemble on dev as
-``python -m tasks.ensemble`` would (tasks.evaluation.ensemble.average; a run
+``python -m tasks.ensemble`` would (tasks.evaluation.ensembling.average; a run
 trained on some tasks only joins those tasks). The table gives each mix's
 mean ± std over the draws and how often it reaches ``--target``: the spread
 an ensemble of that composition has from its members' seeds alone. The
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from tasks.cli import Parser, user_errors
 from tasks.predictions import load_task_logits, task_members, trained_tasks
-from tasks.evaluation.ensemble import average, dev_labels
+from tasks.evaluation.ensembling import average, dev_labels
 from tasks.evaluation.metrics import overall_score, score, task_metric
 from tasks.options import add_options, option
 from tasks.task import MULTITASK

@@ -72,8 +72,8 @@ from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
 from tasks import arguments
 from tasks.cli import Parser, describe
-from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
-from tasks.evaluation.ensemble import METHODS
+from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble
+from tasks.evaluation.ensembling import METHODS
 from tasks.evaluation.metrics import overall_score, task_metric
 from tasks.options import add_options, option
 from tasks.storage import write_text

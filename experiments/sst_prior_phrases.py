@@ -39,7 +39,7 @@ from experiments.sweep import markdown_table
 from tasks.checkpoint import prior_file
 from tasks.cli import Parser
 from tasks.options import add_options, option
-from tasks.config import PhrasesConfig, TrainConfig
+from tasks.train_config import PhrasesConfig, TrainConfig
 from tasks.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
 from tasks.task import get_task

@@ -288,7 +288,7 @@ def changed_settings(run_dir: Path, argv: Sequence[str]) -> list[str] | None:
     saved_path = run_dir / "config.json"
     if not saved_path.is_file():
         return None
-    from tasks.config import TrainConfig  # from_dict fills the fields a config written before them lacks
+    from tasks.train_config import TrainConfig  # from_dict fills the fields a config written before them lacks
     from tasks.arguments import config_for  # flags mean what they mean to train_multitask.py
 
     try:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from minbert.pretrained import load_pretrained
 from tasks import arguments
 from tasks.cli import Parser, describe, user_errors
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.options import add_options, option
 from tasks.selection import load_run_data
 from tasks.training.optim import build_schedule

@@ -3,7 +3,7 @@ configuration a command line gives.
 
 Flags come from fields, through tasks.options (the one mechanism): the command's own (``Command``: what
 to do with the configuration), TrainConfig's and its nested configs' (ModelConfig, the priors', the SST
-phrases', LP-FT's and SWA's: tasks/config.py, tasks/model.py; dests dotted, "swa.epochs"), and every
+phrases', LP-FT's and SWA's: tasks/train_config.py, tasks/model.py; dests dotted, "swa.epochs"), and every
 registered objective's Config as ``--<objective>-<field>`` (tasks/objectives/); their help texts,
 choices and defaults are written there, once. Parsing keeps only the flags given (their defaults are
 SUPPRESSed), so that ``--preset`` (``apply_preset``) and ``--config`` can fill the rest first and the
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.cli import Parser
-from tasks.config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
+from tasks.train_config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
 from tasks.model import ModelConfig
 from tasks.objectives import load_plugin, registered_objectives
 from tasks.options import add_options, flag_of_path, option, value_at
@@ -201,7 +201,7 @@ def check_command(c: Command, explicit: dict[str, Any], world: int = 1) -> None:
         raise ValueError(f"{'--eval-only' if c.eval_only else '--resume'} uses the checkpoint's own configuration; "
                          "--preset, --objective and --no-objective cannot change it")
     if c.eval_only:
-        check_eval_changes(explicit, name=flag_of)  # the rule of tasks.config, in the command line's words
+        check_eval_changes(explicit, name=flag_of)  # the rule of tasks.train_config, in the command line's words
 
 
 def saved_config(path: str) -> TrainConfig:

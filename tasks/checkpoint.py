@@ -57,7 +57,7 @@ from minbert.bert import BertModel
 from minbert.config import BertConfig
 from minbert.pretrained import check_weights, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.task import task_names
 from tasks.model import MultitaskBert
 from tasks.objectives import Objective, build_objectives
@@ -486,7 +486,7 @@ def load_model(ckpt: Path, device: torch.device | str = "cpu", cfg: TrainConfig 
     """Rebuild (model, objectives, tokenizer, config) from checkpoint directory ``ckpt`` (resolved) alone.
 
     ``cfg``, when the caller has read it (``load_config``), is used as it is: the objectives are built from its
-    options (an evaluation config may change their inference options, tasks.config.eval_config)."""
+    options (an evaluation config may change their inference options, tasks.train_config.eval_config)."""
     cfg = cfg if cfg is not None else load_config(ckpt)
     enc_dir = ckpt / "encoder"
     encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))

@@ -1,6 +1,6 @@
 """The ensemble command: combine the saved predictions of several runs (minBERT paper §4.6).
 
-A thin command over tasks.evaluation.ensemble (``check_ensemble``, then
+A thin command over tasks.evaluation.ensembling (``check_ensemble``, then
 ``make_ensemble``: reading the logits, the three methods, the outputs written so
 that a failure leaves --out-dir as it was, the submission zip): it parses the
 flags (``EnsembleConfig``'s fields) and prints the tables.
@@ -10,7 +10,7 @@ Each run is a predictions directory holding the raw outputs that
 dev and test splits (SST: id,logit_0..logit_4; paraphrase: id,logit; STS:
 id,score). A run directory that holds them under ``predictions/`` works too.
 
-Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math is in tasks.evaluation.ensemble):
+Methods (../shared/papers/minbert-downstream-generalization.txt, §4.6; the math is in tasks.evaluation.ensembling):
   simple      the average prediction of all models: SST averages the softmax
               probabilities, paraphrase the sigmoid probabilities, STS the scores.
   selective   per task, the subset of models whose simple average scores best
@@ -58,7 +58,7 @@ from pathlib import Path
 
 from tasks.cli import Parser, describe, user_errors, verbose
 from tasks.logs import log_to, open_log
-from tasks.evaluation.ensemble import (
+from tasks.evaluation.ensembling import (
     SUBMISSION_ZIP,
     EnsembleConfig,
     TaskResult,

@@ -1,7 +1,7 @@
 """The pretrain command: additional masked-LM pretraining of the encoder on the task sentences.
 
 A thin command over tasks.training.pretraining, which runs the masking
-collator and the MLM loss (tasks/training/mlm.py) on the training loop and
+collator and the MLM loss (tasks/training/masking.py) on the training loop and
 writes the checkpoint: this module parses the flags and picks the sentences.
 
 Sun et al. (2020), "How to fine-tune BERT for text classification?", further
@@ -60,7 +60,7 @@ from tasks.data.readers import DataFileMissing
 from tasks.task import MULTITASK, get_task, load_split, task_names
 from tasks.options import add_options, option, options_of
 from tasks.outdir import LOCK_FILE, take_lock
-from tasks.training.mlm import make_eval_batches
+from tasks.training.masking import make_eval_batches
 from tasks.training.pretraining import PretrainConfig, check_replaceable, pretrain, save_mlm_checkpoint
 from tasks.training.progress import duration
 

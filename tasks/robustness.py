@@ -20,7 +20,7 @@ their perturbed data).
 
 A command only: the flags after ``--`` are read by the train command's parser
 (tasks.arguments) into one checked config before anything is written; the
-experiment loop and the attack are tasks.training.robustness, each training
+experiment loop and the attack are tasks.training.attacks, each training
 run tasks.training.run with that config.
 """
 
@@ -38,13 +38,13 @@ from pathlib import Path
 from tasks import arguments
 from tasks.checkpoint import verify_checkpoint
 from tasks.cli import Parser, describe, user_errors
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.logs import log_to, open_log
 from tasks.options import add_options, option, options_of
 from tasks.runtime import configure_malloc
 from tasks.storage import write_text
 from tasks.task import task_names
-from tasks.training.robustness import CLASSIFICATION, AttackConfig, attack, perturbation_experiment
+from tasks.training.attacks import CLASSIFICATION, AttackConfig, attack, perturbation_experiment
 from tasks.training.run import dev_scores, run
 
 log = logging.getLogger(__name__)

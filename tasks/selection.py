@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
 from tasks.data.readers import DataFileMissing, Example, load_nli, log_report
 from tasks.model import NLI, PHRASES

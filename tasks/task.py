@@ -120,7 +120,7 @@ class Kind(abc.ABC):
     def average(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The simple ensemble of models' logits ``x`` (M, N[, C]), float64: (its logits, its predictions)."""
 
-    # the regression ensembler (tasks.evaluation.ensemble.fit_regression): logits Σ_m w_m x_m (+ b), fit by
+    # the regression ensembler (tasks.evaluation.ensembling.fit_regression): logits Σ_m w_m x_m (+ b), fit by
     # ``fit_loss`` (a classification; a regression: least squares in closed form)
     fit_bias: bool = False
     fit_objective: str = "least squares"
@@ -588,7 +588,7 @@ class Task:
             what = f"a score in [{self.score_range[0]:g}, {self.score_range[1]:g}]"
         return f"{self.name}: {self.kind.name}, {what}; metrics {', '.join(self.metrics)} ({self.metrics[0]} the main)"
 
-    # -- a user's task as plain JSON (a run's config.json keeps it: tasks/config.py) --
+    # -- a user's task as plain JSON (a run's config.json keeps it: tasks/train_config.py) --
     def to_dict(self) -> dict[str, Any]:
         """What a user's task is, as plain JSON: everything a model of it needs to predict, its files and where
         it was declared (``from_dict`` reads it back)."""

@@ -30,7 +30,7 @@ from tasks.arguments import Command, applied, build_parser, check_command, confi
 from tasks.checkpoint import resume_point, verify_checkpoint
 from tasks.cli import Parser, describe, user_errors, verbose
 from tasks.objectives import load_plugin
-from tasks.config import TrainConfig, eval_overrides, refuse_idle_settings, with_task_files
+from tasks.train_config import TrainConfig, eval_overrides, refuse_idle_settings, with_task_files
 from tasks.evaluation.evaluator import EvalPlan, default_out_dir, predict_checkpoint, prepare_eval
 from tasks.logs import log_to
 from tasks.runtime import configure_malloc, torchrun_env

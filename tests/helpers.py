@@ -23,11 +23,11 @@ from safetensors.torch import save_file
 
 from minbert.bert import BertModel
 from minbert.config import BertConfig
-from tasks.config import NESTED, PhrasesConfig, PriorsConfig, TrainConfig
+from tasks.train_config import NESTED, PhrasesConfig, PriorsConfig, TrainConfig
 from tasks.config_versions import NESTED_SETTINGS, SOFTWARE_KEYS
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
-from tasks.evaluation.ensemble import predict
+from tasks.evaluation.ensembling import predict
 from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import registered_objectives

@@ -14,7 +14,7 @@ import pytest
 
 from tasks import arguments
 from tasks import train as cli
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.config_versions import fields_of
 from tasks.task import unregister_task
 from tasks.objectives import registered_objectives

@@ -22,7 +22,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file
 
 from minbert.pretrained import load_pretrained
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.checkpoint import check_encoder, load_model, resolve_checkpoint
 from tasks.evaluation.evaluator import evaluate_checkpoint
 from tasks.model import ModelConfig, MultitaskBert

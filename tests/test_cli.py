@@ -101,7 +101,7 @@ def test_every_training_flag_shows_its_config_default():
     Config, as a default-built config holds it."""
     import dataclasses
 
-    from tasks.config import TrainConfig
+    from tasks.train_config import TrainConfig
     from tasks.objectives import registered_objectives
 
     cfg = TrainConfig()

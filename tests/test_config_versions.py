@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tasks import train as cli
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
                                    fields_of, objective_options)
 from tasks.objectives import registered_objectives

@@ -1,6 +1,6 @@
 """Tests of tasks/ensemble.py, python -m tasks.ensemble: leaderboard files, ensemble logits and the submission zip
 from saved runs, specialists, refusals that change nothing, one-line errors. The methods themselves:
-tests/evaluation/test_ensemble.py."""
+tests/evaluation/test_ensembling.py."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import torch
 
 from tasks.ensemble import build_parser, main
 from tasks.predictions import load_task_logits
-from tasks.evaluation.ensemble import average, dev_labels, select_subset
+from tasks.evaluation.ensembling import average, dev_labels, select_subset
 from tasks.predictions import read_logits, read_predictions, write_logits
 from tests.helpers import make_runs, model_logits, write_run_logits
 
@@ -174,7 +174,7 @@ def test_abbreviations_are_refused(capsys):
 def test_a_write_failing_midway_leaves_the_out_dir_as_it_was(tmp_path, monkeypatch, capsys):
     """Outputs are staged and moved into place only when all are written: a failure on the third file (a full
     disk, say) leaves an earlier ensemble's files with their bytes and no staging folder behind."""
-    import tasks.evaluation.ensemble as ens
+    import tasks.evaluation.ensembling as ens
 
     runs = make_runs(tmp_path)
     out = tmp_path / "ens"

@@ -108,6 +108,27 @@ def test_cycle_detection_finds_a_planted_cycle():
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c", "a"]]
 
 
+def shared_names(modules: dict[str, Path]) -> dict[str, list[str]]:
+    """File names (packages' __init__.py aside) that more than one of the project's modules has."""
+    by_name: dict[str, list[str]] = {}
+    for name, path in modules.items():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(name)
+    return {file: sorted(names) for file, names in by_name.items() if len(names) > 1}
+
+
+def test_no_two_modules_share_a_file_name():
+    """A file name says which module it is: an editor's tab, a traceback's line, a test's mirror (there were two
+    ensemble.py, robustness.py, mlm.py, config.py and sst_phrases.py)."""
+    assert shared_names(_modules()) == {}
+
+
+def test_the_name_scan_finds_a_planted_twin():
+    modules = _modules()
+    assert shared_names({**modules, "tasks.data.trainer": ROOT / "tasks" / "data" / "trainer.py"}) == {
+        "trainer.py": ["tasks.data.trainer", "tasks.training.trainer"]}
+
+
 def test_no_module_takes_another_modules_private_names():
     """``from tasks.train import _means`` or ``lpft._x``: a private name is its module's own business."""
     _, private = _graph()

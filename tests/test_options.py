@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from tasks.cli import Parser
-from tasks.config import LpftConfig, PhrasesConfig, PriorsConfig, SwaConfig, TrainConfig
+from tasks.train_config import LpftConfig, PhrasesConfig, PriorsConfig, SwaConfig, TrainConfig
 from tasks.model import ModelConfig
 from tasks.options import (add_options, default_of, flag_of_path, help_text, option, options_of, replace_at,
                            shown_default, value_at)

@@ -1,5 +1,5 @@
 """Tests of tasks/pretrain.py, the MLM pretraining command (python -m tasks.pretrain): end to end on tiny data,
-every flag reaching its config field, refusals and one-line errors. The loop itself: tests/training/test_mlm.py."""
+every flag reaching its config field, refusals and one-line errors. The loop itself: tests/training/test_masking.py."""
 
 from __future__ import annotations
 

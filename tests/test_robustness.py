@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks import robustness
-from tasks.training import robustness as experiments
+from tasks.training import attacks as experiments
 
 
 def test_robustness_docstring_examples_parse():

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import PhrasesConfig, TrainConfig
+from tasks.train_config import PhrasesConfig, TrainConfig
 from tasks.options import replace_at
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example, read_sentences

@@ -12,7 +12,7 @@ import stat
 import pytest
 
 from tasks import storage
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.storage import atomic_directory, atomic_file, temporary_prefix
 from tasks.training.rundir import RunDir
 from tests.helpers import dead_pid

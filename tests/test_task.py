@@ -22,7 +22,7 @@ from tasks.arguments import config_for
 from tasks.ensemble import main as ensemble_main
 from tasks.predict import main as predict_main
 from tasks.predictions import read_logits, read_predictions
-from tasks.evaluation.ensemble import EnsembleConfig, check_ensemble, make_ensemble
+from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.evaluator import Predictor, evaluate_checkpoint
 from tasks.task import BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, get_task, load_split, model_tasks, unregister_task
 from tasks.training.run import run
@@ -70,7 +70,7 @@ def test_an_objective_asked_for_a_kind_it_does_not_support_is_refused_before_any
 def test_a_task_files_task_joins_the_command_lines_tasks_once_and_can_be_left_out_after(tmp_path, user_tasks):
     """--task-file's task joins --tasks where the command line is read; a config built from it again (an
     --eval-only of some tasks, dataclasses.replace) keeps the tasks it is given: the user's task can be left out."""
-    from tasks.config import eval_config
+    from tasks.train_config import eval_config
 
     task_file = three_class_task(tmp_path / "t")
     cfg = config_for(["--task-file", str(task_file), "--tasks", "sst"])

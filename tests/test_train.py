@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from tasks import train as cli
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks import selection as splits
 from tasks.evaluation import priors as prior_module
 from tasks.evaluation import priors as priors_module

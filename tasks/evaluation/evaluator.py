@@ -42,7 +42,7 @@ from torch import nn
 from torch.utils.data import Dataset
 
 from minbert.tokenizer import BertTokenizer
-from tasks.config import TrainConfig, eval_config
+from tasks.train_config import TrainConfig, eval_config
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import Example
 from tasks.selection import capped_dev, load_examples, load_final_examples, make_dataset
@@ -353,7 +353,7 @@ def prepare_eval(path: str | os.PathLike, overrides: dict[str, Any] | None = Non
     """Every check of an evaluation of a saved model, once, before any data is read, whoever asks (--eval-only,
     ``evaluate_checkpoint``, ``Predictor.from_checkpoint``): the checkpoint resolved and verified with its config
     read once (``verify_checkpoint``; ``saved``: the caller has, and ``path`` is that checkpoint), the evaluation's
-    changes (``overrides``, ``tasks.config.eval_config``), the device, the encoder's positions, the priors'
+    changes (``overrides``, ``tasks.train_config.eval_config``), the device, the encoder's positions, the priors'
     encoders, and with ``writes`` the output directory (default: the checkpoint's own run): the checkpoint's own
     run or a directory of predictions, writable, not another live process's."""
     ckpt, saved = (Path(path), saved) if saved is not None else verify_checkpoint(path)
@@ -411,7 +411,7 @@ def evaluate_checkpoint(path: str | os.PathLike, *, out_dir: str | os.PathLike |
                         overrides: dict[str, Any] | None = None) -> dict:
     """Dev metrics and dev + test predictions of a saved model (the Python form of --eval-only).
 
-    ``overrides`` may set the fields ``tasks.config.eval_mutable()`` lists
+    ``overrides`` may set the fields ``tasks.train_config.eval_mutable()`` lists
     (data_dir, device, bf16, eval_batch_size, limit, ... and the objectives'
     inference options, e.g. knn_bert's knn_k and knn_phi), checked by ``eval_config``.
     Files go to ``<out_dir>/predictions`` (default: the run directory holding the checkpoint).

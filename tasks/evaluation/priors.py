@@ -11,7 +11,7 @@ used only at evaluation. A pair regression's is its cosine on the task's scale [
     score = (1 - W) x the head's score + W x (low + (high - low) x cos(mean(a), mean(b)))   (STS: 5 x cos)
 
 Both terms are on the task's scale, so W = 0.5 is the simple mean of two models'
-scores, as the "simple" ensemble (tasks.evaluation.ensemble) takes it: nothing is fitted.
+scores, as the "simple" ensemble (tasks.evaluation.ensembling) takes it: nothing is fitted.
 It costs one more encoder in memory (one copy for every prior) and one pass
 over the task's sentences (cached for the latest sentences), no training.
 
@@ -152,7 +152,7 @@ class CosinePrior(FrozenEncoder):
 
 
 def check_prior_models(cfg) -> None:
-    """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.config.TrainConfig) exist:
+    """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.train_config.TrainConfig) exist:
     refused before any work, naming what sets them, not found missing at the first evaluation."""
     for task, prior in cfg.priors_of().items():
         if prior.model is None:
@@ -168,7 +168,7 @@ def check_prior_models(cfg) -> None:
 def _where(task: str, prior: Prior, what: str) -> str:
     """What sets a prior's ``what`` (weight, model): the SST and STS entries' flags, a user's task file."""
     if prior.settings:
-        from tasks.config import TrainConfig  # the flag of a setting (the config imports this module's callers)
+        from tasks.train_config import TrainConfig  # the flag of a setting (the config imports this module's callers)
         return flag_of_path(TrainConfig, prior.settings + what)
     return f"task file {get_task(task).origin.get('file')}'s \"prior\""
 
@@ -250,7 +250,7 @@ class ProbePrior(FrozenEncoder):
 
     def blend(self, dataset, logits: torch.Tensor) -> torch.Tensor:
         """log((1 - weight) x softmax(``logits``) + weight x the probe's probabilities), (N, C) in dataset order:
-        logits whose softmax is the mixture (tasks.evaluation.ensemble averages members' softmax, so an ensemble of
+        logits whose softmax is the mixture (tasks.evaluation.ensembling averages members' softmax, so an ensemble of
         blended members is the mixture of their mean and the probe)."""
         prior = self.probabilities(dataset).to(logits.device, torch.float32)
         return torch.log((1.0 - self.weight) * logits.float().softmax(-1) + self.weight * prior)

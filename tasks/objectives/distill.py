@@ -12,7 +12,7 @@ Teachers are prediction directories (or run directories holding
 that ``--predict-train`` writes (``Evaluator.write_all``, tasks/evaluation/evaluator.py; e.g.
 ``train_multitask.py --eval-only --predict-train --checkpoint runs/a/checkpoints/best``).
 Soft targets, per training example id (batches carry ``"ids"``), averaged over
-the teachers the way the simple ensemble (tasks/evaluation/ensemble.py) averages:
+the teachers the way the simple ensemble (tasks/evaluation/ensembling.py) averages:
 
     SST   p_t = mean_m softmax(z_m / T)             (5 classes)
     Para  p_t = mean_m sigmoid(z_m / T)             (P(paraphrase))
@@ -43,7 +43,7 @@ training starts, never when a checkpoint is loaded for evaluation, and their
 targets are not part of the checkpoint (a resumed run reads them again).
 
 Related: SMART / R-Drop (``smart.py``: KL between two predictions of the same
-model), ensembling (``tasks/evaluation/ensemble.py``: the same averages at inference).
+model), ensembling (``tasks/evaluation/ensembling.py``: the same averages at inference).
 
 Usage:
     python train_multitask.py --objective distill --distill-teachers runs/a/predictions runs/b/predictions

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Sequence
 from torch import nn
 
 from minbert.optimizer import AdamW
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.data.schedule import MultitaskSchedule
 from tasks.task import get_task
 

@@ -1,5 +1,5 @@
 """A masked-LM pretraining run on the training loop: its settings (``PretrainConfig``), the ``MaskedLMTrainer``
-(tasks/training/trainer.py's loop over the masking collator and the MLM loss of tasks/training/mlm.py), its log
+(tasks/training/trainer.py's loop over the masking collator and the MLM loss of tasks/training/masking.py), its log
 (``PretrainLog``), and the Hugging Face checkpoint it leaves (``save_mlm_checkpoint``).
 
 The library behind python -m tasks.pretrain (the command reads its flags and picks the sentences). Its
@@ -42,7 +42,7 @@ from tasks.runtime import autocast, autocast_dtype, foreach_default, precision_n
 from tasks.storage import atomic_directory, save_tensors
 from tasks.training.hooks import CheckpointEvery, ProgressBar
 from tasks.training.loop import Control, Evaluation, Hook, Loop, Step, TrainingState
-from tasks.training.mlm import MaskedBatches, MaskingCollator, evaluate_mlm, masked_lm_loss
+from tasks.training.masking import MaskedBatches, MaskingCollator, evaluate_mlm, masked_lm_loss
 from tasks.training.optim import adamw, warmup_linear
 from tasks.training.progress import RunClock, duration
 

@@ -2,14 +2,14 @@
 predictions.
 
 Usage:
-    from tasks.config import TrainConfig
+    from tasks.train_config import TrainConfig
     from tasks.training.run import run
     summary = run(TrainConfig(out_dir="runs/try"))        # check, train, keep the best epoch, write predictions
     summary = run(cfg, resume_from="runs/try/checkpoints/last")
     plan = prepare_run(cfg); trainer = build_trainer(plan)   # the same steps one by one (a trainer to drive)
     summary = run(cfg, hooks=[MyHook()])                  # your own hooks see every step, record and evaluation
 
-What a run does (``tasks.config.TrainConfig`` documents every setting):
+What a run does (``tasks.train_config.TrainConfig`` documents every setting):
 1. ``prepare_run``: every check, before any data is read (the command line's,
    ``run`` and ``trainer_for`` alike): the config, the devices and processes,
    --out-dir, the encoder (--pretrained readable, --max-length within its
@@ -52,7 +52,7 @@ import torch
 
 from minbert.pretrained import load_pretrained
 from tasks.checkpoint import ResumePoint, check_encoder, check_same_data, resolve_checkpoint, resume_point
-from tasks.config import TrainConfig, check_resume_config
+from tasks.train_config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.evaluation.priors import check_prior_models
 from tasks.logs import score_text, size_text

@@ -67,7 +67,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.data.schedule import LossWeights
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable

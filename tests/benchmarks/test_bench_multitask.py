@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from benchmarks import bench_multitask as bench
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tests.helpers import tiny_config, tiny_train_config, write_tiny_data, write_tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -155,7 +155,7 @@ def test_bucketing_switch_changes_composition_not_coverage():
 
 def test_a_schedule_refuses_streams_it_does_not_have():
     """Caps for a stream the schedule does not have, and a stream without examples, raise; a run's settings (the
-    schedule's name, equal batch sizes for even batching) are TrainConfig.validate's to check (tests/test_config.py)."""
+    schedule's name, equal batch sizes for even batching) are TrainConfig.validate's to check (tests/test_train_config.py)."""
     MultitaskSchedule(task_lengths(), {"sst": 8, "para": 16, "sts": 8}, "round_robin")
     with pytest.raises(ValueError, match="unknown task"):
         MultitaskSchedule(task_lengths(), 16, "even", max_examples_per_epoch={"nli": 10})

@@ -114,7 +114,7 @@ def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
     """--pretrained names the encoder to fine-tune (bert-base, an MLM checkpoint, a fine-tuned run), whose mean
     pooled cosine need not score similarity at all (a fine-tuned run's: r 0.54 on STS dev): the prior is the
     embedded all-MiniLM-L6-v2 unless --sts-prior-model names another sentence encoder."""
-    from tasks.config import PriorsConfig, TrainConfig
+    from tasks.train_config import PriorsConfig, TrainConfig
     from tests.helpers import write_tiny_model
 
     tiny = write_tiny_model(tmp_path / "tiny")
@@ -196,7 +196,7 @@ def test_predict_dataset_blends_only_sst_logits(sst_prior):
 def test_a_saved_probe_predicts_without_the_training_data(sst_prior, tmp_path):
     """A checkpoint's sst_prior.safetensors is SST's probe: read back, it blends exactly as the fitted one, with
     no SST training file anywhere. Without it and without the data, the error names the data and --sst-prior 0."""
-    from tasks.config import PriorsConfig, TrainConfig
+    from tasks.train_config import PriorsConfig, TrainConfig
 
     assert prior_file("sst") == "sst_prior.safetensors"
     save_tensors(tmp_path / prior_file("sst"), sst_prior.state_dict())
@@ -222,7 +222,7 @@ def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
 def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp_path):
     """A run or an evaluation whose prior encoder is not there is refused before any work (``check_prior_models``,
     which prepare_run and prepare_eval call), naming the flag that fixes it."""
-    from tasks.config import PriorsConfig, TrainConfig
+    from tasks.train_config import PriorsConfig, TrainConfig
     from tasks.evaluation.priors import check_prior_models
 
     cfg = TrainConfig(priors=PriorsConfig(**{f"{task}_model": str(tmp_path / "gone")}))
@@ -235,7 +235,7 @@ def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp
 
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):
     """Both priors of a run are the embedded MiniLM by default: one copy in memory, loaded once."""
-    from tasks.config import TrainConfig
+    from tasks.train_config import TrainConfig
 
     sts = prior_of("sts", TrainConfig(), "cpu", None)
     assert sts.encoder is sst_prior.encoder and sts.tokenizer is sst_prior.tokenizer

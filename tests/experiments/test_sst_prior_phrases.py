@@ -16,7 +16,7 @@ from experiments.sst_prior_phrases import (
     score_run,
 )
 from tasks.checkpoint import prior_file
-from tasks.config import PriorsConfig, TrainConfig
+from tasks.train_config import PriorsConfig, TrainConfig
 from tasks.predictions import Predictions, write_logits
 from tasks.evaluation.priors import fit_logistic_regression
 from tasks.storage import save_tensors

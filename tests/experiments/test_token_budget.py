@@ -9,7 +9,7 @@ def test_training_tokens_count_every_planned_example_once_per_appearance():
     """token_budget counts the real tokens of each planned example: an uncapped epoch is every example once,
     Siamese pairs count both sides, a swapped pair (index i + N) counts as pair i, SWA epochs are included."""
     from experiments.token_budget import example_tokens, training_tokens
-    from tasks.config import SwaConfig, TrainConfig
+    from tasks.train_config import SwaConfig, TrainConfig
     from tasks.data.datasets import PairDataset, SentenceDataset
     from tasks.data.readers import Example
     from tests.helpers import WordTokenizer

@@ -13,7 +13,7 @@ from minbert.bert import BertModel
 from minbert.mlm import IGNORE_INDEX, BertForMaskedLM, load_mlm, masked_positions, mlm_loss
 from minbert.pretrained import read_state_dict
 from minbert.tokenizer import BertTokenizer
-from tasks.training.mlm import mask_tokens
+from tasks.training.masking import mask_tokens
 from tasks.training.pretraining import save_mlm_checkpoint
 from tests.helpers import hf_config_dict, mlm_batch, tiny_config, write_hf_checkpoint, write_vocab_dir
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.predictions import Predictions, read_logits, write_logits
 from tasks.model import TaskOutput
 from tasks.objectives.distill import Distill, DistillConfig, TaskTargets, distill_loss, load_teachers, teacher_targets

@@ -198,7 +198,7 @@ def test_the_probe_term_enters_the_loss_with_its_weight(probe, tiny_env, tmp_pat
 
 def test_an_unknown_option_is_refused_naming_it_and_the_options_by_the_config_check_and_the_builder():
     """objective_config is the one check: TrainConfig.validate and build_objectives give the same message."""
-    from tasks.config import TrainConfig
+    from tasks.train_config import TrainConfig
 
     with pytest.raises(ValueError, match=r"objective 'mnr' has no option\(s\) \['nope'\]; options: \[.*'scale'"):
         build_objectives({"mnr": {"nope": 1}}, None)

@@ -1,6 +1,6 @@
 """Tests of tasks/training/pretraining.py: MLM pretraining on the training loop (the loss goes down, the records,
 bf16), the checkpoint it leaves, exact resume of a killed run. The command (python -m tasks.pretrain) is tested in
-tests/test_pretrain.py; the masking in tests/training/test_mlm.py."""
+tests/test_pretrain.py; the masking in tests/training/test_masking.py."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from minbert.bert import BertModel
 from minbert.mlm import BertForMaskedLM, load_mlm
 from minbert.pretrained import load_pretrained
 from minbert.tokenizer import BertTokenizer
-from tasks.training import mlm as mlm_module
+from tasks.training import masking as mlm_module
 from tasks.training import pretraining as pretrain_module
-from tasks.training.mlm import evaluate_mlm, make_eval_batches
+from tasks.training.masking import evaluate_mlm, make_eval_batches
 from tasks.training.pretraining import PretrainConfig, pretrain, save_mlm_checkpoint
 from tests.helpers import tiny_config, write_vocab_dir
 

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.evaluation.evaluator import Evaluator
 from tasks.predictions import read_predictions
 from tasks import checkpoint as ckpt_mod

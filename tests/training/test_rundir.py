@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.config import TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.training.run import run, trainer_for
 from tasks.training.rundir import RunDir, check_out_dir
 from tasks.training.loop import Hook

@@ -19,7 +19,7 @@ import matplotlib.image
 import pytest
 import torch
 
-from tasks.config import TrainConfig, check_resume_config
+from tasks.train_config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.model import ModelConfig
 from tasks.objectives import REGISTRY, import_all

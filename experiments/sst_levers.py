@@ -35,8 +35,8 @@ paired by seed, and the wall seconds of a run. With ``--jobs 2`` the two arms of
 their seconds are measured under the same load.
 
 Usage:
-    python -m experiments.sst_phrases --out-dir runs/sst-phrases --jobs 2 --threads 1 [--seeds 0 1 ...] [--only ROW ...]
-    python -m experiments.sst_phrases --out-dir runs/sst-phrases --jobs 2 --threads 1 --seeds 0 1 2 3 --full w0.5
+    python -m experiments.sst_levers --out-dir runs/sst-phrases --jobs 2 --threads 1 [--seeds 0 1 ...] [--only ROW ...]
+    python -m experiments.sst_levers --out-dir runs/sst-phrases --jobs 2 --threads 1 --seeds 0 1 2 3 --full w0.5
 
 ``--preset quick`` runs both arms as the default in one epoch (``<out-dir>/full-quick/...``).
 

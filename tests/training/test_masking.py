@@ -1,4 +1,4 @@
-"""Tests of tasks/training/mlm.py: BERT's masking and the masking collator (the head: tests/minbert/test_mlm.py; the
+"""Tests of tasks/training/masking.py: BERT's masking and the masking collator (the head: tests/minbert/test_mlm.py; the
 pretraining run on the loop: tests/training/test_pretraining.py)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import torch
 
 from minbert.mlm import IGNORE_INDEX
 from minbert.tokenizer import BertTokenizer
-from tasks.training.mlm import MaskingCollator, mask_tokens
+from tasks.training.masking import MaskingCollator, mask_tokens
 from tests.helpers import mlm_batch, write_vocab_dir
 
 PAD, UNK, CLS, SEP, MASK = range(5)

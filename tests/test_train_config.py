@@ -1,4 +1,4 @@
-"""Tests of tasks/config.py: TrainConfig's checks (configs saved by earlier versions: tests/test_config_versions.py)."""
+"""Tests of tasks/train_config.py: TrainConfig's checks (configs saved by earlier versions: tests/test_config_versions.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tasks.config import NESTED, PhrasesConfig, TrainConfig
+from tasks.train_config import NESTED, PhrasesConfig, TrainConfig
 from tests.helpers import tiny_train_config
 
 

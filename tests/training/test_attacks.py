@@ -1,4 +1,4 @@
-"""Tests of tasks/training/robustness.py, the robustness evaluations: an experiment's scores over seeds from the
+"""Tests of tasks/training/attacks.py, the robustness evaluations: an experiment's scores over seeds from the
 runs it trains on perturbed copies, and the minority-class accuracy from any prediction file format."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 
 from tasks.data.readers import Example
 from tasks.predictions import Predictions, write_predictions
-from tasks.training.robustness import class_accuracy, perturbation_experiment
+from tasks.training.attacks import class_accuracy, perturbation_experiment
 
 
 def test_minority_class_accuracy_reads_starter_files(tmp_path):

@@ -1,12 +1,12 @@
-"""Tests of experiments/sst_phrases.py: every row is an SST specialist the train command accepts, the table pairs
+"""Tests of experiments/sst_levers.py: every row is an SST specialist the train command accepts, the table pairs
 each row with the base row by seed."""
 
 from __future__ import annotations
 
 import json
 
-from experiments import sst_phrases
-from experiments.sst_phrases import FLAGS, NAMES, collect, render
+from experiments import sst_levers
+from experiments.sst_levers import FLAGS, NAMES, collect, render
 from experiments.sweep import Sweep
 from tasks import arguments
 
@@ -40,24 +40,24 @@ def test_the_table_pairs_each_row_with_base_by_seed(tmp_path):
     assert set(lines) == {"`base`", "`phrases`"}
     assert "0.480 ± 0.010" in lines["`base`"] and "101" in lines["`base`"]
     assert "+0.020 ± 0.006*" in lines["`phrases`"]  # differences 0.02, 0.01, 0.03
-    assert sst_phrases.PARENT == "base"
+    assert sst_levers.PARENT == "base"
 
 
 def test_a_full_arm_is_the_default_plus_the_rows_own_flags_and_n17k_b64_is_the_default():
     """--full ROW runs the whole recipe: the specialist's --tasks sst --sst-prior 0 left out, the row's flags kept;
     base's arm is the default without phrases, n17k-b64's the default itself (it was adopted)."""
     default = arguments.config_for(["--out-dir", "unused"])
-    base = arguments.config_for([*sst_phrases.full_flags("base"), "--out-dir", "unused"])
-    n17k = arguments.config_for([*sst_phrases.full_flags("n17k-b64"), "--out-dir", "unused"])
+    base = arguments.config_for([*sst_levers.full_flags("base"), "--out-dir", "unused"])
+    n17k = arguments.config_for([*sst_levers.full_flags("n17k-b64"), "--out-dir", "unused"])
     assert n17k.to_dict() == default.to_dict()
-    assert arguments.config_for([*sst_phrases.full_flags("n17k"), "--out-dir", "unused"]).batch_sizes()["phrases"] == 32
+    assert arguments.config_for([*sst_levers.full_flags("n17k"), "--out-dir", "unused"]).batch_sizes()["phrases"] == 32
     assert base.sst_phrases.file is None and not base.trains_phrases and base.streams() == ("sst", "para", "sts")
     assert {k: v for k, v in base.to_dict().items() if not k.startswith("sst_phrases")} == \
         {k: v for k, v in default.to_dict().items() if not k.startswith("sst_phrases")}
 
 
 def test_full_runs_both_arms_seed_by_seed_on_the_preset(tmp_path, capsys):
-    sst_phrases.main(["--out-dir", str(tmp_path), "--full", "w0.5", "--preset", "quick", "--seeds", "0", "1",
+    sst_levers.main(["--out-dir", str(tmp_path), "--full", "w0.5", "--preset", "quick", "--seeds", "0", "1",
                       "--dry-run"])
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[full-quick/")]
     assert [c.split("]")[0][1:] for c in commands] == ["full-quick/base/seed0", "full-quick/w0.5/seed0",
@@ -77,8 +77,8 @@ def test_the_full_table_pairs_every_metric_and_the_seconds_by_seed(tmp_path):
             dev = {"sst_acc": value - 0.25, "para_acc": 0.84, "sts_r": 0.87, "overall": value}
             (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": dev}) + "\n")
             (run / "sweep.json").write_text(json.dumps({"wall_s": 100 + 20 * (arm == "n17k") + seed}))
-    results = sst_phrases.collect_full(sweep, "n17k", [0, 1])
-    table = sst_phrases.render_full(results, "n17k").splitlines()
+    results = sst_levers.collect_full(sweep, "n17k", [0, 1])
+    table = sst_levers.render_full(results, "n17k").splitlines()
     delta = next(line for line in table if line.startswith("| Δ"))
     assert delta.count("+0.015 ± 0.005") == 2  # SST and overall: differences 0.01, 0.02
     assert "+0.000 ± 0.000" in delta and delta.rstrip(" |").endswith("+20 ± 0*")

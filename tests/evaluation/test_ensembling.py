@@ -1,4 +1,4 @@
-"""Tests of tasks/evaluation/ensemble.py, ensembles of saved logits: identities, selection, regression weights,
+"""Tests of tasks/evaluation/ensembling.py, ensembles of saved logits: identities, selection, regression weights,
 held-out scores, id checks, the submission zip. The command (python -m tasks.ensemble): tests/test_ensemble.py."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tasks.predictions import TaskLogits, load_task_logits
-from tasks.evaluation.ensemble import (
+from tasks.evaluation.ensembling import (
     average,
     ensemble_task,
     fit_regression,
@@ -205,7 +205,7 @@ def test_regression_test_outputs_use_the_weights_fit_on_the_dev_half(task):
 def test_selective_two_fold_score_is_computed_on_the_half_the_subset_never_saw():
     """The honest selective score: each fold's subset is chosen on one half and scored on the other (computed by
     hand here), the two folds averaged; ensemble_task reports it beside the optimistic whole-dev score."""
-    from tasks.evaluation.ensemble import selective_two_fold, split_halves
+    from tasks.evaluation.ensembling import selective_two_fold, split_halves
 
     y = ensemble_labels("para")
     models = [model_logits("para", y, 0, seed=20 + i) for i in range(6)]  # noise only
