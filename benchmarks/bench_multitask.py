@@ -101,6 +101,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.profiler import ProfilerActivity, record_function
 
 from minbert import bert
 from minbert.config import BertConfig
@@ -123,6 +124,7 @@ from tasks.runtime import (
 )
 from tasks.training.run import build_parts
 from tasks.training.trainer import Trainer
+from tasks.training.loop import Control, Hook, TrainingState
 
 VARIANTS = {
     "ours": "ours: length buckets, padded to the batch's longest",
@@ -135,7 +137,41 @@ VARIANTS = {
     "randmask": "ours with dropout masks from float32 uniforms (torch.rand >= p)",
 }
 DEFAULT_VARIANTS = ("ours", "fixed", "hf")
-PHASES = ("forward + loss", "backward", "grad clip", "optimizer step", "zero_grad")
+PHASES = ("forward + loss", "backward + grad clip", "optimizer step")  # of Trainer.train_step, as _Phases marks them
+
+
+class _Phases(Hook):
+    """Marks the phases of the trainer's own ``train_step`` (no copy of it): a profiler range and a time stamp
+    where each begins, at its ``step_loss`` (forward + loss; the backward begins as it returns), at the hooks'
+    event before the optimizer step (the gradients reduced and clipped) and at the one after it (the AdamW step,
+    zero_grad and the objectives' momentum updates done)."""
+
+    def __init__(self, trainer: Trainer) -> None:
+        self.stamps: list[float] = []
+        self.range: Any = None
+        step_loss = trainer.step_loss
+
+        def marked(stream: str, batch: dict) -> Any:
+            out = step_loss(stream, batch)
+            self.begin(1)
+            return out
+        trainer.step_loss = marked
+
+    def begin(self, phase: int) -> None:
+        self.end()
+        self.stamps.append(time.perf_counter())
+        self.range = record_function(PHASES[phase])
+        self.range.__enter__()
+
+    def end(self) -> None:
+        if self.range is not None:
+            self.range.__exit__(None, None, None)
+            self.range = None
+            if len(self.stamps) == len(PHASES):
+                self.stamps.append(time.perf_counter())
+
+    def on_pre_optimizer_step(self, state: TrainingState, control: Control) -> None:
+        self.begin(2)
 
 
 # ---- variants ---------------------------------------------------------------------------------------------------
@@ -497,48 +533,39 @@ def _phase_of(event: Any) -> str | None:
 def profile_variant(v: Variant, lrs: Sequence[float]) -> dict[str, Any]:
     """Where a training step's time goes: the phases of Trainer.train_step, and its ops by category.
 
-    The loop mirrors train_step's body (step_loss, backward, clip, AdamW step,
-    zero_grad) with each phase in a profiler range: a first pass is timed with
-    perf_counter alone, a second runs under torch.profiler, whose self CPU time
-    of each op is charged to its phase and, within forward and backward, to an
-    op category (the profiler's own overhead inflates small ops a little).
+    The trainer's own step runs, its phases marked where the loop shows them (``_Phases``: its ``step_loss``,
+    then the hooks' events before and after the optimizer step), each in a profiler range: a first pass is
+    timed with perf_counter alone, a second runs under torch.profiler, whose self CPU time of each op is
+    charged to its phase and, within forward and backward, to an op category (the profiler's own overhead
+    inflates small ops a little).
     """
-    from torch.profiler import ProfilerActivity, profile, record_function
+    from torch.profiler import profile
 
     tr = v.trainer
     tr.current.train_mode(tr.model)
+    marks = _Phases(tr)
+    tr.hooks.append(marks)
 
     def one_step(stream: str, batch: dict, lr: float, stamps: list[float]) -> None:
-        for g in tr.optimizer.param_groups:
-            g["lr"] = lr
-        stamps.append(time.perf_counter())
-        with record_function(PHASES[0]):
-            loss, _ = tr.step_loss(stream, batch)
-        stamps.append(time.perf_counter())
-        with record_function(PHASES[1]):
-            loss.backward()
-        stamps.append(time.perf_counter())
-        with record_function(PHASES[2]):
-            if tr.cfg.grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(tr.params, tr.cfg.grad_clip)
-        stamps.append(time.perf_counter())
-        with record_function(PHASES[3]):
-            tr.optimizer.step()
-        stamps.append(time.perf_counter())
-        with record_function(PHASES[4]):
-            tr.optimizer.zero_grad(set_to_none=True)
-        stamps.append(time.perf_counter())
+        marks.stamps = stamps
+        marks.begin(0)
+        tr.train_step(stream, batch, lr)
+        marks.end()
 
-    n = len(v.sample)
-    phases = dict.fromkeys(PHASES, 0.0)
-    for (stream, batch), lr in zip(v.sample, lrs):
-        stamps: list[float] = []
-        one_step(stream, batch, lr, stamps)
-        for name, a, b in zip(PHASES, stamps, stamps[1:]):
-            phases[name] += b - a
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    try:
+        n = len(v.sample)
+        phases = dict.fromkeys(PHASES, 0.0)
         for (stream, batch), lr in zip(v.sample, lrs):
-            one_step(stream, batch, lr, [])
+            stamps: list[float] = []
+            one_step(stream, batch, lr, stamps)
+            for name, a, b in zip(PHASES, stamps, stamps[1:]):
+                phases[name] += b - a
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            for (stream, batch), lr in zip(v.sample, lrs):
+                one_step(stream, batch, lr, [])
+    finally:
+        tr.hooks.remove(marks)
+        del tr.step_loss  # the class's again
     where: dict[str, float] = {}
     ops: dict[str, float] = {}
     for e in prof.events():

@@ -209,3 +209,17 @@ def test_the_floors_of_a_step_add_up_and_count_the_steps_dropout_draws(tiny_cfg)
         draws += enc.num_hidden_layers * (2 * b * t * enc.hidden_size + b * heads * t * t) + b * t * enc.hidden_size
     assert fl["dropout_draws_per_step"] == round(draws / 2)
     assert "floor of a part of the step" in bench.markdown(res)
+
+
+def test_the_profile_times_the_trainers_own_step(tiny_cfg):
+    """--profile runs Trainer.train_step itself, its phases marked from outside (a copy of the step once drifted
+    from it: every parameter group at the base lr, the heads' 10x factor lost), and leaves the trainer as it was."""
+    cfg = dataclasses.replace(tiny_cfg, head_lr_scale=10.0)
+    device = torch.device("cpu")
+    base = bench.Trainer(cfg, bench.build_parts(cfg, device), device=device)
+    variant = bench.build_variant(base, "ours", warmup=1, steps=2)
+    prof = bench.profile_variant(variant, [1e-3, 1e-3])
+    assert sorted({g["lr"] for g in base.optimizer.param_groups}) == pytest.approx([1e-3, 1e-2])
+    assert list(prof["phase_ms_per_step"]) == list(bench.PHASES) and all(
+        ms > 0 for ms in prof["phase_ms_per_step"].values())
+    assert base.hooks == [] and "step_loss" not in vars(base)
