@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,7 +73,12 @@ from tasks.storage import (
 logger = logging.getLogger(__name__)
 
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 1  # state.json's "format": bump it with a step of WEIGHT_UPGRADES when the weights' names change
+
+# The chain that brings the weights (model.safetensors) of a checkpoint of format N to N + 1, as config_versions.py
+# brings its settings (fairseq's ``upgrade_state_dict``): each step a function of the state dict, applied in order
+# from the checkpoint's format to CHECKPOINT_FORMAT by ``read_weights``. No format has changed the weights yet.
+WEIGHT_UPGRADES: dict[int, Callable[[dict[str, torch.Tensor]], dict[str, torch.Tensor]]] = {}
 
 
 REQUIRED_FILES = ("model.safetensors", "state.json", "config.json")  # and OPTIMIZER_FILES unless MODEL_ONLY
@@ -212,8 +217,9 @@ def resume_point(path: str | os.PathLike, data_changed: bool = False) -> ResumeP
     if "swa" in state:
         raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
                          "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
-    if state.get("format") != CHECKPOINT_FORMAT:
-        raise ValueError(f"{ckpt}: checkpoint format {state.get('format')} is not {CHECKPOINT_FORMAT}")
+    if state.get("format") != CHECKPOINT_FORMAT:  # its weights load (read_weights); its optimizer's names may not
+        raise ValueError(f"{ckpt}: a checkpoint of format {state.get('format')} (this code's: {CHECKPOINT_FORMAT}) "
+                         "cannot be resumed; --eval-only and predict load its weights")
     if state.get(MODEL_ONLY):
         raise ValueError(f"{ckpt} keeps the model alone (the run used --save-only-model): it cannot be resumed; "
                          "evaluate it with --eval-only, or train a new run")
@@ -422,9 +428,31 @@ def write_training_state(directory: Path, *, model: nn.Module, optimizer: torch.
     write_json(directory / "state.json", state)
 
 
+def checkpoint_format(ckpt: Path) -> int:
+    """The format of checkpoint ``ckpt`` (its state.json's; every checkpoint since the first has one)."""
+    state = read_state(ckpt)
+    found = state.get("format", 1) if state is not None else 1
+    if not isinstance(found, int) or found < 1:
+        raise ValueError(f"{ckpt / 'state.json'}: \"format\" is {found!r}, not a checkpoint format: the file was edited "
+                         "or damaged; use another checkpoint")
+    if found > CHECKPOINT_FORMAT:
+        raise ValueError(f"{ckpt} is a checkpoint of format {found}, newer than this code reads ({CHECKPOINT_FORMAT}): "
+                         "update the code (git pull) to load it")
+    return found
+
+
+def read_weights(ckpt: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Checkpoint ``ckpt``'s model.safetensors as today's model names its weights: an older format's brought up
+    through ``WEIGHT_UPGRADES``, step by step."""
+    weights = load_tensors(ckpt / "model.safetensors", device)
+    for version in range(checkpoint_format(ckpt), CHECKPOINT_FORMAT):
+        weights = WEIGHT_UPGRADES[version](weights)
+    return weights
+
+
 def load_weights(model: nn.Module, ckpt: Path, device: torch.device | str = "cpu") -> None:
-    """Checkpoint ``ckpt``'s model.safetensors into ``model``."""
-    model.load_state_dict(load_tensors(ckpt / "model.safetensors", device))
+    """Checkpoint ``ckpt``'s weights (``read_weights``) into ``model``."""
+    model.load_state_dict(read_weights(ckpt, device))
 
 
 def load_training_state(ckpt: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, param_names: list[str],
@@ -491,7 +519,7 @@ def load_model(ckpt: Path, device: torch.device | str = "cpu", cfg: TrainConfig 
     enc_dir = ckpt / "encoder"
     encoder = BertModel(BertConfig.from_json_file(enc_dir / "config.json"))
     tokenizer = BertTokenizer.from_pretrained(enc_dir)
-    state = load_tensors(ckpt / "model.safetensors")
+    state = read_weights(ckpt)
     # the heads the weights hold (an evaluation may ask for some of the trained tasks only)
     held = {key.split(".")[0] for key in state}
     model = MultitaskBert(encoder, cfg.model, [t for t in task_names()

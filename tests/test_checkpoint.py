@@ -213,3 +213,45 @@ def test_best_does_not_share_files_with_last(tiny_env, tmp_path):
             with open(f, "r+b") as handle:  # in place: the same inode
                 handle.write(b"\0" * 8)
     assert snapshot(best) == before
+
+
+# ---- checkpoints of other formats ------------------------------------------------------------------------------
+
+
+def test_an_older_formats_weights_load_through_the_upgrade_chain(trained, tmp_path, monkeypatch):
+    """A checkpoint whose weights an earlier format named otherwise (planted: format 1 of a code at format 3 that
+    renamed the heads twice) loads through each step of WEIGHT_UPGRADES in order, to the very weights, for
+    evaluation and the Predictor; it is not resumed (its optimizer's names are the old ones); a format newer
+    than the code's is refused in one line that says what to do."""
+    from safetensors.torch import save_file
+
+    from tasks import checkpoint
+
+    old = tmp_path / "old"
+    shutil.copytree(trained, old)
+    weights = load_file(str(old / "model.safetensors"))
+    save_file({k.replace("_head.", "_classifier."): v for k, v in weights.items()}, str(old / "model.safetensors"))
+    steps = []
+
+    def one_to_two(w):
+        steps.append(1)
+        return {k.replace("_classifier.", "_out."): v for k, v in w.items()}
+
+    def two_to_three(w):
+        steps.append(2)
+        return {k.replace("_out.", "_head."): v for k, v in w.items()}
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_FORMAT", 3)
+    monkeypatch.setattr(checkpoint, "WEIGHT_UPGRADES", {1: one_to_two, 2: two_to_three})
+    model, *_ = load_model(old)
+    assert steps == [1, 2] and any("_head." in k for k in weights)
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    with pytest.raises(ValueError, match="a checkpoint of format 1 \\(this code's: 3\\) cannot be resumed; "
+                                         "--eval-only and predict load its weights"):
+        checkpoint.resume_point(old)
+
+    monkeypatch.setattr(checkpoint, "CHECKPOINT_FORMAT", 1)
+    state = read_json(old / "state.json")
+    (old / "state.json").write_text(json.dumps({**state, "format": 2}))
+    with pytest.raises(ValueError, match="is a checkpoint of format 2, newer than this code reads \\(1\\): update "
+                                         "the code"):
+        load_model(old)
