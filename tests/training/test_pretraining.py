@@ -163,6 +163,28 @@ def test_a_resumed_log_window_reports_the_uninterrupted_speed(tmp_path, monkeypa
     assert len(want) == 4 and all(r["tokens_per_s"] > 0 for r in want)
 
 
+def test_a_checkpoint_whose_log_hook_kept_the_window_resumes_to_the_same_records(tmp_path, monkeypatch):
+    """A checkpoint of the version whose log hook kept the open log window (state.json's hooks.PretrainLog:
+    window_loss, window_steps, ...; the loop keeps it now, as log_window) resumes to the uninterrupted run's
+    records: the window's loss and steps are taken from where that version saved them."""
+    tok, sentences, config, eval_data = _resume_setup(tmp_path)
+    want = pretrain(_fresh_mlm(0), tok, sentences, config, eval_data)
+    state = tmp_path / "out.partial"
+    monkeypatch.setattr(mlm_module, "mask_tokens", _dies_at(mlm_module.mask_tokens, 5))
+    with pytest.raises(KeyboardInterrupt):
+        pretrain(_fresh_mlm(0), tok, sentences, config, eval_data, run_dir=state, checkpoint_every=3)
+    monkeypatch.undo()
+    path = state / "checkpoints" / "last" / "state.json"
+    saved = json.loads(path.read_text())
+    window = saved.pop("log_window")
+    assert window["steps"] == 1  # step 3 opened the window of steps 3-4
+    saved["hooks"]["PretrainLog"].update({f"window_{k}": v for k, v in window.items()})
+    path.write_text(json.dumps(saved))
+    got = pretrain(_fresh_mlm(0), tok, sentences, config, eval_data, run_dir=state, checkpoint_every=3)
+    speedless = [[{k: v for k, v in r.items() if k != "tokens_per_s"} for r in rs] for rs in (want, got)]
+    assert speedless[0] == speedless[1]
+
+
 def test_the_resumable_state_of_an_earlier_version_is_refused_in_one_line(tmp_path):
     """<out-dir>.partial/state, the state an earlier version of the command kept, is not continued: one line says
     what to do, and it is left as it was."""
