@@ -9,7 +9,8 @@ import pytest
 from tasks.train_config import PhrasesConfig, TrainConfig
 from tasks.options import replace_at
 from tasks.data.datasets import PairDataset, SentenceDataset
-from tasks.data.readers import Example, read_sentences
+from tasks.data.readers import Example
+from tasks.task import get_task
 from tasks.selection import capped_dev, fixed_subset, load_stream, make_dataset
 from tasks.model import ModelConfig
 from tests.helpers import WordTokenizer
@@ -57,7 +58,7 @@ def test_phrases_are_read_as_sst_rows_with_short_ones_left_out_and_counted(tiny_
     _, data = tiny_env
     cfg = TrainConfig(data_dir=str(data), sst_phrases=PhrasesConfig(file="sst-phrases-train.csv", min_words=3))
     phrases, report = load_stream(cfg)
-    everything, _ = read_sentences(data / "sst-phrases-train.csv", labeled=True, num_classes=5)
+    everything, _ = get_task("sst").read("train", ".", path=data / "sst-phrases-train.csv")
     assert phrases == [p for p in everything if len(p.text_a.split()) >= 3] and 0 < len(phrases) < len(everything)
     assert report["kept"] == len(everything) and report["shorter_than_min_words"] == len(everything) - len(phrases)
     assert report["sha256"]

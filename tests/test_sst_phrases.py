@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from tasks import sst_phrases
-from tasks.data.readers import read_sentences
+from tasks.task import get_task
 
 TREES = {"train.txt": "(3 (2 (2 The) (2 film)) (3 good))\n(4 (4 (2 a) (4 gripping)) (2 story))\n",
          "dev.txt": "(2 (2 The) (2 Film))\n", "test.txt": "(1 (1 dull) (2 .))\n"}
@@ -25,7 +25,7 @@ def test_it_writes_the_phrase_file_the_training_reads(trees, tmp_path):
     """The training trees' phrases, without sentences and without "The film" (a dev sentence, in other case)."""
     out = tmp_path / "data" / "sst-phrases-train.csv"
     report = sst_phrases.main([str(trees), "--out", str(out)])
-    examples, _ = read_sentences(out, labeled=True, num_classes=5)
+    examples, _ = get_task("sst").read("train", ".", path=out)
     assert [(e.text_a, e.label) for e in examples] == [
         ("The", 2), ("a", 2), ("a gripping", 4), ("film", 2), ("good", 3), ("gripping", 4), ("story", 2)]
     assert (report.sentences, report.held_out) == (2, 1)

@@ -33,7 +33,7 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 logger = logging.getLogger(__name__)
 
@@ -388,22 +388,6 @@ def class_label(raw: str, num_classes: int, problems: list[str]) -> int | None:
     return int(value)
 
 
-def similarity_label(raw: str, problems: list[str]) -> float | None:
-    raw = raw.strip()
-    if not raw:
-        problems.append("empty label")
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        problems.append(f"label {raw!r} is not a number")
-        return None
-    if not 0.0 <= value <= 5.0:  # also rejects nan
-        problems.append(f"label {raw!r} out of range [0, 5]")
-        return None
-    return value
-
-
 def read_examples(
     path: str | os.PathLike[str],
     text_columns: Sequence[Column],
@@ -446,46 +430,6 @@ def read_labels(path: str | os.PathLike[str], label_column: Column, *, fmt: File
         return (int(fields[LINE]), raw) if raw else "empty label"
 
     return _read_rows(path, fmt, [label_column], parse, None, about=about)
-
-
-def read_sentences(
-    path: str | os.PathLike[str],
-    labeled: bool,
-    num_classes: int,
-    *,
-    label_column: str = "sentiment",
-    limit: int | None = None,
-) -> tuple[list[Example], ReadReport]:
-    """Read a single-sentence file (SST: num_classes=5, CFIMDB: 2); columns id, sentence[, sentiment]."""
-    if num_classes < 2:
-        raise ValueError(f"num_classes must be at least 2, got {num_classes}")
-    return read_examples(path, ("sentence",), label_column if labeled else None,
-                         lambda raw, problems: class_label(raw, num_classes, problems), limit=limit)
-
-
-_PAIR_LABEL_COLUMN = {"binary": "is_duplicate", "similarity": "similarity"}
-
-
-def read_pairs(
-    path: str | os.PathLike[str],
-    label: Literal["binary", "similarity"] | None,
-    *,
-    label_column: str | None = None,
-    limit: int | None = None,
-) -> tuple[list[Example], ReadReport]:
-    """Read a sentence-pair file: Quora (label="binary", 0/1 int) or STS ("similarity", float in [0, 5]).
-
-    ``label=None`` reads an unlabeled (test-student) file. Columns: id,
-    sentence1, sentence2 and the label column (is_duplicate / similarity by default).
-    """
-    if label not in (None, "binary", "similarity"):
-        raise ValueError(f"label must be 'binary', 'similarity' or None, got {label!r}")
-    if label is not None and label_column is None:
-        label_column = _PAIR_LABEL_COLUMN[label]
-    parse = ((lambda raw, problems: class_label(raw, 2, problems)) if label == "binary"
-             else similarity_label)
-    return read_examples(path, ("sentence1", "sentence2"), label_column if label is not None else None, parse,
-                         limit=limit)
 
 
 def read_nli(path: str | os.PathLike[str], *, limit: int | None = None) -> tuple[list[Triplet], ReadReport]:

@@ -10,7 +10,7 @@ The phrase file is built from the training trees only: every labelled phrase (a 
 tokens included) once, with its label. Left out: whole sentences (they are the rows of ids-sst-train.csv)
 and any phrase equal to a dev or test sentence ignoring case and spacing (the tokenizer lowercases; the
 model would have trained on a sentence it is scored on). Its format is the CS224N SST one, which
-``tasks.data.readers.read_sentences`` reads: tab-separated, an unnamed index column, ``id`` (the first 25
+SST's task entry reads (tasks/task.py): tab-separated, an unnamed index column, ``id`` (the first 25
 hex digits of the phrase's SHA-1: stable across builds), ``sentence``, ``sentiment``; rows sorted by phrase.
 
 Usage:

@@ -15,8 +15,6 @@ from tasks.data.readers import (
     Example,
     Triplet,
     read_nli,
-    read_pairs,
-    read_sentences,
 )
 from tests.helpers import DATA as REAL_DATA
 
@@ -40,7 +38,7 @@ def test_doubled_quotes_leading_spaces_and_float_labels(tmp_path):
             '2\ta3\t" """""" I vaguely remember Ben ."\t0',
         ],
     )
-    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    examples, report = get_task("sst").read("train", ".", path=path)
     assert [e.text_a for e in examples] == [
         "It 's a lovely film .",
         '"Which is correct? Do I need ""the"" here?"',
@@ -67,7 +65,7 @@ def test_malformed_rows_reported_with_file_line_numbers(tmp_path):
             "7\ta8\thalf a class\t2.5",  # 10
         ],
     )
-    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    examples, report = get_task("sst").read("train", ".", path=path)
     assert [e.id for e in examples] == ["a1", "a5"]
     assert examples[1].text_a == "a quoted field that spans\ntwo lines"
     assert [line for line, _ in report.skipped] == [3, 4, 5, 8, 9, 10]
@@ -90,7 +88,7 @@ def test_unbalanced_quote_reports_each_swallowed_line(tmp_path):
         tmp_path / "broken.csv",
         ["\tid\tsentence\tsentiment", "0\ta\tok\t1", '1\tb\t"unterminated\t4', "2\tc\tswallowed\t0", "3\td\tlast\t2"],
     )
-    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    examples, report = get_task("sst").read("train", ".", path=path)
     assert [e.id for e in examples] == ["a"]
     assert [line for line, _ in report.skipped] == [3, 4, 5]
     assert report.rows_total == 4 and report.rows_kept + len(report.skipped) == report.rows_total
@@ -106,7 +104,7 @@ def test_swallowed_rows_that_happen_to_parse_are_not_kept(tmp_path):
         tmp_path / "broken.csv",
         ["\tid\tsentence\tsentiment", '1\tb\t"stray\t4', '2\tc\tclosed here"\t0', "3\td\tfine\t2"],
     )
-    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    examples, report = get_task("sst").read("train", ".", path=path)
     assert [e.id for e in examples] == ["d"]
     assert [line for line, _ in report.skipped] == [2, 3] and report.rows_total == 3
 
@@ -117,24 +115,24 @@ def test_record_swallowing_more_than_five_lines_refuses_the_file(tmp_path):
     rows += [f"{i}\tr{i}\tswallowed\t0" for i in range(2, 7)]  # lines 4-8: the record spans 3-8, six lines
     path = write(tmp_path / "ids-sst-dev.csv", rows)
     with pytest.raises(ValueError) as err:
-        read_sentences(path, labeled=True, num_classes=5)
+        get_task("sst").read("train", ".", path=path)
     message = str(err.value)
     assert "\n" not in message and str(path) in message and "line 3" in message and "quote" in message
     five = write(tmp_path / "five.csv", rows[:7])  # spans lines 3-7: five lines, reported, not refused
-    assert [line for line, _ in read_sentences(five, labeled=True, num_classes=5)[1].skipped] == [3, 4, 5, 6, 7]
+    assert [line for line, _ in get_task("sst").read("train", ".", path=five)[1].skipped] == [3, 4, 5, 6, 7]
 
 
 def test_label_ranges_per_task(tmp_path):
     """CFIMDB accepts only 0/1, Quora only 0/1, STS only floats in [0, 5]; violations are skipped with a reason."""
     cf = write(tmp_path / "cf.csv", ["\tid\tsentence\tsentiment", "0\tc1\tok\t1", "1\tc2\tbad\t2"])
-    examples, report = read_sentences(cf, labeled=True, num_classes=2)
+    examples, report = get_task("cfimdb").read("train", ".", path=cf)
     assert [e.label for e in examples] == [1] and report.skipped == [(3, "label '2' out of range 0..1")]
 
     q = write(
         tmp_path / "q.csv",
         ["\tid\tsentence1\tsentence2\tis_duplicate", "0\tq1\ta\tb\t1.0", "1\tq2\ta\tb\t0.0", "2\tq3\ta\tb\t2.0"],
     )
-    examples, report = read_pairs(q, "binary")
+    examples, report = get_task("para").read("train", ".", path=q)
     assert [e.label for e in examples] == [1, 0] and [line for line, _ in report.skipped] == [4]
 
     s = write(
@@ -149,7 +147,7 @@ def test_label_ranges_per_task(tmp_path):
             "5\ts6\ta\tb\tnan",
         ],
     )
-    examples, report = read_pairs(s, "similarity")
+    examples, report = get_task("sts").read("train", ".", path=s)
     assert [e.label for e in examples] == [0.0, 4.6, 5.0]
     assert [line for line, _ in report.skipped] == [5, 6, 7]
     assert all("out of range" in reason for _, reason in report.skipped)
@@ -161,7 +159,7 @@ def test_test_student_header_with_two_index_columns(tmp_path):
         tmp_path / "ids-sst-test-student.csv",
         ["0\t\tid\tsentence", "1\t0.0\tb757\t Effective but too-tepid biopic", "2\t1.0\td17a\t If you like fun ."],
     )
-    examples, report = read_sentences(path, labeled=False, num_classes=5)
+    examples, report = get_task("sst").read("test", ".", path=path)
     assert examples == [Example("b757", "Effective but too-tepid biopic"), Example("d17a", "If you like fun .")]
     assert report.rows_total == report.rows_kept == 2
 
@@ -177,7 +175,7 @@ def test_quora_synthetic_ids_kept_duplicates_reported(tmp_path):
             "7\tcb06\tA?\tB?\t0.0",
         ],
     )
-    examples, report = read_pairs(path, "binary")
+    examples, report = get_task("para").read("train", ".", path=path)
     assert [e.id for e in examples] == ["cb06", "8fff", "cb06"]
     assert report.skipped == [] and report.duplicate_ids == [(4, "id cb06 also on line 2")]
     assert "duplicate ids (kept) 1: line 4: id cb06 also on line 2" in report.summary()
@@ -186,7 +184,7 @@ def test_quora_synthetic_ids_kept_duplicates_reported(tmp_path):
 def test_unlabeled_pairs_and_nli(tmp_path):
     """Unlabeled pair files read with label None; NLI is comma-separated and an empty hard_neg becomes None."""
     sts = write(tmp_path / "sts-test.csv", ["\tid\tsentence1\tsentence2", "735\tcc\tA band plays.\tA band sings. "])
-    examples, _ = read_pairs(sts, None)
+    examples, _ = get_task("sts").read("test", ".", path=sts)
     assert examples == [Example("cc", "A band plays.", "A band sings.", None)]
 
     nli = write(
@@ -254,7 +252,7 @@ def test_real_quora_dev_has_exactly_two_malformed_rows():
     path = REAL_DATA / "quora-dev.csv"
     if not path.is_file():
         pytest.skip(f"{path} absent (run `bash setup.sh` to link the data)")
-    examples, report = read_pairs(path, "binary")
+    examples, report = get_task("para").read("train", ".", path=path)
     assert report.rows_total == 20214 and report.rows_kept == len(examples) == 20212
     assert len(report.skipped) == 2 and all("empty label" in reason for _, reason in report.skipped)
     assert report.duplicate_ids == []
@@ -270,16 +268,16 @@ def test_last_record_without_newline_is_skipped_and_reported(tmp_path):
     rows = ["\tid\tsentence1\tsentence2\tsimilarity", "0\ts0\ta\tb\t4.2", "1\ts1\ta\tb\t0"]
     cut = tmp_path / "sts-dev.csv"
     cut.write_text("\n".join(rows), encoding="utf-8")  # no newline after the last record
-    examples, report = read_pairs(cut, "similarity")
+    examples, report = get_task("sts").read("train", ".", path=cut)
     assert [e.id for e in examples] == ["s0"]
     assert report.skipped == [(3, CUT_REASON)] and report.rows_total == 2
     assert f"line 3: {CUT_REASON}" in report.summary() and str(cut) in report.summary()
     whole = write(tmp_path / "whole.csv", rows)  # the same rows with the final newline: all kept
-    assert [e.id for e in read_pairs(whole, "similarity")[0]] == ["s0", "s1"]
+    assert [e.id for e in get_task("sts").read("train", ".", path=whole)[0]] == ["s0", "s1"]
     crlf = tmp_path / "crlf.csv"
     crlf.write_bytes(("\r\n".join(rows) + "\r\n").encode())  # Windows line ends count as ending the record
-    assert read_pairs(crlf, "similarity")[1].skipped == []
-    examples, report = read_pairs(cut, "similarity", limit=1)  # stopped before the last record: nothing to say
+    assert get_task("sts").read("train", ".", path=crlf)[1].skipped == []
+    examples, report = get_task("sts").read("train", ".", 1, path=cut)  # stopped before the last record: nothing to say
     assert [e.id for e in examples] == ["s0"] and report.skipped == []
 
 
@@ -306,7 +304,7 @@ def test_unreadable_files_raise_one_line_naming_file_and_fix(tmp_path, content, 
     path = tmp_path / "ids-sst-dev.csv"
     path.write_bytes(content)
     with pytest.raises(ValueError) as err:
-        read_sentences(path, labeled=True, num_classes=5)
+        get_task("sst").read("train", ".", path=path)
     message = str(err.value)
     assert message.startswith(f"{path}: ") and "\n" not in message
     for part in expected:
@@ -338,11 +336,11 @@ def test_a_text_of_control_characters_alone_is_skipped_like_a_blank_one(tmp_path
     words is kept as it is."""
     path = write(tmp_path / "ids-sst-dev.csv", ["\tid\tsentence\tsentiment", "0\ta1\t\x00\x00\x00\t3",
                                                 "1\ta2\t \x07\x1b \t2", "2\ta3\tgood\x00 film\t4"])
-    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    examples, report = get_task("sst").read("train", ".", path=path)
     assert [e.text_a for e in examples] == ["good\x00 film"]
     assert report.skipped == [(2, "empty sentence"), (3, "empty sentence")]
     pairs = write(tmp_path / "sts-dev.csv", ["\tid\tsentence1\tsentence2\tsimilarity", "0\tp1\ta cat\t\x00\t3.0"])
-    assert dict(read_pairs(pairs, "similarity")[1].skipped) == {2: "empty sentence2"}
+    assert dict(get_task("sts").read("train", ".", path=pairs)[1].skipped) == {2: "empty sentence2"}
 
 
 @pytest.mark.parametrize("split", ["dev", "test"])

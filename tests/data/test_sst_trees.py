@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tasks.data.readers import read_sentences
+from tasks.task import get_task
 from tasks.data.sst_trees import (Node, build_phrases, held_out_sentences, parse_tree, phrase_id, read_trees,
                                   write_phrases)
 
@@ -71,6 +71,6 @@ def test_the_file_is_the_cs224n_sst_format_and_reads_back(tmp_path):
     write_phrases(path, [Node("!", 2), Node(film, 4)])
     assert path.read_text(encoding="utf-8") == ("\tid\tsentence\tsentiment\n0\t0ab8318acaf6e678dd02e2b5c\t!\t2\n"
                                                 f"1\t{phrase_id(film)}\t{film}\t4\n")
-    examples, report = read_sentences(path, labeled=True, num_classes=5)
+    examples, report = get_task("sst").read("train", ".", path=path)
     assert [(e.text_a, e.label) for e in examples] == [("!", 2), (film, 4)]
     assert report.to_dict()["skipped"] == 0
