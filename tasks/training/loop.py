@@ -33,7 +33,8 @@ After every hook has seen a step the loop does what they asked: a log line (shou
 (should_evaluate), checkpoint ``last`` (should_save), the end of fit() (should_training_stop). A hook that keeps
 state a resume needs returns it from ``state`` (JSON) and takes it back in ``load_state``: it is saved in the
 checkpoint's state.json under its class name, as it is when the checkpoint is written. Under torchrun hooks run on
-every rank (``state.main``: rank 0).
+every rank (``state.main``: rank 0), and ask the same of the loop on every rank: a log line sums over the ranks, an
+evaluation waits for rank 0's scores.
 
 Usage:
     class EvaluateEvery(Hook):                      # dev scores every 100 steps, beside each epoch's
