@@ -428,9 +428,10 @@ def write_training_state(directory: Path, *, model: nn.Module, optimizer: torch.
     write_json(directory / "state.json", state)
 
 
-def checkpoint_format(ckpt: Path) -> int:
-    """The format of checkpoint ``ckpt`` (its state.json's; every checkpoint since the first has one)."""
-    state = read_state(ckpt)
+def checkpoint_format(ckpt: Path, state: dict | None = None) -> int:
+    """The format of checkpoint ``ckpt`` (its state.json's, ``state`` when the caller has read it; every checkpoint
+    since the first has one)."""
+    state = state if state is not None else read_state(ckpt)
     found = state.get("format", 1) if state is not None else 1
     if not isinstance(found, int) or found < 1:
         raise ValueError(f"{ckpt / 'state.json'}: \"format\" is {found!r}, not a checkpoint format: the file was edited "
@@ -441,26 +442,28 @@ def checkpoint_format(ckpt: Path) -> int:
     return found
 
 
-def read_weights(ckpt: Path, device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+def read_weights(ckpt: Path, device: torch.device | str = "cpu", state: dict | None = None
+                 ) -> dict[str, torch.Tensor]:
     """Checkpoint ``ckpt``'s model.safetensors as today's model names its weights: an older format's brought up
-    through ``WEIGHT_UPGRADES``, step by step."""
+    through ``WEIGHT_UPGRADES``, step by step (``state``: its state.json, when the caller has read it)."""
     weights = load_tensors(ckpt / "model.safetensors", device)
-    for version in range(checkpoint_format(ckpt), CHECKPOINT_FORMAT):
+    for version in range(checkpoint_format(ckpt, state), CHECKPOINT_FORMAT):
         weights = WEIGHT_UPGRADES[version](weights)
     return weights
 
 
-def load_weights(model: nn.Module, ckpt: Path, device: torch.device | str = "cpu") -> None:
+def load_weights(model: nn.Module, ckpt: Path, device: torch.device | str = "cpu", state: dict | None = None
+                 ) -> None:
     """Checkpoint ``ckpt``'s weights (``read_weights``) into ``model``."""
-    model.load_state_dict(read_weights(ckpt, device))
+    model.load_state_dict(read_weights(ckpt, device, state))
 
 
 def load_training_state(ckpt: Path, *, model: nn.Module, optimizer: torch.optim.Optimizer, param_names: list[str],
-                        device: torch.device | str = "cpu") -> None:
+                        state: dict, device: torch.device | str = "cpu") -> None:
     """The weights and the optimizer state ``write_training_state`` wrote, into ``model`` and ``optimizer`` (its
-    parameters named ``param_names``: they must be the checkpoint's). state.json is read where the checkpoint is
-    checked (``resume_point``, ``read_state``)."""
-    load_weights(model, ckpt, device)
+    parameters named ``param_names``: they must be the checkpoint's); ``state``: its state.json, read where the
+    checkpoint is checked (``resume_point``, ``read_state``)."""
+    load_weights(model, ckpt, device, state)
     load_optimizer_state(optimizer, load_tensors(ckpt / "optimizer.safetensors", device),
                          read_json(ckpt / "optimizer.json"), param_names)
 

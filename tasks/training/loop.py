@@ -484,7 +484,7 @@ class Loop(ABC):
         """A checked checkpoint (``state``: its state.json) into this loop: weights, optimizer, position, loss sums,
         hooks' states; its RNG states are put back when fit() starts."""
         load_training_state(ckpt, model=self.model, optimizer=self.optimizer, param_names=self.param_names,
-                            device=self.device)
+                            state=state, device=self.device)
         self.epoch, self.step, self.global_step = state["epoch"], state["step"], state["global_step"]
         # The saved sums are over all ranks: rank 0 carries them on, the others start from zero.
         saved_sums = state["epoch_sums"] if self.rank == 0 else {}
