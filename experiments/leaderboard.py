@@ -183,18 +183,18 @@ def main(argv: list[str] | None = None) -> dict:
     elif extra:
         ap.error(f"unrecognized arguments: {' '.join(extra)} (member flags go after --)")
     given = _flag_names(extra)
-    for option, flags in [*(("--variants", variant) for variant in args.variants),
+    for flag_option, flags in [*(("--variants", variant) for variant in args.variants),
                           ("--specialist-flags", args.specialist_flags)]:
         try:
             names = _flag_names(shlex.split(flags))
         except ValueError as e:
-            ap.error(f"{option} {flags!r}: {e}")
+            ap.error(f"{flag_option} {flags!r}: {e}")
         if given & names:  # the variant's flags come last, so they would silently replace the member flags after --
-            ap.error(f"{', '.join(sorted(given & names))} is given after -- and by {option} {flags!r}; "
+            ap.error(f"{', '.join(sorted(given & names))} is given after -- and by {flag_option} {flags!r}; "
                      "set it in one place")
-        own = names & (COMMAND_FLAGS | ({"--tasks"} if option == "--specialist-flags" else set()))
+        own = names & (COMMAND_FLAGS | ({"--tasks"} if flag_option == "--specialist-flags" else set()))
         if own:
-            ap.error(f"{option} {flags!r}: {', '.join(sorted(own))} is set by the command "
+            ap.error(f"{flag_option} {flags!r}: {', '.join(sorted(own))} is set by the command "
                      "(--specialists TASK=N, --first-seed, --out-dir, --data-dir)")
     try:
         specialists = specialist_counts(args.specialists)

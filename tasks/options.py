@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import shlex
@@ -48,6 +49,13 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 MISSING = dataclasses.MISSING
+
+
+@functools.cache
+def type_hints(cls: type) -> dict[str, Any]:
+    """``typing.get_type_hints(cls)``, evaluated once per class: the annotations are strings (PEP 563), and a
+    parser asks for them some 400 times."""
+    return typing.get_type_hints(cls)
 
 
 class AnyKey(tuple):
@@ -96,7 +104,7 @@ def flag_name(f: dataclasses.Field, prefix: str = "") -> str:
 def nested_config(cls: type, f: dataclasses.Field) -> type | None:
     """The dataclass of field ``f`` of dataclass ``cls`` when the field is a nested config (as TrainConfig's
     ``model``), else None."""
-    tp = typing.get_type_hints(cls)[f.name]
+    tp = type_hints(cls)[f.name]
     return tp if dataclasses.is_dataclass(tp) else None
 
 
@@ -178,7 +186,7 @@ def json_value(cls: type, name: str, value: Any, where: str = "") -> Any:
     """
     f = next(x for x in dataclasses.fields(cls) if x.name == name)
     where = where or name
-    hint = typing.get_type_hints(cls)[name]
+    hint = type_hints(cls)[name]
     tp = _unwrap(hint)
     optional = tp is not hint
     origin, args = typing.get_origin(tp), typing.get_args(tp)
@@ -286,7 +294,7 @@ def shown_default(value: Any) -> str:
 def takes_none(cls: type, f: dataclasses.Field) -> bool:
     """Whether field ``f`` of dataclass ``cls`` takes the word "none" for None: an ``X | None`` of a scalar X whose
     default is not None (``--sst-phrases none``), on the command line and in a ``--config`` file alike."""
-    hint = typing.get_type_hints(cls)[f.name]
+    hint = type_hints(cls)[f.name]
     tp = _unwrap(hint)
     return tp in (int, float, str) and tp is not hint and default_of(f) is not None
 
@@ -295,7 +303,7 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
     """argparse ``add_argument`` keywords of field ``f`` of dataclass ``cls`` (type, action, nargs, choices,
     metavar), from its type hint and ``option`` metadata."""
     meta = f.metadata
-    tp = _unwrap(typing.get_type_hints(cls)[f.name])
+    tp = _unwrap(type_hints(cls)[f.name])
     origin, args = typing.get_origin(tp), typing.get_args(tp)
     default = default_of(f)
     kw: dict[str, Any] = {}
@@ -321,7 +329,7 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
         kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]),
               "metavar": meta.get("metavar") or "STREAM=VALUE"}
     elif tp in (int, float, str):
-        optional_str = tp is str and tp is not typing.get_type_hints(cls)[f.name] and default is None
+        optional_str = tp is str and tp is not type_hints(cls)[f.name] and default is None
         kw = {"type": or_none(tp) if takes_none(cls, f) else not_none(tp) if optional_str else tp}
     else:
         raise TypeError(f"{cls.__name__}.{f.name} has type {tp!r}, which has no flag form")

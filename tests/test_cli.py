@@ -123,7 +123,8 @@ def test_every_training_flag_shows_its_config_default():
 
 def test_an_empty_default_reads_none():
     """A flag whose default is an empty collection (--report-to) says "(default: none)", not "(default: )"."""
-    helps = [arguments.build_parser()._get_formatter()._expand_help(a) for a in arguments.build_parser()._actions if a.help]
+    parser = arguments.build_parser()
+    helps = [parser._get_formatter()._expand_help(a) for a in parser._actions if a.help]
     assert not [h for h in helps if "(default: )" in h]
     (report,) = [h for h in helps if "event files in <out-dir>/tensorboard" in h]
     assert report.endswith("(default: none)")
