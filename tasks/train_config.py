@@ -20,7 +20,7 @@ import copy
 import dataclasses
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -434,41 +434,32 @@ class TrainConfig:
                 out[task] = prior
         return out
 
-    def _stream_setting(self, stream: str, field: str) -> Any:
-        """An extra stream's own setting (``field`` of its ``settings``: the SST phrases' --sst-phrases-<field>),
-        or None where its settings are the general ones alone (a user's stream)."""
-        settings = get_task(stream_task(stream)).stream.settings
-        return getattr(getattr(self, settings), field) if settings else None
+    def _stream_settings(self, given: Mapping[str, Any], field: str) -> dict[str, Any]:
+        """``given`` (a per-stream flag's mapping) with each extra stream it leaves out at its own ``field`` (of its
+        ``settings``: the SST phrases' --sst-phrases-<field>); a user's stream has only the general settings."""
+        out = dict(given)
+        for stream in self.extra_streams():
+            settings = get_task(stream_task(stream)).stream.settings
+            value = getattr(getattr(self, settings), field) if settings else None
+            if value is not None:
+                out.setdefault(stream, value)
+        return out
 
     # Every stream takes the per-stream settings every stream has: its entry in task_batch_size,
     # max_train_examples or loss_weights where one is given; else an extra stream's own (--sst-phrases-<x>, the SST
     # entry's spelling of the same setting; a command line that gives both is refused: refuse_idle_settings).
     def batch_sizes(self) -> dict[str, int]:
         """Examples per batch, by stream."""
-        sizes = {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
-        for stream in self.extra_streams():
-            own = self._stream_setting(stream, "batch_size")
-            if stream not in self.task_batch_size and own is not None:
-                sizes[stream] = own
-        return sizes
+        own = self._stream_settings(self.task_batch_size, "batch_size")
+        return {s: own.get(s, self.batch_size) for s in self.streams()}
 
     def train_caps(self) -> dict[str, int]:
         """Training examples an epoch, by capped stream."""
-        caps = dict(self.max_train_examples)
-        for stream in self.extra_streams():
-            own = self._stream_setting(stream, "per_epoch")
-            if own is not None:
-                caps.setdefault(stream, own)
-        return caps
+        return self._stream_settings(self.max_train_examples, "per_epoch")
 
     def stream_weights(self) -> dict[str, float]:
         """Loss factors, by stream named (any other weighs 1)."""
-        weights = dict(self.loss_weights)
-        for stream in self.extra_streams():
-            own = self._stream_setting(stream, "weight")
-            if own is not None:
-                weights.setdefault(stream, own)
-        return weights
+        return self._stream_settings(self.loss_weights, "weight")
 
     def settings(self) -> dict[str, Any]:
         """``to_dict()`` with each nested config's fields by dotted path ("swa.epochs"): one entry a setting."""
