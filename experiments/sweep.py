@@ -245,13 +245,15 @@ class Sweep:
 
     def finished(self, name: str) -> tuple[dict, float | None] | None:
         """(the final record, the wall seconds its ``sweep.json`` holds, or None) of the run ``<root>/<name>``;
-        None while it has no final record. What an experiment's table reads, never starting anything."""
+        None while it has no final record. What an experiment's table reads, never starting anything. A run cut
+        short and resumed has no wall time: its ``sweep.json`` holds the resuming process's alone."""
         run_dir = self.root / name
         record = final_record(run_dir)
         if record is None:
             return None
         marker = run_dir / "sweep.json"
-        return record, json.loads(marker.read_text()).get("wall_s") if marker.is_file() else None
+        done = json.loads(marker.read_text()) if marker.is_file() else {}
+        return record, None if done.get("resumed") else done.get("wall_s")
 
     def collect(self, rows: Iterable[str], seeds: Iterable[int],
                 read: Callable[[dict], dict]) -> dict[str, dict[int, dict]]:

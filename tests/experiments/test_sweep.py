@@ -225,7 +225,8 @@ def test_a_failed_run_stops_the_sweep_with_a_line_of_its_own(tmp_path):
 
 
 def test_finished_reads_a_runs_final_record_and_wall_time_and_starts_nothing(tmp_path):
-    """What the experiments' tables read: (final record, sweep.json's wall_s), None before a final record."""
+    """What the experiments' tables read: (final record, sweep.json's wall_s), None before a final record; a run
+    that was cut short and resumed has no wall time (its sweep.json holds the resuming process's alone)."""
     sweep = Sweep(tmp_path)
     run = tmp_path / "row" / "seed0"
     run.mkdir(parents=True)
@@ -236,6 +237,8 @@ def test_finished_reads_a_runs_final_record_and_wall_time_and_starts_nothing(tmp
     assert sweep.finished("row/seed0") == ({"final": True, "dev": {"sst_acc": 0.5}}, None)
     (run / "sweep.json").write_text(json.dumps({"argv": [], "wall_s": 12.5}))
     assert sweep.finished("row/seed0")[1] == 12.5
+    (run / "sweep.json").write_text(json.dumps({"argv": [], "wall_s": 12.5, "resumed": True}))
+    assert sweep.finished("row/seed0")[1] is None
 
 
 def test_collect_reads_each_finished_run_through_the_experiments_reader(tmp_path):
