@@ -162,7 +162,8 @@ def _task_of_version_2(path: str) -> dict[str, Any]:
     return {"name": spec["name"], "kind": kind, "classes": classes, "score_range": [0.0, 5.0] if regression else None,
             "checks_range": regression, "metrics": ["r" if regression else "acc"], "files": files, "layout": layout,
             "split_layouts": {}, "output_column": f"Predicted_{spec['name']}", "starter_format": True,
-            "positive": "", "span_option": "sts_scale" if regression else "", "stream": None, "prior": None,
+            "positive": "", "symmetric": kind.startswith("pair"), "span_option": "sts_scale" if regression else "",
+            "stream": None, "prior": None,
             "origin": {"file": str(file), "declaration": spec, "inferred": []}}
 
 

@@ -415,7 +415,9 @@ class Task:
     submission zip; ``part1``: the minBERT starter's part 1 (``classifier.py``) also writes it as
     ``{finetune|pretrain}-{name}-{split}-out.csv``; ``part1_only``: a run with it writes those files for each of its
     part-1 tasks; ``positive``: what class 1 of a one-logit classification means (the Predictor's ``p_<positive>``
-    column; default: its label). What some tasks have beside their own files, any task may declare: ``stream``, an
+    column; default: its label); ``symmetric``: a pair task whose relation has no order (paraphrase, similarity:
+    Quora's, STS's), scored as the mean of both orders under ``--symmetric-eval``; a pair task with an order
+    (entailment: premise, then hypothesis) is scored in its files' order, as it trained. What some tasks have beside their own files, any task may declare: ``stream``, an
     extra labelled stream through its head (``ExtraStream``: SST's treebank phrases, ``--sst-phrases``);
     ``prior``, a second opinion at evaluation (``Prior``: SST's probe, ``--sst-prior``, and STS's cosine,
     ``--sts-prior``); ``nli``, the head whose embeddings MNR trains on the NLI triplets (STS's, ``--nli``).
@@ -440,6 +442,7 @@ class Task:
     part1: bool = False
     part1_only: bool = False
     positive: str = ""
+    symmetric: bool = False
     overall: bool = False
     span_option: str = ""
     stream: ExtraStream | None = None
@@ -472,6 +475,9 @@ class Task:
                                         ("mixed", "first") or self.stream.min_words < 1):
             raise ValueError(f"{where}: its stream {self.stream} needs a name of its own, min_words >= 1 and an "
                              "order of mixed or first")
+        if self.symmetric and not self.kind.pair:
+            raise ValueError(f"{where}: 'symmetric' is a pair task's (its pairs have no order); a "
+                             f"{self.kind.name} has one text")
         if not self.metrics:
             object.__setattr__(self, "metrics", self.kind.default_metrics(self))
         bad = [m for m in self.metrics if m not in self.kind.metrics or (m == "f1" and self.num_classes != 2)]
@@ -598,7 +604,7 @@ class Task:
                 "layout": self.layout.to_dict(),
                 "split_layouts": {s: lay.to_dict() for s, lay in self.split_layouts.items()},
                 "output_column": self.output_column, "starter_format": self.starter_format,
-                "positive": self.positive, "span_option": self.span_option,
+                "positive": self.positive, "symmetric": self.symmetric, "span_option": self.span_option,
                 "stream": self.stream.to_dict() if self.stream else None,
                 "prior": self.prior.to_dict() if self.prior else None, "origin": dict(self.origin)}
 
@@ -608,8 +614,8 @@ class Task:
         if not isinstance(d, Mapping):
             raise ValueError(f"a task entry is a JSON object, got {json.dumps(d)}")
         keys = ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout",
-                "split_layouts", "output_column", "starter_format", "positive", "span_option", "stream", "prior",
-                "origin")
+                "split_layouts", "output_column", "starter_format", "positive", "symmetric", "span_option", "stream",
+                "prior", "origin")
         wrong = sorted(set(d) ^ set(keys))
         if wrong:
             raise ValueError(f"task entry {d.get('name')!r}: keys {wrong} are unknown or missing")
@@ -620,7 +626,8 @@ class Task:
                    checks_range=d["checks_range"], metrics=tuple(d["metrics"]),
                    split_layouts={s: Layout.from_dict(v) for s, v in d["split_layouts"].items()},
                    output_column=d["output_column"], starter_format=d["starter_format"], positive=d["positive"],
-                   span_option=d["span_option"], stream=ExtraStream(**d["stream"]) if d["stream"] else None,
+                   symmetric=d["symmetric"], span_option=d["span_option"],
+                   stream=ExtraStream(**d["stream"]) if d["stream"] else None,
                    prior=Prior(**d["prior"]) if d["prior"] else None, origin=dict(d["origin"]))
 
 
@@ -706,13 +713,13 @@ BUILTIN = tuple(register_task(t).name for t in (
                                      "test": "quora-test-student.csv"},
          layout=Layout(("sentence1", "sentence2"), "is_duplicate"), classes=_IDS[:2], metrics=("acc",), title="Para",
          output_column="Predicted_Is_Paraphrase", starter_format=True, submission=True, positive="paraphrase",
-         overall=True),
+         symmetric=True, overall=True),
     # the starter writes STS's column misspelt (Predicted_Similiary): we write it so and also read it spelt right
     Task("sts", KINDS["pair-regression"],
          files={"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
          layout=Layout(("sentence1", "sentence2"), "similarity"), score_range=(0.0, 5.0), checks_range=True,
          metrics=("r",), title="STS", output_column="Predicted_Similiary", starter_format=True,
-         also_read="Predicted_Similarity", submission=True, overall=True, span_option="sts_scale",
+         also_read="Predicted_Similarity", submission=True, symmetric=True, overall=True, span_option="sts_scale",
          prior=Prior("cosine", settings="priors.sts_"), nli=True),
     Task("cfimdb", files={"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv",
                           "test": "ids-cfimdb-test-student.csv"},
@@ -724,7 +731,7 @@ MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the 
 # ---- declarations: a task file's keys (a user's is checked, and what it leaves out inferred: tasks/task_file.py) --
 
 TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "classes", "num_classes", "range",
-                  "metric", "delimiter", "quoting", "header", "positive", "phrases", "prior")
+                  "metric", "delimiter", "quoting", "header", "positive", "symmetric", "phrases", "prior")
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header")  # what a split's own object may set too
 
 
@@ -772,7 +779,8 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
                 checks_range=spec.get("range") is not None and checks_range,
                 metrics=(metric,) if isinstance(metric, str) else tuple(metric), split_layouts=split_layouts,
                 output_column="label" if spec["kind"].endswith("classification") else "score",
-                positive=spec.get("positive") or "", stream=stream, prior=prior, origin=dict(origin or {}))
+                positive=spec.get("positive") or "", symmetric=bool(spec.get("symmetric")), stream=stream,
+                prior=prior, origin=dict(origin or {}))
 
 
 GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task; its files are in --data-dir

@@ -19,6 +19,9 @@ columns; the rest is inferred from the training file's labels unless declared:
   trained through its head as a stream of its own, ``<name>_phrases`` (or an object with its ``file``,
   ``min_words`` and ``order``); ``prior``, a second opinion at evaluation (its weight, or an object with its
   ``weight`` and ``model``): a probe for a sentence classification, the cosine for a pair regression.
+- ``symmetric``: true for a pair task whose pairs have no order (paraphrase, similarity), scored as the mean of
+  both orders (``--symmetric-eval``, as Quora and STS); by default a pair is scored in its files' order, the one
+  it trained in (entailment: premise, then hypothesis).
 
 Usage:
     task = read_task_file("nli.json")                 # the Task (tasks/task.py), not registered
@@ -175,6 +178,11 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
                 or not 0 <= weight <= 1 or not (model is None or isinstance(model, str)):
             raise _fail(where, "'prior' is its weight in [0, 1], or an object with its \"weight\" and \"model\" (a "
                                f"sentence encoder's directory); got {json.dumps(value)}")
+    if "symmetric" in spec and not isinstance(spec["symmetric"], bool):
+        raise _fail(where, f"'symmetric' is true (its pairs have no order: paraphrase, similarity) or false; got "
+                           f"{json.dumps(spec['symmetric'])}")
+    if spec.get("symmetric") and isinstance(spec.get("text"), (str, int)):
+        raise _fail(where, "'symmetric' is a pair task's (two text columns): drop it")
     if "positive" in spec and not (isinstance(spec["positive"], str) and spec["positive"].isidentifier()):
         raise _fail(where, f"'positive' is a word for what class 1 means; got {json.dumps(spec['positive'])}")
     return spec

@@ -194,9 +194,10 @@ class TrainConfig:
                                 group="data", choices=SUBSETS)
     pair_swap: float = option(0.0, "probability that a training pair (Quora, STS) is shown as (b, a) instead of "
                               "(a, b): order augmentation, not in the paper; 0 = off", group="data", metavar="P")
-    symmetric_eval: bool = option(True, "score every pair (Quora, STS) as the mean of its logits for (a, b) and "
-                                  "(b, a) at evaluation and prediction: a cross-encoder is not symmetric; not in "
-                                  "the paper", group="data")
+    symmetric_eval: bool = option(True, "score every pair of a task without order (Quora, STS; a task file's "
+                                  "\"symmetric\") as the mean of its logits for (a, b) and (b, a) at evaluation "
+                                  "and prediction: a cross-encoder is not symmetric; not in the paper",
+                                  group="data")
     priors: PriorsConfig = option(help="the STS and SST priors blended in at evaluation (tasks/evaluation/priors.py)",
                                   factory=PriorsConfig)
     sst_phrases: PhrasesConfig = option(help="the SST treebank's phrases as a training stream", factory=PhrasesConfig,

@@ -97,6 +97,8 @@ def test_declarations_override_the_inference(tmp_path):
     ({"quoting": "no"}, "'quoting' is true or false"),
     ({"test": {"path": "x.csv"}}, "'test' is a file name, or an object with its \"file\""),
     ({"colour": "red"}, "unknown key(s) ['colour']"),
+    ({"symmetric": "yes"}, "'symmetric' is true (its pairs have no order"),
+    ({"symmetric": True}, "'symmetric' is a pair task's (two text columns): drop it"),
 ])
 def test_every_value_is_checked_before_any_data_is_read(tmp_path, spec, message):
     """A wrong type or value in a task file is one ValueError naming the key and what it may be, raised before a

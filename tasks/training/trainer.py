@@ -252,7 +252,7 @@ class Trainer(Loop):
             per_task[stream] = per_task.get(stream, 0) + len(idx)
 
         def scored(task: str, n: int) -> int:  # a pair scored in both orders is two sequences' work
-            return n * (2 if cfg.symmetric_eval and get_task(task).kind.pair else 1)
+            return n * (2 if cfg.symmetric_eval and get_task(task).symmetric else 1)
 
         dev = {t: len(d) for t, d in self.dev_sets.items()}
         final = {(t, split): len(rows) for split, by_task in (self.final_examples or {}).items()
@@ -265,7 +265,7 @@ class Trainer(Loop):
                         "/".join(str(len(p)) for p in plans.values()), steps,
                         ", ".join(f"{t} {n}" for t, n in per_task.items()),
                         ", ".join(f"{t} {n}" for t, n in dev.items()),
-                        " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).kind.pair for t in dev)
+                        " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).symmetric for t in dev)
                         else "")
             if busy := busy_cpu_note(torch.get_num_threads(), self.device):
                 logger.warning(busy)

@@ -15,10 +15,13 @@ from tasks.checkpoint import load_model, resolve_checkpoint
 from tasks.evaluation.evaluator import Predictor, evaluate, evaluate_checkpoint, predict_dataset
 from tasks.predictions import read_logits
 from tasks.evaluation.metrics import task_metric, overall_score, score
-from tasks.model import TaskOutput
+from minbert.bert import BertModel
+from tasks.model import ModelConfig, MultitaskBert, TaskOutput
+from tasks.task import MULTITASK
+
 from tasks.predict import read_inputs
 from tasks.training.run import run
-from tests.helpers import TOK, make_dataset, make_model, tiny_train_config
+from tests.helpers import TOK, make_dataset, make_model, tiny_config, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -72,6 +75,44 @@ def test_both_orders_scores_the_mean_of_a_pair_and_its_swap(task, mode):
     sst = make_dataset("sst")
     assert torch.equal(predict_dataset(model, "sst", sst, both_orders=True).logits,
                        predict_dataset(model, "sst", sst).logits)
+
+
+def test_a_pair_task_with_an_order_is_scored_in_its_files_order(tmp_path):
+    """Both orders are for pairs without order (Quora's, STS's, MRPC's: ``symmetric``); an entailment pair (RTE,
+    NLI: premise, then hypothesis), trained in its files' order, is scored in that order under both_orders too,
+    and its entry says so from a task file without the key. The tiny cross model really is asymmetric."""
+    from tasks.task import get_task, register_task
+    from tasks.task_file import read_task_file
+    from tests.helpers import user_task
+    rows = {"train": [["a man sleeps", "a man rests", "entailment"], ["a dog runs", "a cat sits", "neutral"]] * 4,
+            "dev": [["a man sleeps", "a man rests", "entailment"], ["a dog runs", "a cat sits", "neutral"]]}
+    spec = {"name": "entail", "text": ["premise", "hypothesis"], "label": "label"}
+    entail = register_task(read_task_file(user_task(tmp_path / "e", spec, rows, ["premise", "hypothesis", "label"])))
+    assert not entail.symmetric and get_task("para").symmetric and get_task("sts").symmetric
+    assert get_task("mrpc").symmetric and not get_task("rte").symmetric and not get_task("wnli").symmetric
+    paired = register_task(read_task_file(user_task(tmp_path / "p", {**spec, "name": "paired", "symmetric": True},
+                                                    rows, ["premise", "hypothesis", "label"])))
+    assert paired.symmetric
+    torch.manual_seed(0)
+    model = MultitaskBert(BertModel(tiny_config()), ModelConfig(arch="baseline", pair_encoding="cross", fcn_size=16,
+                                                                pooling="mean"), MULTITASK + ("entail", "paired"))
+    with torch.no_grad():  # spread the heads as make_model does, so that the two orders' logits differ
+        for name, m in model.named_modules():
+            if isinstance(m, torch.nn.Linear) and not name.startswith("encoder."):
+                m.weight.normal_(0.0, m.in_features ** -0.5)
+                m.bias.normal_(0.0, 0.1)
+    model.eval()
+    for task in ("entail", "paired"):
+        ds = PairDataset([Example(str(i), a, b, 0) for i, (a, b, _) in enumerate(rows["dev"] * 3)], TOK,
+                         mode="cross", label_dtype=torch.long)
+        one = predict_dataset(model, task, ds, batch_size=4)
+        both = predict_dataset(model, task, ds, batch_size=4, both_orders=True)
+        swapped = predict_dataset(model, task, PairDataset([Example(i, b, a, 0) for i, a, b in
+                                                            zip(ds.ids, *ds.texts)], TOK, mode="cross",
+                                                           label_dtype=torch.long), batch_size=4)
+        assert float((one.logits - swapped.logits).abs().max()) > 1e-3
+        expected = (one.logits + swapped.logits) / 2 if task == "paired" else one.logits
+        torch.testing.assert_close(both.logits, expected, atol=1e-5, rtol=1e-5)
 
 
 def test_predict_dataset_restores_every_module_mode():
