@@ -417,8 +417,9 @@ class Task:
     part-1 tasks; ``positive``: what class 1 of a one-logit classification means (the Predictor's ``p_<positive>``
     column; default: its label); ``symmetric``: a pair task whose relation has no order (paraphrase, similarity:
     Quora's, STS's), scored as the mean of both orders under ``--symmetric-eval``; a pair task with an order
-    (entailment: premise, then hypothesis) is scored in its files' order, as it trained. What some tasks have beside their own files, any task may declare: ``stream``, an
-    extra labelled stream through its head (``ExtraStream``: SST's treebank phrases, ``--sst-phrases``);
+    (entailment: premise, then hypothesis) is scored in its files' order, as it trained. What some tasks have
+    beside their own files, any task may declare: ``stream``, an extra labelled stream through its head
+    (``ExtraStream``: SST's treebank phrases, ``--sst-phrases``);
     ``prior``, a second opinion at evaluation (``Prior``: SST's probe, ``--sst-prior``, and STS's cosine,
     ``--sts-prior``); ``nli``, the head whose embeddings MNR trains on the NLI triplets (STS's, ``--nli``).
     ``origin``: a user's task's file and the declaration it read there (tasks/task_file.py); not part of what the

@@ -86,8 +86,9 @@ def predict_dataset(
     (``length_bucketed_batches(shuffle=False)``); results are scattered back to
     dataset order. ``autocast_dtype`` (e.g. torch.bfloat16) turns on autocast
     for the device's type; logits come back as float32. ``both_orders`` scores
-    a symmetric pair task's pair (``Task.symmetric``: Quora's, STS's) as the mean of its logits for (a, b) and (b, a) (the
-    dataset's index ``i + N``, tasks.data.datasets.PairDataset), predictions from that mean.
+    a pair of a task without order (``Task.symmetric``: Quora's, STS's) as the mean
+    of its logits for (a, b) and (b, a) (the dataset's index ``i + N``,
+    tasks.data.datasets.PairDataset), predictions from that mean.
     ``prior(dataset, logits)`` (the task's prior: tasks.evaluation.priors, STS's cosine, SST's probe) replaces
     the logits, in dataset order, with its blend of them, the predictions then its kind's rule on the blend.
     """

@@ -17,11 +17,11 @@ from tasks.predictions import read_logits
 from tasks.evaluation.metrics import task_metric, overall_score, score
 from minbert.bert import BertModel
 from tasks.model import ModelConfig, MultitaskBert, TaskOutput
-from tasks.task import MULTITASK
-
+from tasks.task import MULTITASK, get_task, register_task
+from tasks.task_file import read_task_file
 from tasks.predict import read_inputs
 from tasks.training.run import run
-from tests.helpers import TOK, make_dataset, make_model, tiny_config, tiny_train_config
+from tests.helpers import TOK, make_dataset, make_model, tiny_config, tiny_train_config, user_task
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -81,9 +81,6 @@ def test_a_pair_task_with_an_order_is_scored_in_its_files_order(tmp_path):
     """Both orders are for pairs without order (Quora's, STS's, MRPC's: ``symmetric``); an entailment pair (RTE,
     NLI: premise, then hypothesis), trained in its files' order, is scored in that order under both_orders too,
     and its entry says so from a task file without the key. The tiny cross model really is asymmetric."""
-    from tasks.task import get_task, register_task
-    from tasks.task_file import read_task_file
-    from tests.helpers import user_task
     rows = {"train": [["a man sleeps", "a man rests", "entailment"], ["a dog runs", "a cat sits", "neutral"]] * 4,
             "dev": [["a man sleeps", "a man rests", "entailment"], ["a dog runs", "a cat sits", "neutral"]]}
     spec = {"name": "entail", "text": ["premise", "hypothesis"], "label": "label"}
