@@ -152,12 +152,15 @@ class Sweep:
             say(f"[sweep] plan: {len(items)} runs, {min(self.jobs, len(items))} at a time"
                 + (f", {self.threads} thread{'s' if self.threads > 1 else ''} each" if self.threads else ""))
 
+        counted = threading.Lock()  # a run's count and its line go out together: "1/6" never after "2/6"
+
         def timed(i: int) -> Any:
             before = _commands_run()
             result = fn(items[i])
-            clock.done(i, ran=_commands_run() > before)
-            if not self.dry_run:
-                say(f"[sweep] {clock.line()}")
+            with counted:
+                clock.done(i, ran=_commands_run() > before)
+                if not self.dry_run:
+                    say(f"[sweep] {clock.line()}")
             return result
 
         try:

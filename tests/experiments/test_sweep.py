@@ -72,6 +72,29 @@ def test_progress_lines_are_written_whole(tmp_path, monkeypatch):
     assert len(writes) == 2 and all(w.startswith("[row] ") and w.endswith("\n") for w in writes), writes
 
 
+def test_progress_counts_go_out_in_order_when_two_jobs_finish_at_once(tmp_path, monkeypatch):
+    """Two jobs' runs end together: the count a line says and the moment it is written belong together, so
+    "1/2 runs done" never comes out after "2/2" (here the first line's write is slowed to let the other pass)."""
+    import experiments.sweep as sweep_module
+
+    lines = []
+    lines_lock = threading.Lock()
+    say = sweep_module.say
+
+    def slow_first_count(line: str) -> None:
+        if " 1/2 runs done" in line:
+            threading.Event().wait(0.3)  # the other job's "2/2" would be written meanwhile
+        with lines_lock:
+            lines.append(line)
+        say(line)
+
+    monkeypatch.setattr(sweep_module, "say", slow_first_count)
+    both_done = threading.Barrier(2, timeout=30)
+    Sweep(tmp_path, jobs=2).map(lambda item: both_done.wait() and item, ["a", "b"])
+    counts = [re.match(r"\[sweep\] (\d)/2 runs done", x) for x in lines]
+    assert [int(m.group(1)) for m in counts if m] == [1, 2], lines
+
+
 def test_a_run_directory_in_use_by_a_live_sweep_is_refused(tmp_path):
     """Two sweep processes must not run the same row (the second's --overwrite would wipe the first's files): a
     lock held by a live process refuses, one left by a dead process is taken over and removed after the run."""
