@@ -10,6 +10,7 @@ import pytest
 import torch
 import transformers
 
+from tasks.logs import PACKAGES
 from tasks.model import ModelConfig
 from tasks.task import BUILTIN, GLUE, task_names, unregister_task
 from tasks.training.run import run
@@ -47,9 +48,13 @@ def _deterministic():
 
 @pytest.fixture(autouse=True)
 def _commands_log_handlers_removed():
-    """A command's log handlers (tasks.logs.log_to) live as long as its process; a test's end is its
-    process's end, so the next test starts without them (as a new command would)."""
+    """A command's log handlers (tasks.logs.log_to) and the levels it sets (log_to, open_log) live as long as its
+    process; a test's end is its process's end, so the next test starts without them (as a new command would)."""
+    loggers = [logging.getLogger(name) for name in ("", *PACKAGES)]
+    levels = [logger.level for logger in loggers]
     yield
+    for logger, level in zip(loggers, levels):
+        logger.setLevel(level)
     root = logging.getLogger()
     for handler in [h for h in root.handlers if getattr(h, "_train_multitask", False)]:
         root.removeHandler(handler)

@@ -148,7 +148,9 @@ def test_an_overwrite_killed_before_its_first_checkpoint_is_pointed_out(tmp_path
     out = tmp_path / "run"
     aside = out / f".replaced-20260101-000000-{dead_pid()}"
     (aside / "checkpoints" / "best").mkdir(parents=True)
+    run_dir = RunDir(out)
     with caplog.at_level(logging.WARNING):
-        RunDir(out).start(TrainConfig(out_dir=str(out)))
+        run_dir.start(TrainConfig(out_dir=str(out)))
+    run_dir.close()  # its lock and its train.log go, as at a run's end
     assert str(aside) in caplog.text and "killed" in caplog.text
     assert aside.is_dir()
