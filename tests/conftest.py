@@ -4,6 +4,7 @@ finished tiny runs. Helper functions that tests call directly live in tests/help
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,18 @@ from tasks.model import ModelConfig
 from tasks.task import BUILTIN, GLUE, task_names, unregister_task
 from tasks.training.run import run
 from tests.helpers import tiny_train_config, write_tiny_data, write_tiny_model
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (``make test`` runs the suite in one process per core, at most 4) each worker computes
+    on its share of the cores, and the commands it starts inherit that share: two workers of two threads each
+    would spin four OpenMP threads on a 2-core CPU. A thread count the user set (OMP_NUM_THREADS) is kept."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and "OMP_NUM_THREADS" not in os.environ:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        share = max(1, cores // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(share)
+        torch.set_num_threads(share)
 
 
 def pytest_collection_modifyitems(config, items):

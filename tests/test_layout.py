@@ -535,7 +535,7 @@ def test_make_sets_up_on_first_use_and_says_so_when_it_is_done(tmp_path):
         return subprocess.run(["make", "-s", *args], cwd=tmp_path, capture_output=True, text=True, check=True,
                               env=env).stdout
 
-    assert make("test").splitlines() == ["SETUP RAN", "RAN -m pytest -q"]
+    assert make("test").splitlines() == ["SETUP RAN", "RAN -m pytest -q -n auto --maxprocesses 4 --dist loadfile"]
     assert make("train", "ARGS=--limit 64").splitlines() == [
         "make: set-up already done (.venv is newer than setup.sh pyproject.toml requirements.txt "
         "requirements-test.txt; bash setup.sh redoes it)", "RAN train_multitask.py --limit 64"]
