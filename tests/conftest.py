@@ -13,6 +13,7 @@ import transformers
 
 from tasks.logs import PACKAGES
 from tasks.model import ModelConfig
+from tasks.runtime import set_threads
 from tasks.task import BUILTIN, GLUE, task_names, unregister_task
 from tasks.training.run import run
 from tests.helpers import tiny_train_config, write_tiny_data, write_tiny_model
@@ -24,10 +25,9 @@ def pytest_configure(config):
     would spin four OpenMP threads on a 2-core CPU. A thread count the user set (OMP_NUM_THREADS) is kept."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers and "OMP_NUM_THREADS" not in os.environ:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        share = max(1, cores // int(workers))
+        share = max(1, (os.cpu_count() or 1) // int(workers))  # the cores as runtime.busy_cpu_note counts them
         os.environ["OMP_NUM_THREADS"] = str(share)
-        torch.set_num_threads(share)
+        set_threads(share)
 
 
 def pytest_collection_modifyitems(config, items):
