@@ -35,8 +35,8 @@ constant prediction before the lr has decayed.
 
 Tables: mean ± std over the seeds per task and overall, and each row's change
 against its parent (the row above; B1 for swa, distill, smart and the
-ensembles; CE for the contrastive rows), paired by seed, as Δ ± standard
-error, starred where |Δ| > 2 SE (experiments/stats.py). A row with any seed
+ensembles; CE for the contrastive rows), paired by seed, as Δ and its 95% t
+interval, starred where the interval excludes 0 (experiments/stats.py). A row with any seed
 whose SST or Quora accuracy is below the majority class + 0.02 is flagged "at
 the majority class" with those seeds: it has not learned that task there (a
 constant prediction, or worse).

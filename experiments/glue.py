@@ -16,7 +16,7 @@ MRPC, STS-B) gain most; its RTE gain comes with MNLI beside it. The rows:
 
 Each row runs once per seed in ``<out-dir>/<row>/seed<k>`` (``--save-only-model``); a finished run is reused and
 one cut short resumes (experiments/sweep.py). The table gives each GLUE task's dev metrics alone, beside the
-others (Δ against alone paired by seed, ± SE, starred where |Δ| > 2 SE), beside NLI (RTE) and beside the CS224N
+others (Δ against alone paired by seed with its 95% t interval, starred where it excludes 0), beside NLI (RTE) and beside the CS224N
 tasks, with run_glue's published bert-base dev scores; and the CS224N side: ``quick`` against ``quick+glue4``
 (overall, Δ, the wall-time ratio). ``--full`` runs the last pair on the whole default recipe instead
 (``default``, ``default+glue4``: three epochs, about three times as long).

@@ -275,8 +275,8 @@ def render(results: dict, times: dict, majority: dict[str, float]) -> str:
         parts.append(f"**{title}** (mean ± std over seeds; † a seed below {floor:.3f}, the majority class "
                      f"{majority[METRICS[task]]:.3f} + 0.02)\n\n" + markdown_table(["method"] + [COLUMNS[c] for c in
                                                                                      CONDITIONS], scores))
-        parts.append(f"**{title}: change against CE in the same condition** (paired by seed, ± standard error, "
-                     "* past 2 SE; attack: accuracy after it)\n\n" +
+        parts.append(f"**{title}: change against CE in the same condition** (paired by seed, Δ [95% t interval], "
+                     "* where it excludes 0; attack: accuracy after it)\n\n" +
                      markdown_table(["method"] + [COLUMNS[c].split(" / ")[0] for c in CONDITIONS], changes))
     body = [[METHODS[m][0]] + [f"{times[m][c]:.0f}" if c in times.get(m, {}) else "–" for c in CONDITIONS]
             for m in METHODS if m in times]

@@ -23,8 +23,8 @@ row's change is the training's, not the prior's:
   n17k-b64-reinit2  the default's phrases (n17k-b64) and the top 2 layers re-initialised: for ``--full``
 
 Each row runs once per seed in ``<out-dir>/<row>/seed<k>``; the table gives SST dev accuracy, mean ± std
-over the seeds, its change against ``base`` paired by seed (Δ ± SE, starred where |Δ| > 2 SE;
-experiments/stats.py) and the mean wall seconds of a run. A finished run is reused and a run cut short
+over the seeds, its change against ``base`` paired by seed (Δ [95% t interval], starred where
+it excludes 0; experiments/stats.py) and the mean wall seconds of a run. A finished run is reused and a run cut short
 resumes (experiments/sweep.py), so the same command again continues where it stopped.
 
 ``--full ROW`` then confirms a row on the whole recipe: the default multitask run plus ``base``'s

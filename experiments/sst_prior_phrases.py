@@ -16,7 +16,7 @@ so "w = 0" (the sentences alone, fitted again) scores what the run scored, up to
 
 Runs are grouped by their parent directory (an arm: ``runs/sst-phrases/full/<arm>/seed<k>``). The table gives
 each arm's dev SST accuracy, mean ± std over its runs, with the run's own probe and with each refit probe, and
-the change paired by run (Δ ± SE, starred where |Δ| > 2 SE; experiments/stats.py), and each probe's own dev
+the change paired by run (Δ [95% t interval], starred where it excludes 0; experiments/stats.py), and each probe's own dev
 accuracy (its argmax alone).
 
 Usage:

@@ -2,13 +2,16 @@
 
 A row is run once per seed; the seeds of a row and of its parent are the
 same (same data slices and batch order per seed), so a change is measured on
-paired runs: Δ = mean over seeds of (row − parent), SE = std(differences) / √n.
-A change is marked (``*``) when |Δ| > 2 SE, i.e. it is unlikely to be the seed
-noise alone; with 3 seeds that is a rough screen, not a significance test.
+paired runs: Δ = mean over seeds of (row − parent), SE = std(differences) / √n,
+and its 95% interval Δ ± t · SE with Student's t at n − 1 degrees of freedom
+(t = 4.30 for 3 seeds, 2.36 for 8): with few seeds, ± 2 SE would be far too
+narrow. A change is marked (``*``) when that interval excludes 0.
 
 Usage:
     cell([0.47, 0.48, 0.46])                  # "0.470 ± 0.010"
-    change([0.47, 0.48], [0.45, 0.47])        # (Δ, SE) over the seeds both have
+    change([0.47, 0.48], [0.45, 0.47])        # (Δ, SE, n) over the seeds both have
+    interval(row, parent)                     # (Δ, low, high, n): the paired 95% t interval
+    change_cell(row, parent)                  # "+0.012 [+0.004, +0.020]*"
     plot_rows(path, rows, metrics, title)     # one panel per metric, mean with std error bars
 """
 
@@ -49,14 +52,32 @@ def change(row: dict[int, float], parent: dict[int, float]) -> tuple[float, floa
     return statistics.fmean(diffs), se, len(diffs)
 
 
-def change_cell(row: dict[int, float], parent: dict[int, float], digits: int = 3) -> str:
-    """"+0.012 ± 0.004*": Δ ± SE, starred when |Δ| > 2 SE (needs two or more paired seeds)."""
+def t_quantile(level: float, df: int) -> float:
+    """The two-sided ``level`` quantile of Student's t with ``df`` degrees of freedom (4.303 for 0.95 and 2)."""
+    from scipy.stats import t  # scipy comes with the test extra, which setup.sh installs for experiments/
+
+    return float(t.ppf(0.5 + level / 2, df))
+
+
+def interval(row: dict[int, float], parent: dict[int, float], level: float = 0.95) -> tuple[float, float, float, int]:
+    """(Δ, low, high, n): the mean paired difference and its ``level`` t interval, Δ ± t(n − 1) · SE; the
+    interval is nan with fewer than two pairs (one seed has no spread to measure)."""
     delta, se, n = change(row, parent)
+    if n < 2:
+        return delta, math.nan, math.nan, n
+    half = t_quantile(level, n - 1) * se
+    return delta, delta - half, delta + half, n
+
+
+def change_cell(row: dict[int, float], parent: dict[int, float], digits: int = 3) -> str:
+    """"+0.012 [+0.004, +0.020]*": Δ and its paired 95% t interval, starred when the interval excludes 0
+    (needs two or more paired seeds; one seed: Δ alone)."""
+    delta, low, high, n = interval(row, parent)
     if n == 0:
         return "–"
     if n == 1:
         return f"{delta:+.{digits}f}"
-    return f"{delta:+.{digits}f} ± {se:.{digits}f}" + ("*" if abs(delta) > 2 * se else "")
+    return f"{delta:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]" + ("*" if low > 0 or high < 0 else "")
 
 
 def plot_rows(path: Path, labels: Sequence[str], values: dict[str, Sequence[Sequence[float]]], title: str,

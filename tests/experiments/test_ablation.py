@@ -66,7 +66,7 @@ def test_ablation_tables_flag_collapse_and_mark_changes(tmp_path):
     assert "| 3 | 0.400 ± 0.010 | 0.700 ± 0.010 |" in base and "majority" not in base
     even = next(x for x in lines if x.startswith("| + even"))
     assert "(at the majority class: para, seeds 0 1 2)" in even and "+0.020 ± 0.000" not in even
-    assert "+0.050 ± 0.000*" in even  # SST: the same +0.05 on every seed
+    assert "+0.050 [+0.050, +0.050]*" in even  # SST: the same +0.05 on every seed
     assert "CE: b1 heads, cross-encoded pairs, mean pooling (at the majority class: para, seeds 1) |" in contrastive
     plot_rows(tmp_path / "p.png", ["a", "b"], {"overall": [[0.5, 0.6], [0.7]]}, "t", {"overall": 0.55})
     image = matplotlib.image.imread(tmp_path / "p.png")

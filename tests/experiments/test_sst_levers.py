@@ -39,7 +39,7 @@ def test_the_table_pairs_each_row_with_base_by_seed(tmp_path):
     lines = {line.split("|")[1].strip().split(":")[0]: line for line in render(results).splitlines()[2:]}
     assert set(lines) == {"`base`", "`phrases`"}
     assert "0.480 ± 0.010" in lines["`base`"] and "101" in lines["`base`"]
-    assert "+0.020 ± 0.006*" in lines["`phrases`"]  # differences 0.02, 0.01, 0.03
+    assert "+0.020 [-0.005, +0.045]" in lines["`phrases`"]  # differences 0.02, 0.01, 0.03: ± 4.303 x 0.0058
     assert sst_levers.PARENT == "base"
 
 
@@ -80,8 +80,8 @@ def test_the_full_table_pairs_every_metric_and_the_seconds_by_seed(tmp_path):
     results = sst_levers.collect_full(sweep, "n17k", [0, 1])
     table = sst_levers.render_full(results, "n17k").splitlines()
     delta = next(line for line in table if line.startswith("| Δ"))
-    assert delta.count("+0.015 ± 0.005") == 2  # SST and overall: differences 0.01, 0.02
-    assert "+0.000 ± 0.000" in delta and delta.rstrip(" |").endswith("+20 ± 0*")
+    assert delta.count("+0.015 [-0.049, +0.079]") == 2  # SST and overall: differences 0.01, 0.02 (t(1) = 12.7)
+    assert "+0.000 [+0.000, +0.000] |" in delta and delta.rstrip(" |").endswith("+20 [+20, +20]*")
     assert "`base`: default + --sst-phrases none" in table[2]
     assert "default + --sst-phrases sst-phrases-train.csv --sst-phrases-per-epoch 17088 --sst-phrases-batch-size 32" \
         in table[3]
