@@ -1,0 +1,230 @@
+"""What the default costs and what it buys: dev overall against minutes over the levers that set a run's size.
+
+The default's wall time is its recipe's size (benchmarks/README.md: the training step is near the floors its parts
+measure), so this sweep measures the levers that change what a run costs, each a point of the default with one
+or a few flags changed, against the default itself, paired by seed:
+
+  examples an epoch per stream (Quora pairs, SST phrases), epochs and the schedule's peak learning rate, the
+  longest sequence, the encoder's dropout, and combinations of them
+
+Every point runs once per seed in ``<out-dir>/<point>/seed<k>`` (``--save-only-model``; a finished run is reused,
+one cut short resumes: experiments/sweep.py); the same seed draws the same data slices and batch order in every
+point, so a point's change of dev overall is measured on paired runs, with its 95% t interval (experiments/stats.py).
+
+The rule for a new default (issue 71): the fastest point whose paired difference's 95% interval includes 0 and
+whose mean difference is no more than ``TOLERANCE`` below the default's; the table marks the points that qualify,
+and the best point at about a third of the default's minutes (what ``--preset quick`` should be).
+
+Minutes are each run's own wall time (data to predictions) at the sweep's thread count: compare them within one
+sweep on one machine, never across machines.
+
+Usage:
+    python -m experiments.front --out-dir runs/front --jobs 2 --threads 1 [--seeds 0 1 2] [--only POINT ...]
+
+Writes ``<out-dir>/front.json``, ``front.md`` (the table) and ``front.png`` (overall and its paired difference
+against minutes, each point with its seeds' 95% interval).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from tasks.cli import Parser
+from tasks.options import add_options, option
+from tasks.storage import atomic_file, write_text
+from experiments.stats import cell, change_cell, interval, mean_std, t_quantile
+from experiments.sweep import Sweep, add_sweep_options, fmt, markdown_table, open_sweep
+
+REFERENCE = "default"
+TOLERANCE = 0.003  # a new default may cost at most this much dev overall on the mean of its paired seeds
+QUICK_SHARE = 1 / 3  # --preset quick: the best point at about this share of the default's minutes
+COMMON = ["--save-only-model"]
+KEYS = ("sst_acc", "para_acc", "sts_r", "overall")
+
+# point -> (what it changes, its flags on the default); every setting a point depends on spelled out
+POINTS: dict[str, tuple[str, list[str]]] = {
+    REFERENCE: ("the default recipe", []),
+    "e2": ("2 epochs instead of 3", ["--epochs", "2"]),
+    "e2-lr2": ("2 epochs, peak learning rate 2e-4", ["--epochs", "2", "--lr", "2e-4"]),
+    "e1": ("1 epoch (today's --preset quick)", ["--epochs", "1"]),
+    "e1-lr2": ("1 epoch, peak learning rate 2e-4", ["--epochs", "1", "--lr", "2e-4"]),
+    "para12k": ("12,000 Quora pairs an epoch instead of 23,000", ["--max-train-examples", "para=12000"]),
+    "phr8k": ("8,544 SST phrases an epoch instead of 17,088", ["--sst-phrases-per-epoch", "8544"]),
+    "nodrop": ("no dropout in the encoder", ["--encoder-dropout", "0"]),
+    "len64": ("sequences cut at 64 tokens instead of 128", ["--max-length", "64"]),
+}
+
+
+def collect(sweep: Sweep, names: Sequence[str], seeds: Sequence[int]) -> dict[str, dict[int, dict]]:
+    """{point: {seed: {every dev metric, "wall_s"}}} of the finished runs."""
+    return sweep.collect(names, seeds, lambda record: dict(record["dev"]))
+
+
+def values(per_seed: dict[int, dict], key: str) -> dict[int, float]:
+    return {s: v[key] for s, v in per_seed.items() if v.get(key) is not None}
+
+
+def minutes(per_seed: dict[int, dict]) -> float:
+    """The mean wall time of a point's runs, in minutes (nan when none has one)."""
+    walls = [v["wall_s"] for v in per_seed.values() if v.get("wall_s") is not None]
+    return statistics.fmean(walls) / 60 if walls else math.nan
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A point against the reference: its mean minutes, the paired Δ overall with its 95% interval, whether it
+    qualifies as a new default (the interval includes 0 and Δ >= -TOLERANCE, two or more paired seeds)."""
+
+    point: str
+    minutes: float
+    delta: float
+    low: float
+    high: float
+    pairs: int
+
+    @property
+    def qualifies(self) -> bool:
+        return self.pairs >= 2 and self.low <= 0 <= self.high and self.delta >= -TOLERANCE
+
+
+def verdicts(results: dict[str, dict[int, dict]]) -> list[Verdict]:
+    """Every point with a paired seed against the reference, fastest first."""
+    ref = values(results.get(REFERENCE, {}), "overall")
+    out = []
+    for point, per_seed in results.items():
+        if point == REFERENCE:
+            continue
+        delta, low, high, n = interval(values(per_seed, "overall"), ref)
+        if n:
+            out.append(Verdict(point, minutes(per_seed), delta, low, high, n))
+    return sorted(out, key=lambda v: v.minutes)
+
+
+def choices(results: dict[str, dict[int, dict]]) -> dict[str, str | None]:
+    """{"default": the fastest qualifying point, "quick": the best point at about a third of the reference's
+    minutes (at most 40% of them), by mean overall} (None where none is measured)."""
+    found = verdicts(results)
+    qualifying = [v for v in found if v.qualifies and v.minutes < minutes(results.get(REFERENCE, {}))]
+    ref_minutes = minutes(results.get(REFERENCE, {}))
+    cheap = [v for v in found if v.minutes <= 1.2 * QUICK_SHARE * ref_minutes]
+    return {"default": qualifying[0].point if qualifying else None,
+            "quick": max(cheap, key=lambda v: v.delta).point if cheap else None}
+
+
+def render(results: dict[str, dict[int, dict]]) -> str:
+    """The front's table: each point's minutes, dev scores (mean ± std over seeds) and paired Δ overall with its
+    95% t interval, fastest first; then the rule's choice."""
+    ref = results.get(REFERENCE, {})
+    ref_minutes = minutes(ref)
+    found = {v.point: v for v in verdicts(results)}
+    order = sorted(results, key=lambda p: minutes(results[p]))
+    lines = []
+    for point in order:
+        per = results[point]
+        what = POINTS[point][0] if point in POINTS else point
+        v = found.get(point)
+        lines.append([f"`{point}`", what, str(len(per)), fmt(minutes(per), 1),
+                      fmt(minutes(per) / ref_minutes, 2) if ref_minutes == ref_minutes else "–",
+                      *(cell(list(values(per, k).values()), 4 if k == "overall" else 3) for k in KEYS),
+                      "" if point == REFERENCE else change_cell(values(per, "overall"), values(ref, "overall"), 4),
+                      "yes" if v is not None and v.qualifies else ""])
+    table = markdown_table(["point", "change", "seeds", "min", "× default", "SST acc", "Para acc", "STS r",
+                            "overall", f"Δ overall [95% t interval], paired", "qualifies"], lines)
+    chosen = choices(results)
+    rule = (f"Rule: the fastest point whose paired Δ overall has a 95% interval that includes 0 and a mean no more "
+            f"than {TOLERANCE} below the default's. Chosen: {chosen['default'] or 'none (the default stays)'}; "
+            f"the best point at about a third of the default's minutes: {chosen['quick'] or 'none measured'}.")
+    return table + "\n\n" + rule + "\n"
+
+
+def plot(path: Path, results: dict[str, dict[int, dict]]) -> None:
+    """Two panels against minutes: dev overall (mean with its seeds' 95% t interval) and Δ overall paired with the
+    default (with its 95% t interval); each point labelled."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ref = values(results.get(REFERENCE, {}), "overall")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for point, per in results.items():
+        x = minutes(per)
+        overall = list(values(per, "overall").values())
+        if not overall or x != x:
+            continue
+        m, s = mean_std(overall)
+        half = t_quantile(0.95, len(overall) - 1) * s / math.sqrt(len(overall)) if len(overall) > 1 else 0.0
+        color = "tab:red" if point == REFERENCE else "tab:blue"
+        axes[0].errorbar([x], [m], yerr=[half], fmt="o", color=color, capsize=3)
+        axes[0].annotate(point, (x, m), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        if point != REFERENCE:
+            delta, low, high, n = interval(values(per, "overall"), ref)
+            if n:
+                err = [[delta - low], [high - delta]] if n > 1 else None
+                axes[1].errorbar([x], [delta], yerr=err, fmt="o", color=color, capsize=3)
+                axes[1].annotate(point, (x, delta), fontsize=7, xytext=(4, 3), textcoords="offset points")
+    axes[0].set_ylabel("dev overall (mean, 95% t interval of the seeds)")
+    axes[1].set_ylabel(f"Δ overall vs {REFERENCE}, paired by seed (95% t interval)")
+    axes[1].axhline(0, color="tab:red", lw=1)
+    axes[1].axhline(-TOLERANCE, color="tab:red", lw=1, ls="--")
+    for ax in axes:
+        ax.set_xlabel("minutes per run (the sweep's threads)")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    try:
+        with atomic_file(Path(path)) as tmp:
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
+
+
+@dataclass
+class FrontOptions:
+    """The experiment's own flags (beside the sweep's, experiments.sweep.SweepOptions)."""
+
+    only: list[str] | None = option(None, "run these points only (the default is always run: the others pair "
+                                          "with it)", nargs="+", metavar="POINT")
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog=f"python -m {__spec__.name}", description=__doc__.split("\n")[0])
+    add_options(ap, FrontOptions)
+    add_sweep_options(ap, out_dir="runs/front")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = build_parser()
+    args = ap.parse_args(argv)
+    unknown = sorted(set(args.only or ()) - set(POINTS))
+    if unknown:
+        ap.error(f"--only {' '.join(unknown)}: points are {', '.join(POINTS)}")
+    sweep = open_sweep(ap, args)
+    wanted = [p for p in POINTS if args.only is None or p in args.only or p == REFERENCE]
+    t0 = time.perf_counter()
+    runs = [(point, seed) for seed in args.seeds for point in wanted]  # seed by seed: an early stop has whole pairs
+    sweep.map(lambda ps: sweep.train(f"{ps[0]}/seed{ps[1]}", [*POINTS[ps[0]][1], *COMMON, "--data-dir",
+                                                              args.data_dir, "--seed", str(ps[1])]), runs)
+    if args.dry_run:
+        return {}
+    results = collect(sweep, list(POINTS), args.seeds)
+    text = render(results)
+    summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
+               "wall_s": round(time.perf_counter() - t0, 1), "flags": {p: f for p, (_, f) in POINTS.items()},
+               "choices": choices(results),
+               "points": {p: {str(s): v for s, v in per.items()} for p, per in results.items()}}
+    write_text(sweep.root / "front.json", json.dumps(summary, indent=2) + "\n")
+    write_text(sweep.root / "front.md", text)
+    plot(sweep.root / "front.png", results)
+    print(text)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""Tests of experiments/front.py: every point is the default with its own flags, the table pairs each point with
+the default by seed, and the rule picks the fastest point whose paired interval includes 0 within the tolerance."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from experiments import front
+from experiments.front import POINTS, REFERENCE, Verdict, choices, collect, render
+from experiments.sweep import Sweep
+from tasks import arguments
+
+
+def test_every_point_is_a_run_the_train_command_accepts_and_differs_from_the_default():
+    """Each point's flags parse into a TrainConfig other than the default's, and the reference is the default."""
+    default = arguments.config_for(["--out-dir", "unused"]).to_dict()
+    assert POINTS[REFERENCE][1] == []
+    for point, (_, flags) in POINTS.items():
+        cfg = arguments.config_for([*flags, "--out-dir", "unused"]).to_dict()
+        assert point == REFERENCE or cfg != default, point
+
+
+def _runs(tmp_path, overall: dict[str, list[float]], walls: dict[str, float]) -> dict:
+    for point, per_seed in overall.items():
+        for seed, value in enumerate(per_seed):
+            run = tmp_path / point / f"seed{seed}"
+            run.mkdir(parents=True)
+            dev = {"sst_acc": 0.5, "para_acc": 0.86, "sts_r": 0.88, "overall": value}
+            (run / "metrics.jsonl").write_text(json.dumps({"final": True, "dev": dev}) + "\n")
+            (run / "sweep.json").write_text(json.dumps({"wall_s": walls[point] * 60}))
+    return collect(Sweep(tmp_path), list(overall), [0, 1, 2])
+
+
+def test_the_rule_takes_the_fastest_point_within_the_tolerance_whose_interval_includes_zero(tmp_path):
+    """e1 is fastest but loses 0.02 on every seed (its interval excludes 0); e2 loses 0.001 on the mean with an
+    interval holding 0: chosen over the slower nodrop; a point 0.004 below on the mean does not qualify however
+    wide its interval."""
+    results = _runs(tmp_path, {"default": [0.770, 0.765, 0.768], "e1": [0.750, 0.745, 0.748],
+                               "e2": [0.770, 0.763, 0.767], "nodrop": [0.771, 0.766, 0.768],
+                               "len64": [0.770, 0.755, 0.766]},
+                    {"default": 30, "e1": 10, "e2": 20, "nodrop": 27, "len64": 18})
+    verdict = {v.point: v for v in front.verdicts(results)}
+    assert not verdict["e1"].qualifies and verdict["e1"].high < 0
+    assert verdict["e2"].qualifies and verdict["nodrop"].qualifies
+    assert verdict["len64"].delta == pytest.approx(-0.004) and not verdict["len64"].qualifies
+    assert choices(results) == {"default": "e2", "quick": "e1"}
+    text = render(results)
+    rows = {line.split("|")[1].strip(): line for line in text.splitlines()[2:] if line.startswith("|")}
+    assert "yes" in rows["`e2`"] and "yes" not in rows["`e1`"] and "-0.0200 [" in rows["`e1`"]
+    assert "Chosen: e2" in text
+    assert [r for r in rows] == ["`e1`", "`len64`", "`e2`", "`nodrop`", "`default`"]  # fastest first
+
+
+def test_one_seed_never_qualifies():
+    """A single pair has no spread: it is an anecdote, never a new default."""
+    assert not Verdict("e2", 20.0, 0.0, float("nan"), float("nan"), 1).qualifies
+
+
+def test_the_sweep_runs_every_point_seed_by_seed_with_the_default_always(tmp_path, capsys):
+    front.main(["--out-dir", str(tmp_path), "--only", "e2", "--seeds", "0", "1", "--dry-run"])
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert [c.split("]")[0][1:] for c in commands] == ["default/seed0", "e2/seed0", "default/seed1", "e2/seed1"]
+    assert "--epochs 2" in commands[1] and "--save-only-model" in commands[0] and "--seed 1" in commands[2]
