@@ -255,7 +255,7 @@ def test_every_flag_of_every_command_comes_from_a_dataclass_field():
             if field is None or field[1] not in {f.name for f in dataclasses.fields(field[0])}:
                 found.setdefault(name, []).append(action.option_strings or [action.dest])
     assert found == {}
-    assert len(_parsers()) == 9 + 14
+    assert len(_parsers()) == 9 + 15
 
 
 def test_no_commands_help_names_a_path_outside_the_checkout():
