@@ -61,6 +61,11 @@ class Command:
                                 metavar="FILE")
     objective: list[str] = option(help="add a plug-in objective (repeatable)", factory=list, repeat=True,
                                   metavar="NAME")
+    trust_objective_modules: bool = option(False, "let --eval-only, --resume or --config import the objective files "
+                                                  "(--objective-module) the saved run recorded in its config.json; "
+                                                  "without it reading a run runs no code of its files unless you "
+                                                  "name them again (--objective-module FILE, MINBERT_PLUGINS), as "
+                                                  "HF's trust_remote_code")
     no_objective: list[str] = option(help="remove an objective a preset added (the paper's ablations, e.g. "
                                           "'B3 - MNR', Figure 2)", factory=list, repeat=True, metavar="NAME")
 
@@ -191,6 +196,9 @@ def check_command(c: Command, explicit: dict[str, Any], world: int = 1) -> None:
                          "would be ignored")
     if c.data_changed and not c.resume:
         raise ValueError("--data-changed lets --resume continue on changed data; without --resume it means nothing")
+    if c.trust_objective_modules and not (c.eval_only or c.resume or c.config is not None):
+        raise ValueError("--trust-objective-modules lets --eval-only, --resume or --config import the objective files "
+                         "a saved run recorded; a fresh run imports only the files --objective-module names")
     if c.overwrite and (c.eval_only or c.resume):
         raise ValueError("--overwrite is for a fresh training run; --eval-only and --resume never replace "
                          "checkpoints")
@@ -204,16 +212,18 @@ def check_command(c: Command, explicit: dict[str, Any], world: int = 1) -> None:
         check_eval_changes(explicit, name=flag_of)  # the rule of tasks.train_config, in the command line's words
 
 
-def saved_config(path: str) -> TrainConfig:
+def saved_config(path: str, trust_modules: bool = False) -> TrainConfig:
     """The TrainConfig of ``--config FILE``: a run's config.json, or a file of some fields, the others today's
-    defaults (a field it does not know is an error)."""
+    defaults (a field it does not know is an error); the objective files it recorded are imported only with
+    ``trust_modules`` (--trust-objective-modules, ``TrainConfig.from_dict``)."""
     f = Path(path).expanduser()
     if f.is_dir():
         raise ValueError(f"--config {path} is a directory: pass its config.json")
     if not f.is_file():
         raise FileNotFoundError(f"--config {path}: no such file")
+    registered_objectives()  # the package's and MINBERT_PLUGINS' objectives first: an error of theirs is not the file's
     try:
-        return TrainConfig.from_dict(read_json(f))
+        return TrainConfig.from_dict(read_json(f), trust_modules=trust_modules)
     except (ValueError, TypeError) as e:
         raise ValueError(f"--config {path}: {e}") from None
 
@@ -222,7 +232,7 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     """The training config of a fresh run: defaults (or --config's), then the preset, objectives, explicit
     flags. Not validated (tasks.training.run.prepare_run does)."""
     c = command
-    cfg = TrainConfig() if c.config is None else saved_config(c.config)
+    cfg = TrainConfig() if c.config is None else saved_config(c.config, c.trust_objective_modules)
     if c.preset:
         cfg = apply_preset(cfg, c.preset)
         registry = registered_objectives()
@@ -243,7 +253,9 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
         del cfg.objectives[name]
     for path, value in explicit.items():
         set_path(cfg, path, value)
-    for module in cfg.objective_modules:  # a user's objectives: loaded (train_multitask.py did so before parsing)
+    # The files the user named (train_multitask.py loaded them before parsing); --config's saved ones were imported
+    # by saved_config with --trust-objective-modules, or not at all.
+    for module in explicit.get("objective_modules", ()):
         load_plugin(module)
     # A fresh run reads its task files once, here: each declares a task that joins --tasks, its entry kept in the
     # config (what the run predicts with later, the files gone or not). A task of --config's saved run stays as

@@ -60,7 +60,7 @@ from minbert.tokenizer import BertTokenizer
 from tasks.train_config import TrainConfig
 from tasks.task import task_names
 from tasks.model import MultitaskBert
-from tasks.objectives import Objective, build_objectives
+from tasks.objectives import Objective, ObjectiveFileError, build_objectives, registered_objectives
 from tasks.storage import (
     OLD_SUFFIX,
     copy_directory,
@@ -138,29 +138,33 @@ def repair_best(resume: ResumePoint, best: Path) -> bool:
     return True
 
 
-def load_config(ckpt: Path) -> TrainConfig:
+def load_config(ckpt: Path, trust_modules: bool = False) -> TrainConfig:
     """The TrainConfig saved in checkpoint directory ``ckpt``: the one read of its config.json per command. A
-    field it lacks is an error naming it (a resume must continue the run's settings, not today's defaults)."""
+    field it lacks is an error naming it (a resume must continue the run's settings, not today's defaults). The
+    objective files the run recorded are imported only with ``trust_modules`` (``TrainConfig.from_dict``)."""
     path = ckpt / "config.json"
     saved = read_json(path)  # a damaged file: a ValueError naming it
+    registered_objectives()  # the package's and MINBERT_PLUGINS' objectives first: an error of theirs is not the file's
     try:
-        return TrainConfig.from_dict(saved, complete=True)
+        return TrainConfig.from_dict(saved, complete=True, trust_modules=trust_modules)
+    except ObjectiveFileError as e:  # the run's objective file: not a damaged checkpoint
+        raise ObjectiveFileError(f"{path}: {e}") from None
     except (TypeError, ValueError) as e:
         raise ValueError(f"{path} is {e}" if str(e).startswith("not a complete") else f"{path}: {e}") from None
 
 
-def verify_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig]:
-    """``resolve_checkpoint``, then its config (``load_config``) and state files parsed and every safetensors
-    header read (a truncated or corrupted file is a ValueError naming it; flipped bits inside tensor data are not
-    detected). Returns the checkpoint and its config: the one read of its config.json."""
-    ckpt, config, _ = _intact(path)
+def verify_checkpoint(path: str | os.PathLike[str], trust_modules: bool = False) -> tuple[Path, TrainConfig]:
+    """``resolve_checkpoint``, then its config (``load_config``, ``trust_modules`` its) and state files parsed and
+    every safetensors header read (a truncated or corrupted file is a ValueError naming it; flipped bits inside
+    tensor data are not detected). Returns the checkpoint and its config: the one read of its config.json."""
+    ckpt, config, _ = _intact(path, trust_modules)
     return ckpt, config
 
 
-def _intact(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig, dict]:
+def _intact(path: str | os.PathLike[str], trust_modules: bool = False) -> tuple[Path, TrainConfig, dict]:
     """``verify_checkpoint``'s work; returns the checkpoint, its config and its parsed state.json."""
     path = resolve_checkpoint(path)
-    config = load_config(path)
+    config = load_config(path, trust_modules)
     state = read_json(path / "state.json")
     missing = [k for k in STATE_KEYS if k not in state] if isinstance(state, dict) else list(STATE_KEYS)
     if missing:
@@ -179,21 +183,27 @@ def _intact(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig, dict]:
     return path, config, state
 
 
-def resumable_checkpoint(path: str | os.PathLike[str]) -> tuple[Path, TrainConfig, dict]:
+def resumable_checkpoint(path: str | os.PathLike[str], trust_modules: bool = False
+                         ) -> tuple[Path, TrainConfig, dict]:
     """(``path`` verified, its config, its state.json); when it is a run's damaged ``last`` (a weight, state or
     config file), an intact ``last.old`` or ``best`` beside it instead, with a warning (the epochs after it are
-    trained again); else a ValueError saying what is wrong."""
+    trained again); else a ValueError saying what is wrong. A run that kept its model alone (--save-only-model:
+    ``last`` deleted, ``best`` without its optimizer state) is that ValueError, with no fallback."""
     path = Path(path).expanduser()
     try:
-        return _intact(path)
+        return _intact(path, trust_modules)
+    except ObjectiveFileError:  # an objective file of the run's, not named again or not there: the same beside it
+        raise
     except (OSError, ValueError) as e:
         if path.name != "last":
             raise
         for other in (path.with_name("last" + OLD_SUFFIX), path.with_name("best")):
             try:
-                good = _intact(other)
+                good = _intact(other, trust_modules)
             except (OSError, ValueError):
                 continue
+            if good[2].get(MODEL_ONLY):
+                raise ValueError(model_only_refusal(good[0])) from None
             logger.warning("%s; resuming from %s instead: training goes on from its position", e, good[0])
             return good
         raise ValueError(f"{e}; neither last.old nor best beside it is intact: mend the file it names (a run never "
@@ -210,10 +220,20 @@ class ResumePoint:
     data_changed: bool = False  # the user says the data may differ from the run's (--data-changed)
 
 
-def resume_point(path: str | os.PathLike, data_changed: bool = False) -> ResumePoint:
+def model_only_refusal(ckpt: Path) -> str:
+    """Why a checkpoint that kept its model alone (--save-only-model) is not resumed, and what its run can do."""
+    if ckpt.parent.name == "checkpoints":
+        run = ckpt.parent.parent
+        return (f"{run} kept its model alone (--save-only-model), so it cannot be resumed: evaluate it with "
+                f"--eval-only --out-dir {run}, or train it again (another --out-dir, or --overwrite)")
+    return (f"{ckpt} kept its model alone (--save-only-model), so it cannot be resumed: evaluate it with --eval-only "
+            f"--checkpoint {ckpt}, or train again")
+
+
+def resume_point(path: str | os.PathLike, data_changed: bool = False, trust_modules: bool = False) -> ResumePoint:
     """The checkpoint a resume continues (a damaged ``last``: an intact ``last.old`` or ``best``, warned), with the
-    config and state saved in it, each read once."""
-    ckpt, config, state = resumable_checkpoint(path)
+    config and state saved in it, each read once (``trust_modules``: ``load_config``'s)."""
+    ckpt, config, state = resumable_checkpoint(path, trust_modules)
     if "swa" in state:
         raise ValueError(f"{ckpt} holds SWA-averaged weights, not a training position: evaluate it with "
                          "--eval-only, or resume checkpoints/last (with --swa-epochs to redo the SWA phase)")
@@ -221,8 +241,7 @@ def resume_point(path: str | os.PathLike, data_changed: bool = False) -> ResumeP
         raise ValueError(f"{ckpt}: a checkpoint of format {state.get('format')} (this code's: {CHECKPOINT_FORMAT}) "
                          "cannot be resumed; --eval-only and predict load its weights")
     if state.get(MODEL_ONLY):
-        raise ValueError(f"{ckpt} keeps the model alone (the run used --save-only-model): it cannot be resumed; "
-                         "evaluate it with --eval-only, or train a new run")
+        raise ValueError(model_only_refusal(ckpt))
     return ResumePoint(ckpt, config, state, data_changed)
 
 

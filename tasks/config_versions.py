@@ -186,6 +186,30 @@ def keep_tasks(d: dict[str, Any]) -> dict[str, Any]:
             "threads": None, "objective_modules": []}
 
 
+# ---- version 4: a saved task says which class its F1 is on and how its labels and files are read ----
+
+
+def read_as_version_3(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 3 -> 4: in a saved task entry ("user_tasks"), "positive" was a word for what class 1 of a one-logit
+    task means, and F1 was always class 1's; it names the class F1 is scored on since: a word that names no class of
+    a two-class task (or any on another task) goes, so that F1 stays the second class's, class 1's; labels were
+    matched as written ("label_case": "exact"), and no field of its files spanned lines ("multiline": false in each
+    layout: a record over several lines is an unbalanced quote). A GLUE task's entry is kept since; a run of
+    version 3 kept none, and predicts with the package's (tasks.train_config.TrainConfig)."""
+    if not isinstance(d.get("user_tasks"), dict):
+        return d
+    entries = {}
+    for name, e in d["user_tasks"].items():
+        classes = e.get("classes") or []
+        positive = e.get("positive") or ""
+        names_class = positive in classes or canonical_number(positive) in classes
+        two = e.get("kind", "").endswith("classification") and len(classes) == 2
+        layouts = {"layout": {**e["layout"], "multiline": False},
+                   "split_layouts": {s: {**lay, "multiline": False} for s, lay in e["split_layouts"].items()}}
+        entries[name] = {**e, **layouts, "positive": positive if two and names_class else "", "label_case": "exact"}
+    return {**d, "user_tasks": entries}
+
+
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
     return frozenset(".".join(names[f]) if f in names else f for f in fields)
 
@@ -240,6 +264,7 @@ MIGRATIONS: tuple[Migration, ...] = (
     # since version 3 each objective versions its own options (Objective.options_version; config.json's
     # "objective_versions"): the built-in ones' version 1 is _OBJECTIVE_OPTIONS_2
     Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
+    Migration(read_as_version_3, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
 )
 
 
@@ -273,7 +298,10 @@ def upgrade(d: dict[str, Any]) -> dict[str, Any]:
         version = 0 if UNVERSIONED_FIELDS <= _paths(d) else 1
         nested = sorted(name for name, _ in NESTED_SETTINGS.values() if isinstance(d.get(name), dict))
         if version == 0 and nested:  # a saved run of version 2 or later that lost its version: not version 0's
-            was = 3 if "user_tasks" in d else 2
+            entries = d.get("user_tasks")
+            # version 4's task entries say how their labels are matched; one without entries reads alike as 3
+            was = 4 if isinstance(entries, dict) and any("label_case" in e for e in entries.values()) else \
+                3 if "user_tasks" in d else 2
             raise ValueError(f"{VERSION_KEY} is missing, and the file holds every setting of a saved run with "
                              f"{', '.join(nested)} nested, as version {was} writes them: put back "
                              f'"{VERSION_KEY}": {was}')

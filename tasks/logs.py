@@ -13,8 +13,10 @@ Training or evaluating from Python (``tasks.training.run.run``,
 ``evaluate_checkpoint``) logs where the command would: with no ``log_to``
 pending, ``open_log`` adds a file handler for the run's duration (the package's
 INFO lines included, whatever the root logger's level) and its ``close`` writes
-the error that ended the run, if one did; the console shows what the caller's
-own logging configuration lets through.
+the error that ended the run, if one did; what a run logged before its
+directory existed (reading its data) is held (``held_records``) and written
+into the file when it opens (``LogFile.replay``); the console shows what the
+caller's own logging configuration lets through.
 
 Usage:
     log_to()                                   # first thing in a command
@@ -26,9 +28,11 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from tasks.runtime import torchrun_env
@@ -125,6 +129,15 @@ class LogFile:
             logging.getLogger(name).setLevel(level)
         self.levels = {}
 
+    def replay(self, records: list[logging.LogRecord]) -> None:
+        """Write ``records``, logged before this file existed (``held_records``), into it: a run from Python reads
+        its data before its run directory is made. A command's file took its pending records already."""
+        for handler in self.handlers:
+            if isinstance(handler, logging.FileHandler):
+                for record in records:
+                    if record.levelno >= handler.level:
+                        handler.handle(record)
+
     def __enter__(self) -> "LogFile":
         return self
 
@@ -161,6 +174,49 @@ def open_log(out_dir: Path, name: str = "train.log") -> LogFile:
     for handler in handlers:
         root.addHandler(handler)
     return LogFile(handlers, levels)
+
+
+class _Held(logging.Handler):
+    """``held_records``' handler: keeps what a run's log file takes (the package's records, every warning); in a
+    process with no logging set up, prints the warnings as Python's last resort would (it is not used while a
+    handler exists)."""
+
+    def __init__(self, bare: bool) -> None:
+        super().__init__()
+        self.records: list[logging.LogRecord] = []
+        self.bare = bare
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.name.split(".")[0] in PACKAGES or record.levelno >= logging.WARNING:
+            self.records.append(record)
+        if self.bare and record.levelno >= logging.lastResort.level:
+            logging.lastResort.handle(record)
+
+
+@contextlib.contextmanager
+def held_records() -> Iterator[list[logging.LogRecord]]:
+    """The records a run's log file will take (``LogFile.replay``), logged in the block before that file exists,
+    at the levels ``open_log`` gives the package (the caller's loggers as they were after); nothing where a
+    command's ``log_to`` holds its records already (its PendingLog), or under torchrun on a rank other than 0
+    (which writes no log file)."""
+    root = logging.getLogger()
+    if torchrun_env()[0] > 0 or any(isinstance(h, PendingLog) and h.target is None for h in root.handlers):
+        yield []
+        return
+    levels = {}
+    for package in PACKAGES:
+        logger = logging.getLogger(package)
+        if logger.getEffectiveLevel() > logging.INFO:
+            levels[package] = logger.level
+            logger.setLevel(logging.INFO)
+    held = _Held(bare=not root.handlers)
+    root.addHandler(held)
+    try:
+        yield held.records
+    finally:
+        root.removeHandler(held)
+        for name, level in levels.items():
+            logging.getLogger(name).setLevel(level)
 
 
 def _file_handler(path: Path) -> logging.FileHandler:

@@ -5,8 +5,8 @@ Usage:
     printf 'a cat sits\ta cat is sitting\n' | python -m tasks.predict --checkpoint runs/try --task sts
 
 A thin command over ``tasks.evaluation.evaluator.Predictor``, which gives the
-same predictions from Python (``sentiment``, ``paraphrase``, ``similarity``,
-``embed``). A run's prediction files and ``--eval-only`` are
+same predictions from Python (``predict``: any task's, in its own labels; ``sentiment``, ``paraphrase``,
+``similarity`` in the course's numbers; ``embed``). A run's prediction files and ``--eval-only`` are
 ``Evaluator.write_all`` and ``evaluate_checkpoint`` in that module.
 """
 
@@ -23,10 +23,13 @@ from pathlib import Path
 
 from tasks.cli import Parser, describe, user_errors, verbose
 from tasks.logs import log_to
-from tasks.options import add_options, option
+from tasks.objectives import load_plugin
+from tasks.options import add_options, help_text, option
 from tasks.data.readers import Example, blank, decode_utf8
 from tasks.evaluation.evaluator import Predictor
+from tasks.runtime import set_threads
 from tasks.task import get_task
+from tasks.train_config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
@@ -49,21 +52,26 @@ def read_inputs(task: str, source: str) -> list[Example]:
     # A file of lines: only \n (and \r\n) ends one; str.splitlines would also split at U+2028, U+0085, U+001E,
     # ..., inside a sentence, and the ids (line numbers) would no longer match the file.
     lines = [line.removesuffix("\r") for line in text.split("\n")]
-    where = "stdin" if source == "-" else source
+    where = "stdin" if source == "-" else f"--input {source}"
     examples = []
     for n, line in enumerate(lines, 1):
         if blank(line):  # white space or control characters alone
             continue
         if not entry.kind.pair:
             if "\t" in line:
-                raise ValueError(f"{where} line {n} holds a tab: task {task} reads one sentence a line; two "
+                raise ValueError(f"{where}: line {n} holds a tab: task {task} reads one sentence a line; two "
                                  "tab-separated sentences are a pair task's input (para, sts)")
             examples.append(Example(str(n), line.strip()))
             continue
         parts = line.split("\t")
-        if len(parts) != 2 or any(blank(x) for x in parts):
-            raise ValueError(f"{where} line {n}: expected two sentences separated "
-                             f"by one tab (task {task}), got {len(parts)} field(s)")
+        if len(parts) != 2:
+            tabs = len(parts) - 1
+            raise ValueError(f"{where}: line {n}: expected two sentences separated by one tab (task {task}), found "
+                             + ("no tab" if not tabs else f"{tabs} tabs"))
+        empty = next((which for which, x in zip(("first", "second"), parts) if blank(x)), None)
+        if empty is not None:
+            raise ValueError(f"{where}: line {n}: the {empty} sentence of the pair is empty; task {task} reads two "
+                             "sentences separated by one tab a line")
         examples.append(Example(str(n), parts[0].strip(), parts[1].strip()))
     return examples
 
@@ -73,9 +81,10 @@ def prediction_rows(predictor: Predictor, task: str, examples: list[Example]) ->
     labels, then the class probabilities; or the score)."""
     entry = get_task(task)
     inputs = [(e.text_a, e.text_b) for e in examples] if entry.kind.pair else [e.text_a for e in examples]
-    preds, outputs = predictor.predict(task, inputs)
+    predicted = predictor.predictions(task, inputs)
+    outputs = entry.kind.outputs(entry, predicted.logits)
     return (["id", *entry.kind.row_columns(entry)],
-            [[e.id, *entry.kind.row(entry, p, o)] for e, p, o in zip(examples, preds, outputs)])
+            [[e.id, *entry.kind.row(entry, p, o)] for e, p, o in zip(examples, predicted.preds, outputs)])
 
 
 def check_output(output: str) -> None:
@@ -108,12 +117,18 @@ class PredictArgs:
                                     metavar="B")
     bf16: bool | None = option(None, "bf16 autocast; default: the run's rule (on where the GPU or CPU multiplies "
                                      "bf16 natively); --no-bf16 computes in fp32")
+    threads: int | None = option(None, help_text(TrainConfig, "threads"), metavar="N")
+    objective_modules: list[str] = option(help="where an objective file of the run is now (repeatable): reading a "
+                                               "run imports no file it recorded unless named again, or trusted",
+                                          factory=list, flag="--objective-module", repeat=True, metavar="FILE")
+    trust_objective_modules: bool = option(False, "import the objective files (--objective-module) the run "
+                                                  "recorded in its config.json, as HF's trust_remote_code")
 
 
 def build_parser() -> Parser:
     p = Parser(prog="python -m tasks.predict",
                description="Predict on new text with a trained checkpoint: CSV of id,label,probabilities "
-                           "(sst: p0..p4; para: p_paraphrase) or id,score (sts).")
+                           "(sst: p0..p4; para: p1, P(paraphrase)) or id,score (sts).")
     add_options(p, PredictArgs, required=("checkpoint", "task"))
     return p
 
@@ -122,11 +137,15 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
     log_to()  # the console only: predict writes no directory
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.batch_size is not None and args.batch_size < 1:
-        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
+    for flag, value in (("--batch-size", args.batch_size), ("--threads", args.threads)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} must be at least 1, got {value}")
     try:  # what the user named: the checkpoint, its task, --input and --output (an argument error, exit status 2)
         check_output(args.output)
-        plan = Predictor.plan(args.checkpoint, device=args.device, bf16=args.bf16)  # its own tasks become known
+        for module in args.objective_modules:  # a run's objective file, named where it is now
+            load_plugin(module)
+        plan = Predictor.plan(args.checkpoint, device=args.device, bf16=args.bf16,  # its own tasks become known
+                              threads=args.threads, trust_modules=args.trust_objective_modules)
         if args.task not in plan.config.tasks:
             raise ValueError(f"--task {args.task}: {plan.checkpoint} was trained on "
                              f"{', '.join(plan.config.tasks)}; name one of them")
@@ -135,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
         if verbose():
             raise
         parser.error(describe(e))
+    set_threads(plan.config.threads)  # the run's count unless --threads: as --eval-only computes
     with user_errors(parser.prog):  # what loading and predicting meet (damaged weights): one line, exit status 1
         predictor = Predictor.from_plan(plan, batch_size=args.batch_size)
         header, rows = prediction_rows(predictor, args.task, examples)

@@ -1,7 +1,9 @@
 """Which examples a run reads: the task files under its limit, the fixed dev subsets, tokenized datasets.
 
 Usage:
-    data = load_run_data(cfg, tokenizer)  # what the trainer trains and scores on, and the final predictions' files
+    files = read_run_files(cfg)           # every file the run reads, read once, before its run directory is made
+    data = tokenize_run_data(files, cfg, tokenizer)  # what the trainer trains and scores on, and the final files
+    data = load_run_data(cfg, tokenizer)  # the two at once
     examples = load_examples("sts", "test", cfg)             # None when the file is absent
     dataset = make_dataset("sts", examples, tokenizer, cfg)  # SentenceDataset or PairDataset
 """
@@ -19,7 +21,7 @@ import torch
 
 from tasks.train_config import TrainConfig
 from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
-from tasks.data.readers import DataFileMissing, Example, load_nli, log_report
+from tasks.data.readers import DataFileMissing, Example, Triplet, load_nli, log_report
 from tasks.model import NLI, PHRASES
 from tasks.options import flag_of_path
 from tasks.task import ExtraStream, get_task, load_split, stream_task
@@ -122,8 +124,19 @@ FINAL_SPLITS = ("dev", "test")
 
 
 @dataclass
+class RunFiles:
+    """Every file a run reads, read once (``read_run_files``), not yet tokenized."""
+
+    train: dict[str, list[Example]]  # by stream: each task's training examples, then its extra streams' (phrases)
+    nli: list[Triplet] | None  # the NLI triplets, on a run with --nli
+    final_examples: dict[str, dict[str, list[Example] | None]]  # {"dev"/"test": {task: examples, None: no file}}
+    reports: dict[str, dict]  # ReadReport.to_dict() of every file read, by "<task> <split>" ("nli train" too)
+    seconds: float  # the time the reading took
+
+
+@dataclass
 class RunData:
-    """What a run reads, once, before it trains (``load_run_data``)."""
+    """What a run trains and scores on (``tokenize_run_data``): its files' examples tokenized."""
 
     train_sets: dict[str, Any]  # tokenized, by stream
     dev_sets: dict[str, Any]  # tokenized, by task, capped (dev_max_examples): the per-epoch scores
@@ -151,28 +164,45 @@ def load_final_examples(cfg: TrainConfig, reports: dict[str, dict] | None = None
     return final
 
 
-def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
-    """Every file a run reads, read (and the training and per-epoch dev sets tokenized) once, before training:
-    a bad test file fails the run before its first step."""
+def read_run_files(cfg: TrainConfig) -> RunFiles:
+    """Every file a run reads (each task's train, dev and test files, its extra streams', NLI's), read once, before
+    its run directory is made (tasks.training.run.prepare_run): a file the run cannot use, a test file too, is
+    refused before anything is written."""
     reports: dict[str, dict] = {}
+    t0 = time.perf_counter()
+    train: dict[str, list[Example]] = {}
+    final: dict[str, dict[str, list[Example] | None]] = {split: {} for split in FINAL_SPLITS}
+    for task in cfg.tasks:
+        train[task] = load_examples(task, "train", cfg, reports)
+        final["dev"][task] = load_examples(task, "dev", cfg, reports)
+        final["test"][task] = load_examples(task, "test", cfg, reports)
+    for stream in cfg.extra_streams():  # a task's extra labelled stream (SST's phrases), through its head
+        train[stream], reports[f"{stream_task(stream)} {stream}"] = load_stream(cfg, stream)
+    nli = None
+    if cfg.nli:
+        nli, report = load_nli(cfg.data_dir, limit=cfg.limit)
+        reports["nli train"] = report.to_dict()
+    return RunFiles(train, nli, final, reports, time.perf_counter() - t0)
+
+
+def tokenize_run_data(files: RunFiles, cfg: TrainConfig, tokenizer: Any) -> RunData:
+    """The training and per-epoch dev sets of a run's files (``read_run_files``), tokenized."""
     t0 = time.perf_counter()
     train_sets: dict[str, Any] = {}
     dev_sets: dict[str, Any] = {}
-    final: dict[str, dict[str, list[Example] | None]] = {split: {} for split in FINAL_SPLITS}
     for task in cfg.tasks:
-        train_sets[task] = make_dataset(task, load_examples(task, "train", cfg, reports), tokenizer, cfg)
-        dev = final["dev"][task] = load_examples(task, "dev", cfg, reports)
-        dev_sets[task] = make_dataset(task, capped_dev(task, dev, cfg), tokenizer, cfg)
-        final["test"][task] = load_examples(task, "test", cfg, reports)
-    for stream in cfg.extra_streams():  # a task's extra labelled stream (SST's phrases), through its head
-        rows, report = load_stream(cfg, stream)
-        task = stream_task(stream)
-        reports[f"{task} {stream}"] = report
-        train_sets[stream] = make_dataset(task, rows, tokenizer, cfg)
-    if cfg.nli:
-        triplets, report = load_nli(cfg.data_dir, limit=cfg.limit)
-        reports["nli train"] = report.to_dict()
-        train_sets[NLI] = TripletDataset(triplets, tokenizer, max_length=cfg.max_length)
-    logger.info("data: %s (read and tokenized in %.1f s)",
-                ", ".join(f"{s} {len(d)} train" for s, d in train_sets.items()), time.perf_counter() - t0)
-    return RunData(train_sets, dev_sets, final, reports)
+        train_sets[task] = make_dataset(task, files.train[task], tokenizer, cfg)
+        dev_sets[task] = make_dataset(task, capped_dev(task, files.final_examples["dev"][task], cfg), tokenizer, cfg)
+    for stream in cfg.extra_streams():
+        train_sets[stream] = make_dataset(stream_task(stream), files.train[stream], tokenizer, cfg)
+    if files.nli is not None:
+        train_sets[NLI] = TripletDataset(files.nli, tokenizer, max_length=cfg.max_length)
+    logger.info("data: %s (read in %.1f s, tokenized in %.1f s)",
+                ", ".join(f"{s} {len(d)} train" for s, d in train_sets.items()), files.seconds,
+                time.perf_counter() - t0)
+    return RunData(train_sets, dev_sets, files.final_examples, files.reports)
+
+
+def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
+    """Every file a run reads, read and tokenized once (``read_run_files``, ``tokenize_run_data``)."""
+    return tokenize_run_data(read_run_files(cfg), cfg, tokenizer)

@@ -16,7 +16,7 @@ GLUE tasks declared by the files of tasks/glue/ (their files in --data-dir/glue/
 JSON file (tasks/task_file.py), whose classes are the sorted distinct labels (words, sparse or negative ids) and
 whose kind is inferred from its labels as HF's ``run_glue.py`` infers it. An entry holds everything a model of
 it needs to predict, so a run's config.json keeps its user tasks' entries (``Task.to_dict``) and loads without
-their files.
+their files, and its GLUE tasks' too, so that a later package cannot change what it predicts.
 
 Usage:
     task = get_task("sst")                     # the entry; get_task(task) gives it back
@@ -136,12 +136,14 @@ class Kind(abc.ABC):
 
     # -- the Predictor and the predict command --
     @abc.abstractmethod
-    def outputs(self, logits: torch.Tensor) -> torch.Tensor:
-        """What a user reads beside a prediction: class probabilities (N, C), P(class 1) (N,), or the score."""
+    def outputs(self, task: Task, logits: torch.Tensor) -> torch.Tensor:
+        """What a user reads beside a prediction: class probabilities (N, C), P(its positive class) (N,) for one
+        logit, or the score."""
 
     @abc.abstractmethod
     def row_columns(self, task: Task) -> list[str]:
-        """The predict command's columns after ``id``: the label and its probabilities, or the score."""
+        """The predict command's columns after ``id``: the label and its probabilities (a one-logit task's: of its
+        positive class), or the score."""
 
     @abc.abstractmethod
     def row(self, task: Task, pred: torch.Tensor, output: torch.Tensor) -> list:
@@ -188,7 +190,7 @@ class Classes(Kind):
     def fit_loss(self, z, y):
         return F.cross_entropy(z, y.long())
 
-    def outputs(self, logits):
+    def outputs(self, task, logits):
         return torch.softmax(logits, dim=-1)
 
     def row_columns(self, task):
@@ -246,11 +248,12 @@ class Binary(Kind):
     def fit_loss(self, z, y):
         return F.binary_cross_entropy_with_logits(z, y)
 
-    def outputs(self, logits):
-        return torch.sigmoid(logits)
+    def outputs(self, task, logits):
+        p = torch.sigmoid(logits)  # P(class 1)
+        return p if task.positive_class == 1 else 1.0 - p
 
     def row_columns(self, task):
-        return ["label", f"p_{task.positive or task.label_name(1)}"]
+        return ["label", task.probability_column(task.positive_class)]
 
     def row(self, task, pred, output):
         return [task.label_name(int(pred)), float(output)]
@@ -302,7 +305,7 @@ class Scores(Kind):
     def fit_loss(self, z, y):
         return F.mse_loss(z, y)
 
-    def outputs(self, logits):
+    def outputs(self, task, logits):
         return logits
 
     def row_columns(self, task):
@@ -332,12 +335,21 @@ def kind_for(name: str, num_classes: int | None = None) -> Kind:
 
 NAME_LENGTH = 40  # a task's name is in its files' names ({name}-{split}-output.csv) and its flags' values
 
+LABEL_CASES = ("exact", "fold")  # a task's labels matched as written, or in any case ("label_case")
+
+LISTED = 10  # a message names this many classes at most: 300 word labels make no readable line
+
+
+def listed(names: Sequence[Any], at_most: int = LISTED) -> str:
+    """``names`` for a message: "a, b, c", the first ``at_most`` of more then "... and N more"."""
+    shown = ", ".join(map(str, names[:at_most]))
+    return shown + (f" ... and {len(names) - at_most} more" if len(names) > at_most else "")
+
 
 @dataclass(frozen=True)
 class Layout:
     """Where a file holds what a task reads: its text column(s), label and id columns (header names, or 0-based
-    positions in a file without a header; id None: ids are the rows' file lines), and how it is split
-    (``FileFormat``)."""
+    positions; id None: ids are the rows' file lines), and how it is split (``FileFormat``)."""
 
     text: tuple[Column, ...]
     label: Column | None
@@ -346,12 +358,13 @@ class Layout:
 
     def to_dict(self) -> dict[str, Any]:
         return {"text": list(self.text), "label": self.label, "id": self.id, "delimiter": self.fmt.delimiter,
-                "quoting": self.fmt.quoting, "header": self.fmt.header, "line_ends": self.fmt.line_ends}
+                "quoting": self.fmt.quoting, "header": self.fmt.header, "line_ends": self.fmt.line_ends,
+                "multiline": self.fmt.multiline}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Layout:
         return cls(tuple(d["text"]), d["label"], d["id"], FileFormat(d["delimiter"], d["quoting"], d["header"],
-                                                                       d["line_ends"]))
+                                                                       d["line_ends"], d["multiline"]))
 
 
 @dataclass(frozen=True)
@@ -414,16 +427,18 @@ class Task:
     ``also_read``: another spelling of that column a reader takes; ``submission``: its files go into the CS224N
     submission zip; ``part1``: the minBERT starter's part 1 (``classifier.py``) also writes it as
     ``{finetune|pretrain}-{name}-{split}-out.csv``; ``part1_only``: a run with it writes those files for each of its
-    part-1 tasks; ``positive``: what class 1 of a one-logit classification means (the Predictor's ``p_<positive>``
-    column; default: its label); ``symmetric``: a pair task whose relation has no order (paraphrase, similarity:
+    part-1 tasks. ``positive``: a two-class task's label of the class its F1 is scored on and whose probability
+    the predict command's ``p_<label>`` column of a one-logit task gives (``positive_class``; default: the second
+    class); ``label_case``: "exact", its labels are matched as written, or "fold", in any case (a task file's
+    "label_case"); ``symmetric``: a pair task whose relation has no order (paraphrase, similarity:
     Quora's, STS's), scored as the mean of both orders under ``--symmetric-eval``; a pair task with an order
     (entailment: premise, then hypothesis) is scored in its files' order, as it trained. What some tasks have
     beside their own files, any task may declare: ``stream``, an extra labelled stream through its head
     (``ExtraStream``: SST's treebank phrases, ``--sst-phrases``);
     ``prior``, a second opinion at evaluation (``Prior``: SST's probe, ``--sst-prior``, and STS's cosine,
     ``--sts-prior``); ``nli``, the head whose embeddings MNR trains on the NLI triplets (STS's, ``--nli``).
-    ``origin``: a user's task's file and the declaration it read there (tasks/task_file.py); not part of what the
-    task is.
+    ``origin``: a user's task's file and the declaration it read there (tasks/task_file.py), or the package's file
+    of a GLUE task; not part of what the task is.
     """
 
     name: str
@@ -443,6 +458,7 @@ class Task:
     part1: bool = False
     part1_only: bool = False
     positive: str = ""
+    label_case: str = "exact"
     symmetric: bool = False
     overall: bool = False
     span_option: str = ""
@@ -461,14 +477,34 @@ class Task:
             if len(layout.text) != (2 if self.kind.pair else 1):
                 raise ValueError(f"{where}: a {self.kind.name} task reads {2 if self.kind.pair else 1} text "
                                  f"column(s), got {list(layout.text)}" + (f" in its {split} file" if split else ""))
+        if self.label_case not in LABEL_CASES:
+            raise ValueError(f"{where}: 'label_case' is {' or '.join(map(json.dumps, LABEL_CASES))}, got "
+                             f"{json.dumps(self.label_case)}")
         if self.kind.classification:
             if self.classes is None or len(self.classes) < 2 or len(set(self.classes)) != len(self.classes):
-                raise ValueError(f"{where}: a classification needs two or more distinct classes, got {self.classes}")
+                raise ValueError(f"{where}: a classification needs two or more distinct classes, got "
+                                 f"{listed(self.classes or ())}")
             if self.kind.binary and len(self.classes) != 2:
                 raise ValueError(f"{where}: a one-logit classification has two classes, got {len(self.classes)}")
+            if self.label_case == "fold":
+                first: dict[str, str] = {}
+                for c in self.classes:
+                    if first.setdefault(c.casefold(), c) != c:
+                        raise ValueError(f"{where}: classes {first[c.casefold()]!r} and {c!r} are one class where "
+                                         "\"label_case\" is \"fold\"")
         elif not (self.score_range is not None and self.score_range[0] < self.score_range[1]):
             raise ValueError(f"{where}: a regression needs a scale (low, high) with low < high, got "
                              f"{self.score_range}")
+        if self.positive:
+            if not self.kind.classification or len(self.classes) != 2:
+                raise ValueError(f"{where}: 'positive' is a two-class task's (the class F1 is scored on), and it "
+                                 + (f"has {len(self.classes)} classes: {listed(self.classes)}"
+                                    if self.kind.classification else f"is a {self.kind.name}"))
+            k = self.class_of(self.positive)
+            if k is None:
+                raise ValueError(f"{where}: 'positive' {json.dumps(self.positive)} names no class; the classes are "
+                                 f"{listed(self.classes)}")
+            object.__setattr__(self, "positive", self.classes[k])  # as the class is written: "1" for 1.0
         if self.prior is not None and PRIOR_KINDS.get(self.prior.kind) != self.kind.name:
             raise ValueError(f"{where}: a prior is a probe of a sentence classification or a cosine of a pair "
                              f"regression, and the task is a {self.kind.name}")
@@ -522,13 +558,34 @@ class Task:
         return f"p{name}" if name == str(class_id) else f"p_{name}"
 
     @property
+    def positive_class(self) -> int | None:
+        """The class a two-class task's F1 is scored on and a one-logit task's probability column gives: its
+        ``positive``, else the second class (class 1); None for other tasks."""
+        if not self.kind.classification or len(self.classes) != 2:
+            return None
+        return self.class_of(self.positive) if self.positive else 1
+
+    def class_of(self, raw: str) -> int | None:
+        """The class whose label ``raw`` is, matched as its files' labels are: without the space around it, as
+        written or, a whole number, as written otherwise (1.0 for 1), in any case where ``label_case`` is "fold";
+        None where it is no class."""
+        key = str.casefold if self.label_case == "fold" else str
+        index = {key(c): k for k, c in enumerate(self.classes)}
+        raw = raw.strip()
+        whole = canonical_number(raw)
+        for form in (raw, whole) if whole is not None else (raw,):
+            if key(form) in index:
+                return index[key(form)]
+        return None
+
+    @property
     def ids_are_labels(self) -> bool:
         """Its classes are named 0, 1, ..., C - 1 in its files (the course's tasks)."""
         return self.classes == tuple(str(k) for k in range(len(self.classes or ())))
 
     def parse_label(self, raw: str, problems: list[str]) -> int | float | None:
-        """A label cell as this task reads it: a class id (its label among ``classes``; a whole number also as
-        written otherwise, 1.0 for 1), or a score; else None with the reason appended to ``problems``."""
+        """A label cell as this task reads it: a class id (``class_of``: its label among ``classes``), or a score;
+        else None with the reason appended to ``problems``."""
         raw = raw.strip()
         if self.kind.classification:
             if self.ids_are_labels:
@@ -536,14 +593,10 @@ class Task:
             if not raw:
                 problems.append("empty label")
                 return None
-            index = {c: k for k, c in enumerate(self.classes)}
-            if raw in index:
-                return index[raw]
-            whole = canonical_number(raw)
-            if whole in index:
-                return index[whole]
-            problems.append(f"label {raw!r} is not one of the classes {', '.join(self.classes)}")
-            return None
+            k = self.class_of(raw)
+            if k is None:
+                problems.append(f"label {raw!r} is not one of the classes {listed(self.classes)}")
+            return k
         if not raw:
             problems.append("empty label")
             return None
@@ -573,8 +626,14 @@ class Task:
 
     @property
     def about(self) -> str | None:
-        """What a reader says of this task's files: a user's task file names them; None: the course's files."""
-        return f"task file {self.origin['file']} names it" if self.origin.get("file") else None
+        """What a reader says of this task's files: a user's task file names them, or GLUE's task file of this
+        package (its files under --data-dir, as GLUE's download script writes them); None: the course's files."""
+        if self.origin.get("file"):
+            return f"task file {self.origin['file']} names it"
+        if self.origin.get("package"):
+            return (f"GLUE's {self.name} task reads it ({self.origin['package']}), under --data-dir as GLUE's download "
+                    "script writes it; data/README.md names the files")
+        return None
 
     def read(self, split: str, data_dir: str | os.PathLike[str], limit: int | None = None, *,
              path: str | os.PathLike[str] | None = None) -> tuple[list[Example], ReadReport]:
@@ -587,13 +646,15 @@ class Task:
                              id_column=layout.id, fmt=layout.fmt, limit=limit, about=self.about)
 
     def describe(self) -> str:
-        """One line of what the task is: its kind, classes or scale, and metrics."""
+        """One line of what the task is: its kind, classes or scale, and metrics (F1: of which class)."""
         if self.kind.classification:
-            what = f"{self.num_classes} classes ({', '.join(self.classes)})" + (
+            what = f"{self.num_classes} classes ({listed(self.classes)})" + (
                 ", one logit" if self.kind.binary else "")
         else:
             what = f"a score in [{self.score_range[0]:g}, {self.score_range[1]:g}]"
-        return f"{self.name}: {self.kind.name}, {what}; metrics {', '.join(self.metrics)} ({self.metrics[0]} the main)"
+        f1 = f"; F1 of {self.label_name(self.positive_class)!r}" if "f1" in self.metrics else ""
+        return (f"{self.name}: {self.kind.name}, {what}; metrics {', '.join(self.metrics)} ({self.metrics[0]} the "
+                f"main){f1}")
 
     # -- a user's task as plain JSON (a run's config.json keeps it: tasks/train_config.py) --
     def to_dict(self) -> dict[str, Any]:
@@ -605,7 +666,8 @@ class Task:
                 "layout": self.layout.to_dict(),
                 "split_layouts": {s: lay.to_dict() for s, lay in self.split_layouts.items()},
                 "output_column": self.output_column, "starter_format": self.starter_format,
-                "positive": self.positive, "symmetric": self.symmetric, "span_option": self.span_option,
+                "positive": self.positive, "label_case": self.label_case, "symmetric": self.symmetric,
+                "span_option": self.span_option,
                 "stream": self.stream.to_dict() if self.stream else None,
                 "prior": self.prior.to_dict() if self.prior else None, "origin": dict(self.origin)}
 
@@ -615,8 +677,8 @@ class Task:
         if not isinstance(d, Mapping):
             raise ValueError(f"a task entry is a JSON object, got {json.dumps(d)}")
         keys = ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout",
-                "split_layouts", "output_column", "starter_format", "positive", "symmetric", "span_option", "stream",
-                "prior", "origin")
+                "split_layouts", "output_column", "starter_format", "positive", "label_case", "symmetric",
+                "span_option", "stream", "prior", "origin")
         wrong = sorted(set(d) ^ set(keys))
         if wrong:
             raise ValueError(f"task entry {d.get('name')!r}: keys {wrong} are unknown or missing")
@@ -627,7 +689,7 @@ class Task:
                    checks_range=d["checks_range"], metrics=tuple(d["metrics"]),
                    split_layouts={s: Layout.from_dict(v) for s, v in d["split_layouts"].items()},
                    output_column=d["output_column"], starter_format=d["starter_format"], positive=d["positive"],
-                   symmetric=d["symmetric"], span_option=d["span_option"],
+                   label_case=d["label_case"], symmetric=d["symmetric"], span_option=d["span_option"],
                    stream=ExtraStream(**d["stream"]) if d["stream"] else None,
                    prior=Prior(**d["prior"]) if d["prior"] else None, origin=dict(d["origin"]))
 
@@ -648,23 +710,31 @@ _REGISTRY: dict[str, Task] = {}
 
 def register_task(task: Task) -> Task:
     """Add ``task``. The same task again (the same entry but for where its files are: a run moved, runs of one
-    task from two folders) takes the place of the one registered, so that its files are the latest declared;
-    another entry under a taken name is a ValueError."""
+    task from two folders; a saved run's GLUE task as this package declares it) takes the place of the one
+    registered, so that its files are the latest declared; another entry under a taken name is a ValueError (a
+    saved run's GLUE task that this package now declares otherwise: the run predicts as it trained or not at
+    all)."""
     old = _REGISTRY.get(task.name)
     if old is not None and old != task:
-        by = old.origin.get("file")
-        raise ValueError(f"task {task.name!r} is already declared otherwise"
-                         + (f" (by {by})" if by else " (a task this package declares)")
-                         + f": {_difference(old, task)}")
+        by, package = old.origin.get("file"), old.origin.get("package")
+        where = (f" (by {by})" if by else f" (by this package's {package})" if package else
+                 " (a task this package declares)")
+        then = "; a run that kept it so predicts with the package that trained it" if package else ""
+        raise ValueError(f"task {task.name!r} is already declared otherwise{where}: {_difference(old, task)}{then}")
     _REGISTRY[task.name] = task
     return task
 
 
 def _difference(a: Task, b: Task) -> str:
-    """What differs between two entries of one name, for the message."""
+    """What differs between two entries of one name, for the message (a long list cut to its first LISTED)."""
+    def shown(value: Any) -> str:
+        if isinstance(value, list) and len(value) > LISTED:
+            return json.dumps(value[:LISTED])[:-1] + f", ... and {len(value) - LISTED} more]"
+        return json.dumps(value)
+
     da, db = a.to_dict(), b.to_dict()
     keys = [k for k in da if k not in ("files", "origin") and da[k] != db[k]]
-    return "; ".join(f"{k} {json.dumps(da[k])} there, {json.dumps(db[k])} here" for k in keys) or "other settings"
+    return "; ".join(f"{k} {shown(da[k])} there, {shown(db[k])} here" for k in keys) or "other settings"
 
 
 def unregister_task(name: str) -> None:
@@ -713,7 +783,7 @@ BUILTIN = tuple(register_task(t).name for t in (
     Task("para", PAIR_BINARY, files={"train": "quora-train.csv", "dev": "quora-dev.csv",
                                      "test": "quora-test-student.csv"},
          layout=Layout(("sentence1", "sentence2"), "is_duplicate"), classes=_IDS[:2], metrics=("acc",), title="Para",
-         output_column="Predicted_Is_Paraphrase", starter_format=True, submission=True, positive="paraphrase",
+         output_column="Predicted_Is_Paraphrase", starter_format=True, submission=True, positive="1",
          symmetric=True, overall=True),
     # the starter writes STS's column misspelt (Predicted_Similiary): we write it so and also read it spelt right
     Task("sts", KINDS["pair-regression"],
@@ -732,19 +802,19 @@ MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the 
 # ---- declarations: a task file's keys (a user's is checked, and what it leaves out inferred: tasks/task_file.py) --
 
 TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "classes", "num_classes", "range",
-                  "metric", "delimiter", "quoting", "header", "positive", "symmetric", "phrases", "prior")
+                  "metric", "delimiter", "quoting", "header", "positive", "label_case", "symmetric", "phrases",
+                  "prior")
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header")  # what a split's own object may set too
 
 
 def layout_from(spec: Mapping[str, Any]) -> Layout:
-    """The Layout a declaration's keys give: columns by name (a header) unless every one is a position."""
+    """The Layout a declaration's keys give: a header unless it says ``"header": false`` (columns by name or by
+    position alike), and fields that may span lines as CSV's standard allows."""
     text = (spec["text"],) if isinstance(spec["text"], (str, int)) else tuple(spec["text"])
-    refs = [*text, spec.get("label"), spec.get("id")]
     header = spec.get("header")
-    if header is None:
-        header = not all(isinstance(r, int) for r in refs if r is not None)
     return Layout(text, spec.get("label"), spec.get("id"), FileFormat(spec.get("delimiter"), spec.get("quoting"),
-                                                                        header))
+                                                                        True if header is None else header,
+                                                                        multiline=True))
 
 
 def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
@@ -780,14 +850,16 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
                 checks_range=spec.get("range") is not None and checks_range,
                 metrics=(metric,) if isinstance(metric, str) else tuple(metric), split_layouts=split_layouts,
                 output_column="label" if spec["kind"].endswith("classification") else "score",
-                positive=spec.get("positive") or "", symmetric=bool(spec.get("symmetric")), stream=stream,
+                positive=str(spec["positive"]) if spec.get("positive") is not None else "",
+                label_case=spec.get("label_case") or "exact", symmetric=bool(spec.get("symmetric")), stream=stream,
                 prior=prior, origin=dict(origin or {}))
 
 
 GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task; its files are in --data-dir
 
 
-GLUE = tuple(register_task(from_declaration(json.loads(f.read_text(encoding="utf-8")))).name
+GLUE = tuple(register_task(from_declaration(json.loads(f.read_text(encoding="utf-8")),
+                                             origin={"package": f"tasks/glue/{f.name}"})).name
              for f in sorted(GLUE_DIR.glob("*.json")))
 
 
@@ -820,7 +892,7 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
     return result
 
 
-__all__ = ("BUILTIN", "GLUE", "KINDS", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "PRIOR_KINDS", "SPLITS",
-           "TASK_FILE_KEYS", "Binary", "Classes", "ExtraStream", "Kind", "Layout", "Prior", "Scores", "Task",
-           "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "load_split", "model_tasks",
-           "register_task", "stream_task", "task_names", "task_with", "unregister_task")
+__all__ = ("BUILTIN", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "PRIOR_KINDS",
+           "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes", "ExtraStream", "Kind", "Layout", "Prior", "Scores", "Task",
+           "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "listed", "load_split",
+           "model_tasks", "register_task", "stream_task", "task_names", "task_with", "unregister_task")

@@ -10,11 +10,20 @@ columns; the rest is inferred from the training file's labels unless declared:
 - ``kind``: numbers that are not all whole make a regression (on the labels' own scale, ``range`` [min, max]);
   whole numbers or words make a classification whose ``classes`` are the distinct labels, sorted (numbers by
   value: 1, 2, 5, 10): labels 1-10 are ten classes, not eleven. One text column is a sentence task, two a pair.
+  A label is read without the space around it.
 - a refusal names the file, the line and the declaration that would work: a label that is no class of a
   classification, a column of numbers with a stray word in it, a label far outside the others (a typo, not a
-  class), more classes than a classification plausibly has.
+  class), more classes than a classification plausibly has (MAX_CLASSES, words or numbers), two labels alike but
+  for their case ("Neutral", "neutral"), a dev (or labelled test) label outside an inferred ``range`` (the head
+  cannot reach it). A class on fewer than RARE_LABEL training rows and no dev row is a warning (a typo?).
+- ``label_case``: "fold" reads labels alike but for their case as one class, spelt as most training rows spell
+  it (ties: the first); "exact" keeps them apart; without it such labels are refused.
+- ``positive``: the label of the class a two-class task's F1 is scored on (matched as labels are: 1.0 for 1),
+  and whose probability a one-logit task's predictions give (``p_<label>``); default: the second class.
 - ``id``: the ids of a file's rows, default ``id`` where the file's header has that column, else the rows' file
-  lines; files are relative to the task file's folder, tab- or comma-separated by their first line.
+  lines; files are relative to the task file's folder, tab- or comma-separated by their first line, with a
+  header whether columns are named or 0-based positions, unless ``"header": false``; a quoted field may span
+  lines, as CSV's standard allows.
 - what SST has any task may declare: ``phrases``, a file of extra labelled examples (the train file's layout)
   trained through its head as a stream of its own, ``<name>_phrases`` (or an object with its ``file``,
   ``min_words`` and ``order``); ``prior``, a second opinion at evaluation (its weight, or an object with its
@@ -31,21 +40,28 @@ Usage:
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from tasks.data.readers import DataFileMissing, FileFormat, decode_utf8, read_labels, sniff_delimiter
-from tasks.task import (KINDS, LAYOUT_KEYS, NAME_LENGTH, PRIOR_KINDS, SPLITS, STREAMS, TASK_FILE_KEYS, Kind, Task,
-                        canonical_number, from_declaration, layout_from)
+from tasks.task import (KINDS, LABEL_CASES, LAYOUT_KEYS, NAME_LENGTH, PRIOR_KINDS, SPLITS, STREAMS, TASK_FILE_KEYS,
+                        Kind, Task, canonical_number, from_declaration, layout_from)
+
+logger = logging.getLogger(__name__)
 
 # A metric's other spellings a task file may use (tasks/evaluation/metrics.py names each by the first).
 METRIC_NAMES = {"acc": ("accuracy",), "f1": (), "macro_f1": ("macro-f1", "f1_macro"), "mcc": ("matthews",),
                 "r": ("pearson", "pearson_r"), "spearman": ("spearman_r",)}
-MAX_CLASSES = 100  # inferred from whole numbers: more is most likely a score, or a column of ids
+MAX_CLASSES = 100  # inferred from whole numbers or words: more is most likely a score, free text, or a column of ids
 OUTLIER_GAP = 10  # a label further from the others than this many times their span is most likely a typo
+# An inferred class on fewer training rows than this, and on no dev row, is most likely a typo ("neutrl"): a class
+# the model can barely learn and the dev set never scores. Two rows may be a typo made twice; three is a pattern.
+RARE_LABEL = 3
 
 
 def _fail(where: str, message: str) -> ValueError:
@@ -124,6 +140,16 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
             value = value["file"]
         if not isinstance(value, str) or not value:
             raise _fail(where, f"{split!r} is a file name (relative to the task file's folder); got {json.dumps(value)}")
+        own = spec[split] if isinstance(spec[split], dict) else {}
+        merged = {**spec, **own}
+        if merged.get("header") is False:
+            names = [f"{key} {json.dumps(c)}" for key in ("text", "label", "id")
+                     for c in (merged[key] if isinstance(merged.get(key), list) else [merged.get(key)])
+                     if isinstance(c, str)]
+            if names:
+                raise _fail(where, f"{split!r}: a file without a header (\"header\": false) names its columns by "
+                                   f"0-based position, and its {names[0]} is a name" + (
+                                       "" if "header" in own else f"; give {split!r} \"header\": true of its own"))
     if "kind" in spec and spec["kind"] not in KINDS:
         raise _fail(where, f"'kind' {json.dumps(spec['kind'])}; kinds are {', '.join(KINDS)}")
     if "num_classes" in spec:
@@ -140,6 +166,10 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
         names = [str(x) for x in c]
         if len(set(names)) != len(names):
             raise _fail(where, f"'classes' names a class twice: {json.dumps(c)}")
+        spaced = next((x for x in names if x != x.strip() or not x), None)
+        if spaced is not None:
+            raise _fail(where, f"'classes' names {json.dumps(spaced)} with space around it (or none at all); a "
+                               f"label is read without the space around it: write {json.dumps(spaced.strip())}")
         spec = {**spec, "classes": names}
     if "classes" in spec and "num_classes" in spec:
         raise _fail(where, "give 'classes' (the labels) or 'num_classes' (classes 0 .. n-1), not both")
@@ -183,8 +213,14 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
                            f"{json.dumps(spec['symmetric'])}")
     if spec.get("symmetric") and isinstance(spec.get("text"), (str, int)):
         raise _fail(where, "'symmetric' is a pair task's (two text columns): drop it")
-    if "positive" in spec and not (isinstance(spec["positive"], str) and spec["positive"].isidentifier()):
-        raise _fail(where, f"'positive' is a word for what class 1 means; got {json.dumps(spec['positive'])}")
+    if "positive" in spec:
+        value = spec["positive"]
+        if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+            raise _fail(where, f"'positive' is the label of the class a two-class task's F1 is scored on (one of its "
+                               f"labels as the files write them); got {json.dumps(value)}")
+    if "label_case" in spec and spec["label_case"] not in LABEL_CASES:
+        raise _fail(where, f"'label_case' is \"fold\" (labels alike but for their case are one class) or \"exact\" "
+                           f"(they are classes of their own); got {json.dumps(spec['label_case'])}")
     return spec
 
 
@@ -224,7 +260,12 @@ def _classes_of(train: Path, labels: list[tuple[int, str]], spec: Mapping[str, A
         raise _fail(f"{train}: line {line}", f"label {raw!r} is not a number, while most labels are; fix it, or "
                     f"declare the classes (\"classes\": [...]) in {where}")
     if words:
-        return sorted(numbers)
+        names = _word_classes(train, labels, spec, where)
+        if len(names) > MAX_CLASSES:
+            raise _fail(train.as_posix(), f"{len(names)} distinct labels would make {len(names)} classes (more than "
+                        f"{MAX_CLASSES}): is {json.dumps(spec['label'])} the label column? If they are classes, "
+                        f"declare them (\"classes\": [...]) in {where}")
+        return names
     bad = next(((line, raw) for line, raw in labels if canonical_number(raw) is None), None)
     if bad is not None:
         raise _fail(f"{train}: line {bad[0]}", f"label {bad[1]!r} is not a whole number, and task {spec['name']!r} "
@@ -251,16 +292,36 @@ def _classes_of(train: Path, labels: list[tuple[int, str]], spec: Mapping[str, A
     return names
 
 
-def infer(spec: dict[str, Any], files: dict[str, Path], where: str) -> tuple[dict[str, Any], list[str]]:
-    """``spec`` completed from its training file's labels: ``kind`` and ``classes`` or ``range`` (and the id
-    column of each file); returns it and the keys inferred."""
+def _word_classes(train: Path, labels: list[tuple[int, str]], spec: Mapping[str, Any], where: str) -> list[str]:
+    """The distinct labels of a column of words, sorted; labels alike but for their case are refused unless the
+    file's "label_case" says how to read them ("fold": one class, spelt as most rows spell it, ties the first)."""
+    first: dict[str, int] = {}  # each spelling's first line
+    spellings: dict[str, Counter[str]] = {}  # each label's spellings and their rows, by its case-folded form
+    for line, raw in labels:
+        first.setdefault(raw, line)
+        spellings.setdefault(raw.casefold(), Counter())[raw] += 1
+    case = spec.get("label_case")
+    if case == "exact":
+        return sorted(first)
+    kept = {key: max(forms, key=lambda f: (forms[f], -first[f])) for key, forms in spellings.items()}
+    if case is None:
+        for key, forms in spellings.items():
+            if len(forms) > 1:
+                a, b = sorted(forms, key=first.__getitem__)[:2]
+                raise _fail(f"{train}: line {first[b]}", f"label {b!r} and {a!r} (line {first[a]}) differ only in "
+                            f"case: declare \"label_case\": \"fold\" to read them as one class ({kept[key]!r}, as "
+                            f"most rows write it) or \"exact\" to keep them apart, in {where}")
+    return sorted(kept.values())
+
+
+def infer(spec: dict[str, Any], files: dict[str, Path], where: str, labels: list[tuple[int, str]]
+          ) -> tuple[dict[str, Any], list[str]]:
+    """``spec`` completed from its training file's labels (``labels``: their lines and cells): ``kind`` and
+    ``classes`` or ``range`` (and the id column of each file); returns it and the keys inferred."""
     spec = dict(spec)
     inferred: list[str] = []
     layout = layout_from(spec)
     train = files["train"]
-    labels, report = read_labels(train, layout.label, fmt=layout.fmt, about=f"{where} names it")
-    if not labels:
-        raise _fail(train.as_posix(), f"no labels in column {json.dumps(spec['label'])} ({report.summary(3)})")
     pair = len(layout.text) == 2
     kind_name = spec.get("kind")
     if kind_name is None:
@@ -350,17 +411,23 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
             files[split] = path.parent / name
             if not files[split].is_file():
                 raise DataFileMissing(files[split], f"{about} as {split!r}, relative to its own folder")
-    for split, file in files.items():  # every column the task file names, in the file it names it for
+    layouts = {split: layout_from({**spec, **{k: v for k, v in (spec[split] if isinstance(spec[split], dict) else {})
+                                              .items() if k != "file"}}) for split in files}  # each file's own
+    for split, file in files.items():  # every column the task file names by name, in the file it names it for
         own = spec[split] if isinstance(spec[split], dict) else {}
-        lay = layout_from({**spec, **{k: v for k, v in own.items() if k != "file"}})
+        lay = layouts[split]
         if lay.fmt.header:
             header = _first_line_fields(file, lay.fmt, f"{where} names it")
             for key, column in [*(("text", c) for c in lay.text), ("label", lay.label), ("id", lay.id)]:
-                if column is not None and column not in header and not (split == "test" and key == "label") \
+                if isinstance(column, str) and column not in header and not (split == "test" and key == "label") \
                         and not (key == "id" and "id" not in spec and "id" not in own):
                     raise _fail(f"{file}: line 1", f"the header has no column {column!r} (it has {header}); {where} "
                                 f"names it as the {key} column" + (f" of its {split} file" if own else ""))
-    spec, inferred = infer(spec, files, where)
+    labels, report = read_labels(files["train"], layouts["train"].label, fmt=layouts["train"].fmt, about=about)
+    if not labels:
+        raise _fail(files["train"].as_posix(), f"no labels in column {json.dumps(spec['label'])} "
+                                               f"({report.summary(3)})")
+    spec, inferred = infer(spec, files, where, labels)
     if "prior" in spec and spec["kind"] not in PRIOR_KINDS.values():
         raise _fail(where, f"'prior': a prior is a probe of a sentence classification or the cosine of a pair "
                            f"regression, and the task is a {spec['kind']}")
@@ -368,37 +435,108 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
         own = spec["phrases"] if isinstance(spec["phrases"], dict) else {"file": spec["phrases"]}
         if not (path.parent / own["file"]).is_file():
             raise DataFileMissing(path.parent / own["file"], f"{about} as 'phrases', relative to its own folder")
-    task = from_declaration(spec, path.parent, {"file": str(path), "declaration": declaration, "inferred": inferred},
-                            checks_range="range" not in inferred)
+    try:
+        task = from_declaration(spec, path.parent, {"file": str(path), "declaration": declaration,
+                                                    "inferred": inferred}, checks_range="range" not in inferred)
+    except ValueError as e:  # what only the classes tell: a "positive" that names none of them, ...
+        raise _fail(where, str(e)) from None
+    for split in ("train", "dev"):
+        _check_first_line(task, spec, split, files[split], where)
     # every dev label the task cannot take, named with its line (the reader would skip it and carry on)
     dev_layout = task.layout_of("dev")
     problems_at = []
+    dev_classes = set()
     for line, raw in read_labels(files["dev"], dev_layout.label, fmt=dev_layout.fmt, about=about)[0]:
         problems: list[str] = []
-        task.parse_label(raw, problems)
+        dev_classes.add(task.parse_label(raw, problems))
         if problems:
-            problems_at.append((line, problems[0]))
+            problems_at.append((line, raw, problems[0]))
     if problems_at:
-        line, problem = problems_at[0]
-        hint = (" (a class the training file lacks: declare every class, \"classes\", in the task file)"
+        line, raw, problem = problems_at[0]
+        other_case = next((c for c in task.classes or () if c.casefold() == raw.strip().casefold()), None)
+        hint = (f" (class {other_case!r} in another case: \"label_case\": \"fold\" in the task file reads it so)"
+                if other_case is not None else
+                " (a class the training file lacks: declare every class, \"classes\", in the task file)"
                 if "classes" in inferred else "")
         raise _fail(f"{files['dev']}: line {line}", f"{problem} for task {task.name!r} ({task.kind.name}"
                     + (f", {task.num_classes} classes" if task.classes else "") + ")" + hint
                     + (f"; and {len(problems_at) - 1} more rows" if len(problems_at) > 1 else ""))
+    if "range" in inferred:
+        _check_range(task, files, where)
+    if "classes" in inferred:
+        _warn_rare(task, labels, dev_classes, files["train"], where)
     return task
 
 
+def _check_first_line(task: Task, spec: Mapping[str, Any], split: str, file: Path, where: str) -> None:
+    """A file whose columns the task file names by position alone and whose header it does not declare: its first
+    line is taken for a header, so one that reads as a row (its label a class, or a score) is refused, naming both
+    declarations (a row would be lost, or a header trained on)."""
+    own = spec[split] if isinstance(spec[split], dict) else {}
+    if "header" in own or "header" in spec:
+        return
+    lay = task.layout_of(split)
+    if not all(isinstance(c, int) for c in (*lay.text, lay.label, lay.id) if c is not None):
+        return
+    fields = _first_line_fields(file, lay.fmt, f"{where} names it")
+    cell = fields[lay.label].strip() if lay.label < len(fields) else ""
+    value = _number(cell)
+    if task.kind.classification and task.class_of(cell) is not None:
+        why = f"its label {cell!r} is one of its classes"
+    elif not task.kind.classification and value is not None and math.isfinite(value):
+        why = f"its label {cell!r} is a score"
+    else:
+        return
+    raise _fail(f"{file}: line 1", f"{where} names the columns by position and says nothing of a header, and line 1, "
+                f"taken for the header, reads as a row ({why}): declare \"header\": false to read it as a row, or "
+                f"\"header\": true to keep it the header")
+
+
+def _check_range(task: Task, files: Mapping[str, Path], where: str) -> None:
+    """A regression's range inferred from the training labels: a dev label outside it, or a test file's where it
+    has labels (a header naming the label column), is refused: its head's output never leaves the range."""
+    low, high = task.score_range
+    for split in ("dev", "test"):
+        lay = task.layout_of(split)
+        if split not in files or lay.label is None or (split == "test" and not (
+                lay.fmt.header and lay.label in _first_line_fields(files[split], lay.fmt, f"{where} names it"))):
+            continue
+        for line, raw in read_labels(files[split], lay.label, fmt=lay.fmt, about=f"{where} names it")[0]:
+            value = _number(raw)
+            if value is not None and not low <= value <= high:
+                raise _fail(f"{files[split]}: line {line}", f"label {raw} is outside [{low:g}, {high:g}], the range "
+                            f"of the training labels, which the head's scores never leave: fix it, or declare the "
+                            f"scale (\"range\": [low, high]) in {where} to accept it")
+
+
+def _warn_rare(task: Task, labels: list[tuple[int, str]], dev_classes: set, train: Path, where: str) -> None:
+    """A warning for each inferred class on fewer than RARE_LABEL training rows and no dev row (a typo?)."""
+    lines: dict[int, list[int]] = {}
+    for line, raw in labels:
+        lines.setdefault(task.class_of(raw), []).append(line)
+    for k, at in lines.items():
+        if k is not None and len(at) < RARE_LABEL and k not in dev_classes:
+            logger.warning("%s: label %r is on %d training row%s (%s) and on no dev row: a typo? Fix it, or declare "
+                           "every class (\"classes\") if it is one", where, task.label_name(k), len(at),
+                           "" if len(at) == 1 else "s", ", ".join(f"{train}:{line}" for line in at))
+
+
 def inferred_note(task: Task) -> str:
-    """What of ``task`` its file left to its labels, and the declaration that says otherwise (for the run's log)."""
+    """What of ``task`` its file left to its labels or to the defaults, and the declaration that says otherwise
+    (for the run's log)."""
     inferred = task.origin.get("inferred") or []
-    if not inferred:
-        return ""
-    numbers = not task.kind.classification or all(canonical_number(c) is not None for c in task.classes)
-    other = ("" if not numbers or "kind" not in inferred else
-             f" (to read them as a score: \"kind\": \"{task.kind.name.replace('classification', 'regression')}\")"
-             if task.kind.classification else
-             f" (to read them as classes: \"kind\": \"{task.kind.name.replace('regression', 'classification')}\")")
-    return f"{' and '.join(inferred)} inferred from its training labels{other}"
+    notes = []
+    if inferred:
+        numbers = not task.kind.classification or all(canonical_number(c) is not None for c in task.classes)
+        other = ("" if not numbers or "kind" not in inferred else
+                 f" (to read them as a score: \"kind\": \"{task.kind.name.replace('classification', 'regression')}\")"
+                 if task.kind.classification else
+                 f" (to read them as classes: \"kind\": \"{task.kind.name.replace('regression', 'classification')}\")")
+        notes.append(f"{' and '.join(inferred)} inferred from its training labels{other}")
+    if "f1" in task.metrics and "positive" not in (task.origin.get("declaration") or {}):
+        notes.append(f"F1 is on the second class, {task.label_name(task.positive_class)!r} (\"positive\" names "
+                     "another)")
+    return "; ".join(notes)
 
 
 # ---- a saved run's task against its file -----------------------------------------------------------------------

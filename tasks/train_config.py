@@ -28,9 +28,9 @@ from typing import Any
 from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions, upgrade
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
-from tasks.objectives import load_plugin, objective_config, objective_values, registered_objectives
+from tasks.objectives import objective_config, objective_values, recorded_modules, registered_objectives
 from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
-from tasks.task import MULTITASK, ExtraStream, Prior, Task, get_task, register_task, stream_task, task_names
+from tasks.task import GLUE, MULTITASK, ExtraStream, Prior, Task, get_task, register_task, stream_task, task_names
 from tasks.task_file import check_unchanged, read_declaration
 from tasks.runtime import check_device_string
 
@@ -163,8 +163,9 @@ class TrainConfig:
                                          "--eval-only: where a run's task file now is (it must declare the task as "
                                          "it did)", group="data", flag="--task-file", repeat=True, metavar="FILE")
     user_tasks: dict[str, dict[str, Any]] = option(
-        help="the tasks the task files declared, as the run read them (tasks.task.Task.to_dict): what a saved run "
-             "predicts with, its files gone or not; set by --task-file", factory=dict)
+        help="the tasks the task files declared, as the run read them, and the run's GLUE tasks as the package "
+             "declared them (tasks.task.Task.to_dict): what a saved run predicts with, its files gone or the package "
+             "changed or not; set by --task-file and --tasks", factory=dict)
     best_metric: tuple[str, ...] = option((), "what selects the best epoch (and SWA over it): the mean of these tasks' "
                                           "main metrics or of these metrics (rte_f1), each in [0, 1] (a correlation c "
                                           "as (c + 1) / 2); default: the CS224N overall, over the run's built-in "
@@ -220,7 +221,10 @@ class TrainConfig:
     objectives: dict[str, dict[str, Any]] = option(help="objective name -> its Config overrides", factory=dict)
     objective_modules: tuple[str, ...] = option((), "load objectives from a Python file of your own (repeatable; "
                                                 "README 'Adding an objective': it registers what it defines, and "
-                                                "--objective NAME uses it); MINBERT_PLUGINS=FILE[:FILE] loads files "
+                                                "--objective NAME uses it); the run records it, and reading the run "
+                                                "later (--eval-only, --resume, --config) imports it only when named "
+                                                "again (--objective-module FILE: where it is now) or with "
+                                                "--trust-objective-modules; MINBERT_PLUGINS=FILE[:FILE] loads files "
                                                 "for every command", group="model", flag="--objective-module",
                                                 repeat=True, metavar="FILE")
 
@@ -279,8 +283,8 @@ class TrainConfig:
                                "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)",
                                group="runtime")
     threads: int | None = option(None, "CPU threads to compute with (torch.set_num_threads); default: torch's, one "
-                                 "per core (OMP_NUM_THREADS sets it too); a run's scores depend on it (sums split "
-                                 "otherwise round otherwise), and beside other work one thread can be the faster",
+                                 "per core (OMP_NUM_THREADS sets it too); a run's scores depend on it (a sum split "
+                                 "otherwise rounds otherwise), and beside other work one thread can be the faster",
                                  group="runtime", metavar="N")
     compile: bool = option(False, "torch.compile the encoder", group="runtime")
     deterministic: bool = option(False, "torch.use_deterministic_algorithms(True) (and CUBLAS_WORKSPACE_CONFIG="
@@ -314,6 +318,10 @@ class TrainConfig:
         for entry in self.user_tasks.values():
             register_task(entry if isinstance(entry, Task) else Task.from_dict(entry))
         self.user_tasks = {name: e.to_dict() if isinstance(e, Task) else e for name, e in self.user_tasks.items()}
+        # A GLUE task's entry too, as the package declares it now: a later package cannot change what the run
+        # predicts (one that declares it otherwise is refused above); a run saved before kept none: the package's.
+        self.user_tasks.update({t: get_task(t).to_dict() for t in self.tasks
+                                if t in GLUE and t not in self.user_tasks})
         self.task_files = tuple(str(Path(f).expanduser().resolve()) for f in self.task_files)
         self.objective_modules = tuple(str(Path(f).expanduser().resolve()) for f in self.objective_modules)
         self.tasks = tuple(self.tasks)
@@ -337,9 +345,13 @@ class TrainConfig:
                 OBJECTIVE_VERSIONS: versions, **d}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], complete: bool = False) -> TrainConfig:
+    def from_dict(cls, d: dict[str, Any], complete: bool = False, trust_modules: bool = False) -> TrainConfig:
         """Inverse of ``to_dict``; an unknown key is an error (a config from another version must not half-load),
         and so is a number that is not finite (JSON's ``Infinity``, ``NaN``), named by its field.
+
+        Reading a config executes no code of its files: an objective it names that is not registered (its file not
+        named again by --objective-module or MINBERT_PLUGINS) is a ValueError naming the file it recorded
+        (``objective_modules``), which ``trust_modules`` (--trust-objective-modules) imports instead.
 
         A run's saved configuration (one that records its version, or one saved before versions were) is first
         upgraded to today's fields by the migrations of tasks/config_versions.py, so that it loads as it ran,
@@ -360,8 +372,9 @@ class TrainConfig:
         if not isinstance(versions, dict) or not all(isinstance(v, int) and v >= 1 for v in versions.values()):
             raise ValueError(f"{OBJECTIVE_VERSIONS}: {json.dumps(versions)} is not an object of objective -> version")
         d = upgrade(d)
-        for module in d.get("objective_modules") or ():  # a run's own objectives' files, before their options
-            load_plugin(module)
+        # a run's own objective files, before their options: imported only with ``trust_modules``, where an
+        # objective it names is not registered otherwise (tasks.objectives.recorded_modules)
+        recorded_modules(d.get("objectives"), d.get("objective_modules"), trust=trust_modules)
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -600,9 +613,7 @@ class TrainConfig:
             raise ValueError(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
         if self.encoder_dropout is not None and not 0 <= self.encoder_dropout < 1:
             raise ValueError(f"encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
-        check_device_string(self.device)
-        if self.threads is not None and self.threads < 1:
-            raise ValueError(f"threads must be at least 1 (default: torch's, one per core), got {self.threads}")
+        check_runtime(self)
         self.model.__post_init__()  # a ModelConfig edited after construction is re-checked
         check_objectives(self)
 
@@ -720,9 +731,10 @@ def with_task_files(saved: TrainConfig, given: Iterable[str] = ()) -> TrainConfi
     for path in given:
         declaration = read_declaration(Path(path), f"--task-file {path}")
         name = declaration.get("name") if isinstance(declaration, dict) else None
-        if name not in saved.user_tasks:
+        own = [n for n, e in saved.user_tasks.items() if e["origin"].get("file")]  # not its GLUE tasks'
+        if name not in own:
             raise ValueError(f"--task-file {path} declares task {name!r}, which the run has not (its own tasks: "
-                             f"{', '.join(saved.user_tasks) or 'none'}): with --resume or --eval-only it names "
+                             f"{', '.join(own) or 'none'}): with --resume or --eval-only it names "
                              "where a run's task file now is")
         by_name[name] = path
     entries = {name: check_unchanged(Task.from_dict(e), by_name.get(name)).to_dict()
@@ -778,8 +790,16 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     if extra:
         raise ValueError(f"--tasks {' '.join(extra)}: the checkpoint was trained on {list(saved.tasks)}, not on "
                          f"{extra}")
-    check_device_string(cfg.device)
+    check_runtime(cfg)
     return cfg
+
+
+def check_runtime(cfg: TrainConfig) -> None:
+    """The settings of how a config computes, which an evaluation may change too (``eval_config``): the device's
+    name and the CPU threads; a ValueError saying why."""
+    check_device_string(cfg.device)
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"threads must be at least 1 (default: torch's, one per core), got {cfg.threads}")
 
 
 # TrainConfig's nested configs by field name (a field of a dataclass type: its settings are "<name>.<field>")

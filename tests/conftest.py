@@ -88,6 +88,24 @@ def user_tasks():
 
 
 @pytest.fixture
+def plugin_registry(monkeypatch):
+    """Objective files a test loads (tasks.objectives.load_plugin) register in a copy of the process-wide registry,
+    dropped after the test, with no MINBERT_PLUGINS from the environment. Calling the fixture's value forgets them
+    again: the next command starts as a new process would."""
+    import tasks.objectives as objectives
+
+    monkeypatch.delenv(objectives.PLUGINS_ENV, raising=False)
+    package = objectives.registered_objectives()
+
+    def new_process():
+        monkeypatch.setattr(objectives, "REGISTRY", dict(package))
+        monkeypatch.setattr(objectives, "_PLUGINS", {})
+
+    new_process()
+    return new_process
+
+
+@pytest.fixture
 def one_thread():
     """One intra-op thread for tiny-model tests: two threads cost more in synchronization than
     they save, and on a shared 2-core machine two spinning OpenMP threads run ~5x slower."""

@@ -255,3 +255,38 @@ def test_an_older_formats_weights_load_through_the_upgrade_chain(trained, tmp_pa
     with pytest.raises(ValueError, match="is a checkpoint of format 2, newer than this code reads \\(1\\): update "
                                          "the code"):
         load_model(old)
+
+
+# ---- what a resume or an evaluation reads, and its refusals --------------------------------------------------------
+
+
+def test_a_save_only_model_run_is_refused_for_resume_in_one_line_with_no_fallback(trained, tmp_path, caplog):
+    """A run that kept its model alone (--save-only-model: no last, best without its optimizer state) cannot be
+    resumed: resume_point says so in one line naming the run and what can be done, with no warning about resuming
+    from best first; a model-only checkpoint named directly is refused alike."""
+    from tasks.checkpoint import keep_model_only, resume_point
+
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained.parent.parent, run_dir)
+    shutil.rmtree(run_dir / "checkpoints" / "last")
+    keep_model_only(run_dir / "checkpoints" / "best")
+    with caplog.at_level(logging.WARNING), pytest.raises(ValueError) as error:
+        resume_point(run_dir / "checkpoints" / "last")
+    assert str(error.value) == (f"{run_dir} kept its model alone (--save-only-model), so it cannot be resumed: "
+                                f"evaluate it with --eval-only --out-dir {run_dir}, or train it again (another "
+                                "--out-dir, or --overwrite)")
+    assert not caplog.records
+    with pytest.raises(ValueError, match=rf"^{run_dir} kept its model alone \(--save-only-model\), so it cannot be "):
+        resume_point(run_dir / "checkpoints" / "best")
+
+
+def test_a_bad_minbert_plugins_entry_is_not_blamed_on_the_checkpoints_config(trained, plugin_registry, tmp_path,
+                                                                             monkeypatch):
+    """Reading a checkpoint's config with a MINBERT_PLUGINS entry that is not there names MINBERT_PLUGINS, not the
+    config.json that was being read."""
+    from tasks.checkpoint import verify_checkpoint
+
+    monkeypatch.setenv("MINBERT_PLUGINS", str(tmp_path / "nope.py"))
+    with pytest.raises(ValueError) as error:
+        verify_checkpoint(trained)
+    assert str(error.value).startswith(f"MINBERT_PLUGINS names {tmp_path / 'nope.py'}: no such Python file")

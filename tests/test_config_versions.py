@@ -3,7 +3,8 @@ ran, evaluates and resumes; a field added to a config without a new version and 
 
 tests/saved_configs/ holds one config.json of a tiny run per format, as the code of that format wrote it (the
 file named v0-<commit> by TrainConfig.to_dict at that commit, v<N> by version N's), its machine's paths written
-<pretrained>, <data> and <out>. Version 0 is every file written before config.json recorded its version.
+<pretrained>, <data> and <out> (a user's task file <task_file>, in <task_dir>). Version 0 is every file written
+before config.json recorded its version.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def _saved(path: Path, env: tuple[Path, Path], out: Path) -> dict:
     pretrained, data = env
     text = path.read_text().replace("<pretrained>", str(pretrained)).replace("<data>", str(data))
     if "<task_file>" in text:
-        text = text.replace("<task_file>", str(three_class_task(out.parent / "task")))
+        task_file = three_class_task(out.parent / "task")
+        text = text.replace("<task_file>", str(task_file)).replace("<task_dir>", str(task_file.parent))
     return json.loads(text.replace("<out>", str(out)))
 
 
@@ -277,3 +279,68 @@ def test_a_saved_run_that_lost_its_version_is_named_and_never_told_to_delete(tin
 def _write(path: Path, d: dict) -> Path:
     path.write_text(json.dumps(d))
     return path
+
+
+# ---- version 4: a task's positive class, labels alike but for case, line ends inside fields --------------------------
+
+
+def _entry_of_version_3(**changes) -> dict:
+    """The entry of a two-class pair task of words as version 3 saved it, with ``changes``."""
+    layout = {"text": ["a", "b"], "label": "y", "id": None, "delimiter": None, "quoting": None, "header": True,
+              "line_ends": False}
+    return {"name": "dup", "kind": "pair-classification", "classes": ["different", "same"], "score_range": None,
+            "checks_range": False, "metrics": ["acc", "f1", "mcc"], "files": {"train": "/gone/dup-train.csv"},
+            "layout": layout, "split_layouts": {"dev": {**layout, "id": "id"}}, "output_column": "label",
+            "starter_format": False, "positive": "paraphrase", "symmetric": False, "span_option": "", "stream": None,
+            "prior": None, "origin": {"file": "/gone/dup.json", "declaration": {}, "inferred": ["kind", "classes"]},
+            **changes}
+
+
+def test_a_version_3_entry_reads_as_it_ran(tiny_env, tmp_path):
+    """Version 3's entries: "positive" was a word for what class 1 means (F1 was class 1's), now it names the class F1
+    is on: a word that names no class reads as no "positive" (F1 the second class's, class 1's, as it was), one
+    that names a class as that class; their labels were matched in their case ("label_case": "exact") and their
+    files read with no field over lines ("multiline" false), as the run read them."""
+    saved = _saved(SAVED / "v3.json", tiny_env, tmp_path / "run")
+    entries = {"dup": _entry_of_version_3(), "dup2": _entry_of_version_3(name="dup2", positive="different"),
+               "dup3": _entry_of_version_3(name="dup3", positive="")}
+    cfg = TrainConfig.from_dict({**saved, "tasks": ["sst", "dup", "dup2", "dup3"], "user_tasks": entries},
+                                complete=True)
+    dup = cfg.user_tasks["dup"]
+    assert (dup["positive"], dup["label_case"], dup["layout"]["multiline"]) == ("", "exact", False)
+    assert dup["split_layouts"]["dev"]["multiline"] is False and cfg.user_tasks["dup2"]["positive"] == "different"
+    from tasks.task import get_task
+    assert [get_task(n).positive_class for n in ("dup", "dup2", "dup3")] == [1, 0, 1]
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_a_version_3_run_whose_positive_was_a_word_re_predicts_as_it_did(tiny_env, tmp_path):
+    """A run of version 3 of a two-class pair task of words whose task file said "positive": "paraphrase" (a word
+    for class 1, then): --eval-only re-predicts its files byte for byte and scores the F1 of class 1, as it did."""
+    from tasks.task import unregister_task
+    from tests.helpers import CLASS_WORDS, tiny_flags, user_task
+
+    rows = {s: [[f"the film was {CLASS_WORDS[i % 3]}", f"the film was {CLASS_WORDS[(i // 2) % 3]}",
+                 ["different", "same"][i % 3 == (i // 2) % 3]] for i in range(n)] for s, n in (("train", 32),
+                                                                                             ("dev", 16))}
+    task_file = user_task(tmp_path / "t", {"name": "dup", "text": ["a", "b"], "label": "y"}, rows, ["a", "b", "y"])
+    run = tmp_path / "run"
+    trained = cli.main([*tiny_flags(tiny_env, run), "--task-file", str(task_file), "--tasks", "dup"])
+    spec = {**json.loads(task_file.read_text()), "positive": "paraphrase"}
+    task_file.write_text(json.dumps(spec))  # the task file as version 3 took it
+    for where in (run, run / "checkpoints" / "best", run / "checkpoints" / "last"):
+        d = json.loads((where / "config.json").read_text())
+        entry = d["user_tasks"]["dup"]
+        del entry["label_case"]
+        for layout in (entry["layout"], *entry["split_layouts"].values()):
+            del layout["multiline"]
+        entry.update(positive="paraphrase", origin={**entry["origin"], "declaration": spec})
+        fields = {f.split(".")[0] for f in MIGRATIONS[2].fields} | {"model_type", "objective_versions"}
+        _write(where / "config.json", {**{k: v for k, v in d.items() if k in fields or k.endswith("_version")},
+                                       "config_version": 3})  # version 3's fields
+    unregister_task("dup")
+    again = cli.main(["--eval-only", "--out-dir", str(tmp_path / "eval"), "--checkpoint", str(run / "checkpoints" /
+                                                                                           "best")])
+    for name in ("dup-dev-output.csv", "dup-dev-logits.csv"):
+        assert (tmp_path / "eval" / "predictions" / name).read_bytes() == (run / "predictions" / name).read_bytes()
+    assert again["dev"]["dup_f1"] == trained["dev"]["dup_f1"] and "dup_f1" in trained["dev"]

@@ -229,3 +229,18 @@ def test_a_test_id_no_member_predicted_marks_the_submission_incomplete(tmp_path,
     assert json.loads((tmp_path / "ens" / "ensemble.json").read_text())["incomplete"] == summary["incomplete"]
     complete = main([*runs, "--data-dir", str(data), "--out-dir", str(tmp_path / "ens2"), "--tasks", "sst"])
     assert "incomplete" not in complete and "INCOMPLETE" not in capsys.readouterr().err
+
+
+def test_an_ensemble_runs_no_code_of_the_files_its_runs_recorded(tmp_path, capsys):
+    """A run whose config.json records an objective file of its own (objective_modules) joins an ensemble as any
+    run does, and that file is never imported: an ensemble reads the runs' logits and tasks, no objective."""
+    runs = make_runs(tmp_path, nested=True)
+    marker, plugin = tmp_path / "imported", tmp_path / "mine" / "my_loss.py"
+    plugin.parent.mkdir()
+    plugin.write_text(f"open({str(marker)!r}, 'w').close()\n")
+    run_dir = Path(runs[0]).parent if Path(runs[0]).name == "predictions" else Path(runs[0])
+    (run_dir / "config.json").write_text(json.dumps({"tasks": ["sst"], "objectives": {"my_loss": {}},
+                                                     "objective_modules": [str(plugin)]}))
+    summary = main([*runs, "--data-dir", str(tmp_path / "data"), "--out-dir", str(tmp_path / "ens")])
+    assert summary["tasks"]["para"]["runs"] == ["run1", "run2"]  # its config.json was read: an SST specialist
+    assert not marker.exists()

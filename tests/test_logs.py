@@ -91,3 +91,41 @@ def test_from_python_a_run_log_takes_the_packages_info_lines_and_goes_when_close
         "I tasks.test: a run's progress", "W tasks.test: a warning", "E tasks: failed: RuntimeError: stopped"]
     assert "a warning" in capsys.readouterr().err
     assert root.handlers == handlers and logging.getLogger("tasks").level == level
+
+
+def test_lines_logged_before_a_python_runs_log_file_are_held_for_it_and_a_commands_are_not(tmp_path, monkeypatch,
+                                                                                           capsys):
+    """From Python (no log_to), held_records keeps the package's INFO lines and every warning of its block (the
+    warnings printed once at once where no logging is set up) and LogFile.replay writes them into the file opened
+    after, before its own lines; under a command's log_to, or on another torchrun rank, nothing is held (the
+    command's pending log has them)."""
+    from tasks.logs import held_records
+
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # a bare script
+    monkeypatch.setattr(root, "level", logging.WARNING)
+    monkeypatch.setattr(logging.getLogger("tasks"), "level", logging.NOTSET)
+    with held_records() as held:
+        logging.getLogger("tasks.test").info("read before the directory")
+        logging.getLogger("tasks.test").warning("a file skipped rows")
+    assert logging.getLogger("tasks").level == logging.NOTSET and root.handlers == []
+    assert capsys.readouterr().err.count("a file skipped rows") == 1
+    log = open_log(tmp_path)
+    log.replay(held)
+    logging.getLogger("tasks.test").info("the run's own line")
+    log.close()
+    lines = (tmp_path / "train.log").read_text().splitlines()
+    assert [x.split(": ", 1)[1] for x in lines] == ["read before the directory", "a file skipped rows",
+                                                   "the run's own line"]
+    assert capsys.readouterr().err.count("a file skipped rows") == 0  # printed once, above
+
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with held_records() as held:
+        logging.getLogger("tasks.test").warning("rank 1's")
+    assert held == []
+    monkeypatch.delenv("RANK")
+    log_to()
+    with held_records() as held:
+        logging.getLogger("tasks.test").info("a command's line")
+    assert held == []

@@ -34,7 +34,7 @@ def test_predict_command_in_process(finished, tmp_path, capsys, caplog):
               "--output", str(tmp_path / "out.csv")])
     assert f"wrote 1 rows of para predictions to {tmp_path / 'out.csv'}" in caplog.text  # the file it wrote
     rows = _csv((tmp_path / "out.csv").read_text())
-    assert rows[0] == ["id", "label", "p_paraphrase"] and rows[1][0] == "1" and rows[1][1] in ("0", "1")
+    assert rows[0] == ["id", "label", "p1"] and rows[1][0] == "1" and rows[1][1] in ("0", "1")
 
 
 def test_predict_command_subprocess_reads_stdin(finished):
@@ -47,10 +47,20 @@ def test_predict_command_subprocess_reads_stdin(finished):
 
 
 @pytest.mark.parametrize("argv, text, message", [
-    (["--task", "sts"], "no tab here\n", "line 1: expected two sentences separated by one tab"),
+    (["--task", "sts"], "no tab here\n", "stdin: line 1: expected two sentences separated by one tab (task sts), "
+                                        "found no tab"),
+    (["--task", "sts"], "a cat sits\ta cat sat\na\tb\tc\n", "stdin: line 2: expected two sentences separated by one "
+                                                             "tab (task sts), found 2 tabs"),
+    (["--task", "para"], "a cat sits\ta cat sat\n\na sentence\t\n", "stdin: line 3: the second sentence of the pair "
+                                                                     "is empty; task para reads two sentences "
+                                                                     "separated by one tab a line"),
+    (["--task", "para"], " \ta cat sat\n", "stdin: line 1: the first sentence of the pair is empty; task para reads "
+                                            "two sentences separated by one tab a line"),
     (["--task", "sst", "--input", "missing.txt"], "", "--input missing.txt: no such file"),
 ])
 def test_predict_command_errors_are_one_line(finished, tmp_path, capsys, monkeypatch, argv, text, message):
+    """A malformed input line is refused in one line naming stdin's line and what is wrong with it (a pair line
+    without its tab, with two, or with an empty sentence), and a missing --input names the file: exit status 2."""
     monkeypatch.setattr(sys, "stdin", io.StringIO(text))
     monkeypatch.chdir(tmp_path)
     with pytest.raises(SystemExit) as e:
@@ -131,5 +141,21 @@ def test_a_sentence_task_fed_tab_separated_pairs_is_refused_naming_the_line(tmp_
     refused, naming the first such line and the pair tasks."""
     path = tmp_path / "pairs.txt"
     path.write_text("a fine film\na cat sits\ta cat is sitting\n")
-    with pytest.raises(ValueError, match=r"line 2 holds a tab: task sst reads one sentence a line.*para, sts"):
+    with pytest.raises(ValueError, match=r"--input .*pairs.txt: line 2 holds a tab: task sst reads one sentence a "
+                                         r"line.*para, sts"):
         predict_mod.read_inputs("sst", str(path))
+
+
+def test_threads_sets_the_cpu_threads_as_train_does(finished, capsys, monkeypatch):
+    """--threads N computes on N CPU threads (tasks.runtime.set_threads, as the train command's --threads) and the
+    log says so; --threads 0 is refused as the train command refuses it, before anything is predicted."""
+    import torch
+
+    monkeypatch.setattr(sys, "stdin", io.StringIO("a fine film\n"))
+    main(["--checkpoint", str(finished), "--task", "sst", "--threads", "2", "--device", "cpu"])
+    assert torch.get_num_threads() == 2
+    assert "on cpu, fp32" in capsys.readouterr().err  # the Predictor's line, with the threads
+    with pytest.raises(SystemExit) as e:
+        main(["--checkpoint", str(finished), "--task", "sst", "--threads", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].endswith("error: --threads must be at least 1, got 0"), err

@@ -24,7 +24,8 @@ from tasks.predict import main as predict_main
 from tasks.predictions import read_logits, read_predictions
 from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.evaluator import Predictor, evaluate_checkpoint
-from tasks.task import BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, get_task, load_split, model_tasks, unregister_task
+from tasks.task import (BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, Layout, Task, get_task, load_split, model_tasks,
+                        unregister_task)
 from tasks.training.run import run
 from tests.helpers import CLASS_WORDS, three_class_task, tiny_flags, tiny_train_config, user_task, write_csv
 
@@ -44,6 +45,30 @@ def test_the_builtin_entries_and_their_kinds():
     assert model_tasks(("cfimdb",)) == ("sst", "para", "sts", "cfimdb")  # the project's three heads stay
     with pytest.raises(ValueError, match="unknown task 'nope'.*--task-file"):
         get_task("nope")
+
+
+def test_a_one_logit_tasks_probability_column_is_its_positive_labels():
+    """The predict command's p_<label> column of a one-logit task is P(that label): P(class 1) from the sigmoid where
+    the positive class is class 1, 1 - P(class 1) where it is class 0; GLUE's and Para's positive is class 1 ("1"),
+    so that their F1 is class 1's as it always was."""
+    def entry(positive: str) -> Task:
+        return Task("dup", PAIR_BINARY, files={}, layout=Layout(("a", "b"), "y"),
+                    classes=("duplicate", "not_duplicate"), positive=positive)
+    first, second = entry("duplicate"), entry("")
+    assert (first.positive_class, second.positive_class) == (0, 1)
+    assert first.kind.row_columns(first) == ["label", "p_duplicate"]
+    assert second.kind.row_columns(second) == ["label", "p_not_duplicate"]
+    logit = torch.tensor(1.5)
+    p1 = float(torch.sigmoid(logit))
+    assert float(PAIR_BINARY.outputs(second, logit)) == p1
+    assert first.kind.row(first, PAIR_BINARY.predict(logit), PAIR_BINARY.outputs(first, logit)) == \
+        ["not_duplicate", pytest.approx(1 - p1, abs=1e-7)]
+    assert second.kind.row(second, PAIR_BINARY.predict(logit), PAIR_BINARY.outputs(second, logit)) == \
+        ["not_duplicate", p1]
+    assert get_task("para").kind.row_columns(get_task("para")) == ["label", "p1"]  # as SST's p0..p4
+    for name in ("mrpc", "wnli", "cola", "sst2", "para"):
+        assert get_task(name).positive_class == 1 and get_task(name).positive == "1", name
+    assert get_task("rte").positive_class == 1 and get_task("sst").positive_class is None
 
 
 def test_cfimdb_reads_its_files(tmp_path):
@@ -110,7 +135,8 @@ def test_a_users_three_class_csv_trains_predicts_and_ensembles_with_no_code(tmp_
 
     p = Predictor.from_checkpoint(runs[0], device="cpu")
     labels, probs = p.predict("topic", ["the film was great moving", "the film was awful dull"])
-    assert labels.shape == (2,) and probs.shape == (2, 3) and torch.allclose(probs.sum(-1), torch.ones(2))
+    assert len(labels) == 2 and set(labels) <= set(get_task("topic").classes)  # its own labels
+    assert probs.shape == (2, 3) and torch.allclose(probs.sum(-1), torch.ones(2))
     with pytest.raises(ValueError, match="one sentence each"):
         p.predict("topic", [("a", "b")])
 
@@ -204,8 +230,8 @@ def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env,
     assert scores.dtype == torch.float32 and len(ids) == 16
     p = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
     labels, prob = p.predict("dup", [("the film was great moving", "the film was great moving")])
-    score, same = p.predict("sim", [("a", "b")])
-    assert labels.shape == prob.shape == score.shape == (1,) and torch.equal(score, same)
+    score = p.predict("sim", [("a", "b")])  # a regression: its scores alone
+    assert len(labels) == 1 and prob.shape == score.shape == (1,)
     with pytest.raises(ValueError, match="reads sentence pairs"):
         p.predict("sim", ["one sentence"])
 
@@ -303,14 +329,15 @@ def test_a_sentence_regression_on_a_1_to_10_scale_trains_predicts_and_ensembles(
 
 
 def test_a_header_less_tsv_is_read_by_column_position(tmp_path, tiny_env, one_thread, capsys):
-    """A CoLA-shaped file (no header; source, label, mark, sentence; a lone quote in the text) declared by column
-    positions, its test file with a header of its own; its chosen metric (Matthews correlation) selects and
-    equals scikit-learn's on the written predictions."""
+    """A CoLA-shaped file (no header, "header": false; source, label, mark, sentence; a lone quote in the text)
+    declared by column positions, its test file with a header of its own; its chosen metric (Matthews correlation)
+    selects and equals scikit-learn's on the written predictions."""
     folder = tmp_path / "acc"
     def rows(n: int) -> list[list]:
         return [["src", i % 2, "" if i % 2 else "*", f'the film " was {CLASS_WORDS[2 * (i % 2)]} {i}'] for i in range(n)]
-    task_file = user_task(folder, {"name": "accept", "text": 3, "label": 1, "metric": "matthews",
-                                   "test": {"file": "accept-test.tsv", "text": "sentence", "id": "index"}},
+    task_file = user_task(folder, {"name": "accept", "text": 3, "label": 1, "header": False, "metric": "matthews",
+                                   "test": {"file": "accept-test.tsv", "text": "sentence", "id": "index",
+                                            "header": True}},
                           {"train": rows(48), "dev": rows(24)}, None, "\t", "tsv")
     (folder / "accept-test.tsv").write_text("index\tsentence\n" + "".join(f"{i}\tthe film {i}\n" for i in range(6)))
     runs = [tmp_path / f"run{seed}" for seed in (0, 1)]

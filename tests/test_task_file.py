@@ -45,10 +45,10 @@ def test_classes_are_the_distinct_labels_sorted(tmp_path, labels, kind, classes)
 
 def test_fractional_labels_make_a_regression_on_their_own_scale(tmp_path):
     """Numbers that are not all whole make a regression (a sentence one: one text column) whose head's range is
-    the training labels' [min, max]; a dev label outside it is taken as it is (the range was not declared)."""
-    task = read_task_file(declare(tmp_path, [1.5, 3, 9.5, 4], dev=[0.5, 3]))
+    the training labels' [min, max] (a dev label outside it: test_a_dev_or_test_label_outside_an_inferred_range_...)."""
+    task = read_task_file(declare(tmp_path, [1.5, 3, 9.5, 4], dev=[1.5, 3]))
     assert task.kind is KINDS["sentence-regression"] and task.score_range == (1.5, 9.5) and not task.checks_range
-    assert [e.label for e in task.read("dev", ".")[0]] == [0.5, 3.0]
+    assert [e.label for e in task.read("dev", ".")[0]] == [1.5, 3.0]
     assert task.metrics == ("r", "spearman")
 
 
@@ -208,3 +208,129 @@ def test_a_saved_task_is_held_against_its_file(tmp_path):
     (moved / "topic.json").write_text(json.dumps(spec))
     here = check_unchanged(saved, moved / "topic.json")
     assert here == saved and here.files["train"] == str(moved / "topic-train.csv")
+
+
+# ---- the positive class, labels alike but for case, rare labels, many classes, ranges, headers ----------------------
+
+
+def pairs(labels: list) -> list[list]:
+    return [[f"a {i}", f"b {i}", y] for i, y in enumerate(labels)]
+
+
+def declare_pair(tmp_path: Path, labels: list, dev: list | None = None, **spec) -> Path:
+    rows = {"train": pairs(labels), "dev": pairs(dev if dev is not None else labels)}
+    return user_task(tmp_path, {"name": "dup", "text": ["a", "b"], "label": "y", **spec}, rows, ["a", "b", "y"])
+
+
+def test_positive_names_the_class_f1_is_scored_on(tmp_path):
+    """"positive" names one of a two-class task's labels, matched as labels are (1.0 for 1); without it F1 is the
+    second class's, and the run's log line (``describe``, ``inferred_note``) says which class F1 is on."""
+    words = ["duplicate", "not_duplicate"] * 3
+    task = read_task_file(declare_pair(tmp_path / "a", words, positive="duplicate"))
+    assert task.positive_class == 0 and task.positive == "duplicate"
+    assert "F1 of 'duplicate'" in task.describe() and "positive" not in inferred_note(task)
+    plain = read_task_file(declare_pair(tmp_path / "b", words))
+    assert plain.positive_class == 1 and "F1 of 'not_duplicate'" in plain.describe()
+    assert "F1 is on the second class, 'not_duplicate' (\"positive\" names another)" in inferred_note(plain)
+    numbers = read_task_file(declare_pair(tmp_path / "c", [0, 1, 1], positive="0.0"))
+    assert numbers.positive_class == 0 and numbers.positive == "0"
+    assert read_task_file(declare_pair(tmp_path / "d", [0, 1, 1], positive=1)).positive_class == 1
+
+
+@pytest.mark.parametrize("labels, positive, message", [
+    (["duplicate", "not_duplicate"], "paraphrase", "'positive' \"paraphrase\" names no class; the classes are "
+                                                   "duplicate, not_duplicate"),
+    (["a", "b", "c"], "a", "'positive' is a two-class task's \\(the class F1 is scored on\\), and it has 3 "
+                           "classes: a, b, c"),
+    ([1.5, 2.5, 3.5], "1.5", "'positive' is a two-class task's"),
+])
+def test_a_positive_that_names_no_class_of_a_two_class_task_is_refused(tmp_path, labels, positive, message):
+    """"positive" naming no class, or on a task of more than two classes (or a regression), is one line naming
+    the task file and the classes."""
+    with pytest.raises(ValueError, match=f"task file .*dup.json: .*{message}") as refused:
+        read_task_file(declare_pair(tmp_path, labels * 2, positive=positive))
+    assert "\n" not in str(refused.value)
+
+
+def test_labels_alike_but_for_case_are_refused_unless_the_file_says_how_to_read_them(tmp_path):
+    """"Neutral", " NEUTRAL" and "neutral" beside two other labels are not five classes: refused in one line naming
+    both spellings and a line of each; "label_case": "fold" reads them as one class (spelt as most rows spell it),
+    a dev label in another case too; "exact" keeps them apart."""
+    labels = ["positive", "neutral", "negative", "Neutral", "neutral", " NEUTRAL", "positive", "negative"]
+    with pytest.raises(ValueError, match=r"mine-train.csv: line 5: label 'Neutral' and 'neutral' \(line 3\) differ "
+                                         r"only in case: declare \"label_case\": \"fold\" .* or \"exact\"") as e:
+        read_task_file(declare(tmp_path / "a", labels))
+    assert "\n" not in str(e.value)
+    folded = read_task_file(declare(tmp_path / "b", labels, dev=["NEUTRAL", "Positive", "negative"],
+                                    label_case="fold"))
+    assert folded.classes == ("negative", "neutral", "positive")
+    assert [folded.label_name(e.label) for e in folded.read("dev", ".")[0]] == ["neutral", "positive", "negative"]
+    exact = read_task_file(declare(tmp_path / "c", labels, label_case="exact"))
+    assert exact.classes == ("NEUTRAL", "Neutral", "negative", "neutral", "positive")
+    with pytest.raises(ValueError, match="'label_case' is \"fold\" .* or \"exact\""):
+        read_task_file(declare(tmp_path / "d", labels, label_case="lower"))
+    with pytest.raises(ValueError, match="'classes' names \" a\" with space around it"):
+        read_task_file(declare(tmp_path / "e", ["a", "b"], classes=[" a", "b"]))
+
+
+def test_a_label_on_a_few_training_rows_and_no_dev_row_is_a_warning_naming_it(tmp_path, caplog):
+    """An inferred class with fewer than RARE_LABEL training rows and none on dev (a typo, "neutrl") is a warning
+    naming the label, its count and its lines; declared classes are not warned about."""
+    labels = ["good", "bad"] * 6 + ["neutrl"]
+    with caplog.at_level("WARNING", logger="tasks.task_file"):
+        read_task_file(declare(tmp_path / "a", labels, dev=["good", "bad"]))
+    assert "label 'neutrl' is on 1 training row (" in caplog.text and "mine-train.csv:14" in caplog.text
+    assert "and on no dev row" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tasks.task_file"):
+        read_task_file(declare(tmp_path / "b", labels, dev=["good", "bad"], classes=["bad", "good", "neutrl"]))
+        read_task_file(declare(tmp_path / "c", labels, dev=["good", "bad", "neutrl"]))
+    assert "neutrl" not in caplog.text
+
+
+def test_many_word_labels_are_refused_and_messages_list_a_few_classes(tmp_path):
+    """300 distinct words are refused as 300 whole numbers are (MAX_CLASSES), saying what to declare; a dev label
+    unknown to 300 declared classes is one short line that lists ten of them."""
+    words = [f"w{k:03d}" for k in range(300)]
+    with pytest.raises(ValueError, match="300 distinct labels would make 300 classes .*declare them \\(\"classes\""):
+        read_task_file(declare(tmp_path / "a", words))
+    with pytest.raises(ValueError, match=r"label 'zzz' is not one of the classes w000, w001, .*, w009 \.\.\. and "
+                                         r"290 more") as e:
+        read_task_file(declare(tmp_path / "b", words, dev=["zzz"], classes=words))
+    assert len(str(e.value)) < 600
+
+
+def test_a_dev_or_test_label_outside_an_inferred_range_is_refused(tmp_path):
+    """A regression's range inferred from the training labels: a dev label outside it (the head cannot reach it) is
+    refused naming the file, the line, the value and the range, and that declaring "range" accepts it; a labelled
+    test file too; a declared range wins."""
+    with pytest.raises(ValueError, match=r"mine-dev.csv: line 2: label 0.5 is outside \[1.5, 9.5\], the range of "
+                                         r"the training labels, .*declare the scale "
+                                         r"\(\"range\": \[low, high\]\) in task file .*mine.json to accept it") as e:
+        read_task_file(declare(tmp_path / "a", [1.5, 3, 9.5, 4], dev=[0.5, 3]))
+    assert "\n" not in str(e.value)
+    path = declare(tmp_path / "b", [1.5, 3, 9.5, 4], dev=[2.5, 3])
+    (path.parent / "mine-test.csv").write_text("text,y\na,3\nb,12\n")
+    path.write_text(json.dumps({**json.loads(path.read_text()), "test": "mine-test.csv"}))
+    with pytest.raises(ValueError, match=r"mine-test.csv: line 3: label 12 is outside \[1.5, 9.5\]"):
+        read_task_file(path)
+    assert read_task_file(declare(tmp_path / "c", [1.5, 3, 9.5, 4], dev=[0.5, 3], range=[0, 10])).checks_range
+
+
+def test_columns_by_position_keep_the_header_unless_the_file_says_there_is_none(tmp_path):
+    """Positions name columns in a file with a header as in one without: the header stays a header (its "label" no
+    class), "header": false reads the first line as a row; a first line that reads as a row where the file says
+    nothing of a header is refused, naming both declarations."""
+    folder = tmp_path / "a"
+    with_header = user_task(folder, {"name": "mine", "text": 0, "label": 1}, {"train": [["x", "a"], ["y", "b"]] * 2,
+                                                                              "dev": [["z", "a"]]}, ["text", "y"])
+    task = read_task_file(with_header)
+    assert task.classes == ("a", "b") and task.layout.fmt.header
+    assert [e.text_a for e in task.read("dev", ".")[0]] == ["z"]
+    rows = {"train": [["x", "a"], ["y", "b"]] * 2, "dev": [["z", "a"], ["w", "b"]]}
+    bare = read_task_file(user_task(tmp_path / "b", {"name": "mine", "text": 0, "label": 1, "header": False}, rows,
+                                    None))
+    assert [e.text_a for e in bare.read("dev", ".")[0]] == ["z", "w"]
+    with pytest.raises(ValueError, match=r"mine-train.csv: line 1: .*'a' is one of its classes.* \"header\": false"
+                                         r" .* \"header\": true"):
+        read_task_file(user_task(tmp_path / "c", {"name": "mine", "text": 0, "label": 1}, rows, None))

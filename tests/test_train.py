@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 
 from tasks import train as cli
 from tasks.train_config import TrainConfig
@@ -67,6 +68,7 @@ REFUSED = [
     (["--swa-lr", "1e-4"], "--swa-lr only acts"),
     (["--lp-lr", "1e-3"], "lp_lr only acts with lp_epochs"),
     (["--data-changed"], "--data-changed lets --resume continue on changed data"),
+    (["--trust-objective-modules"], "--trust-objective-modules lets --eval-only, --resume or --config import"),
     (["--lr", "inf"], "argument --lr: 'inf' is not a finite number"),
     (["--objective", "smart", "--smart-epsilon", "nan"], "argument --smart-epsilon: 'nan' is not a finite number"),
     (["--objective", "mnr", "--pair-encoding", "siamese", "--mnr-scale", "inf"],
@@ -384,10 +386,10 @@ def test_a_run_builds_each_prior_once(tiny_env, tmp_path, monkeypatch):
 # ---- user errors: one line, the right exit status, the run directory untouched ----------------------------------
 # One table: each case damages an input (a data file, a checkpoint file, a flag, the disk), runs the command
 # (tasks.train.main in-process, or ``python train_multitask.py`` in a subprocess) against a copy of a finished
-# run, and checks the exit status (2: found while checking the arguments; 1: found at run time), that the last
-# line of stderr is ``<program>: error: <message naming the file or flag>`` with no traceback, and that no file
-# of the existing run directory changed (train.log may gain the lines of an attempt that got past the directory's
-# checks, never lose any).
+# run, and checks the exit status (2: found while checking the arguments or reading the data and the encoder, before
+# the run directory is touched; 1: found at run time), that the last line of stderr is ``<program>: error: <message
+# naming the file or flag>`` with no traceback, and that no file of the existing run directory changed (train.log
+# may gain the lines of an attempt that got past the directory's checks, never lose any).
 
 
 def _flags(env, out_dir: Path, data: Path | None = None) -> list[str]:
@@ -447,18 +449,18 @@ def _disk_full(monkeypatch) -> None:
 # (id, setup(env, tmp, run, monkeypatch) -> argv, exit status, pattern of the message, via)
 CASES = [
     ("non-utf8 data", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "ids-sst-train.csv", lambda b: b.replace(
-        b"good", b"g\xffod", 1))) + ["--overwrite"], 1, r"ids-sst-train\.csv: line \d+: bytes that are not UTF-8",
+        b"good", b"g\xffod", 1))) + ["--overwrite"], 2, r"ids-sst-train\.csv: line \d+: bytes that are not UTF-8",
      "subprocess"),
     ("empty data file", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "sts-train.csv", lambda b: b""))
-     + ["--overwrite"], 1, r"sts-train\.csv: the file is empty", "main"),
+     + ["--overwrite"], 2, r"sts-train\.csv: the file is empty", "main"),
     ("missing column", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "quora-train.csv", lambda b: b.replace(
-        b"is_duplicate", b"label", 1))) + ["--overwrite"], 1, r"quora-train\.csv: line 1: the header has no column",
+        b"is_duplicate", b"label", 1))) + ["--overwrite"], 2, r"quora-train\.csv: line 1: the header has no column",
      "main"),
     ("duplicate dev ids", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "sts-dev.csv", lambda b: b.replace(
-        b"\tsts-dev-1\t", b"\tsts-dev-0\t", 1))) + ["--overwrite"], 1,
+        b"\tsts-dev-1\t", b"\tsts-dev-0\t", 1))) + ["--overwrite"], 2,
      r"sts-dev\.csv: line 3: id sts-dev-0 also on line 2: .*give each row its own id", "main"),
     ("header-only file", lambda e, t, r, m: _flags(e, r, bad_data(e, t, "sts-dev.csv", lambda b: b.split(
-        b"\n")[0] + b"\n")) + ["--overwrite"], 1, r"sts-dev\.csv: has a header but no rows", "main"),
+        b"\n")[0] + b"\n")) + ["--overwrite"], 2, r"sts-dev\.csv: has a header but no rows", "main"),
     ("truncated model.safetensors, --resume", lambda e, t, r, m: _damage(
         r, ["last/model.safetensors", "best/model.safetensors"], _truncate) or ["--resume", "--out-dir", str(r)],
      2, r"last/model\.safetensors is truncated or corrupted.*neither last\.old nor best", "subprocess"),
@@ -472,8 +474,8 @@ CASES = [
         r, ["last/config.json", "best/config.json"], _truncate) or ["--resume", "--out-dir", str(r)],
      2, r"last/config\.json is truncated or corrupted", "main"),
     ("--resume of a --save-only-model run", lambda e, t, r, m: _model_only(r) or ["--resume", "--out-dir", str(r)],
-     2, r"best keeps the model alone \(the run used --save-only-model\): it cannot be resumed; evaluate it with "
-     r"--eval-only", "main"),
+     2, r"run kept its model alone \(--save-only-model\), so it cannot be resumed: evaluate it with --eval-only "
+     r"--out-dir .*/run, or train it again \(another --out-dir, or --overwrite\)", "main"),
     ("config.json {}, --resume", lambda e, t, r, m: _damage(
         r, ["last/config.json", "best/config.json"], lambda b: b"{}") or ["--resume", "--out-dir", str(r)],
      2, r"last/config\.json is not a complete run configuration: missing .*'data_dir'", "main"),
@@ -496,7 +498,7 @@ CASES = [
         '{"loss_weights": {"para": Infinity}}') and [*_flags(e, r), "--config", str(t / "inf.json"), "--overwrite"],
      2, r"--config .*inf\.json: loss_weights\.para is Infinity, not a finite number", "main"),
     ("--resume on changed data", lambda e, t, r, m: ["--resume", "--out-dir", str(r), "--data-dir", str(bad_data(
-        e, t, "ids-sst-train.csv", lambda b: b"\n".join(b.split(b"\n")[:-2]) + b"\n"))], 1,
+        e, t, "ids-sst-train.csv", lambda b: b"\n".join(b.split(b"\n")[:-2]) + b"\n"))], 2,
      r"ids-sst-train\.csv: not the file the run started with \(sha256 .*\): resume on the run's data, or pass "
      r"--data-changed", "main"),
     ("--pretrained with a truncated model.safetensors", lambda e, t, r, m: [
@@ -510,7 +512,7 @@ CASES = [
      "main"),
     ("--sst-phrases without a label column", lambda e, t, r, m: [*_flags(e, r, bad_data(
         e, t, "sst-phrases-train.csv", lambda b: b.replace(b"sentiment", b"label", 1))), "--sst-phrases",
-        "sst-phrases-train.csv", "--overwrite"], 1, r"sst-phrases-train\.csv: line 1: the header has no column "
+        "sst-phrases-train.csv", "--overwrite"], 2, r"sst-phrases-train\.csv: line 1: the header has no column "
      r"'sentiment'", "main"),
     ("--out-dir is a file", lambda e, t, r, m: _flags(e, r / "metrics.jsonl"), 2,
      r"--out-dir .*metrics\.jsonl is a file", "main"),
@@ -681,3 +683,185 @@ def test_resume_falls_back_from_a_damaged_last_to_best_with_a_warning(tiny_env, 
     assert result["final"] and result["best_epoch"] == 1
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r.get("epoch") for r in records if not r.get("final")] == [1]
+
+
+# ---- objective files of one's own: a saved run imports none unless named again or trusted -----------------------
+
+
+def _objective_file(path: Path, marker: Path) -> Path:
+    """README's example objective (my_loss) written to ``path``; each import of it appends a line to ``marker``."""
+    code = re.search(r"## Adding an objective.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"with open({str(marker)!r}, 'a') as _f:\n    _f.write('imported\\n')\n" + code)
+    return path
+
+
+def _predictions(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.glob("*.csv"))}
+
+
+def _refused(argv: list[str], capsys) -> str:
+    """The one line a refused command line prints (exit status 2)."""
+    with pytest.raises(SystemExit) as exc:
+        cli.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and "Traceback" not in err, err
+    return err.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def plugin_run(tiny_env, tmp_path, plugin_registry, monkeypatch) -> tuple[Path, Path, Path]:
+    """(run, its objective file, the file counting that file's imports): a finished run of README's objective from a
+    file of its own, the registry then as a new process finds it."""
+    monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+    marker = tmp_path / "imports.txt"
+    plugin = _objective_file(tmp_path / "mine" / "my_loss.py", marker)
+    run_dir = tmp_path / "run"
+    cli.main([*_flags(tiny_env, run_dir), "--tasks", "sst", "--objective-module", str(plugin), "--objective",
+              "my_loss", "--epochs", "1", "--lr-schedule", "constant"])
+    plugin_registry()
+    return run_dir, plugin, marker
+
+
+def test_reading_a_run_imports_its_objective_file_only_when_named_again_or_trusted(plugin_run, plugin_registry,
+                                                                                  tmp_path, capsys):
+    """--eval-only, --resume and --config of a run whose objective came from a file of its own import that file
+    only when the user names it again (--objective-module) or trusts the run (--trust-objective-modules): without
+    either, one line (exit status 2) names the file and what to type (a resume does not take it for a damaged
+    checkpoint), and the file's code never ran. Trusted, the run re-predicts its own predictions byte for byte."""
+    run_dir, plugin, marker = plugin_run
+    best = run_dir / "checkpoints" / "best"
+    line = _refused(["--eval-only", "--out-dir", str(run_dir)], capsys)
+    assert line == (f"train_multitask.py: error: {best / 'config.json'}: objective 'my_loss' comes from the run's own "
+                    f"file {plugin}, and reading a saved run imports no file unless you name it: pass "
+                    f"--objective-module {plugin} (or MINBERT_PLUGINS={plugin}), or --trust-objective-modules to "
+                    "import the file(s) the run recorded")
+    last = run_dir / "checkpoints" / "last" / "config.json"
+    assert _refused(["--resume", "--out-dir", str(run_dir), "--epochs", "2"], capsys) == line.replace(
+        str(best / "config.json"), str(last))  # the same line: not a damaged last to resume around
+    line = _refused(["--config", str(run_dir / "config.json"), "--out-dir", str(tmp_path / "again")], capsys)
+    assert line.startswith(f"train_multitask.py: error: --config {run_dir / 'config.json'}: objective 'my_loss'")
+    assert marker.read_text() == "imported\n" and not (tmp_path / "again").exists()  # the training run's import only
+
+    cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(tmp_path / "trusted"),
+              "--trust-objective-modules"])
+    assert marker.read_text() == "imported\n" * 2
+    assert _predictions(tmp_path / "trusted" / "predictions") == _predictions(run_dir / "predictions")
+
+
+def test_a_run_whose_objective_file_moved_loads_from_where_the_file_is_named_now(plugin_run, plugin_registry, tmp_path,
+                                                                               capsys, monkeypatch):
+    """The objective file moved: reading the run says the recorded file is gone and how to name the new place
+    (trusted too); --eval-only --objective-module NEW and MINBERT_PLUGINS=NEW load the run and re-predict its
+    predictions byte for byte; --resume --objective-module NEW continues it and its checkpoints record NEW."""
+    run_dir, plugin, marker = plugin_run
+    moved = tmp_path / "moved" / "my_loss.py"
+    moved.parent.mkdir()
+    plugin.rename(moved)
+    best = run_dir / "checkpoints" / "best"
+    assert _refused(["--eval-only", "--out-dir", str(run_dir)], capsys).endswith(
+        f"objective 'my_loss' comes from the run's own file {plugin}, which is no longer there: name where it is now "
+        "with --objective-module FILE (or MINBERT_PLUGINS=FILE)")
+    assert _refused(["--eval-only", "--out-dir", str(run_dir), "--trust-objective-modules"], capsys).endswith(
+        f"the run's objective module {plugin}: no such Python file: the run recorded it there; name where it is now "
+        "with --objective-module FILE")
+    cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(tmp_path / "named"), "--objective-module",
+              str(moved)])
+    assert _predictions(tmp_path / "named" / "predictions") == _predictions(run_dir / "predictions")
+    plugin_registry()
+    monkeypatch.setenv("MINBERT_PLUGINS", str(moved))
+    cli.main(["--eval-only", "--checkpoint", str(best), "--out-dir", str(tmp_path / "env")])
+    assert _predictions(tmp_path / "env" / "predictions") == _predictions(run_dir / "predictions")
+    monkeypatch.delenv("MINBERT_PLUGINS")
+    plugin_registry()
+    result = cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2", "--objective-module", str(moved)])
+    assert result["final"] and marker.read_text() == "imported\n" * 4
+    for config in (run_dir / "config.json", run_dir / "checkpoints" / "last" / "config.json"):
+        assert json.loads(config.read_text())["objective_modules"] == [str(moved)]
+
+
+def test_the_predict_command_reads_such_a_run_by_the_same_rule(plugin_run, plugin_registry, tmp_path, capsys):
+    """python -m tasks.predict on a run whose objective came from a file of its own: refused in one line (exit 2)
+    until the file is named again (--objective-module, here where it moved) or the run trusted
+    (--trust-objective-modules); then it predicts, and the file ran only when named or trusted."""
+    from tasks import predict
+
+    run_dir, plugin, marker = plugin_run
+    imported = marker.read_text()
+    text = tmp_path / "in.txt"
+    text.write_text("a gripping, funny film\n")
+    argv = ["--checkpoint", str(run_dir), "--task", "sst", "--input", str(text), "--output", "-", "--device", "cpu"]
+    with pytest.raises(SystemExit) as stop:
+        predict.main(argv)
+    assert stop.value.code == 2 and "--trust-objective-modules" in capsys.readouterr().err.strip().splitlines()[-1]
+    assert marker.read_text() == imported  # the file never ran
+    assert len(predict.main([*argv, "--trust-objective-modules"])) == 1
+    moved = tmp_path / "moved" / "my_loss.py"
+    moved.parent.mkdir()
+    plugin.rename(moved)
+    plugin_registry()
+    assert len(predict.main([*argv, "--objective-module", str(moved)])) == 1
+
+
+# ---- what a run reads is read before its directory is made ---------------------------------------------------------
+
+
+def _pretrained_with(env, tmp: Path, weights) -> Path:
+    """A copy of the tiny model whose weights ``weights(state dict, directory)`` writes instead."""
+    model = tmp / "model"
+    shutil.copytree(env[0], model)
+    state = load_file(str(model / "model.safetensors"))
+    (model / "model.safetensors").unlink()
+    weights(state, model)
+    return model
+
+
+class _Code:
+    """An object whose unpickling would call a function: what a pytorch_model.bin holding code holds."""
+
+    def __reduce__(self):
+        return (os.getcwd, ())
+
+
+# (id, flags(env, tmp) beyond _flags, pattern of the one line naming the file or flag)
+BEFORE_THE_RUN_DIRECTORY = [
+    ("duplicate test id", lambda e, t: ["--data-dir", str(bad_data(e, t, "ids-sst-test-student.csv", lambda b: (
+        b.replace(b"\tsst-test-1\t", b"\tsst-test-0\t", 1))))],
+     r"ids-sst-test-student\.csv: line 3: id sst-test-0 also on line 2"),
+    ("empty test file", lambda e, t: ["--data-dir", str(bad_data(e, t, "sts-test-student.csv", lambda b: b.split(
+        b"\n")[0] + b"\n"))], r"sts-test-student\.csv: has a header but no rows"),
+    ("bad phrases file", lambda e, t: ["--data-dir", str(bad_data(e, t, "sst-phrases-train.csv", lambda b: b.replace(
+        b"sentiment", b"label", 1))), "--sst-phrases", "sst-phrases-train.csv"],
+     r"sst-phrases-train\.csv: line 1: the header has no column 'sentiment'"),
+    ("missing GLUE file", lambda e, t: ["--tasks", "rte"], r"data file not found: .*/glue/RTE/train\.tsv"),
+    ("--pretrained holding code", lambda e, t: ["--pretrained", str(_pretrained_with(e, t, lambda s, d: torch.save(
+        {**s, "code": _Code()}, d / "pytorch_model.bin")))],
+     r"--pretrained .*/model: .*pytorch_model\.bin holds code, not only tensors, and is refused"),
+    ("--pretrained missing weights", lambda e, t: ["--pretrained", str(_pretrained_with(e, t, lambda s, d: save_file(
+        {k: v for k, v in s.items() if ".layer.0." not in k}, str(d / "model.safetensors"))))],
+     r"--pretrained .*/model: missing encoder weights: encoder\.layer\.0\."),
+]
+
+
+@pytest.mark.parametrize("case", BEFORE_THE_RUN_DIRECTORY, ids=[c[0] for c in BEFORE_THE_RUN_DIRECTORY])
+def test_what_the_run_reads_is_refused_before_its_directory_is_made(tiny_env, tmp_path, monkeypatch, capsys, case):
+    """A data file or --pretrained's weights that the run cannot use (found where they are read: the data files,
+    the test files and the phrases, the encoder's weights) is an argument error: exit status 2, one line naming the
+    file or flag, and no run directory made, as a task file's problems are."""
+    _, flags, pattern = case
+    run_dir = tmp_path / "run"
+    monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+    line = _refused([*_flags(tiny_env, run_dir), *flags(tiny_env, tmp_path)], capsys)
+    assert re.search(rf"^train_multitask\.py: error: .*{pattern}", line), line
+    assert not run_dir.exists()
+
+
+def test_a_bad_minbert_plugins_entry_is_one_line_naming_minbert_plugins(plugin_registry, tmp_path, monkeypatch,
+                                                                       capsys):
+    """A MINBERT_PLUGINS file that is not there stops any train command first, in one line (exit status 2) that
+    names MINBERT_PLUGINS as what named it, not a checkpoint's config.json."""
+    monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+    monkeypatch.setenv("MINBERT_PLUGINS", str(tmp_path / "nope.py"))
+    for argv in (["--eval-only", "--out-dir", str(tmp_path / "run")], ["--out-dir", str(tmp_path / "fresh")]):
+        assert _refused(argv, capsys) == (f"train_multitask.py: error: MINBERT_PLUGINS names {tmp_path / 'nope.py'}: "
+                                          "no such Python file: correct MINBERT_PLUGINS or unset it")

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 
-from tasks.train_config import NESTED, PhrasesConfig, TrainConfig
+from tasks.train_config import NESTED, PhrasesConfig, TrainConfig, eval_config
 from tests.helpers import tiny_train_config
 
 
@@ -81,3 +82,33 @@ def test_a_phrase_setting_given_both_ways_is_refused_and_either_spelling_is_one_
                          (["--max-train-examples", "phrases=100"], ["--sst-phrases-per-epoch", "100"]),
                          (["--task-batch-size", "phrases=8"], ["--sst-phrases-batch-size", "8"])):
         assert config_for(general).acting() == config_for(own).acting() != config_for([]).acting()
+
+
+def test_a_run_of_a_glue_task_keeps_its_entry_and_loads_it_back():
+    """A run on a GLUE task keeps the task's entry in config.json ("user_tasks", as a task file's), so that a later
+    package cannot change what it predicts: the entry loads back equal to the package's; one that differs from the
+    package's is refused naming what differs; a run saved before it kept one (none in its file) takes the
+    package's."""
+    from tasks.task import get_task
+
+    cfg = TrainConfig(tasks=("sst", "rte"))
+    saved = cfg.to_dict()
+    assert saved["user_tasks"] == {"rte": get_task("rte").to_dict()}
+    assert TrainConfig.from_dict(saved) == cfg
+    other = {**saved["user_tasks"]["rte"], "classes": ["not_entailment", "entailment"]}
+    with pytest.raises(ValueError, match=r"task 'rte' is already declared otherwise \(by this package's "
+                                         r"tasks/glue/rte.json\): classes .* there, .* here"):
+        TrainConfig.from_dict({**saved, "user_tasks": {"rte": other}})
+    before = TrainConfig.from_dict({**saved, "user_tasks": {}})
+    assert before.user_tasks == saved["user_tasks"]
+
+
+def test_an_evaluation_refuses_a_thread_count_below_one_as_training_does():
+    """--eval-only --threads 0 is refused in one sentence by eval_config, as validate refuses it for training,
+    instead of reaching torch.set_num_threads (a RuntimeError)."""
+    saved = TrainConfig(out_dir="unused")
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        eval_config(saved, {"threads": 0})
+    with pytest.raises(ValueError, match="threads must be at least 1"):
+        dataclasses.replace(saved, threads=0).validate()
+    assert eval_config(saved, {"threads": 2}).threads == 2

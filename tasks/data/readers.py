@@ -10,10 +10,15 @@ A file whose last record has no line end after it was most likely cut (an STS
 score "0.8" cut to "0" still parses): that record is skipped and reported
 ("file ends without a newline: the last record may be cut") rather than the
 file refused, so the rest of the file stays usable and the loss is on record.
-No field of these files spans lines, so a record over several lines is an
+No field of the course's files spans lines, so a record over several lines is an
 unbalanced quote that swallowed the rows after it: each line it spans is
 reported as a skipped row, and a record over more than MAX_RECORD_LINES (5)
 lines refuses the whole file with a ValueError naming the line to fix.
+A user's files (``FileFormat.multiline``) are read as CSV's standard says: a
+quoted field may hold line ends (kept in its text: the tokenizer reads a line
+end as a space), so a record over several lines is kept whole when it is
+standard CSV (every quoted field closed right before a delimiter or a line end)
+of the header's field count; any other is the unbalanced quote above.
 
 Usage:
     examples, report = read_examples("data/ids-sst-dev.csv", ("sentence",), "sentiment", parse_label)
@@ -48,7 +53,8 @@ CUT_RECORD = "file ends without a newline: the last record may be cut"
 LINE = "\0line"
 
 
-# No field of the task files spans lines; a record over more lines than this is an unbalanced quote.
+# No field of the course's files spans lines; a record of theirs over more lines than this, or a user's that is not
+# standard CSV, is an unbalanced quote.
 MAX_RECORD_LINES = 5
 
 
@@ -103,16 +109,19 @@ class FileFormat:
     ``delimiter``: None reads a tab where the file's first line holds one, else a comma. ``quoting``: CSV quoting
     (a field in double quotes may hold the delimiter, ``""`` is a quote); None: on, except in a tab-separated
     file whose quotes do not pair up as CSV's (GLUE's MRPC: a lone ``"`` inside a sentence), which is read as
-    plain text split at the tabs, as GLUE's own readers do. ``header``: the first line names the columns; else
-    every line is a row and columns are 0-based positions. ``line_ends``: every record of the file ends with a
-    line end, so a last one without is cut (the course's files; a user's last line may well lack one, as GLUE's
-    CoLA dev file's does).
+    plain text split at the tabs, as GLUE's own readers do. ``header``: the first line names the columns (read by
+    name, or by 0-based position); else every line is a row and columns are positions. ``line_ends``: every record
+    of the file ends with a line end, so a last one without is cut (the course's files; a user's last line may well
+    lack one, as GLUE's CoLA dev file's does). ``multiline``: a quoted field may hold line ends, as CSV's standard
+    allows (a user's files); else none does, and a record over several lines is an unbalanced quote (the course's
+    files).
     """
 
     delimiter: str | None = None
     quoting: bool | None = None
     header: bool = True
     line_ends: bool = False
+    multiline: bool = False
 
     def __post_init__(self) -> None:
         if self.delimiter is not None and (len(self.delimiter) != 1 or self.delimiter in "\"\r\n"):
@@ -127,12 +136,36 @@ def sniff_delimiter(text: str) -> str:
     return "\t" if "\t" in text.split("\n", 1)[0] else ","
 
 
-def _quotes_pair_up(text: str, delimiter: str) -> bool:
-    """Whether no record of ``text`` read with CSV quoting runs over a line end (no field of a task file does)."""
+def _quotes_pair_up(text: str, delimiter: str, multiline: bool = False) -> bool:
+    """Whether CSV quoting reads ``text`` as written: no record runs over a line end (the course's files have no
+    field that does), or, where fields may hold line ends (``multiline``), every record that does is standard CSV
+    of the first line's field count (``_standard``)."""
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter)
+    lines: list[str] | None = None
     try:
-        return all(last == first for first, _, _, last in csv_records(reader))
+        width = None
+        for first, row, error, last in csv_records(reader):  # from line 1: the first record sets the width
+            width = len(row) if width is None and row is not None else width
+            if last == first:
+                continue
+            if not multiline or error is not None or len(row) != width:
+                return False
+            lines = lines if lines is not None else io.StringIO(text, newline="").readlines()
+            if not _standard(lines, first, last, delimiter, row):
+                return False
+        return True
     except csv.Error:
+        return False
+
+
+def _standard(lines: Sequence[str], first: int, last: int, delimiter: str, row: list[str]) -> bool:
+    """Whether the record on lines ``first``-``last`` (1-based) of a file's ``lines`` is standard CSV (each quote
+    that opens a field closes right before a delimiter or the record's end) and reads as ``row``: a stray quote
+    that swallowed the rows after it is not (the lenient reader takes text after a closing quote)."""
+    try:
+        return next(csv.reader(io.StringIO("".join(lines[first - 1:last]), newline=""), delimiter=delimiter,
+                               strict=True)) == row
+    except (csv.Error, StopIteration):
         return False
 
 
@@ -219,7 +252,7 @@ def csv_records(reader) -> Iterator[tuple[int, list[str] | None, str | None, int
         yield line, row, error, end_of_previous
 
 
-Column = str | int  # a column's header name, or its 0-based position in a file without a header
+Column = str | int  # a column's header name, or its 0-based position (a file without a header names columns so)
 
 
 def _read_rows(
@@ -235,8 +268,9 @@ def _read_rows(
 
     Columns are looked up by header name, which is what makes the test-student
     header (two index columns ``0``, ```` before ``id``) and the unnamed index
-    column harmless; in a file without a header (``fmt.header`` False) by position. ``about`` says whose file
-    it is for the messages (a user's task file); without it, one of the course's files.
+    column harmless, or by 0-based position (an int: in a file without a header, ``fmt.header`` False, the only
+    way). ``about`` says whose file it is for the messages (a user's task file); without it, one of the course's
+    files.
     """
     path = Path(path)
     if not path.is_file():
@@ -256,19 +290,24 @@ def _read_rows(
     # one was most likely cut, possibly inside the last field ("0.8" -> "0").
     ends_with_newline = data.endswith((b"\n", b"\r"))
     delimiter = fmt.delimiter or sniff_delimiter(text)
-    quoting = fmt.quoting if fmt.quoting is not None else delimiter != "\t" or _quotes_pair_up(text, delimiter)
+    quoting = fmt.quoting if fmt.quoting is not None else delimiter != "\t" or _quotes_pair_up(text, delimiter,
+                                                                                                   fmt.multiline)
     # newline="" lets csv handle quoted fields itself.
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter,
                         quoting=csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE)
     if fmt.header:
         header = [h.strip() for h in next(reader)]
-        missing = [c for c in columns if c not in header]
+        beyond = [c for c in columns if isinstance(c, int) and not 0 <= c < len(header)]  # a position, header or not
+        if beyond:
+            raise ValueError(f"{path}: line 1: no column {beyond[0]} (0-based positions; the header has "
+                             f"{len(header)} fields)" + (f"; {about}, and the column" if about else ""))
+        missing = [c for c in columns if isinstance(c, str) and c not in header]
         if missing:
             raise ValueError(
                 f"{path}: line 1: the header has no column {missing[0]!r} (it has {header}); " + (
                     f"{about}, and its columns {', '.join(map(repr, columns))}" if about else
                     f"this reader needs {', '.join(columns)} ({COURSE_FILES}): is this the right file?"))
-        where = {c: header.index(c) for c in columns}
+        where = {c: c if isinstance(c, int) else header.index(c) for c in columns}
     else:
         first = next(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter,
                                 quoting=csv.QUOTE_MINIMAL if quoting else csv.QUOTE_NONE), [])
@@ -278,14 +317,21 @@ def _read_rows(
             raise ValueError(f"{path}: line 1: no column {beyond[0]} (0-based positions; the line has "
                              f"{len(first)} fields)" + (f"; {about}, and the column" if about else ""))
         where = {c: c for c in columns}
+    lines: list[str] | None = None  # the file's lines, read where a user's record spans some
     for (line, row, error, last_line), is_last in _with_last(csv_records(reader)):
         if limit is not None and report.rows_kept >= limit:
             report.stopped_at_limit = True
             break
-        if last_line - line + 1 > MAX_RECORD_LINES:
+        whole = False  # a record over several lines that is standard CSV, in a file whose fields may span lines
+        if fmt.multiline and last_line > line and error is None and len(row) == len(header):
+            lines = lines if lines is not None else io.StringIO(text, newline="").readlines()
+            whole = _standard(lines, line, last_line, delimiter, row)
+        if last_line - line + 1 > MAX_RECORD_LINES and not whole:
             raise ValueError(
                 f"{path}: line {line}: one record runs over lines {line}-{last_line}, most likely an unbalanced "
-                f'quote (no field in these files spans lines); fix or delete the stray " on line {line}')
+                "quote (" + ("no field in these files spans lines" if not fmt.multiline else "a field that spans lines "
+                             "is quoted, its quote closed right before a delimiter or a line end") +
+                f'); fix or delete the stray " on line {line}')
         report.rows_total += 1
         if error is not None:
             reason = f"unparseable CSV ({error})"
@@ -295,7 +341,7 @@ def _read_rows(
             reason = "blank line"
         elif len(row) != len(header):
             reason = f"expected {len(header)} fields, found {len(row)}"
-        elif last_line > line and any(("\n" in f or "\r" in f) and delimiter in f for f in row):
+        elif last_line > line and not whole and any(("\n" in f or "\r" in f) and delimiter in f for f in row):
             # A quote opened in one row and closed on a later one can leave the
             # right field count; a field holding a line end and the delimiter is
             # rows, not text.
@@ -313,12 +359,12 @@ def _read_rows(
                         first_line_of_id[k] = line
                 continue
             reason = parsed
-        if last_line > line:
+        if last_line > line and not whole:
             # An unbalanced quote swallows the following rows into this record:
             # each line it took is a row lost, reported under its own number.
             reason += f" (record spans lines {line}-{last_line}: an unbalanced quote?)"
         report.skipped.append((line, reason))
-        for swallowed in range(line + 1, last_line + 1):
+        for swallowed in range(line + 1, last_line + 1 if not whole else line + 1):
             report.rows_total += 1
             report.skipped.append((swallowed, f"swallowed by the unbalanced quote of the record on line {line}"))
     if report.rows_total == 0:

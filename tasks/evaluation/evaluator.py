@@ -9,6 +9,7 @@ Usage:
     model, objectives, tokenizer, cfg = load_model(resolve_checkpoint(path))   # tasks.checkpoint: the saved model
 
     p = Predictor.from_checkpoint("runs/try/checkpoints/best")           # device="auto": CUDA when present
+    labels, probs = p.predict("nli", [("A dog runs.", "An animal moves.")])  # ["entailment"], (N, 3): its own labels
     labels, probs = p.sentiment(["a gripping film", "dull"])             # (N,) classes 0-4, (N, 5) probabilities
     labels, probs = p.paraphrase([("how do i cook rice", "how to cook rice")])   # (N,) 0/1, (N,) P(paraphrase)
     scores = p.similarity([("a cat sits", "a cat is sitting")])          # (N,) 0-5
@@ -47,7 +48,7 @@ from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_b
 from tasks.data.readers import Example
 from tasks.selection import capped_dev, load_examples, load_final_examples, make_dataset
 from tasks.predictions import Predictions, write_logits, write_part1, write_predictions
-from tasks.evaluation.metrics import jsonable, overall_score, scores
+from tasks.evaluation.metrics import jsonable, overall_score, scores, selected_metrics
 from tasks.evaluation.priors import RunPriors, check_prior_models
 from tasks.model import MultitaskBert, TaskOutput
 from tasks.task import get_task
@@ -204,6 +205,22 @@ class Evaluator:
         held = set(tasks) | {k for t in tasks.values() for k in t.metric_keys}
         return chosen if set(chosen) <= held else ()
 
+    def drop_partial_overall(self, split: str, metrics: dict[str, float]) -> str | None:
+        """Removes "overall" from ``metrics`` where it lacks a metric the overall of the whole evaluation averages
+        (a user's task whose dev file has gone): the mean of the rest is another score, not the run's. Returns
+        what to warn of then, else None."""
+        if "overall" not in metrics:
+            return None
+        held = dict.fromkeys(k for t in self.cfg.tasks for k in get_task(t).metric_keys)
+        wanted = selected_metrics(held, self.select(dict.fromkeys(self.cfg.tasks)))
+        lacking = [k for k in wanted if k not in metrics]
+        if not lacking:
+            return None
+        del metrics["overall"]
+        tasks = [t for t in self.cfg.tasks if any(k in lacking for k in get_task(t).metric_keys)]
+        return (f"no {split} overall: it averages {' and '.join(wanted) if len(wanted) < 3 else ', '.join(wanted)}, "
+                f"and {' and '.join(tasks)} {'has' if len(tasks) == 1 else 'have'} no {split} predictions")
+
     def write_all(self, model: MultitaskBert, tokenizer: Any, pred_dir: Path,
                   train_sets: dict[str, Any] | None = None,
                   examples: dict[str, dict[str, Any]] | None = None, reports: dict[str, dict] | None = None) -> dict:
@@ -221,7 +238,10 @@ class Evaluator:
         trainer's tokenized training sets) saves reading them again. Returns
         {"dev": metrics, "dev_rows": {task: rows scored}, "files": [paths], "skipped": [...],
         "rows_skipped": {file: n}, "incomplete": [...]}
-        plus "train" and each inference's key when computed.
+        plus "train" and each inference's key when computed. A task without a dev file (a user's whose file has
+        gone: --eval-only) has no dev metrics, and the dev "overall" is absent when it would average them; with no
+        dev file left "dev" and "dev_rows" are empty. Dev predictions all of one class get a warning (a collapsed
+        classifier: ``one_class_note``).
         """
         cfg, device = self.cfg, self.device
         train_sets = dict(train_sets or {})
@@ -255,18 +275,25 @@ class Evaluator:
                 if rows is not None and split == "dev" and cfg.final_dev == "capped":
                     rows = capped_dev(task, rows, cfg)
                 if rows is None:
-                    msg = f"{task} {split}: no input file in {cfg.data_dir}; its predictions are skipped"
+                    path = get_task(task).path(split, cfg.data_dir)
+                    msg = (f"{task} {split}: " + (f"no file at {path}" if path else "its task file names none")
+                           + "; its predictions are skipped")
                     logger.debug(msg)  # the reader warned when the run read its data (tasks.data.readers)
                     skipped.append(msg)
                     continue
                 datasets[task] = make_dataset(task, rows, tokenizer, cfg)
+            if split == "dev":  # present, if empty, when no dev file is left (a user's moved: --eval-only)
+                result["dev"], result["dev_rows"] = {}, {task: len(ds) for task, ds in datasets.items()}
             if not datasets:  # no task of the run has a file of this split (test files are optional)
                 logger.info("no %s predictions: no task of the run has a %s file", split, split)
                 continue
             t0 = time.perf_counter()
             metrics, preds = self.evaluate(model, datasets)
+            partial = self.drop_partial_overall(split, metrics)
             logger.info("%s predictions for %s in %.0f s%s", split, ", ".join(preds), time.perf_counter() - t0,
                         (": " + " ".join(f"{k} {v:.4f}" for k, v in metrics.items())) if metrics else "")
+            if partial:
+                logger.warning(partial)
             leaderboard = preds
             if split != "train":  # a training example is its own nearest neighbour
                 for inference in inferences:
@@ -283,7 +310,9 @@ class Evaluator:
             if split in ("dev", "train"):
                 result[split] = jsonable(metrics)
             if split == "dev":
-                result["dev_rows"] = {task: len(ds) for task, ds in datasets.items()}
+                for task, p in preds.items():
+                    if note := one_class_note(task, p.preds, getattr(datasets[task], "labels", None)):
+                        logger.warning(note)
         result["files"] = files
         result["skipped"] = skipped
         result["rows_skipped"] = {r["file"]: r["skipped"] for r in reports.values() if r["skipped"]}
@@ -314,12 +343,30 @@ def apply_inference(inference: Inference, split: str, datasets: dict[str, Datase
             labels = getattr(datasets[task], "labels", None)
             if labels is not None:
                 m.update(scores(task, classes, labels))
-        m["overall"] = overall_score(m, select)
+        if "overall" in metrics:  # absent where it cannot be computed (Evaluator.drop_partial_overall)
+            m["overall"] = overall_score(m, select)
         scored[f"{split}_{variant}" if variant else split] = jsonable(m)
     logger.info("%s %s: %s", split, inference.name, " | ".join(
         f"{variant or 'its prediction'}: " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if v is not None)
         for variant, m in zip(variants, scored.values())))
     return leaderboard, scored
+
+
+def one_class_note(task: str, preds: torch.Tensor, labels: torch.Tensor | None) -> str | None:
+    """A warning when a classifier predicts one class for every labelled example while the labels hold several
+    (a collapsed classifier: MCC 0, F1 0 or undefined); None otherwise, and for a regression."""
+    entry = get_task(task)
+    if labels is None or not entry.kind.classification or len(preds) < 2:
+        return None
+    classes = preds.long().unique()
+    labels = labels.long()
+    if len(classes) > 1 or len(labels.unique()) < 2:
+        return None
+    k = int(classes[0])
+    share = float((labels == k).float().mean())
+    return (f"{task}: all {len(preds)} dev predictions are one class, {entry.label_name(k)} ({share:.0%} of the dev "
+            "labels): the classifier collapsed to a constant, as after too few steps (--epochs, --limit), at a "
+            "learning rate too high or too low (--lr), or on a task one class dominates")
 
 
 def incomplete_submission(reports: dict[str, dict]) -> list[str]:
@@ -350,14 +397,15 @@ class EvalPlan:
 
 def prepare_eval(path: str | os.PathLike, overrides: dict[str, Any] | None = None,
                  out_dir: str | os.PathLike | None = None, *, writes: bool = True,
-                 saved: TrainConfig | None = None) -> EvalPlan:
+                 saved: TrainConfig | None = None, trust_modules: bool = False) -> EvalPlan:
     """Every check of an evaluation of a saved model, once, before any data is read, whoever asks (--eval-only,
     ``evaluate_checkpoint``, ``Predictor.from_checkpoint``): the checkpoint resolved and verified with its config
     read once (``verify_checkpoint``; ``saved``: the caller has, and ``path`` is that checkpoint), the evaluation's
     changes (``overrides``, ``tasks.train_config.eval_config``), the device, the encoder's positions, the priors'
     encoders, and with ``writes`` the output directory (default: the checkpoint's own run): the checkpoint's own
-    run or a directory of predictions, writable, not another live process's."""
-    ckpt, saved = (Path(path), saved) if saved is not None else verify_checkpoint(path)
+    run or a directory of predictions, writable, not another live process's. ``trust_modules``: the objective
+    files the run recorded may be imported (``verify_checkpoint``; otherwise only those registered already)."""
+    ckpt, saved = (Path(path), saved) if saved is not None else verify_checkpoint(path, trust_modules)
     cfg = eval_config(saved, dict(overrides or {}))
     resolve_device(cfg.device)
     check_encoder(cfg, ckpt, eval_only=True)
@@ -397,7 +445,7 @@ def predict_checkpoint(plan: EvalPlan) -> dict:
         result = evaluator.write_all(model, tokenizer, out / "predictions")
         logger.info("wrote %d files to %s in %.0f s%s", len(result["files"]), out / "predictions",
                     time.perf_counter() - t0, f" (dev overall {result['dev']['overall']:.4f})"
-                    if result["dev"].get("overall") is not None else "")
+                    if result["dev"].get("overall") is not None else "" if result["dev"] else " (no dev scores)")
     result["checkpoint"] = str(plan.checkpoint)
     return result
 
@@ -425,7 +473,7 @@ class Predictor:
 
     The model's pooled transforms act as in the run's own dev predictions
     (Match-Tuning's matching); KNN-BERT's vote needs the training set and
-    is not applied (``--eval-only`` applies it). Outputs are float32 CPU tensors.
+    is not applied (``--eval-only`` applies it). Outputs are float32 CPU tensors (and ``predict``'s labels, strings).
 
     Precision is the run's rule (``TrainConfig.bf16``): bf16 autocast on a GPU or CPU that multiplies bf16
     natively, which moves an embedding by ~1e-2 of its scale; ``bf16=False`` computes in fp32, where the encoder
@@ -437,8 +485,8 @@ class Predictor:
                  checkpoint: str | os.PathLike | None = None) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
         self.amp = autocast_dtype(cfg.bf16, device)
-        logger.info("predicting with %s on %s, %s", checkpoint or "a model", device,
-                    precision_note(cfg.bf16, device, self.amp))
+        logger.info("predicting with %s on %s, %s, %s", checkpoint or "a model", device,
+                    precision_note(cfg.bf16, device, self.amp), count(torch.get_num_threads(), "thread"))
         self.batch_size = batch_size or cfg.eval_batch_size
         # the checkpoint's probes: no data needed; every prior built now, so a missing encoder fails here
         self.evaluator = Evaluator(cfg, objectives, device, self.amp,
@@ -447,18 +495,25 @@ class Predictor:
 
     @classmethod
     def from_checkpoint(cls, path: str | os.PathLike, device: str = "auto", batch_size: int | None = None,
-                        bf16: bool | None = None) -> Predictor:
+                        bf16: bool | None = None, trust_modules: bool = False) -> Predictor:
         """A checkpoint directory (or a run directory: its checkpoints/best) on ``device`` (auto: CUDA if present);
-        ``bf16`` True or False overrides the run's precision rule (False: fp32)."""
-        return cls.from_plan(cls.plan(path, device, bf16), batch_size)
+        ``bf16`` True or False overrides the run's precision rule (False: fp32); ``trust_modules``: import the
+        objective files the run recorded (``plan``)."""
+        return cls.from_plan(cls.plan(path, device, bf16, trust_modules=trust_modules), batch_size)
 
     @staticmethod
-    def plan(path: str | os.PathLike, device: str = "auto", bf16: bool | None = None) -> EvalPlan:
+    def plan(path: str | os.PathLike, device: str = "auto", bf16: bool | None = None,
+             threads: int | None = None, trust_modules: bool = False) -> EvalPlan:
         """Every check of ``from_checkpoint`` (the checkpoint, its config, the device, the priors' encoders),
-        before any weights are loaded: what the predict command checks as its arguments."""
+        before any weights are loaded: what the predict command checks as its arguments. ``threads`` replaces the
+        run's CPU thread count in the plan's config (the caller sets it: ``tasks.runtime.set_threads``);
+        ``trust_modules``: import the objective files the run recorded (else a run whose objectives come from a
+        file of its own loads only once that file is loaded: ``tasks.objectives.load_plugin``)."""
         run_best = Path(path) / "checkpoints" / "best"
-        overrides = {"device": device, **({"bf16": bf16} if bf16 is not None else {})}
-        return prepare_eval(run_best if run_best.is_dir() else Path(path), overrides, writes=False)
+        overrides = {"device": device, **({"bf16": bf16} if bf16 is not None else {}),
+                     **({"threads": threads} if threads is not None else {})}
+        return prepare_eval(run_best if run_best.is_dir() else Path(path), overrides, writes=False,
+                            trust_modules=trust_modules)
 
     @classmethod
     def from_plan(cls, plan: EvalPlan, batch_size: int | None = None) -> Predictor:
@@ -467,16 +522,11 @@ class Predictor:
         model, objectives, tokenizer, cfg = load_model(plan.checkpoint, dev, plan.config)
         return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=plan.checkpoint)
 
-    def _predict(self, task: str, examples: list[Example]) -> Predictions:
+    def predictions(self, task: str, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> Predictions:
+        """The model's ``Predictions`` of ``inputs`` (sentences, or (a, b) pairs for a pair task) in input order:
+        ids "0".."N-1", the logits as a run's logits files hold them, and class ids (N,) or scores (N,)."""
         if task not in self.cfg.tasks:
             raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
-        return self.evaluator.predict(self.model, task, make_dataset(task, examples, self.tokenizer, self.cfg),
-                                      batch_size=self.batch_size)
-
-    def predict(self, task: str, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Any task of the checkpoint (a user's too), by its kind: (predictions (N,), outputs): class ids and
-        class probabilities (N, C) for a sentence classification (``inputs``: sentences); class ids and P(class 1)
-        (N,) for a pair classification; scores (N,) twice for a pair regression (``inputs``: (a, b) pairs)."""
         kind = get_task(task).kind
         if kind.pair:
             bad = next((i for i, x in enumerate(inputs) if isinstance(x, str) or len(x) != 2), None)
@@ -488,20 +538,38 @@ class Predictor:
             if bad is not None:
                 raise ValueError(f"{task} reads one sentence each: input {bad} is {inputs[bad]!r}")
             examples = [Example(str(i), t) for i, t in enumerate(inputs)]
-        out = self._predict(task, examples)
-        return out.preds, kind.outputs(out.logits)
+        return self.evaluator.predict(self.model, task, make_dataset(task, examples, self.tokenizer, self.cfg),
+                                      batch_size=self.batch_size)
+
+    def predict(self, task: str, inputs: Sequence[str] | Sequence[tuple[str, str]]
+                ) -> tuple[list[str], torch.Tensor] | torch.Tensor:
+        """Any task of the checkpoint (a user's too): ``inputs`` are sentences, or (a, b) pairs for a pair task.
+
+        A classification gives (labels, probabilities): labels, a list of N strings, each prediction in the task's
+        own labels as its files write them (a user's "entailment"; SST's "0".."4", para's "0"/"1"); probabilities,
+        float32, (N, C) over its classes in their order (``get_task(task).classes``), or for a pair task of two
+        classes (one logit: para, MRPC, RTE) P(its second class) (N,). A regression gives its scores alone, float32
+        (N,), on the task's scale (STS 0-5). ``sentiment``, ``paraphrase`` and ``similarity`` give the course's
+        tasks as class numbers."""
+        entry = get_task(task)
+        out = self.predictions(task, inputs)
+        if not entry.kind.classification:
+            return out.preds
+        return [entry.label_name(int(k)) for k in out.preds], entry.kind.outputs(entry, out.logits)
 
     def sentiment(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(labels (N,) in 0-4, probabilities (N, 5)) of SST-5 sentiment."""
-        return self.predict("sst", texts)
+        out = self.predictions("sst", texts)
+        return out.preds, get_task("sst").kind.outputs(get_task("sst"), out.logits)
 
     def paraphrase(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(labels (N,) 1 = paraphrase, P(paraphrase) (N,)) of sentence pairs."""
-        return self.predict("para", pairs)
+        out = self.predictions("para", pairs)
+        return out.preds, get_task("para").kind.outputs(get_task("para"), out.logits)
 
     def similarity(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
         """STS similarity scores (N,) of sentence pairs (0-5; the baseline's Siamese cosine head: -5 to 5)."""
-        return self.predict("sts", pairs)[0]
+        return self.predictions("sts", pairs).preds
 
     @torch.no_grad()
     def embed(self, texts: Sequence[str]) -> torch.Tensor:

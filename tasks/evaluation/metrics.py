@@ -4,7 +4,8 @@ A task names its metrics (its entry's ``metrics``; the first is its main one); e
 into a run's records as ``<task>_<metric>``:
 
     acc        accuracy of class ids                                        (sst_acc, para_acc)
-    f1         F1 of class 1 (binary tasks: MRPC's, QQP's)                  scikit-learn's f1_score
+    f1         F1 of a two-class task's positive class (its entry's         scikit-learn's f1_score(pos_label=...)
+               ``positive_class``: MRPC's class 1; default the second)
     macro_f1   F1 averaged over the classes (imbalanced classes)            f1_score(average="macro")
     mcc        Matthews correlation, its multi-class form (CoLA's)          matthews_corrcoef
     r          Pearson correlation of scores (STS's)                        scipy.stats.pearsonr
@@ -70,11 +71,12 @@ def _f1_per_class(c: torch.Tensor) -> torch.Tensor:
     return torch.where(denom > 0, 2 * tp / denom.clamp_min(1e-300), torch.zeros_like(tp))
 
 
-def f1(preds: torch.Tensor, labels: torch.Tensor) -> float:
-    """F1 of class 1, the positive class of a binary task (scikit-learn's f1_score, pos_label=1)."""
+def f1(preds: torch.Tensor, labels: torch.Tensor, pos_label: int = 1) -> float:
+    """F1 of class ``pos_label``, the positive class of a two-class task (scikit-learn's f1_score(pos_label=...),
+    0 where nothing is predicted or labelled positive)."""
     p, y = (t.long() for t in _pair(preds, labels))
-    tp = float(((p == 1) & (y == 1)).sum())
-    denom = float((p == 1).sum() + (y == 1).sum())
+    tp = float(((p == pos_label) & (y == pos_label)).sum())
+    denom = float((p == pos_label).sum() + (y == pos_label).sum())
     return 2 * tp / denom if denom else 0.0
 
 
@@ -130,11 +132,17 @@ def spearman(x: torch.Tensor, y: torch.Tensor) -> float:
 
 @dataclass(frozen=True)
 class Metric:
-    """A metric: how it is computed from (predictions, labels), and whether it is a correlation in [-1, 1]
-    (then it counts as (c + 1) / 2 in the overall score)."""
+    """A metric: how it is computed from (predictions, labels), whether it is a correlation in [-1, 1] (then it
+    counts as (c + 1) / 2 in the overall score), and whether it scores one class (``positive``: ``fn`` takes the
+    task's positive class as ``pos_label``)."""
 
-    fn: Callable[[torch.Tensor, torch.Tensor], float]
+    fn: Callable[..., float]
     correlation: bool = False
+    positive: bool = False
+
+    def of(self, task: Task, preds: torch.Tensor, labels: torch.Tensor) -> float:
+        """Its value for ``task``'s predictions and labels."""
+        return self.fn(preds, labels, pos_label=task.positive_class) if self.positive else self.fn(preds, labels)
 
     def normalized(self, value: float) -> float:
         """Its part of the overall score, in [0, 1]."""
@@ -142,7 +150,8 @@ class Metric:
 
 
 METRICS: dict[str, Metric] = {
-    "acc": Metric(accuracy), "f1": Metric(f1), "macro_f1": Metric(macro_f1), "mcc": Metric(mcc, correlation=True),
+    "acc": Metric(accuracy), "f1": Metric(f1, positive=True), "macro_f1": Metric(macro_f1),
+    "mcc": Metric(mcc, correlation=True),
     "r": Metric(pearson_r, correlation=True), "spearman": Metric(spearman, correlation=True),
 }
 
@@ -171,14 +180,14 @@ def score(task: str | Task, preds: torch.Tensor, labels: torch.Tensor) -> float:
     """The task's main metric of predictions against labels: accuracy, Pearson r, ... (its entry's first)."""
     task = get_task(task)
     _checked(task, preds, labels)
-    return METRICS[task.metrics[0]].fn(preds, labels)
+    return METRICS[task.metrics[0]].of(task, preds, labels)
 
 
 def scores(task: str | Task, preds: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
     """Every metric of the task (its entry's ``metrics``) by its name in the records, the main one first."""
     task = get_task(task)
     _checked(task, preds, labels)
-    return {f"{task.name}_{m}": METRICS[m].fn(preds, labels) for m in task.metrics}
+    return {f"{task.name}_{m}": METRICS[m].of(task, preds, labels) for m in task.metrics}
 
 
 def _metric_of(key: str) -> tuple[Task, str] | None:
@@ -230,5 +239,5 @@ def overall_score(metrics: dict, select: Sequence[str] = ()) -> float:
     return sum(parts) / len(parts)
 
 
-__all__ = ("METRICS", "Metric", "accuracy", "describe_selection", "f1", "jsonable", "macro_f1", "mcc", "overall_score", "pearson_r",
-           "ranks", "score", "scores", "selected_metrics", "spearman", "task_metric")
+__all__ = ("METRICS", "Metric", "accuracy", "describe_selection", "f1", "jsonable", "macro_f1", "mcc", "overall_score",
+           "pearson_r", "ranks", "score", "scores", "selected_metrics", "spearman", "task_metric")

@@ -47,6 +47,28 @@ from tasks.task import get_task, task_names
 REGISTRY: dict[str, type["Objective"]] = {}
 
 
+def _defined_in(cls: type) -> str:
+    """Where an objective class comes from, for a message: a built-in's file in the package, a plug-in's file, or
+    the module that defined it (a script, a test)."""
+    import sys
+
+    module = sys.modules.get(cls.__module__)
+    if cls.__module__.startswith(__name__ + "."):
+        return f"the built-in objective of {cls.__module__.replace('.', '/')}.py"
+    if cls.__module__.startswith(_PLUGIN_PACKAGE + ".") and getattr(module, "__file__", None):
+        return f"the objective module {module.__file__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+class NameTaken(ValueError):
+    """An objective whose name another registered objective has (fairseq's registries refuse it alike)."""
+
+    def __init__(self, name: str, owner: type, new: type) -> None:
+        self.name, self.owner = name, owner
+        super().__init__(f"objective name {name!r} is taken by {_defined_in(owner)}, and {_defined_in(new)} defines "
+                         "it again: give one of them another name")
+
+
 @dataclass
 class ObjectiveConfig:
     """The fields every objective's ``Config`` has; subclass it (``class MyConfig(ObjectiveConfig)``) and redeclare
@@ -111,8 +133,7 @@ class Objective(nn.Module, abc.ABC):
             raise TypeError(f"objective {cls.name!r}: its Config must subclass tasks.objectives.ObjectiveConfig "
                             "(which gives it weight and tasks)")
         if cls.name in REGISTRY:
-            raise ValueError(f"objective name {cls.name!r} registered twice "
-                             f"({REGISTRY[cls.name].__module__} and {cls.__module__})")
+            raise NameTaken(cls.name, REGISTRY[cls.name], cls)
         REGISTRY[cls.name] = cls
 
     def __init__(self, config: Any, model: nn.Module | None = None):
@@ -239,26 +260,48 @@ def registered_objectives() -> dict[str, type[Objective]]:
 PLUGINS_ENV = "MINBERT_PLUGINS"  # objective files outside the package, loaded by every command (os.pathsep-separated)
 
 
+RECORDED = "the run's objective module"  # load_plugin's named_by for a file a saved run recorded (objective_modules)
+
+
+TRUST_FLAG = "--trust-objective-modules"  # the train command's flag that lets a saved run's recorded files import
+
+
 def import_all() -> None:
     """Import every objective module so each registers itself: the package's, and the files MINBERT_PLUGINS
-    names."""
+    names (an error names MINBERT_PLUGINS)."""
+    _import_package()
+    for path in filter(None, os.environ.get(PLUGINS_ENV, "").split(os.pathsep)):
+        load_plugin(path, named_by=PLUGINS_ENV)
+
+
+def _import_package() -> None:
     import importlib
     import pkgutil
 
     for m in pkgutil.iter_modules(__path__):
         if not m.name.startswith("_"):
             importlib.import_module(f"{__name__}.{m.name}")
-    for path in filter(None, os.environ.get(PLUGINS_ENV, "").split(os.pathsep)):
-        load_plugin(path)
+
+
+class ObjectiveFileError(ValueError):
+    """A user's objective file that is not there, fails to import, takes a registered name, or is a saved run's
+    that the user has not named again nor trusted: a fault of that file or of what named it, never of a checkpoint
+    being read (a resume does not fall back from it to another checkpoint)."""
+
+
+_PLUGIN_PACKAGE = "minbert_plugins"  # the modules load_plugin makes: minbert_plugins.<stem>_<hash of the path>
 
 
 _PLUGINS: dict[str, Any] = {}  # a plug-in file's resolved path -> its module, imported once
 
 
-def load_plugin(path: str | os.PathLike[str]) -> None:
+def load_plugin(path: str | os.PathLike[str], named_by: str = "--objective-module") -> None:
     """Import a user's objective file from anywhere (fairseq's --user-dir): the objectives it defines register
-    themselves, nothing in the package changes; once per file. A missing file or one that fails to import is a
-    ValueError naming it."""
+    themselves, nothing in the package changes; once per file. The package's objectives are registered first, so
+    that a file reusing one of their names is the one refused. A missing file, one that fails to import or one
+    that takes a registered name is an ObjectiveFileError naming the file and ``named_by``, who named it
+    (--objective-module, MINBERT_PLUGINS, or ``RECORDED``: a saved run's config.json); what the file registered
+    before it failed is unregistered."""
     import importlib.util
     import sys
     from pathlib import Path
@@ -266,15 +309,53 @@ def load_plugin(path: str | os.PathLike[str]) -> None:
     file = Path(path).expanduser().resolve()
     if str(file) in _PLUGINS:
         return
+    where = f"{PLUGINS_ENV} names {path}" if named_by == PLUGINS_ENV else f"{named_by} {path}"
     if not file.is_file() or file.suffix != ".py":
-        raise ValueError(f"objective module {path}: no such Python file (--objective-module, {PLUGINS_ENV})")
-    name = f"minbert_plugins.{file.stem}_{abs(hash(str(file))):x}"
+        remedy = {PLUGINS_ENV: f": correct {PLUGINS_ENV} or unset it",
+                  RECORDED: ": the run recorded it there; name where it is now with --objective-module FILE"}
+        raise ObjectiveFileError(f"{where}: no such Python file{remedy.get(named_by, '')}")
+    _import_package()
+    name = f"{_PLUGIN_PACKAGE}.{file.stem}_{abs(hash(str(file))):x}"
     spec = importlib.util.spec_from_file_location(name, file)
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
+    before = set(REGISTRY)
     try:
         spec.loader.exec_module(module)
     except Exception as e:  # the user's code: one line naming the file (MINBERT_VERBOSE=1 keeps the traceback)
         del sys.modules[name]
-        raise ValueError(f"objective module {path} failed to import: {type(e).__name__}: {e}") from e
+        for added in set(REGISTRY) - before:
+            del REGISTRY[added]
+        if isinstance(e, NameTaken):
+            raise ObjectiveFileError(f"{where} defines objective {e.name!r}, a name {_defined_in(e.owner)} has: give "
+                                     f"the objective in {file.name} another name") from e
+        raise ObjectiveFileError(f"{where} failed to import: {type(e).__name__}: {e}") from e
     _PLUGINS[str(file)] = module
+
+
+def recorded_modules(objectives: Any, modules: Any, trust: bool) -> None:
+    """A saved run's own objective files (its config.json's ``objective_modules``), needed when an objective it
+    names (``objectives``) is not registered: imported with ``trust`` (--trust-objective-modules, as HF's
+    trust_remote_code), else an ObjectiveFileError saying which file and how to name it again. Reading a run imports
+    nothing unasked: an objective registered already (its file named again by --objective-module or
+    MINBERT_PLUGINS, wherever it now is) needs no file of the run's."""
+    if not isinstance(objectives, dict) or not isinstance(modules, (list, tuple)) or not modules:
+        return  # malformed values are the config's checks to refuse, naming the field
+    missing = [name for name in objectives if name not in registered_objectives()]
+    if not missing:
+        return
+    if trust:
+        for module in modules:
+            load_plugin(module, named_by=RECORDED)
+        return
+    from pathlib import Path
+
+    files = ", ".join(str(m) for m in modules)
+    there = [str(m) for m in modules if Path(str(m)).is_file()]
+    if not there:
+        raise ObjectiveFileError(f"objective {missing[0]!r} comes from the run's own file {files}, which is no "
+                                 f"longer there: name where it is now with --objective-module FILE (or "
+                                 f"{PLUGINS_ENV}=FILE)")
+    raise ObjectiveFileError(f"objective {missing[0]!r} comes from the run's own file {files}, and reading a saved run "
+                             f"imports no file unless you name it: pass --objective-module {there[0]} (or "
+                             f"{PLUGINS_ENV}={there[0]}), or {TRUST_FLAG} to import the file(s) the run recorded")

@@ -14,10 +14,12 @@ What a run does (``tasks.train_config.TrainConfig`` documents every setting):
    ``run`` and ``trainer_for`` alike): the config, the devices and processes,
    --out-dir, the encoder (--pretrained readable, --max-length within its
    positions), the priors' encoders and the phrase file, and for a resume the
-   checkpoint (read once) and what may differ from it.
-2. ``build_trainer``: lock the run directory, seed, read and tokenize each
-   task's train and dev files and the test files (tasks/selection.py), build
-   the encoder, the ``MultitaskBert`` heads (tasks/model.py), the objectives
+   checkpoint (read once) and what may differ from it; then, still before the
+   run directory is made, what the run reads (``read_inputs``): the encoder,
+   seeded, and each task's train, dev and test files, its phrases and NLI
+   (tasks/selection.py), a resume's checked against its checkpoint's.
+2. ``build_trainer``: lock the run directory, tokenize the data, build
+   the ``MultitaskBert`` heads (tasks/model.py), the objectives
    (tasks/objectives/) and our AdamW (``build_parts``), and the run's hooks
    (``run_hooks``: log lines, progress bar, checkpoints every N steps,
    metrics.jsonl, training.png, TensorBoard), the caller's after them.
@@ -40,6 +42,7 @@ return a short summary and rank 0 writes the predictions.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -50,17 +53,17 @@ from typing import Any
 
 import torch
 
-from minbert.pretrained import load_pretrained
+from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.checkpoint import ResumePoint, check_encoder, check_same_data, resolve_checkpoint, resume_point
 from tasks.train_config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.evaluation.priors import check_prior_models
-from tasks.logs import score_text, size_text
+from tasks.logs import held_records, score_text, size_text
 from tasks.model import MultitaskBert
 from tasks.objectives import build_objectives
-from tasks.runtime import (autocast_dtype, configure_device, resolve_device, seed_everything, set_threads,
-                           torchrun_env)
-from tasks.selection import load_run_data, stream_file
+from tasks.runtime import (autocast_dtype, configure_device, resolve_device, rng_state, seed_everything, set_rng_state,
+                           set_threads, torchrun_env)
+from tasks.selection import RunFiles, read_run_files, stream_file, tokenize_run_data
 from tasks.training import distributed
 from tasks.training.progress import duration
 from tasks.training.rundir import RunDir, check_out_dir
@@ -74,11 +77,26 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
+class RunInputs:
+    """What a run reads, read once before its run directory is made (``read_inputs``): the pretrained encoder and
+    its tokenizer, the global RNG states right after the encoder was built on the run's seed (where ``build_parts``
+    goes on from, so the heads start as they would have), and every data file (tasks/selection.py)."""
+
+    encoder: torch.nn.Module
+    tokenizer: Any
+    rng: dict[str, Any]
+    files: RunFiles
+    log: list[logging.LogRecord]  # what the reading logged, for a run from Python's train.log (tasks.logs)
+
+
+@dataclass(frozen=True)
 class RunPlan:
-    """A training run checked before any work (``prepare_run``): the config, validated once, for a resume the
-    checkpoint it continues, and whether it may replace what its --out-dir holds (``overwrite``)."""
+    """A training run checked and its inputs read before any work (``prepare_run``): the config, validated once,
+    what it reads, for a resume the checkpoint it continues, and whether it may replace what its --out-dir holds
+    (``overwrite``). A plan builds one trainer: its encoder is the one that trains."""
 
     cfg: TrainConfig
+    inputs: RunInputs
     resume: ResumePoint | None = None
     overwrite: bool = False
 
@@ -88,11 +106,12 @@ class RunPlan:
 
 
 def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: bool = False) -> RunPlan:
-    """Every check of a training run, once, before any data is read, whoever starts it (the command line, ``run``,
-    ``trainer_for``): ``check_run``; its --out-dir (``check_out_dir``: writable, not another live process's,
-    another command's output or an earlier run only with ``overwrite``); and for a ``resume`` (``resume_point``:
-    its checkpoint, read once) the one resume rule (``check_resume_config``: only RESUME_MUTABLE fields may
-    differ from the checkpoint's)."""
+    """Every check of a training run, once, and every read, before its run directory is made, whoever starts it
+    (the command line, ``run``, ``trainer_for``): ``check_run``; its --out-dir (``check_out_dir``: writable, not
+    another live process's, another command's output or an earlier run only with ``overwrite``); for a ``resume``
+    (``resume_point``: its checkpoint, read once) the one resume rule (``check_resume_config``: only
+    RESUME_MUTABLE fields may differ from the checkpoint's); then what the run reads (``read_inputs``), so that a
+    data file or encoder it cannot use is refused with nothing written (the command: exit status 2)."""
     if overwrite and resume is not None:
         raise ValueError("--overwrite is for a fresh training run; --resume never replaces checkpoints")
     check_run(cfg, resume.checkpoint if resume is not None else None)
@@ -100,7 +119,33 @@ def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: 
         check_out_dir(Path(cfg.out_dir), resume=resume is not None, overwrite=overwrite)
     if resume is not None:
         check_resume_config(resume.config, cfg)
-    return RunPlan(cfg, resume, overwrite)
+    with held_records() as log:  # a run from Python: for its train.log, which does not exist yet
+        inputs = read_inputs(cfg, resume)
+    return RunPlan(cfg, dataclasses.replace(inputs, log=log), resume, overwrite)
+
+
+def read_inputs(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunInputs:
+    """The encoder of --pretrained, built on the run's seed (its random parts, a pooler it lacks, are a function of
+    the seed), and every data file the run reads (tasks.selection.read_run_files); a resume's files checked to be
+    those its run started with (``check_same_data``). Weights that do not fit the encoder (or hold code) are a
+    ValueError naming --pretrained."""
+    set_threads(cfg.threads)
+    seed_everything(cfg.seed)
+    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
+    if cfg.encoder_dropout is not None:
+        overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
+    try:
+        encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
+    except ValueError as e:
+        if cfg.pretrained is None:  # the embedded encoder: not the user's file
+            raise
+        text = str(e).removeprefix(f"{resolve_model_dir(cfg.pretrained)}: ")  # its directory, named once
+        raise ValueError(f"--pretrained {cfg.pretrained}: {text}") from None
+    rng = rng_state()
+    files = read_run_files(cfg)
+    if resume is not None:
+        check_same_data(resume, files.reports)
+    return RunInputs(encoder, tokenizer, rng, files, [])
 
 
 def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
@@ -128,18 +173,17 @@ def trainer_for(cfg: TrainConfig, *, hooks: Sequence[Hook] = (), resume_from: st
 
 
 def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
-    """Prepare and lock the run directory (RunDir.start), build the parts, check that a resume reads the run's
-    data (``check_same_data``), record the run (RunDir.record) and, for a resume, restore the plan's checkpoint.
-    The plan is trusted: nothing is checked again."""
+    """Prepare and lock the run directory (RunDir.start), build the parts from what the plan read, record the run
+    (RunDir.record) and, for a resume, restore the plan's checkpoint. The plan is trusted: nothing is checked or
+    read again."""
     cfg = plan.cfg
     # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
     device = distributed.setup(resolve_device(cfg.device))
     run_dir = RunDir(cfg.out_dir, writer=distributed.rank() == 0)
     run_dir.start(cfg, resume=plan.resume, overwrite=plan.overwrite)  # locks it; a resume repairs a stale best
+    run_dir.log.replay(plan.inputs.log)
     try:
-        parts = build_parts(cfg, device)
-        if plan.resume is not None:
-            check_same_data(plan.resume, parts.data or {})
+        parts = build_parts(cfg, device, plan.inputs)
         run_dir.record(cfg, parts.data)
         return Trainer(cfg, parts, device=device, hooks=[*run_hooks(cfg, run_dir), *hooks], run_dir=run_dir,
                        resume=plan.resume)
@@ -161,21 +205,21 @@ def run_hooks(cfg: TrainConfig, run_dir: RunDir) -> list[Hook]:
 OFFSET_INIT_PAIRS = 256  # training pairs (in file order) that start the baseline's paraphrase offset
 
 
-def build_parts(cfg: TrainConfig, device: torch.device) -> Parts:
-    """Seed, then load the encoder, read and tokenize the data, build the model and objectives on ``device``.
+def build_parts(cfg: TrainConfig, device: torch.device, inputs: RunInputs | None = None) -> Parts:
+    """The encoder and data the run read (``inputs``, else ``read_inputs`` now), the data tokenized, the model and
+    objectives built on ``device``.
 
-    Seeding first makes the initial weights a function of ``cfg.seed`` alone (the same on every rank).
+    The global RNGs go on from where building the encoder on ``cfg.seed`` left them (``RunInputs.rng``): the heads'
+    initial weights are a function of the seed alone (the same on every rank).
     """
+    inputs = inputs if inputs is not None else read_inputs(cfg)
     set_threads(cfg.threads)
-    seed_everything(cfg.seed)
+    set_rng_state(inputs.rng)
     amp_dtype = autocast_dtype(cfg.bf16, device)
     configure_device(device, cfg.deterministic)
-    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
-    if cfg.encoder_dropout is not None:
-        overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
-    encoder, tokenizer = load_pretrained(cfg.pretrained, config_overrides=overrides)
-    data = load_run_data(cfg, tokenizer)  # every file, test files too: a bad one fails the run before it trains
-    model = MultitaskBert(encoder, cfg.model, cfg.tasks)
+    tokenizer = inputs.tokenizer
+    data = tokenize_run_data(inputs.files, cfg, tokenizer)
+    model = MultitaskBert(inputs.encoder, cfg.model, cfg.tasks)
     if cfg.reinit_layers:  # on the CPU's generator, so the weights are the same on every device
         model.encoder.reinit_top_layers(cfg.reinit_layers, pooler=cfg.model.pooling == "pooler")
     model = model.to(device)

@@ -11,9 +11,12 @@ import pytest
 
 from tasks.task import get_task, load_split
 from tasks.data.readers import (
+    MAX_RECORD_LINES,
     DataFileMissing,
     Example,
+    FileFormat,
     Triplet,
+    read_examples,
     read_nli,
 )
 from tests.helpers import DATA as REAL_DATA
@@ -358,3 +361,43 @@ def test_duplicate_ids_in_a_file_that_is_predicted_are_refused_naming_file_and_l
     write(tmp_path / get_task("sts").files["train"], [header.replace("\tsimilarity", "") + "\tsimilarity",
                                                   "0\tx1\ta\tb\t3.0", "1\tx1\tc\td\t2.0"])
     assert len(load_split("sts", "train", tmp_path)[0]) == 2
+
+
+# ---- a user's files: CSV as the standard writes it ------------------------------------------------------------
+
+
+def _words(raw: str, problems: list[str]) -> str:
+    return raw.strip() or problems.append("empty label")
+
+
+@pytest.mark.parametrize("delimiter, quoting", [(",", None), ("\t", None), (",", True)])
+def test_a_quoted_line_end_in_a_users_file_is_part_of_its_field(tmp_path, delimiter, quoting):
+    """A user's file (``multiline``) is read as CSV's standard says: a quoted field may hold line ends, its record is
+    kept whole (the text keeps its line end; a record of more lines than MAX_RECORD_LINES too), the rows after it are
+    rows; a tab-separated file whose quotes pair up that way is read with quoting."""
+    d = delimiter
+    long = "\n".join(f"paragraph {k}" for k in range(MAX_RECORD_LINES + 2))
+    path = tmp_path / "mine.csv"
+    path.write_text(f'text{d}y\n"a review{d}\nover two lines"{d}good\nnext{d}bad\n"{long}"{d}good\nlast{d}bad\n')
+    examples, report = read_examples(path, ("text",), "y", _words, id_column=None,
+                                     fmt=FileFormat(d, quoting, multiline=True))
+    assert [(e.id, e.text_a, e.label) for e in examples] == [
+        ("2", f"a review{d}\nover two lines", "good"), ("4", "next", "bad"), ("5", long, "good"),
+        (str(6 + MAX_RECORD_LINES + 1), "last", "bad")]
+    assert report.clean and report.rows_total == 4
+
+
+def test_a_stray_quote_in_a_users_file_is_still_an_unbalanced_quote(tmp_path):
+    """In a user's file a record over several lines that is not standard CSV (a quote that never closes, or one
+    closed with text after it) is the unbalanced quote it is in the course's files: the lines it swallowed are
+    reported, and over MAX_RECORD_LINES lines the file is refused naming the line."""
+    fmt = FileFormat(",", multiline=True)
+    path = write(tmp_path / "stray.csv", ["text,y", "ok,good", '"stray,good', "b,bad", '"fine" then,good', "d,bad"])
+    examples, report = read_examples(path, ("text",), "y", _words, id_column=None, fmt=fmt)
+    assert [e.text_a for e in examples] == ["ok", "d"]
+    assert [line for line, _ in report.skipped] == [3, 4, 5]
+    assert "record spans lines 3-5: an unbalanced quote?" in dict(report.skipped)[3]
+    never = write(tmp_path / "never.csv", ["text,y", '"never closed,good'] + [f"r{k},bad" for k in range(6)])
+    with pytest.raises(ValueError, match=r"never.csv: line 2: one record runs over lines 2-8, most likely an "
+                                         r"unbalanced quote"):
+        read_examples(never, ("text",), "y", _words, id_column=None, fmt=fmt)

@@ -12,7 +12,7 @@ import torch
 from tasks.data.datasets import PairDataset, length_bucketed_batches
 from tasks.data.readers import Example
 from tasks.checkpoint import load_model, resolve_checkpoint
-from tasks.evaluation.evaluator import Predictor, evaluate, evaluate_checkpoint, predict_dataset
+from tasks.evaluation.evaluator import Evaluator, Predictor, evaluate, evaluate_checkpoint, predict_dataset
 from tasks.predictions import read_logits
 from tasks.evaluation.metrics import task_metric, overall_score, score
 from minbert.bert import BertModel
@@ -21,7 +21,7 @@ from tasks.task import MULTITASK, get_task, register_task
 from tasks.task_file import read_task_file
 from tasks.predict import read_inputs
 from tasks.training.run import run
-from tests.helpers import TOK, make_dataset, make_model, tiny_config, tiny_train_config, user_task
+from tests.helpers import TOK, make_dataset, make_model, sentences, tiny_config, tiny_train_config, user_task
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -239,3 +239,101 @@ def test_a_long_prediction_says_how_far_it_got(monkeypatch, caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert lines[:2] == ["sst: 0 of 12 examples predicted in 61 s", "sst: 4 of 12 examples predicted in 122 s"]
     assert torch.equal(loud.logits, quiet.logits)
+
+
+# ---- a run with a user's task of word labels -----------------------------------------------------------------------
+
+
+MOOD_WORDS = {"happy": ["good", "great", "fun", "superb", "lovely"], "sad": ["bad", "awful", "dull", "boring", "poor"]}
+
+
+@pytest.fixture(scope="module")
+def mood_run(tiny_env, tmp_path_factory):
+    """(run directory, task folder) of a finished tiny run on SST and a user's sentence task "mood" whose labels are
+    words (happy, sad), its best epoch picked by the mean of both tasks' metrics."""
+    folder = tmp_path_factory.mktemp("mood")
+    rows = {split: [[i, f"the film was {MOOD_WORDS[label][i % 5]} .", label]
+                    for i, label in enumerate(["happy", "sad"] * n)] for split, n in (("train", 12), ("dev", 5),
+                                                                                       ("test", 3))}
+    task_file = user_task(folder, {"name": "mood", "text": "text", "label": "label"}, rows, ["id", "text", "label"])
+    out = folder / "run"
+    run(tiny_train_config(tiny_env, out, tasks=("sst", "mood"), task_files=(str(task_file),), epochs=1,
+                          best_metric=("sst", "mood")))
+    return out, folder
+
+
+def test_eval_only_without_a_user_tasks_dev_file_predicts_the_rest(mood_run, tmp_path, caplog):
+    """--eval-only of a run whose user task's dev file has gone predicts what it still can (the other tasks' dev,
+    every test file), the log naming the file it skipped; the scores it cannot compute are absent, not zero: the
+    task's, and the overall that averages it (not silently an overall of the rest). Evaluated alone, the task has
+    no dev predictions at all, and the evaluation still ends, with no dev scores."""
+    run_dir, folder = mood_run
+    dev = folder / "mood-dev.csv"
+    moved = dev.rename(folder / "moved.csv")
+    try:
+        with caplog.at_level("INFO"):
+            result = evaluate_checkpoint(run_dir / "checkpoints" / "best", out_dir=tmp_path / "eval")
+            alone = evaluate_checkpoint(run_dir / "checkpoints" / "best", out_dir=tmp_path / "alone",
+                                        overrides={"tasks": ("mood",)})
+    finally:
+        moved.rename(dev)
+    assert set(result["dev"]) == set(get_task("sst").metric_keys) and result["dev_rows"] == {"sst": 24}
+    written = {f.rsplit("/", 1)[-1] for f in result["files"]}
+    assert {"sst-dev-output.csv", "mood-test-output.csv", "sst-test-output.csv"} <= written
+    assert "mood-dev-output.csv" not in written
+    assert f"task mood: its dev file {dev} is not there: its dev predictions are skipped" in caplog.text
+    assert "no dev overall: it averages sst_acc and mood_acc, and mood has no dev predictions" in caplog.text
+    assert alone["dev"] == {} and alone["dev_rows"] == {}
+    assert [f.rsplit("/", 1)[-1] for f in alone["files"]] == ["mood-test-output.csv", "mood-test-logits.csv"]
+
+
+def test_predict_gives_a_tasks_own_labels_and_a_regressions_scores(mood_run, finished):
+    """Predictor.predict speaks each task's own labels, the strings its files write (a user's words; SST's "0".."4"),
+    with the probabilities of its classes in class order, and gives a regression's scores as one array;
+    the course's helpers keep their class numbers, and every form agrees with the others."""
+    p = Predictor.from_checkpoint(mood_run[0], device="cpu")
+    texts = ["the film was great .", "the film was dull ."]
+    labels, probs = p.predict("mood", texts)
+    assert set(labels) <= {"happy", "sad"} and len(labels) == 2 and probs.shape == (2, 2)
+    assert labels == [get_task("mood").classes[int(k)] for k in probs.argmax(-1)]
+    labels, probs = p.predict("sst", texts)
+    numbers, same = p.sentiment(texts)
+    assert labels == [str(int(k)) for k in numbers] and torch.equal(probs, same)
+    p = Predictor.from_checkpoint(finished, device="cpu")
+    pairs = [("a cat sits", "a cat is sitting"), ("a dog runs", "how do i cook rice ?")]
+    scores = p.predict("sts", pairs)
+    assert isinstance(scores, torch.Tensor) and scores.shape == (2,) and torch.equal(scores, p.similarity(pairs))
+    labels, prob = p.predict("para", pairs)
+    numbers, same = p.paraphrase(pairs)
+    assert labels == [str(int(k)) for k in numbers] and prob.shape == (2,) and torch.equal(prob, same)
+
+
+def test_dev_predictions_of_one_class_are_warned_about_once_at_the_final_evaluation(tiny_env, tmp_path, caplog):
+    """A classifier whose whole dev set is predicted as one class (short CoLA runs: MCC 0) gets one warning at the
+    final evaluation naming the task, the class, the dev examples and the usual causes; the trainer's evaluations
+    between epochs say nothing of it, and a model that predicts several classes (or dev labels of one class) none."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("sst",))
+    model = make_model("baseline", pooling="mean").eval()
+    evaluator = Evaluator(cfg, [], torch.device("cpu"), None)
+    rows = [Example(f"x{i}", text, None, i % 5) for i, text in enumerate(sentences(10, 3))]
+    examples = {"dev": {"sst": rows}, "test": {"sst": None}}
+    with caplog.at_level("WARNING", logger="tasks.evaluation.evaluator"):
+        evaluator.write_all(model, TOK, tmp_path / "varied", examples=examples)
+    assert "collapsed" not in caplog.text
+    (*_, last) = (m for m in model.sst_head.modules() if isinstance(m, torch.nn.Linear))
+    with torch.no_grad():
+        last.bias.copy_(torch.tensor([0.0, 0.0, 100.0, 0.0, 0.0]))
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="tasks.evaluation.evaluator"):
+        evaluator.evaluate(model, {"sst": make_dataset("sst")})  # between epochs
+        assert not caplog.records
+        evaluator.write_all(model, TOK, tmp_path / "one", examples=examples)
+    warned = [r.getMessage() for r in caplog.records if "collapsed" in r.getMessage()]
+    assert warned == ["sst: all 10 dev predictions are one class, 2 (20% of the dev labels): the classifier "
+                      "collapsed to a constant, as after too few steps (--epochs, --limit), at a learning rate too "
+                      "high or too low (--lr), or on a task one class dominates"]
+    caplog.clear()
+    same = {"dev": {"sst": [Example(e.id, e.text_a, None, 2) for e in rows]}, "test": {"sst": None}}
+    with caplog.at_level("WARNING", logger="tasks.evaluation.evaluator"):
+        evaluator.write_all(model, TOK, tmp_path / "same", examples=same)
+    assert "collapsed" not in caplog.text

@@ -83,3 +83,37 @@ def test_a_tasks_metrics_go_into_the_records_by_name_and_the_overall_selects_as_
     assert overall_score({"cola_mcc": 0.2, "cola_acc": 0.9}) == pytest.approx(0.6)  # no built-in task: its own
     with pytest.raises(ValueError, match=r"selects \['rte_acc'\], which the scores do not hold"):
         overall_score(m, select=("rte",))
+
+
+def test_f1_is_the_f1_of_the_class_it_is_given():
+    """``f1`` scores the class ``pos_label`` names, as scikit-learn's f1_score(pos_label=...): class 0's F1 is not
+    class 1's."""
+    g = torch.Generator().manual_seed(1)
+    y, p = torch.randint(2, (50,), generator=g), torch.randint(2, (50,), generator=g)
+    for k in (0, 1):
+        assert f1(p, y.float(), pos_label=k) == pytest.approx(
+            sklearn.metrics.f1_score(y, p, pos_label=k, zero_division=0), abs=1e-12)
+    assert f1(p, y, pos_label=0) != f1(p, y, pos_label=1)
+
+
+def test_a_word_label_pair_tasks_f1_is_its_positive_labels(tmp_path):
+    """A two-class pair task labelled duplicate / not_duplicate whose task file says "positive": "duplicate" reports
+    the F1 of duplicate (class 0 of the sorted labels), equal to scikit-learn's f1_score(pos_label="duplicate") on the
+    same predictions in the user's words; without "positive" it is the second class's, not_duplicate's."""
+    from tasks.task_file import read_task_file
+    from tests.helpers import user_task
+
+    words = ["duplicate", "not_duplicate"]
+    rows = {s: [[f"a {i}", f"b {i}", words[i % 3 == 0]] for i in range(12)] for s in ("train", "dev")}
+    task = read_task_file(user_task(tmp_path / "a", {"name": "dup", "text": ["a", "b"], "label": "y",
+                                                     "positive": "duplicate"}, rows, ["a", "b", "y"]))
+    assert task.classes == ("duplicate", "not_duplicate") and "f1" in task.metrics
+    g = torch.Generator().manual_seed(2)
+    labels, preds = torch.randint(2, (40,), generator=g).float(), torch.randint(2, (40,), generator=g)
+    y, p = [words[int(k)] for k in labels], [words[int(k)] for k in preds]
+    assert scores(task, preds, labels)["dup_f1"] == pytest.approx(
+        sklearn.metrics.f1_score(y, p, pos_label="duplicate"), abs=1e-12)
+    second = read_task_file(user_task(tmp_path / "b", {"name": "dup2", "text": ["a", "b"], "label": "y"}, rows,
+                                      ["a", "b", "y"]))
+    assert scores(second, preds, labels)["dup2_f1"] == pytest.approx(
+        sklearn.metrics.f1_score(y, p, pos_label="not_duplicate"), abs=1e-12)

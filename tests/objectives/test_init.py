@@ -19,6 +19,7 @@ import torch
 from minbert.bert import BertModel
 from minbert.optimizer import AdamW
 from tasks.model import ModelConfig, MultitaskBert
+import tasks.objectives as objectives
 from tasks.objectives import REGISTRY, Objective, ObjectiveConfig, build_objectives, registered_objectives
 from tasks.objectives.distill import Distill, TaskTargets
 from tasks.training.run import run, trainer_for
@@ -39,8 +40,8 @@ def _side(suffix: str, g: torch.Generator, width: int = T) -> dict[str, torch.Te
             "token_type_ids" + suffix: torch.zeros_like(ids)}
 
 
-def meta_batch(task: str, pair_encoding: str, seed: int = 0) -> dict:
-    """A collated-looking batch (ids, masks, labels) on the meta device, plus its example ids (strings)."""
+def meta_batch(task: str, pair_encoding: str, seed: int = 0, device: torch.device = META) -> dict:
+    """A collated-looking batch (ids, masks, labels) on the meta device (or ``device``), plus its example ids."""
     g = torch.Generator().manual_seed(seed)
     if task == "nli":
         batch = {**_side("_1", g), **_side("_2", g, T - 1), **_side("_3", g)}
@@ -51,7 +52,7 @@ def meta_batch(task: str, pair_encoding: str, seed: int = 0) -> dict:
     if task != "nli":
         batch["labels"] = {"sst": torch.arange(N) % 5, "para": (torch.arange(N) % 2).float(),
                            "sts": torch.linspace(0, 5, N)}[task]
-    batch = {k: v.to(META) for k, v in batch.items()}
+    batch = {k: v.to(device) for k, v in batch.items()}
     batch["ids"] = [f"{task}-{i}" for i in range(N)]
     return batch
 
@@ -109,10 +110,7 @@ def test_objective_runs_on_the_meta_device(name, pair_encoding):
     (obj,) = build_objectives({name: meta_settings(pair_encoding)[name]}, model)
     obj.to(META)
     if isinstance(obj, Distill):  # teacher targets as read from files: on the CPU
-        g = torch.Generator().manual_seed(1)
-        obj.targets = {t: TaskTargets({f"{t}-{i}": i for i in range(N)}, x, [])
-                       for t, x in (("sst", torch.rand(N, 5, generator=g).softmax(-1)),
-                                    ("para", torch.rand(N, generator=g)), ("sts", torch.rand(N, generator=g) * 5))}
+        _distill_targets(obj, torch.device("cpu"))
     opt = AdamW([*model.parameters(), *obj.parameters()], lr=1e-3, weight_decay=0.01, decay="before", fused=True)
     streams = [s for s in ("sst", "para", "sts", "nli") if obj.applies_to(s)]
     if pair_encoding == "cross":
@@ -135,6 +133,13 @@ def test_objective_runs_on_the_meta_device(name, pair_encoding):
     assert all(int(s["step"]) >= 1 for s in opt.state.values())
     if isinstance(obj, Distill):  # moved to the device once, then indexed there: no per-step blocking copy
         assert {t.targets.device for t in obj.targets.values()} == {META}
+
+
+def _distill_targets(obj: Distill, device: torch.device) -> None:
+    g = torch.Generator().manual_seed(1)
+    obj.targets = {t: TaskTargets({f"{t}-{i}": i for i in range(N)}, x.to(device), [])
+                   for t, x in (("sst", torch.rand(N, 5, generator=g).softmax(-1)),
+                                ("para", torch.rand(N, generator=g)), ("sts", torch.rand(N, generator=g) * 5))}
 
 
 @dataclass
@@ -211,7 +216,8 @@ def test_an_unknown_option_is_refused_naming_it_and_the_options_by_the_config_ch
 def test_the_readmes_objective_loads_from_a_file_outside_the_package_with_no_version_change(tmp_path, tiny_env):
     """README's example objective, as a file of one's own (--objective-module), trains (its term logged), and the
     run's config.json keeps today's config version, records the objective's own version and file, and loads in a
-    new process (--eval-only) through that record; nothing under tasks/objectives/ changed. In subprocesses: the
+    new process (--eval-only) through that record when the user trusts it (--trust-objective-modules: a saved run
+    imports no file unasked, tests/test_train.py); nothing under tasks/objectives/ changed. In subprocesses: the
     registry of this one stays the package's."""
     import json
     import re
@@ -236,7 +242,97 @@ def test_the_readmes_objective_loads_from_a_file_outside_the_package_with_no_ver
     saved = json.loads((run / "config.json").read_text())
     assert saved["config_version"] == CONFIG_VERSION and saved["objective_versions"] == {"my_loss": 1}
     assert saved["objective_modules"] == [str(plugin)] and saved["objectives"] == {"my_loss": {"temperature": 0.5}}
-    again = subprocess.run([sys.executable, str(ROOT / "train_multitask.py"), "--eval-only", "--out-dir", str(run)],
-                           capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    again = subprocess.run([sys.executable, str(ROOT / "train_multitask.py"), "--eval-only", "--out-dir", str(run),
+                            "--trust-objective-modules"], capture_output=True, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert again.returncode == 0, again.stderr[-2000:]
     assert not list((ROOT / "tasks" / "objectives").glob("my_loss*"))
+
+
+# ---- objective files of one's own (load_plugin, MINBERT_PLUGINS, a saved run's recorded files) -------------------
+
+
+def _readme_objective(path, name: str = "my_loss", marker=None):
+    """README's example objective written to ``path`` under objective name ``name``; with ``marker``, importing the
+    file appends a line to that file (what a test counts imports by)."""
+    import re
+
+    from tests.helpers import ROOT
+
+    code = re.search(r"## Adding an objective.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    code = code.replace('name = "my_loss"', f'name = "{name}"')
+    if marker is not None:
+        code = f"with open({str(marker)!r}, 'a') as _f:\n    _f.write('imported\\n')\n" + code
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(code)
+    return path
+
+
+def test_a_file_that_takes_a_builtin_name_is_refused_naming_the_file_and_the_builtin(tmp_path):
+    """A file of one's own defining an objective named "mnr" is refused when it is loaded, first thing in a fresh
+    process as the train command does: one ValueError naming the file, the name and the built-in that has it; the
+    built-in keeps it. In a subprocess: only a fresh process has not imported the package's objectives yet."""
+    import subprocess
+    import sys
+
+    dup = _readme_objective(tmp_path / "dup.py", name="mnr")
+    script = ("import sys\nfrom tasks.objectives import REGISTRY, load_plugin, registered_objectives\n"
+              "try:\n    load_plugin(sys.argv[1])\nexcept ValueError as e:\n    print(e)\n"
+              "print(registered_objectives()['mnr'].__module__)\n")
+    done = subprocess.run([sys.executable, "-c", script, str(dup)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    message, owner = done.stdout.splitlines()
+    assert message == (f"--objective-module {dup} defines objective 'mnr', a name the built-in objective of "
+                       "tasks/objectives/mnr.py has: give the objective in dup.py another name")
+    assert owner == "tasks.objectives.mnr"
+
+
+def test_a_bad_minbert_plugins_entry_is_named_as_minbert_plugins(plugin_registry, tmp_path, monkeypatch):
+    """A MINBERT_PLUGINS file that is not there, or fails to import, is reported as MINBERT_PLUGINS's, with what
+    to do; whatever a failed file registered is unregistered."""
+    monkeypatch.setenv(objectives.PLUGINS_ENV, str(tmp_path / "nope.py"))
+    with pytest.raises(ValueError) as error:
+        registered_objectives()
+    assert str(error.value) == (f"MINBERT_PLUGINS names {tmp_path / 'nope.py'}: no such Python file: correct "
+                                "MINBERT_PLUGINS or unset it")
+    broken = _readme_objective(tmp_path / "broken.py", name="half_loaded")
+    broken.write_text(broken.read_text() + "\nraise RuntimeError('boom')\n")
+    monkeypatch.setenv(objectives.PLUGINS_ENV, str(broken))
+    with pytest.raises(ValueError, match=rf"^MINBERT_PLUGINS names {broken} failed to import: RuntimeError: boom$"):
+        registered_objectives()
+    assert "half_loaded" not in objectives.REGISTRY
+
+
+def test_a_runs_recorded_file_is_imported_only_when_trusted_or_named_again(plugin_registry, tmp_path):
+    """Reading a saved run (its objectives and objective_modules) imports its recorded file only with trust
+    (--trust-objective-modules); without, one ValueError names the file and the three ways to load it, and the
+    file is not imported; an objective registered already (the file named again, from where it now is) needs no
+    file of the run's, and a recorded file that is gone is said to be gone."""
+    from tasks.objectives import recorded_modules
+
+    marker = tmp_path / "imports.txt"
+    recorded = _readme_objective(tmp_path / "run" / "my_loss.py", marker=marker)
+    with pytest.raises(ValueError) as error:
+        recorded_modules({"my_loss": {}}, [str(recorded)], trust=False)
+    assert str(error.value) == (f"objective 'my_loss' comes from the run's own file {recorded}, and reading a saved "
+                                f"run imports no file unless you name it: pass --objective-module {recorded} (or "
+                                f"MINBERT_PLUGINS={recorded}), or --trust-objective-modules to import the file(s) "
+                                "the run recorded")
+    assert not marker.exists() and "my_loss" not in objectives.REGISTRY
+    recorded_modules({"mnr": {}}, [str(recorded)], trust=False)  # built-ins only: nothing to import
+    recorded_modules({"my_loss": {}}, [str(recorded)], trust=True)
+    assert marker.read_text() == "imported\n" and "my_loss" in objectives.REGISTRY
+
+    plugin_registry()
+    moved = tmp_path / "elsewhere" / "my_loss.py"
+    moved.parent.mkdir()
+    recorded.rename(moved)
+    with pytest.raises(ValueError, match=r"comes from the run's own file .*/run/my_loss\.py, which is no longer "
+                                         r"there: name where it is now with --objective-module FILE"):
+        recorded_modules({"my_loss": {}}, [str(recorded)], trust=False)
+    with pytest.raises(ValueError, match=r"^the run's objective module .*/run/my_loss\.py: no such Python file: the "
+                                         r"run recorded it there; name where it is now with --objective-module FILE"):
+        recorded_modules({"my_loss": {}}, [str(recorded)], trust=True)
+    objectives.load_plugin(moved)  # named again, where it is now
+    recorded_modules({"my_loss": {}}, [str(recorded)], trust=False)
+    assert marker.read_text() == "imported\n" * 2

@@ -63,10 +63,11 @@ def test_run_writes_dev_and_test_predictions_and_skips_missing_test(tiny_env, tm
     assert final["final"] and set(final["dev"]) == {"sst_acc", "para_acc", "sts_r", "overall"}
 
 
-def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path, monkeypatch):
+def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path, monkeypatch, capsys):
     """run() from Python writes train.log as the command does, the progress and results included though the
-    root logger is at WARNING (a script that set up no logging), the error that ended a failed run its last line;
-    the caller's logging is as it was after either."""
+    root logger is at WARNING (a script that set up no logging), and what it logged while reading the data, before
+    its run directory existed (the warnings printed then, once); the error that ended a failed run is its last
+    line; the caller's logging is as it was after either."""
     root = logging.getLogger()
     monkeypatch.setattr(root, "handlers", [])  # pytest's capture set aside: a bare script
     monkeypatch.setattr(root, "level", logging.WARNING)
@@ -74,6 +75,11 @@ def test_run_from_python_writes_train_log_as_the_command_does(tiny_env, tmp_path
     run(tiny_train_config(tiny_env, tmp_path / "run", epochs=1))
     text = (tmp_path / "run" / "train.log").read_text()
     assert " I tasks.training.hooks: epoch 1 done" in text and "I tasks.training.run: done: wall time" in text
+    lines = text.splitlines()
+    first = [n for n, x in enumerate(lines) if "I tasks.data.readers: " in x and "ids-sst-train.csv: kept" in x]
+    assert first and first[0] < min(n for n, x in enumerate(lines) if "I tasks.selection: data: " in x), text
+    assert sum(" W tasks.task: no test file for task 'para'" in x for x in lines) == 1
+    assert capsys.readouterr().err.count("no test file for task 'para'") == 1
     assert root.handlers == [] and logging.getLogger("tasks").level == logging.NOTSET
 
     class Broken(Hook):
@@ -132,7 +138,7 @@ def test_save_only_model_keeps_the_model_alone_and_the_log_says_the_disk_use(tin
     evaluate_checkpoint(lean / "checkpoints" / "best")
     assert (lean / "predictions" / "sst-dev-logits.csv").read_bytes() == (
         full / "predictions" / "sst-dev-logits.csv").read_bytes()
-    with pytest.raises(ValueError, match="keeps the model alone"):
+    with pytest.raises(ValueError, match=r"kept its model alone \(--save-only-model\), so it cannot be resumed"):
         run(tiny_train_config(tiny_env, lean, epochs=2), resume_from=lean / "checkpoints" / "last")
 
 

@@ -91,8 +91,9 @@ class _FailFirstStep(Hook):
 
 
 def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_env, tmp_path):
-    """--overwrite that fails on bad data, or in training before its first checkpoint, leaves the old run as it
-    was; one that succeeds replaces it and leaves nothing aside; no lock stays behind."""
+    """--overwrite that fails on bad data (refused before the run directory is touched: not even its train.log
+    changes), or in training before its first checkpoint, leaves the old run as it was; one that succeeds replaces
+    it and leaves nothing aside; no lock stays behind."""
     out = tmp_path / "run"
     run(tiny_train_config(tiny_env, out, epochs=1))
     before = snapshot(out)
@@ -106,11 +107,9 @@ def test_overwrite_keeps_the_old_run_until_the_new_one_has_a_checkpoint(tiny_env
         before.pop("train.log", None), after.pop("train.log", None)
         return after == before and text.startswith(log) and text.splitlines()[-1].endswith(failure)
 
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="the file is empty; copy the CS224N file there again"):
         run(tiny_train_config(tiny_env, out, epochs=1, data_dir=str(bad)), overwrite=True)
-    assert unchanged_but_the_log("the file is empty; copy the CS224N file there again (data/README.md names its "
-                                 "public source)")
-    log = (out / "train.log").read_text()
+    assert snapshot(out) == before
     with pytest.raises(_Boom):
         run(tiny_train_config(tiny_env, out, epochs=1, lr=2e-3), overwrite=True, hooks=[_FailFirstStep(out)])
     assert unchanged_but_the_log("failed: _Boom:")
