@@ -16,18 +16,22 @@ shares of 480):
              forward + backward, at MiniLM's shape and at bert-base's (random weights)              (40 s)
   default    the default recipe end to end (bf16 on CUDA): wall time, train seq/s, peak GPU memory, dev
              scores beside the CPU runs' mean over seeds (experiments/RESULTS.md); more seeds while its
-             budget lasts                                                                       (150 s)
+             budget lasts                                                                       (120 s)
+  fp16       a short run forced to fp16 with loss scaling (--fp16: what a T4 or V100 chooses) beside the same
+             run in bf16: wall, train seq/s, the steps the scaler skipped, the final loss scale, dev scores  (45 s)
+  accumulation  the short run at --batch-size 16 --gradient-accumulation-steps 2 beside --batch-size 32 (no
+             dropout, so the two take the same steps up to rounding): dev scores, peak GPU memory    (35 s)
   resume     a --deterministic run killed (SIGKILL) at its first mid-epoch checkpoint and resumed, against
              the same run uninterrupted (which writes no mid-epoch checkpoint): predictions and best
-             weights compared byte for byte                                                      (60 s)
+             weights compared byte for byte                                                      (55 s)
   step       the multitask training step's throughput and MFU against the bf16 peak, eager, at MiniLM's
-             and bert-base's shapes                                                              (35 s)
+             and bert-base's shapes                                                              (30 s)
   torchrun   one process under torchrun: it joins an NCCL process group (world size 1) and all-reduces
-             once (benchmarks/process_group.py), then a short training run                        (40 s)
+             once (benchmarks/process_group.py), then a short training run                        (35 s)
   compile    torch.compile, last: a probe for the C compiler and Python.h that Triton's launcher needs
              (skipped with the reason when absent); a tiny encoder's cold compile, measured; MiniLM's
              forward + backward at one padded length, eager against compiled, only when the time left
-             fits COMPILE_SCALE times that measurement                                          (70 s)
+             fits COMPILE_SCALE times that measurement                                          (50 s)
 
 A step's share is taken from the time left when it starts, in proportion to the shares of the
 steps still to run, so time a step leaves unused passes to the steps after it. report.json and
@@ -86,8 +90,9 @@ if TYPE_CHECKING:
     from tasks.cli import Parser
 
 ROOT = Path(__file__).resolve().parent.parent
-STEPS = {"machine": 25, "tests": 60, "encoder": 40, "default": 150, "resume": 60, "step": 35, "torchrun": 40,
-         "compile": 70}  # each step's share of 480 s
+STEPS = {"machine": 25, "tests": 50, "encoder": 35, "default": 120, "fp16": 45, "accumulation": 35, "resume": 55,
+         "step": 30, "torchrun": 35, "compile": 50}  # each step's share of 480 s
+SHORT_RUN = ["--limit", "3000", "--epochs", "1"]  # the fp16 and accumulation steps' runs: seconds on a GPU
 RESULTS = ROOT / "experiments" / "RESULTS.md"
 DEFAULT_SEEDS = 3  # the default recipe's runs at most: seed 0, and 1 and 2 if time allows
 MIN_STEP_S = 5  # a step offered less is recorded as skipped (python and torch alone take seconds to start)
@@ -614,6 +619,75 @@ def step_default(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
     return {"status": status, "runs": runs, "cpu_reference": cpu}, text
 
 
+def short_runs(args: argparse.Namespace, progress: Progress, arms: dict[str, list[str]]) -> dict[str, dict]:
+    """Each arm's short run (SHORT_RUN; the tiny flags in the dry run), in turn while time lasts: {arm: its exit,
+    wall, train seq/s, final dev scores, epoch records, peak memory}. Under ``<work>/short``: their train.log files
+    stay out of the report's logs (at most 8 files come back from the machine)."""
+    out = {}
+    for arm, flags in arms.items():
+        run, peak = args.work / "short" / arm, args.work / f"{arm}.peak.json"
+        progress.log(f"{arm}: started with {progress.left():.0f} s left")
+        code, wall = run_logged(measured(peak, run_flags(args, run, *([] if args.tiny else SHORT_RUN), *flags,
+                                                         "--seed", "0")),
+                                args.work / f"{arm}.log", progress.left(), watch=watch_log(progress, arm,
+                                                                                           run / "train.log"))
+        record = final_record(run) or {}
+        out[arm] = {"exit": code, "wall_s": round(wall, 1), "train_seq_s": seq_per_s(run), "dev": record.get("dev"),
+                    "epochs": [r for r in records(run) if "dev" in r and not r.get("final")], "peak": read_peak(peak),
+                    "peak_text": peak_text(peak)}
+        progress.log(f"{arm}: {outcome(code)} after {wall:.0f} s, dev overall "
+                     f"{(record.get('dev') or {}).get('overall', math.nan):.4f}, peak memory {peak_text(peak)}")
+        if code != 0:
+            break
+    return out
+
+
+def _arm_row(arm: str, run: dict, *more: str) -> list[str]:
+    dev = run.get("dev") or {}
+    return [arm, f"{run['wall_s']:.0f}", f"{run['train_seq_s']:.0f}" if run.get("train_seq_s") else "–",
+            run["peak_text"], *more,
+            *(f"{dev[k]:.4f}" if dev.get(k) is not None else "–" for k in ("sst_acc", "para_acc", "sts_r", "overall"))]
+
+
+def step_fp16(args: argparse.Namespace, progress: Progress) -> tuple[dict, str]:
+    runs = short_runs(args, progress, {"fp16": ["--fp16"], "bf16": ["--bf16"] if args.train_device == "cuda" else
+                                       ["--no-bf16"]})
+    fp16 = runs.get("fp16", {})
+    last = (fp16.get("epochs") or [{}])[-1]
+    skipped = last.get("skipped_steps")
+    rows = [_arm_row(arm, run, str(run["epochs"][-1].get("skipped_steps", "–")) if run.get("epochs") else "–")
+            for arm, run in runs.items()]
+    ok = fp16.get("exit") == 0 and bool(fp16.get("dev")) and skipped is not None and \
+        skipped < (last.get("global_step") or 0)
+    log = tail(args.work / "short" / "fp16" / "train.log", 400)
+    chose = next((ln for ln in log.splitlines() if "fp16 autocast" in ln), "")
+    text = (f"`train_multitask.py {' '.join([] if args.tiny else SHORT_RUN)} --fp16` (a T4's precision, forced) beside "
+            f"the same run in {'bf16' if args.train_device == 'cuda' else 'fp32'}; the log's choice: "
+            f"`{chose.split('| plan')[0].strip()[-140:]}`\n\n"
+            + table(["run", "wall s", "train seq/s", "peak memory", "fp16 steps skipped", "SST acc", "Para acc",
+                     "STS r", "overall"], rows))
+    if fp16.get("exit") != 0:
+        text += f"\n\n```\n{tail(args.work / 'fp16.log')}\n```"
+    return {"status": "ok" if ok else "timeout" if fp16.get("exit", 1) is None else "failed", "runs": runs}, text
+
+
+def step_accumulation(args: argparse.Namespace, progress: Progress) -> tuple[dict, str]:
+    plain = ["--encoder-dropout", "0", "--sst-phrases-batch-size", "32"]  # no dropout: the same steps up to rounding
+    runs = short_runs(args, progress, {"batch32": [*plain, "--batch-size", "32"],
+                                       "batch16x2": [*plain, "--batch-size", "16", "--sst-phrases-batch-size", "16",
+                                                     "--gradient-accumulation-steps", "2"]})
+    a, b = (runs.get(arm, {}).get("dev") or {} for arm in ("batch32", "batch16x2"))
+    diff = abs(a["overall"] - b["overall"]) if a.get("overall") is not None and b.get("overall") is not None else None
+    ok = all(r.get("exit") == 0 for r in runs.values()) and len(runs) == 2 and diff is not None
+    rows = [_arm_row(arm, run) for arm, run in runs.items()]
+    text = (f"`train_multitask.py {' '.join([] if args.tiny else SHORT_RUN)} {' '.join(plain)}` at `--batch-size 32` "
+            "and at `--batch-size 16 --gradient-accumulation-steps 2` (the phrases' batch halved likewise): the same "
+            "optimizer steps over the same examples, so the dev scores differ by rounding only"
+            + (f" (|Δ overall| {diff:.4f})" if diff is not None else "") + "; peak memory is the micro-batch's:\n\n"
+            + table(["run", "wall s", "train seq/s", "peak memory", "SST acc", "Para acc", "STS r", "overall"], rows))
+    return {"status": "ok" if ok else "failed", "runs": runs, "overall_difference": diff}, text
+
+
 def step_resume(args: argparse.Namespace, progress: Progress) -> tuple[dict, str]:
     size = (["--limit", "256", "--epochs", "2"] if args.tiny else ["--limit", "3000", "--epochs", "2"])
     flags = [*size, "--deterministic", "--seed", "0"]  # after the tiny flags: these sizes replace theirs
@@ -840,7 +914,8 @@ def step_compile(args: argparse.Namespace, progress: Progress) -> tuple[dict, st
 
 STEP_FUNCTIONS: dict[str, Callable[[argparse.Namespace, Progress], tuple[dict, str]]] = {
     "machine": step_machine, "tests": step_tests, "encoder": step_encoder, "default": step_default,
-    "resume": step_resume, "step": step_step, "torchrun": step_torchrun, "compile": step_compile}
+    "fp16": step_fp16, "accumulation": step_accumulation, "resume": step_resume, "step": step_step,
+    "torchrun": step_torchrun, "compile": step_compile}
 
 
 # ---- running the steps -------------------------------------------------------------------------------------------

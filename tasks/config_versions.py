@@ -210,6 +210,21 @@ def read_as_version_3(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "user_tasks": entries}
 
 
+# ---- fp16, gradient accumulation, early stopping ----
+
+# Each field this version adds, with the value every run before it trained with.
+TRAINING_CONTROLS = {"fp16": False, "gradient_accumulation_steps": 1, "early_stopping_patience": 0}
+
+
+def add_training_controls(d: dict[str, Any]) -> dict[str, Any]:
+    """fp16 with loss scaling (--fp16), gradient accumulation and early stopping come in, off as every run before
+    trained (TRAINING_CONTROLS). A file of some fields gets none of them: it takes today's defaults, which are the
+    same."""
+    if not set(_SAVED_RUN) <= set(d):
+        return d
+    return {**TRAINING_CONTROLS, **d}
+
+
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
     return frozenset(".".join(names[f]) if f in names else f for f in fields)
 
@@ -265,6 +280,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     # "objective_versions"): the built-in ones' version 1 is _OBJECTIVE_OPTIONS_2
     Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
     Migration(read_as_version_3, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
+    Migration(add_training_controls, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules",
+                                                   *TRAINING_CONTROLS}),
 )
 
 

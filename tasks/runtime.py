@@ -17,7 +17,8 @@ Usage:
     seed_everything(0)
     device = resolve_device("auto")             # cuda when available, else cpu
     configure_device(device, deterministic=False)
-    dtype = autocast_dtype(None, device)        # bf16 where it is native, else None (fp32)
+    dtype = autocast_dtype(None, device)        # bf16 where it is native, fp16 on a GPU without it, else None (fp32)
+    scaler = loss_scaler(device, dtype)         # torch.amp.GradScaler for fp16, else None
     with autocast(device, dtype):
         loss = model(...)
         with full_precision(device):            # fp32 and no TF32 for a precision-sensitive region
@@ -140,19 +141,30 @@ def cuda_bf16_native() -> bool:
     return torch.cuda.is_bf16_supported(including_emulation=False)
 
 
-def autocast_dtype(bf16: bool | None, device: torch.device, cpu_default: bool = True) -> torch.dtype | None:
-    """bfloat16 when autocast is on: explicitly, or by default on GPUs and CPUs that multiply bf16 natively.
+def autocast_dtype(bf16: bool | None, device: torch.device, cpu_default: bool = True,
+                   fp16: bool = False) -> torch.dtype | None:
+    """The autocast precision of a run: float16, bfloat16, or None (fp32).
 
-    ``cpu_default`` False keeps CPUs in fp32 unless asked (MLM pretraining, not measured in bf16 on CPU).
+    By default (``bf16`` None, ``fp16`` False): bf16 on GPUs and CPUs that multiply bf16 natively (Ampere on;
+    AMX or AVX512_BF16); fp16 on a GPU without native bf16 (T4, V100: their tensor cores multiply fp16, and fp16
+    needs dynamic loss scaling, which the training loop adds: ``loss_scaler``); fp32 on a CPU without native bf16
+    (emulated bf16 or fp16 there is slower than fp32). ``cpu_default`` False keeps CPUs in fp32 unless asked
+    (MLM pretraining, not measured in bf16 on CPU).
 
-    Without native bf16 a CPU or GPU emulates it, slower than fp32, so it stays off
-    unless asked for. An explicit ``bf16=True`` on a GPU that only emulates bf16 is
-    allowed (it computes the same thing, slowly) with a warning; on a GPU with no
-    bf16 at all it is an error. Speed and scores of both precisions:
-    benchmarks/README.md and experiments/RESULTS.md.
+    ``bf16`` True or False asks for bf16 or fp32. An explicit ``bf16=True`` on a GPU that only emulates bf16 is
+    allowed (it computes the same thing, slowly) with a warning; on a GPU with no bf16 at all it is an error.
+    ``fp16`` True asks for fp16 anywhere (on a CPU torch emulates it: slower than fp32, but the very path a T4
+    takes, loss scaling included); with ``bf16`` set too it is a ValueError (two precisions). Speed and scores of
+    the precisions: benchmarks/README.md and experiments/RESULTS.md.
     """
     cuda = device.type == "cuda"
+    if fp16:
+        if bf16 is not None:
+            raise ValueError(f"--fp16 and --{'' if bf16 else 'no-'}bf16 ask for two precisions: give one")
+        return torch.float16
     if bf16 is None:
+        if cuda and not cuda_bf16_native():
+            return torch.float16
         bf16 = (cuda and cuda_bf16_native()) or (device.type == "cpu" and cpu_default and cpu_has_native_bf16())
     elif bf16 and cuda and not cuda_bf16_native():
         if not torch.cuda.is_bf16_supported(including_emulation=True):
@@ -162,16 +174,30 @@ def autocast_dtype(bf16: bool | None, device: torch.device, cpu_default: bool = 
 
 
 def precision_note(bf16: bool | None, device: torch.device, dtype: torch.dtype | None,
-                   cpu_default: bool = True) -> str:
+                   cpu_default: bool = True, fp16: bool = False) -> str:
     """What ``autocast_dtype`` (with the same ``cpu_default``) chose and why, for a run's first log line."""
+    scaled = "fp16 autocast with dynamic loss scaling"
+    if fp16:
+        return f"{scaled} (--fp16" + ("; emulated on a CPU: slower than fp32)" if device.type == "cpu" else ")")
     if bf16 is not None:
         return "bf16 autocast (--bf16)" if dtype is not None else "fp32 (--no-bf16)"
     unit = "GPU" if device.type == "cuda" else "CPU"
     if device.type == "cpu" and not cpu_default:
         return "fp32: the default of this command on a CPU (--bf16 for bf16 autocast)"
+    if dtype == torch.float16:
+        return f"{scaled}: this GPU has no native bf16 and multiplies fp16 natively (--no-bf16 for fp32)"
     if dtype is not None:
         return f"bf16 autocast: this {unit} multiplies bf16 natively (--no-bf16 for fp32)"
     return f"fp32: this {unit} has no native bf16, and emulated bf16 would be slower"
+
+
+def loss_scaler(device: torch.device, dtype: torch.dtype | None) -> torch.amp.GradScaler | None:
+    """The dynamic loss scaler of a run in ``dtype``: torch.amp.GradScaler for fp16 (its 5-bit exponent underflows
+    small gradients unless the loss is scaled up first; the scale halves and the step is skipped when a gradient
+    overflows, and doubles after 2,000 clean steps), None for bf16 and fp32 (bf16 has fp32's exponent range)."""
+    if dtype != torch.float16:
+        return None
+    return torch.amp.GradScaler(device.type)
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:

@@ -56,15 +56,15 @@ OBJECTIVE_VERSIONS = "objective_versions"  # config.json: each objective's versi
 # arithmetic of the steps already taken or the batches still to come.
 # SWA and train-set predictions come after the training steps, so they may change too
 # (resuming a finished run with --swa-epochs adds the SWA phase to it).
-RESUME_MUTABLE = ("epochs", "device", "threads", "bf16", "compile", "gradient_checkpointing", "log_every", "checkpoint_every",
-                  "eval_batch_size", "out_dir", "data_dir", "swa.epochs", "swa.lr", "predict_train", "report_to",
-                  "save_only_model", "task_files")
+RESUME_MUTABLE = ("epochs", "device", "threads", "bf16", "fp16", "compile", "gradient_checkpointing", "log_every",
+                  "checkpoint_every", "eval_batch_size", "out_dir", "data_dir", "swa.epochs", "swa.lr", "predict_train",
+                  "report_to", "save_only_model", "task_files", "early_stopping_patience")
 
 
 # Settings (dotted paths) --eval-only may set: they choose what to predict and where, never the model. Objectives
 # add the options that act only at inference (``Objective.inference_options``), see eval_mutable().
-EVAL_MUTABLE = ("data_dir", "out_dir", "device", "threads", "bf16", "eval_batch_size", "limit", "tasks", "predict_train",
-                "final_dev", "dev_max_examples", "symmetric_eval", "priors.sts_weight", "priors.sts_model",
+EVAL_MUTABLE = ("data_dir", "out_dir", "device", "threads", "bf16", "fp16", "eval_batch_size", "limit", "tasks",
+                "predict_train", "final_dev", "dev_max_examples", "symmetric_eval", "priors.sts_weight", "priors.sts_model",
                 "priors.sst_weight", "priors.sst_model", "task_files")
 
 
@@ -267,6 +267,14 @@ class TrainConfig:
                                   "encoder at lr", group="optimization", metavar="FACTOR")
     grad_clip: float = option(1.0, "clip the global gradient norm to this, 0 = off (not in the paper)",
                               group="optimization", metavar="NORM")
+    gradient_accumulation_steps: int = option(1, "N micro-batches an optimizer step: every stream's batch (--batch-size, "
+                                              "--task-batch-size, the phrases') is a micro-batch, a step takes N of "
+                                              "them (N x the examples, the memory of one); the learning rate "
+                                              "schedule and the step counts count optimizer steps (HF's "
+                                              "gradient_accumulation_steps)", group="optimization", metavar="N")
+    early_stopping_patience: int = option(0, "stop training once the dev overall that chooses the best epoch has "
+                                          "not improved for N scored epochs (HF's EarlyStoppingCallback); the best "
+                                          "epoch then predicts; 0 = off", group="optimization", metavar="N")
     seed: int = option(0, "seed of python, numpy and torch and of the batch order", group="optimization",
                        metavar="SEED")
 
@@ -279,9 +287,14 @@ class TrainConfig:
 
     # -- runtime --
     device: str = option("auto", "auto (cuda when available), cpu, cuda, cuda:N", group="runtime", metavar="DEVICE")
-    bf16: bool | None = option(None, "bf16 autocast; default: on for CUDA with bf16 and on CPUs with native bf16 "
-                               "(AMX or AVX512_BF16), off elsewhere (speed and scores: benchmarks/README.md)",
-                               group="runtime")
+    bf16: bool | None = option(None, "bf16 autocast (--no-bf16: fp32); default: bf16 on GPUs and CPUs that multiply "
+                               "it natively (Ampere on; AMX or AVX512_BF16), fp16 with loss scaling on a GPU without "
+                               "it (T4, V100), fp32 on other CPUs (docs/precision.md; speed and scores: "
+                               "benchmarks/README.md)", group="runtime")
+    fp16: bool = option(False, "fp16 autocast with dynamic loss scaling (torch.amp.GradScaler: a step whose gradients "
+                        "overflow is skipped and the scale halved), as a GPU without native bf16 (T4, V100) trains by "
+                        "default; on a CPU it is emulated, slower than fp32: the T4's path, for tests",
+                        group="runtime")
     threads: int | None = option(None, "CPU threads to compute with (torch.set_num_threads); default: torch's, one "
                                  "per core (OMP_NUM_THREADS sets it too); a run's scores depend on it (a sum split "
                                  "otherwise rounds otherwise), and beside other work one thread can be the faster",
@@ -463,9 +476,13 @@ class TrainConfig:
     # max_train_examples or loss_weights where one is given; else an extra stream's own (--sst-phrases-<x>, the SST
     # entry's spelling of the same setting; a command line that gives both is refused: refuse_idle_settings).
     def batch_sizes(self) -> dict[str, int]:
-        """Examples per batch, by stream."""
+        """Examples per batch (a micro-batch under gradient accumulation), by stream."""
         own = self._stream_settings(self.task_batch_size, "batch_size")
         return {s: own.get(s, self.batch_size) for s in self.streams()}
+
+    def step_batch_sizes(self) -> dict[str, int]:
+        """Examples per optimizer step, by stream: the batch times ``gradient_accumulation_steps``."""
+        return {s: b * self.gradient_accumulation_steps for s, b in self.batch_sizes().items()}
 
     def train_caps(self) -> dict[str, int]:
         """Training examples an epoch, by capped stream."""
@@ -611,6 +628,16 @@ class TrainConfig:
             raise ValueError(f"head_lr_scale must be positive, got {self.head_lr_scale}")
         if not self.grad_clip >= 0:
             raise ValueError(f"grad_clip must be >= 0 (0 = off), got {self.grad_clip}")
+        if self.gradient_accumulation_steps < 1:
+            raise ValueError(f"gradient_accumulation_steps must be at least 1 (1 = none), got "
+                             f"{self.gradient_accumulation_steps}")
+        if self.early_stopping_patience < 0:
+            raise ValueError(f"early_stopping_patience must be >= 0 (0 = off), got {self.early_stopping_patience}")
+        if self.early_stopping_patience and self.swa.epochs:
+            raise ValueError("early_stopping_patience ends the run when the dev overall stops improving, and SWA's "
+                             "epochs come after the scored ones: choose one")
+        if self.fp16 and self.bf16 is not None:
+            raise ValueError(f"--fp16 and --{'' if self.bf16 else 'no-'}bf16 ask for two precisions: give one")
         if self.encoder_dropout is not None and not 0 <= self.encoder_dropout < 1:
             raise ValueError(f"encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
         check_runtime(self)

@@ -107,10 +107,11 @@ def emulating_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
 
 
-def test_an_emulating_gpu_defaults_to_fp32(emulating_gpu, caplog):
-    """The default is fp32 there; an explicit --bf16 is allowed (the same numbers, slowly) with a warning."""
+def test_an_emulating_gpu_defaults_to_fp16(emulating_gpu, caplog):
+    """The default is fp16 with loss scaling there (a T4, a V100); an explicit --bf16 is allowed (the same numbers,
+    slowly) with a warning."""
     cuda = torch.device("cuda")
-    assert runtime.autocast_dtype(None, cuda) is None
+    assert runtime.autocast_dtype(None, cuda) is torch.float16
     with caplog.at_level(logging.WARNING, logger="tasks.runtime"):
         assert runtime.autocast_dtype(True, cuda) is torch.bfloat16
     assert "emulates bf16" in caplog.text
@@ -121,9 +122,37 @@ def test_a_native_bf16_gpu_defaults_to_bf16_and_a_gpu_without_bf16_refuses_it(mo
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
     assert runtime.autocast_dtype(None, cuda) is torch.bfloat16
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: False)
-    assert runtime.autocast_dtype(None, cuda) is None
+    assert runtime.autocast_dtype(None, cuda) is torch.float16  # fp16 with loss scaling, as a T4 multiplies
     with pytest.raises(ValueError, match="does not support bfloat16"):
         runtime.autocast_dtype(True, cuda)
+
+
+def test_a_gpu_without_native_bf16_trains_in_fp16_with_loss_scaling(monkeypatch):
+    """A simulated T4 or V100 (bf16 only emulated): the default precision is fp16, with a loss scaler, said in the
+    log's first line with the reason; --no-bf16 is fp32 there, --bf16 emulated bf16 (a warning); an Ampere GPU and
+    a bf16 CPU keep bf16 and no scaler."""
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: including_emulation)
+    dtype = runtime.autocast_dtype(None, cuda)
+    assert dtype is torch.float16 and isinstance(runtime.loss_scaler(cpu, dtype), torch.amp.GradScaler)
+    assert runtime.precision_note(None, cuda, dtype) == ("fp16 autocast with dynamic loss scaling: this GPU has no "
+                                                         "native bf16 and multiplies fp16 natively (--no-bf16 for fp32)")
+    assert runtime.autocast_dtype(False, cuda) is None and runtime.autocast_dtype(True, cuda) is torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: True)
+    assert runtime.autocast_dtype(None, cuda) is torch.bfloat16 and runtime.loss_scaler(cpu, torch.bfloat16) is None
+    assert runtime.loss_scaler(cpu, None) is None
+
+
+def test_fp16_is_asked_for_anywhere_and_never_beside_bf16():
+    """--fp16 gives fp16 on a CPU too (emulated: the T4's path, said in the note); with --bf16 or --no-bf16 it is a
+    contradiction, refused naming both."""
+    cpu = torch.device("cpu")
+    assert runtime.autocast_dtype(None, cpu, fp16=True) is torch.float16
+    assert runtime.precision_note(None, cpu, torch.float16, fp16=True) == (
+        "fp16 autocast with dynamic loss scaling (--fp16; emulated on a CPU: slower than fp32)")
+    for bf16, flag in ((True, "--bf16"), (False, "--no-bf16")):
+        with pytest.raises(ValueError, match=f"--fp16 and {flag} ask for two precisions"):
+            runtime.autocast_dtype(bf16, cpu, fp16=True)
 
 
 @pytest.mark.parametrize("amx, avx512_bf16, expected", [

@@ -433,11 +433,12 @@ def predict_checkpoint(plan: EvalPlan) -> dict:
             mark(out, PREDICTIONS)
         cfg = plan.config
         device = resolve_device(cfg.device)
-        amp = autocast_dtype(cfg.bf16, device)
+        amp = autocast_dtype(cfg.bf16, device, fp16=cfg.fp16)
         threads = set_threads(cfg.threads)
         t0 = time.perf_counter()
         logger.info("evaluating %s on %s, %s, %s: dev and test predictions of %s", plan.checkpoint, device,
-                    precision_note(cfg.bf16, device, amp), count(threads, "thread"), ", ".join(cfg.tasks))
+                    precision_note(cfg.bf16, device, amp, fp16=cfg.fp16), count(threads, "thread"),
+                    ", ".join(cfg.tasks))
         if busy := busy_cpu_note(threads, device):
             logger.warning(busy)
         model, objectives, tokenizer, _ = load_model(plan.checkpoint, device, cfg)
@@ -484,9 +485,9 @@ class Predictor:
                  cfg: TrainConfig, device: torch.device, batch_size: int | None = None,
                  checkpoint: str | os.PathLike | None = None) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
-        self.amp = autocast_dtype(cfg.bf16, device)
+        self.amp = autocast_dtype(cfg.bf16, device, fp16=cfg.fp16)
         logger.info("predicting with %s on %s, %s, %s", checkpoint or "a model", device,
-                    precision_note(cfg.bf16, device, self.amp), count(torch.get_num_threads(), "thread"))
+                    precision_note(cfg.bf16, device, self.amp, fp16=cfg.fp16), count(torch.get_num_threads(), "thread"))
         self.batch_size = batch_size or cfg.eval_batch_size
         # the checkpoint's probes: no data needed; every prior built now, so a missing encoder fails here
         self.evaluator = Evaluator(cfg, objectives, device, self.amp,

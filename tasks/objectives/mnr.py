@@ -32,6 +32,8 @@ Inputs (one objective, three task streams):
   index, so the batch's positives are never counted on the host); a batch with
   fewer than 2 positives gives a term of exactly 0 (so the logged mean of
   ``para/mnr.loss`` counts those batches as 0).
+- Precision: the similarities are cosines times the scale (20), within ±20 under any autocast (bf16, fp16), so
+  they stay in autocast's precision; the softmax cross-entropy over them runs in float32 (autocast's rule for it).
 
 Related losses: sentence-transformers ``MultipleNegativesRankingLoss`` (this,
 unweighted, equals its default query_to_doc form; tests check it),

@@ -40,7 +40,8 @@ How the pieces map onto the objective interface:
   not of either sentence), so SCL on "para" there raises at construction.
   STS (regression) has no classes and is refused.
 - Computed in float32 with autocast off: logits Φ·Φ/τ reach ±1/τ, and bf16
-  (8 significant bits) would round them by up to 1/32 near 1/τ = 10.
+  (8 significant bits) would round them by up to 1/32 near 1/τ = 10; fp16
+  (11 bits, a 5-bit exponent) by 1/256, and its exp() would overflow past 11.
 
 Related losses: SupConLoss of Khosla et al. (the vision form: mean over anchors
 with positives), KNN-BERT's L'_sc (same loss against a MoCo queue), MNR and

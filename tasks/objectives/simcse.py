@@ -28,6 +28,9 @@ Choices made here:
   sentence's partner (often a paraphrase, STS label 5, or an entailment) a negative.
 - In eval mode (no dropout) the two views are identical; the loss then only
   pushes different sentences apart. Train mode is where it is meant to run.
+- Precision: cosine similarities over τ = 0.05 are within ±20, inside fp16's range under fp16 autocast (a GPU
+  without native bf16); so are the dot products of the B presets' form (τ 1, the pooler's output, whose tanh bounds
+  a dot by H: 384 for MiniLM, 768 for bert-base). The cross-entropy over them runs in float32 (autocast's rule).
 
 Related losses: ``mnr.py`` (the same InfoNCE between paired sentences; SimCSE
 with cosine is MNR with scale 1/τ between the two views), sentence-transformers

@@ -38,10 +38,10 @@ Choices made here:
   one forward cheaper, but its dropout mask differs from the perturbed pass,
   and with ε = 1e-5 the penalty then mostly measures dropout noise).
 - Precision: a perturbation of 1e-5 is below the resolution of bf16 (8
-  significant bits) and TF32 (11) at the scale of word-embedding components
+  significant bits), fp16 and TF32 (11) at the scale of word-embedding components
   and would vanish in the first matmul, so the passes that compare f(e) with
   f(e + δ) run in true fp32 (runtime.full_precision: autocast and TF32 off)
-  whatever the run's precision: SMART acts under the default bf16 autocast too, at the price of
+  whatever the run's precision: SMART acts under bf16 and fp16 autocast too, at the price of
   fp32 speed for its passes. With ``reuse_head_output`` under bf16 the clean
   output is the head's bf16-encoder forward, so the penalty then also
   measures bf16 rounding; the default recomputes f(e) in fp32.

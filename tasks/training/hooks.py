@@ -1,9 +1,9 @@
 """The hooks of a run: what a fine-tuning (or pretraining) run does around its steps, each a ``Hook`` on the loop
 (tasks/training/loop.py, which documents the events, the ``TrainingState`` a hook sees and the ``Control`` it
 steers with): the log lines and their clock (``LogLines``), the progress bar (``ProgressBar``), checkpoints every N
-steps (``CheckpointEvery``), metrics.jsonl (``MetricsFile``), training.png (``Plot``); TensorBoard's is in
-tasks/training/tensorboard.py, MLM pretraining's log in tasks/training/pretraining.py. A user's own hooks, passed
-to ``run(cfg, hooks=[...])`` or ``trainer_for``, see the same events after the run's own.
+steps (``CheckpointEvery``), early stopping (``EarlyStopping``), metrics.jsonl (``MetricsFile``), training.png
+(``Plot``); TensorBoard's is in tasks/training/tensorboard.py, MLM pretraining's log in tasks/training/pretraining.py.
+A user's own hooks, passed to ``run(cfg, hooks=[...])`` or ``trainer_for``, see the same events after the run's own.
 """
 
 from __future__ import annotations
@@ -101,9 +101,10 @@ class LogLines(Hook):
         if clock is not None and self.clock_steps:
             self._tick(state, clock)
         terms = {k: v for k, v in values.items() if k not in ("lr", "seq_per_s")}
-        logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s%s", state.epoch_title, state.step,
+        skipped = f" | fp16 steps skipped {state.skipped_steps}" if state.skipped_steps else ""
+        logger.info("%s step %d/%d | lr %.2e | %s | %.1f seq/s%s%s", state.epoch_title, state.step,
                     state.steps_in_epoch, values["lr"], " | ".join(f"{name} {v:.4f}" for name, v in terms.items()),
-                    values["seq_per_s"], f" | {clock.line()}" if clock is not None else "")
+                    values["seq_per_s"], skipped, f" | {clock.line()}" if clock is not None else "")
 
     def on_evaluate(self, state: TrainingState, control: Control, evaluation: Evaluation) -> None:
         if self.clock is not None and evaluation.scope == "epoch":
@@ -115,8 +116,10 @@ class LogLines(Hook):
 
     def on_epoch_end(self, state: TrainingState, control: Control, record: dict) -> None:
         terms = " ".join(f"{k} {v:.4f}" for k, v in record["train"].items())
-        if "swa_epoch" in record:
-            logger.info("SWA epoch %d done in %.0f s: %s", record["swa_epoch"], record["train_time_s"], terms)
+        if "dev" not in record:  # a stage whose epochs are not scored (SWA's)
+            stage = record.get("stage", "train")
+            logger.info("%s epoch %d done in %.0f s (not scored): %s", stage.upper() if stage == "swa" else stage,
+                        record.get(f"{stage}_epoch", record["epoch"]), record["train_time_s"], terms)
             return
         logger.info("epoch %d done in %.0f s (+%.0f s dev): %s | dev %s%s", record["epoch"], record["train_time_s"],
                     record["eval_time_s"], terms,
@@ -125,6 +128,43 @@ class LogLines(Hook):
 
     def on_train_end(self, state: TrainingState, control: Control) -> None:
         self.clock = None  # the final predictions run outside it
+
+
+class EarlyStopping(Hook):
+    """Stop training once the run's selection score (the dev overall that chooses the best epoch, --best-metric) has
+    not improved for ``patience`` scored epochs in a row (Hugging Face's ``EarlyStoppingCallback``); the best epoch
+    then predicts, as after the last epoch. The count is read from the epochs' records (``TrainingState.history``,
+    saved in every checkpoint), so a resumed run counts on where it stopped, and a run that had stopped stays
+    stopped. Stages that are not scored (SWA's) come after training: TrainConfig refuses them beside it."""
+
+    def __init__(self, patience: int) -> None:
+        if patience < 1:
+            raise ValueError(f"early stopping needs a patience of 1 or more epochs, got {patience}")
+        self.patience = patience
+
+    def waited(self, state: TrainingState) -> int:
+        """Scored epochs since the best one."""
+        scored = [r for r in state.history if "dev" in r]
+        best = max((i for i, r in enumerate(scored) if r.get("best")), default=-1)
+        return len(scored) - 1 - best
+
+    def on_train_start(self, state: TrainingState, control: Control) -> None:
+        if state.history and self.waited(state) >= self.patience and state.epoch < state.training_epochs:
+            control.should_training_stop = True  # a resume of a run that had stopped early
+            logger.info("early stopping: the run stopped after epoch %d (patience %d); nothing more to train",
+                        state.history[-1]["epoch"], self.patience)
+
+    def on_epoch_end(self, state: TrainingState, control: Control, record: dict) -> None:
+        if "dev" not in record or state.epoch >= state.training_epochs:
+            return
+        waited = self.waited(state)
+        if waited >= self.patience:
+            control.should_training_stop = True
+            best = state.best or {}
+            logger.info("early stopping: the dev overall has not improved for %s (patience %d; best: epoch %s, "
+                        "%s): training stops after epoch %d of %d", count(waited, "epoch"), self.patience,
+                        best.get("epoch"), f"{best['score']:.4f}" if best.get("score") is not None else "nan",
+                        record["epoch"], state.training_epochs)
 
 
 class CheckpointEvery(Hook):

@@ -68,6 +68,10 @@ from tasks.training.progress import RunningSums, progress_logging, sequences
 
 logger = logging.getLogger(__name__)
 
+# fp16: this many optimizer steps skipped in a row (the loss scale halved at each, 2**16 down to 2**-34) means no
+# scale gives finite gradients: the run stops, saying so
+MAX_SKIPPED_IN_A_ROW = 50
+
 
 @dataclass(frozen=True)
 class Step:
@@ -79,6 +83,8 @@ class Step:
     share: float  # this rank's fraction of the global batch (1 in one process)
     terms: dict[str, torch.Tensor]  # detached loss terms and the weighted "loss", on the device: reading one syncs
     lr: float
+    skipped: bool = False  # fp16's loss scaler skipped its optimizer step (gradients not finite): it did not train,
+    #                        and its terms count in no mean
 
 
 @dataclass(frozen=True)
@@ -116,7 +122,7 @@ class TrainingState:
     writes (rank 0); ``resumed_from`` the checkpoint resumed; ``best`` and ``history`` the best epoch and the
     epochs' records so far; ``outlook``: what the training epochs ahead hold, for a clock (``costs``: each step's
     padded tokens; ``evaluations``, the ``dev_sequences`` each scores and the ``final_sequences`` predicted after),
-    or None."""
+    or None; ``skipped_steps``: the optimizer steps fp16's loss scaler skipped so far (gradients not finite)."""
 
     epoch: int
     step: int
@@ -134,6 +140,7 @@ class TrainingState:
     best: dict | None = None
     history: Sequence[dict] = ()
     outlook: dict | None = None
+    skipped_steps: int = 0
 
 
 class Hook:
@@ -196,9 +203,16 @@ class Loop(ABC):
     log_every = 0  # steps of an epoch between log lines (0: only when a hook asks, ``Control.should_log``)
 
     def __init__(self, model: nn.Module, *, device: torch.device, hooks: Sequence[Hook] = (), grad_clip: float = 0.0,
-                 seed: int = 0, checkpoints: Path | None = None) -> None:
+                 seed: int = 0, checkpoints: Path | None = None, scaler: torch.amp.GradScaler | None = None,
+                 accumulation: int = 1) -> None:
+        if accumulation < 1:
+            raise ValueError(f"gradient accumulation needs 1 or more micro-batches a step, got {accumulation}")
         self.model, self.device, self.hooks = model, device, list(hooks)
         self.grad_clip, self.seed, self.checkpoints = grad_clip, seed, checkpoints
+        self.scaler, self.accumulation = scaler, accumulation  # fp16's loss scaler (runtime.loss_scaler), or None
+        self.skipped_steps = 0  # optimizer steps skipped by the scaler (gradients not finite): the run's count
+        self.skipped_in_a_row = 0
+        self.skipped_last = False  # the last step's
         self.rank, self.world_size = distributed.rank(), distributed.world_size()
         self.control = Control()
         self.params: list[nn.Parameter] = []
@@ -266,8 +280,10 @@ class Loop(ABC):
         return self.log_every > 0 and (step.index + 1) % self.log_every == 0
 
     def add_to_window(self, step: Step) -> None:
-        """Count ``step`` in the log line's window (its loss terms stay on the device)."""
-        self.window.add(step.terms, step.share)
+        """Count ``step`` in the log line's window (its loss terms stay on the device; a skipped step's are not
+        counted, its sequences are)."""
+        if not step.skipped:
+            self.window.add(step.terms, step.share)
         self.window_seqs += sequences(step.batch)
 
     def log_values(self, step: Step) -> dict[str, float]:
@@ -294,7 +310,7 @@ class Loop(ABC):
             epochs=self.epochs, training_epochs=self.training_epochs, stage=self.stage, epoch_title=self.epoch_title,
             resumable=self.resumable, saves_each_epoch=self.saves_each_epoch, main=self.rank == 0,
             device=str(self.device), resumed_from=str(self.resumed_from) if self.resumed_from is not None else None,
-            best=self.best, history=self.history, outlook=self.outlook)
+            best=self.best, history=self.history, outlook=self.outlook, skipped_steps=self.skipped_steps)
 
     def emit(self, event: str, *args: Any) -> None:
         """Call ``event`` (a Hook method's name) of every hook, in order, with the loop's state and control."""
@@ -309,6 +325,22 @@ class Loop(ABC):
         self.emit("on_record", record)
 
     # -- one step --
+    def micro_batches(self, batch: dict) -> list[tuple[dict, float]]:
+        """``batch`` cut into ``accumulation`` micro-batches of consecutive rows (as even as the rows allow; fewer
+        when the batch has fewer rows), each with its fraction of the rows: [(batch, 1.0)] without accumulation.
+        A tensor or list of one value per row is cut; anything else (a count) is the batch's and stays whole."""
+        rows = len(batch["ids"]) if "ids" in batch else None
+        if self.accumulation == 1 or rows is None or rows < 2:
+            return [(batch, 1.0)]
+        parts = min(self.accumulation, rows)
+        bounds = [rows * k // parts for k in range(parts + 1)]
+        out = []
+        for a, b in zip(bounds, bounds[1:]):
+            micro = {k: v[a:b] if isinstance(v, (torch.Tensor, list, tuple)) and len(v) == rows else v
+                     for k, v in batch.items()}
+            out.append((micro, (b - a) / rows))
+        return out
+
     def train_step(self, stream: str, batch: dict | None, lr: float, share: float = 1) -> dict[str, torch.Tensor]:
         """One optimizer step on one batch; returns the detached terms plus the weighted total "loss".
 
@@ -318,25 +350,69 @@ class Loop(ABC):
         share × world before backward, so the gradients averaged over the ranks
         (``distributed.all_reduce_gradients``) are those of the global batch's
         mean loss; clipping then acts on the averaged gradients, the same on every rank.
+
+        Gradient accumulation (``accumulation`` N > 1): the batch runs as N micro-batches (``micro_batches``),
+        each forward and backward alone with its loss scaled by its fraction of the rows as well, so the summed
+        gradients are the whole batch's mean loss's (for losses that are means over the rows: objectives that
+        couple a batch's rows, in-batch negatives or a queue, see a micro-batch); the gradients are averaged over
+        the ranks once, after the last micro-batch, and the optimizer steps once. The terms returned are the
+        micro-batches' weighted by their fractions.
+
+        Under fp16 (``scaler``) each backward is of the scaled loss, the gradients are unscaled before clipping,
+        and a step whose gradients are not finite is skipped, the scale halved (``skipped_steps``); a run whose
+        every step is skipped (MAX_SKIPPED_IN_A_ROW of them in a row) stops with a ValueError saying so.
         """
         for g in self.optimizer.param_groups:
             g["lr"] = lr * g["lr_scale"] if "lr_scale" in g else lr
         detached: dict[str, torch.Tensor] = {}
         if batch is not None:
-            loss, terms = self.step_loss(stream, batch)
-            scale = share * self.world_size
-            (loss if scale == 1 else loss * scale).backward()
-            detached = {k: v.detach().float() for k, v in terms.items()}
-            detached["loss"] = loss.detach().float()
+            micro = self.micro_batches(batch)
+            for part, fraction in micro:
+                loss, terms = self.step_loss(stream, part)
+                scale = share * self.world_size * fraction
+                scaled = loss if scale == 1 else loss * scale
+                (self.scaler.scale(scaled) if self.scaler is not None else scaled).backward()
+                terms = {**{k: v.detach().float() for k, v in terms.items()}, "loss": loss.detach().float()}
+                if len(micro) == 1:
+                    detached = terms
+                else:
+                    for k, v in terms.items():
+                        detached[k] = detached[k] + fraction * v if k in detached else fraction * v
         distributed.all_reduce_gradients(self.params)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)  # clipping acts on the true gradients
         if self.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.params, self.grad_clip)
         self.emit("on_pre_optimizer_step")
-        self.optimizer.step()
+        stepped = self.optimizer_step()
+        self.skipped_last = not stepped
         self.optimizer.zero_grad(set_to_none=True)
-        self.after_optimizer_step()
-        self.emit("on_optimizer_step")
+        if stepped:
+            self.after_optimizer_step()
+            self.emit("on_optimizer_step")
         return detached
+
+    def optimizer_step(self) -> bool:
+        """Step the optimizer (through the fp16 scaler, which skips a step whose gradients are not finite and
+        halves its scale); whether it stepped. The scaler reads its finite check back to the host anyway (torch's
+        ``GradScaler.step``), so comparing its scale before and after costs no further wait."""
+        if self.scaler is None:
+            self.optimizer.step()
+            return True
+        before = self.scaler.get_scale()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        if self.scaler.get_scale() >= before:
+            self.skipped_in_a_row = 0
+            return True
+        self.skipped_steps += 1
+        self.skipped_in_a_row += 1
+        if self.skipped_in_a_row >= MAX_SKIPPED_IN_A_ROW:
+            raise ValueError(f"fp16: the last {self.skipped_in_a_row} optimizer steps were all skipped, their "
+                             f"gradients not finite at every loss scale down to {self.scaler.get_scale():.3g}: the "
+                             "loss itself overflows or is nan in fp16 here; train in fp32 (--no-bf16) or, on a "
+                             "GPU or CPU that multiplies it, bf16 (--bf16)")
+        return False
 
     def batches(self, plan: Sequence[tuple[str, list[int]]], start: int = 0
                 ) -> Iterator[tuple[str, dict | None, float]]:
@@ -389,8 +465,9 @@ class Loop(ABC):
             lr = self.lr_at(self.epoch, self.step, n)
             self.emit("on_step_begin")
             terms = self.train_step(stream, batch, lr, share)
-            self.epoch_sums.add(terms, share)
-            step = Step(self.step, stream, batch, share, terms, lr)
+            if not self.skipped_last:
+                self.epoch_sums.add(terms, share)
+            step = Step(self.step, stream, batch, share, terms, lr, self.skipped_last)
             self.add_to_window(step)
             self.step += 1
             self.global_step += 1
@@ -457,7 +534,8 @@ class Loop(ABC):
 
     # -- checkpoints --
     def state(self) -> dict:
-        """state.json: the position, the epoch's loss sums, the RNG states and the hooks' states (JSON values).
+        """state.json: the position, the epoch's loss sums, the RNG states, the hooks' states and, under fp16, the loss
+        scaler's state and the steps it skipped (JSON values).
 
         Under torchrun every rank must call it (it gathers): the loss sums are
         those of all ranks, "rng" is rank 0's state and "rng_other_ranks" the others'.
@@ -465,9 +543,11 @@ class Loop(ABC):
         sums = self.epoch_sums.totals()
         rngs = distributed.gather(rng_state(self.device))
         hooks = {type(h).__name__: s for h in self.hooks if (s := h.state()) is not None}
+        scaler = ({"scaler": {**self.scaler.state_dict(), "skipped_steps": self.skipped_steps,
+                              "skipped_in_a_row": self.skipped_in_a_row}} if self.scaler is not None else {})
         return {"format": CHECKPOINT_FORMAT, "epoch": self.epoch, "step": self.step, "global_step": self.global_step,
                 "epoch_sums": {k: [s, c] for k, (s, c) in sums.items()}, **({"hooks": hooks} if hooks else {}),
-                "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
+                **scaler, "rng": rngs[0], **({"rng_other_ranks": rngs[1:]} if len(rngs) > 1 else {})}
 
     def save_checkpoint(self, name: str = "last", extra_state: dict | None = None) -> Path:
         """Write checkpoint ``name`` atomically under ``checkpoints`` (``write_checkpoint_dir``), ``extra_state``
@@ -491,6 +571,10 @@ class Loop(ABC):
         self.epoch_sums = RunningSums({k: torch.tensor(v, dtype=torch.float32, device=self.device)
                                        for k, (v, _) in saved_sums.items()},
                                       {k: c for k, (_, c) in saved_sums.items()})
+        if self.scaler is not None and "scaler" in state:  # fp16: the loss scale and its growth count go on
+            saved = dict(state["scaler"])
+            self.skipped_steps, self.skipped_in_a_row = saved.pop("skipped_steps"), saved.pop("skipped_in_a_row")
+            self.scaler.load_state_dict(saved)
         saved_hooks = state.get("hooks", {})
         for hook in self.hooks:
             if type(hook).__name__ in saved_hooks:

@@ -89,7 +89,7 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
     first = tuple(name for name, stream in cfg.extra_streams().items()
                   if stream.order == "first" and name in train_sets)
-    return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.batch_sizes(), cfg.schedule,
+    return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.step_batch_sizes(), cfg.schedule,
                              seed=cfg.seed, subsets=cfg.train_subsets,
                              max_examples_per_epoch={s: n for s, n in cfg.train_caps().items() if s in train_sets},
                              swap={t: cfg.pair_swap for t in cfg.tasks if get_task(t).kind.pair and t in train_sets},

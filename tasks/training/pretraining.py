@@ -38,7 +38,7 @@ from tasks.checkpoint import read_state, write_training_state
 from tasks.logs import count
 from tasks.options import option
 from tasks.outdir import MLM, check_kind, mark
-from tasks.runtime import autocast, autocast_dtype, foreach_default, precision_note, resolve_device
+from tasks.runtime import autocast, autocast_dtype, foreach_default, loss_scaler, precision_note, resolve_device
 from tasks.storage import atomic_directory, save_tensors
 from tasks.training.hooks import CheckpointEvery, ProgressBar
 from tasks.training.loop import Control, Evaluation, Hook, Loop, Step, TrainingState
@@ -117,10 +117,11 @@ class MaskedLMTrainer(Loop):
     def __init__(self, mlm: BertForMaskedLM, data: MaskingCollator, config: PretrainConfig, *, total: int,
                  device: torch.device, eval_data: MaskedBatches | None = None, identity: dict | None = None,
                  hooks: Sequence[Hook] = (), checkpoints: Path | None = None) -> None:
+        amp_dtype = autocast_dtype(config.bf16, device, cpu_default=False)  # fp16 on a GPU without native bf16
         super().__init__(mlm, device=device, hooks=hooks, grad_clip=config.grad_clip, seed=config.seed,
-                         checkpoints=checkpoints)
+                         checkpoints=checkpoints, scaler=loss_scaler(device, amp_dtype))
         self.data, self.config, self.eval_data, self.identity = data, config, eval_data, identity or {}
-        self.amp_dtype = autocast_dtype(config.bf16, device, cpu_default=False)
+        self.amp_dtype = amp_dtype
         self.epochs, self.max_steps, self.warmup = config.epochs, total, int(config.warmup * total)
         self.log_every = config.log_every
         self.window_loss = torch.zeros((), device=device)
@@ -165,8 +166,9 @@ class MaskedLMTrainer(Loop):
             self.window_start = time.perf_counter() - self.window_seconds
 
     def add_to_window(self, step: Step) -> None:
-        self.window_loss += step.terms["loss"]
-        self.window_steps += 1
+        if not step.skipped:  # fp16's scaler skipped it: its loss may be inf
+            self.window_loss += step.terms["loss"]
+            self.window_steps += 1
         self.window_tokens += step.batch["tokens"]
 
     def log_due(self, step: Step) -> bool:
@@ -175,7 +177,7 @@ class MaskedLMTrainer(Loop):
     def log_values(self, step: Step) -> dict[str, float]:
         elapsed = time.perf_counter() - self.window_start
         values = {"epoch": self.global_step / self.data.steps_per_epoch,
-                  "loss": float(self.window_loss) / self.window_steps, "lr": step.lr,
+                  "loss": float(self.window_loss) / max(self.window_steps, 1), "lr": step.lr,
                   "tokens_per_s": self.window_tokens / max(elapsed, 1e-9)}
         self.window_loss.zero_()
         self.window_steps, self.window_tokens, self.window_start = 0, 0, time.perf_counter()

@@ -67,7 +67,7 @@ from tasks.selection import RunFiles, read_run_files, stream_file, tokenize_run_
 from tasks.training import distributed
 from tasks.training.progress import duration
 from tasks.training.rundir import RunDir, check_out_dir
-from tasks.training.hooks import CheckpointEvery, LogLines, MetricsFile, Plot, ProgressBar
+from tasks.training.hooks import CheckpointEvery, EarlyStopping, LogLines, MetricsFile, Plot, ProgressBar
 from tasks.training.loop import Evaluation, Hook
 from tasks.training.tensorboard import ReportToTensorBoard, check_available
 from tasks.task import MULTITASK
@@ -194,8 +194,10 @@ def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
 
 def run_hooks(cfg: TrainConfig, run_dir: RunDir) -> list[Hook]:
     """The hooks of a run with a run directory, in their order: the log and the progress bar, checkpoints every N
-    steps, metrics.jsonl, training.png, and TensorBoard with --report-to tensorboard (rank 0)."""
+    steps, early stopping with --early-stopping-patience, metrics.jsonl, training.png, and TensorBoard with
+    --report-to tensorboard (rank 0)."""
     hooks: list[Hook] = [LogLines(), ProgressBar(), CheckpointEvery(cfg.checkpoint_every),
+                         *([EarlyStopping(cfg.early_stopping_patience)] if cfg.early_stopping_patience else []),
                          MetricsFile(run_dir), Plot(run_dir)]
     if "tensorboard" in cfg.report_to and run_dir.writer:
         hooks.append(ReportToTensorBoard(run_dir.path / "tensorboard"))
@@ -215,7 +217,7 @@ def build_parts(cfg: TrainConfig, device: torch.device, inputs: RunInputs | None
     inputs = inputs if inputs is not None else read_inputs(cfg)
     set_threads(cfg.threads)
     set_rng_state(inputs.rng)
-    amp_dtype = autocast_dtype(cfg.bf16, device)
+    amp_dtype = autocast_dtype(cfg.bf16, device, fp16=cfg.fp16)
     configure_device(device, cfg.deterministic)
     tokenizer = inputs.tokenizer
     data = tokenize_run_data(inputs.files, cfg, tokenizer)
@@ -275,6 +277,7 @@ def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     record = {"final": True, "best_epoch": summary["best"]["epoch"], "predictions_from": str(source),
               "dev": final["dev"], **{k: final[k] for k in extra},  # training-set metrics, objectives' inference
               **({"swa": swa} if swa else {}),
+              **({"stopped_early": summary["epochs"]} if summary["epochs"] < trainer.training_epochs else {}),
               "process_time_s": round(time.perf_counter() - t0, 1), "predictions": final["files"],
               "skipped": final["skipped"], "rows_skipped": final["rows_skipped"],
               **({"incomplete": final["incomplete"]} if final["incomplete"] else {})}

@@ -86,7 +86,7 @@ from tasks.storage import atomic_directory
 from tasks.training.loop import Evaluation, Hook, Loop
 from tasks.training.optim import adamw, build_schedule, lr_scale
 from tasks.training.rundir import RunDir
-from tasks.runtime import autocast, busy_cpu_note, precision_note, seed_everything
+from tasks.runtime import autocast, busy_cpu_note, loss_scaler, precision_note, seed_everything
 from tasks.evaluation.metrics import describe_selection
 from tasks.logs import count
 from tasks.task import get_task
@@ -113,7 +113,8 @@ class Trainer(Loop):
     def __init__(self, cfg: TrainConfig, parts: Parts, *, device: torch.device, hooks: Sequence[Hook] = (),
                  run_dir: RunDir | None = None, resume: ResumePoint | None = None) -> None:
         super().__init__(parts.model, device=device, hooks=hooks, grad_clip=cfg.grad_clip, seed=cfg.seed,
-                         checkpoints=run_dir.checkpoints if run_dir is not None else None)
+                         checkpoints=run_dir.checkpoints if run_dir is not None else None,
+                         scaler=loss_scaler(device, parts.amp_dtype), accumulation=cfg.gradient_accumulation_steps)
         self.stages = stages_of(cfg)
         self.cfg, self.run_dir = cfg, run_dir
         self.objectives = parts.objectives
@@ -131,6 +132,10 @@ class Trainer(Loop):
                            "queues): this run is not the one a single process with the same batch size would make",
                            self.world_size, ", ".join(coupled),
                            {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
+        if coupled and self.accumulation > 1 and self.rank == 0:
+            logger.info("gradient accumulation: objective(s) %s couple the examples of a batch and see each "
+                        "micro-batch (%s) as their batch, not the optimizer step's %s", ", ".join(coupled),
+                        {s: b // self.world_size for s, b in cfg.batch_sizes().items()}, cfg.step_batch_sizes())
         # The stage of the position to start from decides which parameters the optimizer sees (one that starts from
         # the best checkpoint, SWA's, is entered when its first epoch starts: the run stands in the stage before).
         self.current = self.stage_at(min(resume.state["epoch"] if resume is not None else 0, self.training_epochs - 1))
@@ -260,13 +265,17 @@ class Trainer(Loop):
         if self.rank == 0:
             logger.info("%s, %s, %s | plan: %s x %s steps (%d to go): %s examples an epoch; dev scores "
                         "after each epoch on %s; then the best epoch predicts the whole dev and test sets%s",
-                        self.device, precision_note(cfg.bf16, self.device, self.amp_dtype),
+                        self.device, precision_note(cfg.bf16, self.device, self.amp_dtype, fp16=cfg.fp16),
                         count(torch.get_num_threads(), "thread"), count(len(plans), "epoch"),
                         "/".join(str(len(p)) for p in plans.values()), steps,
                         ", ".join(f"{t} {n}" for t, n in per_task.items()),
                         ", ".join(f"{t} {n}" for t, n in dev.items()),
                         " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).symmetric for t in dev)
                         else "")
+            if self.accumulation > 1:
+                logger.info("gradient accumulation: each optimizer step takes %d micro-batches (%s examples a "
+                            "step, in micro-batches of %s); the learning rate schedule and the step counts count "
+                            "optimizer steps", self.accumulation, cfg.step_batch_sizes(), cfg.batch_sizes())
             if busy := busy_cpu_note(torch.get_num_threads(), self.device):
                 logger.warning(busy)
             for task in cfg.tasks:  # what a user's task file made of the task
@@ -328,6 +337,7 @@ class Trainer(Loop):
                   "dev": jsonable(metrics), "dev_examples": {t: len(d) for t, d in self.dev_sets.items()},
                   "train_time_s": round(train_time, 2), "eval_time_s": round(eval_time, 2),
                   "elapsed_s": round(self.elapsed, 2), "best": improved,
+                  **({"skipped_steps": self.skipped_steps} if self.scaler is not None else {}),  # fp16's
                   **({"data": self.data} if self.epoch == 0 and self.data else {})}  # every file's ReadReport
         self.history.append(record)
         if improved:

@@ -56,9 +56,10 @@ def dry_run(tiny_pack, tmp_path_factory):
 def test_the_dry_run_runs_every_step_and_reports_each(dry_run):
     """Every step ends "ok" (compile, probed only, "skipped") with its figures in report.json and a section in
     report.md, in order: versions and peaks, the gpu-marked tests (skipped without CUDA), the encoder table, the
-    default recipe's scores and peak memory beside the CPU reference, a resume killed at its first mid-epoch
-    checkpoint and byte-identical, the step speeds, a process group and a run under torchrun. Every section holds
-    its progress lines; each run's train.log is under logs/, and the report is what $OUT can bring back."""
+    default recipe's scores and peak memory beside the CPU reference, a short run forced to fp16 (the log names it)
+    beside bf16 with the steps the scaler skipped, batch 32 beside 16 x 2 accumulated, a resume killed at its first
+    mid-epoch checkpoint and byte-identical, the step speeds, a process group and a run under torchrun. Every section
+    holds its progress lines; each run's train.log is under logs/, and the report is what $OUT can bring back."""
     report, work = dry_run
     data = json.loads((report / "report.json").read_text())["steps"]
     assert list(data) == list(check.STEPS)
@@ -83,6 +84,13 @@ def test_the_dry_run_runs_every_step_and_reports_each(dry_run):
     assert 0 < resume["checkpoint_every"] < resume["steps_per_epoch"] <= 3 * resume["checkpoint_every"]
     assert json.loads((work / "resume-whole" / "config.json").read_text())["checkpoint_every"] == 0
     assert "checkpoints/best/model.safetensors" in resume["identical"]
+    fp16, bf16 = data["fp16"]["runs"]["fp16"], data["fp16"]["runs"]["bf16"]
+    assert fp16["exit"] == bf16["exit"] == 0 and 0 <= fp16["dev"]["overall"] <= 1
+    assert fp16["epochs"][-1]["skipped_steps"] < fp16["epochs"][-1]["global_step"] and "skipped_steps" not in \
+        bf16["epochs"][-1]
+    assert "fp16 autocast with dynamic loss scaling (--fp16" in (report / "report.md").read_text()
+    accumulation = data["accumulation"]
+    assert set(accumulation["runs"]) == {"batch32", "batch16x2"} and accumulation["overall_difference"] < 0.05
     assert set(data["step"]["step"]) == {"MiniLM", "bert-base"}
     group = data["torchrun"]["process_group"]
     assert (group["backend"], group["world_size"], group["all_reduce"]) == ("gloo", 1, group["expected"])

@@ -142,6 +142,49 @@ def _distill_targets(obj: Distill, device: torch.device) -> None:
                                 ("para", torch.rand(N, generator=g)), ("sts", torch.rand(N, generator=g) * 5))}
 
 
+@pytest.mark.parametrize("name,pair_encoding", META_CASES)
+def test_every_objective_stays_finite_in_fp16(name, pair_encoding):
+    """Under fp16 autocast with dynamic loss scaling (the path of a GPU without native bf16, here on the CPU: torch's
+    CPU autocast in float16, GradScaler("cpu")), every objective's terms are finite, and on every stream it applies
+    to the scaler finds within a few halvings of its first scale (2**16) a scale of at least 2**8 at which the
+    gradients are finite and the optimizer steps: the adversarial ones (SMART, RIFT), the KNN queue, MNR's and
+    SimCSE's scaled similarities, distillation's temperatures. (At 2**16 a first step may overflow, the plain STS
+    head's too: that is what the scaler is for.)"""
+    torch.manual_seed(0)
+    cpu = torch.device("cpu")
+    model = MultitaskBert(BertModel(tiny_config()), ModelConfig(arch="b1", pair_encoding=pair_encoding, fcn_size=16))
+    model.train()
+    (obj,) = build_objectives({name: meta_settings(pair_encoding)[name]}, model)
+    if isinstance(obj, Distill):
+        _distill_targets(obj, cpu)
+    opt = AdamW([*model.parameters(), *obj.parameters()], lr=1e-3, weight_decay=0.01, decay="before")
+    streams = [s for s in ("sst", "para", "sts", "nli") if obj.applies_to(s)
+               and not (s == "nli" and pair_encoding == "cross")]
+    for step, stream in enumerate(streams):
+        scaler = torch.amp.GradScaler("cpu")
+        batch = meta_batch(stream, pair_encoding, seed=step, device=cpu)
+        for _ in range(8):  # halvings: 2**16 down to 2**8
+            with torch.autocast("cpu", dtype=torch.float16):
+                out, total = None, None
+                if stream != "nli":
+                    out = model(stream, batch)
+                    total = obj.task_loss_scale * model.task_loss(stream, out, batch)
+                terms = obj(model, stream, batch, out)
+            for term_name, term in terms.items():
+                assert torch.isfinite(term), (stream, term_name, term)
+                weighted = obj.term_weight(term_name) * term
+                total = weighted if total is None else total + weighted
+            scale = scaler.get_scale()
+            scaler.scale(total).backward()
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            if scaler.get_scale() >= scale:
+                break
+        assert scaler.get_scale() >= scale >= 2**8, (stream, "no scale gave finite gradients", scale)
+        obj.on_step_end(model)
+
+
 @dataclass
 class ProbeConfig(ObjectiveConfig):
     weight: float = 0.5

@@ -9,7 +9,7 @@ import logging
 
 import torch
 
-from tasks.training.hooks import CheckpointEvery, LogLines, MetricsFile
+from tasks.training.hooks import CheckpointEvery, EarlyStopping, LogLines, MetricsFile
 from tasks.training.loop import Control, Evaluation, Step, TrainingState
 
 
@@ -88,3 +88,34 @@ def test_metrics_file_continues_a_resumed_runs_records(tmp_path):
     assert written == [{"epoch": 1}, {"epoch": 2}]
     hook.on_train_start(state(history=history), Control())  # a fresh run: nothing rewritten
     assert written == [{"epoch": 1}, {"epoch": 2}]
+
+
+def test_early_stopping_stops_after_patience_epochs_without_a_better_score_and_stays_stopped(caplog):
+    """patience 2: an epoch that improves resets the count; two scored epochs in a row without a better overall stop
+    training (the count read from the records, so a resumed run counts on); a run resumed after it stopped stops
+    before training; SWA's unscored epochs count nothing."""
+    hook = EarlyStopping(2)
+    records = []
+
+    def end(epoch: int, best: bool, **changes) -> bool:
+        records.append({"epoch": epoch, "dev": {"overall": 0.5}, "best": best})
+        control = Control()
+        hook.on_epoch_end(state(epoch=epoch, history=list(records), training_epochs=10, epochs=10,
+                                best={"epoch": 1, "score": 0.5}, **changes), control, records[-1])
+        return control.should_training_stop
+
+    with caplog.at_level(logging.INFO, logger="tasks.training.hooks"):
+        assert not end(1, True) and not end(2, False) and not end(3, True) and not end(4, False)
+        assert end(5, False)
+    assert "early stopping: the dev overall has not improved for 2 epochs (patience 2; best: epoch 1, 0.5000): " \
+           "training stops after epoch 5 of 10" in caplog.messages[-1]
+    control = Control()
+    hook.on_train_start(state(epoch=5, history=list(records), training_epochs=10, epochs=10), control)
+    assert control.should_training_stop  # resumed after stopping
+    control = Control()
+    hook.on_train_start(state(epoch=4, history=records[:4], training_epochs=10, epochs=10), control)
+    assert not control.should_training_stop  # resumed before: it counts on (one epoch without a better score)
+    unscored = Control()
+    hook.on_epoch_end(state(epoch=11, history=list(records), training_epochs=10, epochs=11), unscored,
+                      {"epoch": 11, "stage": "swa", "train": {}})
+    assert not unscored.should_training_stop

@@ -1,7 +1,8 @@
 """Tests of tasks/training/loop.py: the hooks' events as a user's hook sees them through run() (every step and its
 optimizer step, log window, evaluation, checkpoint and record, SWA's epochs included) with the state it is given,
 a hook that stops the loop, asks for a log line or an evaluation every N steps through its control, a hook whose
-state travels with a checkpoint, and checkpoints every N steps."""
+state travels with a checkpoint, and checkpoints every N steps; fp16's loss scaling (a skipped step, a run whose
+every step overflows, clipping after unscaling, an exact resume) and gradient accumulation."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tasks.training import loop as loop_module
 from tasks.training.loop import Hook
 from tasks.training.run import run, trainer_for
+from tasks.training.trainer import Trainer
 from tests.helpers import Interrupt, StopAt, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -211,3 +214,170 @@ def test_a_hooks_state_travels_with_the_checkpoint(tiny_env, tmp_path):
     resumed = Counter()
     trainer_for(cfg, hooks=[resumed], resume_from=tmp_path / "cut" / "checkpoints" / "last").fit()
     assert resumed.steps == whole.steps > 9
+
+
+# ---- fp16 with loss scaling, gradient accumulation (issue: the GPUs people have) ------------------------------
+
+
+def _fp16(env, out_dir, **overrides):
+    """The tiny run in fp16 with loss scaling on the CPU: torch's CPU autocast in float16 and GradScaler("cpu"), the
+    path a T4 takes."""
+    return tiny_train_config(env, out_dir, bf16=None, fp16=True, **overrides)
+
+
+def overflow(trainer, at: set[int]) -> None:
+    """Make the loss of the steps at global steps ``at`` infinite (an fp16 overflow), through ``step_loss``."""
+    real = trainer.step_loss
+
+    def step_loss(stream, batch):
+        loss, terms = real(stream, batch)
+        return (loss * float("inf"), terms) if trainer.global_step in at else (loss, terms)
+
+    trainer.step_loss = step_loss
+
+
+def test_an_fp16_overflow_skips_the_step_and_halves_the_scale(tiny_env, tmp_path, caplog):
+    """A step whose fp16 gradients are not finite leaves every weight as it was, halves the loss scale and is
+    counted (the trainer's, the log line's and the epoch record's skipped steps); the next step trains again."""
+    trainer = trainer_for(_fp16(tiny_env, tmp_path / "run", epochs=1, log_every=4))
+    assert trainer.scaler is not None and trainer.amp_dtype == torch.float16
+    overflow(trainer, at={3})
+    seen = []
+
+    class Watch(Hook):
+        def on_step_begin(self, state, control):
+            seen.append(({k: v.clone() for k, v in trainer.model.state_dict().items()}, trainer.scaler.get_scale()))
+
+    trainer.hooks.append(Watch())
+    with caplog.at_level("INFO", logger="tasks"):
+        trainer.fit()
+    (before, scale_3), (after, scale_4) = seen[3], seen[4]
+    assert all(torch.equal(before[k], after[k]) for k in before)  # step 4 (global step 3) was skipped
+    assert scale_4 == scale_3 / 2
+    assert any(not torch.equal(a, b) for a, b in zip(seen[4][0].values(), seen[5][0].values()))  # the next trains
+    assert trainer.skipped_steps == 1 and trainer.history[-1]["skipped_steps"] == 1
+    assert any("fp16 steps skipped 1" in m for m in caplog.messages)
+    assert any("fp16 autocast with dynamic loss scaling (--fp16; emulated on a CPU" in m for m in caplog.messages)
+
+
+def test_an_fp16_run_whose_every_step_overflows_stops_saying_so(tiny_env, tmp_path, monkeypatch):
+    """Every step skipped (the loss itself not finite in fp16): after MAX_SKIPPED_IN_A_ROW of them the run stops
+    with a ValueError (one line, exit status 1 from the command) that says what to do."""
+    monkeypatch.setattr(loop_module, "MAX_SKIPPED_IN_A_ROW", 4)
+    trainer = trainer_for(_fp16(tiny_env, tmp_path / "run", epochs=1))
+    overflow(trainer, at=set(range(100)))
+    with pytest.raises(ValueError, match=r"fp16: the last 4 optimizer steps were all skipped.*--no-bf16"):
+        trainer.fit()
+    assert trainer.global_step == 3  # the fourth skipped step raised
+
+
+def test_fp16_clips_the_unscaled_gradients(tiny_env, tmp_path):
+    """Clipping acts on the true gradients: the gradients the optimizer gets under fp16 are unscaled before the
+    clipping (a clip of 100 that the true norm never reaches leaves them as fp32's, within fp16's rounding); clipped
+    while still scaled by 65,536 they would be cut to the clip's norm."""
+    norms = {}
+    for name, cfg in (("fp32", tiny_train_config(tiny_env, tmp_path / "a", epochs=1, grad_clip=100.0)),
+                      ("fp16", _fp16(tiny_env, tmp_path / "b", epochs=1, grad_clip=100.0))):
+        trainer = trainer_for(cfg)
+
+        class Norm(Hook):
+            def on_pre_optimizer_step(self, state, control):
+                if state.global_step == 0:
+                    norms[name] = float(torch.linalg.vector_norm(
+                        torch.stack([torch.linalg.vector_norm(p.grad) for p in trainer.params if p.grad is not None])))
+                    control.should_training_stop = True
+
+        trainer.hooks.append(Norm())
+        trainer.fit()
+    assert 1e-3 < norms["fp32"] < 10
+    assert norms["fp16"] == pytest.approx(norms["fp32"], rel=0.05)
+
+
+def test_an_fp16_run_cut_and_resumed_ends_as_the_whole_run(tiny_env, tmp_path):
+    """fp16 with loss scaling resumes exactly: the scaler's scale and growth count travel in the checkpoint, so a
+    run cut mid-epoch (after a skipped step) ends with the whole run's weights, optimizer and scale, bit for bit,
+    and the same dev predictions."""
+    runs = {}
+    for name in ("full", "cut"):
+        cfg = _fp16(tiny_env, tmp_path / name, checkpoint_every=4)
+        trainer = trainer_for(cfg, hooks=[StopAt(step=9)] if name == "cut" else [])
+        overflow(trainer, at={2})
+        if name == "cut":
+            with pytest.raises(Interrupt):
+                trainer.fit()
+            state = json.loads((tmp_path / "cut" / "checkpoints" / "last" / "state.json").read_text())
+            assert state["scaler"]["skipped_steps"] == 1 and state["scaler"]["scale"] == 2.0 ** 15
+            trainer = trainer_for(cfg, resume_from=tmp_path / "cut" / "checkpoints" / "last")
+        trainer.fit()
+        runs[name] = trainer
+    full, resumed = runs["full"], runs["cut"]
+    assert resumed.scaler.state_dict() == full.scaler.state_dict() and resumed.skipped_steps == 1
+    for k, v in full.model.state_dict().items():
+        assert torch.equal(v, resumed.model.state_dict()[k]), k
+    assert [r["dev"] for r in resumed.history] == [r["dev"] for r in full.history]
+
+
+def _grads_of_first_step(env, out_dir, **overrides):
+    """(the gradients of the first optimizer step, the batches step_loss saw, all-reduce calls) of a tiny run
+    without dropout (the masks of two micro-batches are other draws than one batch's)."""
+    trainer = trainer_for(tiny_train_config(env, out_dir, epochs=1, encoder_dropout=0.0,
+                                            model={"head_dropout": 0.0}, **overrides))
+    rows, calls, grads = [], [], {}
+    real_loss = trainer.step_loss
+
+    def step_loss(stream, batch):
+        rows.append(len(batch["ids"]))
+        return real_loss(stream, batch)
+
+    trainer.step_loss = step_loss
+
+    class Grab(Hook):
+        def on_pre_optimizer_step(self, state, control):
+            if state.global_step == 0:
+                grads.update({n: p.grad.clone() for n, p in zip(trainer.param_names, trainer.params)
+                              if p.grad is not None})
+                control.should_training_stop = True
+
+    trainer.hooks.append(Grab())
+    real_reduce = loop_module.distributed.all_reduce_gradients
+    loop_module.distributed.all_reduce_gradients = lambda params: (calls.append(1), real_reduce(params))
+    try:
+        trainer.fit()
+    finally:
+        loop_module.distributed.all_reduce_gradients = real_reduce
+    return grads, rows, calls, trainer
+
+
+def test_gradient_accumulation_gives_the_large_batchs_gradients(tiny_env, tmp_path):
+    """--batch-size 4 --gradient-accumulation-steps 2 plans the same steps as --batch-size 8 (the schedule counts
+    optimizer steps) and takes each as two micro-batches of 4 rows, whose summed gradients are the batch of 8's
+    within fp32 rounding; the gradients are reduced once a step (under torchrun: no sync between micro-batches)."""
+    big, big_rows, big_calls, a = _grads_of_first_step(tiny_env, tmp_path / "big", batch_size=8)
+    acc, acc_rows, acc_calls, b = _grads_of_first_step(tiny_env, tmp_path / "acc", batch_size=4,
+                                                       gradient_accumulation_steps=2)
+    assert [len(p) for p in a.schedule.epoch_plan(0)] == [len(p) for p in b.schedule.epoch_plan(0)]
+    assert a.schedule.epoch_plan(0) == b.schedule.epoch_plan(0)
+    assert big_rows == [8] and acc_rows == [4, 4] and big_calls == acc_calls == [1]
+    assert big.keys() == acc.keys() and big
+    for name in big:
+        torch.testing.assert_close(acc[name], big[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_early_stopping_ends_a_run_whose_dev_score_stops_improving_and_a_resume_keeps_it(tiny_env, tmp_path,
+                                                                                        monkeypatch):
+    """--early-stopping-patience 1 on a 4-epoch run whose dev overall is best after epoch 1: training stops after
+    epoch 2, the best epoch (1) predicts the dev and test sets as after a full run, and --resume trains nothing
+    more (the count is in the checkpoint's records)."""
+    scores = iter([0.6, 0.5, 0.7, 0.8] * 2)
+
+    def evaluate_dev(self, model=None):
+        return {"overall": next(scores), "sst_acc": 0.5}
+
+    monkeypatch.setattr(Trainer, "evaluate_dev", evaluate_dev)
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=4, early_stopping_patience=1)
+    record = run(cfg)
+    assert record["stopped_early"] == 2 and record["best_epoch"] == 1
+    assert (tmp_path / "run" / "predictions" / "sst-dev-output.csv").is_file()
+    resumed = trainer_for(cfg, resume_from=tmp_path / "run" / "checkpoints" / "last")
+    resumed.fit()
+    assert resumed.epoch == 2 and len(resumed.history) == 2
