@@ -135,6 +135,8 @@ VARIANTS = {
     "pad8": "ours, lengths padded to a multiple of 8",
     "compile": "ours with the encoder under torch.compile (--compile)",
     "randmask": "ours with dropout masks from float32 uniforms (torch.rand >= p)",
+    "bytemask": "ours with dropout masks from bytes, three a draw (--dropout-masks bytes)",
+    "frozen2": "ours with the embeddings and the lowest 2 layers frozen (--freeze-layers 2)",
 }
 DEFAULT_VARIANTS = ("ours", "fixed", "hf")
 PHASES = ("forward + loss", "backward + grad clip", "optimizer step")  # of Trainer.train_step, as _Phases marks them
@@ -242,7 +244,7 @@ class Variant:
     patch: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext  # around its steps
 
 
-def _rand_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+def _rand_mask(x: torch.Tensor, p: float, masks: str = "exact") -> torch.Tensor:
     """The dropout mask as float32 uniforms compared with p: what minbert.bert.dropout_mask computes, the slow way."""
     dtype = x.dtype if x.dtype in (torch.float32, torch.float64) else torch.float32
     return torch.rand(x.shape, dtype=dtype, device=x.device).ge_(p)
@@ -287,6 +289,15 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
     elif name == "randmask":
         trainer = clone_trainer(base, copy.deepcopy(base.model))
         patch = functools.partial(unittest.mock.patch.object, bert, "dropout_mask", _rand_mask)
+    elif name == "bytemask":
+        trainer = clone_trainer(base, copy.deepcopy(base.model))
+        for module in trainer.model.encoder.modules():
+            if hasattr(module, "masks"):
+                module.masks = "bytes"
+    elif name == "frozen2":
+        model = copy.deepcopy(base.model)
+        model.encoder.freeze_bottom(2)  # before the optimizer is built: it takes the trainable parameters
+        trainer = clone_trainer(base, model, freeze_layers=2)
     plan = schedule.epoch_plan(0)
     if len(plan) < warmup + steps:
         raise ValueError(f"epoch 0 has {len(plan)} steps, fewer than warmup {warmup} + steps {steps}")
@@ -626,13 +637,14 @@ def step_floors(v: Variant, lrs: Sequence[float], flops_per_step: float, peak_fl
         nonlocal draws
         draws += x.numel() if training and p > 0 else 0
 
-    def counted_dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    def counted_dropout(x: torch.Tensor, p: float, training: bool, masks: str = "exact") -> torch.Tensor:
         count(x, p, training)
-        return real_dropout(x, p, training)
+        return real_dropout(x, p, training, masks)
 
-    def counted_dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    def counted_dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: bool,
+                            masks: str = "exact") -> torch.Tensor:
         count(x, p, training)
-        return real_dropout_add(x, residual, p, training)
+        return real_dropout_add(x, residual, p, training, masks)
 
     real_dropout, real_dropout_add = bert.dropout, bert.dropout_add
     with (unittest.mock.patch.object(bert, "dropout", counted_dropout),

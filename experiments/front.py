@@ -5,7 +5,8 @@ measure), so this sweep measures the levers that change what a run costs, each a
 or a few flags changed, against the default itself, paired by seed:
 
   examples an epoch per stream (Quora pairs, SST phrases), epochs and the schedule's peak learning rate, the
-  longest sequence, the encoder's dropout, and combinations of them
+  longest sequence, the encoder's dropout (off, or its masks from fewer generator draws), the layers trained (the
+  embeddings and the lowest layers frozen), and combinations of them
 
 Every point runs once per seed in ``<out-dir>/<point>/seed<k>`` (``--save-only-model``; a finished run is reused,
 one cut short resumes: experiments/sweep.py); the same seed draws the same data slices and batch order in every
@@ -57,7 +58,10 @@ POINTS: dict[str, tuple[str, list[str]]] = {
     "para12k": ("12,000 Quora pairs an epoch instead of 23,000", ["--max-train-examples", "para=12000"]),
     "phr8k": ("8,544 SST phrases an epoch instead of 17,088", ["--sst-phrases-per-epoch", "8544"]),
     "nodrop": ("no dropout in the encoder", ["--encoder-dropout", "0"]),
+    "bytes": ("dropout masks from a third of the generator's draws", ["--dropout-masks", "bytes"]),
     "len64": ("sequences cut at 64 tokens instead of 128", ["--max-length", "64"]),
+    "frz0": ("the word, position and type embeddings frozen", ["--freeze-layers", "0"]),
+    "frz2": ("the embeddings and the lowest 2 of 6 layers frozen", ["--freeze-layers", "2"]),
 }
 
 

@@ -37,7 +37,13 @@ def keep_threshold(p: float) -> int:
     return math.ceil(float(torch.tensor(p, dtype=torch.float32)) * 2**_UNIFORM_BITS)
 
 
-def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+def byte_drop_probability(p: float) -> float:
+    """The probability a "bytes" mask drops an element: p rounded up to a multiple of 1/256 (0.1 -> 26/256 =
+    0.1016), since each element's uniform is one byte."""
+    return math.ceil(p * 256) / 256
+
+
+def dropout_mask(x: torch.Tensor, p: float, masks: str = "exact") -> torch.Tensor:
     """A {0, 1} mask keeping each element of ``x`` with probability 1 - p: ``torch.rand(x.shape) >= p``.
 
     Drawn as uniform(0, 1) >= p: on CPU this is faster than ``bernoulli_``
@@ -59,20 +65,41 @@ def dropout_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     """
     if x.dtype == torch.float64:
         return torch.rand(x.shape, dtype=torch.float64, device=x.device).ge_(p)
+    if masks == "bytes":
+        return _byte_mask(x, p)
     bits = torch.empty(x.shape, dtype=torch.int32, device=x.device).random_()
     return bits.bitwise_and_(2**_UNIFORM_BITS - 1).ge_(keep_threshold(p)).to(torch.float32)
 
 
-def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """Inverted dropout, as ``F.dropout``; the fast mask on CPU, PyTorch's kernel elsewhere."""
+def _byte_mask(x: torch.Tensor, p: float) -> torch.Tensor:
+    """A mask of ``masks="bytes"``: three elements' uniforms from each 32-bit draw of torch's serial CPU generator
+    (the low three bytes of an int32 ``random_()``, whose top bit is always 0), an element kept where its byte is
+    at least 256 · ``byte_drop_probability(p)``. A third of the draws of an exact mask, so a third of the time the
+    generator takes (benchmarks/README.md); the drop probability is p rounded up to 1/256, and the masks are
+    other draws than the exact ones: a run's numbers change."""
+    n = x.numel()
+    words = torch.empty((n + 2) // 3, dtype=torch.int32, device=x.device).random_()
+    uniforms = words.view(torch.uint8).view(-1, 4)[:, :3].reshape(-1)[:n]  # little-endian: the low three bytes
+    return uniforms.ge_(round(byte_drop_probability(p) * 256)).view(x.shape).to(torch.float32)
+
+
+def _kept(p: float, masks: str) -> float:
+    """The probability a mask keeps an element: 1 - p, or 1 - p rounded (``byte_drop_probability``) for bytes."""
+    return 1.0 - (byte_drop_probability(p) if masks == "bytes" else p)
+
+
+def dropout(x: torch.Tensor, p: float, training: bool, masks: str = "exact") -> torch.Tensor:
+    """Inverted dropout, as ``F.dropout``; the fast mask on CPU (``masks``: ``dropout_mask``), PyTorch's kernel
+    elsewhere."""
     if not training or p == 0.0:
         return x
     if x.device.type != "cpu":
         return F.dropout(x, p, True)
-    return x * dropout_mask(x, p).mul_(1.0 / (1.0 - p)).to(x.dtype)
+    return x * dropout_mask(x, p, masks).mul_(1.0 / _kept(p, masks)).to(x.dtype)
 
 
-def dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+def dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: bool,
+                masks: str = "exact") -> torch.Tensor:
     """``residual + dropout(x)`` in one pass (addcmul) instead of two on CPU.
 
     Under autocast ``x`` (a linear layer's output) is bf16 and ``residual`` (a
@@ -82,8 +109,8 @@ def dropout_add(x: torch.Tensor, residual: torch.Tensor, p: float, training: boo
         return x + residual
     if x.device.type != "cpu":
         return F.dropout(x, p, True) + residual
-    mask = dropout_mask(x, p).to(torch.promote_types(x.dtype, residual.dtype))  # the dtype of x + residual
-    return torch.addcmul(residual, x, mask, value=1.0 / (1.0 - p))
+    mask = dropout_mask(x, p, masks).to(torch.promote_types(x.dtype, residual.dtype))  # the dtype of x + residual
+    return torch.addcmul(residual, x, mask, value=1.0 / _kept(p, masks))
 
 
 def activation(name: str):
@@ -106,7 +133,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout_p = config.hidden_dropout_prob
+        self.dropout_p, self.masks = config.hidden_dropout_prob, config.dropout_masks
         self.max_positions = config.max_position_embeddings
 
     def forward(
@@ -128,7 +155,7 @@ class BertEmbeddings(nn.Module):
             token_type_ids = torch.zeros((B, T), dtype=torch.long, device=inputs_embeds.device)
         pos = self.position_embeddings.weight[:T]  # (T, H), broadcast over B
         x = inputs_embeds + self.token_type_embeddings(token_type_ids) + pos
-        return dropout(self.LayerNorm(x), self.dropout_p, self.training)
+        return dropout(self.LayerNorm(x), self.dropout_p, self.training, self.masks)
 
 
 class BertSelfAttention(nn.Module):
@@ -145,7 +172,7 @@ class BertSelfAttention(nn.Module):
         self.head_dim = config.head_dim
         self.hidden_size = config.hidden_size
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
-        self.dropout_p = config.attention_probs_dropout_prob
+        self.dropout_p, self.masks = config.attention_probs_dropout_prob, config.dropout_masks
         self.impl = config.attn_implementation
         self._register_state_dict_hook(_split_qkv)
         self._register_load_state_dict_pre_hook(_fuse_qkv, with_module=True)
@@ -163,7 +190,7 @@ class BertSelfAttention(nn.Module):
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, T, T)
             if mask is not None:
                 att = att + mask
-            att = dropout(att.softmax(dim=-1), p, self.training)
+            att = dropout(att.softmax(dim=-1), p, self.training, self.masks)
             y = att @ v  # (B, nh, T, hs)
         return y.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
 
@@ -195,10 +222,11 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout_p = config.hidden_dropout_prob
+        self.dropout_p, self.masks = config.hidden_dropout_prob, config.dropout_masks
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(dropout_add(self.dense(h), residual, self.dropout_p, self.training))  # post-LN
+        # post-LN
+        return self.LayerNorm(dropout_add(self.dense(h), residual, self.dropout_p, self.training, self.masks))
 
 
 class BertAttention(nn.Module):
@@ -226,10 +254,10 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout_p = config.hidden_dropout_prob
+        self.dropout_p, self.masks = config.hidden_dropout_prob, config.dropout_masks
 
     def forward(self, h: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        return self.LayerNorm(dropout_add(self.dense(h), residual, self.dropout_p, self.training))
+        return self.LayerNorm(dropout_add(self.dense(h), residual, self.dropout_p, self.training, self.masks))
 
 
 class BertLayer(nn.Module):
@@ -308,6 +336,17 @@ class BertModel(nn.Module):
         elif isinstance(module, nn.LayerNorm):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
+
+    def freeze_bottom(self, n: int) -> None:
+        """Train no more the embeddings and the lowest ``n`` layers (``requires_grad`` False): backward then stops at
+        the lowest layer that trains, and the optimizer and gradient clipping skip the frozen weights (the word
+        embeddings are half of MiniLM's)."""
+        layers = self.encoder.layer
+        if not 0 <= n <= len(layers):
+            raise ValueError(f"cannot freeze {n} layers of an encoder of {len(layers)}")
+        self.embeddings.requires_grad_(False)
+        for layer in layers[:n]:
+            layer.requires_grad_(False)
 
     def reinit_top_layers(self, n: int, pooler: bool = True) -> None:
         """Re-initialise the top ``n`` encoder layers (and the pooler, with ``pooler``) as a fresh model's, from

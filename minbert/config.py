@@ -20,7 +20,8 @@ from typing import Any
 ACTIVATIONS = ("gelu", "gelu_new", "gelu_pytorch_tanh", "relu")
 ATTN_IMPLEMENTATIONS = ("sdpa", "math")
 # Ours, not HF's: how this process runs the encoder; left out of a HF config.json.
-RUNTIME_FIELDS = ("attn_implementation", "gradient_checkpointing")
+RUNTIME_FIELDS = ("attn_implementation", "gradient_checkpointing", "dropout_masks")
+DROPOUT_MASKS = ("exact", "bytes")
 
 # Keys of HF configs that describe training or bookkeeping only: kept in `extra`.
 # Keys listed in _MUST_BE are accepted only with the value that our encoder computes.
@@ -51,6 +52,9 @@ class BertConfig:
     attn_implementation: str = "sdpa"
     # Recompute each layer's activations in backward to save memory (bert-base on small GPUs).
     gradient_checkpointing: bool = False
+    # How dropout masks are drawn on a CPU (minbert.bert.dropout_mask): "exact" (24 bits of one draw an element) or
+    # "bytes" (three elements a draw: p rounded up to 1/256).
+    dropout_masks: str = "exact"
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -61,6 +65,8 @@ class BertConfig:
             )
         if self.hidden_act not in ACTIVATIONS:
             raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; choose one of {ACTIVATIONS}")
+        if self.dropout_masks not in DROPOUT_MASKS:
+            raise ValueError(f"dropout_masks {self.dropout_masks!r} is not one of {DROPOUT_MASKS}")
         if self.attn_implementation not in ATTN_IMPLEMENTATIONS:
             raise ValueError(
                 f"attn_implementation {self.attn_implementation!r} is not one of {ATTN_IMPLEMENTATIONS}"

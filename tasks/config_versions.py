@@ -210,16 +210,17 @@ def read_as_version_3(d: dict[str, Any]) -> dict[str, Any]:
     return {**d, "user_tasks": entries}
 
 
-# ---- fp16, gradient accumulation, early stopping ----
+# ---- fp16, gradient accumulation, early stopping, frozen layers, dropout masks ----
 
 # Each field this version adds, with the value every run before it trained with.
-TRAINING_CONTROLS = {"fp16": False, "gradient_accumulation_steps": 1, "early_stopping_patience": 0}
+TRAINING_CONTROLS = {"fp16": False, "gradient_accumulation_steps": 1, "early_stopping_patience": 0,
+                     "freeze_layers": None, "dropout_masks": "exact"}
 
 
 def add_training_controls(d: dict[str, Any]) -> dict[str, Any]:
-    """fp16 with loss scaling (--fp16), gradient accumulation and early stopping come in, off as every run before
-    trained (TRAINING_CONTROLS). A file of some fields gets none of them: it takes today's defaults, which are the
-    same."""
+    """fp16 with loss scaling (--fp16), gradient accumulation, early stopping, frozen lower layers and the dropout
+    masks' generator come in, off (or as they were drawn) as every run before trained (TRAINING_CONTROLS). A file of
+    some fields gets none of them: it takes today's defaults, which are the same."""
     if not set(_SAVED_RUN) <= set(d):
         return d
     return {**TRAINING_CONTROLS, **d}

@@ -32,6 +32,7 @@ from tasks.objectives import objective_config, objective_values, recorded_module
 from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
 from tasks.task import GLUE, MULTITASK, ExtraStream, Prior, Task, get_task, register_task, stream_task, task_names
 from tasks.task_file import check_unchanged, read_declaration
+from minbert.config import DROPOUT_MASKS
 from tasks.runtime import check_device_string
 
 LR_SCHEDULES = ("constant", "epoch_decay", "warmup_linear")
@@ -216,6 +217,13 @@ class TrainConfig:
     encoder_dropout: float | None = option(None, "dropout inside the encoder (hidden and attention probabilities), "
                                            "set in its BertConfig (paper §4.5 keeps 0.3); default: the checkpoint's "
                                            "own", group="model", metavar="P")
+    dropout_masks: str = option("exact", "how a CPU draws the encoder's dropout masks from torch's serial generator: "
+                                "exact = one draw an element (p exact to 2^-24); bytes = three elements a draw, p "
+                                "rounded up to 1/256 (0.1 -> 0.1016), a third of the draws (other masks: other "
+                                "numbers); a GPU draws its own", group="model", choices=DROPOUT_MASKS)
+    freeze_layers: int | None = option(None, "train no more the encoder's embeddings and its lowest N layers (0: the "
+                                       "embeddings alone; backward stops above them, and the optimizer skips them); "
+                                       "none = every layer trains", group="model", metavar="N")
     model: ModelConfig = option(help="the heads (tasks/model.py)", factory=lambda: ModelConfig(
         arch="b1", pair_encoding="cross", pooling="mean", head_dropout=0.0))
     objectives: dict[str, dict[str, Any]] = option(help="objective name -> its Config overrides", factory=dict)
@@ -640,6 +648,11 @@ class TrainConfig:
             raise ValueError(f"--fp16 and --{'' if self.bf16 else 'no-'}bf16 ask for two precisions: give one")
         if self.encoder_dropout is not None and not 0 <= self.encoder_dropout < 1:
             raise ValueError(f"encoder_dropout must be in [0, 1), got {self.encoder_dropout}")
+        if self.freeze_layers is not None and self.freeze_layers < 0:
+            raise ValueError(f"freeze_layers is a number of layers, 0 or more (0: the embeddings alone), got "
+                             f"{self.freeze_layers}")
+        if self.freeze_layers is not None and self.freeze_encoder:
+            raise ValueError("freeze_encoder freezes the whole encoder; freeze_layers its lowest layers: choose one")
         check_runtime(self)
         self.model.__post_init__()  # a ModelConfig edited after construction is re-checked
         check_objectives(self)

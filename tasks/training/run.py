@@ -131,7 +131,8 @@ def read_inputs(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunInput
     ValueError naming --pretrained."""
     set_threads(cfg.threads)
     seed_everything(cfg.seed)
-    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing}
+    overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing,
+                                 "dropout_masks": cfg.dropout_masks}
     if cfg.encoder_dropout is not None:
         overrides |= {"hidden_dropout_prob": cfg.encoder_dropout, "attention_probs_dropout_prob": cfg.encoder_dropout}
     try:

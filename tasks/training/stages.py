@@ -87,6 +87,7 @@ class Stage:
     lr: float
     schedule: str
     trains_encoder: bool = True
+    frozen_layers: int | None = None  # where it trains the encoder: the embeddings and the lowest N layers stay
     evaluates: bool = True
     first: int = 0
     from_best: bool = False
@@ -104,8 +105,11 @@ class Stage:
         return warmup_linear(self.lr, epoch * steps_per_epoch + step, total, round(cfg.warmup * total))
 
     def set_trainable(self, model: nn.Module) -> None:
-        """Freeze the encoder or unfreeze it, then put the model in this stage's train mode."""
+        """Freeze the encoder or unfreeze it (but its embeddings and ``frozen_layers`` lowest layers, where set), then
+        put the model in this stage's train mode."""
         model.encoder.requires_grad_(self.trains_encoder)
+        if self.trains_encoder and self.frozen_layers is not None:
+            model.encoder.freeze_bottom(self.frozen_layers)
         self.train_mode(model)
 
     def train_mode(self, model: nn.Module) -> None:
@@ -149,9 +153,9 @@ class SwaStage(Stage):
     """SWA (the module's docstring): from the best checkpoint, the weights averaged at each epoch's end; when
     training ends the average is scored, saved as checkpoint "swa" and kept when it beats the best epoch."""
 
-    def __init__(self, epochs: int, lr: float, first: int) -> None:
-        super().__init__(SWA, epochs, lr, "constant", trains_encoder=True, evaluates=False, first=first,
-                         from_best=True)
+    def __init__(self, epochs: int, lr: float, first: int, frozen_layers: int | None = None) -> None:
+        super().__init__(SWA, epochs, lr, "constant", trains_encoder=True, frozen_layers=frozen_layers,
+                         evaluates=False, first=first, from_best=True)
         self.averaged: AveragedModel | None = None
         self.start: dict[str, int] = {}  # the training position the stage started from
         self._summary: dict | None = None
@@ -204,7 +208,7 @@ class SwaStage(Stage):
 def stages_of(cfg: Any) -> list[Stage]:
     """The stages of a run with config ``cfg``, in order, each with its first epoch: with ``freeze_encoder`` one
     heads-only stage "lp" for every epoch; else LP-FT's "lp" for ``lpft.epochs`` (when on), then "ft" for ``epochs``;
-    then with ``swa.epochs`` SWA's."""
+    then with ``swa.epochs`` SWA's. Those that train the encoder keep ``freeze_layers`` frozen."""
     if cfg.freeze_encoder:
         stages: list[Stage] = [Stage(LP, cfg.epochs, cfg.lr, cfg.lr_schedule, trains_encoder=False,
                                      begins="frozen encoder: heads only for every epoch ({tensors} trainable "
@@ -217,11 +221,12 @@ def stages_of(cfg: Any) -> list[Stage]:
                                 begins="LP-FT stage 1: heads only for epochs {epoch}-" + str(cfg.lpft.epochs)
                                        + " (encoder frozen, {tensors} trainable tensors), then " + str(cfg.epochs)
                                        + " epochs of full fine-tuning"))
-        stages.append(Stage(FT, cfg.epochs, cfg.lr, cfg.lr_schedule, first=cfg.lpft.epochs,
+        stages.append(Stage(FT, cfg.epochs, cfg.lr, cfg.lr_schedule, frozen_layers=cfg.freeze_layers,
+                            first=cfg.lpft.epochs,
                             enters="LP-FT stage 2 from epoch {epoch}: full fine-tuning of {tensors} tensors with a "
                                    "fresh optimizer" if cfg.lpft.epochs else ""))
     if cfg.swa.epochs:
-        stages.append(SwaStage(cfg.swa.epochs, cfg.swa.lr, sum(s.epochs for s in stages)))
+        stages.append(SwaStage(cfg.swa.epochs, cfg.swa.lr, sum(s.epochs for s in stages), cfg.freeze_layers))
     return stages
 
 

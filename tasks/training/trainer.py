@@ -272,6 +272,12 @@ class Trainer(Loop):
                         ", ".join(f"{t} {n}" for t, n in dev.items()),
                         " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).symmetric for t in dev)
                         else "")
+            if cfg.freeze_layers is not None and self.current.trains_encoder:
+                trainable = sum(p.numel() for p in self.params)
+                total = sum(p.numel() for p in self.model.parameters())
+                logger.info("frozen: the encoder's embeddings%s (%.1fM of the model's %.1fM parameters train)",
+                            f" and its lowest {count(cfg.freeze_layers, 'layer')}" if cfg.freeze_layers else "",
+                            trainable / 1e6, total / 1e6)
             if self.accumulation > 1:
                 logger.info("gradient accumulation: each optimizer step takes %d micro-batches (%s examples a "
                             "step, in micro-batches of %s); the learning rate schedule and the step counts count "

@@ -186,7 +186,7 @@ def test_randmask_variant_is_ours_with_the_float_mask_and_trains_to_the_same_wei
     base = bench.make_base_trainer(tiny_cfg)
     ours = bench.build_variant(base, "ours", warmup=0, steps=3)
     calls = []
-    monkeypatch.setattr(bench, "_rand_mask", lambda x, p: calls.append(p) or torch.rand(x.shape).ge_(p))
+    monkeypatch.setattr(bench, "_rand_mask", lambda x, p, masks="exact": calls.append(p) or torch.rand(x.shape).ge_(p))
     rand = bench.build_variant(base, "randmask", warmup=0, steps=3)  # the spy in its patch
     lrs = [1e-3] * 3
     torch.manual_seed(5)

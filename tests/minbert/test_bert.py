@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from minbert import bert
-from minbert.bert import BertModel, dropout, dropout_add, dropout_mask
+from minbert.bert import BertModel, byte_drop_probability, dropout, dropout_add, dropout_mask
+from minbert.config import BertConfig
 from tests.helpers import read_column, tiny_config
 
 ATOL = 1e-5
@@ -223,3 +226,29 @@ def test_reinit_top_layers_draws_what_transformers_init_draws_and_keeps_the_rest
         assert torch.equal(value, ref.state_dict()[key]), key
     with pytest.raises(ValueError, match="4 layers of an encoder of 3"):
         ours.reinit_top_layers(4)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.25, 0.5])
+def test_byte_masks_drop_p_rounded_to_a_byte_from_a_third_of_the_draws(p):
+    """masks="bytes": an element is dropped with probability ceil(256 p) / 256 (0.1 -> 26/256), the kept ones scaled
+    by 1 / (1 - that), each element's uniform one of the low three bytes of an int32 draw: the generator advances as
+    ceil(n / 3) draws would move it; "exact" (the default) is unchanged."""
+    x = torch.rand(600, 1000) + 0.5
+    n = x.numel()
+    torch.manual_seed(5)
+    y = dropout(x, p, True, masks="bytes")
+    after = torch.get_rng_state()
+    torch.manual_seed(5)
+    torch.empty((n + 2) // 3, dtype=torch.int32).random_()
+    assert torch.equal(torch.get_rng_state(), after)
+    q = byte_drop_probability(p)
+    assert q == math.ceil(256 * p) / 256 and q >= p
+    kept = y != 0
+    assert abs(1 - kept.float().mean().item() - q) < 2e-3
+    torch.testing.assert_close(y[kept], x[kept] / (1 - q), atol=0, rtol=1e-6)
+    torch.manual_seed(5)
+    exact = dropout(x, p, True)
+    torch.manual_seed(5)
+    assert torch.equal(dropout(x, p, True, masks="exact"), exact)
+    with pytest.raises(ValueError, match="dropout_masks 'fast' is not one of"):
+        BertConfig(dropout_masks="fast")

@@ -243,3 +243,24 @@ def test_swa_phase_end_to_end(tiny_env, tmp_path, monkeypatch):
     assert again["dev"] == final["dev"]  # the written predictions are the chosen model's
     with pytest.raises(ValueError, match="SWA-averaged"):
         trainer_for(cfg, resume_from=run_dir / "checkpoints" / "swa")
+
+
+def test_frozen_layers_stay_as_they_were_and_the_rest_trains(tiny_env, tmp_path):
+    """--freeze-layers 1: after an epoch the embeddings and the lowest encoder layer are bit for bit the pretrained
+    ones and hold no gradient or optimizer state, every other encoder layer has moved; 0 freezes the embeddings
+    alone; LP-FT's second stage and SWA keep them frozen too."""
+    for n, extra in ((1, {}), (0, {"lpft": {"epochs": 1}, "swa": {"epochs": 1}})):
+        trainer = trainer_for(tiny_train_config(tiny_env, tmp_path / f"run{n}", epochs=1, freeze_layers=n, **extra))
+        before = {k: v.clone() for k, v in trainer.model.encoder.state_dict().items()}
+        trainer.fit()
+        after = trainer.model.encoder.state_dict()
+        frozen = [k for k in before if k.startswith("embeddings.") or
+                  any(k.startswith(f"encoder.layer.{i}.") for i in range(n))]
+        moving = [k for k in before if k.startswith(f"encoder.layer.{n}.")]
+        assert frozen and moving
+        assert all(torch.equal(before[k], after[k]) for k in frozen), n
+        assert all(not torch.equal(before[k], after[k]) for k in moving if not k.endswith("LayerNorm.bias")), n
+        names = set(trainer.param_names)
+        assert not any(name.startswith("model.encoder.embeddings.") for name in names)
+        with pytest.raises(ValueError, match="cannot freeze 7 layers of an encoder of 2"):
+            trainer.model.encoder.freeze_bottom(7)
