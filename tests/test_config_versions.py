@@ -68,21 +68,26 @@ def test_trainconfig_has_the_fields_of_the_version_it_writes():
 
 
 def test_each_objective_has_the_options_of_its_own_version():
-    """Every built-in objective's Config fields are the option names it declares for its options_version: an option
+    """Every objective that declares option_names has exactly those Config fields at its options_version: an option
     added, renamed or removed without a new version of that objective (and its upgrade_options step) fails here;
-    the run config's version does not change for it. Version 1 of each is what config version 2 recorded."""
+    the run config's version does not change for it. The objectives config version 2 recorded declare them, and
+    their version 1 is that record; an objective added since (under tasks/objectives/ or from a file) versions its
+    own options from 1 and needs no edit here (tests/objectives/test_init.py adds README's to a copy of the
+    package and runs this test there)."""
     registry = registered_objectives()
+    recorded = {key.split(".")[0] for key in MIGRATIONS[1].objective_options}
     for name, cls in registry.items():
-        if cls.__module__.startswith("tasks.objectives."):
+        if name in recorded:
             assert cls.option_names is not None, f"{name} declares no option_names"
+        if cls.option_names is not None:
             have = {f.name for f in dataclasses.fields(cls.Config)}
             assert have == cls.option_names, (f"objective {name!r}'s options differ from its version "
                                               f"{cls.options_version}'s: added {sorted(have - cls.option_names)}, "
                                               f"gone {sorted(cls.option_names - have)}; give it a new version")
-    at_1 = frozenset(f"{n}.{o}" for n, cls in registry.items() if cls.options_version == 1
-                     for o in cls.option_names or ())
-    assert objective_options({n: c for n, c in registry.items() if c.__module__.startswith("tasks.objectives.")}) \
-        == MIGRATIONS[1].objective_options == at_1
+    at_1 = frozenset(f"{n}.{o}" for n, cls in registry.items() if n in recorded and cls.options_version == 1
+                     for o in cls.option_names)
+    assert set(registry) >= recorded
+    assert objective_options({n: registry[n] for n in recorded}) == MIGRATIONS[1].objective_options == at_1
 
 
 def test_there_is_a_fixture_of_every_version_and_each_holds_its_versions_fields():

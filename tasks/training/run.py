@@ -54,7 +54,7 @@ from typing import Any
 import torch
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
-from tasks.checkpoint import ResumePoint, check_encoder, check_same_data, resolve_checkpoint, resume_point
+from tasks.checkpoint import ResumePoint, check_encoder, check_same_data, resume_point
 from tasks.train_config import TrainConfig, check_resume_config
 from tasks.data.datasets import move_batch
 from tasks.evaluation.priors import check_prior_models
@@ -71,6 +71,7 @@ from tasks.training.hooks import CheckpointEvery, EarlyStopping, LogLines, Metri
 from tasks.training.loop import Evaluation, Hook
 from tasks.training.tensorboard import ReportToTensorBoard, check_available
 from tasks.task import MULTITASK
+from tasks.training.stages import Stage
 from tasks.training.trainer import Parts, Trainer
 
 logger = logging.getLogger(__name__)
@@ -166,17 +167,18 @@ def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
 
 
 def trainer_for(cfg: TrainConfig, *, hooks: Sequence[Hook] = (), resume_from: str | os.PathLike | None = None,
-                overwrite: bool = False) -> Trainer:
+                overwrite: bool = False, stages: Sequence[Stage] | None = None) -> Trainer:
     """``build_trainer`` of ``cfg`` checked by ``prepare_run`` (with ``resume_from``: the checkpoint found there). The
-    trainer holds its run directory's lock and log until closed: ``with trainer_for(cfg) as trainer: ...``."""
+    trainer holds its run directory's lock and log until closed: ``with trainer_for(cfg) as trainer: ...``.
+    ``stages``: the stages it runs instead of the config's (tasks/training/stages.py)."""
     resume = resume_point(resume_from) if resume_from is not None else None
-    return build_trainer(prepare_run(cfg, resume, overwrite), hooks=hooks)
+    return build_trainer(prepare_run(cfg, resume, overwrite), hooks=hooks, stages=stages)
 
 
-def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
+def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = (), stages: Sequence[Stage] | None = None) -> Trainer:
     """Prepare and lock the run directory (RunDir.start), build the parts from what the plan read, record the run
     (RunDir.record) and, for a resume, restore the plan's checkpoint. The plan is trusted: nothing is checked or
-    read again."""
+    read again. ``stages``: the Trainer's (default: the config's, ``stages_of``)."""
     cfg = plan.cfg
     # Under torchrun: join the process group (cuda -> cuda:LOCAL_RANK); only rank 0 touches out_dir.
     device = distributed.setup(resolve_device(cfg.device))
@@ -187,7 +189,7 @@ def build_trainer(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> Trainer:
         parts = build_parts(cfg, device, plan.inputs)
         run_dir.record(cfg, parts.data)
         return Trainer(cfg, parts, device=device, hooks=[*run_hooks(cfg, run_dir), *hooks], run_dir=run_dir,
-                       resume=plan.resume)
+                       resume=plan.resume, stages=stages)
     except BaseException as e:
         run_dir.close(e)  # bad data: the lock is freed and a run moved aside by overwrite comes back
         raise
@@ -236,33 +238,31 @@ def build_parts(cfg: TrainConfig, device: torch.device, inputs: RunInputs | None
 
 
 def run(cfg: TrainConfig, *, resume_from: str | os.PathLike | None = None, overwrite: bool = False,
-        hooks: Sequence[Hook] = ()) -> dict:
+        hooks: Sequence[Hook] = (), stages: Sequence[Stage] | None = None) -> dict:
     """Check ``cfg`` (``prepare_run``; with ``resume_from``, against the checkpoint found there), then ``run_plan``.
 
     Returns the final summary, also appended to metrics.jsonl.
     """
     resume = resume_point(resume_from) if resume_from is not None else None
-    return run_plan(prepare_run(cfg, resume, overwrite), hooks=hooks)
+    return run_plan(prepare_run(cfg, resume, overwrite), hooks=hooks, stages=stages)
 
 
-def run_plan(plan: RunPlan, *, hooks: Sequence[Hook] = ()) -> dict:
-    """Train a checked run, keep the best checkpoint (or SWA's average, when it scores higher), write predictions.
+def run_plan(plan: RunPlan, *, hooks: Sequence[Hook] = (), stages: Sequence[Stage] | None = None) -> dict:
+    """Train a checked run, load the model its last stage chooses to predict (the best epoch's, or SWA's average
+    when it scores higher: ``Stage.final_model``), write predictions.
 
     Returns the final summary, also appended to metrics.jsonl.
     """
     t0 = time.perf_counter()
-    with build_trainer(plan, hooks=hooks) as trainer:  # closed with the error that ended it, if any: a run that
-        return _train_and_predict(trainer, t0)          # --overwrite moved aside comes back before a first checkpoint
+    with build_trainer(plan, hooks=hooks, stages=stages) as trainer:  # closed with the error that ended it, if any:
+        return _train_and_predict(trainer, t0)  # a run that --overwrite moved aside comes back before a first checkpoint
 
 
 def _train_and_predict(trainer: Trainer, t0: float) -> dict:
     cfg = trainer.cfg
-    summary = trainer.fit()  # with swa.epochs, the model holds what predicts: SWA's average when it scored higher
+    summary = trainer.fit()
     swa = summary.get("swa")
-    if swa is None:
-        source = trainer.load_best()
-    else:
-        source = Path(swa["checkpoint"]) if swa["used"] else resolve_checkpoint(trainer.checkpoints / "best")
+    source = trainer.current.final_model(trainer)  # the stage training ended in loads what predicts
     logger.info("best epoch %s (dev overall %s)", summary["best"]["epoch"], score_text(summary["best"]["score"]))
     if trainer.rank > 0:  # under torchrun rank 0 alone writes the predictions
         return {"final": True, "rank": trainer.rank, "best_epoch": summary["best"]["epoch"],

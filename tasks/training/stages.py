@@ -56,6 +56,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -77,9 +78,10 @@ class Stage:
     """A span of epochs with its own optimizer: ``epochs`` of them from the run's epoch ``first``, their peak learning
     rate ``lr`` under ``schedule`` (the run's lr_schedule over the stage's own epochs, or "constant"), the heads alone
     on a frozen encoder in eval mode (not ``trains_encoder``) or everything, and whether each epoch is scored on dev
-    and checkpointed (``evaluates``). ``from_best``: it starts from the best checkpoint, entered at its first epoch's
-    start (after the previous epoch's checkpoints); any other is entered at the previous epoch's end, before its
-    checkpoint, so that the checkpoint holds this stage's optimizer. ``begins``/``enters``: its log line when a run
+    and checkpointed (``evaluates``). ``from_best``: it starts from the best checkpoint. Such a stage, and any whose
+    epochs are not scored, is entered at its first epoch's start (after the previous epoch's checkpoints); any other
+    is entered at the previous epoch's end, before its checkpoint, so that the checkpoint holds this stage's
+    optimizer. ``begins``/``enters``: its log line when a run
     starts in it / when it is entered ({epoch}: the 1-based epoch, {tensors}: the trainable tensors)."""
 
     name: str
@@ -141,6 +143,12 @@ class Stage:
         """What the run's summary says of the stage (SWA's), None: nothing."""
         return None
 
+    def final_model(self, trainer: Any) -> Path:
+        """When training ended in this stage: load the model that predicts into the trainer and give its checkpoint.
+        The best scored epoch's (``Trainer.load_best``): a stage whose epochs are not scored has nothing to hold
+        against it, so its training shapes no prediction unless it says otherwise (SWA's average)."""
+        return trainer.load_best()
+
 
 def swa_wins(swa_score: float, best_score: float | None) -> bool:
     """Whether the averaged model replaces the best epoch: a finite score strictly above the best (a tie keeps it)."""
@@ -193,8 +201,6 @@ class SwaStage(Stage):
         self.averaged = None
         # not a position to resume: its state.json holds the position training ended at, and the summary
         summary["checkpoint"] = str(trainer.save_checkpoint(SWA, extra_state={"swa": summary, **self.start}))
-        if not used:
-            trainer.load_best()
         logger.info("SWA average of %d epochs: dev overall %s vs best epoch %s: %s | predictions from %s",
                     summary["n_averaged"], score_text(summary["score"]), score_text(best["score"]),
                     " ".join(f"{k} {v:.4f}" for k, v in metrics.items()), "SWA" if used else "the best epoch")
@@ -203,6 +209,32 @@ class SwaStage(Stage):
 
     def summary(self) -> dict | None:
         return self._summary
+
+    def final_model(self, trainer: Any) -> Path:
+        """The average where it scored higher than the best epoch (the model holds it since ``finish``), else the
+        best epoch's."""
+        if self._summary is not None and self._summary["used"]:
+            return Path(self._summary["checkpoint"])
+        return trainer.load_best()
+
+
+def check_stages(stages: list[Stage]) -> None:
+    """Stages a trainer can run, in order: one or more, each starting where the ones before it end (``first``), the
+    scored ones first (the best epoch is chosen among them before any stage that is not scored). A ValueError
+    naming the stage otherwise."""
+    if not stages:
+        raise ValueError("a trainer runs one stage or more")
+    start, unscored = 0, None
+    for stage in stages:
+        if stage.first != start:
+            raise ValueError(f"stage {stage.name!r} starts at epoch {stage.first + 1}; after the stages before it, it "
+                             f"starts at epoch {start + 1} (first={start})")
+        if stage.evaluates and unscored is not None:
+            raise ValueError(f"stage {stage.name!r} is scored and comes after {unscored!r}, which is not: the best "
+                             "epoch is chosen among the scored stages, which come first")
+        if not stage.evaluates:
+            unscored = stage.name
+        start += stage.epochs
 
 
 def stages_of(cfg: Any) -> list[Stage]:
@@ -230,4 +262,4 @@ def stages_of(cfg: Any) -> list[Stage]:
     return stages
 
 
-__all__ = ("FT", "LP", "SWA", "Stage", "SwaStage", "stages_of", "swa_wins")
+__all__ = ("FT", "LP", "SWA", "Stage", "SwaStage", "check_stages", "stages_of", "swa_wins")

@@ -74,7 +74,7 @@ from tasks.evaluation.metrics import jsonable
 from tasks.model import MultitaskBert, head_of
 from tasks.objectives import Objective
 from tasks.training import distributed
-from tasks.training.stages import Stage, stages_of
+from tasks.training.stages import Stage, check_stages, stages_of
 from tasks.checkpoint import (
     ResumePoint,
     load_objectives_state,
@@ -104,18 +104,21 @@ class Trainer(Loop):
     states. Under torchrun each process builds its own Trainer (``rank`` of
     ``world_size``); its collectives (gradient all-reduce, loss sums at log
     time, dev scores, checkpoint states) are entered by every rank at the same
-    steps. Hooks run on every rank. Its stages (tasks/training/stages.py: LP-FT's, fine-tuning, SWA's) are run in
-    order by epoch; the trainer asks the stage of an epoch what to train and at what learning rate.
+    steps. Hooks run on every rank. Its stages (tasks/training/stages.py: LP-FT's, fine-tuning, SWA's; ``stages``
+    given, or the config's) are run in order by epoch; the trainer asks the stage of an epoch what to train and at
+    what learning rate, and the stage training ends in which model predicts.
     """
 
     saves_each_epoch = True
 
     def __init__(self, cfg: TrainConfig, parts: Parts, *, device: torch.device, hooks: Sequence[Hook] = (),
-                 run_dir: RunDir | None = None, resume: ResumePoint | None = None) -> None:
+                 run_dir: RunDir | None = None, resume: ResumePoint | None = None,
+                 stages: Sequence[Stage] | None = None) -> None:
         super().__init__(parts.model, device=device, hooks=hooks, grad_clip=cfg.grad_clip, seed=cfg.seed,
                          checkpoints=run_dir.checkpoints if run_dir is not None else None,
                          scaler=loss_scaler(device, parts.amp_dtype), accumulation=cfg.gradient_accumulation_steps)
-        self.stages = stages_of(cfg)
+        self.stages = list(stages) if stages is not None else stages_of(cfg)
+        check_stages(self.stages)
         self.cfg, self.run_dir = cfg, run_dir
         self.objectives = parts.objectives
         self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
@@ -305,7 +308,9 @@ class Trainer(Loop):
 
     def start_epoch(self) -> None:
         stage = self.stage_at(self.epoch)
-        if stage is not self.current and stage.from_best:  # after the previous epoch's checkpoints (SWA's)
+        # A stage whose epochs are not scored (SWA's, from the best checkpoint) comes after the scored ones and is
+        # entered as its first epoch starts: the last scored epoch's checkpoints are the position a resume takes.
+        if stage is not self.current and (stage.from_best or not stage.evaluates):
             self._enter(stage)
 
     def _enter(self, stage: Stage) -> None:

@@ -379,3 +379,33 @@ def test_a_runs_recorded_file_is_imported_only_when_trusted_or_named_again(plugi
     objectives.load_plugin(moved)  # named again, where it is now
     recorded_modules({"my_loss": {}}, [str(recorded)], trust=False)
     assert marker.read_text() == "imported\n" * 2
+
+
+def test_the_readmes_objective_added_under_tasks_objectives_needs_no_edit_elsewhere(tmp_path):
+    """README's example objective written as tasks/objectives/my_loss.py of a copy of the checkout, nothing else
+    edited: there the version test passes and the objective tables take it (the meta device, LP-FT), as README's
+    'Adding an objective' says. In a subprocess whose imports are the copy's (a test the copy does not see would
+    select nothing: pytest's exit status 5)."""
+    import re
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    copy = tmp_path / "checkout"
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for part in ("tasks", "minbert", "tests", "experiments", "benchmarks"):
+        shutil.copytree(ROOT / part, copy / part, ignore=skip)
+    for part in ("train_multitask.py", "pyproject.toml", "README.md"):
+        shutil.copy(ROOT / part, copy / part)
+    code = re.search(r"## Adding an objective.*?```python\n(.*?)```", (ROOT / "README.md").read_text(), re.S).group(1)
+    (copy / "tasks" / "objectives" / "my_loss.py").write_text(code)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-k", "my_loss or own_version",
+         "tests/test_config_versions.py", "tests/objectives/test_init.py::test_objective_runs_on_the_meta_device",
+         "tests/training/test_stages.py"],
+        cwd=copy, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    summary = done.stdout.strip().splitlines()[-1]
+    assert re.search(r"\b[4-9] passed", summary), summary  # the version test, 2 meta cases and LP-FT at least

@@ -264,3 +264,32 @@ def test_frozen_layers_stay_as_they_were_and_the_rest_trains(tiny_env, tmp_path)
         assert not any(name.startswith("model.encoder.embeddings.") for name in names)
         with pytest.raises(ValueError, match="cannot freeze 7 layers of an encoder of 2"):
             trainer.model.encoder.freeze_bottom(7)
+
+
+def test_a_stage_handed_to_the_trainer_that_is_not_scored_runs_and_logs(tiny_env, tmp_path, caplog):
+    """run(cfg, stages=[...]): fine-tuning for an epoch, then a stage of one epoch at a constant small lr whose
+    epochs are not scored (a cool-down): it trains (its weights move), logs its epoch line and records it; the best
+    scored epoch then predicts (an unscored stage's final_model); stages that do not follow each other, or a scored
+    stage after an unscored one, are refused naming the stage."""
+    from tasks.training.stages import FT, Stage, check_stages
+
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", epochs=1)
+    stages = [Stage(FT, 1, cfg.lr, cfg.lr_schedule), Stage("cool", 1, 1e-4, "constant", evaluates=False, first=1)]
+    moved = []
+
+    class Watch(Hook):
+        def on_epoch_end(self, state, control, record):
+            moved.append((record.get("stage"), "dev" in record))
+
+    with caplog.at_level("INFO", logger="tasks"):
+        record = run(cfg, stages=stages, hooks=[Watch()])
+    assert moved == [("ft", True), ("cool", False)]
+    assert any(m.startswith("cool epoch 1 done in") and "(not scored)" in m for m in caplog.messages)
+    assert record["best_epoch"] == 1 and record["predictions_from"].endswith("best")
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r.get("stage") for r in records if not r.get("final")] == ["ft", "cool"]
+    with pytest.raises(ValueError, match="stage 'cool' starts at epoch 1; after the stages before it, it starts at "
+                                         "epoch 2"):
+        check_stages([stages[0], Stage("cool", 1, 1e-4, "constant", evaluates=False, first=0)])
+    with pytest.raises(ValueError, match="stage 'ft' is scored and comes after 'cool'"):
+        check_stages([Stage("cool", 1, 1e-4, "constant", evaluates=False), Stage(FT, 1, 1e-3, "constant", first=1)])
