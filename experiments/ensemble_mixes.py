@@ -15,9 +15,9 @@ parent and of its change seed by seed (the i-th run of each shares a seed), and 
 scores, for every k of the seeds, B's k runs against A's k runs, and gives the change of each task's metric and
 of the overall, mean and range over those subsets. k = 1 is the single runs' paired Δ; a gain that comes from
 making runs agree shrinks as k grows. The whole ensembles' change (k = n) comes with its standard error, a bootstrap
-over the seeds (``--draws`` resamples): the yardstick of "a gain over 2 SE" for an ensemble. ``--beside NAME...``
-puts every run of those pools into both arms' ensembles: what a change of the SST specialists buys beside the same
-full members, as the leaderboard command mixes them.
+over the seeds (``--draws`` resamples): the yardstick of a gain for an ensemble (its normal 95% interval, ±1.96 SE,
+not a t interval). ``--beside NAME...`` puts every run of those pools into both arms' ensembles: what a change of
+the SST specialists buys beside the same full members, as the leaderboard command mixes them.
 
 Usage:
     python -m experiments.ensemble_mixes --pool default runs/leaderboard-new/seed{0..7} \\

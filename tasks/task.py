@@ -14,7 +14,8 @@ One text or a pair, times classes or a score on the labels' own scale:
 A **task** is an entry (``Task``): the four built-in ones below (the CS224N project's three and CFIMDB), the
 GLUE tasks declared by the files of tasks/glue/ (their files in --data-dir/glue/), or a user's own declared by a
 JSON file (tasks/task_file.py), whose classes are the sorted distinct labels (words, sparse or negative ids) and
-whose kind is inferred from its labels as HF's ``run_glue.py`` infers it. An entry holds everything a model of
+whose kind is inferred from its labels nearly as HF's ``run_glue.py`` infers it (whole-valued floats such as 1.0
+are classes here, a regression there). An entry holds everything a model of
 it needs to predict, so a run's config.json keeps its user tasks' entries (``Task.to_dict``) and loads without
 their files, and its GLUE tasks' too, so that a later package cannot change what it predicts.
 

@@ -1,5 +1,6 @@
 """A user's task from a JSON file: every value checked before any data is read, what the file leaves out inferred
-from its labels as HF's ``run_glue.py`` infers it, and a run's task checked against its file again later.
+from its labels nearly as HF's ``run_glue.py`` infers it (whole-valued floats aside: ``kind`` below), and a run's
+task checked against its file again later.
 
 A task file (README "Adding a task"; the GLUE ones of tasks/glue/ are examples) names the task, its files and
 columns; the rest is inferred from the training file's labels unless declared:
@@ -10,6 +11,9 @@ columns; the rest is inferred from the training file's labels unless declared:
 - ``kind``: numbers that are not all whole make a regression (on the labels' own scale, ``range`` [min, max]);
   whole numbers or words make a classification whose ``classes`` are the distinct labels, sorted (numbers by
   value: 1, 2, 5, 10): labels 1-10 are ten classes, not eleven. One text column is a sentence task, two a pair.
+  ``run_glue.py`` differs on whole-valued floats: it makes a regression of any label column its loader types as
+  floats, so 1.0, 2.0, 3.0 are a score there and three classes here (where 1.0 and 1 are one); declaring ``kind``
+  settles it.
   A label is read without the space around it.
 - a refusal names the file, the line and the declaration that would work: a label that is no class of a
   classification, a column of numbers with a stray word in it, a label far outside the others (a typo, not a
