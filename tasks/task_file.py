@@ -5,7 +5,7 @@ task checked against its file again later.
 A task file (README "Adding a task"; the GLUE ones of tasks/glue/ are examples) names the task, its files and
 columns; the rest is inferred from the training file's labels unless declared:
 
-    {"name": "nli", "train": "nli-train.tsv", "dev": "nli-dev.tsv", "text": ["premise", "hypothesis"],
+    {"name": "entail", "train": "entail-train.tsv", "dev": "entail-dev.tsv", "text": ["premise", "hypothesis"],
      "label": "label"}
 
 - ``kind``: numbers that are not all whole make a regression (on the labels' own scale, ``range`` [min, max]);
@@ -37,7 +37,7 @@ columns; the rest is inferred from the training file's labels unless declared:
   it trained in (entailment: premise, then hypothesis).
 
 Usage:
-    task = read_task_file("nli.json")                 # the Task (tasks/task.py), not registered
+    task = read_task_file("entail.json")              # the Task (tasks/task.py), not registered
     task = check_unchanged(saved, given=None)          # --resume / --eval-only: a ValueError naming what changed
 """
 
