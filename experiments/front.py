@@ -194,6 +194,8 @@ class FrontOptions:
 
     only: list[str] | None = option(None, "run these points only (the default is always run: the others pair "
                                           "with it)", nargs="+", metavar="POINT")
+    table_only: bool = option(False, "run nothing: the table, the plot and front.json of the runs finished under "
+                                     "--out-dir, each point with the seeds it has (of --seeds)")
 
 
 def build_parser() -> Parser:
@@ -213,8 +215,9 @@ def main(argv: list[str] | None = None) -> dict:
     wanted = [p for p in POINTS if args.only is None or p in args.only or p == REFERENCE]
     t0 = time.perf_counter()
     runs = [(point, seed) for seed in args.seeds for point in wanted]  # seed by seed: an early stop has whole pairs
-    sweep.map(lambda ps: sweep.train(f"{ps[0]}/seed{ps[1]}", [*POINTS[ps[0]][1], *COMMON, "--data-dir",
-                                                              args.data_dir, "--seed", str(ps[1])]), runs)
+    if not args.table_only:
+        sweep.map(lambda ps: sweep.train(f"{ps[0]}/seed{ps[1]}", [*POINTS[ps[0]][1], *COMMON, "--data-dir",
+                                                                  args.data_dir, "--seed", str(ps[1])]), runs)
     if args.dry_run:
         return {}
     results = collect(sweep, list(POINTS), args.seeds)

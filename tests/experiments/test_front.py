@@ -8,6 +8,7 @@ import json
 import pytest
 
 from experiments import front
+from experiments import sweep as sweep_module
 from experiments.front import POINTS, REFERENCE, Verdict, choices, collect, render
 from experiments.sweep import Sweep
 from tasks import arguments
@@ -63,3 +64,16 @@ def test_the_sweep_runs_every_point_seed_by_seed_with_the_default_always(tmp_pat
     commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert [c.split("]")[0][1:] for c in commands] == ["default/seed0", "e2/seed0", "default/seed1", "e2/seed1"]
     assert "--epochs 2" in commands[1] and "--save-only-model" in commands[0] and "--seed 1" in commands[2]
+
+
+def test_table_only_runs_nothing_and_renders_the_finished_runs(tmp_path, capsys, monkeypatch):
+    """--table-only reads what is finished (each point with the seeds it has) and starts no run."""
+    def started(*args, **kwargs):
+        raise AssertionError(f"--table-only started a run: {args}")
+
+    monkeypatch.setattr(sweep_module.subprocess, "run", started)
+    _runs(tmp_path, {"default": [0.770, 0.765, 0.768], "e2": [0.770, 0.763]}, {"default": 30, "e2": 20})
+    results = front.main(["--out-dir", str(tmp_path), "--table-only", "--seeds", "0", "1", "2"])
+    assert {p: sorted(v) for p, v in results.items()} == {"default": [0, 1, 2], "e2": [0, 1]}
+    assert "python" not in capsys.readouterr().out.split("| point")[0]  # no command was started
+    assert (tmp_path / "front.md").is_file() and (tmp_path / "front.png").is_file()
