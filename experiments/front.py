@@ -139,7 +139,7 @@ def render(results: dict[str, dict[int, dict]]) -> str:
                       "" if point == REFERENCE else change_cell(values(per, "overall"), values(ref, "overall"), 4),
                       "yes" if v is not None and v.qualifies else ""])
     table = markdown_table(["point", "change", "seeds", "min", "× default", "SST acc", "Para acc", "STS r",
-                            "overall", f"Δ overall [95% t interval], paired", "qualifies"], lines)
+                            "overall", "Δ overall [95% t interval], paired", "qualifies"], lines)
     chosen = choices(results)
     rule = (f"Rule: the fastest point whose paired Δ overall has a 95% interval that includes 0 and a mean no more "
             f"than {TOLERANCE} below the default's. Chosen: {chosen['default'] or 'none (the default stays)'}; "

@@ -28,10 +28,12 @@ Architectures (paper: ../shared/papers/minbert-downstream-generalization.txt):
 The encoder may run under autocast (bf16); the heads always compute in float32
 (autocast off), so logits, scores and head features are float32.
 
-A task's kind (tasks/task.py) builds its head and owns its loss (cross-entropy, BCE with logits, MSE) and
-prediction rule: a single-sentence classification is built as SST's head, a pair classification as the
-paraphrase head, a pair regression as the STS head, with the task's own number of classes. Objectives that
-need more get it through explicit arguments: ``inputs_embeds`` to start from
+A task's kind (tasks/task.py) builds its head for the arch and pair encoding (``Kind.head``: which modules,
+and how they score the pooled embeddings) and owns its loss (cross-entropy, BCE with logits, MSE) and
+prediction rule: a sentence classification is built as SST's head, a pair classification as the paraphrase
+head (of C classes: Sentence-BERT's classifier in the Siamese baseline), a regression as the STS head, with the
+task's own number of classes or scale; the model embeds the sides its head reads and never asks what kind a
+task is. Objectives that need more get it through explicit arguments: ``inputs_embeds`` to start from
 (perturbed) word embeddings and ``embed`` for extra passes; a model option that changes the pooled
 embedding between encoder and head (Match-Tuning) installs it with ``set_pooled_transform``.
 """
@@ -43,12 +45,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from minbert.bert import BertModel
 from tasks.options import option
-from tasks.task import MULTITASK, Kind, Task, get_task, model_tasks, stream_task
+from tasks.task import MULTITASK, Head, Kind, Task, get_task, mlp, model_tasks, stream_task
 
 # ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
 
@@ -157,59 +158,33 @@ def _float32(x: torch.Tensor) -> torch.autocast:
     return torch.autocast(x.device.type, enabled=False)
 
 
-def _mlp(sizes: list[int], dropout: float) -> nn.Sequential:
-    """Linear layers with ReLU between them (none after the last), dropout before each linear."""
-    layers: list[nn.Module] = []
-    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-        if dropout > 0:
-            layers.append(nn.Dropout(dropout))
-        layers.append(nn.Linear(a, b))
-        if i < len(sizes) - 2:
-            layers.append(nn.ReLU())
-    return nn.Sequential(*layers)
-
-
 class MultitaskBert(nn.Module):
     """The encoder and a head per task (``model_tasks(tasks)``: the project's three and the run's others), each
-    built by its kind (tasks/task.py) and named ``<task>_head`` (b1: and ``<task>_own``; the baseline's Siamese
-    pair classification: and ``<task>_bias``), HF-style names the checkpoints keep."""
+    built by its kind (tasks/task.py: ``heads[task]``), its parts named ``<task>_<part>``: ``<task>_head``, and
+    in the Siamese baseline a one-logit pair's ``<task>_bias`` or a pair of C classes' ``<task>_classifier``;
+    b1 adds ``shared`` and each task's ``<task>_own``: HF-style names the checkpoints keep."""
 
     def __init__(self, encoder: BertModel, config: ModelConfig, tasks: Sequence[str] = MULTITASK):
         super().__init__()
         self.encoder = encoder
         self.config = config
         self.tasks = model_tasks(tasks)
-        H, Fs, P, p = encoder.config.hidden_size, config.fcn_size, config.baseline_proj_size, config.head_dropout
+        H, Fs, p = encoder.config.hidden_size, config.fcn_size, config.head_dropout
         if config.pooling == "pooler" and encoder.pooler is None:
             raise ValueError("pooling='pooler' needs an encoder with a pooler")
-        cross = config.pair_encoding == "cross"
         entries = [get_task(t) for t in self.tasks]
-        # Registered in one order per arch (b1: the shared layers, every task's own layer, every head), which is
-        # the order _init_heads draws their initial weights in.
-        if config.arch == "baseline":
+        # What each task's kind builds for this arch and pair encoding: sizes and rules, no module (its parts are
+        # registered below, on the model, so that they move, copy and load with it).
+        self.heads: dict[str, Head] = {t.name: t.kind.head(t, config, H) for t in entries}
+        # Registered in one order per arch (b1: the shared layers, every task's own layer, every head's parts;
+        # the baseline: every head's parts), which is the order _init_heads draws their initial weights in.
+        if config.arch == "b1":
+            self.shared = nn.Sequential(mlp([H, Fs, Fs], p), nn.ReLU())
             for t in entries:
-                n = t.kind.out_features(t)
-                if t.kind.pair and not cross:  # Siamese: a projection per sentence, compared
-                    setattr(self, f"{t.name}_head", _mlp([H, P], p))
-                    if t.kind.siamese == "compare" and t.kind.binary:  # the dot product's threshold, learned
-                        setattr(self, f"{t.name}_bias", nn.Parameter(torch.zeros(())))
-                    elif t.kind.siamese == "compare":  # C classes: Sentence-BERT's classifier on (u, v, |u - v|)
-                        setattr(self, f"{t.name}_classifier", _mlp([3 * P, n], p))
-                else:
-                    setattr(self, f"{t.name}_head", _mlp([H, n], p))
-        else:
-            self.shared = nn.Sequential(_mlp([H, Fs, Fs], p), nn.ReLU())
-            for t in entries:
-                setattr(self, f"{t.name}_own", nn.Sequential(_mlp([H, Fs], p), nn.ReLU()))
-            for t in entries:
-                n = t.kind.out_features(t)
-                if not t.kind.pair or cross:
-                    head = _mlp([2 * Fs, Fs, n], p)
-                elif t.kind.siamese == "compare":  # the structural change: products of both + both raw embeddings
-                    head = _mlp([2 * Fs + 2 * H, Fs, n], p)
-                else:  # Siamese regression: the cosine of the [shared, own] features
-                    head = nn.Identity()
-                setattr(self, f"{t.name}_head", head)
+                setattr(self, f"{t.name}_own", nn.Sequential(mlp([H, Fs], p), nn.ReLU()))
+        for t in entries:
+            for part, module in self.heads[t.name].parts().items():
+                setattr(self, f"{t.name}_{part}", module)
         # Changes of a task's pooled embeddings between encoder and head, installed by a model option such as
         # Match-Tuning's batch matching (an nn.Module without parameters: it follows train()/eval()).
         self.pooled_transforms = nn.ModuleDict()
@@ -240,13 +215,19 @@ class MultitaskBert(nn.Module):
             raise ValueError(f"unknown task {task!r}; this model's tasks are {list(self.tasks)}")
         return get_task(task)
 
-    def span(self, task: Task) -> float:
-        """A regression head's high - low: its range's, or the ModelConfig option its entry names (STS's
-        ``sts_scale``, the paper's 5 x)."""
-        if task.span_option:
-            return getattr(self.config, task.span_option)
-        low, high = task.score_range
-        return high - low
+    def part(self, task: str, name: str) -> nn.Module | nn.Parameter:
+        """Part ``name`` of ``task``'s head (``<task>_<name>``: "head", "bias", "classifier")."""
+        return getattr(self, f"{task}_{name}")
+
+    def sides(self, task: str) -> tuple[str, ...]:
+        """The batch-key suffixes ``task``'s head reads: ("",) for one sequence, ("_1", "_2") for a Siamese pair."""
+        self._entry(task)
+        return self.heads[task].sides
+
+    def feature_names(self, task: str) -> tuple[str, ...]:
+        """The features of ``task``'s TaskOutput: the pooled embedding of each side its head reads ("pooled", or
+        "pooled_1" and "pooled_2"), then its head's ("head_input", "cos_1" and "cos_2", or none)."""
+        return tuple("pooled" + s for s in self.sides(task)) + self.heads[task].features
 
     def offsets(self) -> tuple[str, ...]:
         """The tasks with a learned offset (the baseline's Siamese pair classification): ``init_offset`` starts it."""
@@ -297,6 +278,11 @@ class MultitaskBert(nn.Module):
         """B1's [shared, task-own] features (B, 2F); the baseline has none."""
         return torch.cat([self.shared(e), getattr(self, f"{task}_own")(e)], dim=-1)
 
+    def features(self, task: str, e: torch.Tensor) -> torch.Tensor:
+        """What the arch makes of pooled embeddings ``e`` (B, H) for ``task``'s head: b1's [shared, own] (B, 2F), the
+        baseline's ``e`` itself."""
+        return e if self.config.arch == "baseline" else self._features(task, e)
+
     # ---- heads ------------------------------------------------------------------
 
     def set_pooled_transform(self, task: str, transform: nn.Module) -> None:
@@ -315,56 +301,27 @@ class MultitaskBert(nn.Module):
         suffix ("" for one sequence, "_1"/"_2" for Siamese sides).
         """
         entry = self._entry(task)
-        kind = entry.kind
-        t = self.pooled_transforms[task] if task in self.pooled_transforms else (lambda e: e)
-        cfg = self.config
-        if not kind.pair or (cfg.pair_encoding == "cross" and "input_ids" in batch):
-            e = self._embed_side(batch, "", inputs_embeds)  # (B, H), in the autocast dtype
-            with _float32(e):
-                e = t(e.float())
-                x = e if cfg.arch == "baseline" else self._features(task, e)
-                logits = kind.head_output(entry, getattr(self, f"{task}_head")(x),
-                                          None if kind.classification else self.span(entry))
-            return TaskOutput(logits, {"pooled": e, "head_input": x})
-        if cfg.pair_encoding == "cross" or "input_ids_1" not in batch:
+        head = self.heads[task]
+        if any("input_ids" + s not in batch for s in head.sides):
             # A cross model's pair heads score one joint sequence; fed two sides they would
             # silently compute something else (baseline para: product of two 1-d outputs).
-            raise ValueError(f"{task}: pair_encoding={cfg.pair_encoding!r} but the batch has keys {sorted(batch)}")
-        e1 = self._embed_side(batch, "_1", inputs_embeds)
-        e2 = self._embed_side(batch, "_2", inputs_embeds)
-        with _float32(e1):
-            e1, e2 = t(e1.float()), t(e2.float())
-            feats = {"pooled_1": e1, "pooled_2": e2}
-            if kind.siamese == "compare":
-                head = getattr(self, f"{task}_head")
-                if cfg.arch == "baseline" and kind.binary:
-                    u, v = head(e1), head(e2)  # (B, P)
-                    # + a learned offset: at 0 the threshold is where any two similar sentences start out
-                    # (init_offset says why it starts from data)
-                    logits = (u * v).sum(-1) + getattr(self, f"{task}_bias")
-                elif cfg.arch == "baseline":
-                    u, v = head(e1), head(e2)  # (B, P)
-                    x = torch.cat([u, v, (u - v).abs()], dim=-1)  # (B, 3P): Reimers & Gurevych 2019, §3
-                    logits = getattr(self, f"{task}_classifier")(x)  # (B, C)
-                    feats["head_input"] = x
-                else:
-                    f1, f2 = self._features(task, e1), self._features(task, e2)  # (B, 2F)
-                    x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
-                    logits = kind.head_output(entry, head(x), None)  # (B,) one logit, or (B, C)
-                    feats["head_input"] = x
-                return TaskOutput(logits, feats)
-            u, v = self.pair_embeddings(task, e1), self.pair_embeddings(task, e2)
-            feats.update(cos_1=u, cos_2=v)
-            return TaskOutput(kind.scaled(entry, F.cosine_similarity(u, v, dim=-1), self.span(entry)), feats)
+            raise ValueError(f"{task}: pair_encoding={self.config.pair_encoding!r} but the batch has keys "
+                             f"{sorted(batch)}")
+        t = self.pooled_transforms[task] if task in self.pooled_transforms else (lambda e: e)
+        pooled = [self._embed_side(batch, s, inputs_embeds) for s in head.sides]  # (B, H) each, in the autocast dtype
+        with _float32(pooled[0]):
+            pooled = [t(e.float()) for e in pooled]
+            logits, features = head.score(self, entry, pooled)
+        return TaskOutput(logits, {**{"pooled" + s: e for s, e in zip(head.sides, pooled)}, **features})
 
     def pair_embeddings(self, task: str, e: torch.Tensor) -> torch.Tensor:
         """A Siamese regression task's embedding of pooled sentences (B, D), in float32: what its cosine (and
         MNR) compare."""
         if self.config.pair_encoding == "cross":
             raise ValueError("pair_embeddings needs pair_encoding='siamese'")
+        entry = self._entry(task)
         with _float32(e):
-            e = e.float()
-            return getattr(self, f"{task}_head")(e) if self.config.arch == "baseline" else self._features(task, e)
+            return self.heads[task].embeddings(self, entry, e.float())
 
     # ---- losses and predictions ---------------------------------------------------
 

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from tasks.train_config import TrainConfig
-from tasks.data.datasets import PairDataset, SentenceDataset, TripletDataset
+from tasks.data.datasets import TripletDataset
 from tasks.data.readers import DataFileMissing, Example, Triplet, load_nli, log_report
 from tasks.model import NLI, PHRASES
 from tasks.options import flag_of_path
@@ -30,13 +30,9 @@ logger = logging.getLogger(__name__)
 
 
 def make_dataset(task: str, examples: Sequence[Example], tokenizer: Any, cfg: TrainConfig):
-    """The tokenized dataset of a task: a SentenceDataset (one text), or a PairDataset in the model's pair encoding;
-    labels as its kind reads them (class ids, or float targets: BCE's, a regression's)."""
-    kind = get_task(task).kind
-    if not kind.pair:
-        return SentenceDataset(examples, tokenizer, max_length=cfg.max_length, label_dtype=kind.label_dtype)
-    return PairDataset(examples, tokenizer, mode=cfg.model.pair_encoding, max_length=cfg.max_length,
-                       label_dtype=kind.label_dtype)
+    """The tokenized dataset of a task, as its kind reads its examples (``Kind.dataset``): a SentenceDataset (one
+    text), or a PairDataset in the model's pair encoding; labels as its loss reads them."""
+    return get_task(task).kind.dataset(examples, tokenizer, cfg.max_length, cfg.model.pair_encoding)
 
 
 def fixed_subset(examples: list[Example], n: int, seed: int) -> list[Example]:

@@ -1,9 +1,11 @@
 """The tasks, as data: one registry of entries, each a name, a kind, its files and columns, its classes or scale.
 
 A **kind** owns everything that differs between kinds of task, so nothing outside this module asks a task's
-name: its label tensors, its head's last layer and output, its loss, its prediction rule, the metrics it can be
-scored by, the columns of its logits files and of the Predictor's rows, how an ensemble combines its members.
-One text or a pair, times classes or a score on the labels' own scale:
+name or what kind it is: the dataset it reads its examples into, the head it builds in a model (``Head``, for
+the model's arch and pair encoding), its label tensors, loss and prediction rule (and a pair's in both orders),
+the metrics it can be scored by, the columns of its logits files and the Predictor's rows and answers, how an
+ensemble combines and fits its members. An objective names the kinds it takes (tasks/objectives). One text or a
+pair, times classes or a score on the labels' own scale:
 
     sentence-classification   one text, C classes: C logits, softmax cross-entropy, argmax     (sst, cfimdb, cola)
     pair-classification       two texts, C classes: C logits, as above                        (NLI's three)
@@ -44,7 +46,9 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
+from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import (COURSE_FORMAT, Column, Example, FileFormat, ReadReport, class_label, log_report,
                                 read_examples)
 
@@ -60,15 +64,17 @@ STREAMS = ("nli", "phrases")  # the names of the training streams that are no ta
 
 class Kind(abc.ABC):
     """What differs between kinds of task: each kind implements every abstract method (a kind that forgets one
-    cannot be built). Methods take the task where its entry matters (its classes, its scale)."""
+    cannot be built), and the code outside this module asks its task's kind what to do, never what kind it is.
+    Methods take the task where its entry matters (its classes, its scale)."""
 
+    # What an entry's checks here read (its classes or scale); the modules that use a task call its kind's methods
+    # instead (what some still read, and why: tests/test_task.py's KIND_QUESTIONS).
     classification: bool = True  # labels are classes; else scores
     binary: bool = False  # two classes scored by one logit (sigmoid); else C logits (softmax), or a score
     label_dtype: torch.dtype = torch.long  # of the label tensors of its datasets
     metrics: tuple[str, ...] = ()  # what it can be scored by (tasks/evaluation/metrics.py)
-    # How a Siamese model (each sentence encoded alone) scores a pair: "compare" the two sentences' features
-    # (the paraphrase head's way), or "cosine" (the STS head's: the score is the scaled cosine).
-    siamese: str = "compare"
+    # What an objective's message says a task of this kind is, beside its name (tasks/objectives: ``kind_rule``).
+    about: str = ""
 
     def __init__(self, name: str, pair: bool) -> None:
         self.name = name
@@ -81,15 +87,54 @@ class Kind(abc.ABC):
     def default_metrics(self, task: Task) -> tuple[str, ...]:
         """A user's task's metrics when its file names none, the main one first."""
 
+    # -- data --
+    def dataset(self, examples: Sequence[Example], tokenizer: Any, max_length: int, pair_encoding: str
+                ) -> SentenceDataset | PairDataset:
+        """The tokenized dataset its examples are read into: a SentenceDataset (one text), or a PairDataset in the
+        model's ``pair_encoding``; labels as its loss reads them (``label_dtype``: class ids, or float targets)."""
+        if not self.pair:
+            return SentenceDataset(examples, tokenizer, max_length=max_length, label_dtype=self.label_dtype)
+        return PairDataset(examples, tokenizer, mode=pair_encoding, max_length=max_length,
+                           label_dtype=self.label_dtype)
+
+    def examples(self, task: Task, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> list[Example]:
+        """The Predictor's ``inputs`` as examples with ids "0".."N-1": sentences, or (a, b) pairs for a pair task; a
+        ValueError naming the first input that is not one."""
+        if self.pair:
+            bad = next((i for i, x in enumerate(inputs) if isinstance(x, str) or len(x) != 2), None)
+            if bad is not None:
+                raise ValueError(f"{task.name} reads sentence pairs: input {bad} is {inputs[bad]!r}, not (a, b)")
+            return [Example(str(i), a, b) for i, (a, b) in enumerate(inputs)]
+        bad = next((i for i, x in enumerate(inputs) if not isinstance(x, str)), None)
+        if bad is not None:
+            raise ValueError(f"{task.name} reads one sentence each: input {bad} is {inputs[bad]!r}")
+        return [Example(str(i), t) for i, t in enumerate(inputs)]
+
     # -- model --
+    def head(self, task: Task, config: Any, hidden: int) -> Head:
+        """The head it builds for ``task`` in a model of ``config`` (a tasks.model.ModelConfig: arch, pair encoding,
+        sizes) over an encoder of width ``hidden``: one sequence for one text, or a pair read as one ("cross");
+        else how it scores a pair whose sentences are encoded alone (``siamese_head``)."""
+        if not self.pair or config.pair_encoding == "cross":
+            return OneSequence(task, config, hidden)
+        return self.siamese_head(task, config, hidden)
+
+    @abc.abstractmethod
+    def siamese_head(self, task: Task, config: Any, hidden: int) -> Head:
+        """How a Siamese model (each sentence encoded alone) scores a pair of this kind, for ``config``'s arch."""
+
     @abc.abstractmethod
     def out_features(self, task: Task) -> int:
         """The head's last layer's width."""
 
+    def span(self, task: Task, config: Any) -> float | None:
+        """A regression head's high - low (``scaled``) under a model's ``config``; None for a kind without a scale."""
+        return None
+
     @abc.abstractmethod
-    def head_output(self, task: Task, z: torch.Tensor, span: float) -> torch.Tensor:
+    def head_output(self, task: Task, z: torch.Tensor, span: float | None) -> torch.Tensor:
         """The logits of a head that scored one sequence, from its last layer's output ``z`` (B, out_features);
-        ``span``: a regression head's high - low (the model's, ``MultitaskBert.span``)."""
+        ``span``: the head's (``span``)."""
 
     @abc.abstractmethod
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -98,6 +143,17 @@ class Kind(abc.ABC):
     @abc.abstractmethod
     def predict(self, logits: torch.Tensor) -> torch.Tensor:
         """A model's predictions from its logits: class ids (long) or scores (float32)."""
+
+    def both_orders(self, forward: torch.Tensor, reverse: torch.Tensor) -> torch.Tensor:
+        """The logits of pairs scored in both orders (a task whose pairs have no order, ``Task.symmetric``), from
+        its logits for (a, b) and for (b, a): their mean, in float32."""
+        return (forward.float() + reverse.float()) / 2
+
+    # -- scores --
+    def one_class(self, preds: torch.Tensor, labels: torch.Tensor) -> int | None:
+        """The class every prediction is while the labels hold several (a classifier collapsed to a constant: MCC
+        0, F1 0 or undefined); None otherwise, and for a kind whose predictions are no classes."""
+        return None
 
     # -- files --
     @abc.abstractmethod
@@ -122,9 +178,10 @@ class Kind(abc.ABC):
         """The simple ensemble of models' logits ``x`` (M, N[, C]), float64: (its logits, its predictions)."""
 
     # the regression ensembler (tasks.evaluation.ensembling.fit_regression): logits Σ_m w_m x_m (+ b), fit by
-    # ``fit_loss`` (a classification; a regression: least squares in closed form)
+    # ``fit`` (a classification: ``fit_loss`` by L-BFGS; a regression: least squares in closed form)
     fit_bias: bool = False
     fit_objective: str = "least squares"
+    fit_unasked: bool = True  # the regression ensembler fits it unless told otherwise (a score's: only when asked)
 
     @abc.abstractmethod
     def combine(self, w: torch.Tensor, x: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -135,11 +192,40 @@ class Kind(abc.ABC):
         """The regression ensembler's data term on float64 logits ``z`` and labels ``y`` (a regression's, the squared
         error, is minimised in closed form by least squares)."""
 
+    def fit(self, x: torch.Tensor, y: torch.Tensor, l2: float, max_iter: int) -> tuple[list[float], float | None]:
+        """The regression ensembler's weights and bias (None: it has none) on models' float64 logits ``x``
+        (M, N[, C]) and labels ``y``: ``fit_loss`` of ``combine`` plus ``l2`` · Σ w_m², minimised by L-BFGS (strong
+        Wolfe line search) from w = 1/M, so that a useless model's weight goes to 0 rather than wandering."""
+        n_models = x.shape[0]
+        w = torch.full((n_models,), 1.0 / n_models, dtype=torch.float64, requires_grad=True)
+        b = torch.zeros((), dtype=torch.float64, requires_grad=self.fit_bias)
+        params = [w, b] if self.fit_bias else [w]
+        opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
+                                history_size=20, line_search_fn="strong_wolfe")
+
+        def objective() -> torch.Tensor:
+            return self.fit_loss(self.combine(w, x, b), y) + l2 * (w * w).sum()
+
+        def closure() -> torch.Tensor:
+            opt.zero_grad()
+            loss = objective()
+            loss.backward()
+            return loss
+
+        opt.step(closure)
+        return w.detach().tolist(), float(b.detach()) if self.fit_bias else None
+
     # -- the Predictor and the predict command --
     @abc.abstractmethod
     def outputs(self, task: Task, logits: torch.Tensor) -> torch.Tensor:
         """What a user reads beside a prediction: class probabilities (N, C), P(its positive class) (N,) for one
         logit, or the score."""
+
+    @abc.abstractmethod
+    def answers(self, task: Task, preds: torch.Tensor, logits: torch.Tensor
+                ) -> tuple[list[str], torch.Tensor] | torch.Tensor:
+        """What the Predictor's ``predict`` gives for predictions ``preds`` and their ``logits``: a classification's
+        (labels in the task's own words, ``outputs``), a regression's scores."""
 
     @abc.abstractmethod
     def row_columns(self, task: Task) -> list[str]:
@@ -151,13 +237,33 @@ class Kind(abc.ABC):
         """One example's values of ``row_columns``: the prediction in the user's label, then its outputs."""
 
 
-class Classes(Kind):
-    """C classes: C logits, softmax cross-entropy, argmax."""
+class Classification(Kind):
+    """What the kinds whose predictions are classes share: their metrics and scoring, their answers in the task's
+    own labels."""
 
     metrics = ("acc", "f1", "macro_f1", "mcc")
 
+    def one_class(self, preds, labels):
+        classes = preds.long().unique()
+        if len(classes) > 1 or len(labels.long().unique()) < 2:
+            return None
+        return int(classes[0])
+
+    def answers(self, task, preds, logits):
+        return [task.label_name(int(k)) for k in preds], self.outputs(task, logits)
+
+
+class Classes(Classification):
+    """C classes: C logits, softmax cross-entropy, argmax. A Siamese pair: Sentence-BERT's classifier on the
+    sentences' projections (the baseline), or b1's products of their features."""
+
+    about = "classes scored by C logits"
+
     def default_metrics(self, task):
         return ("acc", "f1", "mcc") if task.num_classes == 2 else ("acc", "macro_f1", "mcc")
+
+    def siamese_head(self, task, config, hidden):
+        return (PairClassifier if config.arch == "baseline" else Products)(task, config, hidden)
 
     def out_features(self, task):
         return task.num_classes
@@ -201,15 +307,20 @@ class Classes(Kind):
         return [task.label_name(int(pred)), *map(float, output)]
 
 
-class Binary(Kind):
-    """Two classes scored by one logit (Quora's head): sigmoid binary cross-entropy, prediction logit > 0."""
+class Binary(Classification):
+    """Two classes scored by one logit (Quora's head): sigmoid binary cross-entropy, prediction logit > 0. A
+    Siamese pair: the dot product of the sentences' projections plus a learned offset (the baseline), or b1's
+    products of their features."""
 
     binary = True
     label_dtype = torch.float32  # BCE's targets
-    metrics = ("acc", "f1", "macro_f1", "mcc")
+    about = "two classes scored by one logit"
 
     def default_metrics(self, task):
         return ("acc", "f1", "mcc")
+
+    def siamese_head(self, task, config, hidden):
+        return (DotProduct if config.arch == "baseline" else Products)(task, config, hidden)
 
     def out_features(self, task):
         return 1
@@ -262,18 +373,31 @@ class Binary(Kind):
 
 class Scores(Kind):
     """A score on the task's scale [low, high]: the head's low + span x sigmoid (a Siamese pair's: low + span x
-    cosine), MSE; scored by correlations, which count as (c + 1) / 2 in the overall score."""
+    cosine of the sentences' embeddings), MSE; scored by correlations, which count as (c + 1) / 2 in the overall
+    score."""
 
     classification = False
     label_dtype = torch.float32
     metrics = ("r", "spearman")
-    siamese = "cosine"
+    about = "a score on a scale"
+    fit_unasked = False  # the paper fit no regression ensembler for scores (STS)
 
     def default_metrics(self, task):
         return ("r", "spearman")
 
+    def siamese_head(self, task, config, hidden):
+        return Cosine(task, config, hidden)
+
     def out_features(self, task):
         return 1
+
+    def span(self, task, config):
+        """The range's high - low, or the ModelConfig option its entry names (STS's ``sts_scale``, the paper's
+        5 x)."""
+        if task.span_option:
+            return getattr(config, task.span_option)
+        low, high = task.score_range
+        return high - low
 
     def scaled(self, task: Task, unit: torch.Tensor, span: float) -> torch.Tensor:
         """low + span x ``unit`` (a sigmoid in [0, 1], or a cosine)."""
@@ -306,14 +430,153 @@ class Scores(Kind):
     def fit_loss(self, z, y):
         return F.mse_loss(z, y)
 
+    def fit(self, x, y, l2, max_iter):
+        """Least squares of the labels on [scores, 1], in closed form (``l2`` and ``max_iter`` unused)."""
+        n = x.shape[1]
+        design = torch.cat([x.T, torch.ones(n, 1, dtype=torch.float64)], dim=1)  # (N, M + 1)
+        sol = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)  # (M + 1,)
+        return sol[:-1].tolist(), float(sol[-1])
+
     def outputs(self, task, logits):
         return logits
+
+    def answers(self, task, preds, logits):
+        return preds
 
     def row_columns(self, task):
         return ["score"]
 
     def row(self, task, pred, output):
         return [float(pred)]
+
+
+# ---- heads: what a kind builds in a model (tasks/model.py's MultitaskBert) -------------------------------------
+
+
+def mlp(sizes: list[int], dropout: float) -> nn.Sequential:
+    """Linear layers with ReLU between them (none after the last), dropout before each linear."""
+    layers: list[nn.Module] = []
+    for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+        layers.append(nn.Linear(a, b))
+        if i < len(sizes) - 2:
+            layers.append(nn.ReLU())
+    return nn.Sequential(*layers)
+
+
+class Head(abc.ABC):
+    """A task's head in a model, as its kind builds it (``Kind.head``) for the model's arch and pair encoding.
+
+    ``parts`` makes its modules (and parameters), which the model registers as ``<task>_<part>`` in the order
+    given: HF-style names its checkpoints keep, and the order their initial weights are drawn in. ``score`` turns
+    the pooled embeddings (B, H) of the batch's ``sides`` (the batch-key suffixes it reads: "" for one sequence,
+    "_1" and "_2" for a Siamese pair) into its logits and its ``features`` (what objectives read beside the
+    pooled embeddings). ``model`` gives its parts (``model.part(task, name)``) and the arch's features of a pooled
+    embedding (``model.features(task, e)``: b1's [shared, own], the baseline's the embedding itself). A head holds
+    sizes only, never a module: the model's are moved, copied and loaded with it.
+    """
+
+    sides: tuple[str, ...] = ("_1", "_2")
+    features: tuple[str, ...] = ("head_input",)
+
+    def __init__(self, task: Task, config: Any, hidden: int) -> None:
+        self.arch = config.arch
+        self.hidden, self.fcn, self.proj = hidden, config.fcn_size, config.baseline_proj_size  # H, F, P
+        self.dropout = config.head_dropout
+        self.width = task.kind.out_features(task)
+        self.span = task.kind.span(task, config)
+
+    @abc.abstractmethod
+    def parts(self) -> dict[str, nn.Module | nn.Parameter]:
+        """Its modules and parameters by part name, new (their construction draws from the global RNG)."""
+
+    @abc.abstractmethod
+    def score(self, model: Any, task: Task, pooled: list[torch.Tensor]
+              ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """(logits, features) from the pooled embeddings of its ``sides``, in float32."""
+
+    def embeddings(self, model: Any, task: Task, e: torch.Tensor) -> torch.Tensor:
+        """The embeddings (B, D) of pooled sentences ``e`` whose cosine scores a pair (MNR reads them)."""
+        raise ValueError(f"{task.name}: its head scores no cosine of sentence embeddings")
+
+
+class OneSequence(Head):
+    """One sequence (a sentence, or a pair read as one: [CLS] a [SEP] b [SEP]) through the arch's features to the
+    kind's last layer: the baseline's dropout + linear on the pooled embedding (the SST head, §4.1), b1's ReLU
+    MLP on [shared, own] (§4.3)."""
+
+    sides = ("",)
+
+    def parts(self):
+        sizes = [self.hidden, self.width] if self.arch == "baseline" else [2 * self.fcn, self.fcn, self.width]
+        return {"head": mlp(sizes, self.dropout)}
+
+    def score(self, model, task, pooled):
+        x = model.features(task.name, pooled[0])
+        return task.kind.head_output(task, model.part(task.name, "head")(x), self.span), {"head_input": x}
+
+
+class DotProduct(Head):
+    """The baseline's Siamese paraphrase head (§4.1): each sentence projected (linear, P), the dot product of the
+    projections plus a learned offset (``bias``: at 0 the threshold is where any two similar sentences start out;
+    MultitaskBert.init_offset says why it starts from data), one logit."""
+
+    features = ()
+
+    def parts(self):
+        return {"head": mlp([self.hidden, self.proj], self.dropout), "bias": nn.Parameter(torch.zeros(()))}
+
+    def score(self, model, task, pooled):
+        head = model.part(task.name, "head")
+        u, v = head(pooled[0]), head(pooled[1])  # (B, P)
+        return (u * v).sum(-1) + model.part(task.name, "bias"), {}
+
+
+class PairClassifier(Head):
+    """The baseline's Siamese pair head of C classes: each sentence projected (linear, P), then Sentence-BERT's
+    classifier on (u, v, |u - v|) (Reimers & Gurevych 2019, §3)."""
+
+    def parts(self):
+        return {"head": mlp([self.hidden, self.proj], self.dropout),
+                "classifier": mlp([3 * self.proj, self.width], self.dropout)}
+
+    def score(self, model, task, pooled):
+        head = model.part(task.name, "head")
+        u, v = head(pooled[0]), head(pooled[1])  # (B, P)
+        x = torch.cat([u, v, (u - v).abs()], dim=-1)  # (B, 3P)
+        return task.kind.head_output(task, model.part(task.name, "classifier")(x), self.span), {"head_input": x}
+
+
+class Products(Head):
+    """b1's Siamese pair classification (the paper's structural change, §4.3): the element-wise products of the
+    sentences' [shared, own] features beside both raw pooled embeddings, through a ReLU MLP."""
+
+    def parts(self):
+        return {"head": mlp([2 * self.fcn + 2 * self.hidden, self.fcn, self.width], self.dropout)}
+
+    def score(self, model, task, pooled):
+        e1, e2 = pooled
+        f1, f2 = model.features(task.name, e1), model.features(task.name, e2)  # (B, 2F)
+        x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
+        return task.kind.head_output(task, model.part(task.name, "head")(x), self.span), {"head_input": x}
+
+
+class Cosine(Head):
+    """A Siamese pair's score: low + span x the cosine of the sentences' embeddings (the STS head, §4.1): the
+    baseline's projections (linear, P), b1's [shared, own] features."""
+
+    features = ("cos_1", "cos_2")
+
+    def parts(self):
+        return {"head": mlp([self.hidden, self.proj], self.dropout) if self.arch == "baseline" else nn.Identity()}
+
+    def embeddings(self, model, task, e):
+        return model.part(task.name, "head")(model.features(task.name, e))
+
+    def score(self, model, task, pooled):
+        u, v = (self.embeddings(model, task, e) for e in pooled)
+        return task.kind.scaled(task, F.cosine_similarity(u, v, dim=-1), self.span), {"cos_1": u, "cos_2": v}
 
 
 # The kinds by the name a task file gives; a pair classification of two classes is scored by one logit, as
@@ -894,6 +1157,7 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
 
 
 __all__ = ("BUILTIN", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "PRIOR_KINDS",
-           "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes", "ExtraStream", "Kind", "Layout", "Prior", "Scores", "Task",
+           "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes", "Classification", "Cosine", "DotProduct", "ExtraStream",
+           "Head", "Kind", "Layout", "OneSequence", "PairClassifier", "Prior", "Products", "Scores", "Task",
            "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "listed", "load_split",
-           "model_tasks", "register_task", "stream_task", "task_names", "task_with", "unregister_task")
+           "mlp", "model_tasks", "register_task", "stream_task", "task_names", "task_with", "unregister_task")

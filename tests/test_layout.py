@@ -338,8 +338,9 @@ def hot_functions(root: Path = ROOT) -> list[tuple[Path, str, ast.AST]]:
     """(file, qualified name, node) of every function a training step runs: AdamW's ``step`` methods
     (minbert/optimizer.py), every ``forward`` of a class under tasks/objectives/, and every function named
     ``train_step`` or ``step_loss`` anywhere under tasks/ (found by name, wherever the training loop lives);
-    with each, the module-level functions of the same file that it calls by name, transitively (the fused
-    update, the loss functions), named ``caller -> helper``."""
+    with each, the module-level functions of the same file that it calls by name, and the module-level dicts it
+    reads with the functions they name (an objective's rules by kind of task), transitively (the fused update,
+    the loss functions), named ``caller -> helper``."""
     out = []
     for path in [root / "minbert" / "optimizer.py", *sorted((root / "tasks").rglob("*.py"))]:
         tree = ast.parse(path.read_text(), filename=str(path))
@@ -354,16 +355,22 @@ def hot_functions(root: Path = ROOT) -> list[tuple[Path, str, ast.AST]]:
             if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)) and fn.name in ("train_step", "step_loss"):
                 roots.append((fn.name, fn))
         helpers = {n.name: n for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        tables = {t.id: n.value for n in tree.body if isinstance(n, ast.Assign) and isinstance(n.value, ast.Dict)
+                  for t in n.targets if isinstance(t, ast.Name)}
         for name, fn in roots:
             out.append((path, name, fn))
-            todo, seen = [fn], set()
+            todo, seen = [(fn, False)], set()
             while todo:
-                for call in ast.walk(todo.pop()):
-                    if (isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                            and call.func.id in helpers and call.func.id not in seen):
-                        seen.add(call.func.id)
-                        todo.append(helpers[call.func.id])
-                        out.append((path, f"{name} -> {call.func.id}", helpers[call.func.id]))
+                node, in_table = todo.pop()
+                for ref in ast.walk(node):
+                    called = isinstance(ref, ast.Call) and isinstance(ref.func, ast.Name) and ref.func.id
+                    named = isinstance(ref, ast.Name) and isinstance(ref.ctx, ast.Load) and ref.id
+                    for what, table in ((called, False), (named if in_table else None, False), (named, True)):
+                        found = (tables if table else helpers).get(what) if what else None
+                        if found is not None and what not in seen:
+                            seen.add(what)
+                            todo.append((found, table))
+                            out.append((path, f"{name} -> {what}", found))
     return out
 
 
@@ -399,15 +406,15 @@ def test_source_scan_catches_each_kind_of_host_read(tmp_path):
     tree = copy_tree(tmp_path)
     target = tree / "tasks" / "objectives" / "scl.py"
     source = target.read_text()
-    anchor = '        labels = batch["labels"]\n'
+    anchor = "        key = self.config.embedding\n"
     assert anchor in source
     injected = ("        a = out.features[key].sum().item()\n"
-                "        b = labels.tolist()\n"
-                "        c = int(labels.sum())\n"
+                "        b = batch['labels'].tolist()\n"
+                "        c = int(batch['labels'].sum())\n"
                 "        d = float(3) + bool(0) + int(-1)\n"
-                "        e = torch.tensor(1.0, device=labels.device)\n"
-                "        f = bool(labels.any())  # host-read: a test says why\n"
-                "        g = float(labels.max())  # host-read:\n")
+                "        e = torch.tensor(1.0, device=batch['labels'].device)\n"
+                "        f = bool(batch['labels'].any())  # host-read: a test says why\n"
+                "        g = float(batch['labels'].max())  # host-read:\n")
     target.write_text(source.replace(anchor, anchor + injected, 1))
     first = source[:source.index(anchor)].count("\n") + 2  # line of the first injected statement
     bad = offending_lines(tree)

@@ -17,6 +17,7 @@ import pytest
 import sklearn.metrics  # test dependency: a missing reference fails instead of skipping
 import torch
 
+from minbert.bert import BertModel
 from tasks import train as cli
 from tasks.arguments import config_for
 from tasks.ensemble import main as ensemble_main
@@ -24,10 +25,12 @@ from tasks.predict import main as predict_main
 from tasks.predictions import read_logits, read_predictions
 from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble
 from tasks.evaluation.evaluator import Predictor, evaluate_checkpoint
-from tasks.task import (BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, Layout, Task, get_task, load_split, model_tasks,
-                        unregister_task)
+from tasks.model import ModelConfig, MultitaskBert
+from tasks.task import (BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, Binary, Head, Layout, Task, get_task, load_split,
+                        layout_from, mlp, model_tasks, unregister_task)
 from tasks.training.run import run
-from tests.helpers import CLASS_WORDS, three_class_task, tiny_flags, tiny_train_config, user_task, write_csv
+from tests.helpers import (CLASS_WORDS, three_class_task, tiny_config, tiny_flags, tiny_train_config, user_task,
+                           write_csv)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,6 +172,35 @@ def test_no_module_outside_the_registry_compares_a_task_name():
     assert not found, f"task names compared outside tasks/task.py: {found}"
 
 
+# Where a module outside tasks/task.py may still ask what a kind is, and what: how many texts a task reads
+# (``pair``) where lines are read as one sentence or two and where a pair's sides are swapped; a task file's
+# declaration (its kind's text columns, its classes or range); and the modules not moved onto the kinds' methods
+# yet (issue 69).
+KIND_QUESTIONS = {
+    "tasks/predict.py": {"pair"},
+    "tasks/training/optim.py": {"pair"},
+    "tasks/task_file.py": {"pair", "classification"},
+    "tasks/perturb.py": {"pair", "binary", "classification"},
+    "tasks/training/attacks.py": {"classification"},
+}
+
+
+def test_no_module_outside_the_kinds_asks_what_kind_a_task_is():
+    """A kind is an object that is asked what to do: outside tasks/task.py no module reads a kind's
+    ``classification``, ``binary``, ``siamese`` or ``pair`` to choose what to do, but where KIND_QUESTIONS says
+    why (the model, the datasets, evaluation, ensembles and the objectives ask their kinds)."""
+    asked = {}
+    for path in sorted((ROOT / "tasks").rglob("*.py")):
+        name = str(path.relative_to(ROOT))
+        if name == "tasks/task.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Attribute) and node.attr in ("classification", "binary", "siamese", "pair") \
+                    and node.attr not in KIND_QUESTIONS.get(name, ()):
+                asked.setdefault(name, []).append(f"{node.lineno}: .{node.attr}")
+    assert not asked, f"what kind a task is, asked outside tasks/task.py: {asked}"
+
+
 def test_cfimdb_with_a_frozen_encoder_writes_the_starters_part1_files(tmp_path, tiny_env, one_thread):
     """--tasks sst cfimdb --freeze-encoder (the starter's --option pretrain): the encoder's weights do not move,
     and the run writes pretrain-{sst,cfimdb}-{dev,test}-out.csv in the starter's format beside its own files."""
@@ -234,6 +266,69 @@ def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env,
     assert len(labels) == 1 and prob.shape == score.shape == (1,)
     with pytest.raises(ValueError, match="reads sentence pairs"):
         p.predict("sim", ["one sentence"])
+
+
+class Distance(Head):
+    """A Siamese pair head no kind of the package builds: a learned threshold minus the distance between the two
+    sentences' projections, one logit."""
+
+    features = ("distance",)
+
+    def parts(self):
+        return {"head": mlp([self.hidden, self.proj], self.dropout), "threshold": torch.nn.Parameter(torch.ones(()))}
+
+    def score(self, model, task, pooled):
+        head = model.part(task.name, "head")
+        d = (head(pooled[0]) - head(pooled[1])).norm(dim=-1)  # (B,)
+        return model.part(task.name, "threshold") - d, {"distance": d}
+
+
+class Near(Binary):
+    """A kind the package does not have: two classes by one logit, as Quora's head, trained by a hinge loss, and
+    a Siamese pair scored by its own head (``Distance``)."""
+
+    about = "near or far pairs"
+
+    def siamese_head(self, task, config, hidden):
+        return Distance(task, config, hidden)
+
+    def loss(self, logits, labels, reduction="mean"):
+        per = torch.relu(1 - (2 * labels.float() - 1) * logits.float())  # (B,)
+        return per.mean() if reduction == "mean" else per.sum() if reduction == "sum" else per
+
+
+def test_a_new_kind_builds_its_own_head_and_trains_predicts_and_reloads_with_no_caller_changed(
+        tmp_path, tiny_env, one_thread, monkeypatch):
+    """A kind object the package does not have (``Near``), declared by its name, is all a new kind of task takes:
+    its Siamese head's parts become the model's ``near_head`` and ``near_threshold``, its loss trains them beside
+    SST, the run scores it by its metrics, writes its predictions and logits, and the saved run reads its entry
+    back by the kind's name and predicts it; read as one sequence (cross), it gets the one-sequence head."""
+    near = Near("pair-near", pair=True)
+    monkeypatch.setitem(KINDS, "pair-near", near)  # where kind_for finds it by the name a saved run records
+    folder = tmp_path / "near"
+    folder.mkdir()
+    files = {}
+    for split, n in (("train", 32), ("dev", 16)):
+        files[split] = str(write_csv(folder / f"{split}.csv", ["a", "b", "y"], [
+            [f"the film was {CLASS_WORDS[i % 3]}", f"a film {CLASS_WORDS[(i // 2) % 3]}", int(i % 3 == (i // 2) % 3)]
+            for i in range(n)]))
+    task = Task("near", near, files, layout_from({"text": ["a", "b"], "label": "y"}), classes=("0", "1"),
+                output_column="label", symmetric=True)
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("sst", "near"), user_tasks=[task], epochs=1,
+                            model={"pair_encoding": "siamese"})
+    summary = run(cfg)
+    assert {"near_acc", "near_f1", "near_mcc"} <= set(summary["dev"])
+    ids, logits = read_logits(tmp_path / "run" / "predictions" / "near-dev-logits.csv")
+    assert len(ids) == 16 and logits.shape == (16,)
+    ids, classes = read_predictions(tmp_path / "run" / "predictions" / "near-dev-output.csv", "near")
+    assert len(ids) == 16 and set(classes.tolist()) <= {0, 1}
+    p = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
+    assert get_task("near").kind is near and isinstance(p.model.heads["near"], Distance)
+    assert float(p.model.near_threshold.detach()) != 1.0  # trained by the kind's loss through its own head
+    labels, prob = p.predict("near", [("the film was fine okay", "a film fine okay")])
+    assert labels[0] in ("0", "1") and prob.shape == (1,)
+    cross = MultitaskBert(BertModel(tiny_config()), ModelConfig(pair_encoding="cross", fcn_size=16), ("near",))
+    assert type(cross.heads["near"]).__name__ == "OneSequence" and not hasattr(cross, "near_threshold")
 
 
 # ---- users' tasks of every kind, from task files alone ------------------------------------------------------------

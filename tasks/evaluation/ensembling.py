@@ -147,7 +147,7 @@ class RegressionFit:
 
 def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor, l2: float = 1e-3,
                    max_iter: int = 300) -> RegressionFit:
-    """Fit the regression ensembler's weights on (``logits``, ``labels``), by the task's kind.
+    """Fit the regression ensembler's weights on (``logits``, ``labels``), by the task's kind (``Kind.fit``).
 
     Classes (SST): softmax(Σ w_m x_m), cross-entropy; a pair classification (paraphrase): sigmoid(Σ w_m x_m + b),
     binary cross-entropy; both minimised by L-BFGS (strong Wolfe line search)
@@ -157,30 +157,8 @@ def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tens
     """
     kind = get_task(task).kind
     x = torch.stack([t.double() for t in logits])  # (M, N[, C])
-    n_models, n = x.shape[0], x.shape[1]
-    y = labels.double()
-    if not kind.classification:
-        design = torch.cat([x.T, torch.ones(n, 1, dtype=torch.float64)], dim=1)  # (N, M + 1)
-        sol = torch.linalg.lstsq(design, y.unsqueeze(1)).solution.squeeze(1)  # (M + 1,)
-        return RegressionFit(task, sol[:-1].tolist(), float(sol[-1]), n, "least squares")
-    w = torch.full((n_models,), 1.0 / n_models, dtype=torch.float64, requires_grad=True)
-    b = torch.zeros((), dtype=torch.float64, requires_grad=kind.fit_bias)
-    params = [w, b] if kind.fit_bias else [w]
-    opt = torch.optim.LBFGS(params, lr=1.0, max_iter=max_iter, tolerance_grad=1e-10, tolerance_change=1e-12,
-                            history_size=20, line_search_fn="strong_wolfe")
-
-    def objective() -> torch.Tensor:
-        return kind.fit_loss(kind.combine(w, x, b), y) + l2 * (w * w).sum()
-
-    def closure() -> torch.Tensor:
-        opt.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    opt.step(closure)
-    return RegressionFit(task, w.detach().tolist(), float(b.detach()) if kind.fit_bias else None, n,
-                         kind.fit_objective)
+    weights, bias = kind.fit(x, labels.double(), l2, max_iter)
+    return RegressionFit(task, weights, bias, x.shape[1], kind.fit_objective)
 
 
 def split_halves(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -299,7 +277,7 @@ def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor | None, test:
     holdout = {"n_fit": len(fit_idx), "n_eval": len(eval_idx),
                "models": [score(task, predict(task, x), held_y) for x in held_x],
                "simple": score(task, average(task, held_x)[1], held_y)}
-    if not get_task(task).kind.classification and not fit_scores:
+    if not get_task(task).kind.fit_unasked and not fit_scores:
         result.note = ("the paper fit no regression ensembler for scores (STS): simple average "
                        "(--regression-sts fits least-squares weights)")
         holdout["regression"] = holdout["simple"]

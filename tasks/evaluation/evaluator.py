@@ -116,7 +116,7 @@ def predict_dataset(
                 swapped = move_batch(dataset.collate([i + n for i in indices]), device)
                 with amp:
                     reverse = model(task, swapped)
-                out = TaskOutput((out.logits.float() + reverse.logits.float()) / 2)
+                out = TaskOutput(kind.both_orders(out.logits, reverse.logits))
             # Kept on the device until the end: one transfer instead of a sync per batch.
             logit_parts.append(out.logits.float())
             pred_parts.append(model.predict(task, out))
@@ -356,14 +356,12 @@ def one_class_note(task: str, preds: torch.Tensor, labels: torch.Tensor | None) 
     """A warning when a classifier predicts one class for every labelled example while the labels hold several
     (a collapsed classifier: MCC 0, F1 0 or undefined); None otherwise, and for a regression."""
     entry = get_task(task)
-    if labels is None or not entry.kind.classification or len(preds) < 2:
+    if labels is None or len(preds) < 2:
         return None
-    classes = preds.long().unique()
-    labels = labels.long()
-    if len(classes) > 1 or len(labels.unique()) < 2:
+    k = entry.kind.one_class(preds, labels)
+    if k is None:
         return None
-    k = int(classes[0])
-    share = float((labels == k).float().mean())
+    share = float((labels.long() == k).float().mean())
     return (f"{task}: all {len(preds)} dev predictions are one class, {entry.label_name(k)} ({share:.0%} of the dev "
             "labels): the classifier collapsed to a constant, as after too few steps (--epochs, --limit), at a "
             "learning rate too high or too low (--lr), or on a task one class dominates")
@@ -528,17 +526,8 @@ class Predictor:
         ids "0".."N-1", the logits as a run's logits files hold them, and class ids (N,) or scores (N,)."""
         if task not in self.cfg.tasks:
             raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
-        kind = get_task(task).kind
-        if kind.pair:
-            bad = next((i for i, x in enumerate(inputs) if isinstance(x, str) or len(x) != 2), None)
-            if bad is not None:
-                raise ValueError(f"{task} reads sentence pairs: input {bad} is {inputs[bad]!r}, not (a, b)")
-            examples = [Example(str(i), a, b) for i, (a, b) in enumerate(inputs)]
-        else:
-            bad = next((i for i, x in enumerate(inputs) if not isinstance(x, str)), None)
-            if bad is not None:
-                raise ValueError(f"{task} reads one sentence each: input {bad} is {inputs[bad]!r}")
-            examples = [Example(str(i), t) for i, t in enumerate(inputs)]
+        entry = get_task(task)
+        examples = entry.kind.examples(entry, inputs)
         return self.evaluator.predict(self.model, task, make_dataset(task, examples, self.tokenizer, self.cfg),
                                       batch_size=self.batch_size)
 
@@ -554,9 +543,7 @@ class Predictor:
         tasks as class numbers."""
         entry = get_task(task)
         out = self.predictions(task, inputs)
-        if not entry.kind.classification:
-            return out.preds
-        return [entry.label_name(int(k)) for k in out.preds], entry.kind.outputs(entry, out.logits)
+        return entry.kind.answers(entry, out.preds, out.logits)
 
     def sentiment(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(labels (N,) in 0-4, probabilities (N, 5)) of SST-5 sentiment."""

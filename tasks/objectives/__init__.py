@@ -14,10 +14,13 @@ file under tasks/objectives/ (imported by ``import_all``), with:
   factor on its terms, and ``tasks`` always exist); each field, written with ``tasks.options.option`` (its
   default and help), becomes the train command's flag ``--<name>-<field>`` in kebab case (tasks/arguments.py:
   ``match_tuning``'s ``temperature`` is ``--match-tuning-temperature``);
-- ``kinds``: the kinds of task it supports (tasks/task.py): any task of those kinds, a user's too, may be named
-  in its config; ``tasks``: the built-in streams it can take (``"nli"`` is the NLI triplet stream,
+- ``kinds``: the kinds of task it supports, by name (tasks/task.py): any task of those kinds, a user's too, may be
+  named in its config; ``tasks``: the built-in streams it can take (``"nli"`` is the NLI triplet stream,
   ``"phrases"`` the SST phrases), enforced here: a config naming another stream, or a task of another kind, is
-  refused, naming both; ``default_tasks`` the ones it takes when its config names none (default: ``tasks``);
+  refused, naming both; ``default_tasks`` the ones it takes when its config names none (default: ``tasks``).
+  What it computes from a head's outputs differs by kind: a table of its rules by the class of kind
+  (``{Classes: ..., Binary: ..., Scores: ...}``), read through ``kind_rule``, which refuses a kind it has no
+  rule for instead of treating it as another (a new kind is never trained as a regression);
 - ``forward(model, task, batch, out) -> dict[str, Tensor]``: unweighted loss terms;
   ``out`` is the head's TaskOutput for this batch (None for the "nli" stream).
 
@@ -34,17 +37,19 @@ from __future__ import annotations
 
 import abc
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeVar
 
 import torch
 from torch import nn
 
 from tasks.options import json_value, option
-from tasks.task import get_task, task_names
+from tasks.task import Kind, get_task, task_names
 
 REGISTRY: dict[str, type["Objective"]] = {}
+
+Rule = TypeVar("Rule")
 
 
 def _defined_in(cls: type) -> str:
@@ -192,6 +197,19 @@ class Objective(nn.Module, abc.ABC):
                   device: torch.device) -> Inference | None:
         """This objective's change to the final evaluation, or None (the model's predictions stand)."""
         return None
+
+
+def kind_rule(objective: str, rules: Mapping[type[Kind], Rule], stream: str, kind: Kind | None) -> Rule:
+    """``objective``'s rule (``rules``: one per class of kind it takes, tasks/task.py) for ``kind``, the kind of the
+    head ``stream``'s batches train (tasks.model.kind_of; None: a stream without a head, NLI's); a kind it has no
+    rule for is a ValueError naming the objective, the stream, its kind and the kinds it takes, never another
+    kind's rule."""
+    rule = rules.get(type(kind))
+    if rule is None:
+        what = "has no head" if kind is None else f"is a {kind.name}{f' ({kind.about})' if kind.about else ''}"
+        takes = " or ".join(k.about or k.__name__ for k in rules)
+        raise ValueError(f"objective {objective!r} does not take {stream!r}, which {what}: it takes tasks of {takes}")
+    return rule
 
 
 def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objective], ObjectiveConfig]:

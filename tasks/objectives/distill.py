@@ -64,12 +64,26 @@ from torch import nn
 
 from tasks.predictions import load_task_logits, logits_path
 from tasks.model import kind_of
-from tasks.objectives import Objective, ObjectiveConfig
+from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
-from tasks.task import KINDS, MULTITASK
+from tasks.task import MULTITASK, Binary, Classes, Scores
 
 DISTILL_TASKS = MULTITASK
+
+# By the kind of task (the kinds distillation takes): the soft target of teachers' float64 outputs x (M, N[, C]) at
+# temperature T, and the term of a student's float32 outputs z against it
+TARGETS = {
+    Classes: lambda x, temperature: (x / temperature).softmax(-1).mean(0).float(),  # (N, C)
+    Binary: lambda x, temperature: torch.sigmoid(x / temperature).mean(0).float(),  # (N,)
+    Scores: lambda x, temperature: x.mean(0).float(),  # (N,): no temperature, a regression target
+}
+TERMS = {
+    Classes: lambda z, t, temperature: temperature ** 2 * F.kl_div(F.log_softmax(z / temperature, dim=-1), t,
+                                                                     reduction="batchmean"),
+    Binary: lambda z, t, temperature: temperature ** 2 * F.binary_cross_entropy_with_logits(z / temperature, t),
+    Scores: lambda z, t, temperature: F.mse_loss(z, t),
+}
 
 
 def teacher_targets(task: str, logits: Sequence[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
@@ -83,12 +97,7 @@ def teacher_targets(task: str, logits: Sequence[torch.Tensor], temperature: floa
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     x = torch.stack([t.double() for t in logits])  # (M, N[, C])
-    kind = kind_of(task)
-    if not kind.classification:
-        return x.mean(0).float()  # (N,)
-    if kind.binary:
-        return torch.sigmoid(x / temperature).mean(0).float()  # (N,)
-    return (x / temperature).softmax(-1).mean(0).float()  # (N, C)
+    return kind_rule("distill", TARGETS, task, kind_of(task))(x, temperature)
 
 
 def distill_loss(task: str, student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
@@ -102,13 +111,7 @@ def distill_loss(task: str, student: torch.Tensor, target: torch.Tensor, tempera
         z, t = student.float(), target.float().to(student.device)
         if z.shape != t.shape:
             raise ValueError(f"{task}: student outputs {tuple(z.shape)} but teacher targets {tuple(t.shape)}")
-        kind = kind_of(task)
-        if not kind.classification:
-            return F.mse_loss(z, t)
-        if kind.binary:
-            return temperature ** 2 * F.binary_cross_entropy_with_logits(z / temperature, t)
-        log_q = F.log_softmax(z / temperature, dim=-1)  # (B, C)
-        return temperature ** 2 * F.kl_div(log_q, t, reduction="batchmean")
+        return kind_rule("distill", TERMS, task, kind_of(task))(z, t, temperature)
 
 
 @dataclass
@@ -178,7 +181,7 @@ class Distill(Objective):
     name = "distill"
     Config = DistillConfig
     option_names = frozenset(("weight", "tasks", "teachers", "temperature"))  # at options_version 1
-    kinds = tuple(KINDS)
+    kinds = ("sentence-classification", "pair-classification", "sentence-regression", "pair-regression")
     tasks = DISTILL_TASKS
 
     def __init__(self, config: DistillConfig, model: nn.Module | None = None):

@@ -71,8 +71,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import follow_modes, kind_of, preserved_modes
-from tasks.task import get_task
-from tasks.objectives import Objective, ObjectiveConfig
+from tasks.task import Binary, Classes, get_task
+from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
 
@@ -86,25 +86,29 @@ REPRESENTATIONS = ("pooled", "head_input")
 
 
 def check_representation(model: nn.Module, task: str, representation: str) -> None:
-    """Raise when ``model`` yields no single (B, D) ``representation`` for ``task`` (a Siamese pair task:
-    paraphrase)."""
-    cfg = model.config
-    if kind_of(task).pair and cfg.pair_encoding == "siamese":
-        if representation == "pooled":
-            raise ValueError(f"knn_bert on {task!r} with pair_encoding='siamese' has no single pooled embedding per "
-                             "pair: use pair_encoding='cross', or representation='head_input' with arch='b1'")
-        if cfg.arch != "b1":
-            raise ValueError(f"knn_bert on {task!r} with the Siamese baseline has no pair representation (it scores "
-                             "a dot product): use pair_encoding='cross', or arch='b1' with representation='head_input'")
+    """Raise when ``model`` yields no single (B, D) ``representation`` for ``task`` (a Siamese pair task's head
+    gives each sentence's pooled embedding, and a pair vector only where it builds one: b1's "head_input")."""
+    gives = model.feature_names(task)
+    if representation not in gives:
+        cfg = model.config
+        raise ValueError(f"knn_bert on {task!r}: its head (arch={cfg.arch!r}, pair_encoding={cfg.pair_encoding!r}) "
+                         f"has no single {representation!r} vector per example, only {', '.join(gives)}: use "
+                         "pair_encoding='cross', or representation='head_input' with arch='b1'")
+
+
+def _two_classes(z: torch.Tensor) -> torch.Tensor:
+    p = torch.sigmoid(z)  # (B,)
+    return torch.stack([1.0 - p, p], dim=-1)  # (B, 2)
+
+
+# softmax(F(q)) of eq. 1 (B, C) from a head's float32 logits, by the kind of task (the kinds KNN-BERT takes): a
+# softmax over C logits, or a binary logit z (paraphrase) as [1 − σ(z), σ(z)]
+PROBABILITIES = {Classes: lambda z: z.softmax(dim=-1), Binary: _two_classes}
 
 
 def class_probabilities(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """softmax(F(q)) of eq. 1, (B, C); a binary logit z (paraphrase) gives [1 − σ(z), σ(z)]."""
-    logits = logits.float()
-    if kind_of(task).binary:
-        p = torch.sigmoid(logits)  # (B,)
-        return torch.stack([1.0 - p, p], dim=-1)  # (B, 2)
-    return logits.softmax(dim=-1)
+    """softmax(F(q)) of eq. 1, (B, C), by the task's kind (``PROBABILITIES``); a ValueError for another kind."""
+    return kind_rule("knn_bert", PROBABILITIES, task, kind_of(task))(logits.float())
 
 
 class KNNClassifier:
@@ -178,7 +182,7 @@ class KNNInference:
                  train_set: Callable[[str], Any], batch_size: int, device: torch.device) -> None:
         self.config = objective.config
         self.model, self.train_set, self.batch_size, self.device = model, train_set, batch_size, device
-        self.tasks = [t for t in tasks if get_task(t).kind.classification and objective.applies_to(t)]
+        self.tasks = [t for t in tasks if objective.applies_to(t)]
         self.classifiers: dict[str, KNNClassifier] = {}
         self.info = {"k": self.config.knn_k, "phi": self.config.knn_phi,
                      "leaderboard": "knn" if self.config.knn_phi > 0 else "classifier"}

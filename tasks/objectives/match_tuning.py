@@ -73,7 +73,7 @@ from torch import nn
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
-from tasks.task import KINDS, MULTITASK
+from tasks.task import MULTITASK
 
 MATCH_TASKS = MULTITASK
 INFERENCE_MODES = ("identity", "batch")
@@ -138,7 +138,8 @@ class MatchTuning(Objective):
     name = "match_tuning"
     Config = MatchTuningConfig
     option_names = frozenset(("weight", "tasks", "temperature", "inference"))  # at options_version 1
-    kinds = tuple(KINDS)
+    # every kind whose head reads pooled embeddings, as each kind's does: it changes them, never a head's outputs
+    kinds = ("sentence-classification", "pair-classification", "sentence-regression", "pair-regression")
     tasks = MATCH_TASKS
     batch_coupled = True  # mixes the embeddings of the batch
     inference_options = ("inference",)

@@ -57,8 +57,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import NLI, kind_of
-from tasks.task import get_task, task_names, task_with
-from tasks.objectives import Objective, ObjectiveConfig
+from tasks.task import Binary, Scores, get_task, task_names, task_with
+from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 
 MNR_TASKS = ("sts", NLI, "para")
@@ -131,6 +131,30 @@ def sts_label_weights(labels: torch.Tensor) -> torch.Tensor:
     return torch.exp(labels.float()) / _STS_WEIGHT_NORM
 
 
+def similar_pairs(cfg: MNRConfig, model: nn.Module, task: str, batch: dict, out) -> torch.Tensor:
+    """A similarity's pairs: the embeddings its cosine scores, weighted by their labels (§4.4)."""
+    a, b = _pair_features(model, task, batch, out, cosine=True)
+    weights = None
+    if cfg.sts_label_weighting:
+        if "labels" not in batch:
+            raise ValueError("mnr: sts_label_weighting needs the STS batch's labels")
+        weights = sts_label_weights(batch["labels"])
+    return mnr_loss(a, b, scale=cfg.scale, weights=weights)
+
+
+def positive_pairs(cfg: MNRConfig, model: nn.Module, task: str, batch: dict, out) -> torch.Tensor:
+    """A one-logit pair classification's positive pairs (paraphrases), by their pooled embeddings; 0 with fewer than
+    two positives."""
+    positive = batch["labels"] > 0.5  # (B,) bool
+    a, b = _pair_features(model, task, batch, out, cosine=False)
+    return masked_mnr_loss(a, b, positive, scale=cfg.scale)
+
+
+# What MNR ranks of a pair task's batch, by its kind (the kinds MNR takes); a pair classification of more than two
+# classes has no positive pairs to rank (``check_run``)
+PAIRS = {Scores: similar_pairs, Binary: positive_pairs}
+
+
 @dataclass
 class MNRConfig(ObjectiveConfig):
     """Options of the "mnr" objective (CLI: ``--mnr-<field>``)."""
@@ -145,7 +169,8 @@ class MNRConfig(ObjectiveConfig):
         super().__post_init__()
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
-        if self.tasks and any(t in task_names() and get_task(t).kind.binary for t in self.tasks) != self.para_positives:
+        if self.tasks and any(t in task_names() and PAIRS.get(type(get_task(t).kind)) is positive_pairs
+                              for t in self.tasks) != self.para_positives:
             raise ValueError("mnr: a pair classification ('para') in tasks and para_positives must agree "
                              "(para_positives chooses MNR over its positive pairs); set both or neither")
 
@@ -171,9 +196,9 @@ class MultipleNegativesRanking(Objective):
 
     @classmethod
     def check_run(cls, config: MNRConfig, run_config: Any) -> None:
-        """A pair classification of more than two classes has no positive pairs to rank: refused."""
-        many = [t for t in cls.tasks_of(config) if t in run_config.tasks and get_task(t).kind.classification
-                and not get_task(t).kind.binary]
+        """A pair classification of more than two classes has no positive pairs to rank: refused (its kind, the
+        only one of ``kinds`` that MNR has no rule for)."""
+        many = [t for t in cls.tasks_of(config) if t in run_config.tasks and type(get_task(t).kind) not in PAIRS]
         if many:
             raise ValueError(f"mnr ranks a pair classification's positive pairs, which needs two classes, and task "
                              f"{many[0]!r} has {get_task(many[0]).num_classes}")
@@ -186,20 +211,7 @@ class MultipleNegativesRanking(Objective):
             head = task_with(task_names(), "nli")
             z = [model.pair_embeddings(head, e) for e in pooled]  # each (B, D)
             return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
-        kind = kind_of(task)
-        if kind is not None and not kind.classification:  # a similarity: its cosine embeddings, label-weighted
-            a, b = _pair_features(model, task, batch, out, cosine=True)
-            weights = None
-            if cfg.sts_label_weighting:
-                if "labels" not in batch:
-                    raise ValueError("mnr: sts_label_weighting needs the STS batch's labels")
-                weights = sts_label_weights(batch["labels"])
-            return {"loss": mnr_loss(a, b, scale=cfg.scale, weights=weights)}
-        if kind is not None and kind.binary:  # paraphrase positives, pooled embeddings
-            positive = batch["labels"] > 0.5  # (B,) bool
-            a, b = _pair_features(model, task, batch, out, cosine=False)
-            return {"loss": masked_mnr_loss(a, b, positive, scale=cfg.scale)}  # 0 with fewer than 2 positives
-        raise ValueError(f"mnr does not apply to stream {task!r}: it takes sentence pairs and nli")
+        return {"loss": kind_rule("mnr", PAIRS, task, kind_of(task))(cfg, model, task, batch, out)}
 
 
 def _pair_features(model: nn.Module, task: str, batch: dict, out, *, cosine: bool

@@ -36,18 +36,23 @@ import torch
 from torch import nn
 
 from tasks.model import PHRASES, head_of, kind_of
-from tasks.objectives import Objective, ObjectiveConfig
+from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.objectives.smart import bernoulli_logits, symmetric_kl
 from tasks.options import option
+from tasks.task import Binary, Classes
 
 RDROP_TASKS = ("sst", PHRASES, "para")
 
+# The logits whose softmax is a head's class distribution, by the kind of task (the kinds R-Drop takes): its own C
+# logits, or the Bernoulli of a one-logit head
+CATEGORICAL = {Classes: lambda z: z, Binary: bernoulli_logits}
+
 
 def rdrop_divergence(task: str, p1: torch.Tensor, p2: torch.Tensor) -> torch.Tensor:
-    """Eq. 2's L_KL between two passes' head outputs of a classification stream, mean over the batch."""
-    if kind_of(task).binary:
-        p1, p2 = bernoulli_logits(p1), bernoulli_logits(p2)
-    return 0.5 * symmetric_kl(p1, p2)
+    """Eq. 2's L_KL between two passes' head outputs of a classification stream (their class distributions:
+    ``CATEGORICAL``, by the kind), mean over the batch."""
+    categorical = kind_rule("rdrop", CATEGORICAL, task, kind_of(task))
+    return 0.5 * symmetric_kl(categorical(p1), categorical(p2))
 
 
 @dataclass

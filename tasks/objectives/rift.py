@@ -69,8 +69,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import kind_of, preserved_modes
-from tasks.task import get_task
-from tasks.objectives import Objective, ObjectiveConfig
+from tasks.task import Binary, Classes, get_task
+from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
 
@@ -108,15 +108,17 @@ class RIFTConfig(ObjectiveConfig):
 # ---- distributions and the KL ------------------------------------------------------------------
 
 
+# log p(y|x) (B, C) of a head's float32 logits, by the kind of task (the kinds RIFT takes): a softmax over C
+# logits, or a binary logit z (paraphrase) as the distribution [1 − σ(z), σ(z)]
+LOG_PROBS = {
+    Classes: lambda z: z.log_softmax(dim=-1),
+    Binary: lambda z: torch.stack([F.logsigmoid(-z), F.logsigmoid(z)], dim=-1),  # (B, 2)
+}
+
+
 def class_log_probs(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """log p(y|x), (B, C); a binary logit z (paraphrase) is the distribution [1 − σ(z), σ(z)]."""
-    logits = logits.float()
-    kind = kind_of(task)
-    if kind is None or not kind.classification:
-        raise ValueError(f"RIFT needs a classification task (sst, para), got {task!r}")
-    if kind.binary:
-        return torch.stack([F.logsigmoid(-logits), F.logsigmoid(logits)], dim=-1)  # (B, 2)
-    return logits.log_softmax(dim=-1)
+    """log p(y|x), (B, C), by the task's kind (``LOG_PROBS``); a ValueError for a kind RIFT does not take."""
+    return kind_rule("rift", LOG_PROBS, task, kind_of(task))(logits.float())
 
 
 def kl_per_example(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
@@ -134,13 +136,13 @@ def kl_divergence(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> 
 
 
 def input_suffixes(model: nn.Module, task: str, batch: dict) -> tuple[str, ...]:
-    """The batch-key suffixes the head reads for ``task``: ("",) for one sequence, ("_1", "_2") for Siamese pairs."""
-    cfg = model.config
-    if not kind_of(task).pair or (cfg.pair_encoding == "cross" and "input_ids" in batch):
-        return ("",)
-    if "input_ids_1" not in batch or "input_ids_2" not in batch:
-        raise ValueError(f"{task}: expected Siamese keys input_ids_1/_2, batch has {sorted(batch)}")
-    return ("_1", "_2")
+    """The batch-key suffixes the head reads for ``task`` (``MultitaskBert.sides``): ("",) for one sequence,
+    ("_1", "_2") for Siamese pairs; a ValueError where the batch lacks one."""
+    sides = model.sides(task)
+    if any("input_ids" + s not in batch for s in sides):
+        raise ValueError(f"{task}: expected keys {', '.join('input_ids' + s for s in sides)}, batch has "
+                         f"{sorted(batch)}")
+    return sides
 
 
 def _token_norm(x: torch.Tensor) -> torch.Tensor:

@@ -31,14 +31,14 @@ How the pieces map onto the objective interface:
   choice; "cls" raw [CLS]; "mean"); ``"head_input"`` is the head's input
   (B1's [shared, own] features). With Match-Tuning active both are the
   matched embeddings z, since the model stores what the head read.
-- Tasks: SST (5 classes) and paraphrase (labels 0/1 from ``batch["labels"]``).
-  A paraphrase example must have ONE vector, as in the paper's
+- Tasks: SST (5 classes) and paraphrase (labels 0/1 from ``batch["labels"]``), as classes by the task's kind
+  (``CLASSES``). A paraphrase example must have ONE vector, as in the paper's
   [CLS] a [SEP] b [SEP] setup: ``pair_encoding="cross"`` (either embedding),
   or ``arch="b1"`` Siamese with ``embedding="head_input"`` (the products-plus-
-  raw-embeddings pair vector). The baseline Siamese head has no pair vector
+  raw-embeddings pair vector). The baseline Siamese paraphrase head has no pair vector
   (only the two sentences' embeddings, whose label is a property of the pair,
-  not of either sentence), so SCL on "para" there raises at construction.
-  STS (regression) has no classes and is refused.
+  not of either sentence), so SCL on "para" there raises at construction: what a head gives is the model's
+  ``feature_names``. STS (regression) has no classes and is refused.
 - Computed in float32 with autocast off: logits Φ·Φ/τ reach ±1/τ, and bf16
   (8 significant bits) would round them by up to 1/32 near 1/τ = 10; fp16
   (11 bits, a 5-bit exponent) by 1/256, and its exp() would overflow past 11.
@@ -60,11 +60,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import ModelConfig, kind_of
-from tasks.objectives import Objective, ObjectiveConfig
+from tasks.model import kind_of
+from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
-from tasks.task import task_names
+from tasks.task import Binary, Classes
 
 SCL_TASKS = ("sst", "para")
 EMBEDDINGS = ("pooled", "head_input")
@@ -125,16 +125,21 @@ class SCLConfig(ObjectiveConfig):
             raise ValueError(f"scl reduction must be one of {REDUCTIONS}, got {self.reduction!r}")
 
 
-def para_feature_problem(model_config: ModelConfig, embedding: str) -> str | None:
-    """Why the paraphrase head of ``model_config`` has no single pair vector for ``embedding``; None if it has."""
-    if model_config.pair_encoding == "cross":
+# A batch's labels as class ids, by the kind of task (the kinds SCL takes): a one-logit head's 0./1. BCE targets
+# rounded
+CLASSES = {Classes: lambda labels: labels.long(), Binary: lambda labels: labels.round().long()}
+
+
+def feature_problem(model: nn.Module, task: str, embedding: str) -> str | None:
+    """Why ``task``'s head in ``model`` gives no single vector per example for ``embedding`` (a Siamese pair head
+    gives each sentence's, and a pair vector only where it builds one); None if it gives one."""
+    gives = model.feature_names(task)
+    if embedding in gives:
         return None
-    if embedding == "head_input" and model_config.arch == "b1":
-        return None
-    return (f"scl on 'para' needs one vector per sentence pair, but pair_encoding='siamese' with "
-            f"arch={model_config.arch!r} and embedding={embedding!r} has none (only the two sentences' "
-            f"embeddings). Use pair_encoding='cross', or arch='b1' with embedding='head_input', "
-            f"or restrict scl to tasks=('sst',)")
+    cfg = model.config
+    return (f"scl on {task!r} needs one vector per sentence pair, but pair_encoding={cfg.pair_encoding!r} with "
+            f"arch={cfg.arch!r} and embedding={embedding!r} has none (its head gives {', '.join(gives)}). Use "
+            f"pair_encoding='cross', or arch='b1' with embedding='head_input', or restrict scl's tasks")
 
 
 class SupervisedContrastive(Objective):
@@ -149,32 +154,25 @@ class SupervisedContrastive(Objective):
 
     def __init__(self, config: SCLConfig, model: nn.Module | None = None):
         super().__init__(config, model)
-        model_config = getattr(model, "config", None)
-        if any(kind_of(t).pair for t in self.active_tasks() if t in task_names()) \
-                and hasattr(model_config, "pair_encoding"):
-            problem = para_feature_problem(model_config, config.embedding)
-            if problem:
-                raise ValueError(problem)
+        if hasattr(model, "feature_names"):  # built with the model it trains, not for a config's check
+            for t in self.active_tasks():
+                problem = feature_problem(model, t, config.embedding) if t in model.tasks else None
+                if problem:
+                    raise ValueError(problem)
 
     @property
     def task_loss_scale(self) -> float:
         return 1.0 - float(self.config.weight)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        kind = kind_of(task)
-        if kind is None or not kind.classification:
-            raise ValueError(f"scl does not apply to task {task!r}: it contrasts the classes of a classification")
+        as_classes = kind_rule("scl", CLASSES, task, kind_of(task))  # it contrasts the classes of a classification
         if out is None:
             raise ValueError("scl needs the head's output (its features) for the batch")
         if "labels" not in batch:
             raise ValueError(f"scl needs labels in the {task} batch")
         key = self.config.embedding
         if key not in out.features:
-            model_config = getattr(model, "config", None)
-            problem = (para_feature_problem(model_config, key)
-                       if kind.pair and hasattr(model_config, "pair_encoding") else None)
-            raise ValueError(problem or f"scl: the {task} head gave no {key!r} features ({sorted(out.features)})")
-        labels = batch["labels"]
-        labels = labels.round().long() if labels.is_floating_point() else labels.long()  # para: 0./1. -> 0/1
-        loss = scl_loss(out.features[key], labels, self.config.temperature, self.config.reduction)
+            raise ValueError(f"scl: the {task} head gave no {key!r} features ({sorted(out.features)})")
+        loss = scl_loss(out.features[key], as_classes(batch["labels"]), self.config.temperature,
+                        self.config.reduction)
         return {"loss": loss}

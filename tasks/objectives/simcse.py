@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import NLI
-from tasks.task import KINDS, MULTITASK
+from tasks.task import MULTITASK
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 
@@ -102,7 +102,8 @@ class SimCSE(Objective):
     name = "simcse"
     Config = SimCSEConfig
     option_names = frozenset(("weight", "tasks", "temperature", "similarity"))  # at options_version 1
-    kinds = tuple(KINDS)  # any sentences
+    # any kind's sentences: it reads a batch's token ids, never its labels nor a head's outputs
+    kinds = ("sentence-classification", "pair-classification", "sentence-regression", "pair-regression")
     tasks = SIMCSE_TASKS
     default_tasks = ("sts",)
     batch_coupled = True  # in-batch negatives

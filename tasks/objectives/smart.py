@@ -20,9 +20,9 @@ approximately, as Algorithm 1:
         δ ← clamp(δ, −ε, ε)                                project to the L∞ ball, ε = 1e-5
     penalty = l_s(f(e + δ), f(e))                           weighted by λ_s = ``weight``
 
-l_s: symmetric KL, KL(P‖Q) + KL(Q‖P), for classification (SST: softmax over 5
-classes; paraphrase: the Bernoulli of the logit, i.e. a softmax over [z, 0]);
-mean squared error for STS (its regression score). "Per example" for a Siamese
+l_s, by the task's kind (``DIVERGENCES``; another kind is refused): symmetric KL, KL(P‖Q) + KL(Q‖P), for
+classification (SST: softmax over 5 classes; paraphrase: the Bernoulli of the logit, i.e. a softmax over
+[z, 0]); mean squared error for STS (its regression score). "Per example" for a Siamese
 pair means the pair: one max over both sentences' gradients.
 
 Choices made here:
@@ -67,10 +67,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import kind_of
-from tasks.objectives import Objective, ObjectiveConfig
+from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
-from tasks.task import KINDS, MULTITASK
+from tasks.task import MULTITASK, Binary, Classes, Scores
 
 SMART_TASKS = MULTITASK
 
@@ -90,17 +90,18 @@ def bernoulli_logits(z: torch.Tensor) -> torch.Tensor:
     return torch.stack([z, torch.zeros_like(z)], dim=-1)
 
 
+# l_s between perturbed and clean head outputs, by the kind of task: the kinds SMART takes
+DIVERGENCES = {
+    Classes: symmetric_kl,  # sst: the 5 classes' softmax
+    Binary: lambda adv, clean: symmetric_kl(bernoulli_logits(adv), bernoulli_logits(clean)),  # para's Bernoulli
+    Scores: lambda adv, clean: F.mse_loss(adv.float(), clean.float()),  # sts: its scores
+}
+
+
 def smart_divergence(task: str, adv: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """l_s between perturbed and clean head outputs, by the task's kind: sym-KL of the class distributions (sst;
-    para's Bernoulli) or MSE of scores (sts)."""
-    kind = kind_of(task)
-    if kind is None:
-        raise ValueError(f"smart does not apply to stream {task!r}: it has no head")
-    if not kind.classification:
-        return F.mse_loss(adv.float(), clean.float())
-    if kind.binary:
-        return symmetric_kl(bernoulli_logits(adv), bernoulli_logits(clean))
-    return symmetric_kl(adv, clean)
+    """l_s between perturbed and clean head outputs, by the task's kind (``DIVERGENCES``): sym-KL of the class
+    distributions (sst; para's Bernoulli) or MSE of scores (sts); a ValueError for a kind SMART does not take."""
+    return kind_rule("smart", DIVERGENCES, task, kind_of(task))(adv, clean)
 
 
 # ---- the perturbation ---------------------------------------------------------------
@@ -216,7 +217,7 @@ class SMART(Objective):
     Config = SMARTConfig
     option_names = frozenset((  # at options_version 1
         "weight", "tasks", "sigma", "step_size", "epsilon", "steps", "reuse_head_output"))
-    kinds = tuple(KINDS)
+    kinds = ("sentence-classification", "pair-classification", "sentence-regression", "pair-regression")
     tasks = SMART_TASKS
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:

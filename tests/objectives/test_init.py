@@ -22,6 +22,7 @@ from tasks.model import ModelConfig, MultitaskBert
 import tasks.objectives as objectives
 from tasks.objectives import REGISTRY, Objective, ObjectiveConfig, build_objectives, registered_objectives
 from tasks.objectives.distill import Distill, TaskTargets
+from tasks.task import Layout, Scores, Task, register_task
 from tasks.training.run import run, trainer_for
 from tests.helpers import tiny_config, tiny_train_config
 
@@ -242,6 +243,63 @@ def test_the_probe_term_enters_the_loss_with_its_weight(probe, tiny_env, tmp_pat
     batch = trainer.train_sets["sst"].collate(list(range(8)))
     loss, terms = trainer.step_loss("sst", batch)
     torch.testing.assert_close(loss, terms["sst/loss"] + 0.5 * terms["sst/probe_minimal.logit_norm"])
+
+
+class Ranking(Scores):
+    """A kind the package does not have, so no objective names it: scores (as a regression's) that a ranking loss
+    would compare within a query."""
+
+    about = "scores ranked within a query"
+
+
+@pytest.fixture
+def ranked(user_tasks):
+    """A sentence task of the kind ``Ranking`` ("sentence-ranking"), registered for this test."""
+    return register_task(Task("ranked", Ranking("sentence-ranking", pair=False), {}, Layout(("t",), "y"),
+                              score_range=(0.0, 1.0)))
+
+
+def test_an_objective_refuses_a_kind_it_has_no_rule_for_in_one_line_never_as_another_kind(ranked):
+    """What an objective computes from a head's outputs is a rule per kind it names: a task of a kind it does not
+    name (here a subclass of the regressions' kind) is refused in one line naming the objective, the task, its
+    kind and the kinds it takes, never trained by a regression's rule (SMART's MSE, distillation's mean score) or
+    a classification's; a stream without a head is refused alike. The config's check refuses the kind's name
+    before any data."""
+    from tasks.objectives.distill import distill_loss, teacher_targets
+    from tasks.objectives.knn_bert import class_probabilities
+    from tasks.objectives.mnr import PAIRS
+    from tasks.objectives.rdrop import rdrop_divergence
+    from tasks.objectives.rift import class_log_probs
+    from tasks.objectives.scl import CLASSES
+    from tasks.objectives.smart import smart_divergence
+
+    z = torch.linspace(0.1, 0.9, 6)
+    refusals = {
+        "smart": lambda: smart_divergence("ranked", z, z.flip(0)),
+        "distill": lambda: teacher_targets("ranked", [z]),
+        "rift": lambda: class_log_probs("ranked", z),
+        "knn_bert": lambda: class_probabilities("ranked", z),
+        "rdrop": lambda: rdrop_divergence("ranked", z, z),
+        "mnr": lambda: objectives.kind_rule("mnr", PAIRS, "ranked", ranked.kind),
+        "scl": lambda: objectives.kind_rule("scl", CLASSES, "ranked", ranked.kind),
+    }
+    for name, call in refusals.items():
+        with pytest.raises(ValueError) as refused:
+            call()
+        message = str(refused.value)
+        assert message.startswith(f"objective {name!r} does not take 'ranked', which is a sentence-ranking (scores "
+                                  "ranked within a query): it takes tasks of ") and "\n" not in message, message
+    with pytest.raises(ValueError, match="objective 'distill' does not take 'ranked'"):
+        distill_loss("ranked", z, z)
+    with pytest.raises(ValueError, match="^objective 'smart' does not take 'nli', which has no head: it takes tasks of "
+                                         "classes scored by C logits or two classes scored by one logit or a score "
+                                         "on a scale$"):
+        smart_divergence("nli", z, z)
+    for name in ("smart", "distill", "simcse", "match_tuning"):  # the ones that took every kind, now by name
+        with pytest.raises(ValueError, match=f"objective {name!r} supports .* tasks, and task 'ranked' is a "
+                                             "sentence-ranking$"):
+            objectives.objective_config(name, {"tasks": ["ranked"], **({"teachers": ["t"]} if name == "distill"
+                                                                         else {})})
 
 
 def test_an_unknown_option_is_refused_naming_it_and_the_options_by_the_config_check_and_the_builder():
