@@ -586,3 +586,28 @@ def test_a_users_sentiment_task_declares_phrases_and_a_prior_beside_sst(tmp_path
     again = _eval_again(run, tmp_path / "eval")
     for name in ("mood-dev-output.csv", "mood-dev-logits.csv", "sst-dev-logits.csv"):
         assert (again / name).read_bytes() == (run / "predictions" / name).read_bytes(), name
+
+
+def test_an_objective_takes_a_users_declared_stream_by_its_tasks_kind(tmp_path, tiny_env, one_thread, capsys):
+    """Any declared stream can be taken by an objective (issue 69, item 4), as SST's phrases are: a user task's
+    ``<name>_phrases`` stream trains its task's head, so R-Drop, which takes classifications, takes it by that
+    kind; a stream whose task is of a kind the objective does not take is refused naming the stream."""
+    folder = tmp_path / "t"
+    rows = {s: [[f"the film was {CLASS_WORDS[i % 3]} {i}", i % 3] for i in range(48 if s == "train" else 24)]
+            for s in ("train", "dev")}
+    task_file = user_task(folder, {"name": "mood", "text": "text", "label": "y", "phrases": "mood-phrases.csv"},
+                          rows, ["text", "y"])
+    (folder / "mood-phrases.csv").write_text("text,y\n" + "".join(f"{CLASS_WORDS[i % 3]} {i},{i % 3}\n"
+                                                                   for i in range(40)))
+    run = tmp_path / "run"
+    cli.main([*tiny_flags(tiny_env, run), "--task-file", str(task_file), "--tasks", "sst", "mood",
+              "--max-train-examples", "mood_phrases=16", "--task-batch-size", "mood_phrases=8",
+              "--objective", "rdrop", "--rdrop-tasks", "mood_phrases"])
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    terms = [k for k in records[0]["train"] if k.startswith("mood_phrases/") and "rdrop" in k]
+    assert terms, sorted(records[0]["train"])
+    with pytest.raises(SystemExit):
+        cli.main([*tiny_flags(tiny_env, tmp_path / "refused"), "--task-file", str(task_file), "--tasks", "sst",
+                  "mood", "--objective", "mnr", "--mnr-tasks", "mood_phrases"])
+    assert "objective 'mnr' supports pair-regression and pair-classification tasks, and stream 'mood_phrases' " \
+           "trains task 'mood', which is a sentence-classification" in capsys.readouterr().err

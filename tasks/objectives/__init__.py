@@ -15,7 +15,8 @@ file under tasks/objectives/ (imported by ``import_all``), with:
   default and help), becomes the train command's flag ``--<name>-<field>`` in kebab case (tasks/arguments.py:
   ``match_tuning``'s ``temperature`` is ``--match-tuning-temperature``);
 - ``kinds``: the kinds of task it supports, by name (tasks/task.py): any task of those kinds, a user's too, may be
-  named in its config; ``tasks``: the built-in streams it can take (``"nli"`` is the NLI triplet stream,
+  named in its config, and so may any stream a task declares (a task file's ``"phrases"``: ``<name>_phrases``),
+  by the kind of the task whose head it trains; ``tasks``: the built-in streams it can take (``"nli"`` is the NLI triplet stream,
   ``"phrases"`` the SST phrases), enforced here: a config naming another stream, or a task of another kind, is
   refused, naming both; ``default_tasks`` the ones it takes when its config names none (default: ``tasks``).
   What it computes from a head's outputs differs by kind: a table of its rules by the class of kind
@@ -45,7 +46,7 @@ import torch
 from torch import nn
 
 from tasks.options import json_value, option
-from tasks.task import Kind, get_task, task_names
+from tasks.task import Kind, get_task, stream_task, task_names
 
 REGISTRY: dict[str, type["Objective"]] = {}
 
@@ -230,11 +231,13 @@ def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objecti
     except (TypeError, ValueError) as e:
         raise ValueError(f"objective {name!r}: {e}") from None
     for t in config.tasks:
-        if t in cls.tasks or (t in task_names() and get_task(t).kind.name in cls.kinds):
+        head = t if t in task_names() else stream_task(t)  # a task, or the task whose head a declared stream trains
+        if t in cls.tasks or (head is not None and get_task(head).kind.name in cls.kinds):
             continue
-        if t in task_names():
-            raise ValueError(f"objective {name!r} supports {' and '.join(cls.kinds)} tasks, and task {t!r} is a "
-                             f"{get_task(t).kind.name}")
+        if head is not None:
+            what = f"task {t!r} is" if head == t else f"stream {t!r} trains task {head!r}, which is"
+            raise ValueError(f"objective {name!r} supports {' and '.join(cls.kinds)} tasks, and {what} a "
+                             f"{get_task(head).kind.name}")
         raise ValueError(f"objective {name!r} can take the streams {', '.join(cls.tasks)} (or a task of kind "
                          f"{' or '.join(cls.kinds)}), not {t}")
     return cls, config
