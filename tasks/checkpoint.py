@@ -200,6 +200,8 @@ def resumable_checkpoint(path: str | os.PathLike[str], trust_modules: bool = Fal
         for other in (path.with_name("last" + OLD_SUFFIX), path.with_name("best")):
             try:
                 good = _intact(other, trust_modules)
+            except ObjectiveFileError:  # intact, but its objective file is not named again: that is the answer
+                raise
             except (OSError, ValueError):
                 continue
             if good[2].get(MODEL_ONLY):

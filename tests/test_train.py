@@ -749,6 +749,26 @@ def test_reading_a_run_imports_its_objective_file_only_when_named_again_or_trust
     assert _predictions(tmp_path / "trusted" / "predictions") == _predictions(run_dir / "predictions")
 
 
+def test_a_model_only_run_of_an_objective_file_says_which_file_on_resume(tiny_env, tmp_path, plugin_registry,
+                                                                        capsys, monkeypatch):
+    """A --save-only-model run (no last, best alone) whose objective came from a file of its own: --resume without
+    naming the file says which file and what to type, as for a run that kept its last (not "mend the file it names",
+    which named none); named again, it says the run kept its model alone."""
+    monkeypatch.delenv("MINBERT_VERBOSE", raising=False)
+    plugin = _objective_file(tmp_path / "mine" / "my_loss.py", tmp_path / "imports.txt")
+    run_dir = tmp_path / "run"
+    cli.main([*_flags(tiny_env, run_dir), "--tasks", "sst", "--objective-module", str(plugin), "--objective",
+              "my_loss", "--epochs", "1", "--lr-schedule", "constant", "--save-only-model"])
+    plugin_registry()
+    best = run_dir / "checkpoints" / "best"
+    assert _refused(["--resume", "--out-dir", str(run_dir), "--epochs", "2"], capsys) == (
+        f"train_multitask.py: error: {best / 'config.json'}: objective 'my_loss' comes from the run's own file "
+        f"{plugin}, and reading a saved run imports no file unless you name it: pass --objective-module {plugin} (or "
+        f"MINBERT_PLUGINS={plugin}), or --trust-objective-modules to import the file(s) the run recorded")
+    assert "kept its model alone (--save-only-model)" in _refused(
+        ["--resume", "--out-dir", str(run_dir), "--epochs", "2", "--objective-module", str(plugin)], capsys)
+
+
 def test_a_run_whose_objective_file_moved_loads_from_where_the_file_is_named_now(plugin_run, plugin_registry, tmp_path,
                                                                                capsys, monkeypatch):
     """The objective file moved: reading the run says the recorded file is gone and how to name the new place
