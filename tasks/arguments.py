@@ -47,8 +47,9 @@ class Command:
                                       "default recipe in one epoch, a third of its training (README 'Training'); "
                                       "explicit flags override it", choices=tuple(PRESETS))
     eval_only: bool = option(False, "no training: load --checkpoint and write dev and test predictions")
-    checkpoint: str | None = option(None, "checkpoint directory for --eval-only (default <out-dir>/checkpoints/best) "
-                                          "or --resume (default <out-dir>/checkpoints/last)", metavar="PATH")
+    checkpoint: str | None = option(None, "checkpoint directory for --eval-only (default <out-dir>/checkpoints/best; a "
+                                          "run directory: its best) or --resume (default <out-dir>/checkpoints/last)",
+                                    metavar="PATH")
     resume: bool = option(False, "continue a run exactly where its checkpoint stopped (weights, optimizer, LR "
                                  "position, batch order, RNG states)")
     data_changed: bool = option(False, "with --resume: continue although the data files differ from those the run "

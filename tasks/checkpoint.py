@@ -94,6 +94,15 @@ MODEL_ONLY = "model_only"  # state.json: the optimizer state was deleted (keep_m
 STATE_KEYS = ("format", "epoch", "step", "global_step", "best", "history", "elapsed_s", "epoch_sums", "rng")
 
 
+def best_of(path: str | os.PathLike[str]) -> Path:
+    """``path`` as a checkpoint to predict from: a run directory's best checkpoint (``<run>/checkpoints/best``),
+    else ``path`` itself (a checkpoint directory), as the predict command, the Predictor and --eval-only take
+    either."""
+    path = Path(path).expanduser()
+    run_best = path / "checkpoints" / "best"
+    return run_best if run_best.is_dir() else path
+
+
 def resolve_checkpoint(path: str | os.PathLike[str]) -> Path:
     """The checkpoint directory at ``path``, checked to be complete (or its ``.old`` copy after a crash mid-swap)."""
     path = Path(path).expanduser()

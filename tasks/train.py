@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.arguments import Command, applied, build_parser, check_command, config_from_flags, help_preset, parse
-from tasks.checkpoint import resume_point, verify_checkpoint
+from tasks.checkpoint import best_of, resume_point, verify_checkpoint
 from tasks.cli import Parser, describe, user_errors, verbose
 from tasks.objectives import load_plugin, registered_objectives
 from tasks.train_config import TrainConfig, eval_overrides, refuse_idle_settings, with_task_files
@@ -68,7 +68,7 @@ def build_invocation(command: Command, explicit: dict[str, Any]) -> Invocation:
     check_command(c, explicit, world=torchrun_env()[1])
     out_dir = Path(explicit.get("out_dir", TrainConfig().out_dir))
     if c.eval_only:
-        ckpt, saved = verify_checkpoint(c.checkpoint if c.checkpoint is not None else
+        ckpt, saved = verify_checkpoint(best_of(c.checkpoint) if c.checkpoint is not None else
                                         out_dir / "checkpoints" / "best", trust)  # its config read once, here
         saved = with_objective_modules(with_task_files(saved, explicit.get("task_files", ())), moved)
         explicit = {k: v for k, v in explicit.items() if k != "task_files"}

@@ -885,3 +885,13 @@ def test_a_bad_minbert_plugins_entry_is_one_line_naming_minbert_plugins(plugin_r
     for argv in (["--eval-only", "--out-dir", str(tmp_path / "run")], ["--out-dir", str(tmp_path / "fresh")]):
         assert _refused(argv, capsys) == (f"train_multitask.py: error: MINBERT_PLUGINS names {tmp_path / 'nope.py'}: "
                                           "no such Python file: correct MINBERT_PLUGINS or unset it")
+
+
+def test_eval_only_takes_a_run_directory_as_its_checkpoint_as_predict_does(tiny_env, tmp_path):
+    """--eval-only --checkpoint RUN reads the run's best checkpoint, as the predict command and
+    Predictor.from_checkpoint take a run (README: "a run or a checkpoint"), and re-predicts its files byte for
+    byte; it was refused as "not a complete checkpoint"."""
+    run_dir = tmp_path / "run"
+    cli.main([*_flags(tiny_env, run_dir), "--tasks", "sst"])
+    cli.main(["--eval-only", "--checkpoint", str(run_dir), "--out-dir", str(tmp_path / "again")])
+    assert _predictions(tmp_path / "again" / "predictions") == _predictions(run_dir / "predictions")

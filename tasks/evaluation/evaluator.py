@@ -54,7 +54,7 @@ from tasks.model import MultitaskBert, TaskOutput
 from tasks.task import get_task
 from tasks.objectives import Inference, Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
-from tasks.checkpoint import check_encoder, load_model, verify_checkpoint
+from tasks.checkpoint import best_of, check_encoder, load_model, verify_checkpoint
 from tasks.logs import count, open_log
 from tasks.runtime import autocast, autocast_dtype, busy_cpu_note, precision_note, resolve_device, set_threads
 
@@ -508,11 +508,9 @@ class Predictor:
         run's CPU thread count in the plan's config (the caller sets it: ``tasks.runtime.set_threads``);
         ``trust_modules``: import the objective files the run recorded (else a run whose objectives come from a
         file of its own loads only once that file is loaded: ``tasks.objectives.load_plugin``)."""
-        run_best = Path(path) / "checkpoints" / "best"
         overrides = {"device": device, **({"bf16": bf16} if bf16 is not None else {}),
                      **({"threads": threads} if threads is not None else {})}
-        return prepare_eval(run_best if run_best.is_dir() else Path(path), overrides, writes=False,
-                            trust_modules=trust_modules)
+        return prepare_eval(best_of(path), overrides, writes=False, trust_modules=trust_modules)
 
     @classmethod
     def from_plan(cls, plan: EvalPlan, batch_size: int | None = None) -> Predictor:
