@@ -588,10 +588,8 @@ def test_a_users_sentiment_task_declares_phrases_and_a_prior_beside_sst(tmp_path
         assert (again / name).read_bytes() == (run / "predictions" / name).read_bytes(), name
 
 
-def test_an_objective_takes_a_users_declared_stream_by_its_tasks_kind(tmp_path, tiny_env, one_thread, capsys):
-    """Any declared stream can be taken by an objective (issue 69, item 4), as SST's phrases are: a user task's
-    ``<name>_phrases`` stream trains its task's head, so R-Drop, which takes classifications, takes it by that
-    kind; a stream whose task is of a kind the objective does not take is refused naming the stream."""
+def _mood(tmp_path) -> Path:
+    """A user's three-class sentiment task file declaring a stream of labelled phrases (``mood_phrases``)."""
     folder = tmp_path / "t"
     rows = {s: [[f"the film was {CLASS_WORDS[i % 3]} {i}", i % 3] for i in range(48 if s == "train" else 24)]
             for s in ("train", "dev")}
@@ -599,15 +597,32 @@ def test_an_objective_takes_a_users_declared_stream_by_its_tasks_kind(tmp_path, 
                           rows, ["text", "y"])
     (folder / "mood-phrases.csv").write_text("text,y\n" + "".join(f"{CLASS_WORDS[i % 3]} {i},{i % 3}\n"
                                                                    for i in range(40)))
+    return task_file
+
+
+@pytest.mark.parametrize("objective", ["rdrop", "smart", "rift", "knn_bert", "scl", "match_tuning",
+                                       "label_smoothing", "simcse"])
+def test_an_objective_takes_a_users_declared_stream_by_its_tasks_kind(objective, tmp_path, tiny_env, one_thread):
+    """Any declared stream can be taken by an objective (issue 69, item 4), as SST's phrases are: a user task's
+    ``<name>_phrases`` stream trains its task's head, so every objective that takes sentence classifications
+    takes it by that kind and trains on it through that head (its terms in the stream's log; match-tuning's
+    transform on the head's pooled embeddings)."""
     run = tmp_path / "run"
-    cli.main([*tiny_flags(tiny_env, run), "--task-file", str(task_file), "--tasks", "sst", "mood",
+    cli.main([*tiny_flags(tiny_env, run), "--task-file", str(_mood(tmp_path)), "--tasks", "sst", "mood",
               "--max-train-examples", "mood_phrases=16", "--task-batch-size", "mood_phrases=8",
-              "--objective", "rdrop", "--rdrop-tasks", "mood_phrases"])
+              "--objective", objective, f"--{objective.replace('_', '-')}-tasks", "mood_phrases"])
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
-    terms = [k for k in records[0]["train"] if k.startswith("mood_phrases/") and "rdrop" in k]
-    assert terms, sorted(records[0]["train"])
+    terms = [k for k in records[0]["train"] if k.startswith("mood_phrases/") and k != "mood_phrases/loss"]
+    # match-tuning has no term of its own: it transforms the pooled embeddings of the stream's head (mood's)
+    assert terms or objective == "match_tuning", sorted(records[0]["train"])
+    assert "mood_acc" in records[-1]["dev"]
+
+
+def test_a_declared_stream_of_a_kind_an_objective_does_not_take_is_refused_naming_it(tmp_path, tiny_env, capsys):
+    """A stream whose task is of a kind the objective does not take is refused in one line naming the stream and
+    its task."""
     with pytest.raises(SystemExit):
-        cli.main([*tiny_flags(tiny_env, tmp_path / "refused"), "--task-file", str(task_file), "--tasks", "sst",
+        cli.main([*tiny_flags(tiny_env, tmp_path / "refused"), "--task-file", str(_mood(tmp_path)), "--tasks", "sst",
                   "mood", "--objective", "mnr", "--mnr-tasks", "mood_phrases"])
     assert "objective 'mnr' supports pair-regression and pair-classification tasks, and stream 'mood_phrases' " \
            "trains task 'mood', which is a sentence-classification" in capsys.readouterr().err

@@ -70,6 +70,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from tasks.model import head_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -147,8 +148,8 @@ class MatchTuning(Objective):
     def __init__(self, config: MatchTuningConfig, model: nn.Module | None = None) -> None:
         super().__init__(config, model)
         if model is not None:
-            for task in self.active_tasks():
-                model.set_pooled_transform(task, BatchMatching(config.temperature, config.inference == "batch"))
+            for head in dict.fromkeys(map(head_of, self.active_tasks())):  # a declared stream: its task's head
+                model.set_pooled_transform(head, BatchMatching(config.temperature, config.inference == "batch"))
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         return {}  # the effect is in the model's forward (its pooled transform), not in a loss term

@@ -60,7 +60,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import kind_of
+from tasks.model import head_of, kind_of
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -133,7 +133,7 @@ CLASSES = {Classes: lambda labels: labels.long(), Binary: lambda labels: labels.
 def feature_problem(model: nn.Module, task: str, embedding: str) -> str | None:
     """Why ``task``'s head in ``model`` gives no single vector per example for ``embedding`` (a Siamese pair head
     gives each sentence's, and a pair vector only where it builds one); None if it gives one."""
-    gives = model.feature_names(task)
+    gives = model.feature_names(head_of(task))
     if embedding in gives:
         return None
     cfg = model.config
@@ -156,7 +156,7 @@ class SupervisedContrastive(Objective):
         super().__init__(config, model)
         if hasattr(model, "feature_names"):  # built with the model it trains, not for a config's check
             for t in self.active_tasks():
-                problem = feature_problem(model, t, config.embedding) if t in model.tasks else None
+                problem = feature_problem(model, t, config.embedding) if head_of(t) in model.tasks else None
                 if problem:
                     raise ValueError(problem)
 

@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import kind_of
+from tasks.model import head_of, kind_of
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
@@ -143,7 +143,7 @@ def smart_perturbation(model: nn.Module, task: str, batch: dict, embeds: dict[st
         if replay is not None:
             replay()
         with torch.enable_grad():
-            adv = model(task, batch, inputs_embeds={s: e[s] + d[s] for s in e}).logits
+            adv = model(head_of(task), batch, inputs_embeds={s: e[s] + d[s] for s in e}).logits
             div = smart_divergence(task, adv, clean)
             grads = torch.autograd.grad(div, list(d.values()), allow_unused=True)
         g = {s: torch.zeros_like(d[s]) if gs is None else gs.float() for s, gs in zip(d, grads)}
@@ -177,12 +177,12 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
             clean, replay = out.logits, None
         else:
             replay = _DropoutReplay(embeds[sides[0]].device) if model.training else None
-            clean = model(task, batch, inputs_embeds=embeds).logits
+            clean = model(head_of(task), batch, inputs_embeds=embeds).logits
         delta = smart_perturbation(model, task, batch, embeds, clean, delta0, step_size=step_size,
                                    epsilon=epsilon, steps=steps, replay=replay)
         if replay is not None:
             replay()
-        adv = model(task, batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
+        adv = model(head_of(task), batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
     return smart_divergence(task, adv, clean), delta
 
 
