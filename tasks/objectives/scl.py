@@ -172,7 +172,8 @@ class SupervisedContrastive(Objective):
             raise ValueError(f"scl needs labels in the {task} batch")
         key = self.config.embedding
         if key not in out.features:
-            raise ValueError(f"scl: the {task} head gave no {key!r} features ({sorted(out.features)})")
+            problem = feature_problem(model, task, key) if hasattr(model, "feature_names") else None
+            raise ValueError(problem or f"scl: the {task} head gave no {key!r} features ({sorted(out.features)})")
         loss = scl_loss(out.features[key], as_classes(batch["labels"]), self.config.temperature,
                         self.config.reduction)
         return {"loss": loss}

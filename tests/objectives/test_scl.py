@@ -191,6 +191,10 @@ def test_scl_para_siamese_b1_head_input_and_baseline_refused():
         build_objectives({"scl": {"embedding": "head_input"}}, make_model("baseline", "siamese"))
     sst_only = build_objectives({"scl": {"tasks": ["sst"]}}, make_model("baseline", "siamese"))[0]
     assert sst_only.applies_to("sst") and not sst_only.applies_to("para")
+    unchecked = SupervisedContrastive(objective_config("scl", {})[1])  # built without the model: no check
+    with pytest.raises(ValueError, match="^scl on 'para' needs one vector per sentence pair, but pair_encoding="
+                                         "'siamese' with arch='b1' and embedding='pooled' has none"):
+        unchecked(model, "para", batch, out)  # the reason, as at construction, not just the missing key
 
 
 @pytest.mark.parametrize("name,settings,term", [
