@@ -144,8 +144,10 @@ class TaskOutput:
     logits: SST (B, 5); paraphrase (B,) logit; STS (B,) predicted score: in [0, 5]
     for b1 and cross, in [-5, 5] for the baseline's Siamese 5 × cosine (§4.1).
     features: "pooled" (B, H) for one-sequence inputs, "pooled_1"/"pooled_2" for
-    Siamese pairs; "head_input" (B, D) for SST and cross pairs (what SCL/KNN use);
-    "cos_1"/"cos_2" (B, D) a Siamese regression's embeddings whose cosine is the score (MNR uses them).
+    Siamese pairs; "head_input" (B, D), the vector the head's last layers read, wherever the head builds one
+    (one sequence; b1's Siamese pair classification; the baseline's Siamese pair of C classes): what SCL/KNN
+    use; "cos_1"/"cos_2" (B, D) a Siamese regression's embeddings whose cosine is the score (MNR uses them).
+    The head's ``features`` (tasks/task.py: ``Head``) names the ones beyond "pooled".
     """
 
     logits: torch.Tensor
@@ -303,10 +305,10 @@ class MultitaskBert(nn.Module):
         entry = self._entry(task)
         head = self.heads[task]
         if any("input_ids" + s not in batch for s in head.sides):
-            # A cross model's pair heads score one joint sequence; fed two sides they would
-            # silently compute something else (baseline para: product of two 1-d outputs).
-            raise ValueError(f"{task}: pair_encoding={self.config.pair_encoding!r} but the batch has keys "
-                             f"{sorted(batch)}")
+            # A head reads the sides it was built for (a cross model's pair heads one joint sequence); fed
+            # others it would silently compute something else.
+            raise ValueError(f"{task}: its head reads {', '.join('input_ids' + s for s in head.sides)} "
+                             f"(pair_encoding={self.config.pair_encoding!r}), the batch has keys {sorted(batch)}")
         t = self.pooled_transforms[task] if task in self.pooled_transforms else (lambda e: e)
         pooled = [self._embed_side(batch, s, inputs_embeds) for s in head.sides]  # (B, H) each, in the autocast dtype
         with _float32(pooled[0]):

@@ -133,8 +133,8 @@ class Kind(abc.ABC):
 
     @abc.abstractmethod
     def head_output(self, task: Task, z: torch.Tensor, span: float | None) -> torch.Tensor:
-        """The logits of a head that scored one sequence, from its last layer's output ``z`` (B, out_features);
-        ``span``: the head's (``span``)."""
+        """The logits from a head's last layer's output ``z`` (B, out_features): one sequence's, or a Siamese
+        pair's classifier's; ``span``: the head's (``span``)."""
 
     @abc.abstractmethod
     def loss(self, logits: torch.Tensor, labels: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
@@ -474,7 +474,8 @@ class Head(abc.ABC):
     "_1" and "_2" for a Siamese pair) into its logits and its ``features`` (what objectives read beside the
     pooled embeddings). ``model`` gives its parts (``model.part(task, name)``) and the arch's features of a pooled
     embedding (``model.features(task, e)``: b1's [shared, own], the baseline's the embedding itself). A head holds
-    sizes only, never a module: the model's are moved, copied and loaded with it.
+    sizes only, never a module: the model's are moved, copied and loaded with it. Its sizes and ``span`` are read
+    from the ModelConfig once, when the model is built (a model's config does not change after).
     """
 
     sides: tuple[str, ...] = ("_1", "_2")
