@@ -685,7 +685,9 @@ def step_accumulation(args: argparse.Namespace, progress: Progress) -> tuple[dic
             "optimizer steps over the same examples, so the dev scores differ by rounding only"
             + (f" (|Δ overall| {diff:.4f})" if diff is not None else "") + "; peak memory is the micro-batch's:\n\n"
             + table(["run", "wall s", "train seq/s", "peak memory", "SST acc", "Para acc", "STS r", "overall"], rows))
-    return {"status": "ok" if ok else "failed", "runs": runs, "overall_difference": diff}, text
+    out_of_time = any(run.get("exit", 1) is None for run in runs.values())  # the step's budget stopped a run
+    return {"status": "ok" if ok else "timeout" if out_of_time else "failed", "runs": runs,
+            "overall_difference": diff}, text
 
 
 def step_resume(args: argparse.Namespace, progress: Progress) -> tuple[dict, str]:

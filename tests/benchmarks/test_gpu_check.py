@@ -242,3 +242,17 @@ def test_every_test_module_collects_without_the_minilm_package(device_tree):
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "--collect-only", "-p", "no:cacheprovider", "tests"],
                          cwd=repo, env=env, capture_output=True, text=True)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+
+
+def test_the_accumulation_step_out_of_time_is_a_timeout_not_a_failure(monkeypatch, tmp_path):
+    """A short run that the step's budget stops (exit None) makes the step a timeout, as the fp16 step's does; only
+    a run that exits non-zero, or runs that finish without dev scores, make it failed (seen in the rehearsal: the
+    CPU's batch32 run out of time was reported failed)."""
+    args = argparse.Namespace(tiny=True, work=tmp_path)
+    out_of_time = {"batch32": {"exit": None, "wall_s": 34.0, "train_seq_s": None, "dev": None, "epochs": [],
+                               "peak": None, "peak_text": "–"}}
+    monkeypatch.setattr(check, "short_runs", lambda *a, **k: out_of_time)
+    assert check.step_accumulation(args, None)[0]["status"] == "timeout"
+    crashed = {"batch32": {**out_of_time["batch32"], "exit": 1}}
+    monkeypatch.setattr(check, "short_runs", lambda *a, **k: crashed)
+    assert check.step_accumulation(args, None)[0]["status"] == "failed"
