@@ -86,7 +86,7 @@ def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, p
 
     For the course's tasks byte for byte the CS224N starter's format (multitask_classifier.py, classifier.py),
     for which the leaderboard was built: a header ``id \t Predicted_Sentiment \n``
-    (the task's ``output_column``: ``Predicted_Is_Paraphrase``; for STS the starter's spelling
+    (the task's ``output.column``: ``Predicted_Is_Paraphrase``; for STS the starter's spelling
     ``Predicted_Similiary``), then one row ``<id> , <value> \n`` per id in
     ``preds`` order; class ids (SST 0-4, paraphrase 0/1), or float scores
     (full precision). Any other task's is a plain CSV, ``id,label`` with each prediction as the task's files write
@@ -123,12 +123,12 @@ def _write_output(path: Path, task: str, split: str, preds: Predictions) -> Path
         bad = [v for v in values if not 0 <= v < top]
         if bad:
             raise ValueError(f"{task}-{split} predictions must be in 0..{top - 1}, got {bad[0]} ({len(bad)} rows)")
-    if entry.starter_format:
-        lines = [f"id \t {entry.output_column} \n"] + [f"{i} , {v} \n" for i, v in zip(preds.ids, values)]
+    if entry.output.starter:
+        lines = [f"id \t {entry.output.column} \n"] + [f"{i} , {v} \n" for i, v in zip(preds.ids, values)]
         return _atomic_write_text(path, "".join(lines))
     # a user's task: a plain CSV of each id and its prediction in the task's own labels
     labels = values if entry.classes is None else [entry.label_name(v) for v in values]
-    return _atomic_write_csv(path, ["id", entry.output_column], ([i, v] for i, v in zip(preds.ids, labels)))
+    return _atomic_write_csv(path, ["id", entry.output.column], ([i, v] for i, v in zip(preds.ids, labels)))
 
 
 def _atomic_write_text(path: Path, text: str) -> Path:
@@ -244,8 +244,8 @@ def read_predictions(path: str | os.PathLike[str], task: str | None = None) -> t
     entries = [get_task(t) for t in task_names()]
     column_task: dict[str, object] = {}
     for t in entries:  # a column two tasks share is read as the first registered's (SST before CFIMDB)
-        for c in (t.output_column, t.also_read):
-            if c and t.starter_format:
+        for c in (t.output.column, t.output.also_read):
+            if c and t.output.starter:
                 column_task.setdefault(c, t)
     named = task or Path(path).name.rsplit("-", 2)[0]
     found: dict[str, object] = {}
@@ -254,14 +254,14 @@ def read_predictions(path: str | os.PathLike[str], task: str | None = None) -> t
         if task is None and len(header) == 2 and header[0] == "id" and header[1] in column_task:
             found["task"] = column_task[header[1]]
             return None
-        if named in task_names() and header == ["id", get_task(named).output_column]:
+        if named in task_names() and header == ["id", get_task(named).output.column]:
             found["task"] = get_task(named)
             return None
         return f"header {header} is not id,<{'|'.join(column_task)}> (a write_predictions file)"
 
     def parse_value(raw: str) -> float | int:
         entry = found["task"]
-        if entry.classes is not None and not entry.starter_format:
+        if entry.classes is not None and not entry.output.starter:
             problems: list[str] = []
             v = entry.parse_label(raw, problems)
             if problems:

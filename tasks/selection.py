@@ -24,7 +24,7 @@ from tasks.data.datasets import TripletDataset
 from tasks.data.readers import DataFileMissing, Example, Triplet, load_nli, log_report
 from tasks.model import NLI, PHRASES
 from tasks.options import flag_of_path
-from tasks.task import ExtraStream, get_task, load_split, stream_task
+from tasks.task import ExtraStream, get_task, load_split, model_tasks, stream_task, triplets_task
 
 logger = logging.getLogger(__name__)
 
@@ -176,7 +176,8 @@ def read_run_files(cfg: TrainConfig) -> RunFiles:
         train[stream], reports[f"{stream_task(stream)} {stream}"] = load_stream(cfg, stream)
     nli = None
     if cfg.nli:
-        nli, report = load_nli(cfg.data_dir, limit=cfg.limit)
+        nli, report = load_nli(cfg.data_dir, limit=cfg.limit,
+                               file=get_task(triplets_task(model_tasks(cfg.tasks))).triplets)
         reports["nli train"] = report.to_dict()
     return RunFiles(train, nli, final, reports, time.perf_counter() - t0)
 

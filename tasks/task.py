@@ -13,8 +13,8 @@ pair, times classes or a score on the labels' own scale:
     sentence-regression       one text, a score in [low, high]: low + span x sigmoid, MSE        (a 1-10 rating)
     pair-regression           two texts, a score in [low, high], as above                       (sts: [0, 5])
 
-A **task** is an entry (``Task``): the four built-in ones below (the CS224N project's three and CFIMDB), the
-GLUE tasks declared by the files of tasks/glue/ (their files in --data-dir/glue/), or a user's own declared by a
+A **task** is an entry (``Task``): the CS224N project's three and CFIMDB declared by the files of tasks/cs224n/,
+the GLUE tasks declared by the files of tasks/glue/ (their files in --data-dir/glue/), or a user's own declared by a
 JSON file (tasks/task_file.py), whose classes are the sorted distinct labels (words, sparse or negative ids) and
 whose kind is inferred from its labels nearly as HF's ``run_glue.py`` infers it (whole-valued floats such as 1.0
 are classes here, a regression there). An entry holds everything a model of
@@ -673,6 +673,35 @@ class Prior:
         return {"kind": self.kind, "weight": self.weight, "model": self.model, "settings": self.settings}
 
 
+PART1 = ("", "also", "run")  # Output.part1: never; also under the part-1 names; and a run with the task writes them
+
+
+@dataclass(frozen=True)
+class Output:
+    """How a task's prediction files (``{name}-{split}-output.csv``) are written and read back: the prediction's
+    ``column``; ``starter``: in the CS224N starter's bytes (``id \t <column> \n``, then ``<id> , <value> \n``
+    with class ids), else a plain CSV of each id and the user's label; ``also_read``: another spelling of the
+    column a reader takes (the starter writes STS's misspelt: Predicted_Similiary); ``submission``: its files go
+    into the submission zip; ``part1``: the minBERT starter's part 1 (``classifier.py``) also writes them as
+    ``{finetune|pretrain}-{name}-{split}-out.csv`` ("also": on a run that writes those names, "run": and a run
+    with this task writes them for each such task of it, as the part-1 task alone, CFIMDB, does)."""
+
+    column: str
+    starter: bool = False
+    also_read: str = ""
+    submission: bool = False
+    part1: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.column, str) or not self.column.strip() or self.part1 not in PART1:
+            raise ValueError(f"an output is a column name and part1 one of {', '.join(map(json.dumps, PART1))}, got "
+                             f"{self}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"column": self.column, "starter": self.starter, "also_read": self.also_read,
+                "submission": self.submission, "part1": self.part1}
+
+
 @dataclass(frozen=True)
 class Task:
     """One task: its name, kind, files (by split: a name in the data directory, or a path), where they hold its
@@ -687,21 +716,18 @@ class Task:
     metric selects only when asked, ``--best-metric``). ``span_option``: the ModelConfig field that sets a
     regression head's span instead of its range (STS: ``sts_scale``, the paper's 5 ×).
 
-    How the files of its predictions read: ``title`` (tables), ``output_column`` and ``starter_format``
-    (``{name}-{split}-output.csv``: the CS224N starter's bytes, else a plain CSV of id and the user's label);
-    ``also_read``: another spelling of that column a reader takes; ``submission``: its files go into the CS224N
-    submission zip; ``part1``: the minBERT starter's part 1 (``classifier.py``) also writes it as
-    ``{finetune|pretrain}-{name}-{split}-out.csv``; ``part1_only``: a run with it writes those files for each of its
-    part-1 tasks. ``positive``: a two-class task's label of the class its F1 is scored on and whose probability
-    the predict command's ``p_<label>`` column of a one-logit task gives (``positive_class``; default: the second
-    class); ``label_case``: "exact", its labels are matched as written, or "fold", in any case (a task file's
-    "label_case"); ``symmetric``: a pair task whose relation has no order (paraphrase, similarity:
-    Quora's, STS's), scored as the mean of both orders under ``--symmetric-eval``; a pair task with an order
-    (entailment: premise, then hypothesis) is scored in its files' order, as it trained. What some tasks have
-    beside their own files, any task may declare: ``stream``, an extra labelled stream through its head
-    (``ExtraStream``: SST's treebank phrases, ``--sst-phrases``);
-    ``prior``, a second opinion at evaluation (``Prior``: SST's probe, ``--sst-prior``, and STS's cosine,
-    ``--sts-prior``); ``nli``, the head whose embeddings MNR trains on the NLI triplets (STS's, ``--nli``).
+    How its predictions read: ``title`` (tables), ``output`` (``Output``: the files' column and format; default:
+    a plain CSV of id and the user's label, ``label``, or ``score``). ``positive``: a two-class task's label of the
+    class its F1 is scored on and whose probability the predict command's ``p_<label>`` column of a one-logit task
+    gives (``positive_class``; default: the second class); ``label_case``: "exact", its labels are matched as
+    written, or "fold", in any case (a task file's "label_case"); ``symmetric``: a pair task whose relation has no
+    order (paraphrase, similarity: Quora's, STS's), scored as the mean of both orders under ``--symmetric-eval``; a
+    pair task with an order (entailment: premise, then hypothesis) is scored in its files' order, as it trained.
+    What some tasks have beside their own files, any task may declare: ``stream``, an extra labelled stream
+    through its head (``ExtraStream``: SST's treebank phrases, ``--sst-phrases``); ``prior``, a second opinion at
+    evaluation (``Prior``: SST's probe, ``--sst-prior``, and STS's cosine, ``--sts-prior``); ``triplets``, a file
+    of NLI triplets (anchor, entailed, contradicted) that ``--nli`` streams through its head's sentence embeddings
+    (STS's: the paper's AllNLI data, §4.2, trained by MNR).
     ``origin``: a user's task's file and the declaration it read there (tasks/task_file.py), or the package's file
     of a GLUE task; not part of what the task is.
     """
@@ -716,12 +742,7 @@ class Task:
     metrics: tuple[str, ...] = ()
     split_layouts: Mapping[str, Layout] = field(default_factory=dict)
     title: str = ""
-    output_column: str = ""
-    starter_format: bool = False
-    also_read: str = ""
-    submission: bool = False
-    part1: bool = False
-    part1_only: bool = False
+    output: Output | None = None
     positive: str = ""
     label_case: str = "exact"
     symmetric: bool = False
@@ -729,7 +750,7 @@ class Task:
     span_option: str = ""
     stream: ExtraStream | None = None
     prior: Prior | None = None
-    nli: bool = False
+    triplets: str | None = None
     origin: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -780,6 +801,11 @@ class Task:
         if self.symmetric and not self.kind.pair:
             raise ValueError(f"{where}: 'symmetric' is a pair task's (its pairs have no order); a "
                              f"{self.kind.name} has one text")
+        if self.output is None:  # a plain CSV of each id and its prediction: the user's label, or the score
+            object.__setattr__(self, "output", Output("label" if self.kind.classification else "score"))
+        if self.triplets is not None and not isinstance(self.kind, Scores):
+            raise ValueError(f"{where}: NLI triplets train the sentence embeddings whose cosine a pair regression "
+                             f"scores, and the task is a {self.kind.name}")
         if not self.metrics:
             object.__setattr__(self, "metrics", self.kind.default_metrics(self))
         bad = [m for m in self.metrics if m not in self.kind.metrics or (m == "f1" and self.num_classes != 2)]
@@ -921,29 +947,29 @@ class Task:
         return (f"{self.name}: {self.kind.name}, {what}; metrics {', '.join(self.metrics)} ({self.metrics[0]} the "
                 f"main){f1}")
 
-    # -- a user's task as plain JSON (a run's config.json keeps it: tasks/train_config.py) --
+    # -- a task as plain JSON (a run's config.json keeps its user and GLUE tasks: tasks/train_config.py) --
     def to_dict(self) -> dict[str, Any]:
-        """What a user's task is, as plain JSON: everything a model of it needs to predict, its files and where
-        it was declared (``from_dict`` reads it back)."""
-        return {"name": self.name, "kind": self.kind.name, "classes": list(self.classes) if self.classes else None,
+        """What the task is, as plain JSON at ENTRY_FORMAT: everything a model of it needs to predict, its files and
+        where it was declared (``from_dict`` reads it back, and every earlier format: ``upgrade_entry``)."""
+        return {"format": ENTRY_FORMAT, "name": self.name, "kind": self.kind.name,
+                "classes": list(self.classes) if self.classes else None,
                 "score_range": list(self.score_range) if self.score_range else None,
                 "checks_range": self.checks_range, "metrics": list(self.metrics), "files": dict(self.files),
                 "layout": self.layout.to_dict(),
                 "split_layouts": {s: lay.to_dict() for s, lay in self.split_layouts.items()},
-                "output_column": self.output_column, "starter_format": self.starter_format,
+                "title": self.title, "output": self.output.to_dict(), "overall": self.overall,
                 "positive": self.positive, "label_case": self.label_case, "symmetric": self.symmetric,
                 "span_option": self.span_option,
                 "stream": self.stream.to_dict() if self.stream else None,
-                "prior": self.prior.to_dict() if self.prior else None, "origin": dict(self.origin)}
+                "prior": self.prior.to_dict() if self.prior else None, "triplets": self.triplets,
+                "origin": dict(self.origin)}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Task:
-        """Inverse of ``to_dict``; a ValueError naming what is wrong with ``d``."""
-        if not isinstance(d, Mapping):
-            raise ValueError(f"a task entry is a JSON object, got {json.dumps(d)}")
-        keys = ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout",
-                "split_layouts", "output_column", "starter_format", "positive", "label_case", "symmetric",
-                "span_option", "stream", "prior", "origin")
+        """Inverse of ``to_dict``, of an entry at any format (``upgrade_entry``); a ValueError naming what is wrong
+        with ``d``."""
+        d = upgrade_entry(d)
+        keys = ENTRY_KEYS[ENTRY_FORMAT]
         wrong = sorted(set(d) ^ set(keys))
         if wrong:
             raise ValueError(f"task entry {d.get('name')!r}: keys {wrong} are unknown or missing")
@@ -953,10 +979,57 @@ class Task:
                    score_range=tuple(d["score_range"]) if d["score_range"] is not None else None,
                    checks_range=d["checks_range"], metrics=tuple(d["metrics"]),
                    split_layouts={s: Layout.from_dict(v) for s, v in d["split_layouts"].items()},
-                   output_column=d["output_column"], starter_format=d["starter_format"], positive=d["positive"],
+                   title=d["title"], output=Output(**d["output"]), overall=d["overall"], positive=d["positive"],
                    label_case=d["label_case"], symmetric=d["symmetric"], span_option=d["span_option"],
                    stream=ExtraStream(**d["stream"]) if d["stream"] else None,
-                   prior=Prior(**d["prior"]) if d["prior"] else None, origin=dict(d["origin"]))
+                   prior=Prior(**d["prior"]) if d["prior"] else None, triplets=d["triplets"],
+                   origin=dict(d["origin"]))
+
+
+# ---- the entry's saved format: its versions and the migration from each to the next ------------------------------
+
+# An entry's keys at each format (``Task.to_dict``). Format 1, unnumbered: a run's config.json from config version
+# 3 (a user's tasks) to 5 (tasks/config_versions.py migrates older runs' to it). Format 2: the predictions' file
+# format declared as one object (``output``), a table title, ``overall``, and NLI triplets as the file a task
+# declares. tests/saved_configs/ holds a run saved at each.
+ENTRY_KEYS: dict[int, tuple[str, ...]] = {
+    1: ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout", "split_layouts",
+        "output_column", "starter_format", "positive", "label_case", "symmetric", "span_option", "stream", "prior",
+        "origin"),
+    2: ("format", "name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout",
+        "split_layouts", "title", "output", "overall", "positive", "label_case", "symmetric", "span_option",
+        "stream", "prior", "triplets", "origin"),
+}
+ENTRY_FORMAT = max(ENTRY_KEYS)
+
+
+def _entry_1_to_2(d: dict[str, Any]) -> dict[str, Any]:
+    """Its output column and starter flag as one ``output``; a title, ``overall`` and ``triplets`` it had none of
+    (a format-1 entry is a user's or a GLUE task's: neither counted in the overall score nor took NLI)."""
+    rest = {k: v for k, v in d.items() if k not in ("output_column", "starter_format")}
+    return {"format": 2, **rest, "title": "", "overall": False, "triplets": None,
+            "output": Output(d["output_column"], starter=d["starter_format"]).to_dict()}
+
+
+_MIGRATIONS = {1: _entry_1_to_2}  # format -> the step to the next
+
+
+def upgrade_entry(d: Any) -> dict[str, Any]:
+    """A saved entry at ENTRY_FORMAT: migrated from its own (unnumbered: 1) step by step; a ValueError naming what
+    is wrong with it."""
+    if not isinstance(d, Mapping):
+        raise ValueError(f"a task entry is a JSON object, got {json.dumps(d)}")
+    at = d.get("format", 1)
+    if at not in ENTRY_KEYS:
+        raise ValueError(f"task entry {d.get('name')!r}: format {json.dumps(at)} is not one this package reads "
+                         f"(1 to {ENTRY_FORMAT}): a run saved by a newer package predicts with that package")
+    wrong = sorted(set(d) ^ set(ENTRY_KEYS[at]))
+    if wrong:
+        raise ValueError(f"task entry {d.get('name')!r}: keys {wrong} are unknown or missing (format {at})")
+    d = dict(d)
+    for step in range(at, ENTRY_FORMAT):
+        d = _MIGRATIONS[step](d)
+    return d
 
 
 def canonical_number(raw: str) -> str | None:
@@ -1022,9 +1095,9 @@ def task_names() -> tuple[str, ...]:
     return tuple(_REGISTRY)
 
 
-def task_with(tasks: Sequence[str], feature: str) -> str | None:
-    """The first of ``tasks`` whose entry has ``feature`` (``nli``), or None."""
-    return next((t for t in tasks if getattr(get_task(t), feature)), None)
+def triplets_task(tasks: Sequence[str]) -> str | None:
+    """The first of ``tasks`` (a model's) whose entry declares NLI triplets (``Task.triplets``: STS), or None."""
+    return next((t for t in tasks if get_task(t).triplets), None)
 
 
 def stream_task(stream: str) -> str | None:
@@ -1037,30 +1110,6 @@ def model_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
     return MULTITASK + tuple(t for t in tasks if t not in MULTITASK)
 
 
-_IDS = tuple(str(k) for k in range(5))
-_SENTIMENT = dict(kind=KINDS["sentence-classification"], layout=Layout(("sentence",), "sentiment"),
-                  output_column="Predicted_Sentiment", starter_format=True, part1=True, overall=True, metrics=("acc",))
-BUILTIN = tuple(register_task(t).name for t in (
-    Task("sst", files={"train": "ids-sst-train.csv", "dev": "ids-sst-dev.csv", "test": "ids-sst-test-student.csv"},
-         classes=_IDS, title="SST", submission=True, **_SENTIMENT,
-         stream=ExtraStream("phrases", "sst-phrases-train.csv", settings="sst_phrases"),  # the treebank's phrases
-         prior=Prior("probe", settings="priors.sst_")),
-    Task("para", PAIR_BINARY, files={"train": "quora-train.csv", "dev": "quora-dev.csv",
-                                     "test": "quora-test-student.csv"},
-         layout=Layout(("sentence1", "sentence2"), "is_duplicate"), classes=_IDS[:2], metrics=("acc",), title="Para",
-         output_column="Predicted_Is_Paraphrase", starter_format=True, submission=True, positive="1",
-         symmetric=True, overall=True),
-    # the starter writes STS's column misspelt (Predicted_Similiary): we write it so and also read it spelt right
-    Task("sts", KINDS["pair-regression"],
-         files={"train": "sts-train.csv", "dev": "sts-dev.csv", "test": "sts-test-student.csv"},
-         layout=Layout(("sentence1", "sentence2"), "similarity"), score_range=(0.0, 5.0), checks_range=True,
-         metrics=("r",), title="STS", output_column="Predicted_Similiary", starter_format=True,
-         also_read="Predicted_Similarity", submission=True, symmetric=True, overall=True, span_option="sts_scale",
-         prior=Prior("cosine", settings="priors.sts_"), nli=True),
-    Task("cfimdb", files={"train": "ids-cfimdb-train.csv", "dev": "ids-cfimdb-dev.csv",
-                          "test": "ids-cfimdb-test-student.csv"},
-         classes=_IDS[:2], title="CFIMDB", part1_only=True, **_SENTIMENT),
-))
 MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the default --tasks, in every model
 
 
@@ -1068,7 +1117,13 @@ MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the 
 
 TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "classes", "num_classes", "range",
                   "metric", "delimiter", "quoting", "header", "positive", "label_case", "symmetric", "phrases",
-                  "prior")
+                  "prior", "title", "overall", "output")
+OUTPUT_KEYS = ("column", "starter", "also_read", "submission", "part1")  # of a task file's "output" (``Output``)
+# What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: the course
+# files' strict lines (every record ends with a line end, none spans lines), a stream's name and a head's span other
+# than their defaults, the NLI triplets, and where a run's --sst-*/--sts-* flags set a stream or a prior
+# ("settings": a TrainConfig field) and a regression head's span ("span_option": a ModelConfig field).
+COURSE_KEYS = ("line_ends", "multiline", "span_option", "triplets")
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header")  # what a split's own object may set too
 
 
@@ -1079,7 +1134,8 @@ def layout_from(spec: Mapping[str, Any]) -> Layout:
     header = spec.get("header")
     return Layout(text, spec.get("label"), spec.get("id"), FileFormat(spec.get("delimiter"), spec.get("quoting"),
                                                                         True if header is None else header,
-                                                                        multiline=True))
+                                                                        spec.get("line_ends", False),
+                                                                        spec.get("multiline", True)))
 
 
 def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
@@ -1103,25 +1159,34 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
     stream = spec.get("phrases")
     if stream is not None:  # an extra labelled stream through its head: "<name>_phrases"
         own = stream if isinstance(stream, Mapping) else {"file": stream}
-        stream = ExtraStream(f"{spec['name']}_phrases", str(folder / own["file"]) if folder else own["file"],
-                             own.get("min_words", 1), own.get("order", "mixed"))
+        stream = ExtraStream(own.get("name", f"{spec['name']}_phrases"),
+                             str(folder / own["file"]) if folder else own["file"], own.get("min_words", 1),
+                             own.get("order", "mixed"), own.get("settings", ""))
     prior = spec.get("prior")
     if prior is not None:  # a probe of a sentence classification, the cosine of a pair regression
         own = prior if isinstance(prior, Mapping) else {"weight": prior}
         prior = Prior(next(k for k, v in PRIOR_KINDS.items() if v == spec["kind"]), own.get("weight", 0.5),
-                      own.get("model"))
+                      own.get("model"), own.get("settings", ""))
     return Task(spec["name"], kind_for(spec["kind"], len(classes) if classes else None), files, layout_from(spec),
                 classes=classes, score_range=tuple(spec["range"]) if spec.get("range") is not None else None,
                 checks_range=spec.get("range") is not None and checks_range,
                 metrics=(metric,) if isinstance(metric, str) else tuple(metric), split_layouts=split_layouts,
-                output_column="label" if spec["kind"].endswith("classification") else "score",
+                title=spec.get("title", ""), output=Output(**spec["output"]) if spec.get("output") else None,
+                overall=bool(spec.get("overall")),
                 positive=str(spec["positive"]) if spec.get("positive") is not None else "",
                 label_case=spec.get("label_case") or "exact", symmetric=bool(spec.get("symmetric")), stream=stream,
-                prior=prior, origin=dict(origin or {}))
+                prior=prior, span_option=spec.get("span_option", ""), triplets=spec.get("triplets"),
+                origin=dict(origin or {}))
 
 
 GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task; its files are in --data-dir
 
+
+# The CS224N project's tasks and CFIMDB (the minBERT starter's part 1), declared by the files of tasks/cs224n/ (their
+# files in --data-dir: data/README.md), in this order: a run's heads are drawn in it (``model_tasks``).
+COURSE_DIR = Path(__file__).resolve().parent / "cs224n"
+BUILTIN = tuple(register_task(from_declaration(json.loads((COURSE_DIR / f"{name}.json").read_text(encoding="utf-8"))
+                                                )).name for name in ("sst", "para", "sts", "cfimdb"))
 
 GLUE = tuple(register_task(from_declaration(json.loads(f.read_text(encoding="utf-8")),
                                              origin={"package": f"tasks/glue/{f.name}"})).name
@@ -1157,8 +1222,8 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
     return result
 
 
-__all__ = ("BUILTIN", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "PRIOR_KINDS",
-           "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes", "Classification", "Cosine", "DotProduct", "ExtraStream",
-           "Head", "Kind", "Layout", "OneSequence", "PairClassifier", "Prior", "Products", "Scores", "Task",
+__all__ = ("BUILTIN", "COURSE_KEYS", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "PRIOR_KINDS",
+           "OUTPUT_KEYS", "PART1", "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes", "Classification", "Cosine", "DotProduct", "ExtraStream",
+           "Head", "Kind", "Layout", "OneSequence", "Output", "PairClassifier", "Prior", "Products", "Scores", "Task",
            "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "listed", "load_split",
-           "mlp", "model_tasks", "register_task", "stream_task", "task_names", "task_with", "unregister_task")
+           "mlp", "model_tasks", "register_task", "upgrade_entry", "stream_task", "task_names", "triplets_task", "unregister_task")

@@ -32,6 +32,11 @@ columns; the rest is inferred from the training file's labels unless declared:
   trained through its head as a stream of its own, ``<name>_phrases`` (or an object with its ``file``,
   ``min_words`` and ``order``); ``prior``, a second opinion at evaluation (its weight, or an object with its
   ``weight`` and ``model``): a probe for a sentence classification, the cosine for a pair regression.
+- how its predictions read: ``title``, its name in tables; ``output``, its files' column and format (an object:
+  ``column``; as the CS224N starter's files: ``starter``, ``also_read``, ``submission``, ``part1``; tasks.task.Output);
+  default: a plain CSV of each id and its label (``label``) or score (``score``). ``overall``: true, its main metric
+  counts in the default overall score that selects the best epoch, as the course's tasks' do.
+  The course's own tasks are declared so (tasks/cs224n/), with a few keys only they take (tasks.task.COURSE_KEYS).
 - ``symmetric``: true for a pair task whose pairs have no order (paraphrase, similarity), scored as the mean of
   both orders (``--symmetric-eval``, as Quora and STS); by default a pair is scored in its files' order, the one
   it trained in (entailment: premise, then hypothesis).
@@ -53,8 +58,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.data.readers import DataFileMissing, FileFormat, decode_utf8, read_labels, sniff_delimiter
-from tasks.task import (KINDS, LABEL_CASES, LAYOUT_KEYS, NAME_LENGTH, PRIOR_KINDS, SPLITS, STREAMS, TASK_FILE_KEYS,
-                        Kind, Task, canonical_number, from_declaration, layout_from)
+from tasks.task import (KINDS, LABEL_CASES, LAYOUT_KEYS, NAME_LENGTH, OUTPUT_KEYS, PART1, PRIOR_KINDS, SPLITS, STREAMS,
+                        TASK_FILE_KEYS, Kind, Task, canonical_number, from_declaration, layout_from)
 
 logger = logging.getLogger(__name__)
 
@@ -222,6 +227,23 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
         if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
             raise _fail(where, f"'positive' is the label of the class a two-class task's F1 is scored on (one of its "
                                f"labels as the files write them); got {json.dumps(value)}")
+    if "title" in spec and not (isinstance(spec["title"], str) and spec["title"].strip()):
+        raise _fail(where, f"'title' is the task's name in tables (\"Entail\"); got {json.dumps(spec['title'])}")
+    if "overall" in spec and not isinstance(spec["overall"], bool):
+        raise _fail(where, f"'overall' is true (its main metric counts in the default overall score, as the course's "
+                           f"tasks' do) or false; got {json.dumps(spec['overall'])}")
+    if "output" in spec:
+        value = spec["output"]
+        ok = (isinstance(value, dict) and isinstance(value.get("column"), str) and value["column"].strip()
+              and not set(value) - set(OUTPUT_KEYS) and isinstance(value.get("also_read", ""), str)
+              and all(isinstance(value.get(k, False), bool) for k in ("starter", "submission"))
+              and value.get("part1", "") in PART1)
+        if not ok:
+            raise _fail(where, "'output' is how its prediction files read: an object with its \"column\" (their "
+                               "header's name for the prediction) and, as the CS224N starter's files, \"starter\" "
+                               "(true: its bytes, class ids), \"also_read\" (another spelling of the column), "
+                               f"\"submission\" (true or false) and \"part1\" ({' or '.join(map(json.dumps, PART1))}); "
+                               f"got {json.dumps(value)}")
     if "label_case" in spec and spec["label_case"] not in LABEL_CASES:
         raise _fail(where, f"'label_case' is \"fold\" (labels alike but for their case are one class) or \"exact\" "
                            f"(they are classes of their own); got {json.dumps(spec['label_case'])}")

@@ -336,9 +336,12 @@ class TrainConfig:
         # entries of the registry while a config of their run exists: a saved run predicts with them as they were.
         if not isinstance(self.user_tasks, dict):  # Tasks from Python (tasks.task_file.read_task_file)
             self.user_tasks = {t.name: t for t in self.user_tasks}
-        for entry in self.user_tasks.values():
-            register_task(entry if isinstance(entry, Task) else Task.from_dict(entry))
-        self.user_tasks = {name: e.to_dict() if isinstance(e, Task) else e for name, e in self.user_tasks.items()}
+        # Each kept at today's entry format (a saved run's at its own: tasks.task.upgrade_entry), so that a run and
+        # its resumption compare one format.
+        entries = {name: e if isinstance(e, Task) else Task.from_dict(e) for name, e in self.user_tasks.items()}
+        for entry in entries.values():
+            register_task(entry)
+        self.user_tasks = {name: e.to_dict() for name, e in entries.items()}
         # A GLUE task's entry too, as the package declares it now: a later package cannot change what the run
         # predicts (one that declares it otherwise is refused above); a run saved before kept none: the package's.
         self.user_tasks.update({t: get_task(t).to_dict() for t in self.tasks

@@ -21,6 +21,7 @@ from tasks.train_config import TrainConfig
 from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
                                    fields_of, objective_options)
 from tasks.objectives import registered_objectives
+from tasks.task import ENTRY_FORMAT, ENTRY_KEYS, Task, upgrade_entry
 from tests.helpers import three_class_task, unversioned
 
 SAVED = Path(__file__).parent / "saved_configs"
@@ -31,6 +32,7 @@ def _version(path: Path) -> int:
 
 
 FIXTURES = sorted(SAVED.glob("v*.json"), key=lambda p: (_version(p), p.stem))
+ENTRIES = Path(__file__).parent / "saved_entries"  # a user's task entry as each format saved it (format-N.json)
 
 
 def _saved(path: Path, env: tuple[Path, Path], out: Path) -> dict:
@@ -111,6 +113,7 @@ def test_today_writes_the_last_versions_fixture(tiny_env, tmp_path):
     saved = _saved(last[0], tiny_env, tmp_path / "run")
     written = TrainConfig.from_dict(saved, complete=True).to_dict()
     drop = ("minbert_multitask_version", "torch_version")
+    saved["user_tasks"] = {name: upgrade_entry(e) for name, e in saved["user_tasks"].items()}  # their own chain
     assert json.loads(json.dumps({k: v for k, v in written.items() if k not in drop})) == \
         {k: v for k, v in saved.items() if k not in drop}
 
@@ -253,7 +256,7 @@ def test_a_version_2_run_of_a_users_task_keeps_the_task_it_trained(tiny_env, tmp
     saved = _saved(SAVED / "v2-usertask.json", tiny_env, tmp_path / "run")
     cfg = TrainConfig.from_dict(saved, complete=True)
     entry = cfg.user_tasks["topic"]
-    assert (entry["kind"], entry["classes"], entry["starter_format"], entry["output_column"]) == (
+    assert (entry["kind"], entry["classes"], entry["output"]["starter"], entry["output"]["column"]) == (
         "sentence-classification", ["0", "1", "2"], True, "Predicted_topic")
     assert cfg.best_metric == ("sst", "topic")  # version 2's overall: over every task of the run
     Path(saved["task_files"][0]).unlink()
@@ -349,3 +352,45 @@ def test_a_version_3_run_whose_positive_was_a_word_re_predicts_as_it_did(tiny_en
     for name in ("dup-dev-output.csv", "dup-dev-logits.csv"):
         assert (tmp_path / "eval" / "predictions" / name).read_bytes() == (run / "predictions" / name).read_bytes()
     assert again["dev"]["dup_f1"] == trained["dev"]["dup_f1"] and "dup_f1" in trained["dev"]
+
+
+# ---- the task entry's own formats (tasks.task.ENTRY_KEYS: a run's config.json keeps its tasks' entries) ----------
+
+
+def _entry_fixtures() -> dict[int, dict]:
+    return {int(p.stem.split("-")[1]): json.loads(p.read_text()) for p in ENTRIES.glob("format-*.json")}
+
+
+def test_there_is_an_entry_fixture_of_every_format_with_its_formats_keys():
+    fixtures = _entry_fixtures()
+    assert set(fixtures) == set(ENTRY_KEYS) and ENTRY_FORMAT == max(ENTRY_KEYS)
+    for at, d in fixtures.items():
+        assert set(d) == set(ENTRY_KEYS[at]), at
+        assert d.get("format", 1) == at
+
+
+def test_today_writes_the_last_entry_formats_fixture():
+    """Today's ``Task.to_dict`` of the last format's entry is that fixture: a change of what an entry holds needs a
+    new format and its migration."""
+    d = _entry_fixtures()[ENTRY_FORMAT]
+    assert Task.from_dict(d).to_dict() == d
+
+
+@pytest.mark.parametrize("at", sorted(ENTRY_KEYS))
+def test_an_entry_saved_at_each_format_reads_as_the_same_task(at):
+    """The same user task (a word-label sentence task with a phrase stream, a prior, a positive class and labels
+    folded in case), saved at each format (format 1 by the package before format 2), reads back as one task:
+    every field, its files and origin too."""
+    fixtures = _entry_fixtures()
+    task, today = Task.from_dict(fixtures[at]), Task.from_dict(fixtures[ENTRY_FORMAT])
+    assert task == today and task.files == today.files and task.origin == today.origin
+    assert task.to_dict() == fixtures[ENTRY_FORMAT]
+
+
+def test_an_entry_of_an_unknown_format_or_with_other_keys_is_refused_in_one_line():
+    d = _entry_fixtures()[ENTRY_FORMAT]
+    with pytest.raises(ValueError, match=f"task entry 'mood': format {ENTRY_FORMAT + 1} is not one this package "
+                                         f"reads \\(1 to {ENTRY_FORMAT}\\)"):
+        Task.from_dict({**d, "format": ENTRY_FORMAT + 1})
+    with pytest.raises(ValueError, match=r"task entry 'mood': keys \['extra'\] are unknown or missing \(format 1\)"):
+        Task.from_dict({**_entry_fixtures()[1], "extra": 1})

@@ -313,7 +313,7 @@ def test_a_new_kind_builds_its_own_head_and_trains_predicts_and_reloads_with_no_
             [f"the film was {CLASS_WORDS[i % 3]}", f"a film {CLASS_WORDS[(i // 2) % 3]}", int(i % 3 == (i // 2) % 3)]
             for i in range(n)]))
     task = Task("near", near, files, layout_from({"text": ["a", "b"], "label": "y"}), classes=("0", "1"),
-                output_column="label", symmetric=True)
+                symmetric=True)
     cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("sst", "near"), user_tasks=[task], epochs=1,
                             model={"pair_encoding": "siamese"})
     summary = run(cfg)

@@ -11,7 +11,12 @@ import pytest
 
 from tasks.arguments import config_for
 from tasks.data.readers import DataFileMissing
-from tasks.task import KINDS, PAIR_BINARY
+import torch
+
+from tasks.evaluation.metrics import selected_metrics
+from tasks.predictions import Predictions, read_predictions, write_predictions
+from tasks.task import (COURSE_DIR, COURSE_KEYS, KINDS, PAIR_BINARY, TASK_FILE_KEYS, from_declaration, get_task,
+                        register_task, unregister_task)
 from tasks.task_file import check_unchanged, inferred_note, read_task_file
 from tests.helpers import three_class_task, user_task
 
@@ -99,6 +104,12 @@ def test_declarations_override_the_inference(tmp_path):
     ({"colour": "red"}, "unknown key(s) ['colour']"),
     ({"symmetric": "yes"}, "'symmetric' is true (its pairs have no order"),
     ({"symmetric": True}, "'symmetric' is a pair task's (two text columns): drop it"),
+    ({"title": ""}, "'title' is the task's name in tables"),
+    ({"overall": "yes"}, "'overall' is true (its main metric counts in the default overall score"),
+    ({"output": "Predicted_Mine"}, "'output' is how its prediction files read: an object with its \"column\""),
+    ({"output": {"column": "y", "part1": "always"}}, "'output' is how its prediction files read"),
+    ({"output": {"column": "y", "zip": True}}, "'output' is how its prediction files read"),
+    ({"triplets": "nli-train.csv"}, "unknown key(s) ['triplets']"),  # the course's files' alone (COURSE_KEYS)
 ])
 def test_every_value_is_checked_before_any_data_is_read(tmp_path, spec, message):
     """A wrong type or value in a task file is one ValueError naming the key and what it may be, raised before a
@@ -334,3 +345,32 @@ def test_columns_by_position_keep_the_header_unless_the_file_says_there_is_none(
     with pytest.raises(ValueError, match=r"mine-train.csv: line 1: .*'a' is one of its classes.* \"header\": false"
                                          r" .* \"header\": true"):
         read_task_file(user_task(tmp_path / "c", {"name": "mine", "text": 0, "label": 1}, rows, None))
+
+
+def test_how_its_predictions_read_is_declared_as_the_course_tasks_are(tmp_path):
+    """A user's file declares what the course's task files do (tasks/cs224n/): a title for tables, its files'
+    column in the CS224N starter's bytes, and a place in the default overall score."""
+    task = read_task_file(declare(tmp_path, ["pos", "neg"] * 4, title="Mood", overall=True,
+                                  output={"column": "Predicted_Mood", "starter": True}))
+    assert task.table_title == "Mood acc" and task.overall
+    assert (task.output.column, task.output.starter, task.output.submission) == ("Predicted_Mood", True, False)
+    register_task(task)
+    try:
+        preds = Predictions(["a", "b"], torch.zeros(2, 2), torch.tensor([1, 0]))
+        path = write_predictions(tmp_path / "p", "mine", "dev", preds)
+        assert path.read_text() == "id \t Predicted_Mood \na , 1 \nb , 0 \n"  # class ids, as the starter writes
+        assert read_predictions(path)[1].tolist() == [1, 0]  # known by its column
+        assert selected_metrics({"sst_acc": 0.5, "mine_acc": 0.7, "cola_mcc": 0.1}) == ["sst_acc", "mine_acc"]
+    finally:
+        unregister_task("mine")
+    plain = read_task_file(declare(tmp_path / "plain", ["pos", "neg"] * 4))
+    assert (plain.output.column, plain.output.starter, plain.title, plain.overall) == ("label", False, "", False)
+
+
+def test_the_course_tasks_are_declared_by_the_packages_task_files():
+    """SST, Quora, STS and CFIMDB are the entries their files in tasks/cs224n/ declare, read as GLUE's are."""
+    for name in ("sst", "para", "sts", "cfimdb"):
+        spec = json.loads((COURSE_DIR / f"{name}.json").read_text())
+        assert from_declaration(spec) == get_task(name) and spec["name"] == name
+    assert set().union(*(json.loads(p.read_text()) for p in COURSE_DIR.glob("*.json"))) <= {
+        *TASK_FILE_KEYS, *COURSE_KEYS}

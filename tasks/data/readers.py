@@ -503,9 +503,11 @@ def log_report(report: ReadReport) -> None:
         logger.warning(report.summary())
 
 
-def load_nli(data_dir: str | os.PathLike[str], limit: int | None = None) -> tuple[list[Triplet], ReadReport]:
-    """Read ``data_dir/nli-train.csv`` and log its ReadReport (raises DataFileMissing when absent)."""
-    triplets, report = read_nli(Path(data_dir) / NLI_FILE, limit=limit)
+def load_nli(data_dir: str | os.PathLike[str], limit: int | None = None, file: str = NLI_FILE
+             ) -> tuple[list[Triplet], ReadReport]:
+    """Read ``data_dir/file`` (the triplets a task declares: STS's nli-train.csv) and log its ReadReport (raises
+    DataFileMissing when absent)."""
+    triplets, report = read_nli(Path(data_dir) / file, limit=limit)
     log_report(report)
     return triplets, report
 

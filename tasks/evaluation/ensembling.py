@@ -495,7 +495,7 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
         for task, res in results.items():
             for split, preds in res.outputs.items():
                 written = write_predictions(stage / "predictions", task, split, preds)
-                if get_task(task).submission:  # the CS224N zip holds exactly the starter's files
+                if get_task(task).output.submission:  # the CS224N zip holds exactly the starter's files
                     staged.append(written)
                 write_logits(stage / "predictions", task, split, preds)
         write_submission_zip(stage, staged)

@@ -259,7 +259,7 @@ class Evaluator:
             return train_sets[task]
 
         # a run with a task of the starter's part 1 alone (cfimdb) also writes that part's files for each such task
-        part1 = any(get_task(t).part1_only for t in cfg.tasks)
+        part1 = any(get_task(t).output.part1 == "run" for t in cfg.tasks)
         inferences = [inf for o in self.objectives
                       if (inf := o.inference(model, cfg.tasks, train_set, cfg.eval_batch_size, device)) is not None]
         files: list[str] = []
@@ -304,7 +304,7 @@ class Evaluator:
             for task, p in preds.items():
                 if split != "train":
                     files.append(str(write_predictions(pred_dir, task, split, leaderboard[task])))
-                    if part1 and get_task(task).part1:  # and in the starter part 1's names
+                    if part1 and get_task(task).output.part1:  # and in the starter part 1's names
                         files.append(str(write_part1(pred_dir, task, split, leaderboard[task], cfg.freeze_encoder)))
                 files.append(str(write_logits(pred_dir, task, split, p)))
             if split in ("dev", "train"):

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import NLI, kind_of
-from tasks.task import Binary, Scores, get_task, task_names, task_with
+from tasks.task import Binary, Scores, get_task, task_names, triplets_task
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 
@@ -205,10 +205,10 @@ class MultipleNegativesRanking(Objective):
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         cfg = self.config
-        if task == NLI:  # through the embeddings of the head whose entry takes NLI (STS's: the paper's §4.2)
+        if task == NLI:  # through the embeddings of the head whose entry declares the triplets (STS's: paper §4.2)
             sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
             pooled = _embed_sides(model, batch, sides)
-            head = task_with(task_names(), "nli")
+            head = triplets_task(model.tasks)
             z = [model.pair_embeddings(head, e) for e in pooled]  # each (B, D)
             return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
         return {"loss": kind_rule("mnr", PAIRS, task, kind_of(task))(cfg, model, task, batch, out)}
