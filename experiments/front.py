@@ -62,6 +62,12 @@ POINTS: dict[str, tuple[str, list[str]]] = {
     "len64": ("sequences cut at 64 tokens instead of 128", ["--max-length", "64"]),
     "frz0": ("the word, position and type embeddings frozen", ["--freeze-layers", "0"]),
     "frz2": ("the embeddings and the lowest 2 of 6 layers frozen", ["--freeze-layers", "2"]),
+    # two epochs (which qualifies on its own) with one more lever
+    "e2-para12k": ("2 epochs of 12,000 Quora pairs", ["--epochs", "2", "--max-train-examples", "para=12000"]),
+    "e2-phr8k": ("2 epochs of 8,544 SST phrases", ["--epochs", "2", "--sst-phrases-per-epoch", "8544"]),
+    "e2-nodrop": ("2 epochs, no dropout in the encoder", ["--epochs", "2", "--encoder-dropout", "0"]),
+    "e2-len64": ("2 epochs, sequences cut at 64 tokens", ["--epochs", "2", "--max-length", "64"]),
+    "e2-frz2": ("2 epochs, the embeddings and the lowest 2 layers frozen", ["--epochs", "2", "--freeze-layers", "2"]),
 }
 
 
