@@ -212,10 +212,18 @@ class MultitaskBert(nn.Module):
                     nn.init.normal_(m.weight, std=std)
                 nn.init.zeros_(m.bias)
 
-    def _entry(self, task: str) -> Task:
+    def head_task(self, stream: str) -> str:
+        """The task whose head ``stream`` goes through (``head_of``): a task of the model, or the task that declares
+        the extra stream (SST's phrases, a task file's ``<name>_phrases``); every method that takes a task takes a
+        stream so, so that an objective calls the model with the stream it trains on. A ValueError naming the
+        model's tasks for any other name (NLI's triplets go through no head)."""
+        task = head_of(stream)
         if task not in self.tasks:
-            raise ValueError(f"unknown task {task!r}; this model's tasks are {list(self.tasks)}")
-        return get_task(task)
+            raise ValueError(f"unknown task {stream!r}; this model's tasks are {list(self.tasks)}")
+        return task
+
+    def _entry(self, task: str) -> Task:
+        return get_task(self.head_task(task))
 
     def part(self, task: str, name: str) -> nn.Module | nn.Parameter:
         """Part ``name`` of ``task``'s head (``<task>_<name>``: "head", "bias", "classifier")."""
@@ -223,13 +231,12 @@ class MultitaskBert(nn.Module):
 
     def sides(self, task: str) -> tuple[str, ...]:
         """The batch-key suffixes ``task``'s head reads: ("",) for one sequence, ("_1", "_2") for a Siamese pair."""
-        self._entry(task)
-        return self.heads[task].sides
+        return self.heads[self.head_task(task)].sides
 
     def feature_names(self, task: str) -> tuple[str, ...]:
         """The features of ``task``'s TaskOutput: the pooled embedding of each side its head reads ("pooled", or
         "pooled_1" and "pooled_2"), then its head's ("head_input", "cos_1" and "cos_2", or none)."""
-        return tuple("pooled" + s for s in self.sides(task)) + self.heads[task].features
+        return tuple("pooled" + s for s in self.sides(task)) + self.heads[self.head_task(task)].features
 
     def offsets(self) -> tuple[str, ...]:
         """The tasks with a learned offset (the baseline's Siamese pair classification): ``init_offset`` starts it."""
@@ -280,7 +287,7 @@ class MultitaskBert(nn.Module):
         """B1's [shared, task-own] features (B, 2F); the baseline has none."""
         return torch.cat([self.shared(e), getattr(self, f"{task}_own")(e)], dim=-1)
 
-    def features(self, task: str, e: torch.Tensor) -> torch.Tensor:
+    def sentence_features(self, task: str, e: torch.Tensor) -> torch.Tensor:
         """What the arch makes of pooled embeddings ``e`` (B, H) for ``task``'s head: b1's [shared, own] (B, 2F), the
         baseline's ``e`` itself."""
         return e if self.config.arch == "baseline" else self._features(task, e)
@@ -290,8 +297,8 @@ class MultitaskBert(nn.Module):
     def set_pooled_transform(self, task: str, transform: nn.Module) -> None:
         """Apply ``transform`` to ``task``'s pooled embeddings (B, H) -> (B, H) before its head, in every forward
         (Match-Tuning's batch matching). It holds no parameters of its own and reads ``self.training`` to act
-        differently in evaluation."""
-        self._entry(task)
+        differently in evaluation; a declared stream's task's, as for every method here)."""
+        task = self.head_task(task)
         if any(True for _ in transform.parameters()):
             raise ValueError("a pooled transform may not hold parameters: the checkpoint format has no place for them")
         self.pooled_transforms[task] = transform
@@ -303,6 +310,7 @@ class MultitaskBert(nn.Module):
         suffix ("" for one sequence, "_1"/"_2" for Siamese sides).
         """
         entry = self._entry(task)
+        task = entry.name  # a declared stream's: its task's head, transform and parts
         head = self.heads[task]
         if any("input_ids" + s not in batch for s in head.sides):
             # A head reads the sides it was built for (a cross model's pair heads one joint sequence); fed
@@ -323,15 +331,14 @@ class MultitaskBert(nn.Module):
             raise ValueError("pair_embeddings needs pair_encoding='siamese'")
         entry = self._entry(task)
         with _float32(e):
-            return self.heads[task].embeddings(self, entry, e.float())
+            return self.heads[entry.name].embeddings(self, entry, e.float())
 
     # ---- losses and predictions ---------------------------------------------------
 
     def task_loss(self, task: str, out: TaskOutput, batch: dict, reduction: str = "mean") -> torch.Tensor:
         """The head's loss: its kind's (cross-entropy, BCE with logits, MSE)."""
-        return get_task(task).kind.loss(out.logits, batch["labels"], reduction)
+        return self._entry(task).kind.loss(out.logits, batch["labels"], reduction)
 
-    @staticmethod
-    def predict(task: str, out: TaskOutput) -> torch.Tensor:
+    def predict(self, task: str, out: TaskOutput) -> torch.Tensor:
         """Class ids or scores: its kind's rule."""
-        return get_task(task).kind.predict(out.logits)
+        return self._entry(task).kind.predict(out.logits)

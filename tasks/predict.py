@@ -80,8 +80,7 @@ def prediction_rows(predictor: Predictor, task: str, examples: list[Example]) ->
     """(CSV header, rows) of the predictions for ``examples``: its kind's columns (the prediction in the task's own
     labels, then the class probabilities; or the score)."""
     entry = get_task(task)
-    inputs = [(e.text_a, e.text_b) for e in examples] if entry.kind.pair else [e.text_a for e in examples]
-    predicted = predictor.predictions(task, inputs)
+    predicted = predictor.predict_examples(task, examples)
     outputs = entry.kind.outputs(entry, predicted.logits)
     return (["id", *entry.kind.row_columns(entry)],
             [[e.id, *entry.kind.row(entry, p, o)] for e, p, o in zip(examples, predicted.preds, outputs)])

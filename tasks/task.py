@@ -381,6 +381,7 @@ class Scores(Kind):
     metrics = ("r", "spearman")
     about = "a score on a scale"
     fit_unasked = False  # the paper fit no regression ensembler for scores (STS)
+    fit_bias = True  # ``fit``: least squares on [scores, 1]
 
     def default_metrics(self, task):
         return ("r", "spearman")
@@ -473,9 +474,9 @@ class Head(abc.ABC):
     the pooled embeddings (B, H) of the batch's ``sides`` (the batch-key suffixes it reads: "" for one sequence,
     "_1" and "_2" for a Siamese pair) into its logits and its ``features`` (what objectives read beside the
     pooled embeddings). ``model`` gives its parts (``model.part(task, name)``) and the arch's features of a pooled
-    embedding (``model.features(task, e)``: b1's [shared, own], the baseline's the embedding itself). A head holds
-    sizes only, never a module: the model's are moved, copied and loaded with it. Its sizes and ``span`` are read
-    from the ModelConfig once, when the model is built (a model's config does not change after).
+    embedding (``model.sentence_features(task, e)``: b1's [shared, own], the baseline's the embedding itself). A
+    head holds sizes only, never a module: the model's are moved, copied and loaded with it. Its sizes and ``span``
+    are read from the ModelConfig once, when the model is built (a model's config does not change after).
     """
 
     sides: tuple[str, ...] = ("_1", "_2")
@@ -514,7 +515,7 @@ class OneSequence(Head):
         return {"head": mlp(sizes, self.dropout)}
 
     def score(self, model, task, pooled):
-        x = model.features(task.name, pooled[0])
+        x = model.sentence_features(task.name, pooled[0])
         return task.kind.head_output(task, model.part(task.name, "head")(x), self.span), {"head_input": x}
 
 
@@ -558,7 +559,7 @@ class Products(Head):
 
     def score(self, model, task, pooled):
         e1, e2 = pooled
-        f1, f2 = model.features(task.name, e1), model.features(task.name, e2)  # (B, 2F)
+        f1, f2 = model.sentence_features(task.name, e1), model.sentence_features(task.name, e2)  # (B, 2F)
         x = torch.cat([f1 * f2, e1, e2], dim=-1)  # (B, 2F + 2H)
         return task.kind.head_output(task, model.part(task.name, "head")(x), self.span), {"head_input": x}
 
@@ -573,7 +574,7 @@ class Cosine(Head):
         return {"head": mlp([self.hidden, self.proj], self.dropout) if self.arch == "baseline" else nn.Identity()}
 
     def embeddings(self, model, task, e):
-        return model.part(task.name, "head")(model.features(task.name, e))
+        return model.part(task.name, "head")(model.sentence_features(task.name, e))
 
     def score(self, model, task, pooled):
         u, v = (self.embeddings(model, task, e) for e in pooled)
@@ -1116,15 +1117,16 @@ MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the 
 # ---- declarations: a task file's keys (a user's is checked, and what it leaves out inferred: tasks/task_file.py) --
 
 TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "classes", "num_classes", "range",
-                  "metric", "delimiter", "quoting", "header", "positive", "label_case", "symmetric", "phrases",
-                  "prior", "title", "overall", "output")
+                  "metric", "delimiter", "quoting", "header", "line_ends", "multiline", "positive", "label_case",
+                  "symmetric", "phrases", "prior", "title", "overall", "output")
 OUTPUT_KEYS = ("column", "starter", "also_read", "submission", "part1")  # of a task file's "output" (``Output``)
-# What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: the course
-# files' strict lines (every record ends with a line end, none spans lines), a stream's name and a head's span other
-# than their defaults, the NLI triplets, and where a run's --sst-*/--sts-* flags set a stream or a prior
-# ("settings": a TrainConfig field) and a regression head's span ("span_option": a ModelConfig field).
-COURSE_KEYS = ("line_ends", "multiline", "span_option", "triplets")
-LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header")  # what a split's own object may set too
+# What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: SST's stream
+# name, the NLI triplets (which --nli streams through the first task of a model that declares them, and every
+# model has STS's head), and where a run's --sst-*/--sts-* flags set a stream or a prior ("settings": a TrainConfig
+# field) and a regression head's span ("span_option": a ModelConfig field).
+COURSE_KEYS = ("span_option", "triplets")
+# what a split's own object may set too
+LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header", "line_ends", "multiline")
 
 
 def layout_from(spec: Mapping[str, Any]) -> Layout:
@@ -1222,8 +1224,9 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
     return result
 
 
-__all__ = ("BUILTIN", "COURSE_KEYS", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK", "PAIR_BINARY", "PRIOR_KINDS",
-           "OUTPUT_KEYS", "PART1", "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes", "Classification", "Cosine", "DotProduct", "ExtraStream",
-           "Head", "Kind", "Layout", "OneSequence", "Output", "PairClassifier", "Prior", "Products", "Scores", "Task",
-           "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "listed", "load_split",
-           "mlp", "model_tasks", "register_task", "upgrade_entry", "stream_task", "task_names", "triplets_task", "unregister_task")
+__all__ = ("BUILTIN", "COURSE_KEYS", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK",
+           "OUTPUT_KEYS", "PAIR_BINARY", "PART1", "PRIOR_KINDS", "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes",
+           "Classification", "Cosine", "DotProduct", "ExtraStream", "Head", "Kind", "Layout", "OneSequence", "Output",
+           "PairClassifier", "Prior", "Products", "Scores", "Task", "canonical_number", "from_declaration",
+           "get_task", "kind_for", "layout_from", "listed", "load_split", "mlp", "model_tasks", "register_task",
+           "stream_task", "task_names", "triplets_task", "unregister_task", "upgrade_entry")

@@ -27,7 +27,9 @@ columns; the rest is inferred from the training file's labels unless declared:
 - ``id``: the ids of a file's rows, default ``id`` where the file's header has that column, else the rows' file
   lines; files are relative to the task file's folder, tab- or comma-separated by their first line, with a
   header whether columns are named or 0-based positions, unless ``"header": false``; a quoted field may span
-  lines, as CSV's standard allows.
+  lines, as CSV's standard allows, unless ``"multiline": false`` (a record over lines is then an unbalanced
+  quote); ``"line_ends": true`` cuts a last record without a line end (a file cut short), as the course's files
+  are read.
 - what SST has any task may declare: ``phrases``, a file of extra labelled examples (the train file's layout)
   trained through its head as a stream of its own, ``<name>_phrases`` (or an object with its ``file``,
   ``min_words`` and ``order``); ``prior``, a second opinion at evaluation (its weight, or an object with its
@@ -107,7 +109,7 @@ def _check_layout(where: str, spec: Mapping[str, Any], own: str = "") -> None:
         except (ValueError, TypeError):
             raise _fail(where, f"{at}'delimiter' is one character, \"\\t\" or \",\" say; got "
                                f"{json.dumps(spec['delimiter'])}") from None
-    for key in ("quoting", "header"):
+    for key in ("quoting", "header", "line_ends", "multiline"):
         if key in spec and not isinstance(spec[key], bool):
             raise _fail(where, f"{at}{key!r} is true or false; got {json.dumps(spec[key])}")
 

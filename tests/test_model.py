@@ -452,3 +452,22 @@ def test_the_new_kinds_get_heads_of_their_shape(arch, pair_encoding):
                                         mode=pair_encoding).collate(range(B))).logits
     low = -6.0 if pair_encoding == "siamese" else -2.0  # -2 + 4 cos: a cosine may be negative, as STS's
     assert bool(((scaled >= low) & (scaled <= 2.0)).all())
+
+
+@pytest.mark.parametrize("arch,pair_encoding", GRID)
+def test_a_declared_stream_goes_through_its_tasks_head_wherever_the_model_is_asked(arch, pair_encoding):
+    """The model resolves a declared stream (SST's phrases) to the head of the task that declares it, in every
+    method an objective calls, so that an objective passes the stream it trains on; NLI (no head) and a name no
+    task has are refused naming the model's tasks."""
+    model = make_model(arch, pair_encoding).eval()
+    batch = make_batch("sst")
+    assert model.head_task("phrases") == "sst" and model.sides("phrases") == model.sides("sst")
+    assert model.feature_names("phrases") == model.feature_names("sst")
+    out, same = model("phrases", batch), model("sst", batch)
+    assert torch.equal(out.logits, same.logits)
+    assert torch.equal(model.predict("phrases", out), model.predict("sst", same))
+    assert torch.equal(model.task_loss("phrases", out, batch), model.task_loss("sst", same, batch))
+    for name in ("nli", "mood"):
+        with pytest.raises(ValueError, match=f"unknown task '{name}'; this model's tasks are "
+                                             r"\['sst', 'para', 'sts'\]"):
+            model(name, batch)

@@ -4,13 +4,14 @@ declaration that would work, and a saved run's task held against its file."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from tasks.arguments import config_for
-from tasks.data.readers import DataFileMissing
+from tasks.data.readers import COURSE_FORMAT, DataFileMissing
 import torch
 
 from tasks.evaluation.metrics import selected_metrics
@@ -105,6 +106,8 @@ def test_declarations_override_the_inference(tmp_path):
     ({"symmetric": "yes"}, "'symmetric' is true (its pairs have no order"),
     ({"symmetric": True}, "'symmetric' is a pair task's (two text columns): drop it"),
     ({"title": ""}, "'title' is the task's name in tables"),
+    ({"multiline": "no"}, "'multiline' is true or false"),
+    ({"dev": {"file": "no.csv", "line_ends": 1}}, "dev's 'line_ends' is true or false"),
     ({"overall": "yes"}, "'overall' is true (its main metric counts in the default overall score"),
     ({"output": "Predicted_Mine"}, "'output' is how its prediction files read: an object with its \"column\""),
     ({"output": {"column": "y", "part1": "always"}}, "'output' is how its prediction files read"),
@@ -365,6 +368,10 @@ def test_how_its_predictions_read_is_declared_as_the_course_tasks_are(tmp_path):
         unregister_task("mine")
     plain = read_task_file(declare(tmp_path / "plain", ["pos", "neg"] * 4))
     assert (plain.output.column, plain.output.starter, plain.title, plain.overall) == ("label", False, "", False)
+    assert (plain.layout.fmt.line_ends, plain.layout.fmt.multiline) == (False, True)  # and the course's, declared:
+    strict = read_task_file(declare(tmp_path / "strict", ["pos", "neg"] * 4, line_ends=True, multiline=False,
+                                    quoting=True))
+    assert strict.layout.fmt == dataclasses.replace(COURSE_FORMAT, delimiter=None)  # the course's files': a tab
 
 
 def test_the_course_tasks_are_declared_by_the_packages_task_files():

@@ -522,10 +522,14 @@ class Predictor:
     def predictions(self, task: str, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> Predictions:
         """The model's ``Predictions`` of ``inputs`` (sentences, or (a, b) pairs for a pair task) in input order:
         ids "0".."N-1", the logits as a run's logits files hold them, and class ids (N,) or scores (N,)."""
+        entry = get_task(task)
+        return self.predict_examples(task, entry.kind.examples(entry, inputs))
+
+    def predict_examples(self, task: str, examples: Sequence[Example]) -> Predictions:
+        """The model's ``Predictions`` of ``examples`` of ``task`` (read from a file: tasks/predict.py), keyed by
+        their ids, in their order."""
         if task not in self.cfg.tasks:
             raise ValueError(f"this checkpoint was trained on {', '.join(self.cfg.tasks)}, not {task}")
-        entry = get_task(task)
-        examples = entry.kind.examples(entry, inputs)
         return self.evaluator.predict(self.model, task, make_dataset(task, examples, self.tokenizer, self.cfg),
                                       batch_size=self.batch_size)
 

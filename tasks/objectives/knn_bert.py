@@ -70,7 +70,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import follow_modes, head_of, kind_of, preserved_modes
+from tasks.model import follow_modes, kind_of, preserved_modes
 from tasks.task import Binary, Classes, get_task
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
@@ -88,7 +88,7 @@ REPRESENTATIONS = ("pooled", "head_input")
 def check_representation(model: nn.Module, task: str, representation: str) -> None:
     """Raise when ``model`` yields no single (B, D) ``representation`` for ``task`` (a Siamese pair task's head
     gives each sentence's pooled embedding, and a pair vector only where it builds one: b1's "head_input")."""
-    gives = model.feature_names(head_of(task))
+    gives = model.feature_names(task)
     if representation not in gives:
         cfg = model.config
         raise ValueError(f"knn_bert on {task!r}: its head (arch={cfg.arch!r}, pair_encoding={cfg.pair_encoding!r}) "
@@ -247,7 +247,7 @@ def compute_representations(model: nn.Module, task: str, dataset: Any, represent
         for start in range(0, n, batch_size):
             batch = dataset.collate(order[start:start + batch_size])
             batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-            out = model(head_of(task), batch)
+            out = model(task, batch)
             feats.append(out.features[representation].float().cpu())
             logits.append(out.logits.float().cpu())
     if not feats:
@@ -474,7 +474,7 @@ class KNNBert(Objective):
         if next(key.parameters()).device != device:
             key.to(device)
         follow_modes(key, model)
-        out = key(head_of(task), batch)
+        out = key(task, batch)
         return F.normalize(out.features[self.config.representation].float(), dim=-1)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:

@@ -70,7 +70,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import head_of
 from tasks.objectives import Objective, ObjectiveConfig
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -148,7 +147,7 @@ class MatchTuning(Objective):
     def __init__(self, config: MatchTuningConfig, model: nn.Module | None = None) -> None:
         super().__init__(config, model)
         if model is not None:
-            for head in dict.fromkeys(map(head_of, self.active_tasks())):  # a declared stream: its task's head
+            for head in dict.fromkeys(map(model.head_task, self.active_tasks())):  # SST's for sst and phrases
                 model.set_pooled_transform(head, BatchMatching(config.temperature, config.inference == "batch"))
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:

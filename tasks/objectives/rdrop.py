@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import PHRASES, head_of, kind_of
+from tasks.model import PHRASES, kind_of
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.objectives.smart import bernoulli_logits, symmetric_kl
 from tasks.options import option
@@ -94,6 +94,5 @@ class RDrop(Objective):
             raise ValueError(f"rdrop needs the head's output for the {task} batch (its first pass)")
         if not model.training:
             raise ValueError("rdrop compares two dropout passes: the model must be in training mode")
-        head = head_of(task)
-        second = model(head, batch)  # fresh dropout masks
-        return {"ce": model.task_loss(head, second, batch), "kl": rdrop_divergence(task, out.logits, second.logits)}
+        second = model(task, batch)  # fresh dropout masks
+        return {"ce": model.task_loss(task, second, batch), "kl": rdrop_divergence(task, out.logits, second.logits)}

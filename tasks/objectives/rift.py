@@ -68,7 +68,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import head_of, kind_of, preserved_modes
+from tasks.model import kind_of, preserved_modes
 from tasks.task import Binary, Classes, get_task
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
@@ -138,7 +138,7 @@ def kl_divergence(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> 
 def input_suffixes(model: nn.Module, task: str, batch: dict) -> tuple[str, ...]:
     """The batch-key suffixes the head reads for ``task`` (``MultitaskBert.sides``): ("",) for one sequence,
     ("_1", "_2") for Siamese pairs; a ValueError where the batch lacks one."""
-    sides = model.sides(head_of(task))
+    sides = model.sides(task)
     if any("input_ids" + s not in batch for s in sides):
         raise ValueError(f"{task}: expected keys {', '.join('input_ids' + s for s in sides)}, batch has "
                          f"{sorted(batch)}")
@@ -225,7 +225,7 @@ def pgd_perturbation(model: nn.Module, task: str, batch: dict, *, norm: str = "l
         with torch.no_grad():
             clean = {s: base.encoder.embed_tokens(batch["input_ids" + s]).float() for s in suffixes}  # (B, T, H)
             keep = {s: batch["attention_mask" + s].unsqueeze(-1).float() for s in suffixes}  # (B, T, 1)
-            clean_logits = base(head_of(task), batch).logits.float()
+            clean_logits = base(task, batch).logits.float()
         delta = {}
         for s in suffixes:
             d = random_start(clean[s].shape, norm, epsilon, clean[s].device, generator) if random_init \
@@ -233,7 +233,7 @@ def pgd_perturbation(model: nn.Module, task: str, batch: dict, *, norm: str = "l
             delta[s] = d * keep[s]
 
         def loss_of(d: dict[str, torch.Tensor]) -> torch.Tensor:
-            logits = base(head_of(task), batch, inputs_embeds={s: clean[s] + d[s] for s in suffixes}).logits
+            logits = base(task, batch, inputs_embeds={s: clean[s] + d[s] for s in suffixes}).logits
             return _attack_loss(task, logits, clean_logits, labels, objective)  # (B,)
 
         best = {s: delta[s].clone() for s in suffixes}
@@ -343,7 +343,7 @@ class RIFT(Objective):
         self.proj_student = nn.ModuleDict()
         self.proj_teacher = nn.ModuleDict()
         for task in self.active_tasks():
-            n = get_task(head_of(task)).num_classes  # a declared stream: its task's classes
+            n = get_task(base.head_task(task)).num_classes  # a declared stream: its task's classes
             self.proj_student[task] = nn.ModuleList(
                 projection(hidden, config.proj_hidden, config.proj_dim) for _ in range(n))
             self.proj_teacher[task] = nn.ModuleList(
@@ -382,7 +382,7 @@ class RIFT(Objective):
         # parameters through x' too), so the KL and L_I terms train the word embeddings, as SMART's penalty does.
         embed = model.encoder.embed_tokens
         adv = {s: embed(batch["input_ids" + s]) + d for s, d in delta.items()}  # (B, T, H) each
-        adv_out = model(head_of(task), batch, inputs_embeds=adv)  # the model's mode: dropout on while training
+        adv_out = model(task, batch, inputs_embeds=adv)  # the model's mode: dropout on while training
         kl = kl_divergence(task, out.logits, adv_out.logits)
         sides = input_suffixes(model, task, batch)
         info = torch.stack([

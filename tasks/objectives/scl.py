@@ -133,7 +133,7 @@ CLASSES = {Classes: lambda labels: labels.long(), Binary: lambda labels: labels.
 def feature_problem(model: nn.Module, task: str, embedding: str) -> str | None:
     """Why ``task``'s head in ``model`` gives no single vector per example for ``embedding`` (a Siamese pair head
     gives each sentence's, and a pair vector only where it builds one); None if it gives one."""
-    gives = model.feature_names(head_of(task))
+    gives = model.feature_names(task)
     if embedding in gives:
         return None
     cfg = model.config

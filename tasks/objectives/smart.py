@@ -66,7 +66,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import head_of, kind_of
+from tasks.model import kind_of
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
@@ -120,11 +120,6 @@ class _DropoutReplay:
         set_device_rng_state(self.own, self.device)
 
 
-def _sides(batch: dict) -> tuple[str, ...]:
-    """The sequence-key suffixes the head reads: "" for one sequence, "_1"/"_2" for a Siamese pair."""
-    return ("",) if "input_ids" in batch else ("_1", "_2")
-
-
 def smart_perturbation(model: nn.Module, task: str, batch: dict, embeds: dict[str, torch.Tensor],
                        clean_logits: torch.Tensor, delta0: dict[str, torch.Tensor], *,
                        step_size: float = 1e-3, epsilon: float = 1e-5, steps: int = 1,
@@ -143,7 +138,7 @@ def smart_perturbation(model: nn.Module, task: str, batch: dict, embeds: dict[st
         if replay is not None:
             replay()
         with torch.enable_grad():
-            adv = model(head_of(task), batch, inputs_embeds={s: e[s] + d[s] for s in e}).logits
+            adv = model(task, batch, inputs_embeds={s: e[s] + d[s] for s in e}).logits
             div = smart_divergence(task, adv, clean)
             grads = torch.autograd.grad(div, list(d.values()), allow_unused=True)
         g = {s: torch.zeros_like(d[s]) if gs is None else gs.float() for s, gs in zip(d, grads)}
@@ -162,7 +157,7 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
 
     out: the head's TaskOutput for this batch; needed only with ``reuse_head_output``.
     """
-    sides = _sides(batch)
+    sides = model.sides(task)  # the sequences its head reads: one, or a Siamese pair's two
     embeds = {s: model.encoder.embed_tokens(batch["input_ids" + s]) for s in sides}  # (B, T, H) each
     delta0 = {}
     for s, x in embeds.items():
@@ -177,12 +172,12 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
             clean, replay = out.logits, None
         else:
             replay = _DropoutReplay(embeds[sides[0]].device) if model.training else None
-            clean = model(head_of(task), batch, inputs_embeds=embeds).logits
+            clean = model(task, batch, inputs_embeds=embeds).logits
         delta = smart_perturbation(model, task, batch, embeds, clean, delta0, step_size=step_size,
                                    epsilon=epsilon, steps=steps, replay=replay)
         if replay is not None:
             replay()
-        adv = model(head_of(task), batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
+        adv = model(task, batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
     return smart_divergence(task, adv, clean), delta
 
 

@@ -467,3 +467,28 @@ def test_the_readmes_objective_added_under_tasks_objectives_needs_no_edit_elsewh
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
     summary = done.stdout.strip().splitlines()[-1]
     assert re.search(r"\b[4-9] passed", summary), summary  # the version test, 2 meta cases and LP-FT at least
+
+
+def test_every_kind_an_objective_names_has_its_rule():
+    """Each objective that computes from a head's outputs has a rule for every kind its ``kinds`` names (a pair
+    classification: of C classes and of one logit), so that none is refused at a batch after its config accepted
+    the task; the one exception is refused before any data (MNR ranks a pair classification's positive pairs,
+    which needs two classes: its check_run)."""
+    from tasks.objectives.distill import TARGETS, TERMS
+    from tasks.objectives.knn_bert import PROBABILITIES
+    from tasks.objectives.mnr import PAIRS
+    from tasks.objectives.rdrop import CATEGORICAL
+    from tasks.objectives.rift import LOG_PROBS
+    from tasks.objectives.scl import CLASSES
+    from tasks.objectives.smart import DIVERGENCES
+    from tasks.task import KINDS, PAIR_BINARY, Classes
+
+    tables = {"distill": [TARGETS, TERMS], "knn_bert": [PROBABILITIES], "mnr": [PAIRS], "rdrop": [CATEGORICAL],
+              "rift": [LOG_PROBS], "scl": [CLASSES], "smart": [DIVERGENCES]}
+    refused_first = {("mnr", Classes)}
+    for name, rules in tables.items():
+        kinds = {type(KINDS[k]) for k in REGISTRY[name].kinds} | (
+            {type(PAIR_BINARY)} if "pair-classification" in REGISTRY[name].kinds else set())
+        for table in rules:
+            assert kinds - {k for n, k in refused_first if n == name} <= set(table), name
+            assert set(table) <= kinds, name  # no rule for a kind it does not name
