@@ -178,6 +178,8 @@ class MultitaskBert(nn.Module):
         # What each task's kind builds for this arch and pair encoding: sizes and rules, no module (its parts are
         # registered below, on the model, so that they move, copy and load with it).
         self.heads: dict[str, Head] = {t.name: t.kind.head(t, config, H) for t in entries}
+        # The extra streams its tasks declare (SST's phrases), by the task whose head they train: ``head_task``.
+        self.stream_heads = {t.stream.name: t.name for t in entries if t.stream is not None}
         # Registered in one order per arch (b1: the shared layers, every task's own layer, every head's parts;
         # the baseline: every head's parts), which is the order _init_heads draws their initial weights in.
         if config.arch == "b1":
@@ -213,11 +215,11 @@ class MultitaskBert(nn.Module):
                 nn.init.zeros_(m.bias)
 
     def head_task(self, stream: str) -> str:
-        """The task whose head ``stream`` goes through (``head_of``): a task of the model, or the task that declares
-        the extra stream (SST's phrases, a task file's ``<name>_phrases``); every method that takes a task takes a
+        """The task whose head ``stream`` goes through: a task of the model, or the task of it that declares the
+        extra stream (SST's phrases, a task file's ``<name>_phrases``); every method that takes a task takes a
         stream so, so that an objective calls the model with the stream it trains on. A ValueError naming the
         model's tasks for any other name (NLI's triplets go through no head)."""
-        task = head_of(stream)
+        task = self.stream_heads.get(stream, stream)
         if task not in self.tasks:
             raise ValueError(f"unknown task {stream!r}; this model's tasks are {list(self.tasks)}")
         return task

@@ -116,7 +116,7 @@ def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
     w.writerow(["", layout.id or "id", *layout.text, layout.label])
     for i, e in enumerate(examples):
         label = float(e.label) if entry.kind.binary else e.label
-        texts = (e.text_a, e.text_b) if entry.kind.pair else (e.text_a,)
+        texts = (e.text_a, e.text_b)[:len(layout.text)]  # the file's text columns: one, or a pair's two
         w.writerow([i, e.id, *texts, label])
     write_text(path, buf.getvalue())
 

@@ -713,8 +713,8 @@ class Task:
     them, by class id (SST: "0".."4"; RTE: "entailment", "not_entailment"). ``score_range``: a regression's
     (low, high), its head's range; ``checks_range``: labels outside it are refused (STS's 0-5), else taken as
     they are. ``metrics``: what it is scored by, the main one first (tasks/evaluation/metrics.py); default: its
-    kind's. ``overall``: it counts in the default overall score (the CS224N tasks and CFIMDB; another task's
-    metric selects only when asked, ``--best-metric``). ``span_option``: the ModelConfig field that sets a
+    kind's. ``overall``: it counts in the default overall score (the CS224N tasks and CFIMDB, and a task file that
+    says so; another task's metric selects only when asked, ``--best-metric``). ``span_option``: the ModelConfig field that sets a
     regression head's span instead of its range (STS: ``sts_scale``, the paper's 5 ×).
 
     How its predictions read: ``title`` (tables), ``output`` (``Output``: the files' column and format; default:
@@ -970,10 +970,6 @@ class Task:
         """Inverse of ``to_dict``, of an entry at any format (``upgrade_entry``); a ValueError naming what is wrong
         with ``d``."""
         d = upgrade_entry(d)
-        keys = ENTRY_KEYS[ENTRY_FORMAT]
-        wrong = sorted(set(d) ^ set(keys))
-        if wrong:
-            raise ValueError(f"task entry {d.get('name')!r}: keys {wrong} are unknown or missing")
         classes = tuple(d["classes"]) if d["classes"] is not None else None
         return cls(d["name"], kind_for(d["kind"], len(classes) if classes else None), dict(d["files"]),
                    Layout.from_dict(d["layout"]), classes=classes,
@@ -992,7 +988,7 @@ class Task:
 # An entry's keys at each format (``Task.to_dict``). Format 1, unnumbered: a run's config.json from config version
 # 3 (a user's tasks) to 5 (tasks/config_versions.py migrates older runs' to it). Format 2: the predictions' file
 # format declared as one object (``output``), a table title, ``overall``, and NLI triplets as the file a task
-# declares. tests/saved_configs/ holds a run saved at each.
+# declares. tests/saved_entries/ holds an entry saved at each.
 ENTRY_KEYS: dict[int, tuple[str, ...]] = {
     1: ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout", "split_layouts",
         "output_column", "starter_format", "positive", "label_case", "symmetric", "span_option", "stream", "prior",
@@ -1181,18 +1177,18 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
                 origin=dict(origin or {}))
 
 
-GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task; its files are in --data-dir
+def _register_file(path: Path, origin: Mapping[str, Any] | None = None) -> str:
+    """Register the task a task file of this package declares (their files are in --data-dir); its name."""
+    return register_task(from_declaration(json.loads(path.read_text(encoding="utf-8")), origin=origin)).name
 
 
 # The CS224N project's tasks and CFIMDB (the minBERT starter's part 1), declared by the files of tasks/cs224n/ (their
-# files in --data-dir: data/README.md), in this order: a run's heads are drawn in it (``model_tasks``).
+# files: data/README.md), in this order: a run's heads are drawn in it (``model_tasks``).
 COURSE_DIR = Path(__file__).resolve().parent / "cs224n"
-BUILTIN = tuple(register_task(from_declaration(json.loads((COURSE_DIR / f"{name}.json").read_text(encoding="utf-8"))
-                                                )).name for name in ("sst", "para", "sts", "cfimdb"))
+BUILTIN = tuple(_register_file(COURSE_DIR / f"{name}.json") for name in ("sst", "para", "sts", "cfimdb"))
 
-GLUE = tuple(register_task(from_declaration(json.loads(f.read_text(encoding="utf-8")),
-                                             origin={"package": f"tasks/glue/{f.name}"})).name
-             for f in sorted(GLUE_DIR.glob("*.json")))
+GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task
+GLUE = tuple(_register_file(f, {"package": f"tasks/glue/{f.name}"}) for f in sorted(GLUE_DIR.glob("*.json")))
 
 
 def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], limit: int | None = None
