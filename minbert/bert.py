@@ -158,6 +158,14 @@ class BertEmbeddings(nn.Module):
         return dropout(self.LayerNorm(x), self.dropout_p, self.training, self.masks)
 
 
+def use_sdpa(impl: str, dropout_p: float, device: torch.device) -> bool:
+    """Whether attention calls ``F.scaled_dot_product_attention``: under ``attn_implementation="sdpa"``, except
+    with attention dropout on a CPU, where SDPA itself falls back to the math path; ours is the same computation
+    with the cheaper dropout mask. Without dropout, which of the two trains faster depends on the CPU and the
+    precision (benchmarks/README.md, "Attention without dropout")."""
+    return impl == "sdpa" and not (dropout_p > 0.0 and device.type == "cpu")
+
+
 class BertSelfAttention(nn.Module):
     """Multi-head self-attention with a fused QKV projection.
 
@@ -182,9 +190,7 @@ class BertSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3, nh, hs)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs)
         p = self.dropout_p if self.training else 0.0
-        # With attention dropout on CPU, SDPA itself falls back to the math path;
-        # ours is the same computation with the cheaper dropout mask.
-        if self.impl == "sdpa" and not (p > 0.0 and x.device.type == "cpu"):
+        if use_sdpa(self.impl, p, x.device):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, T, T)
