@@ -86,16 +86,19 @@ def test_variants_make_members_diverse():
     plan = leaderboard.members_of(3, ["", "--epochs 4 --head-dropout 0.1"])
     assert plan == {"v0-seed0": (0, ""), "v1-seed1": (1, "--epochs 4 --head-dropout 0.1"), "v0-seed2": (2, "")}
     assert leaderboard.member_flags(1, ["--data-dir", "d"], plan["v1-seed1"][1]) == [
-        "--sst-phrases", "none", "--seed", "1", "--data-dir", "d", "--epochs", "4", "--head-dropout", "0.1"]
+        "--epochs", "3", "--sst-phrases", "none", "--seed", "1", "--data-dir", "d", "--epochs", "4", "--head-dropout",
+        "0.1"]  # the variant's epochs come later: they win
 
 
 def test_members_train_the_measured_recipe_and_flags_after_the_dashes_win():
-    """The members are the recipe the ensemble was measured with: the default without the SST phrases (the
-    default trains them; the ensemble was measured without); ``-- --sst-phrases FILE`` trains them."""
+    """The members are the recipe the ensemble was measured with: the default of three epochs without the SST
+    phrases (the default trains them, in two epochs; the ensemble was measured without them, in three);
+    ``-- --sst-phrases FILE`` trains them."""
     members = arguments.config_for([*leaderboard.member_flags(0, []), "--out-dir", "unused"])
-    assert members.sst_phrases.file is None and not members.trains_phrases
-    assert {k: v for k, v in members.to_dict().items() if k != "sst_phrases"} == \
-        {k: v for k, v in arguments.config_for(["--out-dir", "unused"]).to_dict().items() if k != "sst_phrases"}
+    assert members.sst_phrases.file is None and not members.trains_phrases and members.epochs == 3
+    assert {k: v for k, v in members.to_dict().items() if k not in ("sst_phrases", "epochs")} == \
+        {k: v for k, v in arguments.config_for(["--out-dir", "unused"]).to_dict().items()
+         if k not in ("sst_phrases", "epochs")}
     on = arguments.config_for([*leaderboard.member_flags(0, ["--sst-phrases", "sst-phrases-train.csv"]),
                                "--out-dir", "unused"])
     assert on.trains_phrases
@@ -116,7 +119,7 @@ def test_specialist_flags_reach_the_specialists_alone(tmp_path, capsys, monkeypa
     monkeypatch.setattr(leaderboard, "open_sweep", no_training)
     for argv, message in (
             (["--specialist-flags=--no-such-flag"],  # one flag alone takes the =, as argparse asks of any value
-             "member flags --sst-phrases none --seed 0 --data-dir data --tasks sst --no-such-flag (see above)"),
+             "member flags --epochs 3 --sst-phrases none --seed 0 --data-dir data --tasks sst --no-such-flag (see above)"),
             (["--specialist-flags", "--epochs 4", "--", "--epochs", "2"],
              "--epochs is given after -- and by --specialist-flags '--epochs 4'"),
             (["--specialist-flags", "--tasks sts"], "--tasks is set by the command (--specialists TASK=N"),
@@ -169,13 +172,13 @@ def test_first_seed_reaches_the_members_flags(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--first-seed", "4", "--specialists", "--",
                           "--no-such-flag"])
-    assert e.value.code == 2 and "member flags --sst-phrases none --seed 4 " in capsys.readouterr().err
+    assert e.value.code == 2 and "member flags --epochs 3 --sst-phrases none --seed 4 " in capsys.readouterr().err
 
 
 def test_by_default_the_full_members_train_on_all_of_quora(tmp_path, capsys):
     """The command's default members (experiments/RESULTS.md) are the default recipe on all of Quora every
     epoch; --variants "" gives the default recipe's own members."""
-    member = "member flags --sst-phrases none --seed 0 --no-such-flag --data-dir data"  # the measured recipe
+    member = "member flags --epochs 3 --sst-phrases none --seed 0 --no-such-flag --data-dir data"  # the measured recipe
     for argv, flags in ((["--"], f"{member} --max-train-examples para=all"), (["--variants", "", "--"], f"{member} (see")):
         with pytest.raises(SystemExit) as e:
             leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--specialists", *argv, "--no-such-flag"])
