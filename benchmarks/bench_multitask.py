@@ -30,10 +30,11 @@ Variants (``--variants``):
     randmask  ours, with the CPU dropout masks drawn as ``torch.rand(shape) >= p`` (float32 uniforms, compared as
               floats) in place of minbert.bert.dropout_mask's integer compare of the same draws: the same masks
               and numbers, the mask's cost before and after
-    nodrop    ours without dropout in the encoder (--encoder-dropout 0), its attention through
-              F.scaled_dot_product_attention; ``nodrop-math`` the same with the attention written out (what
-              minbert.bert.use_sdpa takes with attention dropout on a CPU)
-"ours", "hf", "foreach", "pad8", "compile" and "randmask" run the very same examples in the very same batches.
+    nodrop    ours without dropout in the encoder (--encoder-dropout 0), its attention as minbert.bert.use_sdpa
+              takes it (on a CPU written out, as with dropout); ``nodrop-sdpa`` the same through
+              F.scaled_dot_product_attention (what a GPU and inference take)
+"ours", "hf", "foreach", "pad8", "compile", "randmask", "bytemask", "nodrop" and "nodrop-sdpa" run the very same
+examples in the very same batches.
 "fixed" and "nobucket" run the same steps of the unbucketed plan: the same task of every
 step and the same number of sequences, drawn from the same epoch subset, but
 other examples (a random batch, not a length bucket). So every ratio is one
@@ -140,8 +141,8 @@ VARIANTS = {
     "randmask": "ours with dropout masks from float32 uniforms (torch.rand >= p)",
     "bytemask": "ours with dropout masks from bytes, three a draw (--dropout-masks bytes)",
     "frozen2": "ours with the embeddings and the lowest 2 layers frozen (--freeze-layers 2)",
-    "nodrop": "ours without dropout in the encoder (--encoder-dropout 0): attention through SDPA",
-    "nodrop-math": "ours without dropout in the encoder, attention written out",
+    "nodrop": "ours without dropout in the encoder (--encoder-dropout 0), attention as use_sdpa takes it",
+    "nodrop-sdpa": "ours without dropout in the encoder, attention through SDPA",
 }
 DEFAULT_VARIANTS = ("ours", "fixed", "hf")
 PHASES = ("forward + loss", "backward + grad clip", "optimizer step")  # of Trainer.train_step, as _Phases marks them
@@ -299,13 +300,16 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
         for module in trainer.model.encoder.modules():
             if hasattr(module, "masks"):
                 module.masks = "bytes"
-    elif name in ("nodrop", "nodrop-math"):
+    elif name in ("nodrop", "nodrop-sdpa"):
         trainer = clone_trainer(base, copy.deepcopy(base.model), encoder_dropout=0.0)
-        for module in trainer.model.encoder.modules():
+        encoder = trainer.model.encoder  # what --encoder-dropout 0 builds (tasks/training/run.py), on the copy
+        encoder.config.hidden_dropout_prob = encoder.config.attention_probs_dropout_prob = 0.0
+        for module in encoder.modules():
             if hasattr(module, "dropout_p"):
                 module.dropout_p = 0.0
-        if name == "nodrop-math":  # the written-out attention, which minbert.bert.use_sdpa takes with dropout only
-            patch = functools.partial(unittest.mock.patch.object, bert, "use_sdpa", lambda impl, p, device: False)
+        if name == "nodrop-sdpa":  # SDPA in training too, as on a GPU
+            patch = functools.partial(unittest.mock.patch.object, bert, "use_sdpa",
+                                      lambda impl, training, device: impl == "sdpa")
     elif name == "frozen2":
         model = copy.deepcopy(base.model)
         model.encoder.freeze_bottom(2)  # before the optimizer is built: it takes the trainable parameters

@@ -53,11 +53,12 @@ KEYS = ("sst_acc", "para_acc", "sts_r", "overall")
 # point -> (what it changes, its flags); every setting a point depends on spelled out, its epochs too
 POINTS: dict[str, tuple[str, list[str]]] = {
     REFERENCE: ("the reference recipe: 3 epochs", ["--epochs", "3"]),
-    "e2": ("2 epochs instead of 3 (the default)", ["--epochs", "2"]),
+    "e2": ("2 epochs instead of 3 (today's default)", ["--epochs", "2"]),
     "e2-lr2": ("2 epochs, peak learning rate 2e-4", ["--epochs", "2", "--lr", "2e-4"]),
     "e1": ("1 epoch (--preset quick)", ["--epochs", "1"]),
     "e1-lr2": ("1 epoch, peak learning rate 2e-4", ["--epochs", "1", "--lr", "2e-4"]),
-    "para12k": ("12,000 Quora pairs an epoch instead of 23,000", ["--epochs", "3", "--max-train-examples", "para=12000"]),
+    "para12k": ("12,000 Quora pairs an epoch instead of 23,000",
+                ["--epochs", "3", "--max-train-examples", "para=12000"]),
     "phr8k": ("8,544 SST phrases an epoch instead of 17,088", ["--epochs", "3", "--sst-phrases-per-epoch", "8544"]),
     "nodrop": ("no dropout in the encoder", ["--epochs", "3", "--encoder-dropout", "0"]),
     "bytes": ("dropout masks from a third of the generator's draws", ["--epochs", "3", "--dropout-masks", "bytes"]),

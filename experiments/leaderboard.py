@@ -1,16 +1,16 @@
 """One command for a leaderboard submission: train K ensemble members, ensemble them, write the submission zip.
 
 Members (each a ``train_multitask.py`` run in ``<out-dir>/<member>``) are
-seeds 0..K-1 (``--first-seed S``: S..S+K-1) of the default recipe without
-the SST phrases (``--sst-phrases none``: the recipe the ensemble was measured
-with; ``-- --sst-phrases sst-phrases-train.csv`` trains them, refused with a
+seeds 0..K-1 (``--first-seed S``: S..S+K-1) of the default recipe at three
+epochs and without the SST phrases (``--epochs 3 --sst-phrases none``: the
+recipe the ensemble was measured with; ``-- --sst-phrases sst-phrases-train.csv`` trains them, refused with a
 specialist of a task other than sst, which has no SST head to train them
 through), plus the flags given after ``--`` for every member. ``--variants``
 sets what the full members add: member k takes variant k mod V (a quoted flag string, "" for
 none). The default, one variant ``--max-train-examples para=all``, trains
-every member on all of Quora every epoch instead of the default recipe's slice
+every member on all of Quora every epoch instead of the recipe's slice
 (on a larger Quora file than this copy, cap it, e.g. ``para=48000``, to stay
-within the 2-hour budget); ``--variants ""`` gives the default recipe's
+within the 2-hour budget); ``--variants ""`` gives the plain recipe's
 members. ``--specialists sst=16`` (the default) adds 16 members trained on SST
 alone (``--tasks sst``, seeds 0..15 or S..S+15, each far cheaper than a full
 member), which join the SST ensemble only: the minBERT paper (§5) reports
@@ -157,7 +157,7 @@ class LeaderboardOptions:
                                 "on unseen seeds give S past the first one's seeds, and its own --out-dir", metavar="S")
     method: str = option("simple", "the ensemble (python -m tasks.ensemble)", choices=METHODS)
     variants: list[str] = option(help='member k adds variant k mod V to its flags: quoted flag strings, "" for none '
-                                      "(the default recipe's members)", factory=lambda: list(DEFAULT_VARIANTS),
+                                      "(the plain three-epoch recipe's members)", factory=lambda: list(DEFAULT_VARIANTS),
                                  nargs="+", metavar="FLAGS")
     specialists: list[str] = option(help="N more members trained on TASK alone (--tasks TASK), in that task's "
                                          "ensemble only; --specialists with nothing after it for none",

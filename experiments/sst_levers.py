@@ -4,8 +4,8 @@ The Stanford Sentiment Treebank labels every phrase of every parse tree, and the
 on all of them (Socher et al. 2013); the CS224N files keep only the 8,544 whole training sentences.
 ``--sst-phrases FILE`` trains the training trees' phrases (data/sst-phrases-train.csv, data/README.md)
 through the SST head as a stream of their own. Every row here is an SST specialist (``--tasks sst``, the
-default recipe at three epochs on SST alone, a few minutes on 2 cores) scored by its head alone (``--sst-prior 0``), so a
-row's change is the training's, not the prior's:
+default recipe at three epochs on SST alone, a few minutes on 2 cores) scored by its head alone
+(``--sst-prior 0``), so a row's change is the training's, not the prior's:
 
   base         the specialist without phrases (the parent of every row)
   phrases      + 8,544 phrases an epoch (as many as sentences), weight 1, mixed among the sentence batches
@@ -143,8 +143,8 @@ def full_root(preset: str | None) -> str:
 
 
 def run_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> None:
-    """The recipe (the default, or ``--preset preset``) + ``base``'s flags, and the same + ``row``'s, over the
-    seeds, a seed's two arms one after the other (next to each other with --jobs 2)."""
+    """The recipe (the default's at three epochs, or ``--preset preset``) + ``base``'s flags, and the same +
+    ``row``'s, over the seeds, a seed's two arms one after the other (next to each other with --jobs 2)."""
     recipe = EPOCHS if preset is None else ["--preset", preset]
     root = full_root(preset)
     runs = [(arm, seed) for seed in seeds for arm in (PARENT, row)]

@@ -158,12 +158,12 @@ class BertEmbeddings(nn.Module):
         return dropout(self.LayerNorm(x), self.dropout_p, self.training, self.masks)
 
 
-def use_sdpa(impl: str, dropout_p: float, device: torch.device) -> bool:
+def use_sdpa(impl: str, training: bool, device: torch.device) -> bool:
     """Whether attention calls ``F.scaled_dot_product_attention``: under ``attn_implementation="sdpa"``, except
-    with attention dropout on a CPU, where SDPA itself falls back to the math path; ours is the same computation
-    with the cheaper dropout mask. Without dropout, which of the two trains faster depends on the CPU and the
-    precision (benchmarks/README.md, "Attention without dropout")."""
-    return impl == "sdpa" and not (dropout_p > 0.0 and device.type == "cpu")
+    in training mode on a CPU. There, with attention dropout, SDPA itself falls back to the math path, which ours
+    is with the cheaper dropout mask; without it, SDPA's training step is no faster in fp32 and slower in bf16
+    (benchmarks/README.md, "Attention without dropout"). Inference goes through SDPA on every device."""
+    return impl == "sdpa" and not (training and device.type == "cpu")
 
 
 class BertSelfAttention(nn.Module):
@@ -190,7 +190,7 @@ class BertSelfAttention(nn.Module):
         qkv = self.qkv(x).view(B, T, 3, self.n_head, self.head_dim)  # (B, T, 3, nh, hs)
         q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, nh, T, hs)
         p = self.dropout_p if self.training else 0.0
-        if use_sdpa(self.impl, p, x.device):
+        if use_sdpa(self.impl, self.training, x.device):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))  # (B, nh, T, T)

@@ -199,26 +199,30 @@ def test_randmask_variant_is_ours_with_the_float_mask_and_trains_to_the_same_wei
 
 
 def test_nodrop_variants_train_without_encoder_dropout_through_their_attention(tiny_cfg, monkeypatch):
-    """'nodrop' and 'nodrop-math' train the encoder without dropout; only 'nodrop' calls SDPA in its training
-    steps ('nodrop-math''s patch is live only around its steps), and from the same generator state the two train
-    to the same weights within float rounding: one computation, two implementations."""
+    """'nodrop' and 'nodrop-sdpa' train the encoder without dropout (its config says so too); only 'nodrop-sdpa'
+    calls SDPA in its training steps (its patch is live only around them; a CPU writes out the attention it
+    trains), and from the same generator state the two train to the same weights within float rounding: one
+    computation, two implementations."""
     base = bench.make_base_trainer(tiny_cfg)
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(bench.bert.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
     trained = {}
-    for name in ("nodrop", "nodrop-math"):
+    for name in ("nodrop", "nodrop-sdpa"):
         v = bench.build_variant(base, name, warmup=0, steps=3)
+        encoder = v.trainer.model.encoder
         assert v.trainer.cfg.encoder_dropout == 0.0
-        assert all(m.dropout_p == 0.0 for m in v.trainer.model.encoder.modules() if hasattr(m, "dropout_p"))
+        assert encoder.config.hidden_dropout_prob == encoder.config.attention_probs_dropout_prob == 0.0
+        assert all(m.dropout_p == 0.0 for m in encoder.modules() if hasattr(m, "dropout_p"))
         calls.clear()
         torch.manual_seed(5)
         bench.train_steps(v, v.sample, [1e-3] * 3)
         trained[name] = (len(calls), v.trainer.model)
-    assert trained["nodrop"][0] > 0 and trained["nodrop-math"][0] == 0
-    assert bench.bert.use_sdpa("sdpa", 0.0, torch.device("cpu"))  # the patch is gone after the steps
-    assert any(m.dropout_p > 0 for m in base.model.encoder.modules() if hasattr(m, "dropout_p"))  # base untouched
-    for (name, a), b in zip(trained["nodrop"][1].named_parameters(), trained["nodrop-math"][1].parameters()):
+    assert trained["nodrop"][0] == 0 and trained["nodrop-sdpa"][0] > 0
+    assert not bench.bert.use_sdpa("sdpa", True, torch.device("cpu"))  # the patch is gone after the steps
+    assert base.model.encoder.config.hidden_dropout_prob > 0  # base untouched
+    assert any(m.dropout_p > 0 for m in base.model.encoder.modules() if hasattr(m, "dropout_p"))
+    for (name, a), b in zip(trained["nodrop"][1].named_parameters(), trained["nodrop-sdpa"][1].parameters()):
         assert torch.allclose(a, b, atol=1e-5), name
 
 

@@ -119,7 +119,8 @@ def test_specialist_flags_reach_the_specialists_alone(tmp_path, capsys, monkeypa
     monkeypatch.setattr(leaderboard, "open_sweep", no_training)
     for argv, message in (
             (["--specialist-flags=--no-such-flag"],  # one flag alone takes the =, as argparse asks of any value
-             "member flags --epochs 3 --sst-phrases none --seed 0 --data-dir data --tasks sst --no-such-flag (see above)"),
+             "member flags --epochs 3 --sst-phrases none --seed 0 --data-dir data --tasks sst --no-such-flag"
+             " (see above)"),
             (["--specialist-flags", "--epochs 4", "--", "--epochs", "2"],
              "--epochs is given after -- and by --specialist-flags '--epochs 4'"),
             (["--specialist-flags", "--tasks sts"], "--tasks is set by the command (--specialists TASK=N"),

@@ -83,5 +83,5 @@ def test_the_full_table_pairs_every_metric_and_the_seconds_by_seed(tmp_path):
     assert delta.count("+0.015 [-0.049, +0.079]") == 2  # SST and overall: differences 0.01, 0.02 (t(1) = 12.7)
     assert "+0.000 [+0.000, +0.000] |" in delta and delta.rstrip(" |").endswith("+20 [+20, +20]*")
     assert "`base`: the recipe + --sst-phrases none" in table[2]
-    assert "the recipe + --sst-phrases sst-phrases-train.csv --sst-phrases-per-epoch 17088 --sst-phrases-batch-size 32" \
-        in table[3]
+    assert ("the recipe + --sst-phrases sst-phrases-train.csv --sst-phrases-per-epoch 17088"
+            " --sst-phrases-batch-size 32") in table[3]

@@ -58,10 +58,11 @@ def test_parity_both_attention_paths(minilm):
 
 
 def test_sdpa_equals_math_path_tiny():
-    """SDPA and the written-out softmax(QKᵀ/√d + mask)V give the same outputs and gradients."""
+    """SDPA and the written-out softmax(QKᵀ/√d + mask)V give the same outputs and gradients (in eval mode: a CPU
+    writes out the attention of a model in training mode, below)."""
     torch.manual_seed(0)
     cfg = tiny_config(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-    m = BertModel(cfg)
+    m = BertModel(cfg).eval()
     ids = torch.randint(1, 99, (3, 11))
     mask = torch.ones(3, 11, dtype=torch.long)
     mask[1, 7:] = 0
@@ -76,6 +77,26 @@ def test_sdpa_equals_math_path_tiny():
         grads.append(m.encoder.layer[0].attention.self.qkv.weight.grad.clone())
     assert torch.allclose(outs[0], outs[1], atol=1e-6)
     assert torch.allclose(grads[0], grads[1], atol=1e-5)
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+def test_a_cpu_writes_out_the_attention_it_trains_and_infers_through_sdpa(dropout, monkeypatch):
+    """On a CPU, attention in training mode is written out with or without dropout (with it SDPA falls back to its
+    own math path; without, its backward is slower in bf16: benchmarks/README.md, "Attention without dropout");
+    in eval mode it goes through SDPA. The math implementation never calls SDPA."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(bert.F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    m = BertModel(tiny_config(hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout))
+    ids = torch.randint(1, 99, (2, 7))
+    layers = m.config.num_hidden_layers
+    for impl, training, expected in (("sdpa", True, 0), ("sdpa", False, layers), ("math", False, 0)):
+        m.set_attn_implementation(impl)
+        m.train(training)
+        calls.clear()
+        m(ids, torch.ones(2, 7, dtype=torch.long))["last_hidden_state"].sum().backward()
+        assert len(calls) == expected, (impl, training)
+    assert bert.use_sdpa("sdpa", True, torch.device("cuda"))  # a GPU trains through SDPA's fused kernels
 
 
 def test_padding_does_not_change_real_token_outputs():
