@@ -33,8 +33,8 @@ Variants (``--variants``):
     nodrop    ours without dropout in the encoder (--encoder-dropout 0), its attention as minbert.bert.use_sdpa
               takes it (on a CPU written out, as with dropout); ``nodrop-sdpa`` the same through
               F.scaled_dot_product_attention (what a GPU and inference take)
-"ours", "hf", "foreach", "pad8", "compile", "randmask", "bytemask", "nodrop" and "nodrop-sdpa" run the very same
-examples in the very same batches.
+"ours", "hf", "foreach", "pad8", "compile", "randmask", "bytemask", "frozen2", "nodrop" and "nodrop-sdpa" run the
+very same examples in the very same batches.
 "fixed" and "nobucket" run the same steps of the unbucketed plan: the same task of every
 step and the same number of sequences, drawn from the same epoch subset, but
 other examples (a random batch, not a length bucket). So every ratio is one

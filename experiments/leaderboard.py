@@ -157,7 +157,8 @@ class LeaderboardOptions:
                                 "on unseen seeds give S past the first one's seeds, and its own --out-dir", metavar="S")
     method: str = option("simple", "the ensemble (python -m tasks.ensemble)", choices=METHODS)
     variants: list[str] = option(help='member k adds variant k mod V to its flags: quoted flag strings, "" for none '
-                                      "(the plain three-epoch recipe's members)", factory=lambda: list(DEFAULT_VARIANTS),
+                                      "(the plain three-epoch recipe's members)",
+                                 factory=lambda: list(DEFAULT_VARIANTS),
                                  nargs="+", metavar="FLAGS")
     specialists: list[str] = option(help="N more members trained on TASK alone (--tasks TASK), in that task's "
                                          "ensemble only; --specialists with nothing after it for none",

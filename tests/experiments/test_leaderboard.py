@@ -177,8 +177,8 @@ def test_first_seed_reaches_the_members_flags(tmp_path, capsys):
 
 
 def test_by_default_the_full_members_train_on_all_of_quora(tmp_path, capsys):
-    """The command's default members (experiments/RESULTS.md) are the default recipe on all of Quora every
-    epoch; --variants "" gives the default recipe's own members."""
+    """The command's default members (experiments/RESULTS.md) are the measured recipe (three epochs) on all of
+    Quora every epoch; --variants "" gives the plain three-epoch recipe's members."""
     member = "member flags --epochs 3 --sst-phrases none --seed 0 --no-such-flag --data-dir data"  # the measured recipe
     for argv, flags in ((["--"], f"{member} --max-train-examples para=all"), (["--variants", "", "--"], f"{member} (see")):
         with pytest.raises(SystemExit) as e:
