@@ -115,9 +115,8 @@ def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
     w = csv.writer(buf, delimiter=layout.fmt.delimiter or "\t")
     w.writerow(["", layout.id or "id", *layout.text, layout.label])
     for i, e in enumerate(examples):
-        label = float(e.label) if entry.kind.binary else e.label
         texts = (e.text_a, e.text_b)[:len(layout.text)]  # the file's text columns: one, or a pair's two
-        w.writerow([i, e.id, *texts, label])
+        w.writerow([i, e.id, *texts, entry.kind.file_label(e.label)])
     write_text(path, buf.getvalue())
 
 

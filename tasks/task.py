@@ -110,6 +110,10 @@ class Kind(abc.ABC):
             raise ValueError(f"{task.name} reads one sentence each: input {bad} is {inputs[bad]!r}")
         return [Example(str(i), t) for i, t in enumerate(inputs)]
 
+    def file_label(self, label: int | float) -> int | float:
+        """A label as a data file of this kind writes it (tasks/perturb.py): as it is read."""
+        return label
+
     # -- model --
     def head(self, task: Task, config: Any, hidden: int) -> Head:
         """The head it builds for ``task`` in a model of ``config`` (a tasks.model.ModelConfig: arch, pair encoding,
@@ -321,6 +325,9 @@ class Binary(Classification):
 
     def siamese_head(self, task, config, hidden):
         return (DotProduct if config.arch == "baseline" else Products)(task, config, hidden)
+
+    def file_label(self, label):
+        return float(label)  # 0.0 / 1.0, as Quora's files write them
 
     def out_features(self, task):
         return 1

@@ -87,6 +87,17 @@ def test_perturbed_files_round_trip_through_the_readers(tmp_path):
     assert (out / "ids-sst-dev.csv").is_symlink()
 
 
+def test_a_written_file_holds_the_labels_as_its_kind_writes_them(tmp_path):
+    """Quora's one-logit labels as its files write them (0.0 / 1.0), whatever number they came as; SST's class
+    ids as they are (the kind decides: Kind.file_label)."""
+    from tasks.perturb import write_task_file
+
+    write_task_file(tmp_path / "para.csv", "para", [Example(f"p{i}", "a", "b", label=i % 2) for i in range(2)])
+    write_task_file(tmp_path / "sst.csv", "sst", [Example(f"s{i}", "a", label=i) for i in range(2)])
+    assert [line.rsplit("\t", 1)[1] for line in (tmp_path / "para.csv").read_text().splitlines()[1:]] == ["0.0", "1.0"]
+    assert [line.rsplit("\t", 1)[1] for line in (tmp_path / "sst.csv").read_text().splitlines()[1:]] == ["0", "1"]
+
+
 def test_a_task_whose_files_are_not_in_the_data_dir_is_refused_and_its_file_kept(tmp_path):
     """A user's task (--task-file) reads its own files, not --data-dir's: a perturbed copy cannot stand in for its
     training file, so the experiment is refused, and the user's file keeps its bytes."""

@@ -180,7 +180,7 @@ KIND_QUESTIONS = {
     "tasks/predict.py": {"pair"},
     "tasks/training/optim.py": {"pair"},
     "tasks/task_file.py": {"pair", "classification"},
-    "tasks/perturb.py": {"pair", "binary", "classification"},
+    "tasks/perturb.py": {"classification"},
     "tasks/training/attacks.py": {"classification"},
 }
 
