@@ -116,7 +116,7 @@ from tasks.storage import write_text
 from tasks.train_config import PhrasesConfig, TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
-from tasks.model import MultitaskBert, head_of
+from tasks.model import MultitaskBert
 from tasks.runtime import (
     autocast,
     configure_malloc,
@@ -348,7 +348,7 @@ def infer_steps(v: Variant, batches: Sequence[tuple[str, dict]]) -> float:
     t0 = time.perf_counter()
     with torch.no_grad(), autocast(tr.device, amp), v.patch():
         for stream, batch in batches:
-            tr.model(head_of(stream), batch)
+            tr.model(tr.model.head_of(stream), batch)
     synchronize(tr.device)
     elapsed = time.perf_counter() - t0
     tr.current.train_mode(tr.model)
@@ -379,7 +379,7 @@ def head_flops_per_sequence(model: MultitaskBert, stream: str, batch: dict) -> f
     try:
         model.eval()
         with torch.no_grad():
-            model(head_of(stream), one)
+            model(model.head_of(stream), one)
     finally:
         for h in handles:
             h.remove()

@@ -58,7 +58,6 @@ from minbert.config import BertConfig
 from minbert.pretrained import check_weights, resolve_model_dir
 from minbert.tokenizer import BertTokenizer
 from tasks.train_config import TrainConfig
-from tasks.task import task_names
 from tasks.model import MultitaskBert
 from tasks.objectives import Objective, ObjectiveFileError, build_objectives, registered_objectives
 from tasks.storage import (
@@ -555,8 +554,8 @@ def load_model(ckpt: Path, device: torch.device | str = "cpu", cfg: TrainConfig 
     state = read_weights(ckpt)
     # the heads the weights hold (an evaluation may ask for some of the trained tasks only)
     held = {key.split(".")[0] for key in state}
-    model = MultitaskBert(encoder, cfg.model, [t for t in task_names()
-                                               if held & {f"{t}_head", f"{t}_own", f"{t}_bias"}])
+    model = MultitaskBert(encoder, cfg.model, [t for t in cfg.entries if held & {f"{t}_head", f"{t}_own", f"{t}_bias"}],
+                          cfg.entries)
     model.load_state_dict(state)
     model.to(device)
     objectives = build_objectives(cfg.objectives, model)

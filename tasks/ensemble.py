@@ -64,6 +64,7 @@ from tasks.evaluation.ensembling import (
     TaskResult,
     check_ensemble,
     format_table,
+    result_entries,
     make_ensemble,
     run_names,
 )
@@ -118,7 +119,7 @@ def _ensemble(config: EnsembleConfig) -> dict:
         rows[-1] = ("ensemble: regression*", rows[-1][1])
     sizes = ", ".join(f"{t} n={len(results[t].outputs['dev'])}" for t in tasks)
     print(f"dev scores ({sizes})")
-    print(format_table(rows, tasks))
+    print(format_table(rows, tasks, result_entries(results)))
     if config.method == "regression":
         print("  * on the whole dev set, including the half its weights were fit on; see the held-out table")
     for t in tasks:
@@ -138,7 +139,7 @@ def _ensemble(config: EnsembleConfig) -> dict:
         print(("held-out dev half (the regression weights never saw it; " if config.method == "regression" else
                "two-fold dev (subset chosen on one half, scored on the other, both ways, mean; ")
               + ", ".join(f"{t} n={results[t].holdout['n_eval']}" for t in tasks) + ")")
-        print(format_table(hold_rows, tasks))
+        print(format_table(hold_rows, tasks, result_entries(results)))
 
     written = sum(len(r.outputs) for r in results.values())
     logger.info("wrote %d leaderboard files to %s and %s%s", written, out_dir / "predictions",

@@ -49,7 +49,7 @@ from torch import nn
 
 from minbert.bert import BertModel
 from tasks.options import option
-from tasks.task import MULTITASK, Head, Kind, Task, get_task, mlp, model_tasks, stream_task
+from tasks.task import MULTITASK, Head, Kind, Task, Tasks, mlp, model_tasks
 
 # ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
 
@@ -83,19 +83,6 @@ def follow_modes(copy_: nn.Module, original: nn.Module) -> None:
 NLI = "nli"  # the AllNLI triplet stream: trained by objectives only (no head)
 PHRASES = "phrases"  # the SST entry's extra stream (its treebank phrases, --sst-phrases), through the SST head
 
-
-def head_of(stream: str) -> str | None:
-    """The task whose head trains on ``stream``: the stream itself, the task that declares it for an extra
-    stream (its entry's ``stream``: SST's phrases), None for NLI (no head)."""
-    if stream == NLI:
-        return None
-    return stream_task(stream) or stream
-
-
-def kind_of(stream: str) -> Kind | None:
-    """The kind of the task whose head trains on ``stream`` (``head_of``), None for NLI."""
-    task = head_of(stream)
-    return None if task is None else get_task(task).kind
 
 
 ARCHS = ("baseline", "b1")
@@ -166,7 +153,8 @@ class MultitaskBert(nn.Module):
     in the Siamese baseline a one-logit pair's ``<task>_bias`` or a pair of C classes' ``<task>_classifier``;
     b1 adds ``shared`` and each task's ``<task>_own``: HF-style names the checkpoints keep."""
 
-    def __init__(self, encoder: BertModel, config: ModelConfig, tasks: Sequence[str] = MULTITASK):
+    def __init__(self, encoder: BertModel, config: ModelConfig, tasks: Sequence[str] = MULTITASK,
+                 entries: Tasks | None = None):
         super().__init__()
         self.encoder = encoder
         self.config = config
@@ -174,7 +162,10 @@ class MultitaskBert(nn.Module):
         H, Fs, p = encoder.config.hidden_size, config.fcn_size, config.head_dropout
         if config.pooling == "pooler" and encoder.pooler is None:
             raise ValueError("pooling='pooler' needs an encoder with a pooler")
-        entries = [get_task(t) for t in self.tasks]
+        # Its tasks' entries (``entries``: the run's, TrainConfig.entries; default: the package's), by task.
+        entries = entries if entries is not None else Tasks()
+        self.entries: dict[str, Task] = {t: entries[t] for t in self.tasks}
+        entries = list(self.entries.values())
         # What each task's kind builds for this arch and pair encoding: sizes and rules, no module (its parts are
         # registered below, on the model, so that they move, copy and load with it).
         self.heads: dict[str, Head] = {t.name: t.kind.head(t, config, H) for t in entries}
@@ -224,8 +215,18 @@ class MultitaskBert(nn.Module):
             raise ValueError(f"unknown task {stream!r}; this model's tasks are {list(self.tasks)}")
         return task
 
-    def _entry(self, task: str) -> Task:
-        return get_task(self.head_task(task))
+    def head_of(self, stream: str) -> str | None:
+        """The task whose head trains on ``stream`` (``head_task``), None for NLI's triplets (no head)."""
+        return None if stream == NLI else self.head_task(stream)
+
+    def entry(self, task: str) -> Task:
+        """The entry of the task whose head ``task`` (a task or a declared stream: ``head_task``) goes through."""
+        return self.entries[self.head_task(task)]
+
+    def kind_of(self, stream: str) -> Kind | None:
+        """The kind of the task whose head ``stream`` goes through (``head_of``), None for NLI's (no head)."""
+        task = self.head_of(stream)
+        return None if task is None else self.entries[task].kind
 
     def part(self, task: str, name: str) -> nn.Module | nn.Parameter:
         """Part ``name`` of ``task``'s head (``<task>_<name>``: "head", "bias", "classifier")."""
@@ -311,7 +312,7 @@ class MultitaskBert(nn.Module):
         inputs_embeds: word embeddings to start from, keyed by the batch's key
         suffix ("" for one sequence, "_1"/"_2" for Siamese sides).
         """
-        entry = self._entry(task)
+        entry = self.entry(task)
         task = entry.name  # a declared stream's: its task's head, transform and parts
         head = self.heads[task]
         if any("input_ids" + s not in batch for s in head.sides):
@@ -331,7 +332,7 @@ class MultitaskBert(nn.Module):
         MNR) compare."""
         if self.config.pair_encoding == "cross":
             raise ValueError("pair_embeddings needs pair_encoding='siamese'")
-        entry = self._entry(task)
+        entry = self.entry(task)
         with _float32(e):
             return self.heads[entry.name].embeddings(self, entry, e.float())
 
@@ -339,8 +340,8 @@ class MultitaskBert(nn.Module):
 
     def task_loss(self, task: str, out: TaskOutput, batch: dict, reduction: str = "mean") -> torch.Tensor:
         """The head's loss: its kind's (cross-entropy, BCE with logits, MSE)."""
-        return self._entry(task).kind.loss(out.logits, batch["labels"], reduction)
+        return self.entry(task).kind.loss(out.logits, batch["labels"], reduction)
 
     def predict(self, task: str, out: TaskOutput) -> torch.Tensor:
         """Class ids or scores: its kind's rule."""
-        return self._entry(task).kind.predict(out.logits)
+        return self.entry(task).kind.predict(out.logits)

@@ -31,7 +31,7 @@ import torch
 
 from tasks.data.readers import Example
 from tasks.storage import write_text
-from tasks.task import get_task
+from tasks.task import Task, Tasks, get_task
 
 
 # ---- perturbations of one task's training examples ----
@@ -106,7 +106,7 @@ def minority(examples: Sequence[Example], label: int, keep: float, seed: int) ->
 # ---- one experiment's perturbed training sets, written as a data directory ----
 
 
-def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
+def write_task_file(path: Path, task: str | Task, examples: Sequence[Example]) -> None:
     """Write examples in the format the task's entry reads (the CS224N files: tab-separated, index column first;
     a pair classification's labels as Quora writes them, 0.0 / 1.0), whole or not at all."""
     entry = get_task(task)
@@ -120,16 +120,18 @@ def write_task_file(path: Path, task: str, examples: Sequence[Example]) -> None:
     write_text(path, buf.getvalue())
 
 
-def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) -> Path:
-    """A data directory whose train files for ``changed`` tasks are rewritten; everything else is linked. A task
-    whose train file is not a name in the data directory (a user's task reads its own files) is a ValueError."""
-    own = [t for t in changed if Path(get_task(t).files["train"]).name != get_task(t).files["train"]]
+def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]], tasks: Tasks | None = None) -> Path:
+    """A data directory whose train files for ``changed`` tasks (of ``tasks``; default: the package's) are
+    rewritten; everything else is linked. A task whose train file is not a name in the data directory (a user's
+    task reads its own files) is a ValueError."""
+    tasks = tasks if tasks is not None else Tasks()
+    own = [t for t in changed if Path(tasks[t].files["train"]).name != tasks[t].files["train"]]
     if own:
-        raise ValueError(f"task {own[0]!r} reads its own train file ({get_task(own[0]).files['train']}), not one in "
+        raise ValueError(f"task {own[0]!r} reads its own train file ({tasks[own[0]].files['train']}), not one in "
                          "--data-dir: a perturbed copy cannot stand in for it; perturbation experiments take the "
                          "built-in tasks")
     dst.mkdir(parents=True, exist_ok=True)
-    rewritten = {get_task(t).files["train"] for t in changed}
+    rewritten = {tasks[t].files["train"] for t in changed}
     for f in sorted(src.iterdir()):
         if f.suffix == ".csv" and f.name not in rewritten:
             link = dst / f.name
@@ -137,7 +139,7 @@ def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]]) 
                 link.unlink()
             link.symlink_to(f.resolve())
     for task, examples in changed.items():
-        write_task_file(dst / get_task(task).files["train"], task, examples)
+        write_task_file(dst / tasks[task].files["train"], tasks[task], examples)
     return dst
 
 

@@ -28,17 +28,19 @@ from tasks.options import add_options, help_text, option
 from tasks.data.readers import Example, blank, decode_utf8
 from tasks.evaluation.evaluator import Predictor
 from tasks.runtime import set_threads
-from tasks.task import get_task
+from tasks.task import Task, get_task
 from tasks.train_config import TrainConfig
 
 logger = logging.getLogger(__name__)
 
 
-def read_inputs(task: str, source: str) -> list[Example]:
+def read_inputs(task: str | Task, source: str) -> list[Example]:
     """Examples from ``source`` (a path, or "-" for stdin): one sentence (a sentence task: sst) or one
     tab-separated pair (a pair task) per line, ids = line numbers (blank lines, and lines of control characters
-    alone, skipped); a .csv file is read as the task's test file (its columns, the CS224N format)."""
+    alone, skipped); a .csv file is read as the task's test file (its columns, the CS224N format). ``task``: its
+    entry (a run's: TrainConfig.entries), or the name of one this package declares."""
     entry = get_task(task)
+    task = entry.name
     if source != "-" and not Path(source).is_file():
         raise FileNotFoundError(f"--input {source}: no such file")
     if source.endswith(".csv"):
@@ -79,7 +81,7 @@ def read_inputs(task: str, source: str) -> list[Example]:
 def prediction_rows(predictor: Predictor, task: str, examples: list[Example]) -> tuple[list[str], list[list]]:
     """(CSV header, rows) of the predictions for ``examples``: its kind's columns (the prediction in the task's own
     labels, then the class probabilities; or the score)."""
-    entry = get_task(task)
+    entry = predictor.cfg.entries[task]
     predicted = predictor.predict_examples(task, examples)
     outputs = entry.kind.outputs(entry, predicted.logits)
     return (["id", *entry.kind.row_columns(entry)],
@@ -143,12 +145,12 @@ def main(argv: Sequence[str] | None = None) -> list[list]:
         check_output(args.output)
         for module in args.objective_modules:  # a run's objective file, named where it is now
             load_plugin(module)
-        plan = Predictor.plan(args.checkpoint, device=args.device, bf16=args.bf16,  # its own tasks become known
-                              threads=args.threads, trust_modules=args.trust_objective_modules)
+        plan = Predictor.plan(args.checkpoint, device=args.device, bf16=args.bf16, threads=args.threads,
+                              trust_modules=args.trust_objective_modules)
         if args.task not in plan.config.tasks:
             raise ValueError(f"--task {args.task}: {plan.checkpoint} was trained on "
                              f"{', '.join(plan.config.tasks)}; name one of them")
-        examples = read_inputs(args.task, args.input)
+        examples = read_inputs(plan.config.entries[args.task], args.input)
     except (ValueError, OSError) as e:
         if verbose():
             raise

@@ -34,7 +34,7 @@ import torch
 from tasks.data.readers import csv_records
 from tasks.storage import write_text
 from tasks.config_versions import upgrade
-from tasks.task import Task, get_task, register_task, task_names
+from tasks.task import Task, Tasks, get_task
 
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 
@@ -81,8 +81,9 @@ def _check_finite(what: str, values: torch.Tensor) -> None:
         raise ValueError(f"{what}: {bad.shape[0]} non-finite values (first at row {int(bad[0, 0])})")
 
 
-def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions) -> Path:
-    """Write the leaderboard file ``pred_dir/{task}-{split}-output.csv`` and return its path.
+def write_predictions(pred_dir: str | os.PathLike[str], task: str | Task, split: str, preds: Predictions) -> Path:
+    """Write the leaderboard file ``pred_dir/{task}-{split}-output.csv`` of ``task`` (its entry, or the name of one
+    this package declares) and return its path.
 
     For the course's tasks byte for byte the CS224N starter's format (multitask_classifier.py, classifier.py),
     for which the leaderboard was built: a header ``id \t Predicted_Sentiment \n``
@@ -92,7 +93,8 @@ def write_predictions(pred_dir: str | os.PathLike[str], task: str, split: str, p
     (full precision). Any other task's is a plain CSV, ``id,label`` with each prediction as the task's files write
     its labels (RTE: entailment / not_entailment), or ``id,score``. ``read_predictions`` reads both back.
     """
-    return _write_output(Path(pred_dir) / f"{task}-{split}-output.csv", task, split, preds)
+    entry = get_task(task)
+    return _write_output(Path(pred_dir) / f"{entry.name}-{split}-output.csv", entry, split, preds)
 
 
 def part1_name(task: str, split: str, frozen: bool) -> str:
@@ -101,13 +103,15 @@ def part1_name(task: str, split: str, frozen: bool) -> str:
     return f"{'pretrain' if frozen else 'finetune'}-{task}-{split}-out.csv"
 
 
-def write_part1(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions, frozen: bool) -> Path:
+def write_part1(pred_dir: str | os.PathLike[str], task: str | Task, split: str, preds: Predictions,
+                frozen: bool) -> Path:
     """The starter part 1's file of ``preds`` (``part1_name``), in the leaderboard files' format."""
-    return _write_output(Path(pred_dir) / part1_name(task, split, frozen), task, split, preds)
-
-
-def _write_output(path: Path, task: str, split: str, preds: Predictions) -> Path:
     entry = get_task(task)
+    return _write_output(Path(pred_dir) / part1_name(entry.name, split, frozen), entry, split, preds)
+
+
+def _write_output(path: Path, entry: Task, split: str, preds: Predictions) -> Path:
+    task = entry.name
     _check_split(split)
     p = preds.preds.detach().cpu().reshape(-1)
     if p.shape[0] != len(preds.ids):
@@ -137,14 +141,16 @@ def _atomic_write_text(path: Path, text: str) -> Path:
     return path
 
 
-def write_logits(pred_dir: str | os.PathLike[str], task: str, split: str, preds: Predictions) -> Path:
-    """Write the raw outputs to ``pred_dir/{task}-{split}-logits.csv`` and return its path.
+def write_logits(pred_dir: str | os.PathLike[str], task: str | Task, split: str, preds: Predictions) -> Path:
+    """Write the raw outputs of ``task`` (its entry, or the name of one this package declares) to
+    ``pred_dir/{task}-{split}-logits.csv`` and return its path.
 
     Header id,logit_0..logit_{C-1} (class logits: SST's five) / id,logit (a pair classification's logit)
     / id,score (a pair regression's score): the kind's ``logit_columns``. Values are written with Python's
     shortest round-trip repr, so ``read_logits`` gives back the same float32s.
     """
     entry = get_task(task)
+    task = entry.name
     _check_split(split)
     columns = entry.kind.logit_columns(entry)
     logits = preds.logits.detach().cpu().float()
@@ -232,16 +238,19 @@ def read_logits(path: str | os.PathLike[str]) -> tuple[list[str], torch.Tensor]:
     return ids, logits.reshape(len(ids))  # (N,)
 
 
-def read_predictions(path: str | os.PathLike[str], task: str | None = None) -> tuple[list[str], torch.Tensor]:
+def read_predictions(path: str | os.PathLike[str], task: str | None = None, tasks: Tasks | None = None
+                     ) -> tuple[list[str], torch.Tensor]:
     """Inverse of ``write_predictions``: (ids, (N,) long class ids, or float32 scores).
 
-    The task is ``task``, else known by the file's column (the CS224N starter's files: header
-    ``id \t Predicted_Sentiment `` (``Predicted_Is_Paraphrase``, ``Predicted_Similiary`` sic), rows
-    ``<id> , <value> ``; tasks that share a column, SST and CFIMDB's ``Predicted_Sentiment``, are read as the first
-    registered), else by the file's name (``{task}-{split}-output.csv``: another task's ``id,label`` file, its
-    labels read back to class ids). A class id is checked against the task's classes.
+    The task, one of ``tasks`` (a run's: TrainConfig.entries; default: the package's), is ``task``, else known by
+    the file's column (the CS224N starter's files: header ``id \t Predicted_Sentiment `` (``Predicted_Is_Paraphrase``,
+    ``Predicted_Similiary`` sic), rows ``<id> , <value> ``; tasks that share a column, SST and CFIMDB's
+    ``Predicted_Sentiment``, are read as the first declared), else by the file's name (``{task}-{split}-output.csv``:
+    another task's ``id,label`` file, its labels read back to class ids). A class id is checked against the task's
+    classes.
     """
-    entries = [get_task(t) for t in task_names()]
+    tasks = tasks if tasks is not None else Tasks()
+    entries = list(tasks.values())
     column_task: dict[str, object] = {}
     for t in entries:  # a column two tasks share is read as the first registered's (SST before CFIMDB)
         for c in (t.output.column, t.output.also_read):
@@ -254,8 +263,8 @@ def read_predictions(path: str | os.PathLike[str], task: str | None = None) -> t
         if task is None and len(header) == 2 and header[0] == "id" and header[1] in column_task:
             found["task"] = column_task[header[1]]
             return None
-        if named in task_names() and header == ["id", get_task(named).output.column]:
-            found["task"] = get_task(named)
+        if named in tasks and header == ["id", tasks[named].output.column]:
+            found["task"] = tasks[named]
             return None
         return f"header {header} is not id,<{'|'.join(column_task)}> (a write_predictions file)"
 
@@ -296,9 +305,10 @@ def logits_path(run_dir: str | os.PathLike[str], task: str, split: str) -> Path:
     return direct
 
 
-def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
-    """The tasks a training run was trained on (its ``config.json``, beside or above ``predictions/``); None
-    for a folder of logits with no training config (an ensemble's output): it is taken to have every task."""
+def _saved_run(run_dir: str | os.PathLike[str]) -> tuple[tuple[str, ...], list[Task]] | None:
+    """(the tasks a training run was trained on, its own entries as it saved them: its task files' tasks, its
+    GLUE tasks') of its ``config.json`` beside or above ``predictions/``; None for a folder of logits with no
+    training config (an ensemble's output)."""
     run_dir = Path(run_dir)
     for folder in (run_dir, run_dir.parent) if run_dir.name == "predictions" else (run_dir,):
         config = folder / "config.json"
@@ -309,12 +319,26 @@ def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
             except (ValueError, KeyError, TypeError) as e:
                 raise ValueError(f"{config}: no list of tasks in it ({e}); "
                                  "is it a training run's config.json?") from None
-            for entry in (saved.get("user_tasks") or {}).values():  # a user's task: as the run saved it
-                register_task(Task.from_dict(entry))
-            if not isinstance(tasks, list) or not set(tasks) <= set(task_names()):
-                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(task_names())}")
-            return tuple(tasks)
+            own = [Task.from_dict(e) for e in (saved.get("user_tasks") or {}).values()]
+            known = Tasks(own)
+            if not isinstance(tasks, list) or not set(tasks) <= set(known):
+                raise ValueError(f"{config}: 'tasks' is {tasks!r}, not a list of {', '.join(known)}")
+            return tuple(tasks), own
     return None
+
+
+def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
+    """The tasks a training run was trained on (its ``config.json``, beside or above ``predictions/``); None
+    for a folder of logits with no training config (an ensemble's output): it is taken to have every task."""
+    saved = _saved_run(run_dir)
+    return saved[0] if saved is not None else None
+
+
+def saved_entries(run_dir: str | os.PathLike[str]) -> list[Task]:
+    """A training run's own task entries as its ``config.json`` saved them (a user's task files' tasks, its GLUE
+    tasks'); none for a folder of logits alone."""
+    saved = _saved_run(run_dir)
+    return saved[1] if saved is not None else []
 
 
 def task_members(trained: Sequence[tuple[str, ...] | None], task: str) -> list[int]:
@@ -337,12 +361,15 @@ class TaskLogits:
     files: list[Path]
 
 
-def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, split: str) -> TaskLogits | None:
-    """Read and align every run's ``{task}-{split}-logits.csv``; None when no run has the file.
+def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str | Task, split: str) -> TaskLogits | None:
+    """Read and align every run's ``{task}-{split}-logits.csv`` (``task``: its entry, or the name of one this
+    package declares); None when no run has the file.
 
     A file missing from some runs only, a file with a repeated id, a wrong
     shape, or ids that differ from the first run's raise, naming the file.
     """
+    entry = get_task(task)
+    task = entry.name
     paths = [logits_path(d, task, split) for d in run_dirs]
     present = [p.is_file() for p in paths]
     if not any(present):
@@ -356,7 +383,6 @@ def load_task_logits(run_dirs: Sequence[str | os.PathLike[str]], task: str, spli
     aligned: list[torch.Tensor] = []
     for path in paths:
         ids, values = read_logits(path)
-        entry = get_task(task)
         want = entry.kind.logits_shape(entry, len(ids))
         if tuple(values.shape) != want:
             raise ValueError(f"{path}: logits of shape {tuple(values.shape)}; {task} needs {want}")

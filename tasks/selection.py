@@ -24,7 +24,7 @@ from tasks.data.datasets import TripletDataset
 from tasks.data.readers import DataFileMissing, Example, Triplet, load_nli, log_report
 from tasks.model import NLI, PHRASES
 from tasks.options import flag_of_path
-from tasks.task import ExtraStream, get_task, load_split, model_tasks, stream_task, triplets_task
+from tasks.task import ExtraStream, load_split, model_tasks
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ logger = logging.getLogger(__name__)
 def make_dataset(task: str, examples: Sequence[Example], tokenizer: Any, cfg: TrainConfig):
     """The tokenized dataset of a task, as its kind reads its examples (``Kind.dataset``): a SentenceDataset (one
     text), or a PairDataset in the model's pair encoding; labels as its loss reads them."""
-    return get_task(task).kind.dataset(examples, tokenizer, cfg.max_length, cfg.model.pair_encoding)
+    return cfg.entries[task].kind.dataset(examples, tokenizer, cfg.max_length, cfg.model.pair_encoding)
 
 
 def fixed_subset(examples: list[Example], n: int, seed: int) -> list[Example]:
@@ -61,7 +61,7 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
 
     ``reports`` receives the file's ``ReadReport.to_dict()`` under "<task> <split>".
     """
-    loaded = load_split(task, split, cfg.data_dir, limit=cfg.limit)
+    loaded = load_split(cfg.entries[task], split, cfg.data_dir, limit=cfg.limit)
     if loaded is None:
         return None
     examples, report = loaded
@@ -72,11 +72,11 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
     return examples
 
 
-def _named(stream: ExtraStream) -> str:
+def _named(cfg: TrainConfig, stream: ExtraStream) -> str:
     """How a user named an extra stream's file: the SST entry's flag (--sst-phrases), else its task file's key."""
     if stream.settings:
         return flag_of_path(TrainConfig, f"{stream.settings}.file")
-    return f"task file {get_task(stream_task(stream.name)).origin.get('file')}'s \"phrases\""
+    return f"task file {cfg.entries.declaring(stream.name).origin.get('file')}'s \"phrases\""
 
 
 def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
@@ -88,8 +88,8 @@ def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
     path = Path(cfg.data_dir) / given if given.name == str(given) else given
     if not path.is_file():
         if not spec.settings:
-            raise FileNotFoundError(f"{_named(spec)} {spec.file}: no such file")
-        raise FileNotFoundError(f"{_named(spec)} {spec.file}: no such file {path} (a name in --data-dir "
+            raise FileNotFoundError(f"{_named(cfg, spec)} {spec.file}: no such file")
+        raise FileNotFoundError(f"{_named(cfg, spec)} {spec.file}: no such file {path} (a name in --data-dir "
                                 f"{cfg.data_dir}, or a path): point --data-dir at the folder of the data files, build "
                                 f"it from the treebank's trees (python -m tasks.sst_phrases TREES --out {path}, "
                                 "data/README.md), or train without phrases: --sst-phrases none")
@@ -101,8 +101,8 @@ def load_stream(cfg: TrainConfig, stream: str = PHRASES) -> tuple[list[Example],
     least its ``min_words`` words, and the file's report with the examples left out for their length counted."""
     spec = cfg.extra_streams()[stream]
     path = stream_file(cfg, stream)
-    where = f"{_named(spec)} {path}"
-    rows, report = get_task(stream_task(stream)).read("train", cfg.data_dir, cfg.limit, path=path)
+    where = f"{_named(cfg, spec)} {path}"
+    rows, report = cfg.entries.declaring(stream).read("train", cfg.data_dir, cfg.limit, path=path)
     if not rows:
         raise ValueError(f"{where}: no valid row ({report.summary()})")
     kept = [p for p in rows if len(p.text_a.split()) >= spec.min_words]
@@ -112,7 +112,7 @@ def load_stream(cfg: TrainConfig, stream: str = PHRASES) -> tuple[list[Example],
     log_report(report)
     if len(kept) < len(rows):
         logger.info("%s: %d of %d phrases have %d or more words (%s)", path, len(kept), len(rows), spec.min_words,
-                    f"{_named(spec)}-min-words" if spec.settings else "its \"min_words\"")
+                    f"{_named(cfg, spec)}-min-words" if spec.settings else "its \"min_words\"")
     return kept, {**report.to_dict(), "shorter_than_min_words": len(rows) - len(kept)}
 
 
@@ -147,7 +147,7 @@ def load_final_examples(cfg: TrainConfig, reports: dict[str, dict] | None = None
     folder) is skipped with a warning: the run predicts its other tasks."""
     final: dict[str, dict[str, list[Example] | None]] = {split: {} for split in FINAL_SPLITS}
     for task in cfg.tasks:
-        entry = get_task(task)
+        entry = cfg.entries[task]
         for split in FINAL_SPLITS:
             try:
                 final[split][task] = load_examples(task, split, cfg, reports)
@@ -173,11 +173,11 @@ def read_run_files(cfg: TrainConfig) -> RunFiles:
         final["dev"][task] = load_examples(task, "dev", cfg, reports)
         final["test"][task] = load_examples(task, "test", cfg, reports)
     for stream in cfg.extra_streams():  # a task's extra labelled stream (SST's phrases), through its head
-        train[stream], reports[f"{stream_task(stream)} {stream}"] = load_stream(cfg, stream)
+        train[stream], reports[f"{cfg.entries.declaring(stream).name} {stream}"] = load_stream(cfg, stream)
     nli = None
     if cfg.nli:
         nli, report = load_nli(cfg.data_dir, limit=cfg.limit,
-                               file=get_task(triplets_task(model_tasks(cfg.tasks))).triplets)
+                               file=cfg.entries.with_triplets(model_tasks(cfg.tasks)).triplets)
         reports["nli train"] = report.to_dict()
     return RunFiles(train, nli, final, reports, time.perf_counter() - t0)
 
@@ -191,7 +191,7 @@ def tokenize_run_data(files: RunFiles, cfg: TrainConfig, tokenizer: Any) -> RunD
         train_sets[task] = make_dataset(task, files.train[task], tokenizer, cfg)
         dev_sets[task] = make_dataset(task, capped_dev(task, files.final_examples["dev"][task], cfg), tokenizer, cfg)
     for stream in cfg.extra_streams():
-        train_sets[stream] = make_dataset(stream_task(stream), files.train[stream], tokenizer, cfg)
+        train_sets[stream] = make_dataset(cfg.entries.declaring(stream).name, files.train[stream], tokenizer, cfg)
     if files.nli is not None:
         train_sets[NLI] = TripletDataset(files.nli, tokenizer, max_length=cfg.max_length)
     logger.info("data: %s (read in %.1f s, tokenized in %.1f s)",

@@ -21,8 +21,13 @@ are classes here, a regression there). An entry holds everything a model of
 it needs to predict, so a run's config.json keeps its user tasks' entries (``Task.to_dict``) and loads without
 their files, and its GLUE tasks' too, so that a later package cannot change what it predicts.
 
+A run resolves its tasks once (``Tasks``: the package's entries and its config's own, ``TrainConfig.entries``) and
+hands them down to data, model, training, evaluation and ensembling; nothing declares a task process-wide, so a
+config, a saved run or an ensemble of runs changes no global state.
+
 Usage:
-    task = get_task("sst")                     # the entry; get_task(task) gives it back
+    task = get_task("sst")                     # the package's entry; get_task(task) gives an entry back
+    tasks = Tasks([mine]); tasks["mine"]       # a run's: cfg.entries["mine"]
     task.kind.loss(logits, labels)             # the head's loss; task.kind.predict(logits), ...
     examples, report = task.read("dev", "data", limit=None)
     task.label_name(2)                         # the user's label of class 2 ("neutral"), "2" for SST
@@ -39,7 +44,7 @@ import json
 import logging
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +87,13 @@ class Kind(abc.ABC):
 
     def __repr__(self) -> str:
         return f"<kind {self.name}{' (one logit)' if self.binary else ''}>"
+
+    # A kind is what its class, name and texts are: a copy (a deep-copied config's) is the same kind.
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and (other.name, other.pair) == (self.name, self.pair)
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.name, self.pair))
 
     @abc.abstractmethod
     def default_metrics(self, task: Task) -> tuple[str, ...]:
@@ -1047,24 +1059,12 @@ def canonical_number(raw: str) -> str | None:
 
 # ---- the registry --------------------------------------------------------------------------------------------
 
-_REGISTRY: dict[str, Task] = {}
+_REGISTRY: dict[str, Task] = {}  # the package's entries (tasks/cs224n/, tasks/glue/) by name, fixed at import
 
 
-def register_task(task: Task) -> Task:
-    """Add ``task``. The same task again (the same entry but for where its files are: a run moved, runs of one
-    task from two folders; a saved run's GLUE task as this package declares it) takes the place of the one
-    registered, so that its files are the latest declared; another entry under a taken name is a ValueError (a
-    saved run's GLUE task that this package now declares otherwise: the run predicts as it trained or not at
-    all)."""
-    old = _REGISTRY.get(task.name)
-    if old is not None and old != task:
-        by, package = old.origin.get("file"), old.origin.get("package")
-        where = (f" (by {by})" if by else f" (by this package's {package})" if package else
-                 " (a task this package declares)")
-        then = "; a run that kept it so predicts with the package that trained it" if package else ""
-        raise ValueError(f"task {task.name!r} is already declared otherwise{where}: {_difference(old, task)}{then}")
-    _REGISTRY[task.name] = task
-    return task
+def _declared_by(task: Task) -> str:
+    by, package = task.origin.get("file"), task.origin.get("package")
+    return f" (by {by})" if by else f" (by this package's {package})" if package else " (a task this package declares)"
 
 
 def _difference(a: Task, b: Task) -> str:
@@ -1079,15 +1079,9 @@ def _difference(a: Task, b: Task) -> str:
     return "; ".join(f"{k} {shown(da[k])} there, {shown(db[k])} here" for k in keys) or "other settings"
 
 
-def unregister_task(name: str) -> None:
-    """Drop a user's task (tests); the built-in ones stay."""
-    if name in BUILTIN or name in GLUE:
-        raise ValueError(f"{name!r} is a task this package declares")
-    _REGISTRY.pop(name, None)
-
-
 def get_task(task: str | Task) -> Task:
-    """The entry of ``task`` (a name, or an entry: given back); a ValueError naming the known ones."""
+    """The entry this package declares of the task named ``task`` (an entry is given back as it is); a ValueError
+    naming the package's tasks. A run's own tasks are its config's (TrainConfig.entries), never looked up here."""
     if isinstance(task, Task):
         return task
     if task not in _REGISTRY:
@@ -1095,18 +1089,75 @@ def get_task(task: str | Task) -> Task:
     return _REGISTRY[task]
 
 
+class Tasks(Mapping[str, Task]):
+    """A run's tasks resolved once, by name: every entry this package declares (the course's, GLUE's) and the run's
+    own (a config's ``user_tasks``: its task files' tasks, a saved run's GLUE entries), in the package's place
+    where one is the same task but for its files. A config builds it (``TrainConfig.entries``) and hands it down
+    to data, model, training, evaluation and ensembling, which read a task's entry here, never from a global:
+    building one changes nothing else, so two runs in one process may each declare a task of one name.
+
+    ``tasks[name]`` is the entry (an entry given back as it is); an unknown name is a ValueError naming the known
+    ones. An entry of the run's under a name the package declares otherwise is a ValueError saying what differs
+    (a run that kept its GLUE task as an older package declared it predicts with that package or not at all)."""
+
+    def __init__(self, own: Iterable[Task] = ()) -> None:
+        entries = dict(_REGISTRY)
+        for task in own:
+            old = entries.get(task.name)
+            if old is not None and old != task:
+                raise ValueError(f"task {task.name!r} is already declared otherwise{_declared_by(old)}: "
+                                 f"{_difference(old, task)}"
+                                 + ("; a run that kept it so predicts with the package that trained it"
+                                    if old.origin.get("package") else ""))
+            entries[task.name] = task
+        self._entries = entries
+
+    def __getitem__(self, task: str | Task) -> Task:
+        if isinstance(task, Task):
+            return task
+        if task not in self._entries:
+            raise ValueError(f"unknown task {task!r}; tasks are {list(self._entries)} (declare your own with "
+                             "--task-file)")
+        return self._entries[task]
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self._entries.get(name, default)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._entries)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Tasks) and self._entries == other._entries
+
+    def __repr__(self) -> str:
+        return f"Tasks({', '.join(self._entries)})"
+
+    def __deepcopy__(self, memo: dict) -> Tasks:
+        return self  # its entries are frozen: a deep-copied config shares them
+
+    def declaring(self, stream: str) -> Task | None:
+        """The entry that declares the extra stream ``stream`` (its ``ExtraStream``: SST's phrases), or None."""
+        return next((e for e in self._entries.values() if e.stream and e.stream.name == stream), None)
+
+    def with_triplets(self, tasks: Sequence[str]) -> Task | None:
+        """The entry of the first of ``tasks`` (a model's) that declares NLI triplets (``Task.triplets``: STS), or
+        None."""
+        return next((self[t] for t in tasks if self[t].triplets), None)
+
+
 def task_names() -> tuple[str, ...]:
+    """The names of the tasks this package declares."""
     return tuple(_REGISTRY)
 
 
-def triplets_task(tasks: Sequence[str]) -> str | None:
-    """The first of ``tasks`` (a model's) whose entry declares NLI triplets (``Task.triplets``: STS), or None."""
-    return next((t for t in tasks if get_task(t).triplets), None)
 
 
-def stream_task(stream: str) -> str | None:
-    """The task whose entry declares the extra stream ``stream`` (its ``ExtraStream``), or None."""
-    return next((t for t in task_names() if get_task(t).stream and get_task(t).stream.name == stream), None)
 
 
 def model_tasks(tasks: Sequence[str]) -> tuple[str, ...]:
@@ -1185,8 +1236,10 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
 
 
 def _register_file(path: Path, origin: Mapping[str, Any] | None = None) -> str:
-    """Register the task a task file of this package declares (their files are in --data-dir); its name."""
-    return register_task(from_declaration(json.loads(path.read_text(encoding="utf-8")), origin=origin)).name
+    """Declare the task a task file of this package declares (their files are in --data-dir); its name."""
+    task = from_declaration(json.loads(path.read_text(encoding="utf-8")), origin=origin)
+    _REGISTRY[task.name] = task
+    return task.name
 
 
 # The CS224N project's tasks and CFIMDB (the minBERT starter's part 1), declared by the files of tasks/cs224n/ (their
@@ -1230,6 +1283,6 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
 __all__ = ("BUILTIN", "COURSE_KEYS", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK",
            "OUTPUT_KEYS", "PAIR_BINARY", "PART1", "PRIOR_KINDS", "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes",
            "Classification", "Cosine", "DotProduct", "ExtraStream", "Head", "Kind", "Layout", "OneSequence", "Output",
-           "PairClassifier", "Prior", "Products", "Scores", "Task", "canonical_number", "from_declaration",
-           "get_task", "kind_for", "layout_from", "listed", "load_split", "mlp", "model_tasks", "register_task",
-           "stream_task", "task_names", "triplets_task", "unregister_task", "upgrade_entry")
+           "PairClassifier", "Prior", "Products", "Scores", "Task", "Tasks", "canonical_number", "from_declaration",
+           "get_task", "kind_for", "layout_from", "listed", "load_split", "mlp", "model_tasks", "task_names",
+           "upgrade_entry")

@@ -30,7 +30,7 @@ from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, recorded_modules, registered_objectives
 from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
-from tasks.task import GLUE, MULTITASK, ExtraStream, Prior, Task, get_task, register_task, stream_task, task_names
+from tasks.task import GLUE, MULTITASK, ExtraStream, Prior, Task, Tasks, get_task
 from tasks.task_file import check_unchanged, read_declaration
 from minbert.config import DROPOUT_MASKS
 from tasks.runtime import check_device_string
@@ -332,15 +332,14 @@ class TrainConfig:
                                    "save_only_model)", group="runtime")
 
     def __post_init__(self) -> None:
-        # The tasks its task files declared (read once, where the command line is read: tasks.arguments) are
-        # entries of the registry while a config of their run exists: a saved run predicts with them as they were.
+        # The tasks its task files declared (read once, where the command line is read: tasks.arguments) are the
+        # run's own entries, beside the package's (``entries``): a saved run predicts with them as they were.
         if not isinstance(self.user_tasks, dict):  # Tasks from Python (tasks.task_file.read_task_file)
             self.user_tasks = {t.name: t for t in self.user_tasks}
         # Each kept at today's entry format (a saved run's at its own: tasks.task.upgrade_entry), so that a run and
         # its resumption compare one format.
         entries = {name: e if isinstance(e, Task) else Task.from_dict(e) for name, e in self.user_tasks.items()}
-        for entry in entries.values():
-            register_task(entry)
+        self._entries = Tasks(entries.values())
         self.user_tasks = {name: e.to_dict() for name, e in entries.items()}
         # A GLUE task's entry too, as the package declares it now: a later package cannot change what the run
         # predicts (one that declares it otherwise is refused above); a run saved before kept none: the package's.
@@ -431,6 +430,12 @@ class TrainConfig:
         return cls(**d)
 
     # -- derived --
+    @property
+    def entries(self) -> Tasks:
+        """The run's tasks resolved once (tasks.task.Tasks): the package's and its own, by name; what every part of
+        the run reads a task's entry from."""
+        return self._entries
+
     def streams(self) -> tuple[str, ...]:
         """The schedule's streams: the tasks, then their extra streams (``extra_streams``: SST's "phrases") and
         "nli" when on."""
@@ -441,7 +446,7 @@ class TrainConfig:
         ``stream``), as its settings say (the SST entry's: --sst-phrases FILE, or none); one without a file is off."""
         out = {}
         for task in self.tasks:
-            stream = get_task(task).stream
+            stream = self.entries[task].stream
             if stream is None:
                 continue
             if stream.settings:  # the run's flags set it (the SST entry's phrases: --sst-phrases*)
@@ -462,7 +467,7 @@ class TrainConfig:
         --sst-prior-model; STS's cosine: --sts-prior*); a weight of 0 is off."""
         out = {}
         for task in self.tasks:
-            prior = get_task(task).prior
+            prior = self.entries[task].prior
             if prior is None:
                 continue
             if prior.settings:  # the run's flags set it
@@ -477,7 +482,7 @@ class TrainConfig:
         ``settings``: the SST phrases' --sst-phrases-<field>); a user's stream has only the general settings."""
         out = dict(given)
         for stream in self.extra_streams():
-            settings = get_task(stream_task(stream)).stream.settings
+            settings = self.entries.declaring(stream).stream.settings
             value = getattr(getattr(self, settings), field) if settings else None
             if value is not None:
                 out.setdefault(stream, value)
@@ -531,13 +536,13 @@ class TrainConfig:
         """Raise ValueError with a sentence saying why when fields contradict each other or are out of range."""
         if not self.tasks:
             raise ValueError("tasks is empty: train at least one of sst, para, sts")
-        unknown = [t for t in self.tasks if t not in task_names()]
+        unknown = [t for t in self.tasks if t not in self.entries]
         if unknown:
-            raise ValueError(f"unknown task(s) {unknown}: the tasks are {', '.join(task_names())} (declare your own "
+            raise ValueError(f"unknown task(s) {unknown}: the tasks are {', '.join(self.entries)} (declare your own "
                              "with --task-file)")
         if len(set(self.tasks)) != len(self.tasks):
             raise ValueError(f"tasks {list(self.tasks)} names a task twice")
-        keys = {k: t for t in self.tasks for k in get_task(t).metric_keys}
+        keys = {k: t for t in self.tasks for k in self.entries[t].metric_keys}
         bad = [m for m in self.best_metric if m not in self.tasks and m not in keys]
         if bad:
             raise ValueError(f"best_metric {bad[0]!r} is neither a task of this run nor one of their metrics; it can "
@@ -683,7 +688,7 @@ def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:
 def _declaring(cfg: TrainConfig, settings: str) -> str | None:
     """The run's task whose extra stream or prior these settings set (the SST entry's for sst_phrases), or None."""
     for task in cfg.tasks:
-        entry = get_task(task)
+        entry = cfg.entries[task]
         if any(part is not None and part.settings == settings for part in (entry.stream, entry.prior)):
             return task
     return None
@@ -729,7 +734,7 @@ def check_objectives(cfg: TrainConfig) -> None:
     streams = cfg.streams()
     on_nli = []
     for name, overrides in cfg.objectives.items():
-        cls, config = objective_config(name, overrides)
+        cls, config = objective_config(name, overrides, cfg.entries)
         active = cls.tasks_of(config)
         applies = [s for s in active if s in streams]
         if not applies:

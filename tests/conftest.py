@@ -14,7 +14,7 @@ import transformers
 from tasks.logs import PACKAGES
 from tasks.model import ModelConfig
 from tasks.runtime import set_threads
-from tasks.task import BUILTIN, GLUE, task_names, unregister_task
+from tasks.task import BUILTIN, GLUE, task_names
 from tasks.training.run import run
 from tests.helpers import tiny_train_config, write_tiny_data, write_tiny_model
 
@@ -75,16 +75,11 @@ def _commands_log_handlers_removed():
 
 
 @pytest.fixture(autouse=True)
-def _user_tasks_forgotten():
-    """The tasks a test declares (task files, saved runs' entries) leave the process-wide registry after it."""
+def _no_task_declared_globally():
+    """Nothing a test does (a config with task files, a saved run read, an ensemble of runs of a user's task)
+    declares a task beyond the package's: a run's tasks live in its config (TrainConfig.entries)."""
     yield
-    for name in [t for t in task_names() if t not in BUILTIN + GLUE]:
-        unregister_task(name)
-
-
-@pytest.fixture
-def user_tasks():
-    """Names that a test declares tasks of its own (the registry forgets them after every test)."""
+    assert task_names() == BUILTIN + GLUE, f"the package's tasks changed: {task_names()}"
 
 
 @pytest.fixture

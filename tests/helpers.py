@@ -27,7 +27,7 @@ from tasks.train_config import NESTED, PhrasesConfig, PriorsConfig, TrainConfig
 from tasks.config_versions import NESTED_SETTINGS, SOFTWARE_KEYS
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
-from tasks.evaluation.ensembling import predict
+from tasks.evaluation.ensembling import predict, runs_entries
 from tasks.predictions import Predictions, write_logits
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.objectives import registered_objectives
@@ -170,6 +170,11 @@ def write_tiny_data(directory: Path, n_train: int = 48, n_dev: int = 24, n_test:
                                       for _ in range(n_train)]
     (directory / "nli-train.csv").write_text("\n".join(nli) + "\n")
     return directory
+
+
+def run_tasks(run_dir: Path):
+    """The tasks a saved run resolves (tasks.task.Tasks: the package's and its config.json's own)."""
+    return runs_entries([run_dir])
 
 
 def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> TrainConfig:

@@ -16,7 +16,6 @@ from tasks import arguments
 from tasks import train as cli
 from tasks.train_config import TrainConfig
 from tasks.config_versions import fields_of
-from tasks.task import unregister_task
 from tasks.objectives import registered_objectives
 from tests.helpers import unversioned
 
@@ -110,7 +109,6 @@ def test_every_flag_reaches_its_config_field(tmp_path):
     assert train_fields <= seen, sorted(train_fields - seen)
     for name, cls in registered_objectives().items():
         assert {f"objectives.{name}.{f.name}" for f in dataclasses.fields(cls.Config)} <= seen, name
-    unregister_task("topic")
 
 
 def test_help_documents_every_flag_with_paper_references(capsys):

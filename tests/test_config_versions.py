@@ -317,15 +317,13 @@ def test_a_version_3_entry_reads_as_it_ran(tiny_env, tmp_path):
     dup = cfg.user_tasks["dup"]
     assert (dup["positive"], dup["label_case"], dup["layout"]["multiline"]) == ("", "exact", False)
     assert dup["split_layouts"]["dev"]["multiline"] is False and cfg.user_tasks["dup2"]["positive"] == "different"
-    from tasks.task import get_task
-    assert [get_task(n).positive_class for n in ("dup", "dup2", "dup3")] == [1, 0, 1]
+    assert [cfg.entries[n].positive_class for n in ("dup", "dup2", "dup3")] == [1, 0, 1]
 
 
 @pytest.mark.usefixtures("one_thread")
 def test_a_version_3_run_whose_positive_was_a_word_re_predicts_as_it_did(tiny_env, tmp_path):
     """A run of version 3 of a two-class pair task of words whose task file said "positive": "paraphrase" (a word
     for class 1, then): --eval-only re-predicts its files byte for byte and scores the F1 of class 1, as it did."""
-    from tasks.task import unregister_task
     from tests.helpers import CLASS_WORDS, tiny_flags, user_task
 
     rows = {s: [[f"the film was {CLASS_WORDS[i % 3]}", f"the film was {CLASS_WORDS[(i // 2) % 3]}",
@@ -346,7 +344,6 @@ def test_a_version_3_run_whose_positive_was_a_word_re_predicts_as_it_did(tiny_en
         fields = {f.split(".")[0] for f in MIGRATIONS[2].fields} | {"model_type", "objective_versions"}
         _write(where / "config.json", {**{k: v for k, v in d.items() if k in fields or k.endswith("_version")},
                                        "config_version": 3})  # version 3's fields
-    unregister_task("dup")
     again = cli.main(["--eval-only", "--out-dir", str(tmp_path / "eval"), "--checkpoint", str(run / "checkpoints" /
                                                                                            "best")])
     for name in ("dup-dev-output.csv", "dup-dev-logits.csv"):

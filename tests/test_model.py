@@ -14,7 +14,7 @@ from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.evaluator import predict_dataset
 from tasks.model import ModelConfig, MultitaskBert, preserved_modes
-from tasks.task import KINDS, MULTITASK as TASKS, Layout, Task, register_task
+from tasks.task import KINDS, MULTITASK as TASKS, Layout, Task, Tasks
 from tests.helpers import WordTokenizer, make_dataset, make_model, tiny_config, tiny_model
 
 SENTENCES = [
@@ -432,11 +432,10 @@ def test_the_new_kinds_get_heads_of_their_shape(arch, pair_encoding):
     three = Task("three", KINDS["pair-classification"], {}, Layout(("a", "b"), "y"), classes=("x", "y", "z"))
     rating = Task("rating", KINDS["sentence-regression"], {}, Layout(("t",), "y"), score_range=(1.0, 10.0))
     scale = Task("scale", KINDS["pair-regression"], {}, Layout(("a", "b"), "y"), score_range=(-2.0, 2.0))
-    for t in (three, rating, scale):
-        register_task(t)
     torch.manual_seed(0)
     model = MultitaskBert(BertModel(tiny_config()), ModelConfig(arch=arch, pair_encoding=pair_encoding,
-                                                                 fcn_size=16), TASKS + ("three", "rating", "scale"))
+                                                                 fcn_size=16), TASKS + ("three", "rating", "scale"),
+                          Tasks([three, rating, scale]))
     model.eval()
     ex = [Example(str(i), a, b, i % 3) for i, (a, b) in enumerate(PAIRS)]
     logits = model("three", PairDataset(ex, TOK, mode=pair_encoding, label_dtype=torch.long).collate(range(B))).logits

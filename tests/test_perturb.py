@@ -104,16 +104,13 @@ def test_a_task_whose_files_are_not_in_the_data_dir_is_refused_and_its_file_kept
     import dataclasses
 
     from tasks.perturb import perturbed_data_dir
-    from tasks.task import get_task, register_task, unregister_task
+    from tasks.task import Tasks, get_task
 
     own = tmp_path / "mine-train.csv"
     own.write_text("\tid\tsentence\tsentiment\n0\ta\tthe user's own\t1\n")
     entry = dataclasses.replace(get_task("sst"), name="mine", files={**get_task("sst").files, "train": str(own)})
-    register_task(entry)
-    try:
-        (tmp_path / "src").mkdir()
-        with pytest.raises(ValueError, match="mine"):
-            perturbed_data_dir(tmp_path / "src", tmp_path / "dst", {"mine": [Example("x", "changed", label=0)]})
-        assert own.read_text() == "\tid\tsentence\tsentiment\n0\ta\tthe user's own\t1\n"
-    finally:
-        unregister_task("mine")
+    (tmp_path / "src").mkdir()
+    with pytest.raises(ValueError, match="mine"):
+        perturbed_data_dir(tmp_path / "src", tmp_path / "dst", {"mine": [Example("x", "changed", label=0)]},
+                           Tasks([entry]))
+    assert own.read_text() == "\tid\tsentence\tsentiment\n0\ta\tthe user's own\t1\n"

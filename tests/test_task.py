@@ -27,9 +27,9 @@ from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ens
 from tasks.evaluation.evaluator import Predictor, evaluate_checkpoint
 from tasks.model import ModelConfig, MultitaskBert
 from tasks.task import (BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, Binary, Head, Layout, Task, get_task, load_split,
-                        layout_from, mlp, model_tasks, unregister_task)
+                        layout_from, mlp, model_tasks)
 from tasks.training.run import run
-from tests.helpers import (CLASS_WORDS, three_class_task, tiny_config, tiny_flags, tiny_train_config, user_task,
+from tests.helpers import (CLASS_WORDS, run_tasks, three_class_task, tiny_config, tiny_flags, tiny_train_config, user_task,
                            write_csv)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def test_cfimdb_reads_its_files(tmp_path):
     assert len(examples) == 245 and {e.label for e in examples} == {0, 1} and report.clean
 
 
-def test_an_objective_asked_for_a_kind_it_does_not_support_is_refused_before_any_data(tmp_path, user_tasks,
+def test_an_objective_asked_for_a_kind_it_does_not_support_is_refused_before_any_data(tmp_path,
                                                                                        tiny_env):
     """MNR on a sentence classification: refused by the config's check (no data read), naming both."""
     task_file = three_class_task(tmp_path / "t")
@@ -95,7 +95,7 @@ def test_an_objective_asked_for_a_kind_it_does_not_support_is_refused_before_any
     assert not (tmp_path / "run").exists()
 
 
-def test_a_task_files_task_joins_the_command_lines_tasks_once_and_can_be_left_out_after(tmp_path, user_tasks):
+def test_a_task_files_task_joins_the_command_lines_tasks_once_and_can_be_left_out_after(tmp_path):
     """--task-file's task joins --tasks where the command line is read; a config built from it again (an
     --eval-only of some tasks, dataclasses.replace) keeps the tasks it is given: the user's task can be left out."""
     from tasks.train_config import eval_config
@@ -107,7 +107,7 @@ def test_a_task_files_task_joins_the_command_lines_tasks_once_and_can_be_left_ou
     assert dataclasses.replace(cfg, tasks=("sst",)).tasks == ("sst",)
 
 
-def test_a_users_three_class_csv_trains_predicts_and_ensembles_with_no_code(tmp_path, user_tasks, tiny_env,
+def test_a_users_three_class_csv_trains_predicts_and_ensembles_with_no_code(tmp_path, tiny_env,
                                                                              one_thread):
     """--task-file topic.json (a CSV of its own columns) joins --tasks; the run trains it beside SST with its own
     loss weight, scores it on dev, writes its predictions and logits (classes 0-2), --eval-only and the Predictor
@@ -124,8 +124,8 @@ def test_a_users_three_class_csv_trains_predicts_and_ensembles_with_no_code(tmp_
         runs.append(tmp_path / f"run{seed}")
         assert "topic_acc" in summary["dev"] and "sst_acc" in summary["dev"]
     pred = runs[0] / "predictions"
-    ids, classes = read_predictions(pred / "topic-dev-output.csv")
-    gold = {e.id: e.label for e in get_task("topic").read("dev", ".")[0]}
+    ids, classes = read_predictions(pred / "topic-dev-output.csv", tasks=cfg.entries)
+    gold = {e.id: e.label for e in cfg.entries["topic"].read("dev", ".")[0]}
     assert ids == list(gold) and set(classes.tolist()) <= {0, 1, 2}
     assert read_logits(pred / "topic-dev-logits.csv")[1].shape == (len(gold), 3)
     assert (pred / "topic-test-output.csv").is_file()
@@ -138,7 +138,7 @@ def test_a_users_three_class_csv_trains_predicts_and_ensembles_with_no_code(tmp_
 
     p = Predictor.from_checkpoint(runs[0], device="cpu")
     labels, probs = p.predict("topic", ["the film was great moving", "the film was awful dull"])
-    assert len(labels) == 2 and set(labels) <= set(get_task("topic").classes)  # its own labels
+    assert len(labels) == 2 and set(labels) <= set(cfg.entries["topic"].classes)  # its own labels
     assert probs.shape == (2, 3) and torch.allclose(probs.sum(-1), torch.ones(2))
     with pytest.raises(ValueError, match="one sentence each"):
         p.predict("topic", [("a", "b")])
@@ -147,7 +147,7 @@ def test_a_users_three_class_csv_trains_predicts_and_ensembles_with_no_code(tmp_
     check_ensemble(ens)
     summary, results = make_ensemble(ens)
     assert set(summary["tasks"]) == {"sst", "topic"}
-    ids, classes = read_predictions(tmp_path / "ens" / "predictions" / "topic-dev-output.csv")
+    ids, classes = read_predictions(tmp_path / "ens" / "predictions" / "topic-dev-output.csv", tasks=cfg.entries)
     assert set(classes.tolist()) <= {0, 1, 2} and len(ids) == len(gold)
     with zipfile.ZipFile(tmp_path / "ens" / "cs224n_default_final_project_submission.zip") as z:
         names = [n for n in z.namelist() if n.startswith("predictions/")]
@@ -233,7 +233,7 @@ def test_cfimdb_with_a_frozen_encoder_writes_the_starters_part1_files(tmp_path, 
     assert len(ids) == 16 and set(classes.tolist()) <= {0, 1}
 
 
-def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env, one_thread):
+def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, tiny_env, one_thread):
     """A pair classification (two classes) and a pair regression from a user's files train beside each other: each
     gets its kind's head, loss, metrics and files (one logit; a score on its labels' scale), and the Predictor
     reads pairs."""
@@ -253,12 +253,12 @@ def test_a_users_pair_tasks_train_as_their_kinds(tmp_path, user_tasks, tiny_env,
     files = (str(folder / "dup.json"), str(folder / "sim.json"))
     cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("dup", "sim"), task_files=files, epochs=1)
     assert cfg.tasks == ("dup", "sim")
-    assert (get_task("dup").kind, get_task("sim").kind) == (PAIR_BINARY, KINDS["pair-regression"])
-    assert get_task("sim").score_range == (0.5, 4.5)  # the training labels' own scale
+    assert (cfg.entries["dup"].kind, cfg.entries["sim"].kind) == (PAIR_BINARY, KINDS["pair-regression"])
+    assert cfg.entries["sim"].score_range == (0.5, 4.5)  # the training labels' own scale
     summary = run(cfg)
     assert set(summary["dev"]) == {"dup_acc", "dup_f1", "dup_mcc", "sim_r", "sim_spearman", "overall"}
     assert read_logits(tmp_path / "run" / "predictions" / "dup-dev-logits.csv")[1].shape == (16,)
-    ids, scores = read_predictions(tmp_path / "run" / "predictions" / "sim-dev-output.csv")
+    ids, scores = read_predictions(tmp_path / "run" / "predictions" / "sim-dev-output.csv", tasks=cfg.entries)
     assert scores.dtype == torch.float32 and len(ids) == 16
     p = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
     labels, prob = p.predict("dup", [("the film was great moving", "the film was great moving")])
@@ -320,14 +320,15 @@ def test_a_new_kind_builds_its_own_head_and_trains_predicts_and_reloads_with_no_
     assert {"near_acc", "near_f1", "near_mcc"} <= set(summary["dev"])
     ids, logits = read_logits(tmp_path / "run" / "predictions" / "near-dev-logits.csv")
     assert len(ids) == 16 and logits.shape == (16,)
-    ids, classes = read_predictions(tmp_path / "run" / "predictions" / "near-dev-output.csv", "near")
+    ids, classes = read_predictions(tmp_path / "run" / "predictions" / "near-dev-output.csv", "near", cfg.entries)
     assert len(ids) == 16 and set(classes.tolist()) <= {0, 1}
     p = Predictor.from_checkpoint(tmp_path / "run", device="cpu")
-    assert get_task("near").kind is near and isinstance(p.model.heads["near"], Distance)
+    assert p.cfg.entries["near"].kind is near and isinstance(p.model.heads["near"], Distance)
     assert float(p.model.near_threshold.detach()) != 1.0  # trained by the kind's loss through its own head
     labels, prob = p.predict("near", [("the film was fine okay", "a film fine okay")])
     assert labels[0] in ("0", "1") and prob.shape == (1,)
-    cross = MultitaskBert(BertModel(tiny_config()), ModelConfig(pair_encoding="cross", fcn_size=16), ("near",))
+    cross = MultitaskBert(BertModel(tiny_config()), ModelConfig(pair_encoding="cross", fcn_size=16), ("near",),
+                          cfg.entries)
     assert type(cross.heads["near"]).__name__ == "OneSequence" and not hasattr(cross, "near_threshold")
 
 
@@ -375,7 +376,7 @@ def test_a_three_class_pair_task_with_word_labels_trains_predicts_and_ensembles_
     runs = [tmp_path / f"run{seed}" for seed in (0, 1)]
     for seed, out in enumerate(runs):
         summary = _train(tiny_env, out, task_file, "--tasks", "nli3", seed=seed)
-    task = get_task("nli3")
+    task = run_tasks(runs[0])["nli3"]
     assert task.kind is KINDS["pair-classification"] and task.classes == ("contradiction", "entailment", "neutral")
     assert set(summary["dev"]) == {"nli3_acc", "nli3_macro_f1", "nli3_mcc", "overall"}
     assert summary["dev"]["overall"] == summary["dev"]["nli3_acc"]  # a run of one's own tasks only: selected by them
@@ -397,6 +398,36 @@ def test_a_three_class_pair_task_with_word_labels_trains_predicts_and_ensembles_
     assert [r[0] for r in ens] == [r[0] for r in rows] and {r[1] for r in ens[1:]} <= set(NLI_LABELS)
 
 
+def test_a_run_of_a_users_task_looks_no_task_up_by_name(tmp_path, tiny_env, one_thread, capsys, monkeypatch):
+    """A run resolves its tasks once (TrainConfig.entries) and hands the entries down: training a user's task beside
+    SST with an objective on both, --eval-only, predict and an ensemble of two runs ask the package for no task by
+    name (``get_task`` of a name, wherever a module imported it, would fail the test)."""
+    import sys
+
+    import tasks.task as task_module
+
+    asked: list[str] = []
+    package_entry = task_module.get_task
+
+    def by_entry_only(task):
+        if isinstance(task, str):
+            asked.append(task)
+        return package_entry(task)
+
+    for module in [m for name, m in sys.modules.items() if name.startswith("tasks")]:
+        if getattr(module, "get_task", None) is package_entry:
+            monkeypatch.setattr(module, "get_task", by_entry_only)
+    task_file = nli_task(tmp_path / "nli")
+    runs = [tmp_path / f"run{seed}" for seed in (0, 1)]
+    for seed, out in enumerate(runs):
+        _train(tiny_env, out, task_file, "--tasks", "sst", "nli3", "--objective", "rdrop", seed=seed)
+    _eval_again(runs[0], tmp_path / "eval")
+    assert _predict(runs[0], "nli3", "the film was great\ta film great\n", capsys)[1][1] in NLI_LABELS
+    ensemble_main([*map(str, runs), "--out-dir", str(tmp_path / "ens"), "--data-dir", str(tiny_env[1]), "--method",
+                   "regression"])
+    assert asked == []
+
+
 def test_a_sentence_regression_on_a_1_to_10_scale_trains_predicts_and_ensembles(tmp_path, tiny_env, one_thread,
                                                                                   capsys):
     """Whole-number ratings 1-10 declared a sentence regression: a score on the labels' own scale (the head's
@@ -409,17 +440,18 @@ def test_a_sentence_regression_on_a_1_to_10_scale_trains_predicts_and_ensembles(
     runs = [tmp_path / f"run{seed}" for seed in (0, 1)]
     for seed, out in enumerate(runs):
         summary = _train(tiny_env, out, task_file, "--tasks", "rating", seed=seed)
-    task = get_task("rating")
+    entries = run_tasks(runs[0])
+    task = entries["rating"]
     assert task.kind is KINDS["sentence-regression"] and task.score_range == (1.0, 10.0)
     assert set(summary["dev"]) == {"rating_r", "rating_spearman", "overall"}
-    ids, scores = read_predictions(runs[0] / "predictions" / "rating-dev-output.csv")
+    ids, scores = read_predictions(runs[0] / "predictions" / "rating-dev-output.csv", tasks=entries)
     assert len(ids) == 24 and scores.dtype == torch.float32 and bool(((scores >= 1) & (scores <= 10)).all())
     printed = _predict(runs[0], "rating", "a great moving film\n", capsys)
     assert printed[0] == ["id", "score"] and 1 <= float(printed[1][1]) <= 10
     again = _eval_again(runs[0], tmp_path / "eval")
     assert (again / "rating-dev-output.csv").read_bytes() == (runs[0] / "predictions" / "rating-dev-output.csv").read_bytes()
     ensemble_main([*map(str, runs), "--out-dir", str(tmp_path / "ens"), "--data-dir", str(tiny_env[1])])
-    ids, scores = read_predictions(tmp_path / "ens" / "predictions" / "rating-dev-output.csv")
+    ids, scores = read_predictions(tmp_path / "ens" / "predictions" / "rating-dev-output.csv", tasks=entries)
     assert len(ids) == 24 and bool(((scores >= 1) & (scores <= 10)).all())
 
 
@@ -438,19 +470,20 @@ def test_a_header_less_tsv_is_read_by_column_position(tmp_path, tiny_env, one_th
     runs = [tmp_path / f"run{seed}" for seed in (0, 1)]
     for seed, out in enumerate(runs):
         summary = _train(tiny_env, out, task_file, "--tasks", "accept", seed=seed)
-    task = get_task("accept")
+    entries = run_tasks(runs[0])
+    task = entries["accept"]
     assert task.metrics == ("mcc",) and task.layout.fmt.header is False and task.layout.text == (3,)
     examples, report = task.read("dev", ".")
     assert len(examples) == 24 and report.clean and examples[0].text_a == 'the film " was awful dull 0'
     assert examples[0].id == "1"  # no id column: the file line
-    ids, preds = read_predictions(runs[0] / "predictions" / "accept-dev-output.csv")
+    ids, preds = read_predictions(runs[0] / "predictions" / "accept-dev-output.csv", tasks=entries)
     gold = [e.label for e in examples]
     assert summary["dev"]["accept_mcc"] == pytest.approx(sklearn.metrics.matthews_corrcoef(gold, preds.tolist()))
-    test_ids, _ = read_predictions(runs[0] / "predictions" / "accept-test-output.csv")
+    test_ids, _ = read_predictions(runs[0] / "predictions" / "accept-test-output.csv", tasks=entries)
     assert test_ids == [str(i) for i in range(6)]
     assert _predict(runs[0], "accept", "a great film\n", capsys)[0] == ["id", "label", "p0", "p1"]
     ensemble_main([*map(str, runs), "--out-dir", str(tmp_path / "ens"), "--data-dir", str(tiny_env[1])])
-    assert len(read_predictions(tmp_path / "ens" / "predictions" / "accept-dev-output.csv")[0]) == 24
+    assert len(read_predictions(tmp_path / "ens" / "predictions" / "accept-dev-output.csv", tasks=entries)[0]) == 24
 
 
 def test_a_run_needs_none_of_its_tasks_files_to_predict_and_moves_with_them(tmp_path, tiny_env, one_thread, capsys):
@@ -465,7 +498,6 @@ def test_a_run_needs_none_of_its_tasks_files_to_predict_and_moves_with_them(tmp_
     copy = shutil.copytree(tmp_path / "nli", tmp_path / "elsewhere")
     _train(tiny_env, tmp_path / "run-b", copy / "nli3.json", "--tasks", "sst", "nli3", seed=1)
     moved = (tmp_path / "nli").rename(tmp_path / "moved")
-    unregister_task("nli3")  # a new process: nothing known but what the run holds
 
     assert _predict(run, "nli3", "a\tb\n", capsys)[1][1] in NLI_LABELS
     assert len(_predict(run, "sst", "a great film\n", capsys)) == 2
@@ -480,7 +512,6 @@ def test_a_run_needs_none_of_its_tasks_files_to_predict_and_moves_with_them(tmp_
                    str(tiny_env[1])])
     assert {r[1] for r in csv.reader((tmp_path / "ens" / "predictions" / "nli3-dev-output.csv").open())} \
         <= {"label", *NLI_LABELS}
-    unregister_task("nli3")
     shutil.copytree(run, tmp_path / "run-copy")  # two runs whose task files are both gone: averaged, not scored
     summary = ensemble_main([str(run), str(tmp_path / "run-copy"), "--out-dir", str(tmp_path / "ens2"),
                              "--data-dir", str(tiny_env[1])])

@@ -17,7 +17,7 @@ import torch
 from tasks.evaluation.metrics import selected_metrics
 from tasks.predictions import Predictions, read_predictions, write_predictions
 from tasks.task import (COURSE_DIR, COURSE_KEYS, KINDS, PAIR_BINARY, TASK_FILE_KEYS, from_declaration, get_task,
-                        register_task, unregister_task)
+                        Tasks)
 from tasks.task_file import check_unchanged, inferred_note, read_task_file
 from tests.helpers import three_class_task, user_task
 
@@ -357,15 +357,13 @@ def test_how_its_predictions_read_is_declared_as_the_course_tasks_are(tmp_path):
                                   output={"column": "Predicted_Mood", "starter": True}))
     assert task.table_title == "Mood acc" and task.overall
     assert (task.output.column, task.output.starter, task.output.submission) == ("Predicted_Mood", True, False)
-    register_task(task)
-    try:
-        preds = Predictions(["a", "b"], torch.zeros(2, 2), torch.tensor([1, 0]))
-        path = write_predictions(tmp_path / "p", "mine", "dev", preds)
-        assert path.read_text() == "id \t Predicted_Mood \na , 1 \nb , 0 \n"  # class ids, as the starter writes
-        assert read_predictions(path)[1].tolist() == [1, 0]  # known by its column
-        assert selected_metrics({"sst_acc": 0.5, "mine_acc": 0.7, "cola_mcc": 0.1}) == ["sst_acc", "mine_acc"]
-    finally:
-        unregister_task("mine")
+    entries = Tasks([task])
+    preds = Predictions(["a", "b"], torch.zeros(2, 2), torch.tensor([1, 0]))
+    path = write_predictions(tmp_path / "p", task, "dev", preds)
+    assert path.read_text() == "id \t Predicted_Mood \na , 1 \nb , 0 \n"  # class ids, as the starter writes
+    assert read_predictions(path, tasks=entries)[1].tolist() == [1, 0]  # known by its column
+    assert selected_metrics({"sst_acc": 0.5, "mine_acc": 0.7, "cola_mcc": 0.1}, tasks=entries) == ["sst_acc",
+                                                                                                  "mine_acc"]
     plain = read_task_file(declare(tmp_path / "plain", ["pos", "neg"] * 4))
     assert (plain.output.column, plain.output.starter, plain.title, plain.overall) == ("label", False, "", False)
     assert (plain.layout.fmt.line_ends, plain.layout.fmt.multiline) == (False, True)  # and the course's, declared:

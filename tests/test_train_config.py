@@ -112,3 +112,27 @@ def test_an_evaluation_refuses_a_thread_count_below_one_as_training_does():
     with pytest.raises(ValueError, match="threads must be at least 1"):
         dataclasses.replace(saved, threads=0).validate()
     assert eval_config(saved, {"threads": 2}).threads == 2
+
+
+def test_a_config_resolves_its_tasks_in_itself_and_declares_none_in_the_process(tmp_path):
+    """A config's tasks are its own (TrainConfig.entries: the package's and its task files'): building one declares
+    nothing process-wide, so two configs whose task files declare one name otherwise live side by side, each
+    resolving its own, and a third without it does not know the name."""
+    from tasks.task import task_names
+    from tasks.task_file import read_task_file
+    from tests.helpers import three_class_task
+
+    before = task_names()
+    three = read_task_file(three_class_task(tmp_path / "a"))
+    two = read_task_file(three_class_task(tmp_path / "b", labels=lambda i: ("pos", "neg")[i % 2]))
+    assert (three.name, two.name) == ("topic", "topic") and three != two
+    a = TrainConfig(tasks=("sst", "topic"), user_tasks=[three], max_train_examples={},
+                    dev_max_examples={})
+    b = dataclasses.replace(a, user_tasks=[two])
+    a.validate()
+    b.validate()
+    assert a.entries["topic"].num_classes == 3 and b.entries["topic"].num_classes == 2
+    assert a.entries["sst"] is b.entries["sst"]  # the package's, shared
+    assert task_names() == before and "topic" not in TrainConfig().entries
+    with pytest.raises(ValueError, match=r"unknown task\(s\) \['topic'\]"):
+        TrainConfig(tasks=("sst", "topic"), max_train_examples={}, dev_max_examples={}).validate()

@@ -41,6 +41,7 @@ from tasks.predictions import (
     Predictions,
     TaskLogits,
     load_task_logits,
+    saved_entries,
     task_members,
     trained_tasks,
     write_logits,
@@ -51,18 +52,18 @@ from tasks.storage import atomic_file, staged_files, write_text
 
 logger = logging.getLogger(__name__)
 from tasks.evaluation.metrics import task_metric, overall_score, score
-from tasks.task import MULTITASK, get_task, load_split, task_names
+from tasks.task import MULTITASK, Task, Tasks, get_task, load_split
 from tasks.options import option
 from tasks.outdir import ENSEMBLE, check_kind, mark, replacing
 
 
 # ---- the methods, on in-memory logits ----
-def predict(task: str, logits: torch.Tensor) -> torch.Tensor:
+def predict(task: str | Task, logits: torch.Tensor) -> torch.Tensor:
     """A single model's predictions, its kind's rule (as tasks.model.MultitaskBert.predict)."""
     return get_task(task).kind.predict(logits)
 
 
-def average(task: str, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+def average(task: str | Task, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
     """Simple ensemble of models' logits: (ensemble logits, predictions), in float64, by the task's kind.
 
     Classes: mean of softmax probabilities; logits = log of that mean; prediction its argmax.
@@ -77,7 +78,7 @@ def average(task: str, logits: Sequence[torch.Tensor]) -> tuple[torch.Tensor, to
     return get_task(task).kind.average(torch.stack([t.double() for t in logits]))  # (M, N[, C])
 
 
-def _contributions(task: str, logits: Sequence[torch.Tensor]) -> torch.Tensor:
+def _contributions(task: str | Task, logits: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per-model quantities whose mean decides the simple ensemble's prediction (for fast subset search)."""
     return get_task(task).kind.contributions(torch.stack([t.double() for t in logits]))
 
@@ -87,7 +88,7 @@ def _safe(value: float) -> float:
     return -math.inf if math.isnan(value) else value
 
 
-def select_subset(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor,
+def select_subset(task: str | Task, logits: Sequence[torch.Tensor], labels: torch.Tensor,
                   max_exhaustive: int = 10) -> tuple[tuple[int, ...], float]:
     """The model subset whose simple average scores best on (``logits``, ``labels``), and that score.
 
@@ -125,9 +126,9 @@ def select_subset(task: str, logits: Sequence[torch.Tensor], labels: torch.Tenso
 
 @dataclass
 class RegressionFit:
-    """Weights of the regression ensembler for one task: z = Σ_m w_m · logits_m (+ bias)."""
+    """Weights of the regression ensembler for one task (its entry): z = Σ_m w_m · logits_m (+ bias)."""
 
-    task: str
+    task: Task
     weights: list[float]
     bias: float | None
     n_fit: int
@@ -137,7 +138,7 @@ class RegressionFit:
         """(ensemble logits, predictions); SST logits (N, 5), paraphrase logit / STS score (N,)."""
         x = torch.stack([t.double() for t in logits])  # (M, N[, 5])
         if x.shape[0] != len(self.weights):
-            raise ValueError(f"{self.task}: fit on {len(self.weights)} models, applied to {x.shape[0]}")
+            raise ValueError(f"{self.task.name}: fit on {len(self.weights)} models, applied to {x.shape[0]}")
         w = torch.tensor(self.weights, dtype=torch.float64).view(-1, *([1] * (x.dim() - 1)))
         z = (w * x).sum(0)
         if self.bias is not None:
@@ -145,7 +146,7 @@ class RegressionFit:
         return z, predict(self.task, z)
 
 
-def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tensor, l2: float = 1e-3,
+def fit_regression(task: str | Task, logits: Sequence[torch.Tensor], labels: torch.Tensor, l2: float = 1e-3,
                    max_iter: int = 300) -> RegressionFit:
     """Fit the regression ensembler's weights on (``logits``, ``labels``), by the task's kind (``Kind.fit``).
 
@@ -155,7 +156,8 @@ def fit_regression(task: str, logits: Sequence[torch.Tensor], labels: torch.Tens
     goes to 0 rather than wandering. A regression (STS): least squares of the gold score on
     [scores, 1] (closed form; the paper did not ensemble STS this way).
     """
-    kind = get_task(task).kind
+    task = get_task(task)
+    kind = task.kind
     x = torch.stack([t.double() for t in logits])  # (M, N[, C])
     weights, bias = kind.fit(x, labels.double(), l2, max_iter)
     return RegressionFit(task, weights, bias, x.shape[1], kind.fit_objective)
@@ -175,10 +177,11 @@ log = logging.getLogger(__name__)
 METHODS = ("simple", "selective", "regression")
 
 
-def missing_test_ids(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str]) -> str | None:
+def missing_test_ids(task: str | Task, ids: Sequence[str], data_dir: str | os.PathLike[str]) -> str | None:
     """What a task's test output with ``ids`` lacks against the ids of its test input file in ``data_dir``: the
     line of a SUBMISSION INCOMPLETE, or None when it lacks nothing (or there is no input file to check against)."""
     loaded = load_split(task, "test", data_dir)
+    task = get_task(task).name
     if loaded is None:
         return None
     expected, report = [e.id for e in loaded[0]], loaded[1]
@@ -192,7 +195,7 @@ def missing_test_ids(task: str, ids: Sequence[str], data_dir: str | os.PathLike[
             "again")
 
 
-def dev_labels(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str], source: str) -> torch.Tensor:
+def dev_labels(task: str | Task, ids: Sequence[str], data_dir: str | os.PathLike[str], source: str) -> torch.Tensor:
     """The dev labels for ``ids`` from ``data_dir``'s dev file, in the order of ``ids``.
 
     Ids the data file lacks are an error naming ``source`` (the logits file);
@@ -211,7 +214,7 @@ def dev_labels(task: str, ids: Sequence[str], data_dir: str | os.PathLike[str], 
 
 @dataclass
 class TaskResult:
-    task: str
+    task: Task  # its entry
     model_scores: list[float]  # full dev, per model
     simple_score: float  # full dev
     ensemble_score: float  # full dev (selective: optimistic; regression: includes the fit half)
@@ -234,23 +237,24 @@ class TaskResult:
         return [names[i] for i in self.runs]
 
 
-def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor | None, test: TaskLogits | None, method: str, *,
-                  max_exhaustive: int = 10, seed: int = 0, fit_scores: bool = False, l2: float = 1e-3,
+def ensemble_task(task: str | Task, dev: TaskLogits, labels: torch.Tensor | None, test: TaskLogits | None,
+                  method: str, *, max_exhaustive: int = 10, seed: int = 0, fit_scores: bool = False, l2: float = 1e-3,
                   max_iter: int = 300) -> TaskResult:
-    """Run ``method`` on one task: choose on dev, apply to dev and test; scores on dev (``labels`` None: the
-    simple average, every score nan)."""
+    """Run ``method`` on one task (its entry, or the name of one this package declares): choose on dev, apply to
+    dev and test; scores on dev (``labels`` None: the simple average, every score nan)."""
+    task = get_task(task)
     if method not in METHODS:
         raise ValueError(f"unknown method {method!r}; methods: {METHODS}")
     if labels is None and method != "simple":
-        raise ValueError(f"{task}: the {method} ensemble chooses on dev labels, and there are none")
+        raise ValueError(f"{task.name}: the {method} ensemble chooses on dev labels, and there are none")
     n_models = len(dev.logits)
     if test is not None and len(test.logits) != n_models:
-        raise ValueError(f"{task}: {n_models} runs have dev logits but {len(test.logits)} have test logits")
+        raise ValueError(f"{task.name}: {n_models} runs have dev logits but {len(test.logits)} have test logits")
     scored = (lambda preds: score(task, preds, labels)) if labels is not None else (lambda preds: math.nan)
     model_scores = [scored(predict(task, x)) for x in dev.logits]
     simple_dev = average(task, dev.logits)
     simple_score = scored(simple_dev[1])
-    result = TaskResult(task, model_scores, simple_score, simple_score, list(range(n_models)),
+    result = TaskResult(get_task(task), model_scores, simple_score, simple_score, list(range(n_models)),
                         runs=list(range(n_models)))  # ensemble_runs maps them to its input runs
 
     def finish(dev_out: tuple[torch.Tensor, torch.Tensor], test_fn) -> TaskResult:
@@ -292,7 +296,7 @@ def ensemble_task(task: str, dev: TaskLogits, labels: torch.Tensor | None, test:
     return finish(dev_out, fit.apply)
 
 
-def selective_two_fold(task: str, logits: list[torch.Tensor], labels: torch.Tensor, max_exhaustive: int,
+def selective_two_fold(task: str | Task, logits: list[torch.Tensor], labels: torch.Tensor, max_exhaustive: int,
                        seed: int) -> dict:
     """The selective ensemble scored honestly: a subset chosen on one dev half is scored on the other, both ways.
 
@@ -314,20 +318,27 @@ def selective_two_fold(task: str, logits: list[torch.Tensor], labels: torch.Tens
             "simple": mean("simple"), "selective": mean("selective"), "subsets": [f["subset"] for f in per_fold]}
 
 
-def _pred_dtype(task: str, preds: torch.Tensor) -> torch.Tensor:
+def _pred_dtype(task: str | Task, preds: torch.Tensor) -> torch.Tensor:
     return preds.to(get_task(task).kind.pred_dtype())
 
 
-def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str]) -> str:
-    """A fixed-width table: name, one column per task metric, overall."""
+def result_entries(results: dict[str, TaskResult]) -> Tasks:
+    """The entries of the tasks ``results`` ensembled, resolved as their runs saved them."""
+    return Tasks(r.task for r in results.values())
+
+
+def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str], entries: Tasks | None = None) -> str:
+    """A fixed-width table: name, one column per task metric (of ``entries``: the runs'; default: the package's),
+    overall."""
+    entries = entries if entries is not None else Tasks()
     width = max([len(name) for name, _ in rows] + [10])
-    header = f"{'':<{width}}  " + "  ".join(f"{get_task(t).table_title:>8}" for t in tasks) + f"  {'overall':>8}"
+    header = f"{'':<{width}}  " + "  ".join(f"{entries[t].table_title:>8}" for t in tasks) + f"  {'overall':>8}"
     lines = [header]
     for name, scores in rows:
         cells = [f"{scores[t]:>8.4f}" if t in scores else f"{'-':>8}" for t in tasks]
-        metrics = {task_metric(t): v for t, v in scores.items()}
+        metrics = {task_metric(entries[t]): v for t, v in scores.items()}
         whole = metrics and all(t in scores for t in tasks)  # a specialist's row has no overall
-        overall = f"{overall_score(metrics):>8.4f}" if whole else f"{'-':>8}"
+        overall = f"{overall_score(metrics, tasks=entries):>8.4f}" if whole else f"{'-':>8}"
         lines.append(f"{name:<{width}}  " + "  ".join(cells) + f"  {overall}")
     return "\n".join(lines)
 
@@ -441,11 +452,17 @@ def check_ensemble(config: EnsembleConfig) -> None:
     check_kind(Path(out_dir), ENSEMBLE, overwrite=config.overwrite)
 
 
-def runs_tasks(trained: Sequence[tuple[str, ...] | None]) -> list[str]:
+def runs_tasks(trained: Sequence[tuple[str, ...] | None], entries: Tasks) -> list[str]:
     """Every task of the runs (their ``trained_tasks``; a run without a training config: the project's three), in
-    the registry's order."""
+    the order of their ``entries`` (``runs_entries``)."""
     have = {t for own in trained for t in (own if own is not None else MULTITASK)}
-    return [t for t in task_names() if t in have]
+    return [t for t in entries if t in have]
+
+
+def runs_entries(run_dirs: Sequence[str | os.PathLike[str]]) -> Tasks:
+    """The tasks of the runs resolved once: the package's and each run's own (its config.json's, as it saved them:
+    ``saved_entries``); one name the runs declare otherwise is a ValueError saying what differs."""
+    return Tasks(entry for d in run_dirs for entry in saved_entries(d))
 
 
 def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str], list[str]]:
@@ -455,31 +472,32 @@ def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str
     skipped: list[str] = []
     incomplete: list[str] = []
     trained = [trained_tasks(d) for d in args.runs]
-    for task in args.tasks or runs_tasks(trained):
-        get_task(task)  # an unknown name: one line naming the known tasks
+    entries = runs_entries(args.runs)
+    for task in args.tasks or runs_tasks(trained, entries):
+        entry = entries[task]  # an unknown name: one line naming the known tasks
         runs = task_members(trained, task)
         run_dirs = [args.runs[i] for i in runs]
-        dev = load_task_logits(run_dirs, task, "dev")
+        dev = load_task_logits(run_dirs, entry, "dev")
         if dev is None:
             logger.warning("%s: no run has %s-dev-logits.csv; task skipped", task, task)
             skipped.extend([f"{task}-dev", f"{task}-test"])
             continue
         try:
-            labels = dev_labels(task, dev.ids, args.data_dir, str(dev.files[0]))
+            labels = dev_labels(entry, dev.ids, args.data_dir, str(dev.files[0]))
         except DataFileMissing as e:  # a user's task whose files are gone: its runs' predictions, not scored
-            if not get_task(task).origin.get("file"):
+            if not entry.origin.get("file"):
                 raise
             log.warning("%s: its dev file %s is not there, so its runs' predictions are averaged (simple) and "
                            "not scored", task, e.path)
             labels = None
-        test = load_task_logits(run_dirs, task, "test")
+        test = load_task_logits(run_dirs, entry, "test")
         if test is None:
             logger.warning("%s: no run has %s-test-logits.csv (no %s test file?); %s-test-output.csv skipped", task,
                            task, task, task)
             skipped.append(f"{task}-test")
-        elif (line := missing_test_ids(task, test.ids, args.data_dir)) is not None:
+        elif (line := missing_test_ids(entry, test.ids, args.data_dir)) is not None:
             incomplete.append(line)
-        results[task] = ensemble_task(task, dev, labels, test, args.method if labels is not None else "simple",
+        results[task] = ensemble_task(entry, dev, labels, test, args.method if labels is not None else "simple",
                                       max_exhaustive=args.max_exhaustive,
                                       seed=args.seed, fit_scores=args.fit_scores, l2=args.regression_l2,
                                       max_iter=args.regression_iters)
@@ -494,10 +512,10 @@ def write_outputs(out_dir: Path, results: dict[str, TaskResult], summary: dict) 
         staged = []
         for task, res in results.items():
             for split, preds in res.outputs.items():
-                written = write_predictions(stage / "predictions", task, split, preds)
-                if get_task(task).output.submission:  # the CS224N zip holds exactly the starter's files
+                written = write_predictions(stage / "predictions", res.task, split, preds)
+                if res.task.output.submission:  # the CS224N zip holds exactly the starter's files
                     staged.append(written)
-                write_logits(stage / "predictions", task, split, preds)
+                write_logits(stage / "predictions", res.task, split, preds)
         write_submission_zip(stage, staged)
         write_text(stage / "ensemble.json", json.dumps(summary, indent=2) + "\n")
         mark(stage, ENSEMBLE)
@@ -533,7 +551,7 @@ def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
     }
     if config.method in ("regression", "selective"):  # the honest overall: every task scored on held-out dev
         summary["holdout_overall"] = overall_score(
-            {task_metric(t): r.holdout[config.method] for t, r in results.items()})
+            {task_metric(r.task): r.holdout[config.method] for r in results.values()}, tasks=result_entries(results))
     with replacing(out_dir, ENSEMBLE, overwrite=config.overwrite):  # another command's output: aside until done
         write_outputs(out_dir, results, summary)
     for line in incomplete:

@@ -51,7 +51,7 @@ from tasks.predictions import Predictions, write_logits, write_part1, write_pred
 from tasks.evaluation.metrics import jsonable, overall_score, scores, selected_metrics
 from tasks.evaluation.priors import RunPriors, check_prior_models
 from tasks.model import MultitaskBert, TaskOutput
-from tasks.task import get_task
+from tasks.task import Task, Tasks, get_task
 from tasks.objectives import Inference, Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
 from tasks.checkpoint import best_of, check_encoder, load_model, verify_checkpoint
@@ -93,7 +93,7 @@ def predict_dataset(
     ``prior(dataset, logits)`` (the task's prior: tasks.evaluation.priors, STS's cosine, SST's probe) replaces
     the logits, in dataset order, with its blend of them, the predictions then its kind's rule on the blend.
     """
-    kind = (entry := get_task(task)).kind
+    kind = (entry := model.entry(task)).kind  # the entry of the task whose head it goes through
     device = torch.device(device)
     n = len(dataset)
     modes = [(m, m.training) for m in model.modules()]
@@ -142,10 +142,11 @@ def predict_dataset(
 
 
 def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[str] = (),
-             priors: Callable[[str], Callable | None] = lambda task: None, **options: Any
-             ) -> tuple[dict[str, float], dict[str, Predictions]]:
+             priors: Callable[[str], Callable | None] = lambda task: None, tasks: Tasks | None = None,
+             **options: Any) -> tuple[dict[str, float], dict[str, Predictions]]:
     """Predict every dataset (keyed by task) and score the labeled ones; ``options`` are ``predict_dataset``'s,
-    ``priors(task)`` each task's prior (its ``prior``).
+    ``priors(task)`` each task's prior (its ``prior``), ``tasks`` the run's (TrainConfig.entries; default: the
+    package's), whose records the overall reads.
 
     Returns (metrics, predictions). metrics has every metric of each task (``scores``: its main one,
     task_metric(task), first) with labels (``dataset.labels is not None``) and "overall" (``overall_score``, of
@@ -158,9 +159,9 @@ def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[st
         p = predict_dataset(model, task, dataset, prior=priors(task), **options)
         predictions[task] = p
         if getattr(dataset, "labels", None) is not None:
-            metrics.update(scores(task, p.preds, dataset.labels))
+            metrics.update(scores(model.entry(task), p.preds, dataset.labels))
     if metrics:
-        metrics["overall"] = overall_score(metrics, select)
+        metrics["overall"] = overall_score(metrics, select, tasks)
     return metrics, predictions
 
 
@@ -195,13 +196,13 @@ class Evaluator:
     def evaluate(self, model: MultitaskBert, datasets: dict[str, Dataset]
                  ) -> tuple[dict[str, float], dict[str, Predictions]]:
         """Metrics and predictions of every dataset; "overall" is what selects the run's best epoch."""
-        return evaluate(model, datasets, self.select(datasets), self.priors.get, **self.options())
+        return evaluate(model, datasets, self.select(datasets), self.priors.get, self.cfg.entries, **self.options())
 
     def select(self, datasets: dict[str, Any]) -> tuple[str, ...]:
         """What the overall score of ``datasets`` averages: the run's ``best_metric`` where it scores them all
         (an evaluation of some tasks only, as ``--eval-only --tasks`` makes: the default rule)."""
         chosen = self.cfg.best_metric
-        tasks = {t: get_task(t) for t in datasets}
+        tasks = {t: self.cfg.entries[t] for t in datasets}
         held = set(tasks) | {k for t in tasks.values() for k in t.metric_keys}
         return chosen if set(chosen) <= held else ()
 
@@ -211,13 +212,14 @@ class Evaluator:
         what to warn of then, else None."""
         if "overall" not in metrics:
             return None
-        held = dict.fromkeys(k for t in self.cfg.tasks for k in get_task(t).metric_keys)
-        wanted = selected_metrics(held, self.select(dict.fromkeys(self.cfg.tasks)))
+        entries = self.cfg.entries
+        held = dict.fromkeys(k for t in self.cfg.tasks for k in entries[t].metric_keys)
+        wanted = selected_metrics(held, self.select(dict.fromkeys(self.cfg.tasks)), entries)
         lacking = [k for k in wanted if k not in metrics]
         if not lacking:
             return None
         del metrics["overall"]
-        tasks = [t for t in self.cfg.tasks if any(k in lacking for k in get_task(t).metric_keys)]
+        tasks = [t for t in self.cfg.tasks if any(k in lacking for k in entries[t].metric_keys)]
         return (f"no {split} overall: it averages {' and '.join(wanted) if len(wanted) < 3 else ', '.join(wanted)}, "
                 f"and {' and '.join(tasks)} {'has' if len(tasks) == 1 else 'have'} no {split} predictions")
 
@@ -259,7 +261,7 @@ class Evaluator:
             return train_sets[task]
 
         # a run with a task of the starter's part 1 alone (cfimdb) also writes that part's files for each such task
-        part1 = any(get_task(t).output.part1 == "run" for t in cfg.tasks)
+        part1 = any(cfg.entries[t].output.part1 == "run" for t in cfg.tasks)
         inferences = [inf for o in self.objectives
                       if (inf := o.inference(model, cfg.tasks, train_set, cfg.eval_batch_size, device)) is not None]
         files: list[str] = []
@@ -275,7 +277,7 @@ class Evaluator:
                 if rows is not None and split == "dev" and cfg.final_dev == "capped":
                     rows = capped_dev(task, rows, cfg)
                 if rows is None:
-                    path = get_task(task).path(split, cfg.data_dir)
+                    path = cfg.entries[task].path(split, cfg.data_dir)
                     msg = (f"{task} {split}: " + (f"no file at {path}" if path else "its task file names none")
                            + "; its predictions are skipped")
                     logger.debug(msg)  # the reader warned when the run read its data (tasks.data.readers)
@@ -298,20 +300,21 @@ class Evaluator:
             if split != "train":  # a training example is its own nearest neighbour
                 for inference in inferences:
                     leaderboard, scored = apply_inference(inference, split, datasets, leaderboard, metrics,
-                                                          self.select(datasets))
+                                                          self.select(datasets), cfg.entries)
                     if scored:
                         result.setdefault(inference.key, dict(inference.info)).update(scored)
             for task, p in preds.items():
                 if split != "train":
-                    files.append(str(write_predictions(pred_dir, task, split, leaderboard[task])))
-                    if part1 and get_task(task).output.part1:  # and in the starter part 1's names
-                        files.append(str(write_part1(pred_dir, task, split, leaderboard[task], cfg.freeze_encoder)))
-                files.append(str(write_logits(pred_dir, task, split, p)))
+                    files.append(str(write_predictions(pred_dir, cfg.entries[task], split, leaderboard[task])))
+                    if part1 and cfg.entries[task].output.part1:  # and in the starter part 1's names
+                        files.append(str(write_part1(pred_dir, cfg.entries[task], split, leaderboard[task],
+                                                     cfg.freeze_encoder)))
+                files.append(str(write_logits(pred_dir, cfg.entries[task], split, p)))
             if split in ("dev", "train"):
                 result[split] = jsonable(metrics)
             if split == "dev":
                 for task, p in preds.items():
-                    if note := one_class_note(task, p.preds, getattr(datasets[task], "labels", None)):
+                    if note := one_class_note(cfg.entries[task], p.preds, getattr(datasets[task], "labels", None)):
                         logger.warning(note)
         result["files"] = files
         result["skipped"] = skipped
@@ -323,11 +326,13 @@ class Evaluator:
 
 
 def apply_inference(inference: Inference, split: str, datasets: dict[str, Dataset], preds: dict[str, Predictions],
-                    metrics: dict[str, float], select: Sequence[str] = ()
+                    metrics: dict[str, float], select: Sequence[str] = (), tasks: Tasks | None = None
                     ) -> tuple[dict[str, Predictions], dict[str, Any]]:
     """(the leaderboard's predictions, {record name: metrics}) of one split under an objective's ``inference``:
     its "" classes replace the model's where it ``replaces``; on a labelled split every variant is scored (the
-    plain ``metrics`` with its tasks' scores replaced, overall recomputed) and logged."""
+    plain ``metrics`` with its tasks' scores replaced, overall recomputed) and logged. ``tasks``: the run's
+    (TrainConfig.entries; default: the package's)."""
+    tasks = tasks if tasks is not None else Tasks()
     variants = inference.classes(split, datasets)
     leaderboard = dict(preds)
     if inference.replaces:
@@ -342,9 +347,9 @@ def apply_inference(inference: Inference, split: str, datasets: dict[str, Datase
         for task, classes in by_task.items():
             labels = getattr(datasets[task], "labels", None)
             if labels is not None:
-                m.update(scores(task, classes, labels))
+                m.update(scores(tasks[task], classes, labels))
         if "overall" in metrics:  # absent where it cannot be computed (Evaluator.drop_partial_overall)
-            m["overall"] = overall_score(m, select)
+            m["overall"] = overall_score(m, select, tasks)
         scored[f"{split}_{variant}" if variant else split] = jsonable(m)
     logger.info("%s %s: %s", split, inference.name, " | ".join(
         f"{variant or 'its prediction'}: " + " ".join(f"{k} {v:.4f}" for k, v in m.items() if v is not None)
@@ -352,10 +357,12 @@ def apply_inference(inference: Inference, split: str, datasets: dict[str, Datase
     return leaderboard, scored
 
 
-def one_class_note(task: str, preds: torch.Tensor, labels: torch.Tensor | None) -> str | None:
-    """A warning when a classifier predicts one class for every labelled example while the labels hold several
-    (a collapsed classifier: MCC 0, F1 0 or undefined); None otherwise, and for a regression."""
+def one_class_note(task: str | Task, preds: torch.Tensor, labels: torch.Tensor | None) -> str | None:
+    """A warning when a classifier of ``task`` (an entry, or a package task's name) predicts one class for every
+    labelled example while the labels hold several (a collapsed classifier: MCC 0, F1 0 or undefined); None
+    otherwise, and for a regression."""
     entry = get_task(task)
+    task = entry.name
     if labels is None or len(preds) < 2:
         return None
     k = entry.kind.one_class(preds, labels)
@@ -522,7 +529,7 @@ class Predictor:
     def predictions(self, task: str, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> Predictions:
         """The model's ``Predictions`` of ``inputs`` (sentences, or (a, b) pairs for a pair task) in input order:
         ids "0".."N-1", the logits as a run's logits files hold them, and class ids (N,) or scores (N,)."""
-        entry = get_task(task)
+        entry = self.cfg.entries[task]
         return self.predict_examples(task, entry.kind.examples(entry, inputs))
 
     def predict_examples(self, task: str, examples: Sequence[Example]) -> Predictions:
@@ -539,23 +546,25 @@ class Predictor:
 
         A classification gives (labels, probabilities): labels, a list of N strings, each prediction in the task's
         own labels as its files write them (a user's "entailment"; SST's "0".."4", para's "0"/"1"); probabilities,
-        float32, (N, C) over its classes in their order (``get_task(task).classes``), or for a pair task of two
+        float32, (N, C) over its classes in their order (its entry's ``classes``), or for a pair task of two
         classes (one logit: para, MRPC, RTE) P(its second class) (N,). A regression gives its scores alone, float32
         (N,), on the task's scale (STS 0-5). ``sentiment``, ``paraphrase`` and ``similarity`` give the course's
         tasks as class numbers."""
-        entry = get_task(task)
+        entry = self.cfg.entries[task]
         out = self.predictions(task, inputs)
         return entry.kind.answers(entry, out.preds, out.logits)
 
     def sentiment(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(labels (N,) in 0-4, probabilities (N, 5)) of SST-5 sentiment."""
         out = self.predictions("sst", texts)
-        return out.preds, get_task("sst").kind.outputs(get_task("sst"), out.logits)
+        entry = self.cfg.entries["sst"]
+        return out.preds, entry.kind.outputs(entry, out.logits)
 
     def paraphrase(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, torch.Tensor]:
         """(labels (N,) 1 = paraphrase, P(paraphrase) (N,)) of sentence pairs."""
         out = self.predictions("para", pairs)
-        return out.preds, get_task("para").kind.outputs(get_task("para"), out.logits)
+        entry = self.cfg.entries["para"]
+        return out.preds, entry.kind.outputs(entry, out.logits)
 
     def similarity(self, pairs: Sequence[tuple[str, str]]) -> torch.Tensor:
         """STS similarity scores (N,) of sentence pairs (0-5; the baseline's Siamese cosine head: -5 to 5)."""

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks.task import Task, get_task, task_names
+from tasks.task import Task, Tasks, get_task
 
 
 # ---- the metrics --------------------------------------------------------------------------------------------
@@ -160,7 +160,8 @@ METRICS: dict[str, Metric] = {
 
 
 def task_metric(task: str | Task) -> str:
-    """The name of ``task``'s main metric in a run's records: sst_acc, para_acc, sts_r, ..."""
+    """The name of ``task``'s main metric in a run's records: sst_acc, para_acc, sts_r, ... (``task``: an entry, or
+    the name of one this package declares)."""
     return get_task(task).metric
 
 
@@ -190,48 +191,61 @@ def scores(task: str | Task, preds: torch.Tensor, labels: torch.Tensor) -> dict[
     return {f"{task.name}_{m}": METRICS[m].of(task, preds, labels) for m in task.metrics}
 
 
-def _metric_of(key: str) -> tuple[Task, str] | None:
-    """(the task, the metric's name) of a record's key "<task>_<metric>"; None for any other key."""
-    for name in task_names():
-        if key.startswith(name + "_") and key[len(name) + 1:] in get_task(name).kind.metrics:
-            return get_task(name), key[len(name) + 1:]
+def _entries(tasks: Tasks | None) -> list[Task]:
+    """The entries a record's keys are read against, in their order (the package's, then a run's own): ``tasks``
+    (a run's: TrainConfig.entries), the package's when None."""
+    return list((Tasks() if tasks is None else tasks).values())
+
+
+def _metric_of(key: str, tasks: list[Task]) -> tuple[Task, str] | None:
+    """(the task, the metric's name) of a record's key "<task>_<metric>" of one of ``tasks``; None for any other
+    key."""
+    for task in tasks:
+        if key.startswith(task.name + "_") and key[len(task.name) + 1:] in task.kind.metrics:
+            return task, key[len(task.name) + 1:]
     return None
 
 
-def selected_metrics(metrics: dict, select: Sequence[str] = ()) -> list[str]:
+def selected_metrics(metrics: dict, select: Sequence[str] = (), tasks: Tasks | None = None) -> list[str]:
     """The keys of ``metrics`` the overall score averages: ``select``'s (a task: its main metric; or a metric's
     own key), else the main metrics of the built-in tasks present (the CS224N overall), else of every task
-    present. A selected metric that ``metrics`` lacks is a ValueError naming it."""
+    present; the tasks are ``tasks`` (a run's entries; default: the package's). A selected metric that
+    ``metrics`` lacks is a ValueError naming it."""
+    entries = _entries(tasks)
+    by_name = {t.name: t for t in entries}
     if select:
-        keys = [get_task(s).metric if s in task_names() else s for s in select]
+        keys = [by_name[s].metric if s in by_name else s for s in select]
         missing = [k for k in keys if k not in metrics]
         if missing:
             raise ValueError(f"the overall score selects {missing}, which the scores do not hold "
-                             f"(they hold {sorted(k for k in metrics if _metric_of(k))})")
+                             f"(they hold {sorted(k for k in metrics if _metric_of(k, entries))})")
         return keys
-    present = [get_task(t) for t in task_names() if get_task(t).metric in metrics]
+    present = [t for t in entries if t.metric in metrics]
     counted = [t for t in present if t.overall] or present
     return [t.metric for t in counted]
 
 
-def describe_selection(tasks: Sequence[str], select: Sequence[str] = ()) -> str:
-    """The overall score of a run on ``tasks`` in words: "the mean of sst_acc, para_acc, (sts_r + 1) / 2"."""
-    keys = selected_metrics({k: 0.0 for t in tasks for k in get_task(t).metric_keys}, select)
-    parts = [f"({k} + 1) / 2" if METRICS[_metric_of(k)[1]].correlation else k for k in keys]
+def describe_selection(tasks: Sequence[str], select: Sequence[str] = (), entries: Tasks | None = None) -> str:
+    """The overall score of a run on ``tasks`` (of ``entries``, the run's: TrainConfig.entries; default: the
+    package's) in words: "the mean of sst_acc, para_acc, (sts_r + 1) / 2"."""
+    entries = Tasks() if entries is None else entries
+    keys = selected_metrics({k: 0.0 for t in tasks for k in entries[t].metric_keys}, select, entries)
+    parts = [f"({k} + 1) / 2" if METRICS[_metric_of(k, _entries(entries))[1]].correlation else k for k in keys]
     return parts[0] if len(parts) == 1 else f"the mean of {', '.join(parts)}"
 
 
-def overall_score(metrics: dict, select: Sequence[str] = ()) -> float:
-    """The mean of the selected metrics (``selected_metrics``) of ``metrics``, each mapped to [0, 1] (a
-    correlation c as (c + 1) / 2). Other keys (losses, "overall" itself) are ignored. Raises when no task metric is
-    present; a nan metric makes the result nan (never silently dropped)."""
-    keys = selected_metrics(metrics, select)
+def overall_score(metrics: dict, select: Sequence[str] = (), tasks: Tasks | None = None) -> float:
+    """The mean of the selected metrics (``selected_metrics``, of ``tasks``: a run's entries, default the
+    package's) of ``metrics``, each mapped to [0, 1] (a correlation c as (c + 1) / 2). Other keys (losses,
+    "overall" itself) are ignored. Raises when no task metric is present; a nan metric makes the result nan (never
+    silently dropped)."""
+    entries = _entries(tasks)
+    keys = selected_metrics(metrics, select, tasks)
     if not keys:
-        raise ValueError(f"no task metric in {sorted(metrics)}; expected some of "
-                         f"{[get_task(t).metric for t in task_names()]}")
+        raise ValueError(f"no task metric in {sorted(metrics)}; expected some of {[t.metric for t in entries]}")
     parts = []
     for key in keys:
-        found = _metric_of(key)
+        found = _metric_of(key, entries)
         if found is None:
             raise ValueError(f"{key!r} is not a task's metric (<task>_<metric>: a metric of "
                              f"{', '.join(METRICS)})")

@@ -160,20 +160,20 @@ def check_prior_models(cfg) -> None:
         try:
             resolve_model_dir(prior.model)
         except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"{_where(task, prior, 'model')} {prior.model}: no such checkpoint directory (a "
-                                    f"sentence encoder: config.json, weights, vocab.txt): name another, or "
-                                    f"{_off(task, prior)}") from None
+            raise FileNotFoundError(f"{_where(cfg.entries[task], prior, 'model')} {prior.model}: no such checkpoint "
+                                    "directory (a sentence encoder: config.json, weights, vocab.txt): name another, "
+                                    f"or {_off(cfg.entries[task], prior)}") from None
 
 
-def _where(task: str, prior: Prior, what: str) -> str:
+def _where(task: Task, prior: Prior, what: str) -> str:
     """What sets a prior's ``what`` (weight, model): the SST and STS entries' flags, a user's task file."""
     if prior.settings:
         from tasks.train_config import TrainConfig  # the flag of a setting (the config imports this module's callers)
         return flag_of_path(TrainConfig, prior.settings + what)
-    return f"task file {get_task(task).origin.get('file')}'s \"prior\""
+    return f"task file {task.origin.get('file')}'s \"prior\""
 
 
-def _off(task: str, prior: Prior) -> str:
+def _off(task: Task, prior: Prior) -> str:
     return f"pass {_where(task, prior, 'weight')} 0" if prior.settings else f"drop {_where(task, prior, 'weight')}"
 
 
@@ -267,22 +267,23 @@ def prior_of(task: str, cfg, device: torch.device | str, amp_dtype: torch.dtype 
     prior = cfg.priors_of().get(task)
     if prior is None:
         return None
+    entry = cfg.entries[task]
     args = (prior.model, prior.weight, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
     if prior.kind == "cosine":
-        return CosinePrior(task, *args)
+        return CosinePrior(entry, *args)
     saved = Path(checkpoint) / prior_file(task) if checkpoint is not None else None
     if saved is not None and saved.is_file():
-        return ProbePrior(task, *args, state=load_tensors(saved))
+        return ProbePrior(entry, *args, state=load_tensors(saved))
     if train is None:
         try:
             examples = load_examples(task, "train", cfg)
         except DataFileMissing as e:
-            raise FileNotFoundError(f"the {task} prior ({_where(task, prior, 'weight')} {prior.weight}) is a probe "
-                                    f"fitted on {task}'s training sentences, and there is no training file at "
-                                    f"{e.path}: point --data-dir at the data, or {_off(task, prior)}") from None
+            raise FileNotFoundError(f"the {task} prior ({_where(entry, prior, 'weight')} {prior.weight}) is a "
+                                    f"probe fitted on {task}'s training sentences, and there is no training file at "
+                                    f"{e.path}: point --data-dir at the data, or {_off(entry, prior)}") from None
         train = ([e.text_a for e in examples], [int(e.label) for e in examples])
     t0 = time.perf_counter()
-    probe = ProbePrior(task, *args, train=train)
+    probe = ProbePrior(entry, *args, train=train)
     logger.info("%s prior: a probe on %s fitted to %d training sentences in %.0f s", task, prior.model or
                 "the embedded all-MiniLM-L6-v2", len(train[0]), time.perf_counter() - t0)
     return probe

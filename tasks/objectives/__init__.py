@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from tasks.options import json_value, option
-from tasks.task import Kind, get_task, stream_task, task_names
+from tasks.task import Kind, Tasks
 
 REGISTRY: dict[str, type["Objective"]] = {}
 
@@ -202,9 +202,9 @@ class Objective(nn.Module, abc.ABC):
 
 def kind_rule(objective: str, rules: Mapping[type[Kind], Rule], stream: str, kind: Kind | None) -> Rule:
     """``objective``'s rule (``rules``: one per class of kind it takes, tasks/task.py) for ``kind``, the kind of the
-    head ``stream``'s batches train (tasks.model.kind_of; None: a stream without a head, NLI's); a kind it has no
-    rule for is a ValueError naming the objective, the stream, its kind and the kinds it takes, never another
-    kind's rule."""
+    head ``stream``'s batches train (tasks.model.MultitaskBert.kind_of; None: a stream without a head, NLI's); a
+    kind it has no rule for is a ValueError naming the objective, the stream, its kind and the kinds it takes, never
+    another kind's rule."""
     rule = rules.get(type(kind))
     if rule is None:
         what = "has no head" if kind is None else f"is a {kind.name}{f' ({kind.about})' if kind.about else ''}"
@@ -213,9 +213,12 @@ def kind_rule(objective: str, rules: Mapping[type[Kind], Rule], stream: str, kin
     return rule
 
 
-def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objective], ObjectiveConfig]:
-    """(the registered class, its checked Config) of objective ``name`` with ``overrides``; a ValueError naming the
-    objective for an unknown name, an unknown option or a value its Config refuses."""
+def objective_config(name: str, overrides: dict[str, Any], entries: Tasks | None = None
+                     ) -> tuple[type[Objective], ObjectiveConfig]:
+    """(the registered class, its checked Config) of objective ``name`` with ``overrides``, the tasks it names
+    checked against ``entries`` (a run's tasks, TrainConfig.entries; default: the package's); a ValueError naming
+    the objective for an unknown name, an unknown option or a value its Config refuses."""
+    entries = entries if entries is not None else Tasks()
     import_all()
     if name not in REGISTRY:
         raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/, no "
@@ -231,13 +234,14 @@ def objective_config(name: str, overrides: dict[str, Any]) -> tuple[type[Objecti
     except (TypeError, ValueError) as e:
         raise ValueError(f"objective {name!r}: {e}") from None
     for t in config.tasks:
-        head = t if t in task_names() else stream_task(t)  # a task, or the task whose head a declared stream trains
-        if t in cls.tasks or (head is not None and get_task(head).kind.name in cls.kinds):
+        owner = entries.declaring(t)  # a task, or the task whose head a declared stream trains
+        head = t if t in entries else owner.name if owner is not None else None
+        if t in cls.tasks or (head is not None and entries[head].kind.name in cls.kinds):
             continue
         if head is not None:
             what = f"task {t!r} is" if head == t else f"stream {t!r} trains task {head!r}, which is"
             raise ValueError(f"objective {name!r} supports {' and '.join(cls.kinds)} tasks, and {what} a "
-                             f"{get_task(head).kind.name}")
+                             f"{entries[head].kind.name}")
         raise ValueError(f"objective {name!r} can take the streams {', '.join(cls.tasks)} (or a task of kind "
                          f"{' or '.join(cls.kinds)}), not {t}")
     return cls, config
@@ -266,8 +270,9 @@ def _as_json(value: Any) -> Any:
 def build_objectives(settings: dict[str, dict[str, Any]], model: nn.Module) -> list[Objective]:
     """Instantiate the named objectives with their config overrides (``objective_config``)."""
     objs = []
+    entries = Tasks(getattr(model, "entries", {}).values())  # the model's own tasks (a MultitaskBert's)
     for name, overrides in settings.items():
-        cls, config = objective_config(name, overrides)
+        cls, config = objective_config(name, overrides, entries)
         objs.append(cls(config, model))
     return objs
 

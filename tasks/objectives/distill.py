@@ -63,11 +63,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.predictions import load_task_logits, logits_path
-from tasks.model import kind_of
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
-from tasks.task import MULTITASK, Binary, Classes, Scores
+from tasks.task import MULTITASK, Binary, Classes, Scores, Task
 
 DISTILL_TASKS = MULTITASK
 
@@ -86,21 +85,22 @@ TERMS = {
 }
 
 
-def teacher_targets(task: str, logits: Sequence[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
+def teacher_targets(task: Task, logits: Sequence[torch.Tensor], temperature: float = 1.0) -> torch.Tensor:
     """The (ensemble) soft target of each example from M teachers' raw outputs, float32.
 
-    By the task's kind: classes (SST): mean of softmax(z/T), (N, C); a pair classification (paraphrase): mean of
-    sigmoid(z/T), (N,); a regression (STS): mean score, (N,) (no temperature: a regression target).
+    By the kind of ``task`` (its entry): classes (SST): mean of softmax(z/T), (N, C); a pair classification
+    (paraphrase): mean of sigmoid(z/T), (N,); a regression (STS): mean score, (N,) (no temperature: a regression
+    target).
     """
     if not logits:
         raise ValueError("teacher_targets of no teachers")
     if not temperature > 0:
         raise ValueError(f"temperature must be positive, got {temperature}")
     x = torch.stack([t.double() for t in logits])  # (M, N[, C])
-    return kind_rule("distill", TARGETS, task, kind_of(task))(x, temperature)
+    return kind_rule("distill", TARGETS, task.name, task.kind)(x, temperature)
 
 
-def distill_loss(task: str, student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
+def distill_loss(task: Task, student: torch.Tensor, target: torch.Tensor, temperature: float = 1.0) -> torch.Tensor:
     """The distillation term of a batch: student's raw outputs vs the teacher's soft targets (mean over the batch).
 
     Classes (SST): T²·KL(target ‖ softmax(student/T)) for student logits (B, C), target
@@ -110,8 +110,8 @@ def distill_loss(task: str, student: torch.Tensor, target: torch.Tensor, tempera
     with full_precision(student.device):
         z, t = student.float(), target.float().to(student.device)
         if z.shape != t.shape:
-            raise ValueError(f"{task}: student outputs {tuple(z.shape)} but teacher targets {tuple(t.shape)}")
-        return kind_rule("distill", TERMS, task, kind_of(task))(z, t, temperature)
+            raise ValueError(f"{task.name}: student outputs {tuple(z.shape)} but teacher targets {tuple(t.shape)}")
+        return kind_rule("distill", TERMS, task.name, task.kind)(z, t, temperature)
 
 
 @dataclass
@@ -145,11 +145,12 @@ class TaskTargets:
             self.targets = self.targets.to(device)
 
 
-def load_teachers(teachers: Sequence[str], task: str, temperature: float = 1.0) -> TaskTargets:
-    """Read ``{task}-train-logits.csv`` of every teacher directory and average them into soft targets."""
-    found = load_task_logits(list(teachers), task, "train")  # aligned by id; mismatched files raise, naming them
+def load_teachers(teachers: Sequence[str], task: Task, temperature: float = 1.0) -> TaskTargets:
+    """Read ``{task}-train-logits.csv`` of every teacher directory and average them into soft targets (by the kind
+    of ``task``, its entry)."""
+    found = load_task_logits(list(teachers), task.name, "train")  # aligned by id; mismatched files raise, naming them
     if found is None:
-        raise FileNotFoundError(f"distill: no {task}-train-logits.csv in {', '.join(teachers)}; write it with "
+        raise FileNotFoundError(f"distill: no {task.name}-train-logits.csv in {', '.join(teachers)}; write it with "
                                 "--predict-train (also with --eval-only --predict-train --checkpoint ...)")
     targets = teacher_targets(task, found.logits, temperature)
     return TaskTargets({i: n for n, i in enumerate(found.ids)}, targets, found.files)
@@ -199,23 +200,24 @@ class Distill(Objective):
             raise ValueError(f"distill teacher file(s) missing: {', '.join(missing)}; write a teacher's training-set "
                              "logits with --predict-train (or --eval-only --predict-train --checkpoint ...)")
 
-    def targets_for(self, task: str) -> TaskTargets:
+    def targets_for(self, model: nn.Module, task: str) -> TaskTargets:
         if task not in self.targets:
-            self.targets[task] = load_teachers(self.config.teachers, task, self.config.temperature)
+            self.targets[task] = load_teachers(self.config.teachers, model.entry(task), self.config.temperature)
         return self.targets[task]
 
     def on_train_start(self, model: nn.Module, train_sets: dict[str, Any]) -> None:
         """Read the teachers and check that they cover every training example, before the first step."""
         for task, dataset in train_sets.items():
             if self.applies_to(task):
-                self.targets_for(task).lookup(task, dataset.ids)
+                self.targets_for(model, task).lookup(task, dataset.ids)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        targets = self.targets_for(task)
+        targets = self.targets_for(model, task)
         targets.to(out.logits.device)  # the first step copies the table; later steps find it there
         # The row numbers come from the host (ids are strings); non_blocking: a copy from pageable memory is
         # staged at once and never waits for the device, where a blocking copy would synchronize with it.
-        return {"loss": distill_loss(task, out.logits, targets.lookup(task, batch["ids"]), self.config.temperature)}
+        return {"loss": distill_loss(model.entry(task), out.logits, targets.lookup(task, batch["ids"]),
+                                     self.config.temperature)}
 
 
 __all__ = ("Distill", "DistillConfig", "TaskTargets", "distill_loss", "load_teachers", "teacher_targets")

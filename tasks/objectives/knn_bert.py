@@ -54,7 +54,7 @@ Usage:
     train_feats, _ = compute_representations(model, "sst", sst_train)       # eq. 1 at evaluation:
     knn = KNNClassifier(k=100, num_classes=5).fit(train_feats, sst_train.labels)
     feats, logits = compute_representations(model, "sst", sst_dev)
-    probs = knn.predict_proba(feats, class_probabilities("sst", logits), phi=0.25)   # (N_dev, 5)
+    probs = knn.predict_proba(feats, class_probabilities(model.entry("sst"), logits), phi=0.25)   # (N_dev, 5)
 """
 
 from __future__ import annotations
@@ -70,8 +70,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import follow_modes, kind_of, preserved_modes
-from tasks.task import Binary, Classes, get_task
+from tasks.model import follow_modes, preserved_modes
+from tasks.task import Binary, Classes, Task
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -106,9 +106,10 @@ def _two_classes(z: torch.Tensor) -> torch.Tensor:
 PROBABILITIES = {Classes: lambda z: z.softmax(dim=-1), Binary: _two_classes}
 
 
-def class_probabilities(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """softmax(F(q)) of eq. 1, (B, C), by the task's kind (``PROBABILITIES``); a ValueError for another kind."""
-    return kind_rule("knn_bert", PROBABILITIES, task, kind_of(task))(logits.float())
+def class_probabilities(task: Task, logits: torch.Tensor) -> torch.Tensor:
+    """softmax(F(q)) of eq. 1, (B, C), by the kind of ``task`` (an entry: ``model.entry``; ``PROBABILITIES``); a
+    ValueError for another kind."""
+    return kind_rule("knn_bert", PROBABILITIES, task.name, task.kind)(logits.float())
 
 
 class KNNClassifier:
@@ -198,12 +199,13 @@ class KNNInference:
             t0 = time.perf_counter()
             train = self.train_set(task)
             feats, _ = self._features(task, train)
-            self.classifiers[task] = KNNClassifier(self.config.knn_k, get_task(task).num_classes).fit(feats, train.labels)
+            knn = KNNClassifier(self.config.knn_k, self.model.entry(task).num_classes)
+            self.classifiers[task] = knn.fit(feats, train.labels)
             logger.info("KNN-BERT: %d %s training representations in %.0f s", len(train), task,
                         time.perf_counter() - t0)
         knn = self.classifiers[task]
         queries, logits = self._features(task, dataset)
-        probs = class_probabilities(task, logits)
+        probs = class_probabilities(self.model.entry(task), logits)
         return knn.predict_proba(queries, probs, self.config.knn_phi), knn.predict_proba(queries, probs, 1.0)
 
     @property

@@ -56,8 +56,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import NLI, kind_of
-from tasks.task import Binary, Scores, get_task, task_names, triplets_task
+from tasks.model import NLI
+from tasks.task import Binary, Scores, Tasks
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 
@@ -169,7 +169,11 @@ class MNRConfig(ObjectiveConfig):
         super().__post_init__()
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
-        if self.tasks and any(t in task_names() and PAIRS.get(type(get_task(t).kind)) is positive_pairs
+        self.check_positives(Tasks())  # the package's pair tasks; a run's own: check_run
+
+    def check_positives(self, entries: Tasks) -> None:
+        """A pair classification among ``tasks`` (of ``entries``) and ``para_positives`` must agree."""
+        if self.tasks and any(t in entries and PAIRS.get(type(entries[t].kind)) is positive_pairs
                               for t in self.tasks) != self.para_positives:
             raise ValueError("mnr: a pair classification ('para') in tasks and para_positives must agree "
                              "(para_positives chooses MNR over its positive pairs); set both or neither")
@@ -198,20 +202,22 @@ class MultipleNegativesRanking(Objective):
     def check_run(cls, config: MNRConfig, run_config: Any) -> None:
         """A pair classification of more than two classes has no positive pairs to rank: refused (its kind, the
         only one of ``kinds`` that MNR has no rule for)."""
-        many = [t for t in cls.tasks_of(config) if t in run_config.tasks and type(get_task(t).kind) not in PAIRS]
+        entries = run_config.entries
+        config.check_positives(entries)
+        many = [t for t in cls.tasks_of(config) if t in run_config.tasks and type(entries[t].kind) not in PAIRS]
         if many:
             raise ValueError(f"mnr ranks a pair classification's positive pairs, which needs two classes, and task "
-                             f"{many[0]!r} has {get_task(many[0]).num_classes}")
+                             f"{many[0]!r} has {entries[many[0]].num_classes}")
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
         cfg = self.config
         if task == NLI:  # through the embeddings of the head whose entry declares the triplets (STS's: paper §4.2)
             sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
             pooled = _embed_sides(model, batch, sides)
-            head = triplets_task(model.tasks)
+            head = next(t for t, e in model.entries.items() if e.triplets)
             z = [model.pair_embeddings(head, e) for e in pooled]  # each (B, D)
             return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
-        return {"loss": kind_rule("mnr", PAIRS, task, kind_of(task))(cfg, model, task, batch, out)}
+        return {"loss": kind_rule("mnr", PAIRS, task, model.kind_of(task))(cfg, model, task, batch, out)}
 
 
 def _pair_features(model: nn.Module, task: str, batch: dict, out, *, cosine: bool

@@ -35,11 +35,11 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from tasks.model import PHRASES, kind_of
+from tasks.model import PHRASES
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.objectives.smart import bernoulli_logits, symmetric_kl
 from tasks.options import option
-from tasks.task import Binary, Classes
+from tasks.task import Binary, Classes, Task
 
 RDROP_TASKS = ("sst", PHRASES, "para")
 
@@ -48,10 +48,10 @@ RDROP_TASKS = ("sst", PHRASES, "para")
 CATEGORICAL = {Classes: lambda z: z, Binary: bernoulli_logits}
 
 
-def rdrop_divergence(task: str, p1: torch.Tensor, p2: torch.Tensor) -> torch.Tensor:
-    """Eq. 2's L_KL between two passes' head outputs of a classification stream (their class distributions:
-    ``CATEGORICAL``, by the kind), mean over the batch."""
-    categorical = kind_rule("rdrop", CATEGORICAL, task, kind_of(task))
+def rdrop_divergence(task: Task, p1: torch.Tensor, p2: torch.Tensor) -> torch.Tensor:
+    """Eq. 2's L_KL between two passes' outputs of a classification's head (``task``, its entry: ``model.entry``;
+    their class distributions: ``CATEGORICAL``, by its kind), mean over the batch."""
+    categorical = kind_rule("rdrop", CATEGORICAL, task.name, task.kind)
     return 0.5 * symmetric_kl(categorical(p1), categorical(p2))
 
 
@@ -95,4 +95,5 @@ class RDrop(Objective):
         if not model.training:
             raise ValueError("rdrop compares two dropout passes: the model must be in training mode")
         second = model(task, batch)  # fresh dropout masks
-        return {"ce": model.task_loss(task, second, batch), "kl": rdrop_divergence(task, out.logits, second.logits)}
+        return {"ce": model.task_loss(task, second, batch), "kl": rdrop_divergence(model.entry(task), out.logits,
+                                                                                     second.logits)}

@@ -68,8 +68,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import kind_of, preserved_modes
-from tasks.task import Binary, Classes, get_task
+from tasks.model import preserved_modes
+from tasks.task import Binary, Classes, Task
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -116,18 +116,19 @@ LOG_PROBS = {
 }
 
 
-def class_log_probs(task: str, logits: torch.Tensor) -> torch.Tensor:
-    """log p(y|x), (B, C), by the task's kind (``LOG_PROBS``); a ValueError for a kind RIFT does not take."""
-    return kind_rule("rift", LOG_PROBS, task, kind_of(task))(logits.float())
+def class_log_probs(task: Task, logits: torch.Tensor) -> torch.Tensor:
+    """log p(y|x), (B, C), by the kind of ``task`` (an entry: ``model.entry``; ``LOG_PROBS``); a ValueError for a
+    kind RIFT does not take."""
+    return kind_rule("rift", LOG_PROBS, task.name, task.kind)(logits.float())
 
 
-def kl_per_example(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+def kl_per_example(task: Task, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
     """KL(p ‖ q) per example, (B,): Σ_c p_c (log p_c − log q_c)."""
     log_p, log_q = class_log_probs(task, p_logits), class_log_probs(task, q_logits)
     return (log_p.exp() * (log_p - log_q)).sum(dim=-1)
 
 
-def kl_divergence(task: str, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
+def kl_divergence(task: Task, p_logits: torch.Tensor, q_logits: torch.Tensor) -> torch.Tensor:
     """Batch mean of KL(p ‖ q)."""
     return kl_per_example(task, p_logits, q_logits).mean()
 
@@ -168,14 +169,14 @@ def random_start(shape: torch.Size, norm: str, epsilon: float, device: torch.dev
     return direction * radius
 
 
-def _attack_loss(task: str, logits: torch.Tensor, clean_logits: torch.Tensor, labels: torch.Tensor | None,
+def _attack_loss(task: Task, logits: torch.Tensor, clean_logits: torch.Tensor, labels: torch.Tensor | None,
                  objective: str) -> torch.Tensor:
     """(B,) what the attack maximizes: KL(p(x) ‖ p(x')) or the label's cross-entropy."""
     if objective == "kl":
         return kl_per_example(task, clean_logits, logits)
     if labels is None:
         raise ValueError("objective='ce' needs batch['labels']")
-    return kind_of(task).loss(logits, labels, reduction="none")
+    return task.kind.loss(logits, labels, reduction="none")
 
 
 def pgd_attack(model: nn.Module, task: str, batch: dict, *, norm: str = "l2", epsilon: float = 0.1,
@@ -234,7 +235,7 @@ def pgd_perturbation(model: nn.Module, task: str, batch: dict, *, norm: str = "l
 
         def loss_of(d: dict[str, torch.Tensor]) -> torch.Tensor:
             logits = base(task, batch, inputs_embeds={s: clean[s] + d[s] for s in suffixes}).logits
-            return _attack_loss(task, logits, clean_logits, labels, objective)  # (B,)
+            return _attack_loss(base.entry(task), logits, clean_logits, labels, objective)  # (B,)
 
         best = {s: delta[s].clone() for s in suffixes}
         best_loss: torch.Tensor | None = None
@@ -343,7 +344,7 @@ class RIFT(Objective):
         self.proj_student = nn.ModuleDict()
         self.proj_teacher = nn.ModuleDict()
         for task in self.active_tasks():
-            n = get_task(base.head_task(task)).num_classes  # a declared stream: its task's classes
+            n = base.entry(task).num_classes  # a declared stream: its task's classes
             self.proj_student[task] = nn.ModuleList(
                 projection(hidden, config.proj_hidden, config.proj_dim) for _ in range(n))
             self.proj_teacher[task] = nn.ModuleList(
@@ -383,7 +384,7 @@ class RIFT(Objective):
         embed = model.encoder.embed_tokens
         adv = {s: embed(batch["input_ids" + s]) + d for s, d in delta.items()}  # (B, T, H) each
         adv_out = model(task, batch, inputs_embeds=adv)  # the model's mode: dropout on while training
-        kl = kl_divergence(task, out.logits, adv_out.logits)
+        kl = kl_divergence(model.entry(task), out.logits, adv_out.logits)
         sides = input_suffixes(model, task, batch)
         info = torch.stack([
             conditional_infonce(adv_out.features["pooled" + s], self.teacher_features(model, batch, s), labels,

@@ -60,7 +60,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import head_of, kind_of
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import full_precision
@@ -156,7 +155,8 @@ class SupervisedContrastive(Objective):
         super().__init__(config, model)
         if hasattr(model, "feature_names"):  # built with the model it trains, not for a config's check
             for t in self.active_tasks():
-                problem = feature_problem(model, t, config.embedding) if head_of(t) in model.tasks else None
+                trains_a_head = t in model.tasks or t in model.stream_heads
+                problem = feature_problem(model, t, config.embedding) if trains_a_head else None
                 if problem:
                     raise ValueError(problem)
 
@@ -165,7 +165,8 @@ class SupervisedContrastive(Objective):
         return 1.0 - float(self.config.weight)
 
     def forward(self, model: nn.Module, task: str, batch: dict, out) -> dict[str, torch.Tensor]:
-        as_classes = kind_rule("scl", CLASSES, task, kind_of(task))  # it contrasts the classes of a classification
+        # it contrasts the classes of a classification
+        as_classes = kind_rule("scl", CLASSES, task, model.kind_of(task))
         if out is None:
             raise ValueError("scl needs the head's output (its features) for the batch")
         if "labels" not in batch:

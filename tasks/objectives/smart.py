@@ -66,11 +66,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tasks.model import kind_of
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 from tasks.runtime import device_rng_state, full_precision, set_device_rng_state
-from tasks.task import MULTITASK, Binary, Classes, Scores
+from tasks.task import MULTITASK, Binary, Classes, Scores, Task
 
 SMART_TASKS = MULTITASK
 
@@ -98,10 +97,11 @@ DIVERGENCES = {
 }
 
 
-def smart_divergence(task: str, adv: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
-    """l_s between perturbed and clean head outputs, by the task's kind (``DIVERGENCES``): sym-KL of the class
-    distributions (sst; para's Bernoulli) or MSE of scores (sts); a ValueError for a kind SMART does not take."""
-    return kind_rule("smart", DIVERGENCES, task, kind_of(task))(adv, clean)
+def smart_divergence(task: Task, adv: torch.Tensor, clean: torch.Tensor) -> torch.Tensor:
+    """l_s between perturbed and clean outputs of ``task``'s head (its entry: ``model.entry``), by its kind
+    (``DIVERGENCES``): sym-KL of the class distributions (sst; para's Bernoulli) or MSE of scores (sts); a
+    ValueError for a kind SMART does not take."""
+    return kind_rule("smart", DIVERGENCES, task.name, task.kind)(adv, clean)
 
 
 # ---- the perturbation ---------------------------------------------------------------
@@ -139,7 +139,7 @@ def smart_perturbation(model: nn.Module, task: str, batch: dict, embeds: dict[st
             replay()
         with torch.enable_grad():
             adv = model(task, batch, inputs_embeds={s: e[s] + d[s] for s in e}).logits
-            div = smart_divergence(task, adv, clean)
+            div = smart_divergence(model.entry(task), adv, clean)
             grads = torch.autograd.grad(div, list(d.values()), allow_unused=True)
         g = {s: torch.zeros_like(d[s]) if gs is None else gs.float() for s, gs in zip(d, grads)}
         # ‖g‖_∞ per example, over all tokens (and both sentences of a pair): (B,)
@@ -178,7 +178,7 @@ def smart_penalty(model: nn.Module, task: str, batch: dict, out=None, *, sigma: 
         if replay is not None:
             replay()
         adv = model(task, batch, inputs_embeds={s: embeds[s] + delta[s] for s in sides}).logits
-    return smart_divergence(task, adv, clean), delta
+    return smart_divergence(model.entry(task), adv, clean), delta
 
 
 # ---- the objective ------------------------------------------------------------------

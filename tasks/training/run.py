@@ -224,7 +224,7 @@ def build_parts(cfg: TrainConfig, device: torch.device, inputs: RunInputs | None
     configure_device(device, cfg.deterministic)
     tokenizer = inputs.tokenizer
     data = tokenize_run_data(inputs.files, cfg, tokenizer)
-    model = MultitaskBert(inputs.encoder, cfg.model, cfg.tasks)
+    model = MultitaskBert(inputs.encoder, cfg.model, cfg.tasks, cfg.entries)
     if cfg.reinit_layers:  # on the CPU's generator, so the weights are the same on every device
         model.encoder.reinit_top_layers(cfg.reinit_layers, pooler=cfg.model.pooling == "pooler")
     model = model.to(device)

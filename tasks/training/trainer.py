@@ -71,7 +71,7 @@ from tasks.train_config import TrainConfig
 from tasks.data.schedule import LossWeights
 from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
-from tasks.model import MultitaskBert, head_of
+from tasks.model import MultitaskBert
 from tasks.objectives import Objective
 from tasks.training import distributed
 from tasks.training.stages import Stage, check_stages, stages_of
@@ -89,7 +89,6 @@ from tasks.training.rundir import RunDir
 from tasks.runtime import autocast, busy_cpu_note, loss_scaler, precision_note, seed_everything
 from tasks.evaluation.metrics import describe_selection
 from tasks.logs import count
-from tasks.task import get_task
 from tasks.task_file import inferred_note
 
 logger = logging.getLogger(__name__)
@@ -217,7 +216,7 @@ class Trainer(Loop):
         total: torch.Tensor | float = 0.0
         out = None
         with autocast(self.device, self.amp_dtype):
-            task = head_of(stream)
+            task = self.model.head_of(stream)
             if task is not None:
                 out = self.model(task, batch)
                 head = self.model.task_loss(task, out, batch)
@@ -260,7 +259,7 @@ class Trainer(Loop):
             per_task[stream] = per_task.get(stream, 0) + len(idx)
 
         def scored(task: str, n: int) -> int:  # a pair scored in both orders is two sequences' work
-            return n * (2 if cfg.symmetric_eval and get_task(task).symmetric else 1)
+            return n * (2 if cfg.symmetric_eval and cfg.entries[task].symmetric else 1)
 
         dev = {t: len(d) for t, d in self.dev_sets.items()}
         final = {(t, split): len(rows) for split, by_task in (self.final_examples or {}).items()
@@ -273,7 +272,7 @@ class Trainer(Loop):
                         "/".join(str(len(p)) for p in plans.values()), steps,
                         ", ".join(f"{t} {n}" for t, n in per_task.items()),
                         ", ".join(f"{t} {n}" for t, n in dev.items()),
-                        " (pairs in both orders)" if cfg.symmetric_eval and any(get_task(t).symmetric for t in dev)
+                        " (pairs in both orders)" if cfg.symmetric_eval and any(cfg.entries[t].symmetric for t in dev)
                         else "")
             if cfg.freeze_layers is not None and self.current.trains_encoder:
                 trainable = sum(p.numel() for p in self.params)
@@ -288,12 +287,12 @@ class Trainer(Loop):
             if busy := busy_cpu_note(torch.get_num_threads(), self.device):
                 logger.warning(busy)
             for task in cfg.tasks:  # what a user's task file made of the task
-                entry = get_task(task)
+                entry = cfg.entries[task]
                 if entry.origin.get("file"):
                     note = inferred_note(entry)
                     logger.info("task %s%s", entry.describe(), f"; {note}" if note else "")
             logger.info("the best epoch is the one of the highest dev overall: %s%s", describe_selection(
-                cfg.tasks, cfg.best_metric), "" if cfg.best_metric else " (--best-metric chooses another)")
+                cfg.tasks, cfg.best_metric, cfg.entries), "" if cfg.best_metric else " (--best-metric chooses another)")
         costs = [self.train_sets[stream].padded_tokens(idx) for e, p in plans.items()
                  for stream, idx in (p[self.step:] if e == self.epoch else p)]
         return {"costs": costs, "evaluations": len(plans), "dev_sequences": sum(scored(t, n) for t, n in dev.items()),

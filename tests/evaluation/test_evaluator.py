@@ -17,7 +17,7 @@ from tasks.predictions import read_logits
 from tasks.evaluation.metrics import task_metric, overall_score, score
 from minbert.bert import BertModel
 from tasks.model import ModelConfig, MultitaskBert, TaskOutput
-from tasks.task import MULTITASK, get_task, register_task
+from tasks.task import MULTITASK, Tasks, get_task
 from tasks.task_file import read_task_file
 from tasks.predict import read_inputs
 from tasks.training.run import run
@@ -84,15 +84,16 @@ def test_a_pair_task_with_an_order_is_scored_in_its_files_order(tmp_path):
     rows = {"train": [["a man sleeps", "a man rests", "entailment"], ["a dog runs", "a cat sits", "neutral"]] * 4,
             "dev": [["a man sleeps", "a man rests", "entailment"], ["a dog runs", "a cat sits", "neutral"]]}
     spec = {"name": "entail", "text": ["premise", "hypothesis"], "label": "label"}
-    entail = register_task(read_task_file(user_task(tmp_path / "e", spec, rows, ["premise", "hypothesis", "label"])))
+    entail = read_task_file(user_task(tmp_path / "e", spec, rows, ["premise", "hypothesis", "label"]))
     assert not entail.symmetric and get_task("para").symmetric and get_task("sts").symmetric
     assert get_task("mrpc").symmetric and not get_task("rte").symmetric and not get_task("wnli").symmetric
-    paired = register_task(read_task_file(user_task(tmp_path / "p", {**spec, "name": "paired", "symmetric": True},
-                                                    rows, ["premise", "hypothesis", "label"])))
+    paired = read_task_file(user_task(tmp_path / "p", {**spec, "name": "paired", "symmetric": True}, rows,
+                                      ["premise", "hypothesis", "label"]))
     assert paired.symmetric
     torch.manual_seed(0)
     model = MultitaskBert(BertModel(tiny_config()), ModelConfig(arch="baseline", pair_encoding="cross", fcn_size=16,
-                                                                pooling="mean"), MULTITASK + ("entail", "paired"))
+                                                                pooling="mean"), MULTITASK + ("entail", "paired"),
+                          Tasks([entail, paired]))
     with torch.no_grad():  # spread the heads as make_model does, so that the two orders' logits differ
         for name, m in model.named_modules():
             if isinstance(m, torch.nn.Linear) and not name.startswith("encoder."):
@@ -295,7 +296,7 @@ def test_predict_gives_a_tasks_own_labels_and_a_regressions_scores(mood_run, fin
     texts = ["the film was great .", "the film was dull ."]
     labels, probs = p.predict("mood", texts)
     assert set(labels) <= {"happy", "sad"} and len(labels) == 2 and probs.shape == (2, 2)
-    assert labels == [get_task("mood").classes[int(k)] for k in probs.argmax(-1)]
+    assert labels == [p.cfg.entries["mood"].classes[int(k)] for k in probs.argmax(-1)]
     labels, probs = p.predict("sst", texts)
     numbers, same = p.sentiment(texts)
     assert labels == [str(int(k)) for k in numbers] and torch.equal(probs, same)

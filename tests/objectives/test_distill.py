@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tasks.task import get_task
 from tasks.train_config import TrainConfig
 from tasks.predictions import Predictions, read_logits, write_logits
 from tasks.model import TaskOutput
 from tasks.objectives.distill import Distill, DistillConfig, TaskTargets, distill_loss, load_teachers, teacher_targets
 from tasks.training.run import run, trainer_for
-from tests.helpers import tiny_train_config
+from tests.helpers import tiny_model, tiny_train_config
 
 
 @pytest.mark.parametrize("task", ["sst", "para", "sts"])
@@ -31,9 +32,9 @@ def test_distill_targets_on_device_equal_a_per_step_lookup(task):
     for batch_ids in (ids[3:9], ids[::-2]):
         shape = (len(batch_ids), 5) if task == "sst" else (len(batch_ids),)
         logits = torch.randn(shape, generator=g)
-        got = obj(None, task, {"ids": batch_ids}, TaskOutput(logits))["loss"]
+        got = obj(tiny_model(), task, {"ids": batch_ids}, TaskOutput(logits))["loss"]
         looked_up = table[torch.tensor([ids.index(i) for i in batch_ids])].to(logits.device)
-        assert torch.equal(got, distill_loss(task, logits, looked_up, 2.0))
+        assert torch.equal(got, distill_loss(get_task(task), logits, looked_up, 2.0))
 
 
 def _cfg(env, out_dir: Path, **overrides):
@@ -45,9 +46,9 @@ def _cfg(env, out_dir: Path, **overrides):
 def test_distill_kl_is_zero_when_the_student_is_the_teacher(temperature):
     """SST: KL(teacher ‖ student) of a student with the teacher's own logits is 0, at any temperature."""
     z = torch.randn(6, 5) * 3
-    loss = distill_loss("sst", z, teacher_targets("sst", [z], temperature), temperature)
+    loss = distill_loss(get_task("sst"), z, teacher_targets(get_task("sst"), [z], temperature), temperature)
     assert abs(loss.item()) < 1e-6
-    other = distill_loss("sst", z.flip(0), teacher_targets("sst", [z], temperature), temperature)
+    other = distill_loss(get_task("sst"), z.flip(0), teacher_targets(get_task("sst"), [z], temperature), temperature)
     assert other.item() > 1e-3
 
 
@@ -70,7 +71,8 @@ def test_distill_sst_is_t_squared_kl_teacher_to_student_by_hand(temperature):
         forward += sum(pc * (math.log(pc) - math.log(qc)) for pc, qc in zip(p, q))
         reverse += sum(qc * (math.log(qc) - math.log(pc)) for pc, qc in zip(p, q))
     expected = t * t * forward / len(zt)
-    got = distill_loss("sst", torch.tensor(zs), teacher_targets("sst", [torch.tensor(zt)], t), t).item()
+    sst = get_task("sst")
+    got = distill_loss(sst, torch.tensor(zs), teacher_targets(sst, [torch.tensor(zt)], t), t).item()
     assert got == pytest.approx(expected, rel=1e-5)
     assert abs(got - t * t * reverse / len(zt)) > 1e-2
     if t != 1.0:
@@ -87,27 +89,28 @@ def test_distill_para_is_t_squared_bce_by_hand(temperature):
     for a, b in zip(zt, zs):
         p, q = sig(a / t), sig(b / t)
         total += -(p * math.log(q) + (1 - p) * math.log(1 - q))
-    got = distill_loss("para", torch.tensor(zs), teacher_targets("para", [torch.tensor(zt)], t), t).item()
+    para = get_task("para")
+    got = distill_loss(para, torch.tensor(zs), teacher_targets(para, [torch.tensor(zt)], t), t).item()
     assert got == pytest.approx(t * t * total / len(zt), rel=1e-5)
 
 
 def test_distill_bce_is_minimal_at_the_teacher_and_equals_its_entropy():
     """Paraphrase: BCE(p, p) = H(p) (the minimum over students), with zero gradient there."""
     z = torch.randn(8) * 2
-    p = teacher_targets("para", [z])
+    p = teacher_targets(get_task("para"), [z])
     student = z.clone().requires_grad_(True)
-    loss = distill_loss("para", student, p)
+    loss = distill_loss(get_task("para"), student, p)
     entropy = -(p * p.log() + (1 - p) * (1 - p).log()).mean()
     assert loss.item() == pytest.approx(entropy.item(), abs=1e-6)
     loss.backward()
     assert student.grad.abs().max().item() < 1e-7
-    assert distill_loss("para", z + 0.5, p).item() > loss.item()
+    assert distill_loss(get_task("para"), z + 0.5, p).item() > loss.item()
 
 
 def test_distill_mse_is_zero_for_identical_scores():
     """STS: MSE against the teacher's score is 0 for the same scores (and the temperature does not touch it)."""
     s = torch.rand(7) * 5
-    assert distill_loss("sts", s, teacher_targets("sts", [s], 3.0), 3.0).item() == 0.0
+    assert distill_loss(get_task("sts"), s, teacher_targets(get_task("sts"), [s], 3.0), 3.0).item() == 0.0
 
 
 def _write_teacher(directory: Path, ids: list[str], seed: int) -> dict[str, torch.Tensor]:
@@ -130,7 +133,7 @@ def test_ensemble_teacher_averages_probabilities_and_scores(tmp_path):
             "para": (torch.sigmoid(a["para"]) + torch.sigmoid(b["para"][back])) / 2,
             "sts": (a["sts"] + b["sts"][back]) / 2}
     for task, expected in want.items():
-        teachers = load_teachers([str(tmp_path / "a"), str(tmp_path / "b")], task)
+        teachers = load_teachers([str(tmp_path / "a"), str(tmp_path / "b")], get_task(task))
         got = teachers.lookup(task, ids)
         assert torch.allclose(got, expected.float(), atol=1e-6), task
 
@@ -138,7 +141,7 @@ def test_ensemble_teacher_averages_probabilities_and_scores(tmp_path):
 def test_missing_teacher_ids_and_files_are_errors_naming_the_file(tmp_path):
     """An id absent from the teacher file, a teacher without train logits, or no teacher at all is refused."""
     _write_teacher(tmp_path / "t", ["a", "b"], 0)
-    teachers = load_teachers([str(tmp_path / "t")], "sst")
+    teachers = load_teachers([str(tmp_path / "t")], get_task("sst"))
     with pytest.raises(ValueError, match=r"sst-train-logits\.csv.*'c'"):
         teachers.lookup("sst", ["a", "c"])
     cfg = TrainConfig(tasks=("sst", "sts"))

@@ -22,7 +22,7 @@ from tasks.model import ModelConfig, MultitaskBert
 import tasks.objectives as objectives
 from tasks.objectives import REGISTRY, Objective, ObjectiveConfig, build_objectives, registered_objectives
 from tasks.objectives.distill import Distill, TaskTargets
-from tasks.task import Layout, Scores, Task, register_task
+from tasks.task import Layout, Scores, Task, Tasks
 from tasks.training.run import run, trainer_for
 from tests.helpers import tiny_config, tiny_train_config
 
@@ -253,10 +253,9 @@ class Ranking(Scores):
 
 
 @pytest.fixture
-def ranked(user_tasks):
-    """A sentence task of the kind ``Ranking`` ("sentence-ranking"), registered for this test."""
-    return register_task(Task("ranked", Ranking("sentence-ranking", pair=False), {}, Layout(("t",), "y"),
-                              score_range=(0.0, 1.0)))
+def ranked():
+    """A sentence task of the kind ``Ranking`` ("sentence-ranking")."""
+    return Task("ranked", Ranking("sentence-ranking", pair=False), {}, Layout(("t",), "y"), score_range=(0.0, 1.0))
 
 
 def test_an_objective_refuses_a_kind_it_has_no_rule_for_in_one_line_never_as_another_kind(ranked):
@@ -271,15 +270,15 @@ def test_an_objective_refuses_a_kind_it_has_no_rule_for_in_one_line_never_as_ano
     from tasks.objectives.rdrop import rdrop_divergence
     from tasks.objectives.rift import class_log_probs
     from tasks.objectives.scl import CLASSES
-    from tasks.objectives.smart import smart_divergence
+    from tasks.objectives.smart import DIVERGENCES, smart_divergence
 
     z = torch.linspace(0.1, 0.9, 6)
     refusals = {
-        "smart": lambda: smart_divergence("ranked", z, z.flip(0)),
-        "distill": lambda: teacher_targets("ranked", [z]),
-        "rift": lambda: class_log_probs("ranked", z),
-        "knn_bert": lambda: class_probabilities("ranked", z),
-        "rdrop": lambda: rdrop_divergence("ranked", z, z),
+        "smart": lambda: smart_divergence(ranked, z, z.flip(0)),
+        "distill": lambda: teacher_targets(ranked, [z]),
+        "rift": lambda: class_log_probs(ranked, z),
+        "knn_bert": lambda: class_probabilities(ranked, z),
+        "rdrop": lambda: rdrop_divergence(ranked, z, z),
         "mnr": lambda: objectives.kind_rule("mnr", PAIRS, "ranked", ranked.kind),
         "scl": lambda: objectives.kind_rule("scl", CLASSES, "ranked", ranked.kind),
     }
@@ -290,16 +289,16 @@ def test_an_objective_refuses_a_kind_it_has_no_rule_for_in_one_line_never_as_ano
         assert message.startswith(f"objective {name!r} does not take 'ranked', which is a sentence-ranking (scores "
                                   "ranked within a query): it takes tasks of ") and "\n" not in message, message
     with pytest.raises(ValueError, match="objective 'distill' does not take 'ranked'"):
-        distill_loss("ranked", z, z)
+        distill_loss(ranked, z, z)
     with pytest.raises(ValueError, match="^objective 'smart' does not take 'nli', which has no head: it takes tasks of "
                                          "classes scored by C logits or two classes scored by one logit or a score "
                                          "on a scale$"):
-        smart_divergence("nli", z, z)
+        objectives.kind_rule("smart", DIVERGENCES, "nli", None)
     for name in ("smart", "distill", "simcse", "match_tuning"):  # the ones that took every kind, now by name
         with pytest.raises(ValueError, match=f"objective {name!r} supports .* tasks, and task 'ranked' is a "
                                              "sentence-ranking$"):
             objectives.objective_config(name, {"tasks": ["ranked"], **({"teachers": ["t"]} if name == "distill"
-                                                                         else {})})
+                                                                         else {})}, Tasks([ranked]))
 
 
 def test_an_unknown_option_is_refused_naming_it_and_the_options_by_the_config_check_and_the_builder():

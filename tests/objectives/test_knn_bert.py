@@ -243,7 +243,7 @@ def knn_predict(model, task, train_dataset, eval_dataset, k=100, phi=0.25, batch
     train_feats, _ = compute_representations(model, task, train_dataset, representation, batch_size)
     feats, logits = compute_representations(model, task, eval_dataset, representation, batch_size)
     knn = KNNClassifier(k, {"sst": 5, "para": 2}[task]).fit(train_feats, train_dataset.labels)
-    return knn.predict_proba(feats, class_probabilities(task, logits), phi)
+    return knn.predict_proba(feats, class_probabilities(model.entry(task), logits), phi)
 
 
 @pytest.mark.parametrize("task", ["sst", "para"])
@@ -254,7 +254,7 @@ def test_phi_zero_is_the_linear_classifier_and_phi_mixes_eq1(task):
     train, dev = ToyDataset(task, "cross", 12, seed=1), ToyDataset(task, "cross", 6, seed=2)
     linear = knn_predict(model, task, train, dev, k=3, phi=0.0, batch_size=4)
     logits = model(task, dev.collate(range(6))).logits
-    torch.testing.assert_close(linear, class_probabilities(task, logits))
+    torch.testing.assert_close(linear, class_probabilities(model.entry(task), logits))
     assert torch.equal(linear.argmax(-1), model.predict(task, model(task, dev.collate(range(6)))))
     knn_only = knn_predict(model, task, train, dev, k=3, phi=1.0, batch_size=4)
     assert torch.allclose(knn_only.sum(-1), torch.ones(6)) and set((knn_only * 3).round().unique().tolist()) <= {

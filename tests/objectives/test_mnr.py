@@ -208,7 +208,7 @@ def _expected_term(model, name: str, task: str, batch: dict, out, seed: int) -> 
     sides = list(delta)
     e = {s: model.encoder.embed_tokens(batch["input_ids" + s]) for s in sides}
     adv = model(task, batch, inputs_embeds={s: e[s] + delta[s] for s in sides}).logits
-    return smart_divergence(task, adv, model(task, batch).logits)
+    return smart_divergence(model.entry(task), adv, model(task, batch).logits)
 
 
 @pytest.mark.parametrize("arch", ["baseline", "b1"])

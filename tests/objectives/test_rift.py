@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tasks.task import get_task
 from tasks.objectives import rift as rift_mod
 from tasks.objectives.rift import (
     RIFT,
@@ -150,9 +151,9 @@ def test_pgd_does_not_decrease_the_kl(norm):
     with torch.no_grad():
         clean = model("sst", batch).logits
         zero = model("sst", batch, inputs_embeds={"": model.encoder.embed_tokens(batch["input_ids"])}).logits
-        kl_zero = kl_per_example("sst", clean, zero)
-        kl_start = kl_per_example("sst", clean, model("sst", batch, inputs_embeds=start).logits)
-        kl_final = kl_per_example("sst", clean, model("sst", batch, inputs_embeds=final).logits)
+        kl_zero = kl_per_example(get_task("sst"), clean, zero)
+        kl_start = kl_per_example(get_task("sst"), clean, model("sst", batch, inputs_embeds=start).logits)
+        kl_final = kl_per_example(get_task("sst"), clean, model("sst", batch, inputs_embeds=final).logits)
         embeds, keep = model.encoder.embed_tokens(batch["input_ids"]), batch["attention_mask"].unsqueeze(-1)
         g = torch.Generator().manual_seed(0)
         random_kl = []
@@ -160,7 +161,7 @@ def test_pgd_does_not_decrease_the_kl(norm):
             d = torch.randn(embeds.shape, generator=g)
             d = d / d.norm(dim=-1, keepdim=True) * eps if norm == "l2" else d.sign() * eps
             logits = model("sst", batch, inputs_embeds={"": embeds + d * keep}).logits
-            random_kl.append(kl_per_example("sst", clean, logits))
+            random_kl.append(kl_per_example(get_task("sst"), clean, logits))
         best_random = torch.stack(random_kl).amax(0)
     assert float(kl_zero.abs().max()) < 1e-6
     assert bool((kl_final >= kl_start).all())
@@ -249,11 +250,11 @@ def test_kl_divergence_equals_hand_computation_and_its_direction():
     paraphrase Bernoulli), and not the reverse KL(q ‖ p) (the values are chosen to tell them apart)."""
     p = [[2.0, 0.0, -1.0, 0.5, 0.0], [0.0, 3.0, 0.0, 0.0, -2.0]]
     q = [[0.0, 0.0, 0.0, 0.0, 0.0], [1.0, -1.0, 0.5, 2.0, 0.0]]
-    got = kl_divergence("sst", torch.tensor(p), torch.tensor(q)).item()
+    got = kl_divergence(get_task("sst"), torch.tensor(p), torch.tensor(q)).item()
     assert got == pytest.approx(_kl_by_hand("sst", p, q), rel=1e-6)
     assert abs(got - _kl_by_hand("sst", q, p)) > 1e-2
     zp, zq = [2.0, -0.5, 0.0], [-1.0, 1.5, 3.0]
-    got = kl_divergence("para", torch.tensor(zp), torch.tensor(zq)).item()
+    got = kl_divergence(get_task("para"), torch.tensor(zp), torch.tensor(zq)).item()
     assert got == pytest.approx(_kl_by_hand("para", zp, zq), rel=1e-6)
     assert abs(got - _kl_by_hand("para", zq, zp)) > 1e-2
 
@@ -284,5 +285,5 @@ def test_rift_adv_kl_is_hand_kl_at_x_plus_delta(task, pair_encoding, monkeypatch
     expected = _kl_by_hand(task, clean.tolist(), adv.tolist())
     assert expected > 1e-4  # δ moved the prediction: the comparison is not 0 = 0
     assert term.item() == pytest.approx(expected, rel=1e-5)
-    (beta * kl_divergence(task, clean, adv)).backward()
+    (beta * kl_divergence(get_task(task), clean, adv)).backward()
     torch.testing.assert_close(got_grad, model.encoder.embeddings.word_embeddings.weight.grad, rtol=1e-5, atol=1e-8)
