@@ -72,12 +72,12 @@ from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
 from tasks import arguments
 from tasks.cli import Parser, describe
-from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble
+from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble, runs_entries
 from tasks.evaluation.ensembling import METHODS
 from tasks.evaluation.metrics import overall_score, task_metric
 from tasks.options import add_options, option
 from tasks.storage import write_text
-from tasks.task import MULTITASK
+from tasks.task import MULTITASK, Tasks
 
 DEFAULT_VARIANTS = ("--max-train-examples para=all",)  # every full member on all of Quora every epoch
 DEFAULT_SPECIALISTS = ("sst=16",)  # chosen by measurement within the 2-hour budget: experiments/RESULTS.md
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> dict:
                             data_dir=args.data_dir, out_dir=str(ens_dir))
     check_ensemble(config)
     summary, _ = make_ensemble(config)
-    whole = _overall(summary)
+    whole = _overall(summary, runs_entries(config.runs))
     result = {"members": members, "method": args.method, "extra_flags": extra, "first_seed": args.first_seed,
               "honest_overall": whole if args.method == "simple" else summary.get("holdout_overall"),
               "holdout_overall": summary.get("holdout_overall"),
@@ -265,9 +265,11 @@ def _flag_names(argv: Sequence[str]) -> set[str]:
     return {arg.partition("=")[0] for arg in argv if arg.startswith("--")}
 
 
-def _overall(summary: dict) -> float:
-    """The ensemble's overall score on the whole dev set (for selective / regression: optimistic)."""
-    return overall_score({task_metric(t): r["ensemble_score"] for t, r in summary["tasks"].items()})
+def _overall(summary: dict, entries: Tasks) -> float:
+    """The ensemble's overall score on the whole dev set (for selective / regression: optimistic), of its runs'
+    tasks (``entries``: a member's --task-file task too)."""
+    return overall_score({task_metric(entries[t]): r["ensemble_score"] for t, r in summary["tasks"].items()},
+                         tasks=entries)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Everything multitask, grouped by role.
 
-The parts: task (the tasks as data: a registry of entries, each of a kind that owns its head, loss, metric and
-files), config (``TrainConfig``: a run's settings, its presets and checks), model (``MultitaskBert``: encoder,
+The parts: task (the tasks as data: entries, the package's and a run's resolved once, each of a kind that owns
+its head, loss, metric and files), config (``TrainConfig``: a run's settings, its presets and checks), model (``MultitaskBert``: encoder,
 shared layers, task heads), data/ (reading, tokenizing, batching and ordering examples), selection (which
 examples a run reads), objectives/ (one plug-in objective per file), training/ (the ``Trainer`` and what plugs
 into it, a whole run and its directory, masked-LM pretraining, torchrun), evaluation/ (metrics, the evaluator,

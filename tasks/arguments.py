@@ -269,7 +269,10 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     twice = next((n for n in names if names.count(n) > 1 or n in kept), None)
     if twice is not None:
         raise ValueError(f"two --task-file files declare task {twice!r}: give each task one name")
-    cfg = dataclasses.replace(cfg, user_tasks={**kept, **{t.name: t.to_dict() for t in declared}},
+    # a task declared again keeps its place among the run's (the order its scores are averaged in)
+    again = {t.name: t.to_dict() for t in declared}
+    user_tasks = {n: again.pop(n) if n in again else e for n, e in cfg.user_tasks.items() if n in kept or n in again}
+    cfg = dataclasses.replace(cfg, user_tasks={**user_tasks, **again},
                               tasks=(*cfg.tasks, *(n for n in names if n not in cfg.tasks)))
     # Per-stream settings that come from the defaults or the preset follow --tasks / --no-nli
     # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked.

@@ -554,8 +554,8 @@ def load_model(ckpt: Path, device: torch.device | str = "cpu", cfg: TrainConfig 
     state = read_weights(ckpt)
     # the heads the weights hold (an evaluation may ask for some of the trained tasks only)
     held = {key.split(".")[0] for key in state}
-    model = MultitaskBert(encoder, cfg.model, [t for t in cfg.entries if held & {f"{t}_head", f"{t}_own", f"{t}_bias"}],
-                          cfg.entries)
+    heads = [t for t in cfg.entries if held & {f"{t}_head", f"{t}_own", f"{t}_bias"}]
+    model = MultitaskBert(encoder, cfg.model, heads, cfg.entries)
     model.load_state_dict(state)
     model.to(device)
     objectives = build_objectives(cfg.objectives, model)

@@ -64,7 +64,7 @@ from tasks.evaluation.ensembling import (
     TaskResult,
     check_ensemble,
     format_table,
-    result_entries,
+    runs_entries,
     make_ensemble,
     run_names,
 )
@@ -106,6 +106,7 @@ def _ensemble(config: EnsembleConfig) -> dict:
     model_names = {t: r.model_names(names) for t, r in results.items()}
     out_dir = Path(config.out_dir)
     tasks = list(results)  # the tasks ensembled, in the order ensembled
+    entries = runs_entries(config.runs)
     def per_run(values: Callable[[TaskResult], Sequence]) -> list[tuple[str, dict[str, float]]]:
         """A table row per input run: its value in each task it is a model of ("-" where a specialist is not)."""
         cells = {t: results[t].by_run(values(results[t])) for t in tasks}
@@ -119,7 +120,7 @@ def _ensemble(config: EnsembleConfig) -> dict:
         rows[-1] = ("ensemble: regression*", rows[-1][1])
     sizes = ", ".join(f"{t} n={len(results[t].outputs['dev'])}" for t in tasks)
     print(f"dev scores ({sizes})")
-    print(format_table(rows, tasks, result_entries(results)))
+    print(format_table(rows, tasks, entries))
     if config.method == "regression":
         print("  * on the whole dev set, including the half its weights were fit on; see the held-out table")
     for t in tasks:
@@ -139,7 +140,7 @@ def _ensemble(config: EnsembleConfig) -> dict:
         print(("held-out dev half (the regression weights never saw it; " if config.method == "regression" else
                "two-fold dev (subset chosen on one half, scored on the other, both ways, mean; ")
               + ", ".join(f"{t} n={results[t].holdout['n_eval']}" for t in tasks) + ")")
-        print(format_table(hold_rows, tasks, result_entries(results)))
+        print(format_table(hold_rows, tasks, entries))
 
     written = sum(len(r.outputs) for r in results.values())
     logger.info("wrote %d leaderboard files to %s and %s%s", written, out_dir / "predictions",

@@ -252,7 +252,7 @@ def read_predictions(path: str | os.PathLike[str], task: str | None = None, task
     tasks = tasks if tasks is not None else Tasks()
     entries = list(tasks.values())
     column_task: dict[str, object] = {}
-    for t in entries:  # a column two tasks share is read as the first registered's (SST before CFIMDB)
+    for t in entries:  # a column two tasks share is read as the first declared's (SST before CFIMDB)
         for c in (t.output.column, t.output.also_read):
             if c and t.output.starter:
                 column_task.setdefault(c, t)

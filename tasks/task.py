@@ -1,4 +1,4 @@
-"""The tasks, as data: one registry of entries, each a name, a kind, its files and columns, its classes or scale.
+"""The tasks, as data: entries, each a name, a kind, its files and columns, its classes or scale.
 
 A **kind** owns everything that differs between kinds of task, so nothing outside this module asks a task's
 name or what kind it is: the dataset it reads its examples into, the head it builds in a model (``Head``, for

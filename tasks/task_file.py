@@ -44,7 +44,7 @@ columns; the rest is inferred from the training file's labels unless declared:
   it trained in (entailment: premise, then hypothesis).
 
 Usage:
-    task = read_task_file("entail.json")              # the Task (tasks/task.py), not registered
+    task = read_task_file("entail.json")              # the Task (tasks/task.py): a run's own (TrainConfig.entries)
     task = check_unchanged(saved, given=None)          # --resume / --eval-only: a ValueError naming what changed
 """
 
@@ -421,7 +421,7 @@ def read_declaration(path: Path, where: str) -> Any:
 
 
 def read_task_file(path: str | os.PathLike[str]) -> Task:
-    """The task a JSON file declares (not registered); a ValueError naming the file, or the data file and line.
+    """The task a JSON file declares (an entry a run keeps as its own); a ValueError naming the file, or the data file and line.
 
     Every value is checked before any data is read; the files are relative to the JSON file's folder; what it
     does not declare is inferred from the training file's labels (the module's docstring), and every dev label

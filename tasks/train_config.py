@@ -194,8 +194,10 @@ class TrainConfig:
                                 "random subset every epoch (examples may repeat before all were seen); cycle = the "
                                 "next examples of one shuffled pass, so none repeats before all were seen",
                                 group="data", choices=SUBSETS)
-    pair_swap: float = option(0.0, "probability that a training pair (Quora, STS) is shown as (b, a) instead of "
-                              "(a, b): order augmentation, not in the paper; 0 = off", group="data", metavar="P")
+    pair_swap: float = option(0.0, "probability that a training pair of a task without order (Quora, STS; a task "
+                              "file's \"symmetric\") is shown as (b, a) instead of (a, b): order augmentation, not "
+                              "in the paper; a pair with an order (RTE's premise, hypothesis) never is; 0 = off",
+                              group="data", metavar="P")
     symmetric_eval: bool = option(True, "score every pair of a task without order (Quora, STS; a task file's "
                                   "\"symmetric\") as the mean of its logits for (a, b) and (b, a) at evaluation "
                                   "and prediction: a cross-encoder is not symmetric; not in the paper",

@@ -320,3 +320,17 @@ def test_a_per_stream_setting_for_a_run_without_the_defaults_streams_keeps_only_
     assert arguments.config_for(["--max-train-examples", "sst=100"]).max_train_examples == {"para": 23000, "sst": 100}
     with pytest.raises(ValueError, match=r"max_train_examples names \['para'\], which this run does not train"):
         arguments.config_for(["--tasks", "sst", "--max-train-examples", "para=100"])
+
+
+def test_a_saved_runs_task_named_again_keeps_its_place_among_the_runs_tasks(tmp_path):
+    """--config of a run with two task files' tasks, one of the files named again (--task-file): the task is read
+    again and keeps its place, the order in which the run's scores are averaged."""
+    from tests.helpers import three_class_task
+
+    first, second = (three_class_task(tmp_path / n, name=n) for n in ("first", "second"))
+    saved = arguments.config_for(["--task-file", str(first), "--task-file", str(second), "--tasks", "sst"])
+    assert list(saved.user_tasks) == ["first", "second"]
+    (tmp_path / "config.json").write_text(json.dumps(saved.to_dict()))
+    cfg = arguments.config_for(["--config", str(tmp_path / "config.json"), "--task-file", str(first)])
+    assert list(cfg.user_tasks) == ["first", "second"] and list(cfg.entries)[-2:] == ["first", "second"]
+    assert cfg.tasks == ("sst", "first", "second")

@@ -1,6 +1,7 @@
-"""Tests of tasks/task.py: the registry of tasks and their kinds; users' tasks of every kind trained, evaluated,
-predicted and ensembled from task files alone; a run that needs none of its task's files; and that nothing outside
-the registry asks a task's name. (A task file's checks and inference: tests/test_task_file.py.)"""
+"""Tests of tasks/task.py: the tasks' entries and their kinds, and a run's resolved once; users' tasks of every
+kind trained, evaluated, predicted and ensembled from task files alone; a run that needs none of its task's files;
+and that nothing outside the entries asks a task's name. (A task file's checks and inference:
+tests/test_task_file.py.)"""
 
 from __future__ import annotations
 
@@ -178,7 +179,6 @@ def test_no_module_outside_the_registry_compares_a_task_name():
 # yet (issue 69).
 KIND_QUESTIONS = {
     "tasks/predict.py": {"pair"},
-    "tasks/training/optim.py": {"pair"},
     "tasks/task_file.py": {"pair", "classification"},
     "tasks/perturb.py": {"classification"},
     "tasks/training/attacks.py": {"classification"},

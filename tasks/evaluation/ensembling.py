@@ -322,11 +322,6 @@ def _pred_dtype(task: str | Task, preds: torch.Tensor) -> torch.Tensor:
     return preds.to(get_task(task).kind.pred_dtype())
 
 
-def result_entries(results: dict[str, TaskResult]) -> Tasks:
-    """The entries of the tasks ``results`` ensembled, resolved as their runs saved them."""
-    return Tasks(r.task for r in results.values())
-
-
 def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str], entries: Tasks | None = None) -> str:
     """A fixed-width table: name, one column per task metric (of ``entries``: the runs'; default: the package's),
     overall."""
@@ -465,14 +460,16 @@ def runs_entries(run_dirs: Sequence[str | os.PathLike[str]]) -> Tasks:
     return Tasks(entry for d in run_dirs for entry in saved_entries(d))
 
 
-def ensemble_runs(args: EnsembleConfig) -> tuple[dict[str, TaskResult], list[str], list[str]]:
+def ensemble_runs(args: EnsembleConfig, entries: Tasks | None = None
+                  ) -> tuple[dict[str, TaskResult], list[str], list[str]]:
     """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all).
-    Returns (results, skipped outputs, what the submission lacks: ``missing_test_ids``)."""
+    ``entries``: the runs' tasks (``runs_entries``, read when None). Returns (results, skipped outputs, what the
+    submission lacks: ``missing_test_ids``)."""
     results: dict[str, TaskResult] = {}
     skipped: list[str] = []
     incomplete: list[str] = []
     trained = [trained_tasks(d) for d in args.runs]
-    entries = runs_entries(args.runs)
+    entries = entries if entries is not None else runs_entries(args.runs)
     for task in args.tasks or runs_tasks(trained, entries):
         entry = entries[task]  # an unknown name: one line naming the known tasks
         runs = task_members(trained, task)
@@ -534,7 +531,8 @@ def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
     naming it; what the submission lacks is a SUBMISSION INCOMPLETE warning and the summary's "incomplete"."""
     names = run_names(config.runs, config.names)
     out_dir = Path(config.out_dir)
-    results, skipped, incomplete = ensemble_runs(config)
+    entries = runs_entries(config.runs)
+    results, skipped, incomplete = ensemble_runs(config, entries)
     if not results:
         raise ValueError(f"no task had dev logits in {', '.join(config.runs)}; nothing to ensemble")
     model_names = {t: r.model_names(names) for t, r in results.items()}  # specialists are models of their tasks
@@ -551,7 +549,7 @@ def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
     }
     if config.method in ("regression", "selective"):  # the honest overall: every task scored on held-out dev
         summary["holdout_overall"] = overall_score(
-            {task_metric(r.task): r.holdout[config.method] for r in results.values()}, tasks=result_entries(results))
+            {task_metric(r.task): r.holdout[config.method] for r in results.values()}, tasks=entries)
     with replacing(out_dir, ENSEMBLE, overwrite=config.overwrite):  # another command's output: aside until done
         write_outputs(out_dir, results, summary)
     for line in incomplete:

@@ -146,7 +146,7 @@ def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[st
              **options: Any) -> tuple[dict[str, float], dict[str, Predictions]]:
     """Predict every dataset (keyed by task) and score the labeled ones; ``options`` are ``predict_dataset``'s,
     ``priors(task)`` each task's prior (its ``prior``), ``tasks`` the run's (TrainConfig.entries; default: the
-    package's), whose records the overall reads.
+    package's and the model's own), whose records the overall reads.
 
     Returns (metrics, predictions). metrics has every metric of each task (``scores``: its main one,
     task_metric(task), first) with labels (``dataset.labels is not None``) and "overall" (``overall_score``, of
@@ -155,6 +155,7 @@ def evaluate(model: nn.Module, datasets: dict[str, Dataset], select: Sequence[st
     """
     metrics: dict[str, float] = {}
     predictions: dict[str, Predictions] = {}
+    tasks = tasks if tasks is not None else Tasks(getattr(model, "entries", {}).values())
     for task, dataset in datasets.items():
         p = predict_dataset(model, task, dataset, prior=priors(task), **options)
         predictions[task] = p

@@ -148,7 +148,7 @@ class TaskTargets:
 def load_teachers(teachers: Sequence[str], task: Task, temperature: float = 1.0) -> TaskTargets:
     """Read ``{task}-train-logits.csv`` of every teacher directory and average them into soft targets (by the kind
     of ``task``, its entry)."""
-    found = load_task_logits(list(teachers), task.name, "train")  # aligned by id; mismatched files raise, naming them
+    found = load_task_logits(list(teachers), task, "train")  # aligned by id; mismatched files raise, naming them
     if found is None:
         raise FileNotFoundError(f"distill: no {task.name}-train-logits.csv in {', '.join(teachers)}; write it with "
                                 "--predict-train (also with --eval-only --predict-train --checkpoint ...)")

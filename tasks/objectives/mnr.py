@@ -169,7 +169,9 @@ class MNRConfig(ObjectiveConfig):
         super().__post_init__()
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
-        self.check_positives(Tasks())  # the package's pair tasks; a run's own: check_run
+        package = Tasks()  # a config naming the package's streams alone is judged now; one naming a run's: check_run
+        if all(t in package or t == NLI for t in self.tasks):
+            self.check_positives(package)
 
     def check_positives(self, entries: Tasks) -> None:
         """A pair classification among ``tasks`` (of ``entries``) and ``para_positives`` must agree."""
@@ -214,7 +216,9 @@ class MultipleNegativesRanking(Objective):
         if task == NLI:  # through the embeddings of the head whose entry declares the triplets (STS's: paper §4.2)
             sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
             pooled = _embed_sides(model, batch, sides)
-            head = next(t for t, e in model.entries.items() if e.triplets)
+            head = next((t for t, e in model.entries.items() if e.triplets), None)
+            if head is None:
+                raise ValueError(f"mnr: no task of the model ({', '.join(model.tasks)}) declares NLI triplets")
             z = [model.pair_embeddings(head, e) for e in pooled]  # each (B, D)
             return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
         return {"loss": kind_rule("mnr", PAIRS, task, model.kind_of(task))(cfg, model, task, batch, out)}

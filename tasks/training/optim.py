@@ -91,5 +91,5 @@ def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
     return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.step_batch_sizes(), cfg.schedule,
                              seed=cfg.seed, subsets=cfg.train_subsets,
                              max_examples_per_epoch={s: n for s, n in cfg.train_caps().items() if s in train_sets},
-                             swap={t: cfg.pair_swap for t in cfg.tasks if cfg.entries[t].kind.pair and t in train_sets},
+                             swap={t: cfg.pair_swap for t in cfg.tasks if cfg.entries[t].symmetric and t in train_sets},
                              first=first)

@@ -138,6 +138,18 @@ def test_ensemble_teacher_averages_probabilities_and_scores(tmp_path):
         assert torch.allclose(got, expected.float(), atol=1e-6), task
 
 
+def test_a_users_task_is_distilled_from_its_teachers_logits(tmp_path):
+    """A user's task (its entry, as a run resolves it) reads its teachers' {name}-train-logits.csv as SST does."""
+    from tasks.task import Layout, Task
+
+    mine = Task("mine", get_task("sst").kind, {}, Layout(("t",), "y"), classes=("a", "b", "c"))
+    ids = ["x", "y"]
+    logits = torch.tensor([[1.0, 0.0, -1.0], [0.0, 2.0, 0.0]])
+    write_logits(tmp_path / "t", mine, "train", Predictions(ids, logits, logits.argmax(-1)))
+    got = load_teachers([str(tmp_path / "t")], mine).lookup("mine", ["y", "x"])
+    assert torch.allclose(got, logits.softmax(-1)[[1, 0]])
+
+
 def test_missing_teacher_ids_and_files_are_errors_naming_the_file(tmp_path):
     """An id absent from the teacher file, a teacher without train logits, or no teacher at all is refused."""
     _write_teacher(tmp_path / "t", ["a", "b"], 0)

@@ -275,3 +275,20 @@ def test_a_pair_classification_of_three_classes_is_refused_before_any_data(tmp_p
     with pytest.raises(ValueError, match="mnr ranks a pair classification's positive pairs, which needs two classes, "
                                          "and task 'three' has 3"):
         cfg.validate()
+
+
+def test_a_users_two_class_pair_task_takes_mnr_over_its_positive_pairs_as_para_does():
+    """A user's two-class pair task (one logit, as Quora's) is configured for MNR as "para" is: with
+    para_positives, its config is taken, by the objective's check and by a run's; without, the run's check refuses
+    the contradiction, as for para."""
+    from tasks.task import PAIR_BINARY, Layout, Task, Tasks
+    from tasks.train_config import TrainConfig
+
+    dup = Task("dup", PAIR_BINARY, {}, Layout(("a", "b"), "y"), classes=("0", "1"), symmetric=True)
+    entries = Tasks([dup])
+    _, config = objective_config("mnr", {"tasks": ["sts", "dup"], "para_positives": True}, entries)
+    run = TrainConfig(tasks=("sst", "para", "sts", "dup"), user_tasks=[dup], model=ModelConfig(pair_encoding="siamese"))
+    MultipleNegativesRanking.check_run(config, run)
+    _, config = objective_config("mnr", {"tasks": ["sts", "dup"]}, entries)
+    with pytest.raises(ValueError, match="para_positives must agree"):
+        MultipleNegativesRanking.check_run(config, run)

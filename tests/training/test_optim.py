@@ -56,3 +56,18 @@ def test_warmup_linear_rises_to_the_peak_then_decays_to_zero_or_stays(decay):
         assert warmup_linear(1.0, 10, total=10, warm=4) == 0.0
     else:
         assert lrs[4:] == [1.0] * 6
+
+
+def test_pair_swap_shows_only_pairs_without_order_in_the_other_order():
+    """--pair-swap is order augmentation: a pair whose relation has no order (Quora's, STS's, MRPC's: the entry's
+    ``symmetric``) may be shown as (b, a); one with an order (RTE's premise and hypothesis) never is, as its
+    evaluation never scores it so (``symmetric_eval``)."""
+    from types import SimpleNamespace
+
+    from tasks.train_config import TrainConfig
+    from tasks.training.optim import build_schedule
+
+    cfg = TrainConfig(tasks=("sst", "para", "sts", "mrpc", "rte"), pair_swap=0.5, max_train_examples={},
+                      dev_max_examples={}, sst_phrases={"file": None})
+    sets = {t: SimpleNamespace(lengths=[8] * 16) for t in cfg.tasks}
+    assert build_schedule(cfg, sets).swap == {"para": 0.5, "sts": 0.5, "mrpc": 0.5}
