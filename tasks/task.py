@@ -1063,8 +1063,11 @@ _REGISTRY: dict[str, Task] = {}  # the package's entries (tasks/cs224n/, tasks/g
 
 
 def _declared_by(task: Task) -> str:
+    """Where ``task`` was declared, for a message: its task file, the package's file, or nothing known."""
     by, package = task.origin.get("file"), task.origin.get("package")
-    return f" (by {by})" if by else f" (by this package's {package})" if package else " (a task this package declares)"
+    if by or package:
+        return f" (by {by})" if by else f" (by this package's {package})"
+    return " (a task this package declares)" if _REGISTRY.get(task.name) is task else ""
 
 
 def _difference(a: Task, b: Task) -> str:

@@ -456,8 +456,17 @@ def runs_tasks(trained: Sequence[tuple[str, ...] | None], entries: Tasks) -> lis
 
 def runs_entries(run_dirs: Sequence[str | os.PathLike[str]]) -> Tasks:
     """The tasks of the runs resolved once: the package's and each run's own (its config.json's, as it saved them:
-    ``saved_entries``); one name the runs declare otherwise is a ValueError saying what differs."""
-    return Tasks(entry for d in run_dirs for entry in saved_entries(d))
+    ``saved_entries``); a run that declares a name otherwise than the runs before it is a ValueError naming the
+    run and what differs."""
+    own: list[Task] = []
+    for run_dir in run_dirs:
+        theirs = saved_entries(run_dir)
+        try:
+            Tasks([*own, *theirs])
+        except ValueError as e:
+            raise ValueError(f"{run_dir}: {e}") from None
+        own += theirs
+    return Tasks(own)
 
 
 def ensemble_runs(args: EnsembleConfig, entries: Tasks | None = None

@@ -16,10 +16,12 @@ from tasks.evaluation.ensembling import (
     ensemble_task,
     fit_regression,
     predict,
+    runs_entries,
     select_subset,
     write_submission_zip,
 )
 from tasks.evaluation.metrics import score
+from tasks.task import get_task
 from tests.helpers import ENSEMBLE_N, ensemble_labels, model_logits, write_run_logits
 
 N = ENSEMBLE_N
@@ -219,3 +221,24 @@ def test_selective_two_fold_score_is_computed_on_the_half_the_subset_never_saw()
     dev = _task_logits("para", y, models)
     full = ensemble_task("para", dev, y, None, "selective", seed=0)
     assert full.holdout["selective"] == res["selective"]
+
+
+def test_runs_that_declare_one_task_otherwise_are_refused_naming_the_run(tmp_path):
+    """The runs of an ensemble resolve their tasks together (runs_entries: each run's own, as its config.json saved
+    them); a run whose task of a name another run declares differs (other classes) is named in one line, with what
+    differs, before anything is read or written."""
+    import json
+
+    from tasks.task import Layout, Task
+    from tasks.train_config import TrainConfig
+
+    def saved_run(folder, classes):
+        task = Task("x", get_task("sst").kind, {}, Layout(("t",), "y"), classes=classes)
+        folder.mkdir()
+        (folder / "config.json").write_text(json.dumps(TrainConfig(tasks=("sst", "x"), user_tasks=[task]).to_dict()))
+        return folder
+
+    a, b = saved_run(tmp_path / "a", ("n", "p")), saved_run(tmp_path / "b", ("n", "o", "p"))
+    assert runs_entries([a, a])["x"].classes == ("n", "p")
+    with pytest.raises(ValueError, match=rf"^{b}: task 'x' is already declared otherwise.*classes \["):
+        runs_entries([a, b])
