@@ -23,6 +23,8 @@ sweep on one machine, never across machines.
 
 Usage:
     python -m experiments.front --out-dir runs/front --jobs 2 --threads 1 [--seeds 0 1 2] [--only POINT ...]
+    python -m experiments.front --reference e2 ...   # points paired with today's default instead (a machine kind
+                                                      # without e3 runs: the quick preset's choice)
 
 Writes ``<out-dir>/front.json``, ``front.md`` (the table) and ``front.png`` (overall and its paired difference
 against minutes, each point with its seeds' 95% interval).
@@ -71,6 +73,12 @@ POINTS: dict[str, tuple[str, list[str]]] = {
     "e2-nodrop": ("2 epochs, no dropout in the encoder", ["--epochs", "2", "--encoder-dropout", "0"]),
     "e2-len64": ("2 epochs, sequences cut at 64 tokens", ["--epochs", "2", "--max-length", "64"]),
     "e2-frz2": ("2 epochs, the embeddings and the lowest 2 layers frozen", ["--epochs", "2", "--freeze-layers", "2"]),
+    "e1-half": ("1 epoch of 12,000 Quora pairs and 8,544 SST phrases, 1,000 Quora dev pairs scored after it",
+                ["--epochs", "1", "--max-train-examples", "para=12000", "--sst-phrases-per-epoch", "8544",
+                 "--dev-max-examples", "para=1000"]),
+    "e1-para6k": ("1 epoch of 6,000 Quora pairs and 8,544 SST phrases, 1,000 Quora dev pairs scored after it",
+                  ["--epochs", "1", "--max-train-examples", "para=6000", "--sst-phrases-per-epoch", "8544",
+                   "--dev-max-examples", "para=1000"]),
     "e2-dev1k": ("2 epochs, 1,000 Quora dev pairs scored between epochs instead of 3,000 (the final pass: all)",
                  ["--epochs", "2", "--dev-max-examples", "para=1000"]),
 }
@@ -108,12 +116,12 @@ class Verdict:
         return self.pairs >= 2 and self.low <= 0 <= self.high and self.delta >= -TOLERANCE
 
 
-def verdicts(results: dict[str, dict[int, dict]]) -> list[Verdict]:
+def verdicts(results: dict[str, dict[int, dict]], reference: str = REFERENCE) -> list[Verdict]:
     """Every point with a paired seed against the reference, fastest first."""
-    ref = values(results.get(REFERENCE, {}), "overall")
+    ref = values(results.get(reference, {}), "overall")
     out = []
     for point, per_seed in results.items():
-        if point == REFERENCE:
+        if point == reference:
             continue
         delta, low, high, n = interval(values(per_seed, "overall"), ref)
         if n:
@@ -121,12 +129,12 @@ def verdicts(results: dict[str, dict[int, dict]]) -> list[Verdict]:
     return sorted(out, key=lambda v: v.minutes)
 
 
-def choices(results: dict[str, dict[int, dict]]) -> dict[str, str | None]:
+def choices(results: dict[str, dict[int, dict]], reference: str = REFERENCE) -> dict[str, str | None]:
     """{"default": the fastest qualifying point, "quick": the best point, by mean overall, at about a third of
     the default's minutes (at most 40% of them; the reference's when none qualifies)} (None where none is
     measured)."""
-    found = verdicts(results)
-    ref_minutes = minutes(results.get(REFERENCE, {}))
+    found = verdicts(results, reference)
+    ref_minutes = minutes(results.get(reference, {}))
     qualifying = [v for v in found if v.qualifies and v.minutes < ref_minutes]
     default_minutes = qualifying[0].minutes if qualifying else ref_minutes
     cheap = [v for v in found if v.minutes <= 1.2 * QUICK_SHARE * default_minutes]
@@ -134,12 +142,12 @@ def choices(results: dict[str, dict[int, dict]]) -> dict[str, str | None]:
             "quick": max(cheap, key=lambda v: v.delta).point if cheap else None}
 
 
-def render(results: dict[str, dict[int, dict]]) -> str:
+def render(results: dict[str, dict[int, dict]], reference: str = REFERENCE) -> str:
     """The front's table: each point's minutes, dev scores (mean ± std over seeds) and paired Δ overall with its
-    95% t interval, fastest first; then the rule's choice."""
-    ref = results.get(REFERENCE, {})
+    95% t interval against ``reference``, fastest first; then the rule's choice."""
+    ref = results.get(reference, {})
     ref_minutes = minutes(ref)
-    found = {v.point: v for v in verdicts(results)}
+    found = {v.point: v for v in verdicts(results, reference)}
     order = sorted(results, key=lambda p: minutes(results[p]))
     lines = []
     for point in order:
@@ -149,18 +157,18 @@ def render(results: dict[str, dict[int, dict]]) -> str:
         lines.append([f"`{point}`", what, str(len(per)), fmt(minutes(per), 1),
                       fmt(minutes(per) / ref_minutes, 2) if ref_minutes == ref_minutes else "–",
                       *(cell(list(values(per, k).values()), 4 if k == "overall" else 3) for k in KEYS),
-                      "" if point == REFERENCE else change_cell(values(per, "overall"), values(ref, "overall"), 4),
+                      "" if point == reference else change_cell(values(per, "overall"), values(ref, "overall"), 4),
                       "yes" if v is not None and v.qualifies else ""])
-    table = markdown_table(["point", "change", "seeds", "min", f"× {REFERENCE}", "SST acc", "Para acc", "STS r",
+    table = markdown_table(["point", "change", "seeds", "min", f"× {reference}", "SST acc", "Para acc", "STS r",
                             "overall", "Δ overall [95% t interval], paired", "qualifies"], lines)
-    chosen = choices(results)
+    chosen = choices(results, reference)
     rule = (f"Rule: the fastest point whose paired Δ overall has a 95% interval that includes 0 and a mean no more "
-            f"than {TOLERANCE} below {REFERENCE}'s. Chosen: {chosen['default'] or f'none ({REFERENCE} stays)'}; "
+            f"than {TOLERANCE} below {reference}'s. Chosen: {chosen['default'] or f'none ({reference} stays)'}; "
             f"the best point at about a third of its minutes: {chosen['quick'] or 'none measured'}.")
     return table + "\n\n" + rule + "\n"
 
 
-def plot(path: Path, results: dict[str, dict[int, dict]]) -> None:
+def plot(path: Path, results: dict[str, dict[int, dict]], reference: str = REFERENCE) -> None:
     """Two panels against minutes: dev overall (mean with its seeds' 95% t interval) and Δ overall paired with the
     reference (with its 95% t interval); each point labelled."""
     import matplotlib
@@ -168,7 +176,7 @@ def plot(path: Path, results: dict[str, dict[int, dict]]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ref = values(results.get(REFERENCE, {}), "overall")
+    ref = values(results.get(reference, {}), "overall")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for point, per in results.items():
         x = minutes(per)
@@ -177,17 +185,17 @@ def plot(path: Path, results: dict[str, dict[int, dict]]) -> None:
             continue
         m, s = mean_std(overall)
         half = t_quantile(0.95, len(overall) - 1) * s / math.sqrt(len(overall)) if len(overall) > 1 else 0.0
-        color = "tab:red" if point == REFERENCE else "tab:blue"
+        color = "tab:red" if point == reference else "tab:blue"
         axes[0].errorbar([x], [m], yerr=[half], fmt="o", color=color, capsize=3)
         axes[0].annotate(point, (x, m), fontsize=7, xytext=(4, 3), textcoords="offset points")
-        if point != REFERENCE:
+        if point != reference:
             delta, low, high, n = interval(values(per, "overall"), ref)
             if n:
                 err = [[delta - low], [high - delta]] if n > 1 else None
                 axes[1].errorbar([x], [delta], yerr=err, fmt="o", color=color, capsize=3)
                 axes[1].annotate(point, (x, delta), fontsize=7, xytext=(4, 3), textcoords="offset points")
     axes[0].set_ylabel("dev overall (mean, 95% t interval of the seeds)")
-    axes[1].set_ylabel(f"Δ overall vs {REFERENCE}, paired by seed (95% t interval)")
+    axes[1].set_ylabel(f"Δ overall vs {reference}, paired by seed (95% t interval)")
     axes[1].axhline(0, color="tab:red", lw=1)
     axes[1].axhline(-TOLERANCE, color="tab:red", lw=1, ls="--")
     for ax in axes:
@@ -205,8 +213,11 @@ def plot(path: Path, results: dict[str, dict[int, dict]]) -> None:
 class FrontOptions:
     """The experiment's own flags (beside the sweep's, experiments.sweep.SweepOptions)."""
 
-    only: list[str] | None = option(None, f"run these points only ({REFERENCE}, the reference, is always run: "
-                                          "the others pair with it)", nargs="+", metavar="POINT")
+    only: list[str] | None = option(None, "run these points only (--reference is always run: the others pair "
+                                          "with it)", nargs="+", metavar="POINT")
+    reference: str = option(REFERENCE, "the point every other is paired with and judged against by the rule: "
+                                       f"{REFERENCE}, the recipe the rule was set against, or today's default (e2) "
+                                       "on a machine kind whose e3 runs are not measured", metavar="POINT")
     table_only: bool = option(False, "run nothing: the table, the plot and front.json of the runs finished under "
                                      "--out-dir, each point with the seeds it has (of --seeds)")
 
@@ -221,11 +232,11 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = ap.parse_args(argv)
-    unknown = sorted(set(args.only or ()) - set(POINTS))
+    unknown = sorted((set(args.only or ()) | {args.reference}) - set(POINTS))
     if unknown:
         ap.error(f"--only {' '.join(unknown)}: points are {', '.join(POINTS)}")
     sweep = open_sweep(ap, args)
-    wanted = [p for p in POINTS if args.only is None or p in args.only or p == REFERENCE]
+    wanted = [p for p in POINTS if args.only is None or p in args.only or p == args.reference]
     t0 = time.perf_counter()
     runs = [(point, seed) for seed in args.seeds for point in wanted]  # seed by seed: an early stop has whole pairs
     if not args.table_only:
@@ -234,14 +245,14 @@ def main(argv: list[str] | None = None) -> dict:
     if args.dry_run:
         return {}
     results = collect(sweep, list(POINTS), args.seeds)
-    text = render(results)
+    text = render(results, args.reference)
     summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads,
                "wall_s": round(time.perf_counter() - t0, 1), "flags": {p: f for p, (_, f) in POINTS.items()},
-               "choices": choices(results),
+               "reference": args.reference, "choices": choices(results, args.reference),
                "points": {p: {str(s): v for s, v in per.items()} for p, per in results.items()}}
     write_text(sweep.root / "front.json", json.dumps(summary, indent=2) + "\n")
     write_text(sweep.root / "front.md", text)
-    plot(sweep.root / "front.png", results)
+    plot(sweep.root / "front.png", results, args.reference)
     print(text)
     return results
 

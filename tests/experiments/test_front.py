@@ -82,3 +82,18 @@ def test_table_only_runs_nothing_and_renders_the_finished_runs(tmp_path, capsys,
     assert {p: sorted(v) for p, v in results.items()} == {REFERENCE: [0, 1, 2], "e2": [0, 1]}
     assert "python" not in capsys.readouterr().out.split("| point")[0]  # no command was started
     assert (tmp_path / "front.md").is_file() and (tmp_path / "front.png").is_file()
+
+
+def test_today_s_default_can_be_the_reference_and_quick_is_judged_against_its_minutes(tmp_path, capsys):
+    """--reference e2: every point is paired with today's default, which is always run; the rule keeps e2 where no
+    faster point qualifies, and quick is the best point at about a third of e2's minutes."""
+    results = _runs(tmp_path, {"e2": [0.767, 0.764, 0.766], "e1": [0.755, 0.752, 0.754],
+                               "e1-half": [0.746, 0.744, 0.745], "e1-para6k": [0.741, 0.737, 0.740]},
+                    {"e2": 18, "e1": 10, "e1-half": 7, "e1-para6k": 6})
+    assert choices(results, "e2") == {"default": None, "quick": "e1-half"}
+    text = render(results, "e2")
+    assert "× e2" in text and "none (e2 stays)" in text and "-0.0207 [" in text
+    front.main(["--out-dir", str(tmp_path / "sweep"), "--reference", "e2", "--only", "e1-half", "--seeds", "0",
+                "--dry-run"])
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
+    assert [c.split("]")[0][1:] for c in commands] == ["e2/seed0", "e1-half/seed0"]
