@@ -1092,6 +1092,14 @@ def get_task(task: str | Task) -> Task:
     return _REGISTRY[task]
 
 
+class UnknownTask(KeyError, ValueError):
+    """A name no entry has: a KeyError to a Mapping's protocol (``in`` on items, ``get``), a ValueError (one line
+    naming the known tasks) to a command's user errors."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 class Tasks(Mapping[str, Task]):
     """A run's tasks resolved once, by name: every entry this package declares (the course's, GLUE's) and the run's
     own (a config's ``user_tasks``: its task files' tasks, a saved run's GLUE entries), in the package's place
@@ -1099,8 +1107,8 @@ class Tasks(Mapping[str, Task]):
     to data, model, training, evaluation and ensembling, which read a task's entry here, never from a global:
     building one changes nothing else, so two runs in one process may each declare a task of one name.
 
-    ``tasks[name]`` is the entry (an entry given back as it is); an unknown name is a ValueError naming the known
-    ones. An entry of the run's under a name the package declares otherwise is a ValueError saying what differs
+    ``tasks[name]`` is the entry (an entry given back as it is); an unknown name is an ``UnknownTask`` (a KeyError
+    and a ValueError) naming the known ones. An entry of the run's under a name the package declares otherwise is a ValueError saying what differs
     (a run that kept its GLUE task as an older package declared it predicts with that package or not at all)."""
 
     def __init__(self, own: Iterable[Task] = ()) -> None:
@@ -1119,8 +1127,8 @@ class Tasks(Mapping[str, Task]):
         if isinstance(task, Task):
             return task
         if task not in self._entries:
-            raise ValueError(f"unknown task {task!r}; tasks are {list(self._entries)} (declare your own with "
-                             "--task-file)")
+            raise UnknownTask(f"unknown task {task!r}; tasks are {list(self._entries)} (declare your own with "
+                              "--task-file)")
         return self._entries[task]
 
     def __contains__(self, name: object) -> bool:
@@ -1286,6 +1294,6 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
 __all__ = ("BUILTIN", "COURSE_KEYS", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK",
            "OUTPUT_KEYS", "PAIR_BINARY", "PART1", "PRIOR_KINDS", "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes",
            "Classification", "Cosine", "DotProduct", "ExtraStream", "Head", "Kind", "Layout", "OneSequence", "Output",
-           "PairClassifier", "Prior", "Products", "Scores", "Task", "Tasks", "canonical_number", "from_declaration",
+           "PairClassifier", "Prior", "Products", "Scores", "Task", "Tasks", "UnknownTask", "canonical_number", "from_declaration",
            "get_task", "kind_for", "layout_from", "listed", "load_split", "mlp", "model_tasks", "task_names",
            "upgrade_entry")

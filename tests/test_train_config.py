@@ -136,3 +136,17 @@ def test_a_config_resolves_its_tasks_in_itself_and_declares_none_in_the_process(
     assert task_names() == before and "topic" not in TrainConfig().entries
     with pytest.raises(ValueError, match=r"unknown task\(s\) \['topic'\]"):
         TrainConfig(tasks=("sst", "topic"), max_train_examples={}, dev_max_examples={}).validate()
+
+
+def test_a_runs_tasks_are_a_mapping_whose_unknown_name_is_one_line():
+    """TrainConfig.entries behaves as a Mapping (``in`` on its items, ``dict()``), and an unknown name is one line
+    naming the known tasks, caught as a ValueError as a config's other refusals are."""
+    entries = TrainConfig().entries
+    sst = entries["sst"]
+    assert ("sst", sst) in entries.items() and ("nope", sst) not in entries.items()
+    assert dict(entries)["sst"] is sst and entries.get("nope") is None
+    with pytest.raises(ValueError) as refused:
+        entries["nope"]
+    assert str(refused.value).startswith("unknown task 'nope'; tasks are ['sst', 'para', 'sts'")
+    with pytest.raises(KeyError):
+        entries["nope"]
