@@ -59,22 +59,8 @@ def read_inputs(task: str | Task, source: str) -> list[Example]:
     for n, line in enumerate(lines, 1):
         if blank(line):  # white space or control characters alone
             continue
-        if not entry.kind.pair:
-            if "\t" in line:
-                raise ValueError(f"{where}: line {n} holds a tab: task {task} reads one sentence a line; two "
-                                 "tab-separated sentences are a pair task's input (para, sts)")
-            examples.append(Example(str(n), line.strip()))
-            continue
-        parts = line.split("\t")
-        if len(parts) != 2:
-            tabs = len(parts) - 1
-            raise ValueError(f"{where}: line {n}: expected two sentences separated by one tab (task {task}), found "
-                             + ("no tab" if not tabs else f"{tabs} tabs"))
-        empty = next((which for which, x in zip(("first", "second"), parts) if blank(x)), None)
-        if empty is not None:
-            raise ValueError(f"{where}: line {n}: the {empty} sentence of the pair is empty; task {task} reads two "
-                             "sentences separated by one tab a line")
-        examples.append(Example(str(n), parts[0].strip(), parts[1].strip()))
+        texts = entry.kind.line_texts(entry, line, f"{where}: line {n}")  # a sentence, or a tab-separated pair
+        examples.append(Example(str(n), *texts))
     return examples
 
 

@@ -54,8 +54,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.data.datasets import PairDataset, SentenceDataset
-from tasks.data.readers import (COURSE_FORMAT, Column, Example, FileFormat, ReadReport, class_label, log_report,
-                                read_examples)
+from tasks.data.readers import (COURSE_FORMAT, Column, Example, FileFormat, ReadReport, blank, class_label,
+                                log_report, read_examples)
 
 logger = logging.getLogger(__name__)
 
@@ -121,6 +121,25 @@ class Kind(abc.ABC):
         if bad is not None:
             raise ValueError(f"{task.name} reads one sentence each: input {bad} is {inputs[bad]!r}")
         return [Example(str(i), t) for i, t in enumerate(inputs)]
+
+    def line_texts(self, task: Task, line: str, where: str) -> tuple[str] | tuple[str, str]:
+        """The texts of one line of the predict command's input (tasks/predict.py): a sentence, or a pair's two
+        sentences separated by one tab; a ValueError naming ``where`` (its file and line) for any other line."""
+        if not self.pair:
+            if "\t" in line:
+                raise ValueError(f"{where} holds a tab: task {task.name} reads one sentence a line; two "
+                                 "tab-separated sentences are a pair task's input (para, sts)")
+            return (line.strip(),)
+        parts = line.split("\t")
+        if len(parts) != 2:
+            tabs = len(parts) - 1
+            raise ValueError(f"{where}: expected two sentences separated by one tab (task {task.name}), found "
+                             + ("no tab" if not tabs else f"{tabs} tabs"))
+        empty = next((which for which, x in zip(("first", "second"), parts) if blank(x)), None)
+        if empty is not None:
+            raise ValueError(f"{where}: the {empty} sentence of the pair is empty; task {task.name} reads two "
+                             "sentences separated by one tab a line")
+        return parts[0].strip(), parts[1].strip()
 
     def file_label(self, label: int | float) -> int | float:
         """A label as a data file of this kind writes it (tasks/perturb.py): as it is read."""

@@ -178,7 +178,6 @@ def test_no_module_outside_the_registry_compares_a_task_name():
 # declaration (its kind's text columns, its classes or range); and the modules not moved onto the kinds' methods
 # yet (issue 69).
 KIND_QUESTIONS = {
-    "tasks/predict.py": {"pair"},
     "tasks/task_file.py": {"pair", "classification"},
     "tasks/perturb.py": {"classification"},
     "tasks/training/attacks.py": {"classification"},
