@@ -72,7 +72,7 @@ from experiments.token_budget import recipe_tokens
 from minbert.pretrained import load_pretrained
 from tasks import arguments
 from tasks.cli import Parser, describe
-from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble, runs_entries
+from tasks.evaluation.ensembling import EnsembleConfig, check_ensemble, make_ensemble, read_runs
 from tasks.evaluation.ensembling import METHODS
 from tasks.evaluation.metrics import overall_score, task_metric
 from tasks.options import add_options, option
@@ -238,8 +238,9 @@ def main(argv: list[str] | None = None) -> dict:
     config = EnsembleConfig(runs=[str(sweep.root / m) for m in members], method=args.method,
                             data_dir=args.data_dir, out_dir=str(ens_dir))
     check_ensemble(config)
-    summary, _ = make_ensemble(config)
-    whole = _overall(summary, runs_entries(config.runs))
+    runs = read_runs(config.runs)
+    summary, _ = make_ensemble(config, runs)
+    whole = _overall(summary, runs[1])
     result = {"members": members, "method": args.method, "extra_flags": extra, "first_seed": args.first_seed,
               "honest_overall": whole if args.method == "simple" else summary.get("holdout_overall"),
               "holdout_overall": summary.get("holdout_overall"),

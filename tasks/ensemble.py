@@ -64,7 +64,7 @@ from tasks.evaluation.ensembling import (
     TaskResult,
     check_ensemble,
     format_table,
-    runs_entries,
+    read_runs,
     make_ensemble,
     run_names,
 )
@@ -100,13 +100,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
 
 
 def _ensemble(config: EnsembleConfig) -> dict:
-    summary, results = make_ensemble(config)
+    runs = read_runs(config.runs)
+    summary, results = make_ensemble(config, runs)
     open_log(Path(config.out_dir), "ensemble.log")
     names = run_names(config.runs, config.names)
     model_names = {t: r.model_names(names) for t, r in results.items()}
     out_dir = Path(config.out_dir)
     tasks = list(results)  # the tasks ensembled, in the order ensembled
-    entries = runs_entries(config.runs)
+    entries = runs[1]
     def per_run(values: Callable[[TaskResult], Sequence]) -> list[tuple[str, dict[str, float]]]:
         """A table row per input run: its value in each task it is a model of ("-" where a specialist is not)."""
         cells = {t: results[t].by_run(values(results[t])) for t in tasks}

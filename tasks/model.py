@@ -49,7 +49,7 @@ from torch import nn
 
 from minbert.bert import BertModel
 from tasks.options import option
-from tasks.task import MULTITASK, Head, Kind, Task, Tasks, mlp, model_tasks
+from tasks.task import MULTITASK, PACKAGE, Head, Kind, Task, Tasks, mlp, model_tasks
 
 # ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
 
@@ -163,7 +163,7 @@ class MultitaskBert(nn.Module):
         if config.pooling == "pooler" and encoder.pooler is None:
             raise ValueError("pooling='pooler' needs an encoder with a pooler")
         # Its tasks' entries (``entries``: the run's, TrainConfig.entries; default: the package's), by task.
-        entries = entries if entries is not None else Tasks()
+        entries = entries if entries is not None else PACKAGE
         self.entries: dict[str, Task] = {t: entries[t] for t in self.tasks}
         entries = list(self.entries.values())
         # What each task's kind builds for this arch and pair encoding: sizes and rules, no module (its parts are

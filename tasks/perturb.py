@@ -31,7 +31,7 @@ import torch
 
 from tasks.data.readers import Example
 from tasks.storage import write_text
-from tasks.task import Task, Tasks, get_task
+from tasks.task import PACKAGE, Task, Tasks, get_task
 
 
 # ---- perturbations of one task's training examples ----
@@ -124,7 +124,7 @@ def perturbed_data_dir(src: Path, dst: Path, changed: dict[str, list[Example]], 
     """A data directory whose train files for ``changed`` tasks (of ``tasks``; default: the package's) are
     rewritten; everything else is linked. A task whose train file is not a name in the data directory (a user's
     task reads its own files) is a ValueError."""
-    tasks = tasks if tasks is not None else Tasks()
+    tasks = tasks if tasks is not None else PACKAGE
     own = [t for t in changed if Path(tasks[t].files["train"]).name != tasks[t].files["train"]]
     if own:
         raise ValueError(f"task {own[0]!r} reads its own train file ({tasks[own[0]].files['train']}), not one in "

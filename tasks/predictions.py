@@ -34,7 +34,7 @@ import torch
 from tasks.data.readers import csv_records
 from tasks.storage import write_text
 from tasks.config_versions import upgrade
-from tasks.task import Task, Tasks, get_task
+from tasks.task import PACKAGE, Task, Tasks, get_task
 
 SPLITS = ("train", "dev", "test")  # train: soft targets for distillation
 
@@ -249,7 +249,7 @@ def read_predictions(path: str | os.PathLike[str], task: str | None = None, task
     another task's ``id,label`` file, its labels read back to class ids). A class id is checked against the task's
     classes.
     """
-    tasks = tasks if tasks is not None else Tasks()
+    tasks = tasks if tasks is not None else PACKAGE
     entries = list(tasks.values())
     column_task: dict[str, object] = {}
     for t in entries:  # a column two tasks share is read as the first declared's (SST before CFIMDB)
@@ -305,7 +305,7 @@ def logits_path(run_dir: str | os.PathLike[str], task: str, split: str) -> Path:
     return direct
 
 
-def _saved_run(run_dir: str | os.PathLike[str]) -> tuple[tuple[str, ...], list[Task]] | None:
+def saved_run(run_dir: str | os.PathLike[str]) -> tuple[tuple[str, ...], list[Task]] | None:
     """(the tasks a training run was trained on, its own entries as it saved them: its task files' tasks, its
     GLUE tasks') of its ``config.json`` beside or above ``predictions/``; None for a folder of logits with no
     training config (an ensemble's output)."""
@@ -330,15 +330,8 @@ def _saved_run(run_dir: str | os.PathLike[str]) -> tuple[tuple[str, ...], list[T
 def trained_tasks(run_dir: str | os.PathLike[str]) -> tuple[str, ...] | None:
     """The tasks a training run was trained on (its ``config.json``, beside or above ``predictions/``); None
     for a folder of logits with no training config (an ensemble's output): it is taken to have every task."""
-    saved = _saved_run(run_dir)
+    saved = saved_run(run_dir)
     return saved[0] if saved is not None else None
-
-
-def saved_entries(run_dir: str | os.PathLike[str]) -> list[Task]:
-    """A training run's own task entries as its ``config.json`` saved them (a user's task files' tasks, its GLUE
-    tasks'); none for a folder of logits alone."""
-    saved = _saved_run(run_dir)
-    return saved[1] if saved is not None else []
 
 
 def task_members(trained: Sequence[tuple[str, ...] | None], task: str) -> list[int]:

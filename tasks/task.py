@@ -1104,11 +1104,7 @@ def _difference(a: Task, b: Task) -> str:
 def get_task(task: str | Task) -> Task:
     """The entry this package declares of the task named ``task`` (an entry is given back as it is); a ValueError
     naming the package's tasks. A run's own tasks are its config's (TrainConfig.entries), never looked up here."""
-    if isinstance(task, Task):
-        return task
-    if task not in _REGISTRY:
-        raise ValueError(f"unknown task {task!r}; tasks are {list(_REGISTRY)} (declare your own with --task-file)")
-    return _REGISTRY[task]
+    return PACKAGE[task]
 
 
 class UnknownTask(KeyError, ValueError):
@@ -1127,8 +1123,9 @@ class Tasks(Mapping[str, Task]):
     building one changes nothing else, so two runs in one process may each declare a task of one name.
 
     ``tasks[name]`` is the entry (an entry given back as it is); an unknown name is an ``UnknownTask`` (a KeyError
-    and a ValueError) naming the known ones. An entry of the run's under a name the package declares otherwise is a ValueError saying what differs
-    (a run that kept its GLUE task as an older package declared it predicts with that package or not at all)."""
+    and a ValueError) naming the known ones. An entry of the run's under a name the package declares otherwise is
+    a ValueError saying what differs (a run that kept its GLUE task as an older package declared it predicts with
+    that package or not at all)."""
 
     def __init__(self, own: Iterable[Task] = ()) -> None:
         entries = dict(_REGISTRY)
@@ -1280,6 +1277,8 @@ BUILTIN = tuple(_register_file(COURSE_DIR / f"{name}.json") for name in ("sst", 
 GLUE_DIR = Path(__file__).resolve().parent / "glue"  # a task file per GLUE task
 GLUE = tuple(_register_file(f, {"package": f"tasks/glue/{f.name}"}) for f in sorted(GLUE_DIR.glob("*.json")))
 
+PACKAGE = Tasks()  # the package's tasks alone, resolved once: get_task's, and the default of a run's own
+
 
 def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], limit: int | None = None
                ) -> tuple[list[Example], ReadReport] | None:
@@ -1311,8 +1310,8 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
 
 
 __all__ = ("BUILTIN", "COURSE_KEYS", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK",
-           "OUTPUT_KEYS", "PAIR_BINARY", "PART1", "PRIOR_KINDS", "SPLITS", "TASK_FILE_KEYS", "Binary", "Classes",
-           "Classification", "Cosine", "DotProduct", "ExtraStream", "Head", "Kind", "Layout", "OneSequence", "Output",
-           "PairClassifier", "Prior", "Products", "Scores", "Task", "Tasks", "UnknownTask", "canonical_number", "from_declaration",
-           "get_task", "kind_for", "layout_from", "listed", "load_split", "mlp", "model_tasks", "task_names",
-           "upgrade_entry")
+           "OUTPUT_KEYS", "PACKAGE", "PAIR_BINARY", "PART1", "PRIOR_KINDS", "SPLITS", "TASK_FILE_KEYS", "Binary",
+           "Classes", "Classification", "Cosine", "DotProduct", "ExtraStream", "Head", "Kind", "Layout", "OneSequence",
+           "Output", "PairClassifier", "Prior", "Products", "Scores", "Task", "Tasks", "UnknownTask",
+           "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "listed", "load_split", "mlp",
+           "model_tasks", "task_names", "upgrade_entry")

@@ -6,8 +6,8 @@
   ``ensemble_task``, which runs one of them on a task's dev and test logits
   with its honest held-out score.
 - Reading the runs: each run's ``{task}-{split}-logits.csv`` aligned by id
-  and which tasks a run was trained on (tasks.predictions' ``load_task_logits``
-  and ``trained_tasks``), and the dev labels (``dev_labels``).
+  and which tasks a run was trained on with the tasks the runs declare
+  (tasks.predictions' ``load_task_logits``, ``read_runs``), and the dev labels (``dev_labels``).
 - ``write_submission_zip``: the CS224N submission zip of the code and the
   leaderboard files.
 - The ensemble the command makes: its options (``EnsembleConfig``), checked
@@ -41,9 +41,8 @@ from tasks.predictions import (
     Predictions,
     TaskLogits,
     load_task_logits,
-    saved_entries,
+    saved_run,
     task_members,
-    trained_tasks,
     write_logits,
     write_predictions,
 )
@@ -52,7 +51,7 @@ from tasks.storage import atomic_file, staged_files, write_text
 
 logger = logging.getLogger(__name__)
 from tasks.evaluation.metrics import task_metric, overall_score, score
-from tasks.task import MULTITASK, Task, Tasks, get_task, load_split
+from tasks.task import MULTITASK, PACKAGE, Task, Tasks, get_task, load_split
 from tasks.options import option
 from tasks.outdir import ENSEMBLE, check_kind, mark, replacing
 
@@ -254,7 +253,7 @@ def ensemble_task(task: str | Task, dev: TaskLogits, labels: torch.Tensor | None
     model_scores = [scored(predict(task, x)) for x in dev.logits]
     simple_dev = average(task, dev.logits)
     simple_score = scored(simple_dev[1])
-    result = TaskResult(get_task(task), model_scores, simple_score, simple_score, list(range(n_models)),
+    result = TaskResult(task, model_scores, simple_score, simple_score, list(range(n_models)),
                         runs=list(range(n_models)))  # ensemble_runs maps them to its input runs
 
     def finish(dev_out: tuple[torch.Tensor, torch.Tensor], test_fn) -> TaskResult:
@@ -325,7 +324,7 @@ def _pred_dtype(task: str | Task, preds: torch.Tensor) -> torch.Tensor:
 def format_table(rows: list[tuple[str, dict[str, float]]], tasks: Sequence[str], entries: Tasks | None = None) -> str:
     """A fixed-width table: name, one column per task metric (of ``entries``: the runs'; default: the package's),
     overall."""
-    entries = entries if entries is not None else Tasks()
+    entries = entries if entries is not None else PACKAGE
     width = max([len(name) for name, _ in rows] + [10])
     header = f"{'':<{width}}  " + "  ".join(f"{entries[t].table_title:>8}" for t in tasks) + f"  {'overall':>8}"
     lines = [header]
@@ -448,37 +447,48 @@ def check_ensemble(config: EnsembleConfig) -> None:
 
 
 def runs_tasks(trained: Sequence[tuple[str, ...] | None], entries: Tasks) -> list[str]:
-    """Every task of the runs (their ``trained_tasks``; a run without a training config: the project's three), in
+    """Every task of the runs (the tasks each was trained on, ``read_runs``; a run without a training config: the project's three), in
     the order of their ``entries`` (``runs_entries``)."""
     have = {t for own in trained for t in (own if own is not None else MULTITASK)}
     return [t for t in entries if t in have]
 
 
-def runs_entries(run_dirs: Sequence[str | os.PathLike[str]]) -> Tasks:
-    """The tasks of the runs resolved once: the package's and each run's own (its config.json's, as it saved them:
-    ``saved_entries``); a run that declares a name otherwise than the runs before it is a ValueError naming the
-    run and what differs."""
+Runs = tuple[list[tuple[str, ...] | None], Tasks]  # what ``read_runs`` gives
+
+
+def read_runs(run_dirs: Sequence[str | os.PathLike[str]]) -> Runs:
+    """Each run's config.json read once (``saved_run``): the tasks each run was trained on (None: a folder of
+    logits alone, taken to have every task), and the runs' tasks resolved once (the package's and each run's own,
+    as it saved them); a run that declares a name otherwise than the runs before it is a ValueError naming the run
+    and what differs."""
+    trained: list[tuple[str, ...] | None] = []
     own: list[Task] = []
     for run_dir in run_dirs:
-        theirs = saved_entries(run_dir)
+        saved = saved_run(run_dir)
+        theirs = saved[1] if saved is not None else []
         try:
             Tasks([*own, *theirs])
         except ValueError as e:
             raise ValueError(f"{run_dir}: {e}") from None
         own += theirs
-    return Tasks(own)
+        trained.append(saved[0] if saved is not None else None)
+    return trained, Tasks(own)
 
 
-def ensemble_runs(args: EnsembleConfig, entries: Tasks | None = None
+def runs_entries(run_dirs: Sequence[str | os.PathLike[str]]) -> Tasks:
+    """The runs' tasks resolved once (``read_runs``)."""
+    return read_runs(run_dirs)[1]
+
+
+def ensemble_runs(args: EnsembleConfig, runs: Runs | None = None
                   ) -> tuple[dict[str, TaskResult], list[str], list[str]]:
     """Read every task's logits and labels and ensemble them; nothing is written (a bad file stops it all).
-    ``entries``: the runs' tasks (``runs_entries``, read when None). Returns (results, skipped outputs, what the
+    ``runs``: ``read_runs`` of ``args.runs`` (read when None). Returns (results, skipped outputs, what the
     submission lacks: ``missing_test_ids``)."""
     results: dict[str, TaskResult] = {}
     skipped: list[str] = []
     incomplete: list[str] = []
-    trained = [trained_tasks(d) for d in args.runs]
-    entries = entries if entries is not None else runs_entries(args.runs)
+    trained, entries = runs if runs is not None else read_runs(args.runs)
     for task in args.tasks or runs_tasks(trained, entries):
         entry = entries[task]  # an unknown name: one line naming the known tasks
         runs = task_members(trained, task)
@@ -533,15 +543,17 @@ def _json_score(value: float) -> float | None:
     return value if math.isfinite(value) else None
 
 
-def make_ensemble(config: EnsembleConfig) -> tuple[dict, dict[str, TaskResult]]:
-    """Ensemble the runs of a checked ``config`` (``check_ensemble``) into its out_dir: predictions/, the submission
-    zip and ensemble.json, written so that a failure leaves out_dir as it was. Returns (the summary, also
+def make_ensemble(config: EnsembleConfig, runs: Runs | None = None) -> tuple[dict, dict[str, TaskResult]]:
+    """Ensemble the runs of a checked ``config`` (``check_ensemble``; ``runs``: their ``read_runs``, read when None)
+    into its out_dir: predictions/, the submission zip and ensemble.json, written so that a failure leaves out_dir
+    as it was. Returns (the summary, also
     ensemble.json; every task's TaskResult). A bad or missing input file is a ValueError / FileNotFoundError
     naming it; what the submission lacks is a SUBMISSION INCOMPLETE warning and the summary's "incomplete"."""
     names = run_names(config.runs, config.names)
     out_dir = Path(config.out_dir)
-    entries = runs_entries(config.runs)
-    results, skipped, incomplete = ensemble_runs(config, entries)
+    runs = runs if runs is not None else read_runs(config.runs)
+    entries = runs[1]
+    results, skipped, incomplete = ensemble_runs(config, runs)
     if not results:
         raise ValueError(f"no task had dev logits in {', '.join(config.runs)}; nothing to ensemble")
     model_names = {t: r.model_names(names) for t, r in results.items()}  # specialists are models of their tasks

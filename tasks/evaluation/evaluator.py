@@ -51,7 +51,7 @@ from tasks.predictions import Predictions, write_logits, write_part1, write_pred
 from tasks.evaluation.metrics import jsonable, overall_score, scores, selected_metrics
 from tasks.evaluation.priors import RunPriors, check_prior_models
 from tasks.model import MultitaskBert, TaskOutput
-from tasks.task import Task, Tasks, get_task
+from tasks.task import PACKAGE, Task, Tasks, get_task
 from tasks.objectives import Inference, Objective
 from tasks.outdir import PREDICTIONS, RUN, check_kind, check_writable_dir, locked, mark
 from tasks.checkpoint import best_of, check_encoder, load_model, verify_checkpoint
@@ -333,7 +333,7 @@ def apply_inference(inference: Inference, split: str, datasets: dict[str, Datase
     its "" classes replace the model's where it ``replaces``; on a labelled split every variant is scored (the
     plain ``metrics`` with its tasks' scores replaced, overall recomputed) and logged. ``tasks``: the run's
     (TrainConfig.entries; default: the package's)."""
-    tasks = tasks if tasks is not None else Tasks()
+    tasks = tasks if tasks is not None else PACKAGE
     variants = inference.classes(split, datasets)
     leaderboard = dict(preds)
     if inference.replaces:

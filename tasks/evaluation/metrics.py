@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import torch
 
-from tasks.task import Task, Tasks, get_task
+from tasks.task import PACKAGE, Task, Tasks, get_task
 
 
 # ---- the metrics --------------------------------------------------------------------------------------------
@@ -194,7 +194,7 @@ def scores(task: str | Task, preds: torch.Tensor, labels: torch.Tensor) -> dict[
 def _entries(tasks: Tasks | None) -> list[Task]:
     """The entries a record's keys are read against, in their order (the package's, then a run's own): ``tasks``
     (a run's: TrainConfig.entries), the package's when None."""
-    return list((Tasks() if tasks is None else tasks).values())
+    return list((PACKAGE if tasks is None else tasks).values())
 
 
 def _metric_of(key: str, tasks: list[Task]) -> tuple[Task, str] | None:
@@ -228,7 +228,7 @@ def selected_metrics(metrics: dict, select: Sequence[str] = (), tasks: Tasks | N
 def describe_selection(tasks: Sequence[str], select: Sequence[str] = (), entries: Tasks | None = None) -> str:
     """The overall score of a run on ``tasks`` (of ``entries``, the run's: TrainConfig.entries; default: the
     package's) in words: "the mean of sst_acc, para_acc, (sts_r + 1) / 2"."""
-    entries = Tasks() if entries is None else entries
+    entries = PACKAGE if entries is None else entries
     keys = selected_metrics({k: 0.0 for t in tasks for k in entries[t].metric_keys}, select, entries)
     parts = [f"({k} + 1) / 2" if METRICS[_metric_of(k, _entries(entries))[1]].correlation else k for k in keys]
     return parts[0] if len(parts) == 1 else f"the mean of {', '.join(parts)}"

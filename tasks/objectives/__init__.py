@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from tasks.options import json_value, option
-from tasks.task import Kind, Tasks
+from tasks.task import PACKAGE, Kind, Tasks
 
 REGISTRY: dict[str, type["Objective"]] = {}
 
@@ -218,7 +218,7 @@ def objective_config(name: str, overrides: dict[str, Any], entries: Tasks | None
     """(the registered class, its checked Config) of objective ``name`` with ``overrides``, the tasks it names
     checked against ``entries`` (a run's tasks, TrainConfig.entries; default: the package's); a ValueError naming
     the objective for an unknown name, an unknown option or a value its Config refuses."""
-    entries = entries if entries is not None else Tasks()
+    entries = entries if entries is not None else PACKAGE
     import_all()
     if name not in REGISTRY:
         raise ValueError(f"objective {name!r} is not registered: no module under tasks/objectives/, no "

@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import NLI
-from tasks.task import Binary, Scores, Tasks
+from tasks.task import PACKAGE, Binary, Scores, Tasks
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 
@@ -169,7 +169,7 @@ class MNRConfig(ObjectiveConfig):
         super().__post_init__()
         if not self.scale > 0:
             raise ValueError(f"mnr scale must be positive, got {self.scale}")
-        package = Tasks()  # a config naming the package's streams alone is judged now; one naming a run's: check_run
+        package = PACKAGE  # a config naming the package's streams alone is judged now; one naming a run's: check_run
         if all(t in package or t == NLI for t in self.tasks):
             self.check_positives(package)
 

@@ -231,7 +231,7 @@ def test_the_costliest_members_train_first(tiny_env, tmp_path, monkeypatch):
 
     monkeypatch.setattr(Sweep, "train", train)
     monkeypatch.setattr(leaderboard, "check_ensemble", lambda config: None)
-    monkeypatch.setattr(leaderboard, "make_ensemble", lambda config: ({
+    monkeypatch.setattr(leaderboard, "make_ensemble", lambda config, runs=None: ({
         "tasks": {task: {"ensemble_score": 0.5} for task in leaderboard.MULTITASK}, "submission": "s.zip"}, {}))
     flags = [f for f in _tiny_flags(tiny_env) if f not in ("--epochs", "2")]
     result = leaderboard.main(["--out-dir", str(tmp_path / "lb"), "--members", "4", "--data-dir", str(tiny_env[1]),
