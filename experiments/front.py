@@ -57,7 +57,7 @@ POINTS: dict[str, tuple[str, list[str]]] = {
     REFERENCE: ("the reference recipe: 3 epochs", ["--epochs", "3"]),
     "e2": ("2 epochs instead of 3 (today's default)", ["--epochs", "2"]),
     "e2-lr2": ("2 epochs, peak learning rate 2e-4", ["--epochs", "2", "--lr", "2e-4"]),
-    "e1": ("1 epoch (--preset quick)", ["--epochs", "1"]),
+    "e1": ("1 epoch", ["--epochs", "1"]),
     "e1-lr2": ("1 epoch, peak learning rate 2e-4", ["--epochs", "1", "--lr", "2e-4"]),
     "para12k": ("12,000 Quora pairs an epoch instead of 23,000",
                 ["--epochs", "3", "--max-train-examples", "para=12000"]),

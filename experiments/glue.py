@@ -11,13 +11,13 @@ the small ones (RTE, MRPC, STS-B) gain most; its RTE gain comes with MNLI beside
   rte+nli        RTE beside NLI pairs made from data/nli-train.csv's triplets (premise with its entailed and its
                  contradicting sentence: "entailment" / "contradiction", 7,500 an epoch), the nearest thing to
                  MNLI here; the best epoch by RTE
-  quick          the CS224N default in one epoch (--preset quick)
-  quick+glue4    the same with the four small tasks beside it (the best epoch by the CS224N overall, as always)
+  e1             the CS224N default in one epoch (--epochs 1)
+  e1+glue4       the same with the four small tasks beside it (the best epoch by the CS224N overall, as always)
 
 Each row runs once per seed in ``<out-dir>/<row>/seed<k>`` (``--save-only-model``); a finished run is reused and
 one cut short resumes (experiments/sweep.py). The table gives each GLUE task's dev metrics alone, beside the
 others (Δ against alone paired by seed with its 95% t interval, starred where it excludes 0), beside NLI (RTE) and beside the CS224N
-tasks, with run_glue's published bert-base dev scores; and the CS224N side: ``quick`` against ``quick+glue4``
+tasks, with run_glue's published bert-base dev scores; and the CS224N side: ``e1`` against ``e1+glue4``
 (overall, Δ, the wall-time ratio). ``--full`` runs the last pair on the whole default recipe instead
 (``default``, ``default+glue4``: three epochs, about three times as long).
 
@@ -85,8 +85,8 @@ def nli_task_file(root: Path, data_dir: str) -> Path:
 
 def rows(root: Path, data_dir: str, full: bool) -> dict[str, tuple[str, list[str]]]:
     """{row: (what it is, its flags)}; every setting a row depends on spelled out."""
-    recipe = EPOCHS if full else ["--preset", "quick"]
-    cs = "default" if full else "quick"
+    recipe = EPOCHS if full else ["--epochs", "1"]
+    cs = "default" if full else "e1"
     out = {f"alone/{t}": (f"{t} alone", [*EPOCHS, "--tasks", t, *(SST2_CAP if t == "sst2" else [])]) for t in GLUE}
     out["glue4"] = ("RTE, MRPC, CoLA, WNLI together", [*EPOCHS, "--tasks", *SMALL])
     out["rte+nli"] = ("RTE beside NLI pairs", [*EPOCHS, "--tasks", "rte", NLI_PAIRS, "--task-file",
@@ -108,7 +108,7 @@ def _values(per_seed: dict[int, dict], key: str) -> dict[int, float]:
 
 def render(results: dict[str, dict[int, dict]], full: bool) -> str:
     """The GLUE table (a column per metric: alone, beside the others, Δ paired) and the CS224N side."""
-    cs = "default" if full else "quick"
+    cs = "default" if full else "e1"
     alone = {key: _values(results.get(f"alone/{key.split('_')[0]}", {}), key) for key in COLUMNS}
     lines = [["bert-base, run_glue (published, 1 run)", "", *(f"{PUBLISHED[k]:.3f}" for k in COLUMNS), ""]]
     walls = {row: [v["wall_s"] for v in per.values() if v.get("wall_s") is not None] for row, per in results.items()}
@@ -155,7 +155,7 @@ class GlueOptions:
 
     only: list[str] | None = option(None, "run these rows only (e.g. alone/rte glue4)", nargs="+", metavar="ROW")
     full: bool = option(False, "the CS224N side on the whole default recipe (default, default+glue4) instead of "
-                               "--preset quick")
+                               "one epoch (e1, e1+glue4)")
 
 
 def build_parser() -> Parser:

@@ -38,10 +38,10 @@ Usage:
     python -m experiments.sst_levers --out-dir runs/sst-phrases --jobs 2 --threads 1 [--seeds 0 1 ...] [--only ROW ...]
     python -m experiments.sst_levers --out-dir runs/sst-phrases --jobs 2 --threads 1 --seeds 0 1 2 3 --full w0.5
 
-``--preset quick`` runs both arms as the default in one epoch (``<out-dir>/full-quick/...``).
+``--epochs 1`` runs both arms as the default in one epoch (``<out-dir>/full-e1/...``).
 
 Writes ``<out-dir>/sst_phrases.json`` and ``sst_phrases.md`` (the table); with ``--full``, ``full.json`` and
-``full.md`` (``full-<preset>.*``).
+``full.md`` (``full-e<epochs>.*``).
 """
 
 from __future__ import annotations
@@ -137,24 +137,24 @@ def full_flags(row: str) -> list[str]:
     return flags[len(SPECIALIST):]
 
 
-def full_root(preset: str | None) -> str:
-    """The confirmation runs' folder under the sweep's root: ``full`` for the default, ``full-<preset>``."""
-    return "full" if preset is None else f"full-{preset}"
+def full_root(epochs: int | None) -> str:
+    """The confirmation runs' folder under the sweep's root: ``full`` for three epochs, ``full-e<epochs>``."""
+    return "full" if epochs is None else f"full-e{epochs}"
 
 
-def run_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> None:
-    """The recipe (the default's at three epochs, or ``--preset preset``) + ``base``'s flags, and the same +
-    ``row``'s, over the seeds, a seed's two arms one after the other (next to each other with --jobs 2)."""
-    recipe = EPOCHS if preset is None else ["--preset", preset]
-    root = full_root(preset)
+def run_full(sweep: Sweep, row: str, seeds: list[int], epochs: int | None = None) -> None:
+    """The recipe (the default's at three epochs, or at ``epochs``) + ``base``'s flags, and the same + ``row``'s,
+    over the seeds, a seed's two arms one after the other (next to each other with --jobs 2)."""
+    recipe = EPOCHS if epochs is None else ["--epochs", str(epochs)]
+    root = full_root(epochs)
     runs = [(arm, seed) for seed in seeds for arm in (PARENT, row)]
     sweep.map(lambda rs: sweep.train(f"{root}/{rs[0]}/seed{rs[1]}", [*recipe, *full_flags(rs[0]), "--seed",
                                                                      str(rs[1])]), runs)
 
 
-def collect_full(sweep: Sweep, row: str, seeds: list[int], preset: str | None = None) -> dict[str, dict[int, dict]]:
+def collect_full(sweep: Sweep, row: str, seeds: list[int], epochs: int | None = None) -> dict[str, dict[int, dict]]:
     """{arm: {seed: {metric: value, "wall_s"}}} of the finished runs of ``run_full``."""
-    root = full_root(preset)
+    root = full_root(epochs)
     arms = sweep.collect([f"{root}/{PARENT}", f"{root}/{row}"], seeds,
                          lambda record: {k: record["dev"][k] for k in METRICS})
     return {name.split("/", 1)[1]: per_seed for name, per_seed in arms.items()}
@@ -192,7 +192,7 @@ class PhrasesOptions:
     only: list[str] | None = option(None, "run these rows only (base always)", choices=NAMES, nargs="+")
     full: str | None = option(None, "run this row on the whole default recipe against base's (no phrases), seed by "
                                     "seed", choices=[r for r in NAMES if r != PARENT], metavar="ROW")
-    preset: str | None = option(None, "with --full: both arms run this preset of train_multitask.py (e.g. quick: the "
+    epochs: int | None = option(None, "with --full: both arms train this many epochs instead of three (1: the "
                                       "default in one epoch)")
 
 
@@ -206,21 +206,21 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> dict:
     ap = build_parser()
     args = ap.parse_args(argv)
-    if args.preset is not None and args.full is None:
-        ap.error("--preset acts with --full ROW only (the screening rows are SST specialists)")
+    if args.epochs is not None and args.full is None:
+        ap.error("--epochs acts with --full ROW only (the screening rows are SST specialists)")
     sweep = open_sweep(ap, args)
     if args.full is not None:
         t0 = time.perf_counter()
-        run_full(sweep, args.full, args.seeds, args.preset)
+        run_full(sweep, args.full, args.seeds, args.epochs)
         if args.dry_run:
             return {}
-        full = collect_full(sweep, args.full, args.seeds, args.preset)
+        full = collect_full(sweep, args.full, args.seeds, args.epochs)
         text = render_full(full, args.full) + "\n"
         summary = {"seeds": args.seeds, "jobs": args.jobs, "threads": args.threads, "row": args.full,
-                   "preset": args.preset,
+                   "epochs": args.epochs,
                    "wall_s": round(time.perf_counter() - t0, 1), "flags": full_flags(args.full),
                    "arms": {a: {str(s): v for s, v in per.items()} for a, per in full.items()}}
-        write_report(sweep, full_root(args.preset), summary, text)
+        write_report(sweep, full_root(args.epochs), summary, text)
         return full
     wanted = [r for r in NAMES if args.only is None or r in args.only or r == PARENT]
     t0 = time.perf_counter()

@@ -44,8 +44,9 @@ class Command:
     """What to do with the configuration: the flags of train_multitask.py that are not configuration fields."""
 
     preset: str | None = option(None, "a paper configuration (§5.4): baseline (§4.1), b1, b2, b3; or quick: the "
-                                      "default recipe in one epoch, half its training (README 'Training'); "
-                                      "explicit flags override it", choices=tuple(PRESETS))
+                                      "default recipe in one epoch of about half its Quora pairs and phrases, "
+                                      "a third of its time (README 'Training'); explicit flags override it",
+                                choices=tuple(PRESETS))
     eval_only: bool = option(False, "no training: load --checkpoint and write dev and test predictions")
     checkpoint: str | None = option(None, "checkpoint directory for --eval-only (default <out-dir>/checkpoints/best; a "
                                           "run directory: its best) or --resume (default <out-dir>/checkpoints/last)",

@@ -162,11 +162,17 @@ def test_b_presets_are_paper_section_5_4():
     assert dataclasses.replace(b1, nli=False, objectives=b2.objectives) == b2
 
 
-def test_the_quick_preset_is_the_default_recipe_in_half_its_epochs():
-    """quick: the default recipe, every setting but one, in 1 epoch of the default's 2; flags override."""
+def test_the_quick_preset_is_the_fronts_point_at_about_a_third_of_the_default():
+    """quick: the time-versus-score front's e1-half (one epoch of fewer Quora pairs and phrases), every other
+    setting the default's; flags override."""
+    from experiments.front import POINTS
+
     quick, default = _preset("quick").to_dict(), TrainConfig().to_dict()
-    assert {k for k in default if quick[k] != default[k]} == {"epochs"}
+    assert quick == arguments.config_for(POINTS["e1-half"][1]).to_dict()
+    assert {k for k in default if quick[k] != default[k]} == {
+        "epochs", "max_train_examples", "sst_phrases", "dev_max_examples"}
     assert quick["epochs"] * 2 == default["epochs"]
+    assert quick["sst_phrases"] == {**default["sst_phrases"], "per_epoch": 8544}
     assert _preset("quick", "--seed", "4").seed == 4
 
 

@@ -56,13 +56,13 @@ def test_a_full_arm_is_the_default_plus_the_rows_own_flags_and_n17k_b64_is_the_d
         {k: v for k, v in default.to_dict().items() if not k.startswith("sst_phrases")}
 
 
-def test_full_runs_both_arms_seed_by_seed_on_the_preset(tmp_path, capsys):
-    sst_levers.main(["--out-dir", str(tmp_path), "--full", "w0.5", "--preset", "quick", "--seeds", "0", "1",
+def test_full_runs_both_arms_seed_by_seed_at_the_epochs_given(tmp_path, capsys):
+    sst_levers.main(["--out-dir", str(tmp_path), "--full", "w0.5", "--epochs", "1", "--seeds", "0", "1",
                       "--dry-run"])
-    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[full-quick/")]
-    assert [c.split("]")[0][1:] for c in commands] == ["full-quick/base/seed0", "full-quick/w0.5/seed0",
-                                                       "full-quick/base/seed1", "full-quick/w0.5/seed1"]
-    assert all("--preset quick" in c for c in commands)
+    commands = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[full-e1/")]
+    assert [c.split("]")[0][1:] for c in commands] == ["full-e1/base/seed0", "full-e1/w0.5/seed0",
+                                                       "full-e1/base/seed1", "full-e1/w0.5/seed1"]
+    assert all(" --epochs 1 " in c and "--epochs 3" not in c and "--preset" not in c for c in commands)
     assert "--sst-phrases-weight 0.5" in commands[1] and "--sst-phrases none --seed 0" in commands[0]
     assert "--tasks" not in " ".join(commands)
 
