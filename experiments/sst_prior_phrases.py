@@ -84,8 +84,9 @@ def score_run(run: Path, cfg: TrainConfig, dev: dict[str, tuple[torch.Tensor, in
               probes: dict[float, dict[str, torch.Tensor]]) -> dict[str, float]:
     """{OWN: the run's dev SST accuracy as saved, "w": with probe w in place of its own} for one run directory
     and its configuration ``cfg``."""
-    if cfg.priors.sst_weight <= 0 or "sst" not in cfg.tasks:
-        raise SystemExit(f"{run}: the run has no SST prior (sst_prior {cfg.priors.sst_weight}, tasks "
+    prior = cfg.priors_of().get("sst")
+    if prior is None:
+        raise SystemExit(f"{run}: the run has no SST prior (weight {cfg.prior_weights.get('sst')}, tasks "
                          f"{list(cfg.tasks)})")
     ids, saved = read_logits(run / "predictions" / "sst-dev-logits.csv")
     try:
@@ -94,10 +95,10 @@ def score_run(run: Path, cfg: TrainConfig, dev: dict[str, tuple[torch.Tensor, in
         raise SystemExit(f"{run}: dev id {e} is not in the SST dev file") from None
     y = torch.tensor([dev[i][1] for i in ids])
     own = probe_probabilities(load_tensors(run / "checkpoints" / "best" / prior_file("sst")), x)
-    head = head_probabilities(saved, own, cfg.priors.sst_weight)
+    head = head_probabilities(saved, own, prior.weight)
     scores = {OWN: (saved.argmax(-1) == y).float().mean().item()}
     for w, probe in probes.items():
-        mixed = (1 - cfg.priors.sst_weight) * head + cfg.priors.sst_weight * probe_probabilities(probe, x)
+        mixed = (1 - prior.weight) * head + prior.weight * probe_probabilities(probe, x)
         scores[str(w)] = (mixed.argmax(-1) == y).float().mean().item()
     return scores
 
@@ -148,7 +149,7 @@ def main(argv: list[str] | None = None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     configs = {r: run_config(r) for r in runs}
-    models = {cfg.priors.sst_model for cfg in configs.values()}
+    models = {cfg.prior_models.get("sst") for cfg in configs.values()}
     if len(models) != 1:
         ap.error(f"--runs: their SST priors use different encoders ({sorted(map(str, models))}); one at a time")
     cfg = TrainConfig(sst_phrases=PhrasesConfig(file=args.phrases))  # today's data: the SST files and the phrases

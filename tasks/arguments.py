@@ -2,7 +2,7 @@
 configuration a command line gives.
 
 Flags come from fields, through tasks.options (the one mechanism): the command's own (``Command``: what
-to do with the configuration), TrainConfig's and its nested configs' (ModelConfig, the priors', the SST
+to do with the configuration), TrainConfig's and its nested configs' (ModelConfig, the SST
 phrases', LP-FT's and SWA's: tasks/train_config.py, tasks/model.py; dests dotted, "swa.epochs"), and every
 registered objective's Config as ``--<objective>-<field>`` (tasks/objectives/); their help texts,
 choices and defaults are written there, once. Parsing keeps only the flags given (their defaults are
@@ -31,7 +31,7 @@ from tasks.cli import Parser
 from tasks.train_config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
 from tasks.model import ModelConfig
 from tasks.objectives import load_plugin, registered_objectives
-from tasks.options import add_options, flag_of_path, option, value_at
+from tasks.options import add_options, flag_of_path, fold_spelled, option, value_at
 from tasks.storage import read_json
 from tasks.task_file import read_task_file
 from tasks.training.run import check_run
@@ -128,7 +128,8 @@ def get_path(cfg: TrainConfig, path: str) -> Any:
     return value_at(cfg, path)
 
 
-MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batch_size")  # STREAM=VALUE fields
+STREAM_MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batch_size")  # STREAM=VALUE
+MAPPINGS = (*STREAM_MAPPINGS, "prior_weights", "prior_models")  # and the TASK=VALUE fields
 
 
 def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
@@ -163,7 +164,7 @@ def parse(argv: list[str] | None = None, parser: argparse.ArgumentParser | None 
     ns = vars(parser.parse_args(argv))
     command_fields = {f.name for f in dataclasses.fields(Command)}
     command = Command(**{k: v for k, v in ns.items() if k in command_fields})
-    explicit = {k: v for k, v in ns.items() if k not in command_fields}
+    explicit = fold_spelled(TrainConfig, {k: v for k, v in ns.items() if k not in command_fields})
     return command, explicit
 
 
@@ -276,9 +277,10 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     cfg = dataclasses.replace(cfg, user_tasks={**user_tasks, **again},
                               tasks=(*cfg.tasks, *(n for n in names if n not in cfg.tasks)))
     # Per-stream settings that come from the defaults or the preset follow --tasks / --no-nli
-    # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked.
+    # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked. A prior's setting
+    # of a task the run leaves out is idle, as before (TrainConfig.validate).
     streams = set(cfg.streams())
-    for path in MAPPINGS:
+    for path in STREAM_MAPPINGS:
         given = {k for k, _ in explicit.get(path, ())}
         setattr(cfg, path, {k: v for k, v in getattr(cfg, path).items() if k in streams or k in given})
     return cfg

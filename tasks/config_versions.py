@@ -226,6 +226,50 @@ def add_training_controls(d: dict[str, Any]) -> dict[str, Any]:
     return {**TRAINING_CONTROLS, **d}
 
 
+# ---- version 6: a task's prior set per task, as every task's is ----
+
+# Version 5's "priors" object (its defaults, today's too) -> the per-task map and task of version 6
+PRIORS_5 = {"sts_weight": 0.5, "sts_model": None, "sst_weight": 0.5, "sst_model": None}
+PER_TASK_PRIORS = {"sts_weight": ("prior_weights", "sts"), "sts_model": ("prior_models", "sts"),
+                   "sst_weight": ("prior_weights", "sst"), "sst_model": ("prior_models", "sst")}
+
+
+def per_task_priors(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 5 -> 6: the STS and SST priors' settings ("priors": {"sts_weight", "sts_model", "sst_weight",
+    "sst_model"}, which the two entries pointed to) become the per-task maps every task's declared prior reads:
+    "prior_weights": {"sts": W, "sst": W} and "prior_models": {"sts": DIR, ...} (an encoder of None left out: the
+    task's declared one, the embedded MiniLM). A file of some fields gives what it names over version 5's defaults
+    (today's); one without "priors" is left as it is. A setting given both ways is a ValueError."""
+    if "priors" not in d:
+        return d
+    priors = d["priors"]
+    if not isinstance(priors, dict):
+        raise ValueError(f"priors: {json.dumps(priors)} is not an object of its settings")
+    unknown = sorted(set(priors) - set(PRIORS_5))
+    if unknown:
+        raise ValueError(f"priors.{unknown[0]} is not a setting (priors: {', '.join(PRIORS_5)})")
+    if "prior_weights" in d or "prior_models" in d:
+        raise ValueError("priors and prior_weights / prior_models set the same priors: give them one way")
+    out = {k: v for k, v in d.items() if k != "priors"} | {"prior_weights": {}, "prior_models": {}}
+    for key, value in {**PRIORS_5, **priors}.items():
+        name, task = PER_TASK_PRIORS[key]
+        if key.endswith("_weight") and (isinstance(value, bool) or not isinstance(value, (int, float, str))
+                                        or isinstance(value, str) and not _number(value)):
+            shown = repr(value) if isinstance(value, str) else json.dumps(value)
+            raise ValueError(f"priors.{key}: {shown} is not a number")
+        if value is not None:
+            out[name][task] = value
+    return out
+
+
+def _number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
     return frozenset(".".join(names[f]) if f in names else f for f in fields)
 
@@ -274,6 +318,9 @@ _VERSION_1 = UNVERSIONED_FIELDS | {"sts_prior_model", *UNVERSIONED_ADDITIONS}
 _VERSION_2 = _renamed(_VERSION_1, NESTED_SETTINGS)
 
 
+_VERSION_5 = _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules", *TRAINING_CONTROLS}
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(from_unversioned, _VERSION_1),
     Migration(nest_settings, _VERSION_2, _OBJECTIVE_OPTIONS_2),
@@ -281,8 +328,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     # "objective_versions"): the built-in ones' version 1 is _OBJECTIVE_OPTIONS_2
     Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
     Migration(read_as_version_3, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
-    Migration(add_training_controls, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules",
-                                                   *TRAINING_CONTROLS}),
+    Migration(add_training_controls, _VERSION_5),
+    Migration(per_task_priors, _VERSION_5 - {f"priors.{k}" for k in PRIORS_5} | {"prior_weights", "prior_models"}),
 )
 
 
@@ -318,7 +365,8 @@ def upgrade(d: dict[str, Any]) -> dict[str, Any]:
         if version == 0 and nested:  # a saved run of version 2 or later that lost its version: not version 0's
             entries = d.get("user_tasks")
             # version 4's task entries say how their labels are matched; one without entries reads alike as 3
-            was = 4 if isinstance(entries, dict) and any("label_case" in e for e in entries.values()) else \
+            was = 6 if "prior_weights" in d else 5 if set(TRAINING_CONTROLS) <= set(d) else \
+                4 if isinstance(entries, dict) and any("label_case" in e for e in entries.values()) else \
                 3 if "user_tasks" in d else 2
             raise ValueError(f"{VERSION_KEY} is missing, and the file holds every setting of a saved run with "
                              f"{', '.join(nested)} nested, as version {was} writes them: put back "

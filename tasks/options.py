@@ -16,8 +16,11 @@ Type hints become flags so:
     Literal[...] / choices --x CHOICE
     tuple[T, ...], list[T] --x V [V ...] (``nargs``, default "*"), or --x V --x V (``repeat``)
     list[list[T]]          --x V [V ...] --x V [V ...] (``repeat`` with ``nargs``, default "+")
-    dict[str, int|float]   --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
-                           is removed); the command merges the items into the field's mapping
+    dict[str, int|float|str]
+                           --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
+                           is removed); the command merges the items into the field's mapping. ``spelled``
+                           adds a flag of its own for one key: option(spelled={"--sst-prior": ("sst", HELP)})
+                           makes --sst-prior W the item sst=W (dest "<name>@sst": ``fold_spelled``)
     X | None               as X; a field whose default is not None takes the word "none" for None (how a
                            setting on by default is turned off, as transformers' ``--report_to none``)
     a dataclass            a nested config (TrainConfig's model, swa, ...): a flag per field of its own,
@@ -45,7 +48,7 @@ import math
 import shlex
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 MISSING = dataclasses.MISSING
@@ -68,18 +71,19 @@ def option(default: Any = MISSING, help: str = "", *, factory: Callable[[], Any]
            metavar: str | tuple[str, ...] | None = None,
            nargs: str | int | None = None, flag: str | None = None, negatable: bool | None = None,
            positional: bool = False, repeat: bool = False, group: str | None = None, hidden: bool = False,
-           prefix: str = "") -> Any:
+           prefix: str = "", spelled: Mapping[str, tuple[str, str]] | None = None) -> Any:
     """A dataclass field with a default (or a ``factory`` for mutable defaults), its help text, and what its flag
     needs beyond the type hint: ``choices``; ``keys`` of a STREAM=VALUE map; ``metavar`` (a tuple names each of a
     fixed number of values); ``nargs`` of a sequence (a count: exactly that many), or ``repeat`` (a list flag given
     once per value: --x A --x B; with ``nargs``, once per group of values: --x A B --x C); ``flag`` when its name is
     not the field's; ``negatable`` for a --no- form; ``positional``; the ``group`` of --help it is listed in; and
     ``hidden``, a flag left out of --help (one a program passes to its own child process). A field whose type is a
-    dataclass (a nested config) gives one flag per field of its own, ``--<prefix><field>``."""
+    dataclass (a nested config) gives one flag per field of its own, ``--<prefix><field>``. ``spelled``: a KEY=VALUE
+    map's flags of one key each, {flag: (key, help)} (``fold_spelled``)."""
     meta = {"help": help, "choices": tuple(choices) if choices is not None else None,
             "keys": keys if isinstance(keys, AnyKey) else tuple(keys) if keys is not None else None, "metavar": metavar, "nargs": nargs, "flag": flag,
             "negatable": negatable, "positional": positional, "repeat": repeat, "group": group, "hidden": hidden,
-            "prefix": prefix}
+            "prefix": prefix, "spelled": dict(spelled or {})}
     return dataclasses.field(default=default, default_factory=factory, metadata=meta)
 
 
@@ -385,7 +389,43 @@ def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str
                                          default=argparse.SUPPRESS if suppress else default, **kw)
         action.field = (cls, f.name)  # the field it was made from (tests/test_layout.py checks every flag has one)
         dests.append(dest)
+        for flag, (key, about) in f.metadata.get("spelled", {}).items():  # a flag of one key of a KEY=VALUE map
+            value_type = typing.get_args(type_hints(cls)[f.name])[1]
+            at = shown_default((default or {}).get(key))
+            action = target.add_argument(flag, dest=f"{dest}@{key}", default=argparse.SUPPRESS if suppress else None,
+                                         type=not_none(str) if value_type is str else value_type,
+                                         metavar=kw["metavar"].split("=")[-1],
+                                         help=(f"{about} (= {flag_name(f, prefix)} {key}=...)"
+                                               + (f" (default: {at})" if at else "")).replace("%", "%%"))
+            action.field = (cls, f.name)
     return dests
+
+
+def fold_spelled(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """Parsed flags of dataclass ``cls`` by dest, each spelled flag's value (dest "<path>@<key>":
+    ``option(spelled=...)``) made an item of its map's ("<path>": [(key, value), ...]); a key given both ways is a
+    ValueError naming both flags."""
+    out = {k: v for k, v in values.items() if "@" not in k}
+    for dest, value in values.items():
+        if "@" in dest:
+            path, key = dest.split("@", 1)
+            items = list(out.get(path) or ())
+            if key in dict(items):
+                raise ValueError(f"{spelled_flag(cls, path, key)} and {flag_of_path(cls, path)} {key}=... set one "
+                                 "setting: give it once")
+            out[path] = items + [(key, value)]
+    return out
+
+
+def spelled_flag(cls: type, path: str, key: str, value: str | None = None) -> str:
+    """How a command line sets ``key`` of the KEY=VALUE map at ``path`` of dataclass ``cls`` (to ``value``): its own
+    flag (``option(spelled=...)``: --sst-prior, --sst-prior 0), else the map's flag with the key (--prior-weights
+    mood=..., --prior-weights mood=0)."""
+    _, f, prefix = field_at(cls, path)
+    own = [flag for flag, (k, _) in f.metadata.get("spelled", {}).items() if k == key]
+    if own:
+        return own[0] if value is None else f"{own[0]} {value}"
+    return f"{flag_name(f, prefix)} {key}={'...' if value is None else value}"
 
 
 def options_of(namespace: argparse.Namespace, cls: type, dest_prefix: str = "") -> dict[str, Any]:

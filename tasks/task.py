@@ -700,16 +700,15 @@ class Prior:
     a "probe" (a sentence classification's: a linear probe on a frozen sentence encoder's embeddings of its
     training sentences, mixed into its class probabilities) or a "cosine" (a pair regression's: the encoder's
     cosine on the task's scale, mixed into its scores), with its weight (0: off) and the encoder (None: the
-    embedded all-MiniLM-L6-v2). ``settings``: where a run's flags set weight and model instead (the SST entry's
-    ``priors.sst_``: --sst-prior and --sst-prior-model)."""
+    embedded all-MiniLM-L6-v2). A run's ``prior_weights`` and ``prior_models`` set them instead where they name
+    its task (tasks/train_config.py: --sst-prior W is sst's weight)."""
 
     kind: str
     weight: float = 0.5
     model: str | None = None
-    settings: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "weight": self.weight, "model": self.model, "settings": self.settings}
+        return {"kind": self.kind, "weight": self.weight, "model": self.model}
 
 
 PART1 = ("", "also", "run")  # Output.part1: never; also under the part-1 names; and a run with the task writes them
@@ -1026,7 +1025,8 @@ class Task:
 # An entry's keys at each format (``Task.to_dict``). Format 1, unnumbered: a run's config.json from config version
 # 3 (a user's tasks) to 5 (tasks/config_versions.py migrates older runs' to it). Format 2: the predictions' file
 # format declared as one object (``output``), a table title, ``overall``, and NLI triplets as the file a task
-# declares. tests/saved_entries/ holds an entry saved at each.
+# declares. Format 3: a prior without ``settings`` (a run's per-task prior settings set every task's alike).
+# tests/saved_entries/ holds an entry saved at each.
 ENTRY_KEYS: dict[int, tuple[str, ...]] = {
     1: ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout", "split_layouts",
         "output_column", "starter_format", "positive", "label_case", "symmetric", "span_option", "stream", "prior",
@@ -1035,6 +1035,7 @@ ENTRY_KEYS: dict[int, tuple[str, ...]] = {
         "split_layouts", "title", "output", "overall", "positive", "label_case", "symmetric", "span_option",
         "stream", "prior", "triplets", "origin"),
 }
+ENTRY_KEYS[3] = ENTRY_KEYS[2]
 ENTRY_FORMAT = max(ENTRY_KEYS)
 
 
@@ -1046,7 +1047,13 @@ def _entry_1_to_2(d: dict[str, Any]) -> dict[str, Any]:
             "output": Output(d["output_column"], starter=d["starter_format"]).to_dict()}
 
 
-_MIGRATIONS = {1: _entry_1_to_2}  # format -> the step to the next
+def _entry_2_to_3(d: dict[str, Any]) -> dict[str, Any]:
+    """Its prior without ``settings`` (only the package's SST and STS entries, never saved in a run, set one)."""
+    prior = d["prior"]
+    return {**d, "format": 3, "prior": {k: v for k, v in prior.items() if k != "settings"} if prior else prior}
+
+
+_MIGRATIONS = {1: _entry_1_to_2, 2: _entry_2_to_3}  # format -> the step to the next
 
 
 def upgrade_entry(d: Any) -> dict[str, Any]:
@@ -1203,8 +1210,8 @@ TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id",
 OUTPUT_KEYS = ("column", "starter", "also_read", "submission", "part1")  # of a task file's "output" (``Output``)
 # What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: SST's stream
 # name, the NLI triplets (which --nli streams through the first task of a model that declares them, and every
-# model has STS's head), and where a run's --sst-*/--sts-* flags set a stream or a prior ("settings": a TrainConfig
-# field) and a regression head's span ("span_option": a ModelConfig field).
+# model has STS's head), and where a run's --sst-phrases* flags set a stream ("settings": a TrainConfig field) and
+# a regression head's span ("span_option": a ModelConfig field).
 COURSE_KEYS = ("span_option", "triplets")
 # what a split's own object may set too
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header", "line_ends", "multiline")
@@ -1249,7 +1256,7 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
     if prior is not None:  # a probe of a sentence classification, the cosine of a pair regression
         own = prior if isinstance(prior, Mapping) else {"weight": prior}
         prior = Prior(next(k for k, v in PRIOR_KINDS.items() if v == spec["kind"]), own.get("weight", 0.5),
-                      own.get("model"), own.get("settings", ""))
+                      own.get("model"))
     return Task(spec["name"], kind_for(spec["kind"], len(classes) if classes else None), files, layout_from(spec),
                 classes=classes, score_range=tuple(spec["range"]) if spec.get("range") is not None else None,
                 checks_range=spec.get("range") is not None and checks_range,

@@ -29,8 +29,9 @@ from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, recorded_modules, registered_objectives
-from tasks.options import AnyKey, flag_of_path, json_value, nested_config, option, replace_at, value_at
-from tasks.task import GLUE, MULTITASK, ExtraStream, Prior, Task, Tasks, get_task
+from tasks.options import (AnyKey, flag_of_path, json_value, nested_config, option, replace_at, spelled_flag,
+                           value_at)
+from tasks.task import GLUE, MULTITASK, PACKAGE, ExtraStream, Prior, Task, Tasks, get_task
 from tasks.task_file import check_unchanged, read_declaration
 from minbert.config import DROPOUT_MASKS
 from tasks.runtime import check_device_string
@@ -65,31 +66,8 @@ RESUME_MUTABLE = ("epochs", "device", "threads", "bf16", "fp16", "compile", "gra
 # Settings (dotted paths) --eval-only may set: they choose what to predict and where, never the model. Objectives
 # add the options that act only at inference (``Objective.inference_options``), see eval_mutable().
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "threads", "bf16", "fp16", "eval_batch_size", "limit", "tasks",
-                "predict_train", "final_dev", "dev_max_examples", "symmetric_eval", "priors.sts_weight", "priors.sts_model",
-                "priors.sst_weight", "priors.sst_model", "task_files")
-
-
-@dataclass
-class PriorsConfig:
-    """The priors blended into the heads' predictions at evaluation only (tasks/evaluation/priors.py), each a weight
-    (0 = off) and the frozen sentence encoder it asks."""
-
-    sts_weight: float = option(0.5, "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence "
-                               "encoder's mean-pooled embeddings (--sts-prior-model, frozen, at evaluation only; "
-                               "tasks/evaluation/priors.py); not in the papers; 0 = off", flag="--sts-prior",
-                               group="data", metavar="W")
-    sts_model: str | None = option(None, "the sentence encoder of --sts-prior (a checkpoint directory "
-                                   "whose mean-pooled cosine scores similarity); default: the embedded "
-                                   "all-MiniLM-L6-v2, whatever --pretrained is", flag="--sts-prior-model",
-                                   group="data", metavar="DIR")
-    sst_weight: float = option(0.5, "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
-                               "regression on a frozen sentence encoder's embeddings of the SST training "
-                               "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
-                               "checkpoints; tasks/evaluation/priors.py); not in the papers; 0 = off",
-                               flag="--sst-prior", group="data", metavar="W")
-    sst_model: str | None = option(None, "the sentence encoder of --sst-prior (a checkpoint directory); "
-                                   "default: the embedded all-MiniLM-L6-v2, whatever --pretrained is",
-                                   flag="--sst-prior-model", group="data", metavar="DIR")
+                "predict_train", "final_dev", "dev_max_examples", "symmetric_eval", "prior_weights", "prior_models",
+                "task_files")
 
 
 @dataclass
@@ -202,8 +180,26 @@ class TrainConfig:
                                   "\"symmetric\") as the mean of its logits for (a, b) and (b, a) at evaluation "
                                   "and prediction: a cross-encoder is not symmetric; not in the paper",
                                   group="data")
-    priors: PriorsConfig = option(help="the STS and SST priors blended in at evaluation (tasks/evaluation/priors.py)",
-                                  factory=PriorsConfig)
+    prior_weights: dict[str, float] = option(
+        help="per-task weight W of the prior its task declares (SST's probe, STS's cosine, a task file's \"prior\"), "
+             "blended into its predictions at evaluation only (tasks/evaluation/priors.py): (1 - W) x the head's + W "
+             "x the prior's; not in the papers; TASK=W, 0 = off; a task left out takes its declared weight",
+        factory=lambda: {t.name: t.prior.weight for t in PACKAGE.values() if t.prior is not None}, group="data",
+        keys=AnyKey(), metavar="TASK=W", spelled={
+            "--sts-prior": ("sts", "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence encoder's "
+                                   "mean-pooled embeddings (--sts-prior-model, frozen)"),
+            "--sst-prior": ("sst", "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
+                                   "regression on a frozen sentence encoder's embeddings of the SST training "
+                                   "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
+                                   "checkpoints)")})
+    prior_models: dict[str, str] = option(
+        help="per-task sentence encoder of its prior (a checkpoint directory); TASK=DIR; a task left out takes its "
+             "declared one, else the embedded all-MiniLM-L6-v2, whatever --pretrained is", factory=dict,
+        group="data", keys=AnyKey(), metavar="TASK=DIR", spelled={
+            "--sts-prior-model": ("sts", "the sentence encoder of --sts-prior, whose mean-pooled cosine scores "
+                                         "similarity (default: the embedded all-MiniLM-L6-v2)"),
+            "--sst-prior-model": ("sst", "the sentence encoder of --sst-prior (default: the embedded "
+                                         "all-MiniLM-L6-v2)")})
     sst_phrases: PhrasesConfig = option(help="the SST treebank's phrases as a training stream", factory=PhrasesConfig,
                                         prefix="sst_phrases_")
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
@@ -465,16 +461,15 @@ class TrainConfig:
 
     def priors_of(self) -> dict[str, Prior]:
         """The priors the run blends in at evaluation, by task: each declared by a task of the run (its entry's
-        ``prior``), with its weight and encoder as its settings say (the SST entry's probe: --sst-prior and
-        --sst-prior-model; STS's cosine: --sts-prior*); a weight of 0 is off."""
+        ``prior``), with its weight and encoder as ``prior_weights`` and ``prior_models`` say where they name it
+        (--sst-prior W is sst's weight), else as it declares; a weight of 0 is off."""
         out = {}
         for task in self.tasks:
             prior = self.entries[task].prior
             if prior is None:
                 continue
-            if prior.settings:  # the run's flags set it
-                prior = dataclasses.replace(prior, weight=value_at(self, prior.settings + "weight"),
-                                            model=value_at(self, prior.settings + "model"))
+            prior = dataclasses.replace(prior, weight=self.prior_weights.get(task, prior.weight),
+                                        model=self.prior_models.get(task, prior.model))
             if prior.weight > 0:
                 out[task] = prior
         return out
@@ -565,9 +560,16 @@ class TrainConfig:
             raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
         if not 0.0 <= self.pair_swap <= 1.0:
             raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
-        for name, weight in (("sts_prior", self.priors.sts_weight), ("sst_prior", self.priors.sst_weight)):
+        for name in ("prior_weights", "prior_models"):  # a task of another run's is idle, as an unused flag
+            odd = [t for t in getattr(self, name) if t not in self.entries or self.entries[t].prior is None]
+            if odd:
+                declaring = [t for t in self.entries if self.entries[t].prior is not None]
+                raise ValueError(f"{name} names {odd[0]!r}, which declares no prior (tasks that do: "
+                                 f"{', '.join(declaring) or 'none'})")
+        for task, weight in self.prior_weights.items():
             if not 0.0 <= weight <= 1.0:
-                raise ValueError(f"{name} is a weight in [0, 1], got {weight}")
+                raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)}: a weight in [0, 1], got "
+                                 f"{weight}")
         phrases = self.sst_phrases
         if phrases.per_epoch < 1:
             raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {phrases.per_epoch}")
@@ -688,10 +690,10 @@ def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:
 
 
 def _declaring(cfg: TrainConfig, settings: str) -> str | None:
-    """The run's task whose extra stream or prior these settings set (the SST entry's for sst_phrases), or None."""
+    """The run's task whose extra stream these settings set (the SST entry's for sst_phrases), or None."""
     for task in cfg.tasks:
-        entry = cfg.entries[task]
-        if any(part is not None and part.settings == settings for part in (entry.stream, entry.prior)):
+        stream = cfg.entries[task].stream
+        if stream is not None and stream.settings == settings:
             return task
     return None
 
@@ -705,14 +707,17 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         raise ValueError(f"--warmup only acts with --lr-schedule warmup_linear (the run uses {cfg.lr_schedule})")
     if "swa.lr" in explicit and cfg.swa.epochs == 0:
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
-    cosine, probe = _declaring(cfg, "priors.sts_"), _declaring(cfg, "priors.sst_")
-    priors = cfg.priors
-    if "priors.sts_weight" in explicit and priors.sts_weight > 0 and cosine is None:
-        raise ValueError(f"--sts-prior only acts on STS scores, and --tasks {' '.join(cfg.tasks)} has no sts")
-    if "priors.sts_model" in explicit and (priors.sts_weight == 0 or cosine is None):
-        raise ValueError("--sts-prior-model only acts with --sts-prior W > 0 on a run with sts")
-    if "priors.sst_weight" in explicit and priors.sst_weight > 0 and probe is None:
-        raise ValueError(f"--sst-prior only acts on SST predictions, and --tasks {' '.join(cfg.tasks)} has no sst")
+    given = explicit if isinstance(explicit, dict) else {}
+    for task, weight in dict(given.get("prior_weights") or ()).items():
+        if weight > 0 and task not in cfg.tasks:
+            entry = cfg.entries.get(task)
+            raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)} only acts on "
+                             f"{entry.title if entry is not None and entry.title else task}'s predictions, and --tasks "
+                             f"{' '.join(cfg.tasks)} has no {task}")
+    for task in dict(given.get("prior_models") or ()):
+        if task not in cfg.priors_of():
+            raise ValueError(f"{spelled_flag(TrainConfig, 'prior_models', task)} only acts on a run with {task} "
+                             f"and its prior's weight above 0 ({spelled_flag(TrainConfig, 'prior_weights', task)})")
     if "sst_phrases.file" in explicit and cfg.sst_phrases.file is not None and _declaring(cfg, "sst_phrases") is None:
         raise ValueError(f"--sst-phrases trains the SST head, and --tasks {' '.join(cfg.tasks)} has no sst")
     for mapping, own in (("task_batch_size", "batch_size"), ("max_train_examples", "per_epoch"),
@@ -727,8 +732,6 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
     if idle:
         raise ValueError(f"{flag_of_path(TrainConfig, idle[0])} only acts on the phrase stream (--sst-phrases FILE "
                          "on a run with sst)")
-    if "priors.sst_model" in explicit and (priors.sst_weight == 0 or probe is None):
-        raise ValueError("--sst-prior-model only acts with --sst-prior W > 0 on a run with sst")
 
 
 def check_objectives(cfg: TrainConfig) -> None:
@@ -820,7 +823,7 @@ def eval_config(saved: TrainConfig, overrides: dict[str, Any]) -> TrainConfig:
     """The config that evaluates a checkpoint trained with ``saved``: only eval_mutable() fields change
     (``check_eval_changes``).
 
-    ``overrides`` holds settings by dotted path ("limit", "priors.sts_weight") and, under "objectives", options of
+    ``overrides`` holds settings by dotted path ("limit", "prior_weights") and, under "objectives", options of
     the saved objectives (those equal to the saved ones count as no change); the tasks must be a subset of the
     trained ones.
     """
@@ -869,7 +872,7 @@ __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "TrainConfig
 COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
                               max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
                               loss_weights={}, objectives={}, symmetric_eval=False,
-                              priors=dict(sts_weight=0.0, sst_weight=0.0), sst_phrases=dict(file=None))
+                              prior_weights={"sts": 0.0, "sst": 0.0}, sst_phrases=dict(file=None))
 
 
 _B_MODEL = dict(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256)
@@ -909,7 +912,7 @@ PRESETS: dict[str, dict[str, Any]] = {**{name: {**COMMON, **settings} for name, 
 
 def apply_preset(cfg: TrainConfig, name: str) -> TrainConfig:
     """A copy of ``cfg`` with preset ``name``'s settings: a paper configuration (baseline, b1, b2, b3) or a
-    recipe (quick). A nested config's mapping (model, priors, ...) sets the fields it names."""
+    recipe (quick). A nested config's mapping (model, swa, ...) sets the fields it names."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
     settings = copy.deepcopy(PRESETS[name])

@@ -23,8 +23,8 @@ from safetensors.torch import save_file
 
 from minbert.bert import BertModel
 from minbert.config import BertConfig
-from tasks.train_config import NESTED, PhrasesConfig, PriorsConfig, TrainConfig
-from tasks.config_versions import NESTED_SETTINGS, SOFTWARE_KEYS
+from tasks.train_config import NESTED, PhrasesConfig, TrainConfig
+from tasks.config_versions import NESTED_SETTINGS, PER_TASK_PRIORS, SOFTWARE_KEYS
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.ensembling import predict, runs_entries
@@ -186,7 +186,7 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
     pretrained, data = env
     kw = dict(pretrained=str(pretrained), data_dir=str(data), out_dir=str(out_dir), epochs=2, batch_size=8,
               eval_batch_size=16, max_length=32, max_train_examples={}, dev_max_examples={}, lr=1e-3,
-              symmetric_eval=False, priors=PriorsConfig(sts_weight=0.0, sst_weight=0.0),
+              symmetric_eval=False, prior_weights={"sts": 0.0, "sst": 0.0},
               sst_phrases=PhrasesConfig(file=None), lr_schedule="warmup_linear", warmup=0.1, log_every=5,
               device="cpu", bf16=False, model=ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16,
                                                           head_dropout=0.1))
@@ -201,10 +201,15 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
 def unversioned(saved: dict) -> dict:
     """A config.json of today (``TrainConfig.to_dict()``) as a run saved before config.json recorded its version
     wrote it: no version, every setting a field of its own ("sts_prior", not "priors": {"sts_weight"})."""
-    old = {k: v for k, v in saved.items() if k not in ("config_version", *SOFTWARE_KEYS)}
+    old = {k: v for k, v in saved.items() if k not in ("config_version", "prior_weights", "prior_models",
+                                                       *SOFTWARE_KEYS)}
     for flat, (name, field) in NESTED_SETTINGS.items():
-        old[flat] = saved[name][field]
-    for name in {name for name, _ in NESTED_SETTINGS.values()} - {"sst_phrases"}:
+        if name == "priors":  # per task since version 6
+            path, task = PER_TASK_PRIORS[field]
+            old[flat] = saved[path].get(task)
+        else:
+            old[flat] = saved[name][field]
+    for name in {name for name, _ in NESTED_SETTINGS.values()} - {"sst_phrases", "priors"}:
         del old[name]
     return old
 

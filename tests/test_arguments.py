@@ -35,6 +35,12 @@ def _default_at(path: str) -> object:
 def _non_default(action: argparse.Action) -> tuple[list[str], object]:
     """(argv, expected value at action.dest) that sets the flag to something other than its default."""
     flag = action.option_strings[0]
+    if "@" in action.dest:  # a flag of one task's item of a TASK=VALUE map: --sst-prior W
+        value = 0.25 if action.type is float else "enc"
+        return [flag, str(value)], value
+    if action.dest in ("prior_weights", "prior_models"):  # per task, merged into the default
+        value = 0.25 if action.dest == "prior_weights" else "enc"
+        return [flag, f"sts={value}"], {**_default_at(action.dest), "sts": value}
     if isinstance(action, argparse.BooleanOptionalAction):
         default = _default_at(action.dest)
         return ([f"--no-{flag[2:]}"], False) if default is True else ([flag], True)
@@ -90,21 +96,24 @@ def test_every_flag_reaches_its_config_field(tmp_path):
             assert getattr(command, action.dest) == expected, action.option_strings
             assert not explicit
             continue
-        assert set(explicit) == {action.dest}, (argv, explicit)
+        path, _, key = action.dest.partition("@")  # --sst-prior: the item sst of prior_weights
+        assert set(explicit) == {path}, (argv, explicit)
         if action.dest.startswith("objectives."):
             command.objective = [action.dest.split(".")[1]]
         cfg = arguments.config_from_flags(command, explicit)
-        got = arguments.get_path(cfg, action.dest)
+        got, default = arguments.get_path(cfg, path), _default_at(path)
+        if key:
+            got, default = got.get(key), default.get(key)
         if isinstance(got, tuple) and isinstance(expected, list):  # TrainConfig keeps its sequences as tuples
             expected = tuple(expected)
         assert got == expected, (argv, got, expected)
-        assert got != _default_at(action.dest), argv
+        assert got != default, argv
         # and nothing else moved
         base = arguments.config_from_flags(dataclasses.replace(command), {})
         diff = {k for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
-        top = action.dest.split(".")[0]
+        top = path.split(".")[0]
         assert diff == ({top, "tasks", "user_tasks"} if top == "task_files" else {top}), (argv, diff)
-        seen.add(action.dest)
+        seen.add(path)
     train_fields = fields_of(TrainConfig) - {"objectives", "user_tasks"}  # user_tasks: --task-file sets it; nested configs' fields dotted: "model.arch"
     assert train_fields <= seen, sorted(train_fields - seen)
     for name, cls in registered_objectives().items():
@@ -269,7 +278,7 @@ def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_p
     assert cfg.model == dataclasses.replace(default.model, fcn_size=128)
     saved = {k: v for k, v in unversioned(default.to_dict()).items() if k != "sst_prior"}  # saved before --sst-prior
     (tmp_path / "saved.json").write_text(json.dumps(saved))
-    assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).priors.sst_weight == 0.0
+    assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).prior_weights["sst"] == 0.0
 
 
 def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_path):
@@ -301,20 +310,22 @@ def test_preset_help_shows_the_presets_values(capsys):
 
 
 def test_the_nested_settings_keep_their_flags():
-    """The settings nested in a config of their own (the priors, the SST phrases, LP-FT, SWA) keep the flags of
-    the fields they were (version 1 of config.json): each flag sets its nested setting."""
-    from tasks.config_versions import NESTED_SETTINGS
+    """The settings nested in a config of their own (the SST phrases, LP-FT, SWA) or set per task since (the SST
+    and STS priors) keep the flags of the fields they were (version 1 of config.json): each flag sets its setting
+    (a prior's, its task's item of a per-task map)."""
+    from tasks.config_versions import NESTED_SETTINGS, PER_TASK_PRIORS
 
     parser = arguments.build_parser()
     flags = {a.option_strings[0]: a.dest for a in parser._actions if a.option_strings}
-    for flat, path in NESTED_SETTINGS.items():
-        assert flags["--" + flat.replace("_", "-")] == ".".join(path), flat
+    for flat, (name, field) in NESTED_SETTINGS.items():
+        dest = "@".join(PER_TASK_PRIORS[field]) if name == "priors" else f"{name}.{field}"
+        assert flags["--" + flat.replace("_", "-")] == dest, flat
     command, explicit = arguments.parse(["--sts-prior", "0.25", "--sst-prior-model", "enc", "--sst-phrases-weight",
                                          "2", "--sst-phrases-order", "first", "--lp-epochs", "1", "--lp-lr", "1e-3",
                                          "--swa-epochs", "2", "--swa-lr", "1e-4"], parser)
     cfg = arguments.config_from_flags(command, explicit)
-    assert (cfg.priors.sts_weight, cfg.priors.sst_model, cfg.sst_phrases.weight, cfg.sst_phrases.order) == \
-        (0.25, "enc", 2.0, "first")
+    assert (cfg.prior_weights, cfg.prior_models, cfg.sst_phrases.weight, cfg.sst_phrases.order) == \
+        ({"sst": 0.5, "sts": 0.25}, {"sst": "enc"}, 2.0, "first")
     assert (cfg.lpft.epochs, cfg.lpft.lr, cfg.swa.epochs, cfg.swa.lr) == (1, 1e-3, 2, 1e-4)
 
 

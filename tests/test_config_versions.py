@@ -148,7 +148,7 @@ def test_a_file_of_some_fields_takes_todays_defaults(tmp_path):
     almost = json.loads((SAVED / "v0-3cf84b3.json").read_text())
     del almost["seed"]
     cfg = TrainConfig.from_dict(almost)
-    assert (cfg.priors.sst_weight, cfg.priors.sts_weight, cfg.fused_adamw) == (0.5, 0.5, True)  # today's defaults
+    assert (cfg.prior_weights, cfg.fused_adamw) == ({"sst": 0.5, "sts": 0.5}, True)  # today's defaults
     with pytest.raises(ValueError, match=r"not a complete run configuration: missing \[.*'seed'"):
         TrainConfig.from_dict(almost, complete=True)
 
@@ -210,7 +210,24 @@ def test_one_run_saved_by_each_version_since_the_last_unversioned_loads_to_one_c
     loaded = [TrainConfig.from_dict(_saved(SAVED / name, tiny_env, tmp_path), complete=True)
               for name in ("v0-15ee338.json", "v1.json", "v2.json")]
     assert loaded[0] == loaded[1] == loaded[2]
-    assert loaded[2].priors.sts_weight == 0.0 and loaded[2].sst_phrases.file is None and loaded[2].swa.lr == 1e-5
+    assert loaded[2].prior_weights["sts"] == 0.0 and loaded[2].sst_phrases.file is None and loaded[2].swa.lr == 1e-5
+
+
+def test_a_version_5_runs_priors_load_per_task(tiny_env, tmp_path):
+    """Version 6 sets the SST and STS priors per task, as any task's (prior_weights, prior_models): a run saved at
+    version 5 ("priors": {"sts_weight", "sts_model", "sst_weight", "sst_model"}) loads to the config of the same run
+    saved at 6, each weight and encoder its task's item (an encoder of None left out: the declared one)."""
+    v5, v6 = (TrainConfig.from_dict(_saved(SAVED / f"v{n}.json", tiny_env, tmp_path / "run"), complete=True)
+              for n in (5, 6))
+    assert v5 == v6 and v6.prior_weights == {"sst": 0.0, "sts": 0.0} and v6.prior_models == {}
+    saved = {**_saved(SAVED / "v5.json", tiny_env, tmp_path / "run"),
+             "priors": {"sts_weight": 0.25, "sts_model": None, "sst_weight": 0.5, "sst_model": "enc"}}
+    cfg = TrainConfig.from_dict(saved, complete=True)
+    assert (cfg.prior_weights, cfg.prior_models) == ({"sts": 0.25, "sst": 0.5}, {"sst": "enc"})
+    with pytest.raises(ValueError, match=r"priors\.sts_scale is not a setting"):
+        TrainConfig.from_dict({"priors": {"sts_scale": 2}})
+    with pytest.raises(ValueError, match="priors and prior_weights / prior_models set the same priors"):
+        TrainConfig.from_dict({"priors": {"sts_weight": 0.1}, "prior_weights": {"sts": 0.2}})
 
 
 def test_a_file_of_some_fields_names_a_setting_flat_or_nested_but_once():
@@ -219,8 +236,8 @@ def test_a_file_of_some_fields_names_a_setting_flat_or_nested_but_once():
     flat = TrainConfig.from_dict({"sts_prior": 0.25, "swa_epochs": 2, "sst_phrases": "none", "lp_epochs": 1})
     nested = TrainConfig.from_dict({"priors": {"sts_weight": 0.25}, "swa": {"epochs": 2},
                                     "sst_phrases": {"file": None}, "lpft": {"epochs": 1}})
-    assert flat == nested == TrainConfig(priors={"sts_weight": 0.25}, swa={"epochs": 2}, sst_phrases={"file": None},
-                                         lpft={"epochs": 1})
+    assert flat == nested == TrainConfig(prior_weights={"sts": 0.25, "sst": 0.5}, swa={"epochs": 2},
+                                         sst_phrases={"file": None}, lpft={"epochs": 1})
     assert TrainConfig.from_dict({"sst_phrases_weight": 2.0, "sst_phrases": {"order": "first"}}).sst_phrases == \
         dataclasses.replace(TrainConfig().sst_phrases, weight=2.0, order="first")
     with pytest.raises(ValueError, match=r"swa_lr and swa\.lr are one setting: give it once"):
@@ -341,6 +358,7 @@ def test_a_version_3_run_whose_positive_was_a_word_re_predicts_as_it_did(tiny_en
         for layout in (entry["layout"], *entry["split_layouts"].values()):
             del layout["multiline"]
         entry.update(positive="paraphrase", origin={**entry["origin"], "declaration": spec})
+        d["priors"] = {f"{t}_{k}": d[f"prior_{k}s"].get(t) for t in ("sst", "sts") for k in ("weight", "model")}
         fields = {f.split(".")[0] for f in MIGRATIONS[2].fields} | {"model_type", "objective_versions"}
         _write(where / "config.json", {**{k: v for k, v in d.items() if k in fields or k.endswith("_version")},
                                        "config_version": 3})  # version 3's fields

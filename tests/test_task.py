@@ -31,7 +31,7 @@ from tasks.task import (BUILTIN, GLUE, KINDS, MULTITASK, PAIR_BINARY, Binary, He
                         layout_from, mlp, model_tasks)
 from tasks.training.run import run
 from tests.helpers import (CLASS_WORDS, run_tasks, three_class_task, tiny_config, tiny_flags, tiny_train_config, user_task,
-                           write_csv)
+                           write_csv, write_tiny_model)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -616,6 +616,39 @@ def test_a_users_sentiment_task_declares_phrases_and_a_prior_beside_sst(tmp_path
     again = _eval_again(run, tmp_path / "eval")
     for name in ("mood-dev-output.csv", "mood-dev-logits.csv", "sst-dev-logits.csv"):
         assert (again / name).read_bytes() == (run / "predictions" / name).read_bytes(), name
+
+
+def test_a_users_prior_is_set_per_task_as_ssts_and_stss_are(tmp_path):
+    """The course's priors and a user's are one setting per task: --sst-prior W is --prior-weights sst=W, and a
+    user's declared prior takes --prior-weights mood=W (0: off) and --prior-models mood=DIR as SST's does; a task
+    without a prior, a key given both ways and an encoder of a prior that is off are refused naming the flags."""
+    rows = {s: [[f"the film was {CLASS_WORDS[i % 3]} {i}", i % 3] for i in range(12)] for s in ("train", "dev")}
+    task_file = user_task(tmp_path / "t", {"name": "mood", "text": "text", "label": "y", "prior": 0.3}, rows,
+                          ["text", "y"])
+    run = ["--task-file", str(task_file), "--tasks", "sst", "mood"]
+    declared = config_for(run)
+    assert {t: (p.weight, p.model) for t, p in declared.priors_of().items()} == {"sst": (0.5, None),
+                                                                                 "mood": (0.3, None)}
+    enc = str(write_tiny_model(tmp_path / "enc"))
+    set_so = config_for([*run, "--sst-prior", "0.2", "--prior-weights", "mood=0.8", "--prior-models", f"mood={enc}"])
+    assert {t: (p.weight, p.model) for t, p in set_so.priors_of().items()} == {"sst": (0.2, None),
+                                                                               "mood": (0.8, enc)}
+    assert set_so == config_for([*run, "--prior-weights", "sst=0.2", "mood=0.8", "--prior-models", f"mood={enc}"])
+    with pytest.raises(FileNotFoundError, match=r"--prior-models mood=.*gone: no such checkpoint directory .* name "
+                                                r"another, or pass --prior-weights mood=0"):
+        config_for([*run, "--prior-models", f"mood={tmp_path / 'gone'}"])
+    assert set(config_for([*run, "--prior-weights", "mood=0"]).priors_of()) == {"sst"}
+    with pytest.raises(ValueError, match=r"--sst-prior and --prior-weights sst=\.\.\. set one setting: give it once"):
+        config_for([*run, "--sst-prior", "0.2", "--prior-weights", "sst=0.1"])
+    with pytest.raises(ValueError, match=r"prior_weights names 'para', which declares no prior \(tasks that do: "
+                                         r"sst, sts, mood\)"):
+        config_for(["--task-file", str(task_file), "--tasks", "sst", "para", "mood", "--prior-weights", "para=0.3"])
+    with pytest.raises(ValueError, match=r"--sts-prior only acts on STS's predictions, and --tasks sst mood has no "
+                                         r"sts"):
+        config_for([*run, "--sts-prior", "0.3"])
+    with pytest.raises(ValueError, match=r"--prior-models mood=\.\.\. only acts on a run with mood and its prior's "
+                                         r"weight above 0 \(--prior-weights mood=\.\.\.\)"):
+        config_for([*run, "--prior-weights", "mood=0", "--prior-models", "mood=enc"])
 
 
 def _mood(tmp_path) -> Path:

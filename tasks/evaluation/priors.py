@@ -1,5 +1,6 @@
-"""A frozen sentence encoder as a second opinion at evaluation: the prior a task declares (its entry's ``prior``;
-the SST and STS entries': ``--sst-prior W``, ``--sts-prior W``; not in the papers).
+"""A frozen sentence encoder as a second opinion at evaluation: the prior a task declares (its entry's ``prior``),
+at the weight a run gives it (``--prior-weights TASK=W``; the SST and STS priors': ``--sst-prior W``, ``--sts-prior
+W``; not in the papers).
 
 all-MiniLM-L6-v2 was trained so that the cosine of two sentences' mean-pooled
 embeddings scores their similarity (sentence-transformers' recipe). Multitask
@@ -55,11 +56,11 @@ import torch
 import torch.nn.functional as F
 
 from minbert.pretrained import load_pretrained, resolve_model_dir
-from tasks.options import flag_of_path
+from tasks.options import spelled_flag
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import DataFileMissing, Example
 from tasks.selection import load_examples
-from tasks.task import Prior, Task, get_task
+from tasks.task import Task, get_task
 from tasks.checkpoint import prior_file
 from tasks.storage import load_tensors
 from tasks.runtime import autocast
@@ -160,21 +161,25 @@ def check_prior_models(cfg) -> None:
         try:
             resolve_model_dir(prior.model)
         except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"{_where(cfg.entries[task], prior, 'model')} {prior.model}: no such checkpoint "
+            raise FileNotFoundError(f"{_where(cfg, cfg.entries[task], 'model', prior.model)}: no such checkpoint "
                                     "directory (a sentence encoder: config.json, weights, vocab.txt): name another, "
-                                    f"or {_off(cfg.entries[task], prior)}") from None
+                                    f"or {_off(cfg.entries[task])}") from None
 
 
-def _where(task: Task, prior: Prior, what: str) -> str:
-    """What sets a prior's ``what`` (weight, model): the SST and STS entries' flags, a user's task file."""
-    if prior.settings:
-        from tasks.train_config import TrainConfig  # the flag of a setting (the config imports this module's callers)
-        return flag_of_path(TrainConfig, prior.settings + what)
-    return f"task file {task.origin.get('file')}'s \"prior\""
+def _where(cfg, task: Task, what: str, value: object) -> str:
+    """What set a task's prior's ``what`` ("weight", "model") to ``value``: the run's per-task setting (its flag:
+    --sst-prior 0.5, --prior-weights mood=0.5) where it names the task or no task file declares it, else the task
+    file."""
+    from tasks.train_config import TrainConfig  # the flag of a setting (the config imports this module's callers)
+    path = {"weight": "prior_weights", "model": "prior_models"}[what]
+    if task.name in getattr(cfg, path) or not task.origin.get("file"):
+        return spelled_flag(TrainConfig, path, task.name, str(value))
+    return f"task file {task.origin['file']}'s \"prior\" {what} {value}"
 
 
-def _off(task: Task, prior: Prior) -> str:
-    return f"pass {_where(task, prior, 'weight')} 0" if prior.settings else f"drop {_where(task, prior, 'weight')}"
+def _off(task: Task) -> str:
+    from tasks.train_config import TrainConfig
+    return f"pass {spelled_flag(TrainConfig, 'prior_weights', task.name, '0')}"
 
 
 def fit_logistic_regression(x: torch.Tensor, y: torch.Tensor, num_classes: int, c: float = PROBE_C,
@@ -278,9 +283,9 @@ def prior_of(task: str, cfg, device: torch.device | str, amp_dtype: torch.dtype 
         try:
             examples = load_examples(task, "train", cfg)
         except DataFileMissing as e:
-            raise FileNotFoundError(f"the {task} prior ({_where(entry, prior, 'weight')} {prior.weight}) is a "
+            raise FileNotFoundError(f"the {task} prior ({_where(cfg, entry, 'weight', prior.weight)}) is a "
                                     f"probe fitted on {task}'s training sentences, and there is no training file at "
-                                    f"{e.path}: point --data-dir at the data, or {_off(entry, prior)}") from None
+                                    f"{e.path}: point --data-dir at the data, or {_off(entry)}") from None
         train = ([e.text_a for e in examples], [int(e.label) for e in examples])
     t0 = time.perf_counter()
     probe = ProbePrior(entry, *args, train=train)

@@ -164,7 +164,7 @@ def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_pa
     pretrained = shutil.copytree(tiny_env[0], tmp_path / "bert")
     with caplog.at_level("INFO"):
         summary = run(tiny_train_config((pretrained, tiny_env[1]), tmp_path / "run", epochs=1,
-                                          priors={"sts_weight": 0.0}))
+                                          prior_weights={"sts": 0.0, "sst": 0.0}))
     last = [r.getMessage() for r in caplog.records if r.name == "tasks.training.run"][-2:]
     assert last[0].startswith(f"predictions: {tmp_path / 'run' / 'predictions'} (") and "RESULTS.md" in last[0]
     assert last[1].startswith("done: wall time")
@@ -179,7 +179,8 @@ def test_eval_only_rebuilds_the_model_from_the_checkpoint_alone(tiny_env, tmp_pa
     assert (tmp_path / "eval" / "predictions" / "sts-test-output.csv").is_file()
     with pytest.raises(FileNotFoundError, match="--sts-prior-model .*: no such checkpoint directory .*name another, or pass --sts-prior 0"):
         evaluate_checkpoint(tmp_path / "run" / "checkpoints" / "best", out_dir=tmp_path / "eval2",
-                            overrides={"priors.sts_weight": 0.5, "priors.sts_model": str(pretrained)})
+                            overrides={"prior_weights": {"sts": 0.5, "sst": 0.0},
+                                       "prior_models": {"sts": str(pretrained)}})
 
 
 # ---- the Predictor, on a tiny finished run (the ``finished`` fixture, tests/conftest.py) --------------------

@@ -114,13 +114,13 @@ def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
     """--pretrained names the encoder to fine-tune (bert-base, an MLM checkpoint, a fine-tuned run), whose mean
     pooled cosine need not score similarity at all (a fine-tuned run's: r 0.54 on STS dev): the prior is the
     embedded all-MiniLM-L6-v2 unless --sts-prior-model names another sentence encoder."""
-    from tasks.train_config import PriorsConfig, TrainConfig
+    from tasks.train_config import TrainConfig
     from tests.helpers import write_tiny_model
 
     tiny = write_tiny_model(tmp_path / "tiny")
     fine_tuned_from_tiny = prior_of("sts", TrainConfig(pretrained=str(tiny)), "cpu", None)
     assert fine_tuned_from_tiny.encoder.config.hidden_size == 384  # all-MiniLM-L6-v2, not the tiny BERT
-    chosen = prior_of("sts", TrainConfig(priors=PriorsConfig(sts_model=str(tiny))), "cpu", None)
+    chosen = prior_of("sts", TrainConfig(prior_models={"sts": str(tiny)}), "cpu", None)
     assert chosen.encoder.config.hidden_size == json.loads((tiny / "config.json").read_text())["hidden_size"] != 384
 
 
@@ -196,7 +196,7 @@ def test_predict_dataset_blends_only_sst_logits(sst_prior):
 def test_a_saved_probe_predicts_without_the_training_data(sst_prior, tmp_path):
     """A checkpoint's sst_prior.safetensors is SST's probe: read back, it blends exactly as the fitted one, with
     no SST training file anywhere. Without it and without the data, the error names the data and --sst-prior 0."""
-    from tasks.train_config import PriorsConfig, TrainConfig
+    from tasks.train_config import TrainConfig
 
     assert prior_file("sst") == "sst_prior.safetensors"
     save_tensors(tmp_path / prior_file("sst"), sst_prior.state_dict())
@@ -207,7 +207,7 @@ def test_a_saved_probe_predicts_without_the_training_data(sst_prior, tmp_path):
     (tmp_path / prior_file("sst")).unlink()
     with pytest.raises(FileNotFoundError, match=r"no training file at .*no-data.*--sst-prior 0"):
         prior_of("sst", cfg, "cpu", None, checkpoint=tmp_path)
-    assert prior_of("sst", TrainConfig(priors=PriorsConfig(sst_weight=0.0)), "cpu", None) is None
+    assert prior_of("sst", TrainConfig(prior_weights={"sst": 0.0, "sts": 0.5}), "cpu", None) is None
     assert prior_of("sst", TrainConfig(tasks=["para", "sts"]), "cpu", None) is None
 
 
@@ -222,15 +222,14 @@ def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
 def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp_path):
     """A run or an evaluation whose prior encoder is not there is refused before any work (``check_prior_models``,
     which prepare_run and prepare_eval call), naming the flag that fixes it."""
-    from tasks.train_config import PriorsConfig, TrainConfig
+    from tasks.train_config import TrainConfig
     from tasks.evaluation.priors import check_prior_models
 
-    cfg = TrainConfig(priors=PriorsConfig(**{f"{task}_model": str(tmp_path / "gone")}))
+    cfg = TrainConfig(prior_models={task: str(tmp_path / "gone")})
     with pytest.raises(FileNotFoundError, match=rf"--{task}-prior-model .*gone: no such checkpoint directory .*"
                                                 rf"name another, or pass --{task}-prior 0"):
         check_prior_models(cfg)
-    check_prior_models(TrainConfig(priors=PriorsConfig(**{f"{task}_model": str(tmp_path / "gone"),
-                                                          f"{task}_weight": 0.0})))
+    check_prior_models(TrainConfig(prior_models={task: str(tmp_path / "gone")}, prior_weights={"sst": 0.0, "sts": 0.0}))
 
 
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):

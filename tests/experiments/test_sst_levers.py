@@ -14,7 +14,7 @@ from tasks import arguments
 def test_every_row_is_an_sst_specialist_scored_by_its_head_and_differs_from_base():
     configs = {name: arguments.config_for([*FLAGS[name], "--out-dir", "unused"]) for name in NAMES}
     for name, cfg in configs.items():
-        assert cfg.tasks == ("sst",) and cfg.priors.sst_weight == 0, name
+        assert cfg.tasks == ("sst",) and cfg.prior_weights.get("sst") == 0, name
         assert name == "base" or cfg.to_dict() != configs["base"].to_dict(), name
     assert configs["base"].sst_phrases.file is None
     assert configs["phrases"].sst_phrases.file == "sst-phrases-train.csv"

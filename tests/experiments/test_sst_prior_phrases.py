@@ -16,7 +16,7 @@ from experiments.sst_prior_phrases import (
     score_run,
 )
 from tasks.checkpoint import prior_file
-from tasks.train_config import PriorsConfig, TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.predictions import Predictions, write_logits
 from tasks.evaluation.priors import fit_logistic_regression
 from tasks.storage import save_tensors
@@ -27,7 +27,7 @@ def fake_run(tmp_path, head: torch.Tensor, probe: dict[str, torch.Tensor], x: to
     ``head`` and ``probe`` on ``x``) and the probe in the best checkpoint."""
     run = tmp_path / "arm" / "seed0"
     (run / "checkpoints" / "best").mkdir(parents=True)
-    (run / "config.json").write_text(json.dumps(TrainConfig(priors=PriorsConfig(sst_weight=weight)).to_dict()))
+    (run / "config.json").write_text(json.dumps(TrainConfig(prior_weights={"sst": weight, "sts": 0.5}).to_dict()))
     mixed = (1 - weight) * head.softmax(-1) + weight * probe_probabilities(probe, x)
     ids = [f"s{i}" for i in range(len(x))]
     write_logits(run / "predictions", "sst", "dev", Predictions(ids, mixed.log(), mixed.argmax(-1)))

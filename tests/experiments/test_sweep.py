@@ -126,11 +126,11 @@ def test_a_finished_run_made_with_other_defaults_is_trained_again(tmp_path, caps
     (run / "config.json").write_text(json.dumps(today))
     sweep.train("member", flags)
     assert "reusing the finished run" in capsys.readouterr().out
-    changed = {**today, "priors": {**today["priors"], "sts_weight": 0.25}}  # as if the default had been 0.25
+    changed = {**today, "prior_weights": {**today["prior_weights"], "sts": 0.25}}  # as if the default had been 0.25
     (run / "config.json").write_text(json.dumps(changed))
     sweep.train("member", flags)
     out = capsys.readouterr().out
-    assert "reusing" not in out and "made with other settings (priors.sts_weight)" in out and "python" in out
+    assert "reusing" not in out and "made with other settings (prior_weights)" in out and "python" in out
     older = {k: v for k, v in unversioned(today).items() if k != "sts_prior"}  # saved before it existed: legacy 0
     (run / "config.json").write_text(json.dumps(older))
     sweep.train("member", [*flags, "--sts-prior", "0"])  # the record's settings (legacy 0), spelled otherwise
