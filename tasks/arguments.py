@@ -129,13 +129,21 @@ def get_path(cfg: TrainConfig, path: str) -> Any:
 
 
 STREAM_MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batch_size")  # STREAM=VALUE
-MAPPINGS = (*STREAM_MAPPINGS, "prior_weights", "prior_models")  # and the TASK=VALUE fields
+MAPPINGS = (*STREAM_MAPPINGS, "prior_weights", "prior_models", "model.spans")  # and the TASK=VALUE fields
 
 
 def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
     """Set one explicit flag's value in ``cfg`` (mappings are updated, never replaced)."""
     head, _, rest = path.partition(".")
-    if head in NESTED:
+    if path in MAPPINGS:
+        mapping = dict(get_path(cfg, path))
+        for key, v in value:
+            if v is None:
+                mapping.pop(key, None)
+            else:
+                mapping[key] = v
+        setattr(getattr(cfg, head), rest, mapping) if rest else setattr(cfg, path, mapping)
+    elif head in NESTED:
         setattr(getattr(cfg, head), rest, value)
     elif head == "objectives":
         name, _, key = rest.partition(".")
@@ -144,14 +152,6 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
             raise ValueError(f"{flag} sets an option of objective {name!r}, which this run does not use: "
                              f"add --objective {name}")
         cfg.objectives[name][key] = list(value) if isinstance(value, tuple) else value
-    elif path in MAPPINGS:
-        mapping = dict(getattr(cfg, path))
-        for key, v in value:
-            if v is None:
-                mapping.pop(key, None)
-            else:
-                mapping[key] = v
-        setattr(cfg, path, mapping)
     elif path == "tasks":
         cfg.tasks = tuple(value)
     else:

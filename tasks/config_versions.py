@@ -226,7 +226,7 @@ def add_training_controls(d: dict[str, Any]) -> dict[str, Any]:
     return {**TRAINING_CONTROLS, **d}
 
 
-# ---- version 6: a task's prior set per task, as every task's is ----
+# ---- version 6: a task's prior and a regression's span set per task, as every task's are ----
 
 # Version 5's "priors" object (its defaults, today's too) -> the per-task map and task of version 6
 PRIORS_5 = {"sts_weight": 0.5, "sts_model": None, "sst_weight": 0.5, "sst_model": None}
@@ -234,12 +234,24 @@ PER_TASK_PRIORS = {"sts_weight": ("prior_weights", "sts"), "sts_model": ("prior_
                    "sst_weight": ("prior_weights", "sst"), "sst_model": ("prior_models", "sst")}
 
 
-def per_task_priors(d: dict[str, Any]) -> dict[str, Any]:
-    """Version 5 -> 6: the STS and SST priors' settings ("priors": {"sts_weight", "sts_model", "sst_weight",
-    "sst_model"}, which the two entries pointed to) become the per-task maps every task's declared prior reads:
-    "prior_weights": {"sts": W, "sst": W} and "prior_models": {"sts": DIR, ...} (an encoder of None left out: the
-    task's declared one, the embedded MiniLM). A file of some fields gives what it names over version 5's defaults
-    (today's); one without "priors" is left as it is. A setting given both ways is a ValueError."""
+def per_task_settings(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 5 -> 6: what the STS and SST entries pointed to becomes per-task settings that every task reads.
+
+    The priors ("priors": {"sts_weight", "sts_model", "sst_weight", "sst_model"}) become "prior_weights": {"sts": W,
+    "sst": W} and "prior_models": {"sts": DIR, ...} (an encoder of None left out: the task's declared one, the
+    embedded MiniLM); STS's span ("model": {"sts_scale"}) becomes "model": {"spans": {"sts": S}}, and so does that of
+    a user's regression task saved at version 2, which took STS's (its entry's "span_option"). A file of some fields
+    gives what it names over version 5's defaults (today's); one without them is left as it is. A setting given
+    both ways is a ValueError."""
+    model = d.get("model")
+    if isinstance(model, dict) and "sts_scale" in model:
+        if "spans" in model:
+            raise ValueError("model.sts_scale and model.spans set the same span: give it once")
+        scale = model["sts_scale"]
+        took = [n for n, e in (d.get("user_tasks") or {}).items() if isinstance(e, dict)
+                and e.get("span_option") == "sts_scale"]
+        spans = {"sts": scale, **{n: scale for n in took}}
+        d = {**d, "model": {**{k: v for k, v in model.items() if k != "sts_scale"}, "spans": spans}}
     if "priors" not in d:
         return d
     priors = d["priors"]
@@ -329,7 +341,8 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
     Migration(read_as_version_3, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
     Migration(add_training_controls, _VERSION_5),
-    Migration(per_task_priors, _VERSION_5 - {f"priors.{k}" for k in PRIORS_5} | {"prior_weights", "prior_models"}),
+    Migration(per_task_settings, _VERSION_5 - {f"priors.{k}" for k in PRIORS_5} - {"model.sts_scale"}
+              | {"prior_weights", "prior_models", "model.spans"}),
 )
 
 

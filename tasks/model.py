@@ -48,7 +48,7 @@ import torch
 from torch import nn
 
 from minbert.bert import BertModel
-from tasks.options import option
+from tasks.options import AnyKey, option, spelled_flag
 from tasks.task import MULTITASK, PACKAGE, Head, Kind, Task, Tasks, mlp, model_tasks
 
 # ---- wrappers and train/eval modes, for objectives that run the model or a copy of it ----
@@ -109,7 +109,14 @@ class ModelConfig:
     baseline_proj_size: int = option(32, "Siamese intermediate embedding of the baseline heads (paper: 32, §4.1)", metavar="SIZE", group="model")
     head_dropout: float = option(0.3, "dropout before every head linear layer (paper: 0.3 in the baseline §4.1 and "
                                  "B3, none in B1/B2 §5.4)", metavar="P", group="model")
-    sts_scale: float = option(5.0, "STS prediction = this x cosine (Siamese) or x sigmoid (cross) (paper: 5.0, §4.1)", metavar="SCALE", group="model")
+    spans: dict[str, float] = option(
+        help="per-task span S of a regression head: its prediction = the range's low + S x a sigmoid (cross "
+             "encoding, b1) or x the cosine (the baseline's Siamese pair); TASK=S; a task left out takes its range's "
+             "width", factory=lambda: {t.name: t.score_range[1] - t.score_range[0] for t in PACKAGE.values()
+                                       if t.score_range is not None},
+        keys=AnyKey(), metavar="TASK=S", group="model",
+        spelled={"--sts-scale": ("sts", "STS prediction = this x cosine (Siamese) or x sigmoid (cross) (paper: 5.0, "
+                                        "§4.1)")})
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("arch", self.arch, ARCHS), ("pair_encoding", self.pair_encoding, PAIR_ENCODINGS),
@@ -120,8 +127,10 @@ class ModelConfig:
             raise ValueError(f"head_dropout must be in [0, 1), got {self.head_dropout}")
         if self.fcn_size < 1 or self.baseline_proj_size < 1:
             raise ValueError("fcn_size and baseline_proj_size must be positive")
-        if not self.sts_scale > 0:
-            raise ValueError(f"sts_scale must be positive (STS labels are 0-5), got {self.sts_scale}")
+        for task, span in self.spans.items():
+            if not span > 0:
+                raise ValueError(f"{spelled_flag(ModelConfig, 'spans', task)} (spans of {task}): a regression's "
+                                 f"span is positive, got {span}")
 
 
 @dataclass

@@ -431,12 +431,10 @@ class Scores(Kind):
         return 1
 
     def span(self, task, config):
-        """The range's high - low, or the ModelConfig option its entry names (STS's ``sts_scale``, the paper's
-        5 x)."""
-        if task.span_option:
-            return getattr(config, task.span_option)
+        """The ModelConfig's span of the task (``spans``: STS's --sts-scale, the paper's 5 x), else its range's
+        high - low."""
         low, high = task.score_range
-        return high - low
+        return config.spans.get(task.name, high - low)
 
     def scaled(self, task: Task, unit: torch.Tensor, span: float) -> torch.Tensor:
         """low + span x ``unit`` (a sigmoid in [0, 1], or a cosine)."""
@@ -751,8 +749,8 @@ class Task:
     (low, high), its head's range; ``checks_range``: labels outside it are refused (STS's 0-5), else taken as
     they are. ``metrics``: what it is scored by, the main one first (tasks/evaluation/metrics.py); default: its
     kind's. ``overall``: it counts in the default overall score (the CS224N tasks and CFIMDB, and a task file that
-    says so; another task's metric selects only when asked, ``--best-metric``). ``span_option``: the ModelConfig field that sets a
-    regression head's span instead of its range (STS: ``sts_scale``, the paper's 5 ×).
+    says so; another task's metric selects only when asked, ``--best-metric``). A regression head's span is its
+    range's width unless the run's ModelConfig ``spans`` name the task (STS: --sts-scale, the paper's 5 ×).
 
     How its predictions read: ``title`` (tables), ``output`` (``Output``: the files' column and format; default:
     a plain CSV of id and the user's label, ``label``, or ``score``). ``positive``: a two-class task's label of the
@@ -785,7 +783,6 @@ class Task:
     label_case: str = "exact"
     symmetric: bool = False
     overall: bool = False
-    span_option: str = ""
     stream: ExtraStream | None = None
     prior: Prior | None = None
     triplets: str | None = None
@@ -997,7 +994,6 @@ class Task:
                 "split_layouts": {s: lay.to_dict() for s, lay in self.split_layouts.items()},
                 "title": self.title, "output": self.output.to_dict(), "overall": self.overall,
                 "positive": self.positive, "label_case": self.label_case, "symmetric": self.symmetric,
-                "span_option": self.span_option,
                 "stream": self.stream.to_dict() if self.stream else None,
                 "prior": self.prior.to_dict() if self.prior else None, "triplets": self.triplets,
                 "origin": dict(self.origin)}
@@ -1014,7 +1010,7 @@ class Task:
                    checks_range=d["checks_range"], metrics=tuple(d["metrics"]),
                    split_layouts={s: Layout.from_dict(v) for s, v in d["split_layouts"].items()},
                    title=d["title"], output=Output(**d["output"]), overall=d["overall"], positive=d["positive"],
-                   label_case=d["label_case"], symmetric=d["symmetric"], span_option=d["span_option"],
+                   label_case=d["label_case"], symmetric=d["symmetric"],
                    stream=ExtraStream(**d["stream"]) if d["stream"] else None,
                    prior=Prior(**d["prior"]) if d["prior"] else None, triplets=d["triplets"],
                    origin=dict(d["origin"]))
@@ -1025,7 +1021,8 @@ class Task:
 # An entry's keys at each format (``Task.to_dict``). Format 1, unnumbered: a run's config.json from config version
 # 3 (a user's tasks) to 5 (tasks/config_versions.py migrates older runs' to it). Format 2: the predictions' file
 # format declared as one object (``output``), a table title, ``overall``, and NLI triplets as the file a task
-# declares. Format 3: a prior without ``settings`` (a run's per-task prior settings set every task's alike).
+# declares. Format 3: no ``span_option`` and a prior without ``settings`` (a run's per-task settings set every
+# task's span and prior alike: tasks/config_versions.py moves what they pointed to).
 # tests/saved_entries/ holds an entry saved at each.
 ENTRY_KEYS: dict[int, tuple[str, ...]] = {
     1: ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout", "split_layouts",
@@ -1035,7 +1032,7 @@ ENTRY_KEYS: dict[int, tuple[str, ...]] = {
         "split_layouts", "title", "output", "overall", "positive", "label_case", "symmetric", "span_option",
         "stream", "prior", "triplets", "origin"),
 }
-ENTRY_KEYS[3] = ENTRY_KEYS[2]
+ENTRY_KEYS[3] = tuple(k for k in ENTRY_KEYS[2] if k != "span_option")
 ENTRY_FORMAT = max(ENTRY_KEYS)
 
 
@@ -1048,9 +1045,12 @@ def _entry_1_to_2(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _entry_2_to_3(d: dict[str, Any]) -> dict[str, Any]:
-    """Its prior without ``settings`` (only the package's SST and STS entries, never saved in a run, set one)."""
+    """Without ``span_option`` and its prior without ``settings``: where they pointed into a run's config, the run's
+    per-task settings hold the value since (tasks/config_versions.py, ``per_task_settings``: a user's regression
+    task saved at config version 2 took STS's --sts-scale)."""
     prior = d["prior"]
-    return {**d, "format": 3, "prior": {k: v for k, v in prior.items() if k != "settings"} if prior else prior}
+    return {**{k: v for k, v in d.items() if k != "span_option"}, "format": 3,
+            "prior": {k: v for k, v in prior.items() if k != "settings"} if prior else prior}
 
 
 _MIGRATIONS = {1: _entry_1_to_2, 2: _entry_2_to_3}  # format -> the step to the next
@@ -1210,9 +1210,8 @@ TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id",
 OUTPUT_KEYS = ("column", "starter", "also_read", "submission", "part1")  # of a task file's "output" (``Output``)
 # What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: SST's stream
 # name, the NLI triplets (which --nli streams through the first task of a model that declares them, and every
-# model has STS's head), and where a run's --sst-phrases* flags set a stream ("settings": a TrainConfig field) and
-# a regression head's span ("span_option": a ModelConfig field).
-COURSE_KEYS = ("span_option", "triplets")
+# model has STS's head), and where a run's --sst-phrases* flags set a stream ("settings": a TrainConfig field).
+COURSE_KEYS = ("triplets",)
 # what a split's own object may set too
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header", "line_ends", "multiline")
 
@@ -1265,7 +1264,7 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
                 overall=bool(spec.get("overall")),
                 positive=str(spec["positive"]) if spec.get("positive") is not None else "",
                 label_case=spec.get("label_case") or "exact", symmetric=bool(spec.get("symmetric")), stream=stream,
-                prior=prior, span_option=spec.get("span_option", ""), triplets=spec.get("triplets"),
+                prior=prior, triplets=spec.get("triplets"),
                 origin=dict(origin or {}))
 
 

@@ -566,6 +566,11 @@ class TrainConfig:
                 declaring = [t for t in self.entries if self.entries[t].prior is not None]
                 raise ValueError(f"{name} names {odd[0]!r}, which declares no prior (tasks that do: "
                                  f"{', '.join(declaring) or 'none'})")
+        odd = [t for t in self.model.spans if t not in self.entries or self.entries[t].score_range is None]
+        if odd:
+            scored = [t for t in self.entries if self.entries[t].score_range is not None]
+            raise ValueError(f"model.spans names {odd[0]!r}, which is no regression (regressions: "
+                             f"{', '.join(scored) or 'none'})")
         for task, weight in self.prior_weights.items():
             if not 0.0 <= weight <= 1.0:
                 raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)}: a weight in [0, 1], got "

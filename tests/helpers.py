@@ -211,6 +211,8 @@ def unversioned(saved: dict) -> dict:
             old[flat] = saved[name][field]
     for name in {name for name, _ in NESTED_SETTINGS.values()} - {"sst_phrases", "priors"}:
         del old[name]
+    spans = old["model"].pop("spans")  # STS's alone then: its own field
+    old["model"] = {**old["model"], "sts_scale": spans["sts"]}
     return old
 
 

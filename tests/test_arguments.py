@@ -146,8 +146,8 @@ def test_baseline_preset_is_paper_section_4_1():
     """baseline: §4.1 heads (Siamese, linear, dropout 0.3), lr 1e-5 constant, sequential schedule, all data."""
     cfg = _preset("baseline")
     m = cfg.model
-    assert (m.arch, m.pair_encoding, m.pooling, m.head_dropout, m.baseline_proj_size, m.sts_scale) == \
-        ("baseline", "siamese", "pooler", 0.3, 32, 5.0)
+    assert (m.arch, m.pair_encoding, m.pooling, m.head_dropout, m.baseline_proj_size, m.spans) == \
+        ("baseline", "siamese", "pooler", 0.3, 32, {"sts": 5.0})
     assert (cfg.lr, cfg.lr_schedule, cfg.schedule, cfg.epochs, cfg.batch_size) == (1e-5, "constant", "sequential", 10, 16)
     assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
     assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3

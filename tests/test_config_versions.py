@@ -19,7 +19,7 @@ import pytest
 from tasks import train as cli
 from tasks.train_config import TrainConfig
 from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
-                                   fields_of, objective_options)
+                                   fields_of, objective_options, upgrade)
 from tasks.objectives import registered_objectives
 from tasks.task import ENTRY_FORMAT, ENTRY_KEYS, Task, upgrade_entry
 from tests.helpers import three_class_task, unversioned
@@ -213,10 +213,11 @@ def test_one_run_saved_by_each_version_since_the_last_unversioned_loads_to_one_c
     assert loaded[2].prior_weights["sts"] == 0.0 and loaded[2].sst_phrases.file is None and loaded[2].swa.lr == 1e-5
 
 
-def test_a_version_5_runs_priors_load_per_task(tiny_env, tmp_path):
-    """Version 6 sets the SST and STS priors per task, as any task's (prior_weights, prior_models): a run saved at
-    version 5 ("priors": {"sts_weight", "sts_model", "sst_weight", "sst_model"}) loads to the config of the same run
-    saved at 6, each weight and encoder its task's item (an encoder of None left out: the declared one)."""
+def test_a_version_5_runs_priors_and_span_load_per_task(tiny_env, tmp_path):
+    """Version 6 sets the SST and STS priors and STS's span per task, as any task's (prior_weights, prior_models,
+    model.spans): a run saved at version 5 ("priors": {"sts_weight", "sts_model", "sst_weight", "sst_model"},
+    "model": {"sts_scale"}) loads to the config of the same run saved at 6, each setting its task's item (an encoder
+    of None left out: the declared one); a user's regression saved at version 2, which took STS's span, keeps it."""
     v5, v6 = (TrainConfig.from_dict(_saved(SAVED / f"v{n}.json", tiny_env, tmp_path / "run"), complete=True)
               for n in (5, 6))
     assert v5 == v6 and v6.prior_weights == {"sst": 0.0, "sts": 0.0} and v6.prior_models == {}
@@ -224,6 +225,10 @@ def test_a_version_5_runs_priors_load_per_task(tiny_env, tmp_path):
              "priors": {"sts_weight": 0.25, "sts_model": None, "sst_weight": 0.5, "sst_model": "enc"}}
     cfg = TrainConfig.from_dict(saved, complete=True)
     assert (cfg.prior_weights, cfg.prior_models) == ({"sts": 0.25, "sst": 0.5}, {"sst": "enc"})
+    v5 = _saved(SAVED / "v5.json", tiny_env, tmp_path / "run")
+    v5["model"]["sts_scale"] = 3.0
+    v5["user_tasks"]["topic"]["span_option"] = "sts_scale"  # as version 2 declared a user's regression
+    assert upgrade(v5)["model"]["spans"] == {"sts": 3.0, "topic": 3.0}
     with pytest.raises(ValueError, match=r"priors\.sts_scale is not a setting"):
         TrainConfig.from_dict({"priors": {"sts_scale": 2}})
     with pytest.raises(ValueError, match="priors and prior_weights / prior_models set the same priors"):

@@ -246,7 +246,7 @@ def test_inputs_embeds_path_equals_ids_path(arch, pair_encoding):
 
 @pytest.mark.parametrize("bad", [
     dict(arch="b2"), dict(pair_encoding="dual"), dict(pooling="max"), dict(head_dropout=1.0),
-    dict(head_dropout=-0.1), dict(fcn_size=0), dict(baseline_proj_size=0), dict(sts_scale=0.0),
+    dict(head_dropout=-0.1), dict(fcn_size=0), dict(baseline_proj_size=0), dict(spans={"sts": 0.0}),
 ])
 def test_model_config_rejects_bad_values(bad):
     """ModelConfig raises ValueError on a value it does not implement, naming the field."""
@@ -400,7 +400,7 @@ def test_sts_score_is_the_float32_head_on_the_bf16_encoder_output():
             e = model.embed(batch["input_ids"], batch["attention_mask"], batch["token_type_ids"])
         assert e.dtype == torch.bfloat16
         e = e.float()
-        want = model.config.sts_scale * torch.sigmoid(model.sts_head(model._features("sts", e)).squeeze(-1))
+        want = model.config.spans["sts"] * torch.sigmoid(model.sts_head(model._features("sts", e)).squeeze(-1))
     torch.testing.assert_close(got, want, atol=1e-6, rtol=0)
 
 

@@ -454,6 +454,25 @@ def test_a_sentence_regression_on_a_1_to_10_scale_trains_predicts_and_ensembles(
     assert len(ids) == 24 and bool(((scores >= 1) & (scores <= 10)).all())
 
 
+def test_a_regressions_span_is_its_ranges_width_unless_the_run_sets_it_as_stss(tmp_path):
+    """A regression head's span is one setting per task, STS's as a user's: --sts-scale S is --spans sts=S, and a
+    user's 1-10 rating spans its range's 9 unless --spans rating=S says otherwise; a classification has none."""
+    rows = {s: [[f"the film was {CLASS_WORDS[i % 3]} {i}", 1 + (i % 3) * 4 + i % 2] for i in range(12)]
+            for s in ("train", "dev")}
+    task_file = user_task(tmp_path / "t", {"name": "rating", "text": "review", "label": "stars",
+                                           "kind": "sentence-regression"}, rows, ["review", "stars"])
+    run = ["--task-file", str(task_file), "--tasks", "sts", "rating"]
+
+    def spans(cfg) -> dict[str, float]:
+        return {t: cfg.entries[t].kind.head(cfg.entries[t], cfg.model, 8).span for t in cfg.tasks}
+
+    assert spans(config_for(run)) == {"sts": 5.0, "rating": 9.0}
+    assert spans(config_for([*run, "--sts-scale", "4", "--spans", "rating=2"])) == {"sts": 4.0, "rating": 2.0}
+    with pytest.raises(ValueError, match=r"model.spans names 'para', which is no regression \(regressions: sts, "
+                                         r"rating\)"):
+        config_for([*run, "--spans", "para=2"])
+
+
 def test_a_header_less_tsv_is_read_by_column_position(tmp_path, tiny_env, one_thread, capsys):
     """A CoLA-shaped file (no header, "header": false; source, label, mark, sentence; a lone quote in the text)
     declared by column positions, its test file with a header of its own; its chosen metric (Matthews correlation)
