@@ -187,11 +187,11 @@ class TrainConfig:
         factory=lambda: {t.name: t.prior.weight for t in PACKAGE.values() if t.prior is not None}, group="data",
         keys=AnyKey(), metavar="TASK=W", spelled={
             "--sts-prior": ("sts", "STS score = (1 - W) x the head's + W x 5 x the cosine of a sentence encoder's "
-                                   "mean-pooled embeddings (--sts-prior-model, frozen)"),
+                                   "mean-pooled embeddings (--sts-prior-model, frozen); 0 = off"),
             "--sst-prior": ("sst", "SST class probabilities = (1 - W) x the head's + W x those of a logistic "
                                    "regression on a frozen sentence encoder's embeddings of the SST training "
                                    "sentences (--sst-prior-model; fitted at the first evaluation, saved in the "
-                                   "checkpoints)")})
+                                   "checkpoints); 0 = off")})
     prior_models: dict[str, str] = option(
         help="per-task sentence encoder of its prior (a checkpoint directory); TASK=DIR; a task left out takes its "
              "declared one, else the embedded all-MiniLM-L6-v2, whatever --pretrained is", factory=dict,
