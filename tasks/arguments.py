@@ -28,10 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from tasks.cli import Parser
+from tasks.config_versions import SCALE_5, took_scale
 from tasks.train_config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
 from tasks.model import ModelConfig
 from tasks.objectives import load_plugin, registered_objectives
-from tasks.options import add_options, flag_of_path, fold_spelled, option, value_at
+from tasks.options import add_options, flag_of_path, fold_spelled, option, spelled_flag, spelled_flags, value_at
 from tasks.storage import read_json
 from tasks.task_file import read_task_file
 from tasks.training.run import check_run
@@ -164,7 +165,10 @@ def parse(argv: list[str] | None = None, parser: argparse.ArgumentParser | None 
     ns = vars(parser.parse_args(argv))
     command_fields = {f.name for f in dataclasses.fields(Command)}
     command = Command(**{k: v for k, v in ns.items() if k in command_fields})
-    explicit = fold_spelled(TrainConfig, {k: v for k, v in ns.items() if k not in command_fields})
+    try:
+        explicit = fold_spelled(TrainConfig, {k: v for k, v in ns.items() if k not in command_fields})
+    except ValueError as e:  # a key set by its own flag and by its map's
+        parser.error(str(e))
     return command, explicit
 
 
@@ -185,7 +189,8 @@ def flag_of(path: str) -> str:
     "objectives.mnr.scale" -> --mnr-scale."""
     if path.startswith("objectives."):
         return "--" + path[len("objectives."):].replace(".", "-").replace("_", "-")
-    return flag_of_path(TrainConfig, path)
+    own = spelled_flags(TrainConfig, path)
+    return flag_of_path(TrainConfig, path) + (f" ({', '.join(own)})" if own else "")
 
 
 def check_command(c: Command, explicit: dict[str, Any], world: int = 1) -> None:
@@ -231,11 +236,26 @@ def saved_config(path: str, trust_modules: bool = False) -> TrainConfig:
         raise ValueError(f"--config {path}: {e}") from None
 
 
+def refuse_unlinked_spans(path: str, explicit: dict[str, Any]) -> None:
+    """A run saved at config version 2 with a regression task of a user's took STS's span (--sts-scale) for it too;
+    spans are one setting per task since (version 6 gives that task the span it was saved with). --config of such
+    a run with STS's span changed would once have changed the user's too: refused unless --spans names it."""
+    given = dict(explicit.get("model.spans") or ())
+    if SCALE_5[1] not in given:
+        return
+    took = [n for n in took_scale(read_json(Path(path).expanduser())) if n not in given]
+    if took:
+        raise ValueError(f"--config {path}: its task {took[0]} took STS's span when it was saved, and each task's "
+                         f"span is its own since: give {spelled_flag(TrainConfig, 'model.spans', took[0], 'S')} too")
+
+
 def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig:
     """The training config of a fresh run: defaults (or --config's), then the preset, objectives, explicit
     flags. Not validated (tasks.training.run.prepare_run does)."""
     c = command
     cfg = TrainConfig() if c.config is None else saved_config(c.config, c.trust_objective_modules)
+    if c.config is not None:
+        refuse_unlinked_spans(c.config, explicit)
     if c.preset:
         cfg = apply_preset(cfg, c.preset)
         registry = registered_objectives()

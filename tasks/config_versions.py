@@ -24,6 +24,7 @@ import dataclasses
 import functools
 import importlib.metadata
 import json
+import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -232,6 +233,7 @@ def add_training_controls(d: dict[str, Any]) -> dict[str, Any]:
 PRIORS_5 = {"sts_weight": 0.5, "sts_model": None, "sst_weight": 0.5, "sst_model": None}
 PER_TASK_PRIORS = {"sts_weight": ("prior_weights", "sts"), "sts_model": ("prior_models", "sts"),
                    "sst_weight": ("prior_weights", "sst"), "sst_model": ("prior_models", "sst")}
+SCALE_5 = ("sts_scale", "sts")  # version 5's "model": {"sts_scale"} (a span_option's target too): the task it spans
 
 
 def per_task_settings(d: dict[str, Any]) -> dict[str, Any]:
@@ -244,14 +246,13 @@ def per_task_settings(d: dict[str, Any]) -> dict[str, Any]:
     gives what it names over version 5's defaults (today's); one without them is left as it is. A setting given
     both ways is a ValueError."""
     model = d.get("model")
-    if isinstance(model, dict) and "sts_scale" in model:
+    field, task = SCALE_5
+    if isinstance(model, dict) and field in model:
         if "spans" in model:
-            raise ValueError("model.sts_scale and model.spans set the same span: give it once")
-        scale = model["sts_scale"]
-        took = [n for n, e in (d.get("user_tasks") or {}).items() if isinstance(e, dict)
-                and e.get("span_option") == "sts_scale"]
-        spans = {"sts": scale, **{n: scale for n in took}}
-        d = {**d, "model": {**{k: v for k, v in model.items() if k != "sts_scale"}, "spans": spans}}
+            raise ValueError(f"model.{field} and model.spans set the same span: give it once")
+        scale = _checked(f"model.{field}", model[field], number=True)
+        spans = {task: scale, **{n: scale for n in took_scale(d)}}
+        d = {**d, "model": {**{k: v for k, v in model.items() if k != field}, "spans": spans}}
     if "priors" not in d:
         return d
     priors = d["priors"]
@@ -265,21 +266,34 @@ def per_task_settings(d: dict[str, Any]) -> dict[str, Any]:
     out = {k: v for k, v in d.items() if k != "priors"} | {"prior_weights": {}, "prior_models": {}}
     for key, value in {**PRIORS_5, **priors}.items():
         name, task = PER_TASK_PRIORS[key]
-        if key.endswith("_weight") and (isinstance(value, bool) or not isinstance(value, (int, float, str))
-                                        or isinstance(value, str) and not _number(value)):
-            shown = repr(value) if isinstance(value, str) else json.dumps(value)
-            raise ValueError(f"priors.{key}: {shown} is not a number")
-        if value is not None:
+        if _checked(f"priors.{key}", value, number=key.endswith("_weight")) is not None:
             out[name][task] = value
     return out
 
 
-def _number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
+def took_scale(d: dict[str, Any]) -> list[str]:
+    """The user tasks of a saved run's config.json (before version 6) whose span was STS's (a regression declared
+    at version 2: its entry's "span_option")."""
+    return [n for n, e in (d.get("user_tasks") or {}).items() if isinstance(e, dict)
+            and e.get("span_option") == SCALE_5[0]]
+
+
+def _checked(where: str, value: Any, number: bool) -> Any:
+    """A version-5 setting's value as its field read it then: a number, or an encoder's directory or null; a
+    ValueError naming ``where`` (the file's own key) otherwise."""
+    shown = repr(value) if isinstance(value, str) else json.dumps(value)
+    if number:
+        try:
+            ok = not isinstance(value, bool) and isinstance(value, (int, float, str)) and math.isfinite(float(value))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{where}: {shown} is not a number")
+    elif value == "none":
+        raise ValueError(f"{where}: 'none' is not a value of this setting: leave it out for its default")
+    elif value is not None and not isinstance(value, str):
+        raise ValueError(f"{where}: {shown} is not a string")
+    return value
 
 
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
@@ -373,8 +387,10 @@ def upgrade(d: dict[str, Any]) -> dict[str, Any]:
     for key in SOFTWARE_KEYS:
         d.pop(key, None)
     if VERSION_KEY not in d:
-        version = 0 if UNVERSIONED_FIELDS <= _paths(d) else 1
-        nested = sorted(name for name, _ in NESTED_SETTINGS.values() if isinstance(d.get(name), dict))
+        # every saved run holds the first fields (version 6 STS's span per task: model.spans, not model.sts_scale)
+        paths = _paths(d) | ({"model.sts_scale"} if "model.spans" in _paths(d) else set())
+        version = 0 if UNVERSIONED_FIELDS <= paths else 1
+        nested = sorted({name for name, _ in NESTED_SETTINGS.values() if isinstance(d.get(name), dict)})
         if version == 0 and nested:  # a saved run of version 2 or later that lost its version: not version 0's
             entries = d.get("user_tasks")
             # version 4's task entries say how their labels are matched; one without entries reads alike as 3

@@ -417,6 +417,11 @@ def fold_spelled(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def spelled_flags(cls: type, path: str) -> list[str]:
+    """The flags of single keys (``option(spelled=...)``) of the KEY=VALUE map at ``path`` of dataclass ``cls``."""
+    return list(field_at(cls, path)[1].metadata.get("spelled", {}))
+
+
 def spelled_flag(cls: type, path: str, key: str, value: str | None = None) -> str:
     """How a command line sets ``key`` of the KEY=VALUE map at ``path`` of dataclass ``cls`` (to ``value``): its own
     flag (``option(spelled=...)``: --sst-prior, --sst-prior 0), else the map's flag with the key (--prior-weights

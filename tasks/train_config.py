@@ -713,6 +713,13 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
     if "swa.lr" in explicit and cfg.swa.epochs == 0:
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
     given = explicit if isinstance(explicit, dict) else {}
+    for path, takes, what in (("prior_weights", lambda e: e.prior is not None, "declares no prior (tasks that do"),
+                              ("prior_models", lambda e: e.prior is not None, "declares no prior (tasks that do"),
+                              ("model.spans", lambda e: e.score_range is not None, "is no regression (regressions")):
+        for task in dict(given.get(path) or ()):
+            if task not in cfg.entries or not takes(cfg.entries[task]):
+                raise ValueError(f"{spelled_flag(TrainConfig, path, task)}: {task} {what}: "
+                                 f"{', '.join(t for t in cfg.entries if takes(cfg.entries[t])) or 'none'})")
     for task, weight in dict(given.get("prior_weights") or ()).items():
         if weight > 0 and task not in cfg.tasks:
             entry = cfg.entries.get(task)

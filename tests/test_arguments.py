@@ -17,7 +17,7 @@ from tasks import train as cli
 from tasks.train_config import TrainConfig
 from tasks.config_versions import fields_of
 from tasks.objectives import registered_objectives
-from tests.helpers import unversioned
+from tests.helpers import unversioned, user_task
 
 
 COMMAND_FIELDS = {f.name for f in dataclasses.fields(arguments.Command)}
@@ -279,6 +279,30 @@ def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_p
     saved = {k: v for k, v in unversioned(default.to_dict()).items() if k != "sst_prior"}  # saved before --sst-prior
     (tmp_path / "saved.json").write_text(json.dumps(saved))
     assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).prior_weights["sst"] == 0.0
+
+
+def test_a_config_whose_user_regression_took_stss_span_asks_for_its_span_with_sts_scale(tmp_path):
+    """A user's regression saved at config version 2 took STS's span (its entry's span_option); --config of that run
+    with --sts-scale S changed both then. Spans are per task since: it is refused in one line unless --spans names
+    the task too; without --sts-scale the task keeps the span it was saved with."""
+    rows = {s: [[f"film {i}", 1 + i % 9] for i in range(8)] for s in ("train", "dev")}
+    task_file = user_task(tmp_path / "t", {"name": "rating", "text": "review", "label": "stars",
+                                           "kind": "sentence-regression"}, rows, ["review", "stars"])
+    d = arguments.config_for(["--task-file", str(task_file), "--tasks", "sts", "rating", "--sts-scale", "4"]).to_dict()
+    entry = d["user_tasks"]["rating"]  # as version 5 kept a task that version 2 saved: format 2, STS's span
+    d["user_tasks"]["rating"] = {**entry, "format": 2, "span_option": "sts_scale"}
+    d["model"] = {**{k: v for k, v in d["model"].items() if k != "spans"}, "sts_scale": 4.0}
+    weights, models = d.pop("prior_weights"), d.pop("prior_models")
+    d["priors"] = {**{f"{t}_weight": weights[t] for t in ("sst", "sts")}, **{f"{t}_model": models.get(t)
+                                                                            for t in ("sst", "sts")}}
+    saved = tmp_path / "config.json"
+    saved.write_text(json.dumps({**d, "config_version": 5}))
+    assert arguments.config_for(["--config", str(saved)]).model.spans == {"sts": 4.0, "rating": 4.0}
+    with pytest.raises(ValueError, match=r"--config .*config.json: its task rating took STS's span when it was "
+                                         r"saved, .* give --spans rating=S too"):
+        arguments.config_for(["--config", str(saved), "--sts-scale", "3"])
+    assert arguments.config_for(["--config", str(saved), "--sts-scale", "3", "--spans", "rating=3"]).model.spans == \
+        {"sts": 3.0, "rating": 3.0}
 
 
 def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_path):

@@ -251,6 +251,10 @@ def test_a_file_of_some_fields_names_a_setting_flat_or_nested_but_once():
         TrainConfig.from_dict({"swa": {"rate": 1e-3}})
     with pytest.raises(ValueError, match=r"priors\.sts_weight: 'x' is not a number"):
         TrainConfig.from_dict({"sts_prior": "x"})
+    with pytest.raises(ValueError, match=r"priors\.sts_model: 'none' is not a value of this setting"):
+        TrainConfig.from_dict({"priors": {"sts_model": "none"}})
+    with pytest.raises(ValueError, match=r"model\.sts_scale: 'abc' is not a number"):
+        TrainConfig.from_dict({"model": {"sts_scale": "abc"}})
 
 
 def test_a_nested_setting_in_a_config_file_is_one_line_and_exit_2(tmp_path, capsys):
@@ -296,6 +300,11 @@ def test_a_saved_run_that_lost_its_version_is_named_and_never_told_to_delete(tin
     with pytest.raises(ValueError, match='config_version is missing, .* version 2 writes them: put back '
                                          '"config_version": 2'):
         TrainConfig.from_dict(saved, complete=True)
+    for version in (5, 6):  # each names the version it is (6 holds no model.sts_scale, which version 0 did)
+        saved_at = _saved(SAVED / f"v{version}.json", tiny_env, tmp_path / "run")
+        del saved_at["config_version"]
+        with pytest.raises(ValueError, match=f'put back "config_version": {version}$'):
+            TrainConfig.from_dict(saved_at, complete=True)
     run = tmp_path / "run"
     cli.main(["--config", str(_write(tmp_path / "config.json", _saved(SAVED / "v2.json", tiny_env, run)))])
     for where in (run / "checkpoints" / "best", run / "checkpoints" / "last"):

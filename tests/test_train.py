@@ -91,6 +91,11 @@ REFUSED = [
     (["--tasks", "para", "sts", "--sst-prior", "0.5"], "--sst-prior only acts on SST"),
     (["--sst-prior", "0", "--sst-prior-model", "x"], "--sst-prior-model only acts"),
     (["--sst-prior-model", "no/such/dir"], "--sst-prior-model no/such/dir: no such checkpoint directory"),
+    (["--sts-prior", "0.3", "--prior-weights", "sts=0.4"], "--sts-prior and --prior-weights sts=... set one "
+     "setting: give it once"),
+    (["--sts-scale", "3", "--spans", "sts=4"], "--sts-scale and --spans sts=... set one setting"),
+    (["--prior-weights", "para=0.3"], "--prior-weights para=...: para declares no prior (tasks that do: sst, sts)"),
+    (["--spans", "para=3"], "--spans para=...: para is no regression (regressions: sts)"),
     (["--tasks", "para", "sts", "--sst-phrases", "sst-phrases-train.csv"], "--sst-phrases trains the SST head, and "
      "--tasks para sts has no sst"),
     (["--sst-phrases", "none", "--sst-phrases-weight", "0.5"], "--sst-phrases-weight only acts on the phrase stream"),
@@ -306,13 +311,16 @@ def test_the_sst_probe_travels_with_the_checkpoint(tiny_env, tmp_path, monkeypat
 
 
 def test_eval_only_refuses_settings_that_would_do_nothing_on_its_tasks(tiny_env, tmp_path, capsys):
-    """--eval-only of a run without STS (an SST specialist) with --sts-prior or --sts-prior-model would score
-    exactly as without them: refused with exit status 2, as at training, instead of silently ignored."""
+    """--eval-only of a run without STS (an SST specialist) with --sts-prior or --sts-prior-model, or a prior's
+    weight for a task that declares none, would score exactly as without them: refused with exit status 2, as at
+    training, instead of silently ignored."""
     run = tmp_path / "sst-only"
     cli.main([*_tiny_flags(tiny_env, run), "--tasks", "sst", "--limit", "16", "--epochs", "1"])
     best = str(run / "checkpoints" / "best")
     for flags, message in ((["--sts-prior", "0.3"], "--sts-prior only acts on STS"),
-                           (["--sts-prior-model", str(tiny_env[0])], "--sts-prior-model only acts")):
+                           (["--sts-prior-model", str(tiny_env[0])], "--sts-prior-model only acts"),
+                           (["--prior-weights", "para=0.2"], "--prior-weights para=...: para declares no prior"),
+                           (["--prior-weights", "sst=0.2", "--sst-prior", "0.1"], "set one setting: give it once")):
         with pytest.raises(SystemExit) as e:
             cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "eval"), *flags])
         assert e.value.code == 2 and message in capsys.readouterr().err
