@@ -18,7 +18,8 @@ Type hints become flags so:
     list[list[T]]          --x V [V ...] --x V [V ...] (``repeat`` with ``nargs``, default "+")
     dict[str, int|float|str]
                            --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
-                           is removed); the command merges the items into the field's mapping. ``spelled``
+                           is removed), given once or more (``MergeItems``); the command merges the items into
+                           the field's mapping. ``spelled``
                            adds a flag of its own for one key: option(spelled={"--sst-prior": ("sst", HELP)})
                            makes --sst-prior W the item sst=W (dest "<name>@sst": ``fold_spelled``)
     X | None               as X; a field whose default is not None takes the word "none" for None (how a
@@ -166,6 +167,16 @@ def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[st
 
     parse.__name__ = f"{value_type.__name__} pair"
     return parse
+
+
+class MergeItems(argparse.Action):
+    """A KEY=VALUE map's flag: each use adds its items to those of the uses before it (argparse's store keeps the
+    last use alone: --x a=1 --x b=2 would drop a=1)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        setattr(namespace, self.dest, (list(before) if isinstance(before, list) else []) + list(values))
 
 
 def or_none(tp: type) -> Callable[[str], Any]:
@@ -330,7 +341,7 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
     elif origin is dict:
         if not meta.get("keys") and not isinstance(meta.get("keys"), AnyKey):
             raise TypeError(f"{cls.__name__}.{f.name}: a dict field needs option(keys=...) to become a flag")
-        kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]),
+        kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]), "action": MergeItems,
               "metavar": meta.get("metavar") or "STREAM=VALUE"}
     elif tp in (int, float, str):
         optional_str = tp is str and tp is not type_hints(cls)[f.name] and default is None

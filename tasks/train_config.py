@@ -721,6 +721,8 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
                 raise ValueError(f"{spelled_flag(TrainConfig, path, task)}: {task} {what}: "
                                  f"{', '.join(t for t in cfg.entries if takes(cfg.entries[t])) or 'none'})")
     for task, weight in dict(given.get("prior_weights") or ()).items():
+        if not 0.0 <= weight <= 1.0:  # here for --eval-only too, which validates no config
+            raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)}: a weight in [0, 1], got {weight}")
         if weight > 0 and task not in cfg.tasks:
             entry = cfg.entries.get(task)
             raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)} only acts on "

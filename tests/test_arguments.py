@@ -281,6 +281,17 @@ def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_p
     assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).prior_weights["sst"] == 0.0
 
 
+def test_a_map_flag_given_twice_sets_every_item_it_names():
+    """--max-train-examples para=100 --max-train-examples sst=50 sets both caps (the second use does not drop the
+    first's, as argparse's store would); a spelled key and another key of its map combine the same way."""
+    cfg = arguments.config_for(["--max-train-examples", "para=100", "--max-train-examples", "sst=50"])
+    assert cfg.max_train_examples == {"para": 100, "sst": 50}
+    cfg = arguments.config_for(["--prior-weights", "sts=0.2", "--prior-weights", "sst=0.1"])
+    assert cfg.prior_weights == {"sts": 0.2, "sst": 0.1}
+    assert arguments.config_for(["--prior-weights", "sts=0.2", "--sst-prior", "0.1"]).prior_weights == \
+        cfg.prior_weights
+
+
 def test_a_config_whose_user_regression_took_stss_span_asks_for_its_span_with_sts_scale(tmp_path):
     """A user's regression saved at config version 2 took STS's span (its entry's span_option); --config of that run
     with --sts-scale S changed both then. Spans are per task since: it is refused in one line unless --spans names

@@ -320,6 +320,7 @@ def test_eval_only_refuses_settings_that_would_do_nothing_on_its_tasks(tiny_env,
     for flags, message in ((["--sts-prior", "0.3"], "--sts-prior only acts on STS"),
                            (["--sts-prior-model", str(tiny_env[0])], "--sts-prior-model only acts"),
                            (["--prior-weights", "para=0.2"], "--prior-weights para=...: para declares no prior"),
+                           (["--sst-prior", "1.5"], "--sst-prior: a weight in [0, 1], got 1.5"),
                            (["--prior-weights", "sst=0.2", "--sst-prior", "0.1"], "set one setting: give it once")):
         with pytest.raises(SystemExit) as e:
             cli.main(["--eval-only", "--checkpoint", best, "--out-dir", str(tmp_path / "eval"), *flags])
