@@ -143,7 +143,10 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
                 mapping.pop(key, None)
             else:
                 mapping[key] = v
-        setattr(getattr(cfg, head), rest, mapping) if rest else setattr(cfg, path, mapping)
+        if rest:  # a nested config's (model.spans)
+            setattr(getattr(cfg, head), rest, mapping)
+        else:
+            setattr(cfg, path, mapping)
     elif head in NESTED:
         setattr(getattr(cfg, head), rest, value)
     elif head == "objectives":
@@ -220,30 +223,33 @@ def check_command(c: Command, explicit: dict[str, Any], world: int = 1) -> None:
         check_eval_changes(explicit, name=flag_of)  # the rule of tasks.train_config, in the command line's words
 
 
-def saved_config(path: str, trust_modules: bool = False) -> TrainConfig:
+def saved_config(path: str, trust_modules: bool = False, spans: dict[str, float] | None = None) -> TrainConfig:
     """The TrainConfig of ``--config FILE``: a run's config.json, or a file of some fields, the others today's
     defaults (a field it does not know is an error); the objective files it recorded are imported only with
-    ``trust_modules`` (--trust-objective-modules, ``TrainConfig.from_dict``)."""
+    ``trust_modules`` (--trust-objective-modules, ``TrainConfig.from_dict``). ``spans``: the ones the command line
+    sets (``refuse_unlinked_spans``)."""
     f = Path(path).expanduser()
     if f.is_dir():
         raise ValueError(f"--config {path} is a directory: pass its config.json")
     if not f.is_file():
         raise FileNotFoundError(f"--config {path}: no such file")
     registered_objectives()  # the package's and MINBERT_PLUGINS' objectives first: an error of theirs is not the file's
+    d = read_json(f)
+    refuse_unlinked_spans(path, d, spans or {})
     try:
-        return TrainConfig.from_dict(read_json(f), trust_modules=trust_modules)
+        return TrainConfig.from_dict(d, trust_modules=trust_modules)
     except (ValueError, TypeError) as e:
         raise ValueError(f"--config {path}: {e}") from None
 
 
-def refuse_unlinked_spans(path: str, explicit: dict[str, Any]) -> None:
+def refuse_unlinked_spans(path: str, saved: dict[str, Any], given: dict[str, float]) -> None:
     """A run saved at config version 2 with a regression task of a user's took STS's span (--sts-scale) for it too;
     spans are one setting per task since (version 6 gives that task the span it was saved with). --config of such
-    a run with STS's span changed would once have changed the user's too: refused unless --spans names it."""
-    given = dict(explicit.get("model.spans") or ())
+    a run (``saved``) with STS's span changed (``given``) would once have changed the user's too: refused unless
+    --spans names it."""
     if SCALE_5[1] not in given:
         return
-    took = [n for n in took_scale(read_json(Path(path).expanduser())) if n not in given]
+    took = [n for n in took_scale(saved) if n not in given]
     if took:
         raise ValueError(f"--config {path}: its task {took[0]} took STS's span when it was saved, and each task's "
                          f"span is its own since: give {spelled_flag(TrainConfig, 'model.spans', took[0], 'S')} too")
@@ -253,9 +259,8 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     """The training config of a fresh run: defaults (or --config's), then the preset, objectives, explicit
     flags. Not validated (tasks.training.run.prepare_run does)."""
     c = command
-    cfg = TrainConfig() if c.config is None else saved_config(c.config, c.trust_objective_modules)
-    if c.config is not None:
-        refuse_unlinked_spans(c.config, explicit)
+    cfg = TrainConfig() if c.config is None else saved_config(c.config, c.trust_objective_modules,
+                                                              dict(explicit.get("model.spans") or ()))
     if c.preset:
         cfg = apply_preset(cfg, c.preset)
         registry = registered_objectives()

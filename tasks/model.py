@@ -112,8 +112,9 @@ class ModelConfig:
     spans: dict[str, float] = option(
         help="per-task span S of a regression head: its prediction = the range's low + S x the cosine of a "
              "Siamese pair's embeddings, or x a sigmoid (a cross-encoded pair, one sentence); TASK=S; a task left out "
-             "takes its range's width", factory=lambda: {t.name: t.score_range[1] - t.score_range[0] for t in PACKAGE.values()
-                                       if t.score_range is not None},
+             "takes its range's width",
+        factory=lambda: {t.name: t.score_range[1] - t.score_range[0] for t in PACKAGE.values()
+                         if t.score_range is not None},
         keys=AnyKey(), metavar="TASK=S", group="model",
         spelled={"--sts-scale": ("sts", "STS prediction = this x cosine (Siamese) or x sigmoid (cross) (paper: 5.0, "
                                         "§4.1)")})

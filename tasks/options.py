@@ -19,9 +19,9 @@ Type hints become flags so:
     dict[str, int|float|str]
                            --x KEY=VALUE [...], KEY one of ``keys`` (an int map's VALUE may be "all": the key
                            is removed), given once or more (``MergeItems``); the command merges the items into
-                           the field's mapping. ``spelled``
-                           adds a flag of its own for one key: option(spelled={"--sst-prior": ("sst", HELP)})
-                           makes --sst-prior W the item sst=W (dest "<name>@sst": ``fold_spelled``)
+                           the field's mapping. ``spelled`` adds a flag of its own for one key:
+                           option(spelled={"--sst-prior": ("sst", HELP)}) makes --sst-prior W the item sst=W
+                           (dest "<name>@sst": ``fold_spelled``)
     X | None               as X; a field whose default is not None takes the word "none" for None (how a
                            setting on by default is turned off, as transformers' ``--report_to none``)
     a dataclass            a nested config (TrainConfig's model, swa, ...): a flag per field of its own,

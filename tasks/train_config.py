@@ -560,21 +560,8 @@ class TrainConfig:
             raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
         if not 0.0 <= self.pair_swap <= 1.0:
             raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
-        for name in ("prior_weights", "prior_models"):  # a task of another run's is idle, as an unused flag
-            odd = [t for t in getattr(self, name) if t not in self.entries or self.entries[t].prior is None]
-            if odd:
-                declaring = [t for t in self.entries if self.entries[t].prior is not None]
-                raise ValueError(f"{name} names {odd[0]!r}, which declares no prior (tasks that do: "
-                                 f"{', '.join(declaring) or 'none'})")
-        odd = [t for t in self.model.spans if t not in self.entries or self.entries[t].score_range is None]
-        if odd:
-            scored = [t for t in self.entries if self.entries[t].score_range is not None]
-            raise ValueError(f"model.spans names {odd[0]!r}, which is no regression (regressions: "
-                             f"{', '.join(scored) or 'none'})")
-        for task, weight in self.prior_weights.items():
-            if not 0.0 <= weight <= 1.0:
-                raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)}: a weight in [0, 1], got "
-                                 f"{weight}")
+        # a task of another run's is idle there, as an unused flag; one that cannot take the setting is refused
+        check_per_task(self, {path: value_at(self, path) for path in PER_TASK}, lambda path, task: f"{path} {task}")
         phrases = self.sst_phrases
         if phrases.per_epoch < 1:
             raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {phrases.per_epoch}")
@@ -694,6 +681,27 @@ def _positive_ints(name: str, mapping: dict[str, int], low: int) -> None:
         raise ValueError(f"{name} values must be integers >= {low}, got {bad}")
 
 
+# The per-task settings (TASK=VALUE maps), by dotted path: which tasks can take one, and what the others are not
+PER_TASK: dict[str, tuple[Callable[[Task], bool], str, str]] = {
+    "prior_weights": (lambda e: e.prior is not None, "declares no prior", "tasks that do"),
+    "prior_models": (lambda e: e.prior is not None, "declares no prior", "tasks that do"),
+    "model.spans": (lambda e: e.score_range is not None, "is no regression", "regressions")}
+
+
+def check_per_task(cfg: TrainConfig, given: Mapping[str, Mapping[str, Any]], name: Callable[[str, str], str]) -> None:
+    """Refuse a per-task setting (``given``: {task: value} by PER_TASK path) of a task that cannot take it (an
+    unknown name, a prior for a task that declares none, a span for a classification) or a prior's weight outside
+    [0, 1]: a ValueError that says so, the setting named as ``name(path, task)`` says (a field, or a flag)."""
+    for path, values in given.items():
+        takes, what, which = PER_TASK[path]
+        for task, value in values.items():
+            if task not in cfg.entries or not takes(cfg.entries[task]):
+                raise ValueError(f"{name(path, task)}: {task} {what} ({which}: "
+                                 f"{', '.join(t for t in cfg.entries if takes(cfg.entries[t])) or 'none'})")
+            if path == "prior_weights" and not 0.0 <= value <= 1.0:
+                raise ValueError(f"{name(path, task)}: a weight in [0, 1], got {value}")
+
+
 def _declaring(cfg: TrainConfig, settings: str) -> str | None:
     """The run's task whose extra stream these settings set (the SST entry's for sst_phrases), or None."""
     for task in cfg.tasks:
@@ -713,16 +721,10 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
     if "swa.lr" in explicit and cfg.swa.epochs == 0:
         raise ValueError("--swa-lr only acts with --swa-epochs N > 0 (the SWA phase, paper §4.6)")
     given = explicit if isinstance(explicit, dict) else {}
-    for path, takes, what in (("prior_weights", lambda e: e.prior is not None, "declares no prior (tasks that do"),
-                              ("prior_models", lambda e: e.prior is not None, "declares no prior (tasks that do"),
-                              ("model.spans", lambda e: e.score_range is not None, "is no regression (regressions")):
-        for task in dict(given.get(path) or ()):
-            if task not in cfg.entries or not takes(cfg.entries[task]):
-                raise ValueError(f"{spelled_flag(TrainConfig, path, task)}: {task} {what}: "
-                                 f"{', '.join(t for t in cfg.entries if takes(cfg.entries[t])) or 'none'})")
+    # the flags' own, named as given: here for --eval-only too, which validates no config
+    check_per_task(cfg, {path: dict(given[path]) for path in PER_TASK if given.get(path)},
+                   lambda path, task: spelled_flag(TrainConfig, path, task))
     for task, weight in dict(given.get("prior_weights") or ()).items():
-        if not 0.0 <= weight <= 1.0:  # here for --eval-only too, which validates no config
-            raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)}: a weight in [0, 1], got {weight}")
         if weight > 0 and task not in cfg.tasks:
             entry = cfg.entries.get(task)
             raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)} only acts on "
