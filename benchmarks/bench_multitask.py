@@ -113,10 +113,10 @@ from minbert.pretrained import resolve_model_dir
 from tasks.cli import Parser
 from tasks.options import add_options, option
 from tasks.storage import write_text
-from tasks.train_config import PhrasesConfig, TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.data.schedule import MultitaskSchedule
-from tasks.model import MultitaskBert
+from tasks.model import PHRASES, MultitaskBert
 from tasks.runtime import (
     autocast,
     configure_malloc,
@@ -937,7 +937,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # The tasks' batches, as benchmarks/README.md's tables measured them: the default's SST phrase batches (short,
     # the SST head's) are left out.
     cfg = TrainConfig(data_dir=args.data_dir, pretrained=args.pretrained, bf16=args.bf16,
-                      sst_phrases=PhrasesConfig(file=None))
+                      stream_files={PHRASES: None})
     res = benchmark(cfg, args.variants, steps=args.steps, warmup=args.warmup, rounds=args.rounds,
                     memory=not args.no_memory, profile=args.profile, threads=args.threads, square=args.square)
     return report(res, "benchmarks.bench_multitask", argv, markdown, args.json)

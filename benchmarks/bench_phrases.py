@@ -18,6 +18,7 @@ Usage:
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -30,10 +31,9 @@ import torch
 from benchmarks.bench_multitask import machine_info, make_base_trainer, report
 from tasks.cli import Parser
 from tasks.options import add_options, option
-from tasks.train_config import PhrasesConfig, TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.data.datasets import move_batch
 from tasks.model import PHRASES
-from tasks.options import replace_at
 from tasks.runtime import configure_malloc, synchronize
 from tasks.training.optim import build_schedule
 from tasks.training.trainer import Trainer
@@ -58,7 +58,8 @@ def sample_batches(trainer: Trainer, batch_sizes: Sequence[int], steps: int) -> 
     cfg, sets, device = trainer.cfg, trainer.train_sets, trainer.device
     plans: dict[str, list[list[int]]] = {}
     for b in batch_sizes:
-        for stream, idx in build_schedule(replace_at(cfg, "sst_phrases.batch_size", b), sets).epoch_plan(0):
+        at_b = dataclasses.replace(cfg, task_batch_size={**cfg.task_batch_size, PHRASES: b})
+        for stream, idx in build_schedule(at_b, sets).epoch_plan(0):
             key = phrase_key(b) if stream == PHRASES else stream
             if stream == PHRASES or b == batch_sizes[0]:
                 plans.setdefault(key, []).append(idx)
@@ -101,7 +102,7 @@ def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), step
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, Any]:
     """Per-stream step seconds (medians over ``rounds``) and each phrase batch size's modelled epoch against
     no phrases; ``cfg`` must train phrases (its per-epoch count is the one modelled)."""
-    if not cfg.sst_phrases.file or "sst" not in cfg.tasks:
+    if PHRASES not in cfg.extra_streams():
         raise ValueError("the benchmark needs a config that trains the SST phrases (--sst-phrases FILE, sst)")
     if steps < 1 or rounds < 1 or not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"need steps >= 1, rounds >= 1 and batch sizes >= 1 (got {steps}, {rounds}, "
@@ -118,7 +119,7 @@ def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), step
     base = settings["none"]["train_s"]
     for s in settings.values():
         s["ratio"] = s["train_s"] / base
-    return {"machine": machine_info(torch.get_num_threads()), "per_epoch": cfg.sst_phrases.per_epoch,
+    return {"machine": machine_info(torch.get_num_threads()), "per_epoch": cfg.max_train_examples[PHRASES],
             "steps_timed": steps, "rounds": rounds, "step_s": per_step, "step_s_median": median,
             "settings": settings}
 
@@ -159,8 +160,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     configure_malloc()  # as train_multitask.main does
-    cfg = TrainConfig(data_dir=args.data_dir,
-                      sst_phrases=PhrasesConfig(file="sst-phrases-train.csv", per_epoch=args.per_epoch))
+    cfg = TrainConfig(data_dir=args.data_dir, stream_files={PHRASES: "sst-phrases-train.csv"},
+                      max_train_examples={**TrainConfig().max_train_examples, PHRASES: args.per_epoch})
     try:
         res = benchmark(cfg, args.batch_sizes, steps=args.steps, rounds=args.rounds)
     except (ValueError, OSError) as e:

@@ -756,7 +756,8 @@ def kill_mid_epoch(cmd: list[str], run: Path, log: Path, timeout: float) -> str 
 
 def step_step(args: argparse.Namespace, progress: Progress) -> tuple[dict, str]:
     from benchmarks.bench_multitask import benchmark
-    from tasks.train_config import PhrasesConfig, TrainConfig
+    from tasks.model import PHRASES
+    from tasks.train_config import TrainConfig
 
     steps, warmup, rounds = (2, 1, 1) if args.tiny else (16, 3, 2)
     square = 512 if args.tiny else 8192 if args.train_device == "cuda" else 2048
@@ -768,7 +769,7 @@ def step_step(args: argparse.Namespace, progress: Progress) -> tuple[dict, str]:
         t_shape = time.perf_counter()
         progress.log(f"{shape}: building the trainer and timing {rounds} × {steps} steps")
         cfg = TrainConfig(data_dir=args.data_dir, pretrained=model_dir, device=args.train_device,
-                          max_length=32 if args.tiny else 128, sst_phrases=PhrasesConfig(file=None))  # as bench_multitask
+                          max_length=32 if args.tiny else 128, stream_files={PHRASES: None})  # as bench_multitask
         res = benchmark(cfg, ["ours"], steps=steps, warmup=warmup, rounds=rounds, memory=False, square=square,
                         peak_min_time=0.05 if args.tiny else 0.2, log=lambda s: None)
         peak, v = res["peak_flops"], res["variants"]["ours"]

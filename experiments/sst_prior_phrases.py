@@ -39,7 +39,8 @@ from experiments.sweep import markdown_table
 from tasks.checkpoint import prior_file
 from tasks.cli import Parser
 from tasks.options import add_options, option
-from tasks.train_config import PhrasesConfig, TrainConfig
+from tasks.model import PHRASES
+from tasks.train_config import TrainConfig
 from tasks.predictions import read_logits
 from tasks.evaluation.priors import FrozenEncoder, fit_logistic_regression
 from tasks.task import get_task
@@ -152,7 +153,7 @@ def main(argv: list[str] | None = None) -> dict:
     models = {cfg.prior_models.get("sst") for cfg in configs.values()}
     if len(models) != 1:
         ap.error(f"--runs: their SST priors use different encoders ({sorted(map(str, models))}); one at a time")
-    cfg = TrainConfig(sst_phrases=PhrasesConfig(file=args.phrases))  # today's data: the SST files and the phrases
+    cfg = TrainConfig(stream_files={PHRASES: args.phrases})  # today's data: the SST files and the phrases
     train, dev = load_examples("sst", "train", cfg), load_examples("sst", "dev", cfg)
     phrases, _ = load_stream(cfg)
     encoder = FrozenEncoder(models.pop(), 0.5, "cpu")

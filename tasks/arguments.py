@@ -32,7 +32,8 @@ from tasks.config_versions import SCALE_5, took_scale
 from tasks.train_config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
 from tasks.model import ModelConfig
 from tasks.objectives import load_plugin, registered_objectives
-from tasks.options import add_options, flag_of_path, fold_spelled, option, spelled_flag, spelled_flags, value_at
+from tasks.options import (add_options, flag_of_path, fold_spelled, keeps_none, option, spelled_flag, spelled_flags,
+                           value_at)
 from tasks.storage import read_json
 from tasks.task_file import read_task_file
 from tasks.training.run import check_run
@@ -129,7 +130,8 @@ def get_path(cfg: TrainConfig, path: str) -> Any:
     return value_at(cfg, path)
 
 
-STREAM_MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batch_size")  # STREAM=VALUE
+STREAM_MAPPINGS = ("max_train_examples", "dev_max_examples", "loss_weights", "task_batch_size", "stream_files",
+                   "stream_min_words", "stream_orders")  # STREAM=VALUE
 MAPPINGS = (*STREAM_MAPPINGS, "prior_weights", "prior_models", "model.spans")  # and the TASK=VALUE fields
 
 
@@ -139,7 +141,7 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
     if path in MAPPINGS:
         mapping = dict(get_path(cfg, path))
         for key, v in value:
-            if v is None:
+            if v is None and not keeps_none(TrainConfig, path):  # an int map's "all"; an X | None map keeps it
                 mapping.pop(key, None)
             else:
                 mapping[key] = v
@@ -304,10 +306,12 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     # Per-stream settings that come from the defaults or the preset follow --tasks / --no-nli
     # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked. A prior's setting
     # of a task the run leaves out is idle, as before (TrainConfig.validate).
-    streams = set(cfg.streams())
+    # A declared stream's file (on, or off: none) follows the tasks that declare it.
+    streams, declared = set(cfg.streams()), set(cfg.declared_streams())
     for path in STREAM_MAPPINGS:
         given = {k for k, _ in explicit.get(path, ())}
-        setattr(cfg, path, {k: v for k, v in getattr(cfg, path).items() if k in streams or k in given})
+        kept = declared if path == "stream_files" else streams
+        setattr(cfg, path, {k: v for k, v in getattr(cfg, path).items() if k in kept or k in given})
     return cfg
 
 

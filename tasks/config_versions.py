@@ -296,6 +296,51 @@ def _checked(where: str, value: Any, number: bool) -> Any:
     return value
 
 
+# ---- version 7: an extra stream's file, fewest words and order set per stream, as every stream's cap is ----
+
+PHRASES_STREAM = "phrases"  # the SST entry's stream, which version 6's "sst_phrases" set
+# Version 6's "sst_phrases" object (its defaults, today's too) -> the per-stream map of version 7 that holds it
+PHRASES_6 = {"file": "sst-phrases-train.csv", "per_epoch": 17088, "batch_size": 64, "min_words": 1, "weight": 1.0,
+             "order": "mixed"}
+PER_STREAM_PHRASES = {"file": "stream_files", "per_epoch": "max_train_examples", "batch_size": "task_batch_size",
+                      "min_words": "stream_min_words", "weight": "loss_weights", "order": "stream_orders"}
+MAPS_6 = {"max_train_examples": {"para": 23000}}  # version 6's defaults of the maps it joins (the others': none)
+# what a run writes of the phrases only where it is not this (the stream's declared, the general setting's)
+UNWRITTEN = {"min_words": 1, "weight": 1.0, "order": "mixed"}
+
+
+def per_stream_settings(d: dict[str, Any]) -> dict[str, Any]:
+    """Version 6 -> 7: what the SST entry's stream pointed to becomes per-stream settings that every stream reads.
+
+    SST's phrases ("sst_phrases": {"file", "per_epoch", "batch_size", "min_words", "weight", "order"}) become the
+    "phrases" items of "stream_files" (a file, or null: off), "max_train_examples", "task_batch_size",
+    "stream_min_words", "loss_weights" and "stream_orders". An item a map already names stays (version 6 read it
+    first). What today's runs leave out is left out: a batch size of null (--batch-size's), and (UNWRITTEN) a weight
+    of 1 and the declared fewest words and order. A file of some fields gives what it names over version 6's defaults of
+    the maps (MAPS_6; today's but for the phrases' items); one without "sst_phrases" is left as it is."""
+    if "sst_phrases" not in d:
+        return d
+    phrases = d["sst_phrases"]
+    if not isinstance(phrases, dict):
+        raise ValueError(f"sst_phrases: {json.dumps(phrases)} is not an object of its settings")
+    unknown = sorted(set(phrases) - set(PHRASES_6))
+    if unknown:
+        raise ValueError(f"sst_phrases.{unknown[0]} is not a setting (sst_phrases: {', '.join(PHRASES_6)})")
+    out = {k: v for k, v in d.items() if k != "sst_phrases"}
+    for key, value in phrases.items():
+        name = PER_STREAM_PHRASES[key]
+        mapping = out.get(name, MAPS_6.get(name, {}))
+        if not isinstance(mapping, dict):
+            raise ValueError(f"{name}: {json.dumps(mapping)} is not a mapping (an object of STREAM: VALUE)")
+        if key in ("file", "batch_size") and value == "none":
+            value = None  # as version 6's flag read it
+        mapping = dict(mapping)
+        if key == "file" or value is not None and value != UNWRITTEN.get(key):
+            mapping.setdefault(PHRASES_STREAM, value)
+        out[name] = mapping
+    return out
+
+
 def _renamed(fields: frozenset[str], names: dict[str, tuple[str, str]]) -> frozenset[str]:
     return frozenset(".".join(names[f]) if f in names else f for f in fields)
 
@@ -347,6 +392,10 @@ _VERSION_2 = _renamed(_VERSION_1, NESTED_SETTINGS)
 _VERSION_5 = _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules", *TRAINING_CONTROLS}
 
 
+_VERSION_6 = _VERSION_5 - {f"priors.{k}" for k in PRIORS_5} - {"model.sts_scale"} | {"prior_weights", "prior_models",
+                                                                                      "model.spans"}
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(from_unversioned, _VERSION_1),
     Migration(nest_settings, _VERSION_2, _OBJECTIVE_OPTIONS_2),
@@ -355,8 +404,9 @@ MIGRATIONS: tuple[Migration, ...] = (
     Migration(keep_tasks, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
     Migration(read_as_version_3, _VERSION_2 | {"user_tasks", "best_metric", "threads", "objective_modules"}),
     Migration(add_training_controls, _VERSION_5),
-    Migration(per_task_settings, _VERSION_5 - {f"priors.{k}" for k in PRIORS_5} - {"model.sts_scale"}
-              | {"prior_weights", "prior_models", "model.spans"}),
+    Migration(per_task_settings, _VERSION_6),
+    Migration(per_stream_settings, _VERSION_6 - {f"sst_phrases.{k}" for k in PHRASES_6}
+              | {"stream_files", "stream_min_words", "stream_orders"}),
 )
 
 
@@ -394,7 +444,8 @@ def upgrade(d: dict[str, Any]) -> dict[str, Any]:
         if version == 0 and nested:  # a saved run of version 2 or later that lost its version: not version 0's
             entries = d.get("user_tasks")
             # version 4's task entries say how their labels are matched; one without entries reads alike as 3
-            was = 6 if "prior_weights" in d else 5 if set(TRAINING_CONTROLS) <= set(d) else \
+            was = 7 if "stream_files" in d else 6 if "prior_weights" in d else \
+                5 if set(TRAINING_CONTROLS) <= set(d) else \
                 4 if isinstance(entries, dict) and any("label_case" in e for e in entries.values()) else \
                 3 if "user_tasks" in d else 2
             raise ValueError(f"{VERSION_KEY} is missing, and the file holds every setting of a saved run with "

@@ -147,7 +147,10 @@ def replace_at(obj: Any, path: str, value: Any) -> Any:
 
 
 def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[str, Any]]:
-    """argparse type for KEY=VALUE items, KEY one of ``keys``; VALUE "all" (an int map's) removes the key."""
+    """argparse type for KEY=VALUE items, KEY one of ``keys``; VALUE "all" or "none" (an int map's) removes the key;
+    "none" is the None of an ``X | None`` map's (a value it keeps: ``keeps_none``)."""
+    optional = _unwrap(value_type) is not value_type
+    value_type = _unwrap(value_type)
 
     def parse(text: str) -> tuple[str, Any]:
         key, sep, raw = text.partition("=")
@@ -155,7 +158,7 @@ def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[st
             raise argparse.ArgumentTypeError(f"expected STREAM=VALUE (e.g. para=0.1), got {text!r}")
         if not isinstance(keys, AnyKey) and key not in keys:
             raise argparse.ArgumentTypeError(f"{key!r} is not a stream; streams: {', '.join(keys)}")
-        if raw == "all" and value_type is int:
+        if raw in ("all", "none") and value_type is int or raw == "none" and optional:
             return key, None
         try:
             value = value_type(raw)
@@ -177,6 +180,14 @@ class MergeItems(argparse.Action):
                  option_string: str | None = None) -> None:
         before = getattr(namespace, self.dest, None)
         setattr(namespace, self.dest, (list(before) if isinstance(before, list) else []) + list(values))
+
+
+def keeps_none(cls: type, path: str) -> bool:
+    """Whether the KEY=VALUE map at dotted ``path`` of dataclass ``cls`` holds None as a value (an ``X | None`` map's
+    "none": a stream turned off), where another map's None (an int map's "all") removes the key."""
+    owner, f, _ = field_at(cls, path)
+    args = typing.get_args(type_hints(owner)[f.name])
+    return len(args) == 2 and _unwrap(args[1]) is not args[1]
 
 
 def or_none(tp: type) -> Callable[[str], Any]:
@@ -252,9 +263,12 @@ def json_value(cls: type, name: str, value: Any, where: str = "") -> Any:
         item = args[1] if len(args) == 2 else Any
         out = {}
         for k, v in value.items():
-            if item is int and v in ("all", None):
-                continue  # STREAM=all: no cap
-            out[k] = v if item is Any else scalar(item, v)
+            if item is int and v in ("all", "none", None):
+                continue  # STREAM=all: no cap (none: no setting of its own)
+            if _unwrap(item) is not item and v in ("none", None):
+                out[k] = None  # an X | None map's: a value (STREAM=none: a stream off)
+                continue
+            out[k] = v if item is Any else scalar(_unwrap(item), v)
         return out
     if dataclasses.is_dataclass(tp) or tp is Any or origin is not None and origin is not typing.Literal:
         return value  # a nested config (ModelConfig) or a free mapping: read by its own rules
@@ -403,8 +417,12 @@ def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str
         for flag, (key, about) in f.metadata.get("spelled", {}).items():  # a flag of one key of a KEY=VALUE map
             value_type = typing.get_args(type_hints(cls)[f.name])[1]
             at = shown_default((default or {}).get(key))
+            # its value as the map's: "none" is an X | None map's None (a stream off), and an int map's removal
+            # (the setting every stream has: --sst-phrases-batch-size none is --batch-size)
+            kind = (or_none(_unwrap(value_type)) if _unwrap(value_type) is not value_type or value_type is int else
+                    not_none(str) if value_type is str else value_type)
             action = target.add_argument(flag, dest=f"{dest}@{key}", default=argparse.SUPPRESS if suppress else None,
-                                         type=not_none(str) if value_type is str else value_type,
+                                         type=kind,
                                          metavar=kw["metavar"].split("=")[-1],
                                          help=(f"{about} (= {flag_name(f, prefix)} {key}=...)"
                                                + (f" (default: {at})" if at else "")).replace("%", "%%"))
@@ -437,11 +455,18 @@ def spelled_flag(cls: type, path: str, key: str, value: str | None = None) -> st
     """How a command line sets ``key`` of the KEY=VALUE map at ``path`` of dataclass ``cls`` (to ``value``): its own
     flag (``option(spelled=...)``: --sst-prior, --sst-prior 0), else the map's flag with the key (--prior-weights
     mood=..., --prior-weights mood=0)."""
-    _, f, prefix = field_at(cls, path)
-    own = [flag for flag, (k, _) in f.metadata.get("spelled", {}).items() if k == key]
+    own = own_flag(cls, path, key)
     if own:
-        return own[0] if value is None else f"{own[0]} {value}"
+        return own if value is None else f"{own} {value}"
+    _, f, prefix = field_at(cls, path)
     return f"{flag_name(f, prefix)} {key}={'...' if value is None else value}"
+
+
+def own_flag(cls: type, path: str, key: str) -> str | None:
+    """The flag of its own (``option(spelled=...)``) that sets ``key`` of the KEY=VALUE map at ``path`` of dataclass
+    ``cls`` (--sst-prior for prior_weights' sst), or None."""
+    _, f, _ = field_at(cls, path)
+    return next((flag for flag, (k, _) in f.metadata.get("spelled", {}).items() if k == key), None)
 
 
 def options_of(namespace: argparse.Namespace, cls: type, dest_prefix: str = "") -> dict[str, Any]:

@@ -23,7 +23,7 @@ from tasks.train_config import TrainConfig
 from tasks.data.datasets import TripletDataset
 from tasks.data.readers import DataFileMissing, Example, Triplet, load_nli, log_report
 from tasks.model import NLI, PHRASES
-from tasks.options import flag_of_path
+from tasks.options import own_flag, spelled_flag, value_at
 from tasks.task import ExtraStream, load_split, model_tasks
 
 logger = logging.getLogger(__name__)
@@ -72,11 +72,14 @@ def load_examples(task: str, split: str, cfg: TrainConfig,
     return examples
 
 
-def _named(cfg: TrainConfig, stream: ExtraStream) -> str:
-    """How a user named an extra stream's file: the SST entry's flag (--sst-phrases), else its task file's key."""
-    if stream.settings:
-        return flag_of_path(TrainConfig, f"{stream.settings}.file")
-    return f"task file {cfg.entries.declaring(stream.name).origin.get('file')}'s \"phrases\""
+def _named(cfg: TrainConfig, stream: ExtraStream, value: Any, path: str = "stream_files") -> str:
+    """How a user gave an extra stream's setting at ``path`` (its file, its fewest words) as ``value``: the run's flag
+    where the run sets it (--sst-phrases FILE for the SST phrases' file, which the defaults set), else its task
+    file's key."""
+    if stream.name in value_at(cfg, path):
+        return spelled_flag(TrainConfig, path, stream.name, value)
+    key = "" if path == "stream_files" else f"'s \"{path.removeprefix('stream_').removesuffix('s')}\""
+    return f"task file {cfg.entries.declaring(stream.name).origin.get('file')}'s \"phrases\"{key} {value}"
 
 
 def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
@@ -87,12 +90,13 @@ def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
     given = Path(spec.file).expanduser()
     path = Path(cfg.data_dir) / given if given.name == str(given) else given
     if not path.is_file():
-        if not spec.settings:
-            raise FileNotFoundError(f"{_named(cfg, spec)} {spec.file}: no such file")
-        raise FileNotFoundError(f"{_named(cfg, spec)} {spec.file}: no such file {path} (a name in --data-dir "
+        flag = own_flag(TrainConfig, "stream_files", stream)  # the SST phrases' --sst-phrases
+        if flag is None or stream not in cfg.stream_files:
+            raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file")
+        raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file {path} (a name in --data-dir "
                                 f"{cfg.data_dir}, or a path): point --data-dir at the folder of the data files, build "
                                 f"it from the treebank's trees (python -m tasks.sst_phrases TREES --out {path}, "
-                                "data/README.md), or train without phrases: --sst-phrases none")
+                                f"data/README.md), or train without phrases: {flag} none")
     return path
 
 
@@ -101,7 +105,7 @@ def load_stream(cfg: TrainConfig, stream: str = PHRASES) -> tuple[list[Example],
     least its ``min_words`` words, and the file's report with the examples left out for their length counted."""
     spec = cfg.extra_streams()[stream]
     path = stream_file(cfg, stream)
-    where = f"{_named(cfg, spec)} {path}"
+    where = _named(cfg, spec, path)
     rows, report = cfg.entries.declaring(stream).read("train", cfg.data_dir, cfg.limit, path=path)
     if not rows:
         raise ValueError(f"{where}: no valid row ({report.summary()})")
@@ -112,7 +116,7 @@ def load_stream(cfg: TrainConfig, stream: str = PHRASES) -> tuple[list[Example],
     log_report(report)
     if len(kept) < len(rows):
         logger.info("%s: %d of %d phrases have %d or more words (%s)", path, len(kept), len(rows), spec.min_words,
-                    f"{_named(cfg, spec)}-min-words" if spec.settings else "its \"min_words\"")
+                    _named(cfg, spec, spec.min_words, "stream_min_words"))
     return kept, {**report.to_dict(), "shorter_than_min_words": len(rows) - len(kept)}
 
 

@@ -675,18 +675,16 @@ class ExtraStream:
     phrases): its stream's name, its file (a name in --data-dir, or a path; read as the task's training file),
     the fewest words an example may have and where its batches go in an epoch ("mixed" among the others, or
     "first"). How many an epoch, in batches of how many and at what loss weight are the per-stream settings every
-    stream has (--max-train-examples, --task-batch-size, --loss-weights). ``settings``: the TrainConfig field that
-    sets it on the command line instead (the SST entry's: ``sst_phrases``, its flags --sst-phrases*)."""
+    stream has (--max-train-examples, --task-batch-size, --loss-weights); a run sets its file, fewest words and
+    order as well (--stream-files, --stream-min-words, --stream-orders; SST's phrases: --sst-phrases*)."""
 
     name: str
     file: str | None
     min_words: int = 1
     order: str = "mixed"
-    settings: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "file": self.file, "min_words": self.min_words, "order": self.order,
-                "settings": self.settings}
+        return {"name": self.name, "file": self.file, "min_words": self.min_words, "order": self.order}
 
 
 PRIOR_KINDS = {"probe": "sentence-classification", "cosine": "pair-regression"}  # a prior's kind -> its task's
@@ -1022,7 +1020,8 @@ class Task:
 # 3 (a user's tasks) to 5 (tasks/config_versions.py migrates older runs' to it). Format 2: the predictions' file
 # format declared as one object (``output``), a table title, ``overall``, and NLI triplets as the file a task
 # declares. Format 3: no ``span_option`` and a prior without ``settings`` (a run's per-task settings set every
-# task's span and prior alike: tasks/config_versions.py moves what they pointed to).
+# task's span and prior alike: tasks/config_versions.py moves what they pointed to). Format 4: a stream without
+# ``settings`` (a run's per-stream settings set every stream's file, fewest words and order alike).
 # tests/saved_entries/ holds an entry saved at each.
 ENTRY_KEYS: dict[int, tuple[str, ...]] = {
     1: ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout", "split_layouts",
@@ -1033,6 +1032,7 @@ ENTRY_KEYS: dict[int, tuple[str, ...]] = {
         "stream", "prior", "triplets", "origin"),
 }
 ENTRY_KEYS[3] = tuple(k for k in ENTRY_KEYS[2] if k != "span_option")
+ENTRY_KEYS[4] = ENTRY_KEYS[3]  # its "stream" without "settings"
 ENTRY_FORMAT = max(ENTRY_KEYS)
 
 
@@ -1053,7 +1053,15 @@ def _entry_2_to_3(d: dict[str, Any]) -> dict[str, Any]:
             "prior": {k: v for k, v in prior.items() if k != "settings"} if prior else prior}
 
 
-_MIGRATIONS = {1: _entry_1_to_2, 2: _entry_2_to_3}  # format -> the step to the next
+def _entry_3_to_4(d: dict[str, Any]) -> dict[str, Any]:
+    """Its stream without ``settings``: where it pointed into a run's config (the SST entry's "sst_phrases", never
+    a user's), the run's per-stream settings hold the value since (tasks/config_versions.py,
+    ``per_stream_settings``)."""
+    stream = d["stream"]
+    return {**d, "format": 4, "stream": {k: v for k, v in stream.items() if k != "settings"} if stream else stream}
+
+
+_MIGRATIONS = {1: _entry_1_to_2, 2: _entry_2_to_3, 3: _entry_3_to_4}  # format -> the step to the next
 
 
 def upgrade_entry(d: Any) -> dict[str, Any]:
@@ -1208,9 +1216,9 @@ TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id",
                   "metric", "delimiter", "quoting", "header", "line_ends", "multiline", "positive", "label_case",
                   "symmetric", "phrases", "prior", "title", "overall", "output")
 OUTPUT_KEYS = ("column", "starter", "also_read", "submission", "part1")  # of a task file's "output" (``Output``)
-# What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: SST's stream
-# name, the NLI triplets (which --nli streams through the first task of a model that declares them, and every
-# model has STS's head), and where a run's --sst-phrases* flags set a stream ("settings": a TrainConfig field).
+# What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: the NLI
+# triplets (which --nli streams through the first task of a model that declares them, and every model has STS's
+# head).
 COURSE_KEYS = ("triplets",)
 # what a split's own object may set too
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header", "line_ends", "multiline")
@@ -1250,7 +1258,7 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
         own = stream if isinstance(stream, Mapping) else {"file": stream}
         stream = ExtraStream(own.get("name", f"{spec['name']}_phrases"),
                              str(folder / own["file"]) if folder else own["file"], own.get("min_words", 1),
-                             own.get("order", "mixed"), own.get("settings", ""))
+                             own.get("order", "mixed"))
     prior = spec.get("prior")
     if prior is not None:  # a probe of a sentence classification, the cosine of a pair regression
         own = prior if isinstance(prior, Mapping) else {"weight": prior}

@@ -29,7 +29,7 @@ from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, recorded_modules, registered_objectives
-from tasks.options import (AnyKey, flag_of_path, json_value, nested_config, option, replace_at, spelled_flag,
+from tasks.options import (AnyKey, json_value, nested_config, option, replace_at, spelled_flag,
                            value_at)
 from tasks.task import GLUE, MULTITASK, PACKAGE, ExtraStream, Prior, Task, Tasks, get_task
 from tasks.task_file import check_unchanged, read_declaration
@@ -68,32 +68,6 @@ RESUME_MUTABLE = ("epochs", "device", "threads", "bf16", "fp16", "compile", "gra
 EVAL_MUTABLE = ("data_dir", "out_dir", "device", "threads", "bf16", "fp16", "eval_batch_size", "limit", "tasks",
                 "predict_train", "final_dev", "dev_max_examples", "symmetric_eval", "prior_weights", "prior_models",
                 "task_files")
-
-
-@dataclass
-class PhrasesConfig:
-    """The SST treebank's labelled phrases, trained through the SST head as a stream of their own (--sst-phrases
-    FILE; the other settings are --sst-phrases-<field>)."""
-
-    file: str | None = option("sst-phrases-train.csv", "a file of labelled SST phrases in the SST training "
-                              "file's format (data/sst-phrases-train.csv: the treebank's sub-sentence phrases "
-                              "of the training trees; a name in --data-dir or a path), trained through the SST "
-                              "head as a stream of their own beside the sentences on a run with sst (Socher "
-                              "et al. 2013 train on every phrase); not in the minBERT paper; none = off",
-                              flag="--sst-phrases", group="data", metavar="FILE")
-    per_epoch: int = option(17088, "with --sst-phrases: phrases trained an epoch, the next ones of a "
-                            "seeded shuffle of the file (as --train-subsets says)", group="data", metavar="N")
-    batch_size: int | None = option(64, "with --sst-phrases: phrases per batch (none: --batch-size); "
-                                    "phrases are short, so a larger batch trains the same phrases in "
-                                    "fewer, fuller optimizer steps (even batching keeps one size for the "
-                                    "tasks)", group="data", metavar="B")
-    min_words: int = option(1, "with --sst-phrases: leave out phrases of fewer words (reported)", group="data",
-                            metavar="N")
-    weight: float = option(1.0, "with --sst-phrases: the factor on the phrases' SST loss", group="data", metavar="W")
-    order: str = option("mixed", "with --sst-phrases: mixed = phrase batches shuffled among the epoch's "
-                        "other batches (as --schedule says); first = each epoch trains its phrase "
-                        "batches first, then the rest, so it ends on whole sentences", group="data",
-                        choices=PHRASE_ORDERS)
 
 
 @dataclass
@@ -162,8 +136,10 @@ class TrainConfig:
     max_train_examples: dict[str, int] = option(
         help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is the largest "
              "set; all of it every epoch does not fit the CPU budget: experiments/RESULTS.md); STREAM=N or "
-             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000}, group="data", keys=AnyKey(),
-             metavar="STREAM=N")
+             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000, PHRASES: 17088},
+        group="data", keys=AnyKey(), metavar="STREAM=N", spelled={
+            "--sst-phrases-per-epoch": (PHRASES, "with --sst-phrases: phrases trained an epoch, the next ones of a "
+                                                 "seeded shuffle of the file (as --train-subsets says)")})
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
@@ -200,8 +176,29 @@ class TrainConfig:
                                          "similarity (default: the embedded all-MiniLM-L6-v2)"),
             "--sst-prior-model": ("sst", "the sentence encoder of --sst-prior (default: the embedded "
                                          "all-MiniLM-L6-v2)")})
-    sst_phrases: PhrasesConfig = option(help="the SST treebank's phrases as a training stream", factory=PhrasesConfig,
-                                        prefix="sst_phrases_")
+    stream_files: dict[str, str | None] = option(
+        help="per-stream file of an extra labelled stream a task of the run declares (a task file's \"phrases\"), "
+             "trained through its task's head beside its examples; a name in --data-dir or a path; STREAM=FILE, "
+             "none = off; a stream left out takes its declared file",
+        factory=lambda: {t.stream.name: t.stream.file for t in PACKAGE.values() if t.stream is not None},
+        group="data", keys=AnyKey(), metavar="STREAM=FILE", spelled={
+            "--sst-phrases": (PHRASES, "a file of labelled SST phrases in the SST training file's format "
+                                       "(data/sst-phrases-train.csv: the treebank's sub-sentence phrases of the "
+                                       "training trees; a name in --data-dir or a path), trained through the SST head "
+                                       "as a stream of their own beside the sentences on a run with sst (Socher et al. "
+                                       "2013 train on every phrase); not in the minBERT paper; none = off")})
+    stream_min_words: dict[str, int] = option(
+        help="per-stream fewest words of an extra stream's examples, shorter ones left out (reported); STREAM=N; a "
+             "stream left out takes its declared (1)", factory=dict, group="data", keys=AnyKey(), metavar="STREAM=N",
+        spelled={"--sst-phrases-min-words": (PHRASES, "with --sst-phrases: leave out phrases of fewer words "
+                                                      "(reported; default: 1)")})
+    stream_orders: dict[str, str] = option(
+        help="per-stream place of an extra stream's batches in an epoch: mixed = shuffled among the epoch's other "
+             "batches (as --schedule says); first = each epoch trains them first, then the rest, so it ends on "
+             "the task's own examples; STREAM=ORDER; a stream left out takes its declared (mixed)", factory=dict,
+        group="data", keys=AnyKey(), metavar="STREAM=ORDER",
+        spelled={"--sst-phrases-order": (PHRASES, "with --sst-phrases: mixed (default) or first, as "
+                                                  "--stream-orders says")})
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
                             "--dev-max-examples subsets again (cheap sweeps, e.g. the robustness table; not for "
                             "numbers compared with the paper's)", group="data", choices=FINAL_DEV)
@@ -240,16 +237,22 @@ class TrainConfig:
     batch_size: int = option(32, "examples per batch in every stream (paper: 16, §4.4); under torchrun the global "
                              "batch, split evenly over the processes (a multiple of their number)",
                              group="optimization", metavar="B")
-    task_batch_size: dict[str, int] = option(help="per-stream batch size overrides (not with --schedule even, whose "
-                                             "batches are all one size, §4.2)", factory=dict, group="optimization",
-                                             keys=AnyKey(), metavar="STREAM=B")
+    task_batch_size: dict[str, int] = option(
+        help="per-stream batch size overrides (not with --schedule even, whose batches are all one size, §4.2)",
+        factory=lambda: {PHRASES: 64}, group="optimization", keys=AnyKey(), metavar="STREAM=B", spelled={
+            "--sst-phrases-batch-size": (PHRASES, "with --sst-phrases: phrases per batch (none: --batch-size); "
+                                                  "phrases are short, so a larger batch trains the same phrases in "
+                                                  "fewer, fuller optimizer steps (even batching keeps one size for "
+                                                  "the tasks)")})
     eval_batch_size: int = option(128, "examples per batch at evaluation", group="optimization", metavar="B")
     schedule: str = option("even", "which stream's batch comes next: sequential (the CS224N starter, the paper's "
                            "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)",
                            group="optimization", choices=SCHEDULES)
-    loss_weights: dict[str, float] = option(help="per-stream loss factors, missing = 1 (paper §4.2 loss rescaling: "
-                                            "para=0.1); updates the preset's", factory=dict, group="optimization",
-                                            keys=AnyKey(), metavar="STREAM=W")
+    loss_weights: dict[str, float] = option(
+        help="per-stream loss factors, missing = 1 (paper §4.2 loss rescaling: para=0.1); updates the preset's",
+        factory=dict, group="optimization", keys=AnyKey(), metavar="STREAM=W", spelled={
+            "--sst-phrases-weight": (PHRASES, "with --sst-phrases: the factor on the phrases' SST loss (default: "
+                                              "1)")})
     lr: float = option(1e-4, "peak AdamW learning rate (paper: 1e-5, §4.1 and §4.5)", group="optimization",
                        metavar="LR")
     lr_schedule: str = option("warmup_linear", "constant; epoch_decay = lr - lr_decay x epoch (paper §4.5); "
@@ -441,18 +444,30 @@ class TrainConfig:
 
     def extra_streams(self) -> dict[str, ExtraStream]:
         """The extra labelled streams the run trains, by name: each declared by a task of the run (its entry's
-        ``stream``), as its settings say (the SST entry's: --sst-phrases FILE, or none); one without a file is off."""
+        ``stream``: SST's phrases), with the file, fewest words and order that ``stream_files``, ``stream_min_words``
+        and ``stream_orders`` give where they name it (--sst-phrases FILE is the phrases' file), else as declared;
+        one without a file (STREAM=none) is off."""
         out = {}
         for task in self.tasks:
             stream = self.entries[task].stream
             if stream is None:
                 continue
-            if stream.settings:  # the run's flags set it (the SST entry's phrases: --sst-phrases*)
-                own = getattr(self, stream.settings)
-                stream = dataclasses.replace(stream, file=own.file, min_words=own.min_words, order=own.order)
+            stream = dataclasses.replace(stream, file=self.stream_files.get(stream.name, stream.file),
+                                         min_words=self.stream_min_words.get(stream.name, stream.min_words),
+                                         order=self.stream_orders.get(stream.name, stream.order))
             if stream.file is not None:
                 out[stream.name] = stream
         return out
+
+    def declared_streams(self) -> tuple[str, ...]:
+        """Every extra stream the run's tasks declare, on or off."""
+        return tuple(self.entries[t].stream.name for t in self.tasks if self.entries[t].stream is not None)
+
+    def idle_streams(self) -> tuple[str, ...]:
+        """The extra streams the tasks known to the run declare (the package's and its own) that it does not train:
+        their settings are idle here."""
+        on = self.extra_streams()
+        return tuple(e.stream.name for e in self.entries.values() if e.stream is not None and e.stream.name not in on)
 
     @property
     def trains_phrases(self) -> bool:
@@ -474,24 +489,11 @@ class TrainConfig:
                 out[task] = prior
         return out
 
-    def _stream_settings(self, given: Mapping[str, Any], field: str) -> dict[str, Any]:
-        """``given`` (a per-stream flag's mapping) with each extra stream it leaves out at its own ``field`` (of its
-        ``settings``: the SST phrases' --sst-phrases-<field>); a user's stream has only the general settings."""
-        out = dict(given)
-        for stream in self.extra_streams():
-            settings = self.entries.declaring(stream).stream.settings
-            value = getattr(getattr(self, settings), field) if settings else None
-            if value is not None:
-                out.setdefault(stream, value)
-        return out
-
     # Every stream takes the per-stream settings every stream has: its entry in task_batch_size,
-    # max_train_examples or loss_weights where one is given; else an extra stream's own (--sst-phrases-<x>, the SST
-    # entry's spelling of the same setting; a command line that gives both is refused: refuse_idle_settings).
+    # max_train_examples or loss_weights where one is given (--sst-phrases-<x>: the same entry of the phrases').
     def batch_sizes(self) -> dict[str, int]:
         """Examples per batch (a micro-batch under gradient accumulation), by stream."""
-        own = self._stream_settings(self.task_batch_size, "batch_size")
-        return {s: own.get(s, self.batch_size) for s in self.streams()}
+        return {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
 
     def step_batch_sizes(self) -> dict[str, int]:
         """Examples per optimizer step, by stream: the batch times ``gradient_accumulation_steps``."""
@@ -499,11 +501,11 @@ class TrainConfig:
 
     def train_caps(self) -> dict[str, int]:
         """Training examples an epoch, by capped stream."""
-        return self._stream_settings(self.max_train_examples, "per_epoch")
+        return dict(self.max_train_examples)
 
     def stream_weights(self) -> dict[str, float]:
         """Loss factors, by stream named (any other weighs 1)."""
-        return self._stream_settings(self.loss_weights, "weight")
+        return dict(self.loss_weights)
 
     def settings(self) -> dict[str, Any]:
         """``to_dict()`` with each nested config's fields by dotted path ("swa.epochs"): one entry a setting."""
@@ -513,19 +515,16 @@ class TrainConfig:
         return d
 
     def acting(self) -> dict[str, Any]:
-        """``settings()`` as the run acts on them: the phrase stream's settings resolved (given either way), the
-        phrase settings left out of a run that trains no phrases. Two configs with equal ``acting()`` make one run,
-        however spelled."""
+        """``settings()`` as the run acts on them: the per-stream settings of a stream it does not train left out
+        (the phrases' of a run without sst, or with --sst-phrases none), and a declared stream's file only where it
+        is on. Two configs with equal ``acting()`` make one run, however spelled."""
         d = self.settings()
-        if self.trains_phrases:
-            d["sst_phrases.batch_size"] = self.batch_sizes()[PHRASES]
-            d["sst_phrases.per_epoch"] = self.train_caps()[PHRASES]
-            d["sst_phrases.weight"] = self.stream_weights()[PHRASES]
-            for name in ("task_batch_size", "max_train_examples", "loss_weights"):
-                d[name] = {k: v for k, v in d[name].items() if k != PHRASES}
-        else:
-            for name in dataclasses.fields(PhrasesConfig):
-                del d[f"sst_phrases.{name.name}"]
+        streams, extra = set(self.streams()), self.extra_streams()
+        for name in ("task_batch_size", "max_train_examples", "loss_weights"):
+            d[name] = {k: v for k, v in d[name].items() if k in streams}
+        d["stream_files"] = {s: extra[s].file if s in extra else None for s in self.declared_streams()}
+        d["stream_min_words"] = {s: e.min_words for s, e in extra.items()}
+        d["stream_orders"] = {s: e.order for s, e in extra.items()}
         return d
 
     # -- checks --
@@ -544,17 +543,23 @@ class TrainConfig:
         if bad:
             raise ValueError(f"best_metric {bad[0]!r} is neither a task of this run nor one of their metrics; it can "
                              f"be {', '.join(self.tasks)} or {', '.join(keys)}")
+        # a stream another run trains (one a task declares: SST's phrases on a run without sst or with them off) is
+        # idle here, as a prior's weight of a task the run leaves out; a command line naming it is refused
+        # (refuse_idle_settings); a name that is no stream at all is an error
         streams = self.streams()
-        for name, mapping in (("max_train_examples", self.max_train_examples), ("loss_weights", self.loss_weights),
-                              ("task_batch_size", self.task_batch_size)):
-            extra = sorted(set(mapping) - set(streams))
+        for name in STREAM_SETTINGS:
+            extra = sorted(set(getattr(self, name)) - set(streams) - set(self.idle_streams()))
             if extra:
                 hint = " (add --nli for the nli stream)" if NLI in extra and not self.nli else ""
                 raise ValueError(f"{name} names {extra}, which this run does not train (streams: {list(streams)}){hint}")
+        extra = sorted(set(self.stream_files) - set(self.idle_streams()) - set(self.declared_streams()))
+        if extra:
+            raise ValueError(f"stream_files names {extra}, which no task declares (extra streams the tasks declare: "
+                             f"{', '.join(self.declared_streams()) or 'none'})")
         extra = sorted(set(self.dev_max_examples) - set(self.tasks))
         if extra:
             raise ValueError(f"dev_max_examples names {extra}, which this run does not evaluate (tasks: {list(self.tasks)})")
-        _positive_ints("max_train_examples", self.max_train_examples, 1)
+        check_per_stream({path: getattr(self, path) for path in STREAM_SETTINGS}, lambda path, s, v: f"{path} {s}={v!r}")
         _positive_ints("dev_max_examples", self.dev_max_examples, 2)  # Pearson r needs two points
         if self.train_subsets not in SUBSETS:
             raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
@@ -562,24 +567,8 @@ class TrainConfig:
             raise ValueError(f"pair_swap is a probability in [0, 1], got {self.pair_swap}")
         # a task of another run's is idle there, as an unused flag; one that cannot take the setting is refused
         check_per_task(self, {path: value_at(self, path) for path in PER_TASK}, lambda path, task: f"{path} {task}")
-        phrases = self.sst_phrases
-        if phrases.per_epoch < 1:
-            raise ValueError(f"sst_phrases_per_epoch must be at least 1, got {phrases.per_epoch}")
-        if phrases.batch_size is not None and phrases.batch_size < 1:
-            raise ValueError(f"sst_phrases_batch_size must be at least 1, got {phrases.batch_size}")
-        if phrases.min_words < 1:
-            raise ValueError(f"sst_phrases_min_words must be at least 1, got {phrases.min_words}")
-        if not phrases.weight > 0:
-            raise ValueError(f"sst_phrases_weight must be positive (--sst-phrases none: no phrases), got "
-                             f"{phrases.weight}")
-        if phrases.order not in PHRASE_ORDERS:
-            raise ValueError(f"sst_phrases_order must be one of {', '.join(PHRASE_ORDERS)}, got {phrases.order!r}")
         if self.final_dev not in FINAL_DEV:
             raise ValueError(f"final_dev must be 'full' or 'capped', got {self.final_dev!r}")
-        _positive_ints("task_batch_size", self.task_batch_size, 1)
-        bad = {s: w for s, w in self.loss_weights.items() if not (isinstance(w, (int, float)) and w >= 0)}
-        if bad:
-            raise ValueError(f"loss weights must be non-negative numbers, got {bad}")
         for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -688,6 +677,30 @@ PER_TASK: dict[str, tuple[Callable[[Task], bool], str, str]] = {
     "model.spans": (lambda e: e.score_range is not None, "is no regression", "regressions")}
 
 
+def _count(low: int) -> Callable[[Any], bool]:
+    return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
+
+
+# The per-stream settings' values (STREAM=VALUE maps), by path: what each must be, in words
+PER_STREAM: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "max_train_examples": (_count(1), "at least 1 example an epoch (all: every one)"),
+    "task_batch_size": (_count(1), "at least 1 example a batch"),
+    "loss_weights": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
+                     "a factor of 0 or more"),
+    "stream_min_words": (_count(1), "at least 1 word"),
+    "stream_orders": (lambda v: v in PHRASE_ORDERS, f"one of {', '.join(PHRASE_ORDERS)}")}
+
+
+def check_per_stream(given: Mapping[str, Mapping[str, Any]], name: Callable[[str, str, Any], str]) -> None:
+    """Refuse a per-stream setting (``given``: {stream: value} by PER_STREAM path) out of its range: a ValueError
+    naming it as ``name(path, stream, value)`` says (a field, or a flag)."""
+    for path, values in given.items():
+        ok, what = PER_STREAM[path]
+        for stream, value in values.items():
+            if not ok(value):
+                raise ValueError(f"{name(path, stream, value)}: {what}")
+
+
 def check_per_task(cfg: TrainConfig, given: Mapping[str, Mapping[str, Any]], name: Callable[[str, str], str]) -> None:
     """Refuse a per-task setting (``given``: {task: value} by PER_TASK path) of a task that cannot take it (an
     unknown name, a prior for a task that declares none, a span for a classification) or a prior's weight outside
@@ -700,15 +713,6 @@ def check_per_task(cfg: TrainConfig, given: Mapping[str, Mapping[str, Any]], nam
                                  f"{', '.join(t for t in cfg.entries if takes(cfg.entries[t])) or 'none'})")
             if path == "prior_weights" and not 0.0 <= value <= 1.0:
                 raise ValueError(f"{name(path, task)}: a weight in [0, 1], got {value}")
-
-
-def _declaring(cfg: TrainConfig, settings: str) -> str | None:
-    """The run's task whose extra stream these settings set (the SST entry's for sst_phrases), or None."""
-    for task in cfg.tasks:
-        stream = cfg.entries[task].stream
-        if stream is not None and stream.settings == settings:
-            return task
-    return None
 
 
 def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) -> None:
@@ -734,20 +738,23 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         if task not in cfg.priors_of():
             raise ValueError(f"{spelled_flag(TrainConfig, 'prior_models', task)} only acts on a run with {task} "
                              f"and its prior's weight above 0 ({spelled_flag(TrainConfig, 'prior_weights', task)})")
-    if "sst_phrases.file" in explicit and cfg.sst_phrases.file is not None and _declaring(cfg, "sst_phrases") is None:
-        raise ValueError(f"--sst-phrases trains the SST head, and --tasks {' '.join(cfg.tasks)} has no sst")
-    for mapping, own in (("task_batch_size", "batch_size"), ("max_train_examples", "per_epoch"),
-                         ("loss_weights", "weight")):
-        given = explicit.get(mapping) if isinstance(explicit, dict) else None
-        if f"sst_phrases.{own}" in explicit and PHRASES in dict(given or ()):
-            raise ValueError(f"{flag_of_path(TrainConfig, mapping)} {PHRASES}=... and "
-                             f"{flag_of_path(TrainConfig, 'sst_phrases.' + own)} set one setting of the phrase "
-                             "stream: give it once")
-    idle = [f"sst_phrases.{f.name}" for f in dataclasses.fields(PhrasesConfig)
-            if f.name != "file" and f"sst_phrases.{f.name}" in explicit and not cfg.trains_phrases]
-    if idle:
-        raise ValueError(f"{flag_of_path(TrainConfig, idle[0])} only acts on the phrase stream (--sst-phrases FILE "
-                         "on a run with sst)")
+    check_per_stream({path: {s: v for s, v in given[path] if v is not None}  # None: the key removed (STREAM=all)
+                      for path in STREAM_SETTINGS if given.get(path)},
+                     lambda path, stream, value: spelled_flag(TrainConfig, path, stream, value))
+    declared = cfg.declared_streams()
+    for stream, file in dict(given.get("stream_files") or ()).items():
+        if stream not in declared and file is not None:  # (none, off, is never refused: tests' flags say it)
+            by = cfg.entries.declaring(stream)
+            raise ValueError(f"{spelled_flag(TrainConfig, 'stream_files', stream)} sets stream {stream}, which "
+                             + (f"trains the {by.title or by.name} head, and --tasks {' '.join(cfg.tasks)} has no "
+                                f"{by.name}" if by is not None else
+                                f"no task declares (the tasks' extra streams: {', '.join(declared) or 'none'})"))
+    for path in STREAM_SETTINGS:
+        for stream in dict(given.get(path) or ()):
+            if stream in cfg.idle_streams():
+                raise ValueError(f"{spelled_flag(TrainConfig, path, stream)} only acts on a run that trains stream "
+                                 f"{stream} ({spelled_flag(TrainConfig, 'stream_files', stream, 'FILE')} on a run "
+                                 f"with {cfg.entries.declaring(stream).name}; streams: {', '.join(cfg.streams())})")
 
 
 def check_objectives(cfg: TrainConfig) -> None:
@@ -871,6 +878,10 @@ def check_runtime(cfg: TrainConfig) -> None:
         raise ValueError(f"threads must be at least 1 (default: torch's, one per core), got {cfg.threads}")
 
 
+# The per-stream settings every stream takes (STREAM=VALUE maps) beside its file (stream_files)
+STREAM_SETTINGS = ("max_train_examples", "task_batch_size", "loss_weights", "stream_min_words", "stream_orders")
+
+
 # TrainConfig's nested configs by field name (a field of a dataclass type: its settings are "<name>.<field>")
 NESTED: dict[str, type] = {f.name: nested_config(TrainConfig, f) for f in dataclasses.fields(TrainConfig)
                            if nested_config(TrainConfig, f) is not None}
@@ -885,10 +896,11 @@ __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "TrainConfig
 # The paper's configurations (minbert §4.1, §4.3; Figure 2) start from the settings they all share (COMMON),
 # whatever the defaults; a recipe of this project's starts from the defaults (the CPU recipe) and changes only
 # what it names.
-COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
-                              max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
-                              loss_weights={}, objectives={}, symmetric_eval=False,
-                              prior_weights={"sts": 0.0, "sst": 0.0}, sst_phrases=dict(file=None))
+# (SST's phrases are off, at the defaults' cap and batch where a command line turns them on)
+COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={PHRASES: 64}, lr=1e-5, encoder_dropout=0.3,
+                              max_train_examples={PHRASES: 17088}, dev_max_examples={}, weight_decay=0.0,
+                              grad_clip=0.0, nli=False, loss_weights={}, objectives={}, symmetric_eval=False,
+                              prior_weights={"sts": 0.0, "sst": 0.0}, stream_files={PHRASES: None})
 
 
 _B_MODEL = dict(arch="b1", pair_encoding="siamese", pooling="pooler", fcn_size=256)
@@ -917,8 +929,7 @@ PAPER_PRESETS: dict[str, dict[str, Any]] = {
 # change: one epoch instead of two, of 12,000 Quora pairs and 8,544 SST phrases instead of 23,000 and 17,088, its
 # one evaluation on 1,000 Quora dev pairs (the final predictions still score all of dev). The learning rate still
 # warms up and decays to 0 over the run's steps.
-RECIPES: dict[str, dict[str, Any]] = {"quick": dict(epochs=1, max_train_examples={"para": 12000},
-                                                    sst_phrases=dict(per_epoch=8544),
+RECIPES: dict[str, dict[str, Any]] = {"quick": dict(epochs=1, max_train_examples={"para": 12000, PHRASES: 8544},
                                                     dev_max_examples={"para": 1000})}
 
 

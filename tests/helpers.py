@@ -23,8 +23,9 @@ from safetensors.torch import save_file
 
 from minbert.bert import BertModel
 from minbert.config import BertConfig
-from tasks.train_config import NESTED, PhrasesConfig, TrainConfig
-from tasks.config_versions import NESTED_SETTINGS, PER_TASK_PRIORS, SOFTWARE_KEYS
+from tasks.train_config import NESTED, TrainConfig
+from tasks.config_versions import (NESTED_SETTINGS, PER_STREAM_PHRASES, PER_TASK_PRIORS, PHRASES_6, PHRASES_STREAM,
+                                  SOFTWARE_KEYS)
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
 from tasks.evaluation.ensembling import predict, runs_entries
@@ -187,7 +188,7 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
     kw = dict(pretrained=str(pretrained), data_dir=str(data), out_dir=str(out_dir), epochs=2, batch_size=8,
               eval_batch_size=16, max_length=32, max_train_examples={}, dev_max_examples={}, lr=1e-3,
               symmetric_eval=False, prior_weights={"sts": 0.0, "sst": 0.0},
-              sst_phrases=PhrasesConfig(file=None), lr_schedule="warmup_linear", warmup=0.1, log_every=5,
+              stream_files={"phrases": None}, lr_schedule="warmup_linear", warmup=0.1, log_every=5,
               device="cpu", bf16=False, model=ModelConfig(arch="b1", pair_encoding="cross", fcn_size=16,
                                                           head_dropout=0.1))
     for name, value in overrides.items():
@@ -198,15 +199,31 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
     return TrainConfig(**kw)
 
 
+def phrases(file: str | None = "sst-phrases-train.csv", per_epoch: int = 17088, batch_size: int = 64,
+            **settings) -> dict:
+    """tiny_train_config's overrides that train the SST phrases as --sst-phrases FILE --sst-phrases-<x> would
+    (their cap and batch the defaults'): each setting its item of the per-stream map that holds it (``weight``,
+    ``min_words``, ``order`` too)."""
+    given = {"file": file, "per_epoch": per_epoch, "batch_size": batch_size, **settings}
+    return {PER_STREAM_PHRASES[k]: {PHRASES_STREAM: v} for k, v in given.items()}
+
+
 def unversioned(saved: dict) -> dict:
     """A config.json of today (``TrainConfig.to_dict()``) as a run saved before config.json recorded its version
-    wrote it: no version, every setting a field of its own ("sts_prior", not "priors": {"sts_weight"})."""
+    wrote it: no version, every setting a field of its own ("sts_prior", not "priors": {"sts_weight"}; "sst_phrases",
+    not "stream_files": {"phrases"})."""
     old = {k: v for k, v in saved.items() if k not in ("config_version", "prior_weights", "prior_models",
+                                                       "stream_files", "stream_min_words", "stream_orders",
                                                        *SOFTWARE_KEYS)}
+    for name in set(PER_STREAM_PHRASES.values()) & set(old):
+        old[name] = {k: v for k, v in old[name].items() if k != PHRASES_STREAM}
     for flat, (name, field) in NESTED_SETTINGS.items():
         if name == "priors":  # per task since version 6
             path, task = PER_TASK_PRIORS[field]
             old[flat] = saved[path].get(task)
+        elif name == "sst_phrases":  # per stream since version 7
+            old[flat] = saved[PER_STREAM_PHRASES[field]].get(PHRASES_STREAM,
+                                                              None if field == "batch_size" else PHRASES_6[field])
         else:
             old[flat] = saved[name][field]
     for name in {name for name, _ in NESTED_SETTINGS.values()} - {"sst_phrases", "priors"}:

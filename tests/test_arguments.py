@@ -35,8 +35,12 @@ def _default_at(path: str) -> object:
 def _non_default(action: argparse.Action) -> tuple[list[str], object]:
     """(argv, expected value at action.dest) that sets the flag to something other than its default."""
     flag = action.option_strings[0]
-    if "@" in action.dest:  # a flag of one task's item of a TASK=VALUE map: --sst-prior W
-        value = 0.25 if action.type is float else "enc"
+    if "@" in action.dest:  # a flag of one key's item of a KEY=VALUE map: --sst-prior W, --sst-phrases-batch-size B
+        path, _, key = action.dest.partition("@")
+        at = _default_at(path).get(key)
+        kind = getattr(action.type, "__name__", None)  # an int map's is or_none(int): "none" removes the key
+        value = 0.25 if action.type is float else 3 + (at or 0) if kind == "int" else \
+            "first" if path == "stream_orders" else "enc"
         return [flag, str(value)], value
     if action.dest in ("prior_weights", "prior_models"):  # per task, merged into the default
         value = 0.25 if action.dest == "prior_weights" else "enc"
@@ -54,7 +58,8 @@ def _non_default(action: argparse.Action) -> tuple[list[str], object]:
     default = _default_at(action.dest)
     if action.nargs in ("+", "*"):
         if getattr(action.type, "__name__", "").endswith("pair"):  # STREAM=VALUE mappings, merged into the default
-            value = 7 if action.type.__name__.startswith("int") else 0.5
+            value = 7 if action.type.__name__.startswith("int") else 0.5 if action.type.__name__.startswith(
+                "float") else "first" if action.dest == "stream_orders" else "x.csv"
             return [flag, f"sts={value}"], {**default, "sts": value}
         if action.dest == "tasks":  # a subset that keeps para (whose default caps would otherwise go too)
             return [flag, "para", "sts"], ("para", "sts")
@@ -112,7 +117,10 @@ def test_every_flag_reaches_its_config_field(tmp_path):
         base = arguments.config_from_flags(dataclasses.replace(command), {})
         diff = {k for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
         top = path.split(".")[0]
-        assert diff == ({top, "tasks", "user_tasks"} if top == "task_files" else {top}), (argv, diff)
+        # (--tasks para sts: the phrases' default file, cap and batch size follow it, as the Quora cap does)
+        assert diff == ({top, "tasks", "user_tasks"} if top == "task_files" else
+                        {top, "stream_files", "max_train_examples", "task_batch_size"} if top == "tasks" else
+                        {top}), (argv, diff)
         seen.add(path)
     train_fields = fields_of(TrainConfig) - {"objectives", "user_tasks"}  # user_tasks: --task-file sets it; nested configs' fields dotted: "model.arch"
     assert train_fields <= seen, sorted(train_fields - seen)
@@ -151,7 +159,9 @@ def test_baseline_preset_is_paper_section_4_1():
     assert (cfg.lr, cfg.lr_schedule, cfg.schedule, cfg.epochs, cfg.batch_size) == (1e-5, "constant", "sequential", 10, 16)
     assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
     assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3
-    assert cfg.sst_phrases.file is None and not any(_preset(name).trains_phrases for name in ("b1", "b2", "b3"))
+    assert cfg.stream_files == {"phrases": None} and cfg.task_batch_size == {}
+    assert not any(_preset(name).trains_phrases for name in ("b1", "b2", "b3"))
+    assert _preset("b1", "--sst-phrases", "sst-phrases-train.csv").batch_sizes()["phrases"] == 64  # as before
 
 
 def test_b_presets_are_paper_section_5_4():
@@ -179,9 +189,9 @@ def test_the_quick_preset_is_the_fronts_point_at_about_a_third_of_the_default():
     quick, default = _preset("quick").to_dict(), TrainConfig().to_dict()
     assert quick == arguments.config_for(POINTS["e1-half"][1]).to_dict()
     assert {k for k in default if quick[k] != default[k]} == {
-        "epochs", "max_train_examples", "sst_phrases", "dev_max_examples"}
+        "epochs", "max_train_examples", "dev_max_examples"}
     assert quick["epochs"] * 2 == default["epochs"]
-    assert quick["sst_phrases"] == {**default["sst_phrases"], "per_epoch": 8544}
+    assert quick["max_train_examples"] == {"para": 12000, "phrases": 8544}
     assert _preset("quick", "--seed", "4").seed == 4
 
 
@@ -224,16 +234,18 @@ def test_the_default_trains_the_sst_phrases_and_none_turns_them_off(tmp_path):
     batches of 64; a run without sst has no phrase stream (and needs no phrase file); ``--sst-phrases none`` turns
     them off."""
     default = arguments.config_for([])
-    assert (default.sst_phrases.file, default.sst_phrases.per_epoch) == ("sst-phrases-train.csv", 17088)
+    assert default.stream_files == {"phrases": "sst-phrases-train.csv"} and default.train_caps()["phrases"] == 17088
     assert default.batch_sizes() == {"sst": 32, "para": 32, "sts": 32, "phrases": 64}
     assert default.trains_phrases and default.streams() == ("sst", "para", "sts", "phrases")
     pairs = arguments.config_for(["--tasks", "para", "sts"])
     assert not pairs.trains_phrases and pairs.streams() == ("para", "sts")
+    assert "phrases" not in {**pairs.stream_files, **pairs.max_train_examples, **pairs.task_batch_size}
     off = arguments.config_for(["--sst-phrases", "none"])
-    assert off.sst_phrases.file is None and not off.trains_phrases and off.streams() == ("sst", "para", "sts")
+    assert off.stream_files == {"phrases": None} and not off.trains_phrases and off.streams() == ("sst", "para", "sts")
+    assert "phrases" not in {**off.max_train_examples, **off.task_batch_size}  # what acts on them alone goes too
     mine = tmp_path / "mine.csv"
     mine.write_text("id\tsentence\tsentiment\n")
-    assert arguments.config_for(["--sst-phrases", str(mine)]).sst_phrases.file == str(mine)
+    assert arguments.config_for(["--sst-phrases", str(mine)]).extra_streams()["phrases"].file == str(mine)
 
 
 def test_config_reruns_a_saved_config_with_flags_overriding_it(tmp_path):
@@ -285,7 +297,7 @@ def test_a_map_flag_given_twice_sets_every_item_it_names():
     """--max-train-examples para=100 --max-train-examples sst=50 sets both caps (the second use does not drop the
     first's, as argparse's store would); a spelled key and another key of its map combine the same way."""
     cfg = arguments.config_for(["--max-train-examples", "para=100", "--max-train-examples", "sst=50"])
-    assert cfg.max_train_examples == {"para": 100, "sst": 50}
+    assert cfg.max_train_examples == {"para": 100, "sst": 50, "phrases": 17088}
     cfg = arguments.config_for(["--prior-weights", "sts=0.2", "--prior-weights", "sst=0.1"])
     assert cfg.prior_weights == {"sts": 0.2, "sst": 0.1}
     assert arguments.config_for(["--prior-weights", "sts=0.2", "--sst-prior", "0.1"]).prior_weights == \
@@ -319,15 +331,17 @@ def test_a_config_whose_user_regression_took_stss_span_asks_for_its_span_with_st
 def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_path):
     """An option whose default is on takes "none" for off on the command line (--sst-phrases none); a --config
     file saying "none" for it means the same (not a file named "none"); null stays off too."""
-    (tmp_path / "off.json").write_text('{"sst_phrases": "none"}')
-    from_file = arguments.config_for(["--config", str(tmp_path / "off.json")])
-    assert from_file == arguments.config_for(["--sst-phrases", "none"]) and from_file.sst_phrases.file is None
+    for doc in ('{"sst_phrases": "none"}', '{"stream_files": {"phrases": "none"}}'):
+        (tmp_path / "off.json").write_text(doc)
+        from_file = arguments.config_for(["--config", str(tmp_path / "off.json")])
+        assert from_file == arguments.config_for(["--sst-phrases", "none"]) and not from_file.trains_phrases
     (tmp_path / "batch.json").write_text('{"sst_phrases_batch_size": "none"}')
     from_file = arguments.config_for(["--config", str(tmp_path / "batch.json")])
     assert from_file == arguments.config_for(["--sst-phrases-batch-size", "none"])
-    assert from_file.sst_phrases.batch_size is None and from_file.sst_phrases.file is not None
-    (tmp_path / "null.json").write_text('{"sst_phrases": null}')
-    assert arguments.config_for(["--config", str(tmp_path / "null.json")]).sst_phrases.file is None
+    assert from_file.batch_sizes()["phrases"] == from_file.batch_size and from_file.trains_phrases
+    for doc in ('{"sst_phrases": null}', '{"stream_files": {"phrases": null}}'):
+        (tmp_path / "null.json").write_text(doc)
+        assert not arguments.config_for(["--config", str(tmp_path / "null.json")]).trains_phrases
 
 
 def test_preset_help_shows_the_presets_values(capsys):
@@ -348,19 +362,20 @@ def test_the_nested_settings_keep_their_flags():
     """The settings nested in a config of their own (the SST phrases, LP-FT, SWA) or set per task since (the SST
     and STS priors) keep the flags of the fields they were (version 1 of config.json): each flag sets its setting
     (a prior's, its task's item of a per-task map)."""
-    from tasks.config_versions import NESTED_SETTINGS, PER_TASK_PRIORS
+    from tasks.config_versions import NESTED_SETTINGS, PER_STREAM_PHRASES, PER_TASK_PRIORS
 
     parser = arguments.build_parser()
     flags = {a.option_strings[0]: a.dest for a in parser._actions if a.option_strings}
     for flat, (name, field) in NESTED_SETTINGS.items():
-        dest = "@".join(PER_TASK_PRIORS[field]) if name == "priors" else f"{name}.{field}"
+        dest = "@".join(PER_TASK_PRIORS[field]) if name == "priors" else \
+            f"{PER_STREAM_PHRASES[field]}@phrases" if name == "sst_phrases" else f"{name}.{field}"
         assert flags["--" + flat.replace("_", "-")] == dest, flat
     command, explicit = arguments.parse(["--sts-prior", "0.25", "--sst-prior-model", "enc", "--sst-phrases-weight",
                                          "2", "--sst-phrases-order", "first", "--lp-epochs", "1", "--lp-lr", "1e-3",
                                          "--swa-epochs", "2", "--swa-lr", "1e-4"], parser)
     cfg = arguments.config_from_flags(command, explicit)
-    assert (cfg.prior_weights, cfg.prior_models, cfg.sst_phrases.weight, cfg.sst_phrases.order) == \
-        ({"sst": 0.5, "sts": 0.25}, {"sst": "enc"}, 2.0, "first")
+    assert (cfg.prior_weights, cfg.prior_models, cfg.loss_weights, cfg.stream_orders) == \
+        ({"sst": 0.5, "sts": 0.25}, {"sst": "enc"}, {"phrases": 2.0}, {"phrases": "first"})
     assert (cfg.lpft.epochs, cfg.lpft.lr, cfg.swa.epochs, cfg.swa.lr) == (1, 1e-3, 2, 1e-4)
 
 
@@ -368,8 +383,9 @@ def test_a_per_stream_setting_for_a_run_without_the_defaults_streams_keeps_only_
     """--max-train-examples sst2=N on a run without para: the default's para cap (a stream the run does not train)
     is left out rather than refused; the explicit entry stays, and one for an untrained stream is refused."""
     cfg = arguments.config_for(["--tasks", "sst", "--max-train-examples", "sst=100"])
-    assert cfg.max_train_examples == {"sst": 100}
-    assert arguments.config_for(["--max-train-examples", "sst=100"]).max_train_examples == {"para": 23000, "sst": 100}
+    assert cfg.max_train_examples == {"sst": 100, "phrases": 17088}
+    assert arguments.config_for(["--max-train-examples", "sst=100"]).max_train_examples == {
+        "para": 23000, "phrases": 17088, "sst": 100}
     with pytest.raises(ValueError, match=r"max_train_examples names \['para'\], which this run does not train"):
         arguments.config_for(["--tasks", "sst", "--max-train-examples", "para=100"])
 

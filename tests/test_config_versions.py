@@ -18,8 +18,8 @@ import pytest
 
 from tasks import train as cli
 from tasks.train_config import TrainConfig
-from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, UNVERSIONED_ADDITIONS, UNVERSIONED_FIELDS,
-                                   fields_of, objective_options, upgrade)
+from tasks.config_versions import (CONFIG_VERSION, MIGRATIONS, PER_STREAM_PHRASES, PHRASES_6, UNVERSIONED_ADDITIONS,
+                                   UNVERSIONED_FIELDS, fields_of, objective_options, upgrade)
 from tasks.objectives import registered_objectives
 from tasks.task import ENTRY_FORMAT, ENTRY_KEYS, Task, upgrade_entry
 from tests.helpers import three_class_task, unversioned
@@ -210,7 +210,7 @@ def test_one_run_saved_by_each_version_since_the_last_unversioned_loads_to_one_c
     loaded = [TrainConfig.from_dict(_saved(SAVED / name, tiny_env, tmp_path), complete=True)
               for name in ("v0-15ee338.json", "v1.json", "v2.json")]
     assert loaded[0] == loaded[1] == loaded[2]
-    assert loaded[2].prior_weights["sts"] == 0.0 and loaded[2].sst_phrases.file is None and loaded[2].swa.lr == 1e-5
+    assert loaded[2].prior_weights["sts"] == 0.0 and not loaded[2].trains_phrases and loaded[2].swa.lr == 1e-5
 
 
 def test_a_version_5_runs_priors_and_span_load_per_task(tiny_env, tmp_path):
@@ -235,6 +235,38 @@ def test_a_version_5_runs_priors_and_span_load_per_task(tiny_env, tmp_path):
         TrainConfig.from_dict({"priors": {"sts_weight": 0.1}, "prior_weights": {"sts": 0.2}})
 
 
+def test_a_version_6_runs_phrases_load_per_stream(tiny_env, tmp_path):
+    """Version 7 sets SST's phrases per stream, as any declared stream's (stream_files, max_train_examples,
+    task_batch_size, stream_min_words, loss_weights, stream_orders): a run saved at version 6 ("sst_phrases":
+    {"file", "per_epoch", "batch_size", "min_words", "weight", "order"}) loads to the config of the same run saved
+    at 7, each setting the item "phrases" of its map (what a run of today leaves out left out: a batch size of null,
+    a weight of 1, the declared fewest words and order); an item its map already named stays, as version 6 read it
+    first; a file of some fields keeps the defaults of the maps it does not name."""
+    v6, v7 = (TrainConfig.from_dict(_saved(SAVED / f"v{n}.json", tiny_env, tmp_path / "run"), complete=True)
+              for n in (6, 7))
+    assert v6 == v7 and not v7.trains_phrases and v7.stream_files == {"phrases": None}
+    saved = {**_saved(SAVED / "v6.json", tiny_env, tmp_path / "run"), "loss_weights": {"phrases": 3.0},
+             "sst_phrases": {"file": "p.csv", "per_epoch": 100, "batch_size": None, "min_words": 2, "weight": 0.5,
+                             "order": "first"}}
+    cfg = TrainConfig.from_dict(saved, complete=True)
+    assert (cfg.stream_files, cfg.max_train_examples, cfg.task_batch_size, cfg.loss_weights, cfg.stream_min_words,
+            cfg.stream_orders) == ({"phrases": "p.csv"}, {"phrases": 100}, {}, {"phrases": 3.0}, {"phrases": 2},
+                                   {"phrases": "first"})
+    assert cfg.batch_sizes()["phrases"] == cfg.batch_size
+    same = {**saved["sst_phrases"], "batch_size": 64, "min_words": 1, "weight": 1.0, "order": "mixed"}
+    cfg = TrainConfig.from_dict({**saved, "loss_weights": {}, "sst_phrases": same}, complete=True)
+    assert (cfg.task_batch_size, cfg.loss_weights, cfg.stream_min_words, cfg.stream_orders) == ({"phrases": 64}, {},
+                                                                                               {}, {})
+    assert TrainConfig.from_dict({"sst_phrases": {"per_epoch": 5}}).max_train_examples == {"para": 23000,
+                                                                                          "phrases": 5}
+    assert TrainConfig.from_dict({"sst_phrases_batch_size": None}).task_batch_size == {}
+    assert TrainConfig.from_dict({"sst_phrases": {"order": "first"}}) == TrainConfig(stream_orders={"phrases": "first"})
+    with pytest.raises(ValueError, match=r"sst_phrases\.rate is not a setting \(sst_phrases: file, per_epoch"):
+        upgrade({"sst_phrases": {"rate": 2}})
+    with pytest.raises(ValueError, match=r"task_batch_size: 8 is not a mapping"):
+        upgrade({"sst_phrases": {"batch_size": 4}, "task_batch_size": 8})
+
+
 def test_a_file_of_some_fields_names_a_setting_flat_or_nested_but_once():
     """A --config file of one's own may name a nested setting as version 1 did ("swa_epochs") or as today's
     ("swa": {"epochs"}); naming it both ways is refused naming both."""
@@ -242,9 +274,9 @@ def test_a_file_of_some_fields_names_a_setting_flat_or_nested_but_once():
     nested = TrainConfig.from_dict({"priors": {"sts_weight": 0.25}, "swa": {"epochs": 2},
                                     "sst_phrases": {"file": None}, "lpft": {"epochs": 1}})
     assert flat == nested == TrainConfig(prior_weights={"sts": 0.25, "sst": 0.5}, swa={"epochs": 2},
-                                         sst_phrases={"file": None}, lpft={"epochs": 1})
-    assert TrainConfig.from_dict({"sst_phrases_weight": 2.0, "sst_phrases": {"order": "first"}}).sst_phrases == \
-        dataclasses.replace(TrainConfig().sst_phrases, weight=2.0, order="first")
+                                         stream_files={"phrases": None}, lpft={"epochs": 1})
+    assert TrainConfig.from_dict({"sst_phrases_weight": 2.0, "sst_phrases": {"order": "first"}}) == \
+        TrainConfig(loss_weights={"phrases": 2.0}, stream_orders={"phrases": "first"})
     with pytest.raises(ValueError, match=r"swa_lr and swa\.lr are one setting: give it once"):
         TrainConfig.from_dict({"swa_lr": 1e-4, "swa": {"lr": 1e-3}})
     with pytest.raises(ValueError, match=r"unknown SwaConfig field\(s\) \['rate'\]"):
@@ -373,6 +405,7 @@ def test_a_version_3_run_whose_positive_was_a_word_re_predicts_as_it_did(tiny_en
             del layout["multiline"]
         entry.update(positive="paraphrase", origin={**entry["origin"], "declaration": spec})
         d["priors"] = {f"{t}_{k}": d[f"prior_{k}s"].get(t) for t in ("sst", "sts") for k in ("weight", "model")}
+        d["sst_phrases"] = {k: d[path].get("phrases", PHRASES_6[k]) for k, path in PER_STREAM_PHRASES.items()}
         fields = {f.split(".")[0] for f in MIGRATIONS[2].fields} | {"model_type", "objective_versions"}
         _write(where / "config.json", {**{k: v for k, v in d.items() if k in fields or k.endswith("_version")},
                                        "config_version": 3})  # version 3's fields

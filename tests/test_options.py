@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from tasks.cli import Parser
-from tasks.train_config import LpftConfig, PhrasesConfig, SwaConfig, TrainConfig
+from tasks.train_config import LpftConfig, SwaConfig, TrainConfig
 from tasks.model import ModelConfig
 from tasks.options import (add_options, default_of, flag_of_path, help_text, option, options_of, replace_at,
                            shown_default, value_at)
@@ -36,7 +36,7 @@ def test_option_carries_its_help_and_default_and_a_factory_gives_fresh_objects()
         help_text(_Config, "nope")
 
 
-@pytest.mark.parametrize("cls", [TrainConfig, ModelConfig, PhrasesConfig, LpftConfig, SwaConfig])
+@pytest.mark.parametrize("cls", [TrainConfig, ModelConfig, LpftConfig, SwaConfig])
 def test_every_config_field_has_its_help_text(cls):
     """Every field of the training and model configs says what it does: the CLI's --help reads it from here."""
     assert [f.name for f in dataclasses.fields(cls) if not help_text(cls, f.name).strip()] == []

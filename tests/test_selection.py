@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.train_config import PhrasesConfig, TrainConfig
+from tasks.train_config import TrainConfig
 from tasks.options import replace_at
 from tasks.data.datasets import PairDataset, SentenceDataset
 from tasks.data.readers import Example
@@ -56,20 +56,20 @@ def test_phrases_are_read_as_sst_rows_with_short_ones_left_out_and_counted(tiny_
     """--sst-phrases: a name is looked up in --data-dir; phrases of fewer than min-words words are dropped and
     counted in the file's report; a missing file names the flag and the path."""
     _, data = tiny_env
-    cfg = TrainConfig(data_dir=str(data), sst_phrases=PhrasesConfig(file="sst-phrases-train.csv", min_words=3))
+    cfg = TrainConfig(data_dir=str(data), stream_min_words={"phrases": 3})
     phrases, report = load_stream(cfg)
     everything, _ = get_task("sst").read("train", ".", path=data / "sst-phrases-train.csv")
     assert phrases == [p for p in everything if len(p.text_a.split()) >= 3] and 0 < len(phrases) < len(everything)
     assert report["kept"] == len(everything) and report["shorter_than_min_words"] == len(everything) - len(phrases)
     assert report["sha256"]
-    absolute = replace_at(replace_at(cfg, "data_dir", "elsewhere"), "sst_phrases.file",
-                          str(data / "sst-phrases-train.csv"))
+    absolute = replace_at(replace_at(cfg, "data_dir", "elsewhere"), "stream_files",
+                          {"phrases": str(data / "sst-phrases-train.csv")})
     assert load_stream(absolute)[0] == phrases
     with pytest.raises(FileNotFoundError, match=r"--sst-phrases nope.csv: no such file .*nope.csv.*build it from the "
                        r"treebank's trees \(python -m tasks.sst_phrases TREES --out .*nope.csv.*--sst-phrases none"):
-        load_stream(replace_at(cfg, "sst_phrases.file", "nope.csv"))
+        load_stream(replace_at(cfg, "stream_files", {"phrases": "nope.csv"}))
     with pytest.raises(ValueError, match="no phrase of 9 or more words"):
-        load_stream(replace_at(cfg, "sst_phrases.min_words", 9))
+        load_stream(replace_at(cfg, "stream_min_words", {"phrases": 9}))
 
 
 def test_a_phrase_file_is_a_name_in_data_dir_or_a_path(tiny_env, tmp_path, monkeypatch):
@@ -83,8 +83,8 @@ def test_a_phrase_file_is_a_name_in_data_dir_or_a_path(tiny_env, tmp_path, monke
     monkeypatch.chdir(tmp_path)
     cfg = TrainConfig(data_dir=str(data))
     assert stream_file(cfg) == data / "sst-phrases-train.csv"
-    assert stream_file(replace_at(cfg, "sst_phrases.file", "mine/phrases.csv")) == Path("mine/phrases.csv")
-    assert stream_file(replace_at(cfg, "sst_phrases.file", str(own))) == own
+    assert stream_file(replace_at(cfg, "stream_files", {"phrases": "mine/phrases.csv"})) == Path("mine/phrases.csv")
+    assert stream_file(replace_at(cfg, "stream_files", {"phrases": str(own)})) == own
 
 
 def test_a_phrase_file_without_one_valid_row_says_why_each_was_skipped(tiny_env, tmp_path):
@@ -92,6 +92,6 @@ def test_a_phrase_file_without_one_valid_row_says_why_each_was_skipped(tiny_env,
     _, data = tiny_env
     bad = tmp_path / "bad.csv"
     bad.write_text("\tid\tsentence\tsentiment\n0\tp0\ta fine film\t7\n1\tp1\tdull\tx\n")
-    cfg = TrainConfig(data_dir=str(data), sst_phrases=PhrasesConfig(file=str(bad)), limit=None)
+    cfg = TrainConfig(data_dir=str(data), stream_files={"phrases": str(bad)}, limit=None)
     with pytest.raises(ValueError, match=r"no valid row.*line 2: label '7' out of range 0\.\.4.*line 3: label 'x'"):
         load_stream(cfg)

@@ -682,6 +682,34 @@ def _mood(tmp_path) -> Path:
     return task_file
 
 
+def test_a_users_stream_is_set_per_stream_as_the_sst_phrases_are(tmp_path):
+    """The course's extra stream and a user's are one setting per stream: --sst-phrases FILE is --stream-files
+    phrases=FILE, and a user's declared stream takes --stream-files mood_phrases=FILE (none: off),
+    --stream-min-words and --stream-orders as SST's phrases do; a stream no task of the run declares, and a setting
+    of a stream the run does not train, are refused naming the flag."""
+    task_file = _mood(tmp_path)
+    run = ["--task-file", str(task_file), "--tasks", "sst", "mood"]
+    declared = config_for(run).extra_streams()
+    assert declared["mood_phrases"].file == str(task_file.parent / "mood-phrases.csv")
+    assert (declared["mood_phrases"].min_words, declared["mood_phrases"].order) == (1, "mixed")
+    other = tmp_path / "other.csv"
+    other.write_text((task_file.parent / "mood-phrases.csv").read_text())
+    set_so = config_for([*run, "--stream-files", f"mood_phrases={other}", "--stream-min-words", "mood_phrases=2",
+                         "--stream-orders", "mood_phrases=first", "--sst-phrases-min-words", "3"])
+    mood, sst = set_so.extra_streams()["mood_phrases"], set_so.extra_streams()["phrases"]
+    assert (mood.file, mood.min_words, mood.order, sst.min_words) == (str(other), 2, "first", 3)
+    assert set_so == config_for([*run, "--stream-files", f"mood_phrases={other}", "--stream-orders",
+                                 "mood_phrases=first", "--stream-min-words", "mood_phrases=2", "phrases=3"])
+    off = config_for([*run, "--stream-files", "mood_phrases=none"])
+    assert list(off.extra_streams()) == ["phrases"] and off.streams() == ("sst", "mood", "phrases")
+    with pytest.raises(ValueError, match=r"--stream-min-words mood_phrases=\.\.\. only acts on a run that trains "
+                                         r"stream mood_phrases \(--stream-files mood_phrases=FILE on a run with mood"):
+        config_for([*run, "--stream-files", "mood_phrases=none", "--stream-min-words", "mood_phrases=2"])
+    with pytest.raises(ValueError, match=r"--stream-files mood_phrases=\.\.\. sets stream mood_phrases, which no "
+                                         r"task declares \(the tasks' extra streams: phrases\)"):
+        config_for(["--stream-files", f"mood_phrases={other}"])
+
+
 @pytest.mark.parametrize("objective", ["rdrop", "smart", "rift", "knn_bert", "scl", "match_tuning",
                                        "label_smoothing", "simcse"])
 def test_an_objective_takes_a_users_declared_stream_by_its_tasks_kind(objective, tmp_path, tiny_env, one_thread):

@@ -62,7 +62,7 @@ REFUSED = [
     (["--objective", "scl", "--tasks", "sts"], "none of which"),
     (["--head-dropout", "1.5"], "head_dropout"),
     (["--device", "tpu"], "device"),
-    (["--max-train-examples", "para=0"], ">= 1"),
+    (["--max-train-examples", "para=0"], "--max-train-examples para=0: at least 1 example an epoch"),
     (["--eval-only", "--swa-epochs", "2"], "--swa-epochs cannot change"),
     (["--eval-only", "--lp-epochs", "2"], "--lp-epochs cannot change"),
     (["--swa-lr", "1e-4"], "--swa-lr only acts"),
@@ -96,15 +96,20 @@ REFUSED = [
     (["--sts-scale", "3", "--spans", "sts=4"], "--sts-scale and --spans sts=... set one setting"),
     (["--prior-weights", "para=0.3"], "--prior-weights para=...: para declares no prior (tasks that do: sst, sts)"),
     (["--spans", "para=3"], "--spans para=...: para is no regression (regressions: sts)"),
-    (["--tasks", "para", "sts", "--sst-phrases", "sst-phrases-train.csv"], "--sst-phrases trains the SST head, and "
-     "--tasks para sts has no sst"),
-    (["--sst-phrases", "none", "--sst-phrases-weight", "0.5"], "--sst-phrases-weight only acts on the phrase stream"),
-    (["--tasks", "para", "--sst-phrases-per-epoch", "100"], "--sst-phrases-per-epoch only acts on the phrase stream"),
-    (["--sst-phrases-min-words", "0"], "sst_phrases_min_words must be at least 1"),
-    (["--sst-phrases", "none", "--sst-phrases-batch-size", "64"], "--sst-phrases-batch-size only acts on the phrase "
-     "stream"),
-    (["--sst-phrases-batch-size", "0"], "sst_phrases_batch_size must be at least 1"),
-    (["--sst-phrases-per-epoch", "0"], "sst_phrases_per_epoch must be at least 1"),
+    (["--tasks", "para", "sts", "--sst-phrases", "sst-phrases-train.csv"], "--sst-phrases sets stream phrases, which "
+     "trains the SST head, and --tasks para sts has no sst"),
+    (["--sst-phrases", "none", "--sst-phrases-weight", "0.5"], "--sst-phrases-weight only acts on a run that trains "
+     "stream phrases (--sst-phrases FILE on a run with sst; streams: sst, para, sts)"),
+    (["--tasks", "para", "--sst-phrases-per-epoch", "100"], "--sst-phrases-per-epoch only acts on a run that trains "
+     "stream phrases"),
+    (["--stream-files", "words=w.csv"], "--stream-files words=... sets stream words, which no task declares (the "
+     "tasks' extra streams: phrases)"),
+    (["--sst-phrases-order", "last"], "--sst-phrases-order last: one of mixed, first"),
+    (["--sst-phrases-min-words", "0"], "--sst-phrases-min-words 0: at least 1 word"),
+    (["--sst-phrases", "none", "--sst-phrases-batch-size", "64"], "--sst-phrases-batch-size only acts on a run that "
+     "trains stream phrases"),
+    (["--sst-phrases-batch-size", "0"], "--sst-phrases-batch-size 0: at least 1 example a batch"),
+    (["--sst-phrases-per-epoch", "0"], "--sst-phrases-per-epoch 0: at least 1 example an epoch"),
     (["--knn-bert-knn-phi", "0.5"], "add --objective knn_bert"),
     (["--objective", "knn_bert", "--knn-bert-knn-phi", "1.5"], "knn_phi"),
     (["--objective", "knn_bert", "--limit", "64"], "lower --knn-bert-knn-k"),

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tasks.train_config import NESTED, PhrasesConfig, TrainConfig, eval_config
+from tasks.train_config import NESTED, TrainConfig, eval_config
 from tests.helpers import tiny_train_config
 
 
@@ -24,7 +24,7 @@ def test_a_limit_below_a_tasks_batch_is_refused_but_not_below_the_phrases_batch(
     one partial batch."""
     with pytest.raises(ValueError, match="limit=16 is smaller than the batch size 32"):
         TrainConfig(limit=16).validate()
-    TrainConfig(limit=32, sst_phrases=PhrasesConfig(file="p.csv", batch_size=64)).validate()
+    TrainConfig(limit=32, stream_files={"phrases": "p.csv"}, task_batch_size={"phrases": 64}).validate()
 
 
 def _outcome(argv: list[str]):
@@ -55,15 +55,21 @@ def test_none_reads_alike_from_a_config_file_and_the_command_line(tmp_path, caps
         flag, dest = action.option_strings[0], action.dest
         extra = ["--objective", dest.split(".")[1]] if dest.startswith("objectives.") else []
         name = rest.partition(".")[0]
+        dest, _, key = dest.partition("@")  # a spelled flag (--sst-phrases: stream_files' phrases) sets its map's key
+        head, _, rest = dest.partition(".")
+        value = {key: "none"} if key else "none"
         doc = {"objectives": {name: {rest.partition(".")[2]: "none"}}} if head == "objectives" else \
-            {head: {rest: "none"}} if rest else {dest: "none"}
+            {head: {rest: value}} if rest else {dest: value}
         path = tmp_path / f"{dest}.json"
         path.write_text(json.dumps(doc))
         from_file = _outcome(["--config", str(path)] + ([] if head != "objectives" else []))
         on_line = _outcome([flag, "none"] + extra) if not isinstance(
             action, (argparse._StoreTrueAction, argparse.BooleanOptionalAction)) else "refused"
         if from_file != "refused" and on_line != "refused":
-            assert get_path(from_file, dest) == get_path(on_line, dest), dest
+            if key:  # (a file's map replaces the default's; a flag's item updates it)
+                assert get_path(from_file, dest).get(key, "-") == get_path(on_line, dest).get(key, "-"), (dest, key)
+            else:
+                assert get_path(from_file, dest) == get_path(on_line, dest), dest
         else:
             assert from_file == on_line == "refused", (dest, from_file if from_file == "refused" else
                                                        get_path(from_file, dest))
@@ -72,16 +78,22 @@ def test_none_reads_alike_from_a_config_file_and_the_command_line(tmp_path, caps
     assert checked > 100
 
 
-def test_a_phrase_setting_given_both_ways_is_refused_and_either_spelling_is_one_run():
-    """--loss-weights phrases=W is --sst-phrases-weight W (and so for the batch size and the phrases an epoch):
-    either spelling makes the same run (``acting``), both at once are refused."""
+def test_a_phrase_setting_given_both_ways_is_refused_and_either_spelling_is_one_run(capsys):
+    """--loss-weights phrases=W is --sst-phrases-weight W (and so for the phrases' file, batch size, count an epoch,
+    fewest words and order): either spelling makes the same config, both at once are refused."""
     from tasks.arguments import config_for
-    with pytest.raises(ValueError, match="--loss-weights phrases=... and --sst-phrases-weight set one setting"):
+    with pytest.raises(SystemExit):
         config_for(["--loss-weights", "phrases=0.5", "--sst-phrases-weight", "2"])
+    assert "--sst-phrases-weight and --loss-weights phrases=... set one setting" in capsys.readouterr().err
     for general, own in ((["--loss-weights", "phrases=0.5"], ["--sst-phrases-weight", "0.5"]),
                          (["--max-train-examples", "phrases=100"], ["--sst-phrases-per-epoch", "100"]),
-                         (["--task-batch-size", "phrases=8"], ["--sst-phrases-batch-size", "8"])):
-        assert config_for(general).acting() == config_for(own).acting() != config_for([]).acting()
+                         (["--task-batch-size", "phrases=8"], ["--sst-phrases-batch-size", "8"]),
+                         (["--stream-files", "phrases=data/sst-phrases-train.csv"],
+                          ["--sst-phrases", "data/sst-phrases-train.csv"]),
+                         (["--stream-files", "phrases=none"], ["--sst-phrases", "none"]),
+                         (["--stream-min-words", "phrases=3"], ["--sst-phrases-min-words", "3"]),
+                         (["--stream-orders", "phrases=first"], ["--sst-phrases-order", "first"])):
+        assert config_for(general) == config_for(own) != config_for([]), general
 
 
 def test_a_run_of_a_glue_task_keeps_its_entry_and_loads_it_back():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks import bench_phrases as bench
-from tests.helpers import tiny_train_config
+from tests.helpers import phrases, tiny_train_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -14,8 +14,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 def test_each_phrase_batch_size_is_timed_and_its_epoch_modelled(tiny_env, tmp_path):
     """Every task stream and the phrases at each batch size get a step time per round; an epoch's modelled
     seconds are its steps a stream x their medians, and more phrases a batch means fewer phrase steps."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "unused", sst_phrases={"file": "sst-phrases-train.csv",
-                                                                        "per_epoch": 24})
+    cfg = tiny_train_config(tiny_env, tmp_path / "unused", **phrases(per_epoch=24))
     res = bench.benchmark(cfg, batch_sizes=(4, 8), steps=2, rounds=2, log=lambda s: None)
     assert set(res["step_s"]) == {"sst", "para", "sts", "phrases@4", "phrases@8"}
     assert all(len(v) == 2 and min(v) > 0 for v in res["step_s"].values())

@@ -95,10 +95,11 @@ def test_members_train_the_measured_recipe_and_flags_after_the_dashes_win():
     phrases (the default trains them, in two epochs; the ensemble was measured without them, in three);
     ``-- --sst-phrases FILE`` trains them."""
     members = arguments.config_for([*leaderboard.member_flags(0, []), "--out-dir", "unused"])
-    assert members.sst_phrases.file is None and not members.trains_phrases and members.epochs == 3
-    assert {k: v for k, v in members.to_dict().items() if k not in ("sst_phrases", "epochs")} == \
-        {k: v for k, v in arguments.config_for(["--out-dir", "unused"]).to_dict().items()
-         if k not in ("sst_phrases", "epochs")}
+    assert not members.trains_phrases and members.epochs == 3
+    phrases = ("stream_files", "max_train_examples", "task_batch_size", "epochs")  # the phrases' file, cap and batch
+    assert {k: v for k, v in members.to_dict().items() if k not in phrases} == \
+        {k: v for k, v in arguments.config_for(["--out-dir", "unused"]).to_dict().items() if k not in phrases}
+    assert members.max_train_examples == {"para": 23000} and members.task_batch_size == {}
     on = arguments.config_for([*leaderboard.member_flags(0, ["--sst-phrases", "sst-phrases-train.csv"]),
                                "--out-dir", "unused"])
     assert on.trains_phrases
@@ -154,7 +155,7 @@ def test_a_member_made_with_other_settings_is_refused_not_trained_over(tmp_path,
         leaderboard.main(argv)
     with pytest.raises(SystemExit) as e:
         leaderboard.main([*argv, "--specialist-flags", "--sst-phrases sst-phrases-train.csv"])
-    assert e.value.code == 2 and f"{member} is a member made with other settings (sst_phrases" in \
+    assert e.value.code == 2 and f"{member} is a member made with other settings (max_train_examples, stream_files" in \
         capsys.readouterr().err
     assert (member / "config.json").read_text() == saved
 

@@ -16,12 +16,13 @@ def test_every_row_is_an_sst_specialist_scored_by_its_head_and_differs_from_base
     for name, cfg in configs.items():
         assert cfg.tasks == ("sst",) and cfg.prior_weights.get("sst") == 0, name
         assert name == "base" or cfg.to_dict() != configs["base"].to_dict(), name
-    assert configs["base"].sst_phrases.file is None
-    assert configs["phrases"].sst_phrases.file == "sst-phrases-train.csv"
-    assert configs["phrases"].sst_phrases.per_epoch == 8544
-    assert configs["w0.25"].sst_phrases.weight == 0.25 and configs["n17k"].sst_phrases.per_epoch == 17088
-    assert configs["min3"].sst_phrases.min_words == 3 and configs["first"].sst_phrases.order == "first"
-    assert configs["llrd"].sst_phrases.file is None and configs["llrd"].layer_lr_decay == 0.9
+    assert not configs["base"].trains_phrases
+    assert configs["phrases"].extra_streams()["phrases"].file == "sst-phrases-train.csv"
+    assert configs["phrases"].train_caps()["phrases"] == 8544
+    assert configs["w0.25"].loss_weights["phrases"] == 0.25 and configs["n17k"].train_caps()["phrases"] == 17088
+    assert configs["min3"].extra_streams()["phrases"].min_words == 3
+    assert configs["first"].extra_streams()["phrases"].order == "first"
+    assert not configs["llrd"].trains_phrases and configs["llrd"].layer_lr_decay == 0.9
 
 
 def test_the_table_pairs_each_row_with_base_by_seed(tmp_path):
@@ -51,9 +52,11 @@ def test_a_full_arm_is_the_default_plus_the_rows_own_flags_and_n17k_b64_is_the_d
     n17k = arguments.config_for([*sst_levers.full_flags("n17k-b64"), "--out-dir", "unused"])
     assert n17k.to_dict() == default.to_dict()
     assert arguments.config_for([*sst_levers.full_flags("n17k"), "--out-dir", "unused"]).batch_sizes()["phrases"] == 32
-    assert base.sst_phrases.file is None and not base.trains_phrases and base.streams() == ("sst", "para", "sts")
-    assert {k: v for k, v in base.to_dict().items() if not k.startswith("sst_phrases")} == \
-        {k: v for k, v in default.to_dict().items() if not k.startswith("sst_phrases")}
+    assert not base.trains_phrases and base.streams() == ("sst", "para", "sts")
+    phrases = ("stream_files", "max_train_examples", "task_batch_size")  # the phrases' file, cap and batch
+    assert {k: v for k, v in base.to_dict().items() if k not in phrases} == \
+        {k: v for k, v in default.to_dict().items() if k not in phrases}
+    assert base.max_train_examples == {"para": 23000} and base.task_batch_size == {}
 
 
 def test_full_runs_both_arms_seed_by_seed_at_the_epochs_given(tmp_path, capsys):

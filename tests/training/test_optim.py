@@ -68,6 +68,6 @@ def test_pair_swap_shows_only_pairs_without_order_in_the_other_order():
     from tasks.training.optim import build_schedule
 
     cfg = TrainConfig(tasks=("sst", "para", "sts", "mrpc", "rte"), pair_swap=0.5, max_train_examples={},
-                      dev_max_examples={}, sst_phrases={"file": None})
+                      dev_max_examples={}, stream_files={"phrases": None})
     sets = {t: SimpleNamespace(lengths=[8] * 16) for t in cfg.tasks}
     assert build_schedule(cfg, sets).swap == {"para": 0.5, "sts": 0.5, "mrpc": 0.5}

@@ -29,7 +29,8 @@ from tasks.storage import read_json
 from tasks.training.optim import lr_scale
 from tasks.training.trainer import Trainer
 from tasks.training.run import build_parts, check_run, trainer_for
-from tests.helpers import DATA, OBJECTIVE_SETTINGS, Interrupt, StopAt, read_column, tiny_train_config
+from tests.helpers import (DATA, OBJECTIVE_SETTINGS, Interrupt, StopAt, phrases, read_column,
+                           tiny_train_config)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -106,23 +107,23 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
     """--sst-phrases: each epoch trains sst_phrases_per_epoch phrases (the next ones of a shuffle: two epochs see
     different phrases), in batches of the SST head whose loss is the phrases' weight x the SST loss; the sentences
     still train in full, and with order "first" the phrase batches open the epoch."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases={"file": "sst-phrases-train.csv", "per_epoch": 20,
-                            "batch_size": 8, "min_words": 2, "weight": 0.25}, train_subsets="cycle")
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", **phrases(per_epoch=20, batch_size=8, min_words=2, weight=0.25),
+                            train_subsets="cycle")
     trainer = trainer_for(cfg)
-    phrases = trainer.train_sets["phrases"]
-    assert len(phrases) > 20 and min(len(t.split()) for t in phrases.texts) >= 2
+    stream = trainer.train_sets["phrases"]
+    assert len(stream) > 20 and min(len(t.split()) for t in stream.texts) >= 2
     plans = [trainer.schedule.epoch_plan(e) for e in range(2)]
     seen = [[i for s, b in plan if s == "phrases" for i in b] for plan in plans]
     assert [len(x) for x in seen] == [20, 20] and len(set(seen[0] + seen[1])) == 40
     assert sorted(i for s, b in plans[0] if s == "sst" for i in b) == list(range(len(trainer.train_sets["sst"])))
     trainer.model.eval()
-    batch = phrases.collate(seen[0][:8])
+    batch = stream.collate(seen[0][:8])
     loss, terms = trainer.step_loss("phrases", batch)
     head = trainer.model.task_loss("sst", trainer.model("sst", batch), batch)
     assert set(terms) == {"phrases/loss"} and torch.equal(terms["phrases/loss"], head)
     assert loss.item() == pytest.approx(0.25 * head.item())
     first = trainer_for(dataclasses.replace(cfg, out_dir=str(tmp_path / "first"),
-                                            sst_phrases=dataclasses.replace(cfg.sst_phrases, order="first")))
+                                            stream_orders={"phrases": "first"}))
     plan = first.schedule.epoch_plan(0)
     assert [s for s, _ in plan[:3]] == ["phrases"] * 3 and "phrases" not in {s for s, _ in plan[3:]}
 
@@ -130,8 +131,7 @@ def test_phrases_train_the_sst_head_at_their_rate_and_weight(tiny_env, tmp_path)
 def test_phrases_take_their_own_batch_size_under_even_batching(tiny_env, tmp_path):
     """--sst-phrases-batch-size: the phrase stream's batches hold that many phrases, shuffled among the tasks'
     batches of --batch-size (even batching), the epoch's phrases unchanged in number."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases={"file": "sst-phrases-train.csv", "per_epoch": 24,
-                                                                     "batch_size": 12})
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", **phrases(per_epoch=24, batch_size=12))
     plan = trainer_for(cfg).schedule.epoch_plan(0)
     sizes: dict[str, set[int]] = {}
     for stream, batch in plan:
@@ -145,7 +145,7 @@ def test_the_phrase_streams_general_settings_take_effect(tiny_env, tmp_path):
     """The phrase stream takes the per-stream settings every stream has: --loss-weights phrases=W,
     --max-train-examples phrases=N and --task-batch-size phrases=B act as --sst-phrases-weight, -per-epoch and
     -batch-size (the SST entry's spellings of the same settings), never silently ignored."""
-    cfg = tiny_train_config(tiny_env, tmp_path / "run", sst_phrases={"file": "sst-phrases-train.csv"},
+    cfg = tiny_train_config(tiny_env, tmp_path / "run", stream_files={"phrases": "sst-phrases-train.csv"},
                             schedule="round_robin", loss_weights={"phrases": 0.5},
                             max_train_examples={"phrases": 12}, task_batch_size={"phrases": 4})
     trainer = trainer_for(cfg)
@@ -425,8 +425,7 @@ def test_resume_with_objective_state_is_bit_identical(tiny_env, tmp_path, object
 def test_resume_with_phrases_draws_the_same_phrases(tiny_env, tmp_path):
     """A run with --sst-phrases cut mid-epoch and resumed trains the same phrase batches as the whole run: it ends
     with the same weights and the same per-epoch phrase losses, bit for bit."""
-    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 9, sst_phrases={"file": "sst-phrases-train.csv",
-                                                                          "per_epoch": 24}, checkpoint_every=4)
+    full, resumed = run_whole_and_cut(tiny_env, tmp_path, 9, **phrases(per_epoch=24), checkpoint_every=4)
     assert [r["train"]["phrases/loss"] for r in full.history] == [r["train"]["phrases/loss"] for r in resumed.history]
 
 
