@@ -2,8 +2,9 @@
 configuration a command line gives.
 
 Flags come from fields, through tasks.options (the one mechanism): the command's own (``Command``: what
-to do with the configuration), TrainConfig's and its nested configs' (ModelConfig, the SST
-phrases', LP-FT's and SWA's: tasks/train_config.py, tasks/model.py; dests dotted, "swa.epochs"), and every
+to do with the configuration), TrainConfig's and its nested configs' (ModelConfig, LP-FT's and
+SWA's: tasks/train_config.py, tasks/model.py; dests dotted, "swa.epochs"; a KEY=VALUE map's spelled flags for
+one key each, "prior_weights@sst", "stream_files@phrases"), and every
 registered objective's Config as ``--<objective>-<field>`` (tasks/objectives/); their help texts,
 choices and defaults are written there, once. Parsing keeps only the flags given (their defaults are
 SUPPRESSed), so that ``--preset`` (``apply_preset``) and ``--config`` can fill the rest first and the

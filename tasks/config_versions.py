@@ -305,19 +305,17 @@ PHRASES_6 = {"file": "sst-phrases-train.csv", "per_epoch": 17088, "batch_size": 
 PER_STREAM_PHRASES = {"file": "stream_files", "per_epoch": "max_train_examples", "batch_size": "task_batch_size",
                       "min_words": "stream_min_words", "weight": "loss_weights", "order": "stream_orders"}
 MAPS_6 = {"max_train_examples": {"para": 23000}}  # version 6's defaults of the maps it joins (the others': none)
-# what a run writes of the phrases only where it is not this (the stream's declared, the general setting's)
-UNWRITTEN = {"min_words": 1, "weight": 1.0, "order": "mixed"}
 
 
 def per_stream_settings(d: dict[str, Any]) -> dict[str, Any]:
     """Version 6 -> 7: what the SST entry's stream pointed to becomes per-stream settings that every stream reads.
 
     SST's phrases ("sst_phrases": {"file", "per_epoch", "batch_size", "min_words", "weight", "order"}) become the
-    "phrases" items of "stream_files" (a file, or null: off), "max_train_examples", "task_batch_size",
-    "stream_min_words", "loss_weights" and "stream_orders". An item a map already names stays (version 6 read it
-    first). What today's runs leave out is left out: a batch size of null (--batch-size's), and (UNWRITTEN) a weight
-    of 1 and the declared fewest words and order. A file of some fields gives what it names over version 6's defaults of
-    the maps (MAPS_6; today's but for the phrases' items); one without "sst_phrases" is left as it is."""
+    "phrases" items of "stream_files" (a file, or null: off), "max_train_examples", "task_batch_size" (null:
+    --batch-size's), "stream_min_words", "loss_weights" and "stream_orders", each where it is not what SST's entry
+    declares today or the general setting's (PHRASES_6: its defaults then): as a run of today writes them. An item
+    a map already names stays (version 6 read it first). A file of some fields gives what it names over version 6's
+    defaults of the maps (MAPS_6, today's); one without "sst_phrases" is left as it is."""
     if "sst_phrases" not in d:
         return d
     phrases = d["sst_phrases"]
@@ -335,7 +333,7 @@ def per_stream_settings(d: dict[str, Any]) -> dict[str, Any]:
         if key in ("file", "batch_size") and value == "none":
             value = None  # as version 6's flag read it
         mapping = dict(mapping)
-        if key == "file" or value is not None and value != UNWRITTEN.get(key):
+        if key == "file" or value != PHRASES_6[key]:
             mapping.setdefault(PHRASES_STREAM, value)
         out[name] = mapping
     return out

@@ -146,9 +146,9 @@ def replace_at(obj: Any, path: str, value: Any) -> Any:
     return dataclasses.replace(obj, **{head: replace_at(getattr(obj, head), rest, value) if rest else value})
 
 
-def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[str, Any]]:
-    """argparse type for KEY=VALUE items, KEY one of ``keys``; VALUE "all" or "none" (an int map's) removes the key;
-    "none" is the None of an ``X | None`` map's (a value it keeps: ``keeps_none``)."""
+def key_value(keys: Sequence[str], value_type: type, choices: Sequence[str] = ()) -> Callable[[str], tuple[str, Any]]:
+    """argparse type for KEY=VALUE items, KEY one of ``keys``; VALUE "all" (an int map's) removes the key; "none" is
+    the None of an ``X | None`` map's (a value it keeps: ``keeps_none``)."""
     optional = _unwrap(value_type) is not value_type
     value_type = _unwrap(value_type)
 
@@ -158,7 +158,9 @@ def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[st
             raise argparse.ArgumentTypeError(f"expected STREAM=VALUE (e.g. para=0.1), got {text!r}")
         if not isinstance(keys, AnyKey) and key not in keys:
             raise argparse.ArgumentTypeError(f"{key!r} is not a stream; streams: {', '.join(keys)}")
-        if raw in ("all", "none") and value_type is int or raw == "none" and optional:
+        if raw == "all" and value_type is int:
+            return key, None
+        if raw == "none" and optional:
             return key, None
         try:
             value = value_type(raw)
@@ -166,6 +168,8 @@ def key_value(keys: Sequence[str], value_type: type) -> Callable[[str], tuple[st
             raise argparse.ArgumentTypeError(f"{text!r}: {raw!r} is not a valid {value_type.__name__}") from None
         if isinstance(value, float) and not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{text!r}: {raw!r} is not a finite number")
+        if choices and value not in choices:
+            raise argparse.ArgumentTypeError(f"{text!r}: {raw!r} is not one of {', '.join(choices)}")
         return key, value
 
     parse.__name__ = f"{value_type.__name__} pair"
@@ -263,12 +267,13 @@ def json_value(cls: type, name: str, value: Any, where: str = "") -> Any:
         item = args[1] if len(args) == 2 else Any
         out = {}
         for k, v in value.items():
-            if item is int and v in ("all", "none", None):
-                continue  # STREAM=all: no cap (none: no setting of its own)
-            if _unwrap(item) is not item and v in ("none", None):
-                out[k] = None  # an X | None map's: a value (STREAM=none: a stream off)
+            base = _unwrap(item)
+            if base is int and (v == "all" or v is None and base is item):
+                continue  # STREAM=all: no cap of its own
+            if base is not item and v in ("none", None):
+                out[k] = None  # an X | None map's: a value (a stream off, the general batch size)
                 continue
-            out[k] = v if item is Any else scalar(_unwrap(item), v)
+            out[k] = v if item is Any else scalar(base, v)
         return out
     if dataclasses.is_dataclass(tp) or tp is Any or origin is not None and origin is not typing.Literal:
         return value  # a nested config (ModelConfig) or a free mapping: read by its own rules
@@ -355,14 +360,14 @@ def flag_kwargs(cls: type, f: dataclasses.Field) -> dict[str, Any]:
     elif origin is dict:
         if not meta.get("keys") and not isinstance(meta.get("keys"), AnyKey):
             raise TypeError(f"{cls.__name__}.{f.name}: a dict field needs option(keys=...) to become a flag")
-        kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1]), "action": MergeItems,
-              "metavar": meta.get("metavar") or "STREAM=VALUE"}
+        kw = {"nargs": meta.get("nargs") or "+", "type": key_value(meta["keys"], args[1], meta.get("choices") or ()),
+              "action": MergeItems, "metavar": meta.get("metavar") or "STREAM=VALUE"}
     elif tp in (int, float, str):
         optional_str = tp is str and tp is not type_hints(cls)[f.name] and default is None
         kw = {"type": or_none(tp) if takes_none(cls, f) else not_none(tp) if optional_str else tp}
     else:
         raise TypeError(f"{cls.__name__}.{f.name} has type {tp!r}, which has no flag form")
-    if meta.get("choices"):
+    if meta.get("choices") and origin is not dict:  # a map's are its values' (key_value)
         kw["choices"] = list(meta["choices"])
     if "choices" not in kw and "metavar" not in kw:
         kw["metavar"] = meta.get("metavar") or f.name.split("_")[-1].upper()
@@ -417,12 +422,11 @@ def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str
         for flag, (key, about) in f.metadata.get("spelled", {}).items():  # a flag of one key of a KEY=VALUE map
             value_type = typing.get_args(type_hints(cls)[f.name])[1]
             at = shown_default((default or {}).get(key))
-            # its value as the map's: "none" is an X | None map's None (a stream off), and an int map's removal
-            # (the setting every stream has: --sst-phrases-batch-size none is --batch-size)
-            kind = (or_none(_unwrap(value_type)) if _unwrap(value_type) is not value_type or value_type is int else
+            # its value as the map's: "none" is an X | None map's None (a stream off, the general batch size)
+            kind = (or_none(_unwrap(value_type)) if _unwrap(value_type) is not value_type else
                     not_none(str) if value_type is str else value_type)
             action = target.add_argument(flag, dest=f"{dest}@{key}", default=argparse.SUPPRESS if suppress else None,
-                                         type=kind,
+                                         type=kind, choices=f.metadata.get("choices"),
                                          metavar=kw["metavar"].split("=")[-1],
                                          help=(f"{about} (= {flag_name(f, prefix)} {key}=...)"
                                                + (f" (default: {at})" if at else "")).replace("%", "%%"))

@@ -78,7 +78,7 @@ def _named(cfg: TrainConfig, stream: ExtraStream, value: Any, path: str = "strea
     file's key."""
     if stream.name in value_at(cfg, path):
         return spelled_flag(TrainConfig, path, stream.name, value)
-    key = "" if path == "stream_files" else f"'s \"{path.removeprefix('stream_').removesuffix('s')}\""
+    key = {"stream_files": "", "stream_min_words": "'s \"min_words\""}[path]  # its task file's key
     return f"task file {cfg.entries.declaring(stream.name).origin.get('file')}'s \"phrases\"{key} {value}"
 
 

@@ -673,18 +673,22 @@ class Layout:
 class ExtraStream:
     """An extra labelled stream a task declares, trained through its head beside its own examples (SST's treebank
     phrases): its stream's name, its file (a name in --data-dir, or a path; read as the task's training file),
-    the fewest words an example may have and where its batches go in an epoch ("mixed" among the others, or
-    "first"). How many an epoch, in batches of how many and at what loss weight are the per-stream settings every
-    stream has (--max-train-examples, --task-batch-size, --loss-weights); a run sets its file, fewest words and
-    order as well (--stream-files, --stream-min-words, --stream-orders; SST's phrases: --sst-phrases*)."""
+    the fewest words an example may have, where its batches go in an epoch ("mixed" among the others, or
+    "first"), and how many an epoch in batches of how many (None: all of them, in batches of --batch-size). A run
+    sets each where it names the stream: its file, fewest words and order (--stream-files, --stream-min-words,
+    --stream-orders), its count, batch and loss weight as every stream's (--max-train-examples, --task-batch-size,
+    --loss-weights); SST's phrases' flags --sst-phrases* are those settings' spellings."""
 
     name: str
     file: str | None
     min_words: int = 1
     order: str = "mixed"
+    per_epoch: int | None = None
+    batch_size: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "file": self.file, "min_words": self.min_words, "order": self.order}
+        return {"name": self.name, "file": self.file, "min_words": self.min_words, "order": self.order,
+                "per_epoch": self.per_epoch, "batch_size": self.batch_size}
 
 
 PRIOR_KINDS = {"probe": "sentence-classification", "cosine": "pair-regression"}  # a prior's kind -> its task's
@@ -1021,7 +1025,8 @@ class Task:
 # format declared as one object (``output``), a table title, ``overall``, and NLI triplets as the file a task
 # declares. Format 3: no ``span_option`` and a prior without ``settings`` (a run's per-task settings set every
 # task's span and prior alike: tasks/config_versions.py moves what they pointed to). Format 4: a stream without
-# ``settings`` (a run's per-stream settings set every stream's file, fewest words and order alike).
+# ``settings`` and with its own count an epoch and batch size (a run's per-stream settings set every stream's
+# alike).
 # tests/saved_entries/ holds an entry saved at each.
 ENTRY_KEYS: dict[int, tuple[str, ...]] = {
     1: ("name", "kind", "classes", "score_range", "checks_range", "metrics", "files", "layout", "split_layouts",
@@ -1032,7 +1037,7 @@ ENTRY_KEYS: dict[int, tuple[str, ...]] = {
         "stream", "prior", "triplets", "origin"),
 }
 ENTRY_KEYS[3] = tuple(k for k in ENTRY_KEYS[2] if k != "span_option")
-ENTRY_KEYS[4] = ENTRY_KEYS[3]  # its "stream" without "settings"
+ENTRY_KEYS[4] = ENTRY_KEYS[3]  # its "stream" without "settings", with "per_epoch" and "batch_size"
 ENTRY_FORMAT = max(ENTRY_KEYS)
 
 
@@ -1054,11 +1059,13 @@ def _entry_2_to_3(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def _entry_3_to_4(d: dict[str, Any]) -> dict[str, Any]:
-    """Its stream without ``settings``: where it pointed into a run's config (the SST entry's "sst_phrases", never
-    a user's), the run's per-stream settings hold the value since (tasks/config_versions.py,
-    ``per_stream_settings``)."""
+    """Its stream without ``settings`` and with a count an epoch and a batch size of its own, none (all of it, in
+    batches of --batch-size, as a user's stream trained): where ``settings`` pointed into a run's config (the SST
+    entry's "sst_phrases", never a user's), the run's per-stream settings hold the value since
+    (tasks/config_versions.py, ``per_stream_settings``)."""
     stream = d["stream"]
-    return {**d, "format": 4, "stream": {k: v for k, v in stream.items() if k != "settings"} if stream else stream}
+    return {**d, "format": 4, "stream": {**{k: v for k, v in stream.items() if k != "settings"}, "per_epoch": None,
+                                         "batch_size": None} if stream else stream}
 
 
 _MIGRATIONS = {1: _entry_1_to_2, 2: _entry_2_to_3, 3: _entry_3_to_4}  # format -> the step to the next
@@ -1258,7 +1265,7 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
         own = stream if isinstance(stream, Mapping) else {"file": stream}
         stream = ExtraStream(own.get("name", f"{spec['name']}_phrases"),
                              str(folder / own["file"]) if folder else own["file"], own.get("min_words", 1),
-                             own.get("order", "mixed"))
+                             own.get("order", "mixed"), own.get("per_epoch"), own.get("batch_size"))
     prior = spec.get("prior")
     if prior is not None:  # a probe of a sentence classification, the cosine of a pair regression
         own = prior if isinstance(prior, Mapping) else {"weight": prior}

@@ -32,8 +32,9 @@ columns; the rest is inferred from the training file's labels unless declared:
   are read.
 - what SST has any task may declare: ``phrases``, a file of extra labelled examples (the train file's layout)
   trained through its head as a stream of its own, ``<name>_phrases`` (or an object with its ``file``,
-  ``min_words`` and ``order``); ``prior``, a second opinion at evaluation (its weight, or an object with its
-  ``weight`` and ``model``): a probe for a sentence classification, the cosine for a pair regression.
+  ``min_words``, ``order``, ``per_epoch`` and ``batch_size``); ``prior``, a second opinion at evaluation (its
+  weight, or an object with its ``weight`` and ``model``): a probe for a sentence classification, the cosine for a
+  pair regression.
 - how its predictions read: ``title``, its name in tables; ``output``, its files' column and format (an object:
   ``column``; as the CS224N starter's files: ``starter``, ``also_read``, ``submission``, ``part1``; tasks.task.Output);
   default: a plain CSV of each id and its label (``label``) or score (``score``). ``overall``: true, its main metric
@@ -205,12 +206,15 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
     if "phrases" in spec:
         value = spec["phrases"]
         own = value if isinstance(value, dict) else {"file": value}
-        if not isinstance(own.get("file"), str) or set(own) - {"file", "min_words", "order"} or \
-                not isinstance(own.get("min_words", 1), int) or isinstance(own.get("min_words", 1), bool) or \
-                own.get("min_words", 1) < 1 or own.get("order", "mixed") not in ("mixed", "first"):
+        counts = [own.get(k, 1) for k in ("min_words", "per_epoch", "batch_size")]
+        if not isinstance(own.get("file"), str) or set(own) - {"file", "min_words", "order", "per_epoch",
+                                                                 "batch_size"} or \
+                not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts) or \
+                own.get("order", "mixed") not in ("mixed", "first"):
             raise _fail(where, "'phrases' is a file of extra labelled examples (its train file's layout), or an object "
-                               "with its \"file\", \"min_words\" (1 or more) and \"order\" (mixed or first); got "
-                               f"{json.dumps(value)}")
+                               "with its \"file\", \"min_words\" (1 or more), \"order\" (mixed or first), "
+                               "\"per_epoch\" and \"batch_size\" (1 or more; default: all, in batches of "
+                               f"--batch-size); got {json.dumps(value)}")
     if "prior" in spec:
         value = spec["prior"]
         own = value if isinstance(value, dict) else {"weight": value}

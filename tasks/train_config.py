@@ -136,10 +136,11 @@ class TrainConfig:
     max_train_examples: dict[str, int] = option(
         help="per-stream cap on training examples per epoch, chosen per --train-subsets (Quora is the largest "
              "set; all of it every epoch does not fit the CPU budget: experiments/RESULTS.md); STREAM=N or "
-             "STREAM=all (the paper sees all data, §4.2)", factory=lambda: {"para": 23000, PHRASES: 17088},
-        group="data", keys=AnyKey(), metavar="STREAM=N", spelled={
+             "STREAM=all (the paper sees all data, §4.2; an extra stream: its declared cap, SST's phrases' 17088)",
+        factory=lambda: {"para": 23000}, group="data", keys=AnyKey(), metavar="STREAM=N", spelled={
             "--sst-phrases-per-epoch": (PHRASES, "with --sst-phrases: phrases trained an epoch, the next ones of a "
-                                                 "seeded shuffle of the file (as --train-subsets says)")})
+                                                 "seeded shuffle of the file (as --train-subsets says; "
+                                                 "default: 17088)")})
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
@@ -196,7 +197,7 @@ class TrainConfig:
         help="per-stream place of an extra stream's batches in an epoch: mixed = shuffled among the epoch's other "
              "batches (as --schedule says); first = each epoch trains them first, then the rest, so it ends on "
              "the task's own examples; STREAM=ORDER; a stream left out takes its declared (mixed)", factory=dict,
-        group="data", keys=AnyKey(), metavar="STREAM=ORDER",
+        group="data", keys=AnyKey(), metavar="STREAM=ORDER", choices=PHRASE_ORDERS,
         spelled={"--sst-phrases-order": (PHRASES, "with --sst-phrases: mixed (default) or first, as "
                                                   "--stream-orders says")})
     final_dev: str = option("full", "full: the final evaluation scores the whole dev sets; capped: the "
@@ -237,13 +238,14 @@ class TrainConfig:
     batch_size: int = option(32, "examples per batch in every stream (paper: 16, §4.4); under torchrun the global "
                              "batch, split evenly over the processes (a multiple of their number)",
                              group="optimization", metavar="B")
-    task_batch_size: dict[str, int] = option(
-        help="per-stream batch size overrides (not with --schedule even, whose batches are all one size, §4.2)",
-        factory=lambda: {PHRASES: 64}, group="optimization", keys=AnyKey(), metavar="STREAM=B", spelled={
-            "--sst-phrases-batch-size": (PHRASES, "with --sst-phrases: phrases per batch (none: --batch-size); "
-                                                  "phrases are short, so a larger batch trains the same phrases in "
-                                                  "fewer, fuller optimizer steps (even batching keeps one size for "
-                                                  "the tasks)")})
+    task_batch_size: dict[str, int | None] = option(
+        help="per-stream batch size overrides (not with --schedule even, whose batches are all one size, §4.2); an "
+             "extra stream left out takes its declared one (SST's phrases: 64), none: --batch-size",
+        factory=dict, group="optimization", keys=AnyKey(), metavar="STREAM=B", spelled={
+            "--sst-phrases-batch-size": (PHRASES, "with --sst-phrases: phrases per batch (none: --batch-size; "
+                                                  "default: 64); phrases are short, so a larger batch trains the "
+                                                  "same phrases in fewer, fuller optimizer steps (even batching "
+                                                  "keeps one size for the tasks)")})
     eval_batch_size: int = option(128, "examples per batch at evaluation", group="optimization", metavar="B")
     schedule: str = option("even", "which stream's batch comes next: sequential (the CS224N starter, the paper's "
                            "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)",
@@ -490,18 +492,27 @@ class TrainConfig:
         return out
 
     # Every stream takes the per-stream settings every stream has: its entry in task_batch_size,
-    # max_train_examples or loss_weights where one is given (--sst-phrases-<x>: the same entry of the phrases').
+    # max_train_examples or loss_weights where one is given (--sst-phrases-<x>: the same entry of the phrases');
+    # an extra stream they leave out, its declared batch size and cap (SST's phrases: 64, 17088).
     def batch_sizes(self) -> dict[str, int]:
-        """Examples per batch (a micro-batch under gradient accumulation), by stream."""
-        return {s: self.task_batch_size.get(s, self.batch_size) for s in self.streams()}
+        """Examples per batch (a micro-batch under gradient accumulation), by stream: its own (None: the general
+        --batch-size), else an extra stream's declared one, else --batch-size."""
+        extra = self.extra_streams()
+        own = {s: self.task_batch_size.get(s, extra[s].batch_size if s in extra else None) for s in self.streams()}
+        return {s: self.batch_size if b is None else b for s, b in own.items()}
 
     def step_batch_sizes(self) -> dict[str, int]:
         """Examples per optimizer step, by stream: the batch times ``gradient_accumulation_steps``."""
         return {s: b * self.gradient_accumulation_steps for s, b in self.batch_sizes().items()}
 
     def train_caps(self) -> dict[str, int]:
-        """Training examples an epoch, by capped stream."""
-        return dict(self.max_train_examples)
+        """Training examples an epoch, by capped stream (``max_train_examples``, whose items of streams the run does
+        not train are idle, and the declared cap of an extra stream it leaves out)."""
+        out = dict(self.max_train_examples)
+        for stream, spec in self.extra_streams().items():
+            if spec.per_epoch is not None:
+                out.setdefault(stream, spec.per_epoch)
+        return out
 
     def stream_weights(self) -> dict[str, float]:
         """Loss factors, by stream named (any other weighs 1)."""
@@ -515,13 +526,15 @@ class TrainConfig:
         return d
 
     def acting(self) -> dict[str, Any]:
-        """``settings()`` as the run acts on them: the per-stream settings of a stream it does not train left out
-        (the phrases' of a run without sst, or with --sst-phrases none), and a declared stream's file only where it
-        is on. Two configs with equal ``acting()`` make one run, however spelled."""
+        """``settings()`` as the run acts on them: each stream's batch size, cap and loss weight, file, fewest words
+        and order as resolved (given either way, declared, or the general setting's), none of a stream it does not
+        train (the phrases' of a run without sst, or with --sst-phrases none). Two configs with equal ``acting()``
+        make one run, however spelled."""
         d = self.settings()
-        streams, extra = set(self.streams()), self.extra_streams()
-        for name in ("task_batch_size", "max_train_examples", "loss_weights"):
-            d[name] = {k: v for k, v in d[name].items() if k in streams}
+        streams, extra = self.streams(), self.extra_streams()
+        d["task_batch_size"] = self.batch_sizes()
+        d["max_train_examples"] = {s: n for s, n in self.train_caps().items() if s in streams}
+        d["loss_weights"] = {s: self.stream_weights().get(s, 1.0) for s in streams}
         d["stream_files"] = {s: extra[s].file if s in extra else None for s in self.declared_streams()}
         d["stream_min_words"] = {s: e.min_words for s, e in extra.items()}
         d["stream_orders"] = {s: e.order for s, e in extra.items()}
@@ -546,20 +559,23 @@ class TrainConfig:
         # a stream another run trains (one a task declares: SST's phrases on a run without sst or with them off) is
         # idle here, as a prior's weight of a task the run leaves out; a command line naming it is refused
         # (refuse_idle_settings); a name that is no stream at all is an error
-        streams = self.streams()
-        for name in STREAM_SETTINGS:
-            extra = sorted(set(getattr(self, name)) - set(streams) - set(self.idle_streams()))
+        streams, idle, declared = self.streams(), self.idle_streams(), self.declared_streams()
+        for name in (*PER_STREAM, "stream_files"):
+            own = name in EXTRA_STREAM_SETTINGS  # an extra stream's alone (its file, fewest words, order)
+            extra = sorted(set(getattr(self, name)) - set(declared if own else streams) - set(idle))
+            if extra and own:
+                raise ValueError(f"{name} names {extra}, which no task of the run declares as an extra stream "
+                                 f"(the tasks' extra streams: {', '.join(declared) or 'none'})")
             if extra:
                 hint = " (add --nli for the nli stream)" if NLI in extra and not self.nli else ""
                 raise ValueError(f"{name} names {extra}, which this run does not train (streams: {list(streams)}){hint}")
-        extra = sorted(set(self.stream_files) - set(self.idle_streams()) - set(self.declared_streams()))
-        if extra:
-            raise ValueError(f"stream_files names {extra}, which no task declares (extra streams the tasks declare: "
-                             f"{', '.join(self.declared_streams()) or 'none'})")
+        bad = {s: f for s, f in self.stream_files.items() if not (f is None or isinstance(f, str) and f.strip())}
+        if bad:
+            raise ValueError(f"stream_files values are files (none: off), got {bad}")
         extra = sorted(set(self.dev_max_examples) - set(self.tasks))
         if extra:
             raise ValueError(f"dev_max_examples names {extra}, which this run does not evaluate (tasks: {list(self.tasks)})")
-        check_per_stream({path: getattr(self, path) for path in STREAM_SETTINGS}, lambda path, s, v: f"{path} {s}={v!r}")
+        check_per_stream({path: getattr(self, path) for path in PER_STREAM}, lambda path, s, v: f"{path} {s}={v!r}")
         _positive_ints("dev_max_examples", self.dev_max_examples, 2)  # Pearson r needs two points
         if self.train_subsets not in SUBSETS:
             raise ValueError(f"train_subsets must be one of {', '.join(SUBSETS)}, got {self.train_subsets!r}")
@@ -684,7 +700,7 @@ def _count(low: int) -> Callable[[Any], bool]:
 # The per-stream settings' values (STREAM=VALUE maps), by path: what each must be, in words
 PER_STREAM: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_train_examples": (_count(1), "at least 1 example an epoch (all: every one)"),
-    "task_batch_size": (_count(1), "at least 1 example a batch"),
+    "task_batch_size": (lambda v: v is None or _count(1)(v), "at least 1 example a batch (none: --batch-size)"),
     "loss_weights": (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0,
                      "a factor of 0 or more"),
     "stream_min_words": (_count(1), "at least 1 word"),
@@ -739,19 +755,20 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
             raise ValueError(f"{spelled_flag(TrainConfig, 'prior_models', task)} only acts on a run with {task} "
                              f"and its prior's weight above 0 ({spelled_flag(TrainConfig, 'prior_weights', task)})")
     check_per_stream({path: {s: v for s, v in given[path] if v is not None}  # None: the key removed (STREAM=all)
-                      for path in STREAM_SETTINGS if given.get(path)},
+                      for path in PER_STREAM if given.get(path)},
                      lambda path, stream, value: spelled_flag(TrainConfig, path, stream, value))
     declared = cfg.declared_streams()
     for stream, file in dict(given.get("stream_files") or ()).items():
-        if stream not in declared and file is not None:  # (none, off, is never refused: tests' flags say it)
+        if stream not in declared and file is not None:  # (--sst-phrases none on a run without sst: nothing to do)
             by = cfg.entries.declaring(stream)
             raise ValueError(f"{spelled_flag(TrainConfig, 'stream_files', stream)} sets stream {stream}, which "
                              + (f"trains the {by.title or by.name} head, and --tasks {' '.join(cfg.tasks)} has no "
                                 f"{by.name}" if by is not None else
                                 f"no task declares (the tasks' extra streams: {', '.join(declared) or 'none'})"))
-    for path in STREAM_SETTINGS:
+    idle = cfg.idle_streams()
+    for path in PER_STREAM:
         for stream in dict(given.get(path) or ()):
-            if stream in cfg.idle_streams():
+            if stream in idle:
                 raise ValueError(f"{spelled_flag(TrainConfig, path, stream)} only acts on a run that trains stream "
                                  f"{stream} ({spelled_flag(TrainConfig, 'stream_files', stream, 'FILE')} on a run "
                                  f"with {cfg.entries.declaring(stream).name}; streams: {', '.join(cfg.streams())})")
@@ -878,8 +895,9 @@ def check_runtime(cfg: TrainConfig) -> None:
         raise ValueError(f"threads must be at least 1 (default: torch's, one per core), got {cfg.threads}")
 
 
-# The per-stream settings every stream takes (STREAM=VALUE maps) beside its file (stream_files)
-STREAM_SETTINGS = ("max_train_examples", "task_batch_size", "loss_weights", "stream_min_words", "stream_orders")
+# The per-stream settings that an extra stream a task declares takes alone (its file: on, or none; its fewest words
+# and order), beside those every stream takes (PER_STREAM)
+EXTRA_STREAM_SETTINGS = ("stream_files", "stream_min_words", "stream_orders")
 
 
 # TrainConfig's nested configs by field name (a field of a dataclass type: its settings are "<name>.<field>")
@@ -896,10 +914,9 @@ __all__ = ("EVAL_MUTABLE", "LR_SCHEDULES", "NLI", "RESUME_MUTABLE", "TrainConfig
 # The paper's configurations (minbert §4.1, §4.3; Figure 2) start from the settings they all share (COMMON),
 # whatever the defaults; a recipe of this project's starts from the defaults (the CPU recipe) and changes only
 # what it names.
-# (SST's phrases are off, at the defaults' cap and batch where a command line turns them on)
-COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={PHRASES: 64}, lr=1e-5, encoder_dropout=0.3,
-                              max_train_examples={PHRASES: 17088}, dev_max_examples={}, weight_decay=0.0,
-                              grad_clip=0.0, nli=False, loss_weights={}, objectives={}, symmetric_eval=False,
+COMMON: dict[str, Any] = dict(epochs=10, batch_size=16, task_batch_size={}, lr=1e-5, encoder_dropout=0.3,
+                              max_train_examples={}, dev_max_examples={}, weight_decay=0.0, grad_clip=0.0, nli=False,
+                              loss_weights={}, objectives={}, symmetric_eval=False,
                               prior_weights={"sts": 0.0, "sst": 0.0}, stream_files={PHRASES: None})
 
 

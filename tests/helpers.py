@@ -199,13 +199,11 @@ def tiny_train_config(env: tuple[Path, Path], out_dir: Path, **overrides) -> Tra
     return TrainConfig(**kw)
 
 
-def phrases(file: str | None = "sst-phrases-train.csv", per_epoch: int = 17088, batch_size: int = 64,
-            **settings) -> dict:
-    """tiny_train_config's overrides that train the SST phrases as --sst-phrases FILE --sst-phrases-<x> would
-    (their cap and batch the defaults'): each setting its item of the per-stream map that holds it (``weight``,
-    ``min_words``, ``order`` too)."""
-    given = {"file": file, "per_epoch": per_epoch, "batch_size": batch_size, **settings}
-    return {PER_STREAM_PHRASES[k]: {PHRASES_STREAM: v} for k, v in given.items()}
+def phrases(file: str | None = "sst-phrases-train.csv", **settings) -> dict:
+    """tiny_train_config's overrides that train the SST phrases as --sst-phrases FILE --sst-phrases-<x> would:
+    each setting (``per_epoch``, ``batch_size``, ``min_words``, ``weight``, ``order``) its item of the per-stream
+    map that holds it."""
+    return {PER_STREAM_PHRASES[k]: {PHRASES_STREAM: v} for k, v in {"file": file, **settings}.items()}
 
 
 def unversioned(saved: dict) -> dict:
@@ -221,9 +219,8 @@ def unversioned(saved: dict) -> dict:
         if name == "priors":  # per task since version 6
             path, task = PER_TASK_PRIORS[field]
             old[flat] = saved[path].get(task)
-        elif name == "sst_phrases":  # per stream since version 7
-            old[flat] = saved[PER_STREAM_PHRASES[field]].get(PHRASES_STREAM,
-                                                              None if field == "batch_size" else PHRASES_6[field])
+        elif name == "sst_phrases":  # per stream since version 7 (an item left out: SST's declared, as then)
+            old[flat] = saved[PER_STREAM_PHRASES[field]].get(PHRASES_STREAM, PHRASES_6[field])
         else:
             old[flat] = saved[name][field]
     for name in {name for name, _ in NESTED_SETTINGS.values()} - {"sst_phrases", "priors"}:

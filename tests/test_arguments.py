@@ -117,9 +117,9 @@ def test_every_flag_reaches_its_config_field(tmp_path):
         base = arguments.config_from_flags(dataclasses.replace(command), {})
         diff = {k for k, v in cfg.to_dict().items() if v != base.to_dict()[k]}
         top = path.split(".")[0]
-        # (--tasks para sts: the phrases' default file, cap and batch size follow it, as the Quora cap does)
+        # (--tasks para sts: the phrases' default file follows it, as the Quora cap does)
         assert diff == ({top, "tasks", "user_tasks"} if top == "task_files" else
-                        {top, "stream_files", "max_train_examples", "task_batch_size"} if top == "tasks" else
+                        {top, "stream_files"} if top == "tasks" else
                         {top}), (argv, diff)
         seen.add(path)
     train_fields = fields_of(TrainConfig) - {"objectives", "user_tasks"}  # user_tasks: --task-file sets it; nested configs' fields dotted: "model.arch"
@@ -297,7 +297,7 @@ def test_a_map_flag_given_twice_sets_every_item_it_names():
     """--max-train-examples para=100 --max-train-examples sst=50 sets both caps (the second use does not drop the
     first's, as argparse's store would); a spelled key and another key of its map combine the same way."""
     cfg = arguments.config_for(["--max-train-examples", "para=100", "--max-train-examples", "sst=50"])
-    assert cfg.max_train_examples == {"para": 100, "sst": 50, "phrases": 17088}
+    assert cfg.max_train_examples == {"para": 100, "sst": 50}
     cfg = arguments.config_for(["--prior-weights", "sts=0.2", "--prior-weights", "sst=0.1"])
     assert cfg.prior_weights == {"sts": 0.2, "sst": 0.1}
     assert arguments.config_for(["--prior-weights", "sts=0.2", "--sst-prior", "0.1"]).prior_weights == \
@@ -383,9 +383,8 @@ def test_a_per_stream_setting_for_a_run_without_the_defaults_streams_keeps_only_
     """--max-train-examples sst2=N on a run without para: the default's para cap (a stream the run does not train)
     is left out rather than refused; the explicit entry stays, and one for an untrained stream is refused."""
     cfg = arguments.config_for(["--tasks", "sst", "--max-train-examples", "sst=100"])
-    assert cfg.max_train_examples == {"sst": 100, "phrases": 17088}
-    assert arguments.config_for(["--max-train-examples", "sst=100"]).max_train_examples == {
-        "para": 23000, "phrases": 17088, "sst": 100}
+    assert cfg.max_train_examples == {"sst": 100}
+    assert arguments.config_for(["--max-train-examples", "sst=100"]).max_train_examples == {"para": 23000, "sst": 100}
     with pytest.raises(ValueError, match=r"max_train_examples names \['para'\], which this run does not train"):
         arguments.config_for(["--tasks", "sst", "--max-train-examples", "para=100"])
 

@@ -250,16 +250,18 @@ def test_a_version_6_runs_phrases_load_per_stream(tiny_env, tmp_path):
                              "order": "first"}}
     cfg = TrainConfig.from_dict(saved, complete=True)
     assert (cfg.stream_files, cfg.max_train_examples, cfg.task_batch_size, cfg.loss_weights, cfg.stream_min_words,
-            cfg.stream_orders) == ({"phrases": "p.csv"}, {"phrases": 100}, {}, {"phrases": 3.0}, {"phrases": 2},
-                                   {"phrases": "first"})
+            cfg.stream_orders) == ({"phrases": "p.csv"}, {"phrases": 100}, {"phrases": None}, {"phrases": 3.0},
+                                   {"phrases": 2}, {"phrases": "first"})
     assert cfg.batch_sizes()["phrases"] == cfg.batch_size
-    same = {**saved["sst_phrases"], "batch_size": 64, "min_words": 1, "weight": 1.0, "order": "mixed"}
+    same = {**saved["sst_phrases"], "per_epoch": 17088, "batch_size": 64, "min_words": 1, "weight": 1.0,
+            "order": "mixed"}
     cfg = TrainConfig.from_dict({**saved, "loss_weights": {}, "sst_phrases": same}, complete=True)
-    assert (cfg.task_batch_size, cfg.loss_weights, cfg.stream_min_words, cfg.stream_orders) == ({"phrases": 64}, {},
-                                                                                               {}, {})
+    assert (cfg.max_train_examples, cfg.task_batch_size, cfg.loss_weights, cfg.stream_min_words,
+            cfg.stream_orders) == ({}, {}, {}, {}, {})  # SST's declared (tasks/cs224n/sst.json), as then
+    assert (cfg.train_caps()["phrases"], cfg.batch_sizes()["phrases"]) == (17088, 64)
     assert TrainConfig.from_dict({"sst_phrases": {"per_epoch": 5}}).max_train_examples == {"para": 23000,
                                                                                           "phrases": 5}
-    assert TrainConfig.from_dict({"sst_phrases_batch_size": None}).task_batch_size == {}
+    assert TrainConfig.from_dict({"sst_phrases_batch_size": None}).task_batch_size == {"phrases": None}
     assert TrainConfig.from_dict({"sst_phrases": {"order": "first"}}) == TrainConfig(stream_orders={"phrases": "first"})
     with pytest.raises(ValueError, match=r"sst_phrases\.rate is not a setting \(sst_phrases: file, per_epoch"):
         upgrade({"sst_phrases": {"rate": 2}})

@@ -104,7 +104,12 @@ REFUSED = [
      "stream phrases"),
     (["--stream-files", "words=w.csv"], "--stream-files words=... sets stream words, which no task declares (the "
      "tasks' extra streams: phrases)"),
-    (["--sst-phrases-order", "last"], "--sst-phrases-order last: one of mixed, first"),
+    (["--sst-phrases-order", "last"], "argument --sst-phrases-order: invalid choice: 'last'"),
+    (["--stream-orders", "phrases=last"], "'phrases=last': 'last' is not one of mixed, first"),
+    (["--stream-min-words", "sst=2"], "stream_min_words names ['sst'], which no task of the run declares as an extra "
+     "stream (the tasks' extra streams: phrases)"),
+    (["--sst-phrases-batch-size", "none", "--sst-phrases", "none"], "--sst-phrases-batch-size only acts on a run "
+     "that trains stream phrases"),
     (["--sst-phrases-min-words", "0"], "--sst-phrases-min-words 0: at least 1 word"),
     (["--sst-phrases", "none", "--sst-phrases-batch-size", "64"], "--sst-phrases-batch-size only acts on a run that "
      "trains stream phrases"),

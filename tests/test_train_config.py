@@ -96,6 +96,30 @@ def test_a_phrase_setting_given_both_ways_is_refused_and_either_spelling_is_one_
         assert config_for(general) == config_for(own) != config_for([]), general
 
 
+def test_the_phrases_take_ssts_declared_cap_and_batch_wherever_the_maps_leave_them_out(tmp_path):
+    """SST's phrases train 17,088 an epoch in batches of 64 as SST's entry declares (tasks/cs224n/sst.json) unless a
+    per-stream map names them: a --config file or a TrainConfig that gives a map without them (a file's map
+    replaces the default's) keeps those, and a run saved with the phrases off and read again with --sst-phrases
+    FILE trains them so; equal settings spelt otherwise (the batch size as --batch-size's, a weight of 1) are one
+    run (``acting``)."""
+    from tasks.arguments import config_for
+    for doc in ({"task_batch_size": {"sst": 16}, "schedule": "round_robin"}, {"max_train_examples": {"para": 100}}):
+        (tmp_path / "some.json").write_text(json.dumps(doc))
+        for cfg in (config_for(["--config", str(tmp_path / "some.json")]), TrainConfig(**doc)):
+            assert (cfg.train_caps()["phrases"], cfg.batch_sizes()["phrases"]) == (17088, 64), doc
+    for off in (["--sst-phrases", "none"], ["--preset", "baseline"], ["--tasks", "sts", "para"]):
+        (tmp_path / "off.json").write_text(json.dumps(config_for(off).to_dict()))
+        on = config_for(["--config", str(tmp_path / "off.json"), "--tasks", "sst", "para", "sts", "--sst-phrases",
+                         "sst-phrases-train.csv"])
+        assert (on.train_caps()["phrases"], on.batch_sizes()["phrases"]) == (17088, 64), off
+    assert config_for(["--sst-phrases-batch-size", "none"]).batch_sizes()["phrases"] == 32
+    assert config_for(["--sst-phrases-batch-size", "none"]).acting() == \
+        config_for(["--sst-phrases-batch-size", "32"]).acting()
+    assert config_for(["--sst-phrases-weight", "1"]).acting() == config_for([]).acting() == \
+        config_for(["--task-batch-size", "phrases=64", "--max-train-examples", "phrases=17088"]).acting()
+    assert config_for(["--max-train-examples", "phrases=all"]).train_caps()["phrases"] == 17088  # as before
+
+
 def test_a_run_of_a_glue_task_keeps_its_entry_and_loads_it_back():
     """A run on a GLUE task keeps the task's entry in config.json ("user_tasks", as a task file's), so that a later
     package cannot change what it predicts: the entry loads back equal to the package's; one that differs from the

@@ -155,7 +155,7 @@ def test_a_member_made_with_other_settings_is_refused_not_trained_over(tmp_path,
         leaderboard.main(argv)
     with pytest.raises(SystemExit) as e:
         leaderboard.main([*argv, "--specialist-flags", "--sst-phrases sst-phrases-train.csv"])
-    assert e.value.code == 2 and f"{member} is a member made with other settings (max_train_examples, stream_files" in \
+    assert e.value.code == 2 and f"{member} is a member made with other settings (loss_weights, max_train_examples, stream_files" in \
         capsys.readouterr().err
     assert (member / "config.json").read_text() == saved
 

@@ -156,7 +156,8 @@ def test_settings_that_act_on_nothing_do_not_make_another_run(tmp_path, capsys):
     assert "reusing the finished run" in capsys.readouterr().out
     sweep.train("member", ["--seed", "3"])  # today's default trains phrases: another run
     out = capsys.readouterr().out
-    assert "made with other settings (max_train_examples, stream_files, stream_min_words, stream_orders, task_batch_size)" in out and "python" in out
+    assert "made with other settings (loss_weights, max_train_examples, stream_files, stream_min_words, " \
+        "stream_orders, task_batch_size)" in out and "python" in out
 
 
 def test_a_finished_run_moved_to_the_directory_a_row_now_names_is_reused(tmp_path, capsys):
