@@ -434,6 +434,11 @@ def add_options(parser: argparse.ArgumentParser | Any, cls: type, *, prefix: str
     return dests
 
 
+class Spelled(tuple):
+    """A KEY=VALUE item that its key's own flag gave (--sst-prior W: the item sst=W of --prior-weights), so that a
+    message names the flag the command line used (``given_flag``)."""
+
+
 def fold_spelled(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """Parsed flags of dataclass ``cls`` by dest, each spelled flag's value (dest "<path>@<key>":
     ``option(spelled=...)``) made an item of its map's ("<path>": [(key, value), ...]); a key given both ways is a
@@ -446,13 +451,24 @@ def fold_spelled(cls: type, values: dict[str, Any]) -> dict[str, Any]:
             if key in dict(items):
                 raise ValueError(f"{spelled_flag(cls, path, key)} and {flag_of_path(cls, path)} {key}=... set one "
                                  "setting: give it once")
-            out[path] = items + [(key, value)]
+            out[path] = items + [Spelled((key, value))]
     return out
 
 
 def spelled_flags(cls: type, path: str) -> list[str]:
     """The flags of single keys (``option(spelled=...)``) of the KEY=VALUE map at ``path`` of dataclass ``cls``."""
     return list(field_at(cls, path)[1].metadata.get("spelled", {}))
+
+
+def given_flag(cls: type, given: Mapping[str, Any], path: str, key: str, value: Any = None) -> str:
+    """How a command line's flags (``given``: parsed, by dotted path) set ``key`` of the KEY=VALUE map at ``path``
+    (to ``value``): by its own flag where an item came so (``Spelled``: --sst-phrases-batch-size 0), else by the
+    map's (--task-batch-size phrases=0)."""
+    own = any(isinstance(item, Spelled) and item[0] == key for item in given.get(path) or ())
+    if own:
+        return spelled_flag(cls, path, key, value)
+    _, f, prefix = field_at(cls, path)
+    return f"{flag_name(f, prefix)} {key}={'...' if value is None else value}"
 
 
 def spelled_flag(cls: type, path: str, key: str, value: str | None = None) -> str:

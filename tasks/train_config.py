@@ -29,7 +29,7 @@ from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, recorded_modules, registered_objectives
-from tasks.options import (AnyKey, json_value, nested_config, option, replace_at, spelled_flag,
+from tasks.options import (AnyKey, given_flag, json_value, nested_config, option, replace_at, spelled_flag,
                            value_at)
 from tasks.task import GLUE, MULTITASK, PACKAGE, ExtraStream, Prior, Task, Tasks, get_task
 from tasks.task_file import check_unchanged, read_declaration
@@ -743,25 +743,25 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
     given = explicit if isinstance(explicit, dict) else {}
     # the flags' own, named as given: here for --eval-only too, which validates no config
     check_per_task(cfg, {path: dict(given[path]) for path in PER_TASK if given.get(path)},
-                   lambda path, task: spelled_flag(TrainConfig, path, task))
+                   lambda path, task: given_flag(TrainConfig, given, path, task))
     for task, weight in dict(given.get("prior_weights") or ()).items():
         if weight > 0 and task not in cfg.tasks:
             entry = cfg.entries.get(task)
-            raise ValueError(f"{spelled_flag(TrainConfig, 'prior_weights', task)} only acts on "
+            raise ValueError(f"{given_flag(TrainConfig, given, 'prior_weights', task)} only acts on "
                              f"{entry.title if entry is not None and entry.title else task}'s predictions, and --tasks "
                              f"{' '.join(cfg.tasks)} has no {task}")
     for task in dict(given.get("prior_models") or ()):
         if task not in cfg.priors_of():
-            raise ValueError(f"{spelled_flag(TrainConfig, 'prior_models', task)} only acts on a run with {task} "
+            raise ValueError(f"{given_flag(TrainConfig, given, 'prior_models', task)} only acts on a run with {task} "
                              f"and its prior's weight above 0 ({spelled_flag(TrainConfig, 'prior_weights', task)})")
     check_per_stream({path: {s: v for s, v in given[path] if v is not None}  # None: the key removed (STREAM=all)
                       for path in PER_STREAM if given.get(path)},
-                     lambda path, stream, value: spelled_flag(TrainConfig, path, stream, value))
+                     lambda path, stream, value: given_flag(TrainConfig, given, path, stream, value))
     declared = cfg.declared_streams()
     for stream, file in dict(given.get("stream_files") or ()).items():
         if stream not in declared and file is not None:  # (--sst-phrases none on a run without sst: nothing to do)
             by = cfg.entries.declaring(stream)
-            raise ValueError(f"{spelled_flag(TrainConfig, 'stream_files', stream)} sets stream {stream}, which "
+            raise ValueError(f"{given_flag(TrainConfig, given, 'stream_files', stream)} sets stream {stream}, which "
                              + (f"trains the {by.title or by.name} head, and --tasks {' '.join(cfg.tasks)} has no "
                                 f"{by.name}" if by is not None else
                                 f"no task declares (the tasks' extra streams: {', '.join(declared) or 'none'})"))
@@ -769,7 +769,7 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
     for path in PER_STREAM:
         for stream in dict(given.get(path) or ()):
             if stream in idle:
-                raise ValueError(f"{spelled_flag(TrainConfig, path, stream)} only acts on a run that trains stream "
+                raise ValueError(f"{given_flag(TrainConfig, given, path, stream)} only acts on a run that trains stream "
                                  f"{stream} ({spelled_flag(TrainConfig, 'stream_files', stream, 'FILE')} on a run "
                                  f"with {cfg.entries.declaring(stream).name}; streams: {', '.join(cfg.streams())})")
 

@@ -105,6 +105,12 @@ REFUSED = [
     (["--stream-files", "words=w.csv"], "--stream-files words=... sets stream words, which no task declares (the "
      "tasks' extra streams: phrases)"),
     (["--sst-phrases-order", "last"], "argument --sst-phrases-order: invalid choice: 'last'"),
+    # a message names the flag given: the map's, or the key's own (--sst-phrases-batch-size, above)
+    (["--sst-phrases", "none", "--task-batch-size", "phrases=16"], "--task-batch-size phrases=... only acts on a run "
+     "that trains stream phrases"),
+    (["--stream-min-words", "phrases=0"], "--stream-min-words phrases=0: at least 1 word"),
+    (["--prior-weights", "sst=1.5"], "--prior-weights sst=...: a weight in [0, 1], got 1.5"),
+    (["--tasks", "para", "--prior-weights", "sts=0.3"], "--prior-weights sts=... only acts on STS's predictions"),
     (["--stream-orders", "phrases=last"], "'phrases=last': 'last' is not one of mixed, first"),
     (["--stream-min-words", "sst=2"], "stream_min_words names ['sst'], which no task of the run declares as an extra "
      "stream (the tasks' extra streams: phrases)"),
