@@ -1195,9 +1195,16 @@ class Tasks(Mapping[str, Task]):
         return next((e for e in self._entries.values() if e.stream and e.stream.name == stream), None)
 
     def with_triplets(self, tasks: Sequence[str]) -> Task | None:
-        """The entry of the first of ``tasks`` (a model's) that declares NLI triplets (``Task.triplets``: STS), or
-        None."""
-        return next((self[t] for t in tasks if self[t].triplets), None)
+        """The entry whose NLI triplets a model of ``tasks`` trains on (``with_triplets``)."""
+        return with_triplets(self, tasks)
+
+
+def with_triplets(entries: Mapping[str, Task], tasks: Sequence[str]) -> Task | None:
+    """The entry whose NLI triplets (``Task.triplets``) a model of ``tasks`` (``model_tasks``) trains on with --nli:
+    the first of its tasks beyond the project's three that declares some (a task file's "triplets"), else STS's,
+    which every model has (paper §4.2); None when none does."""
+    mine = [t for t in tasks if t not in MULTITASK]
+    return next((entries[t] for t in (*mine, *MULTITASK) if t in tasks and entries[t].triplets), None)
 
 
 def task_names() -> tuple[str, ...]:
@@ -1221,12 +1228,8 @@ MULTITASK = ("sst", "para", "sts")  # the CS224N multitask project's tasks: the 
 
 TASK_FILE_KEYS = ("name", "kind", "train", "dev", "test", "text", "label", "id", "classes", "num_classes", "range",
                   "metric", "delimiter", "quoting", "header", "line_ends", "multiline", "positive", "label_case",
-                  "symmetric", "phrases", "prior", "title", "overall", "output")
+                  "symmetric", "phrases", "prior", "triplets", "title", "overall", "output")
 OUTPUT_KEYS = ("column", "starter", "also_read", "submission", "part1")  # of a task file's "output" (``Output``)
-# What only this package's files of the course's tasks declare (tasks/cs224n/), beside the keys above: the NLI
-# triplets (which --nli streams through the first task of a model that declares them, and every model has STS's
-# head).
-COURSE_KEYS = ("triplets",)
 # what a split's own object may set too
 LAYOUT_KEYS = ("text", "label", "id", "delimiter", "quoting", "header", "line_ends", "multiline")
 
@@ -1279,7 +1282,8 @@ def from_declaration(spec: Mapping[str, Any], folder: Path | None = None,
                 overall=bool(spec.get("overall")),
                 positive=str(spec["positive"]) if spec.get("positive") is not None else "",
                 label_case=spec.get("label_case") or "exact", symmetric=bool(spec.get("symmetric")), stream=stream,
-                prior=prior, triplets=spec.get("triplets"),
+                prior=prior, triplets=str(folder / spec["triplets"]) if folder and spec.get("triplets") else
+                spec.get("triplets"),
                 origin=dict(origin or {}))
 
 
@@ -1330,9 +1334,9 @@ def load_split(task: str | Task, split: str, data_dir: str | os.PathLike[str], l
     return result
 
 
-__all__ = ("BUILTIN", "COURSE_KEYS", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK",
+__all__ = ("BUILTIN", "ENTRY_FORMAT", "GLUE", "KINDS", "LABEL_CASES", "LAYOUT_KEYS", "MULTITASK",
            "OUTPUT_KEYS", "PACKAGE", "PAIR_BINARY", "PART1", "PRIOR_KINDS", "SPLITS", "TASK_FILE_KEYS", "Binary",
            "Classes", "Classification", "Cosine", "DotProduct", "ExtraStream", "Head", "Kind", "Layout", "OneSequence",
            "Output", "PairClassifier", "Prior", "Products", "Scores", "Task", "Tasks", "UnknownTask",
            "canonical_number", "from_declaration", "get_task", "kind_for", "layout_from", "listed", "load_split", "mlp",
-           "model_tasks", "task_names", "upgrade_entry")
+           "model_tasks", "task_names", "upgrade_entry", "with_triplets")

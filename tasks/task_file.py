@@ -34,12 +34,13 @@ columns; the rest is inferred from the training file's labels unless declared:
   trained through its head as a stream of its own, ``<name>_phrases`` (or an object with its ``file``,
   ``min_words``, ``order``, ``per_epoch`` and ``batch_size``); ``prior``, a second opinion at evaluation (its
   weight, or an object with its ``weight`` and ``model``): a probe for a sentence classification, the cosine for a
-  pair regression.
+  pair regression. What STS has a pair regression may declare: ``triplets``, a file of NLI triplets (as
+  data/nli-train.csv) that ``--nli`` trains its sentence embeddings on (a model's own task's before STS's).
 - how its predictions read: ``title``, its name in tables; ``output``, its files' column and format (an object:
   ``column``; as the CS224N starter's files: ``starter``, ``also_read``, ``submission``, ``part1``; tasks.task.Output);
   default: a plain CSV of each id and its label (``label``) or score (``score``). ``overall``: true, its main metric
   counts in the default overall score that selects the best epoch, as the course's tasks' do.
-  The course's own tasks are declared so (tasks/cs224n/), with a few keys only they take (tasks.task.COURSE_KEYS).
+  The course's own tasks are declared so (tasks/cs224n/), with these keys alone.
 - ``symmetric``: true for a pair task whose pairs have no order (paraphrase, similarity), scored as the mean of
   both orders (``--symmetric-eval``, as Quora and STS); by default a pair is scored in its files' order, the one
   it trained in (entailment: premise, then hypothesis).
@@ -215,6 +216,10 @@ def check_declaration(spec: Any, where: str) -> dict[str, Any]:
                                "with its \"file\", \"min_words\" (1 or more), \"order\" (mixed or first), "
                                "\"per_epoch\" and \"batch_size\" (1 or more; default: all, in batches of "
                                f"--batch-size); got {json.dumps(value)}")
+    if "triplets" in spec and not (isinstance(spec["triplets"], str) and spec["triplets"].strip()):
+        raise _fail(where, "'triplets' is a file of NLI triplets (an anchor, an entailed and a contradicted sentence "
+                           "a row, as data/nli-train.csv's sent0, sent1, hard_neg) that --nli trains the task's "
+                           f"sentence embeddings on (a pair regression's, as STS's); got {json.dumps(spec['triplets'])}")
     if "prior" in spec:
         value = spec["prior"]
         own = value if isinstance(value, dict) else {"weight": value}

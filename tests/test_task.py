@@ -710,6 +710,36 @@ def test_a_users_stream_is_set_per_stream_as_the_sst_phrases_are(tmp_path):
         config_for(["--stream-files", f"mood_phrases={other}"])
 
 
+def test_a_users_pair_regression_declares_nli_triplets_as_sts_does(tmp_path, tiny_env, one_thread):
+    """What STS has (NLI triplets that --nli streams through its sentence embeddings, paper §4.2) a user's pair
+    regression may declare: "triplets", a file beside its task file; a run of it with --nli and MNR trains on its
+    own triplets through its own head, before STS's (which every model has), and a run that declares none trains
+    on STS's."""
+    from tasks.task import model_tasks
+
+    def rows(n: int) -> list[list]:
+        return [[f"the film was {CLASS_WORDS[i % 3]}", f"a film {CLASS_WORDS[(i // 2) % 3]} {i}", i % 6]
+                for i in range(n)]
+    folder = tmp_path / "t"
+    task_file = user_task(folder, {"name": "relate", "text": ["a", "b"], "label": "score", "range": [0, 5],
+                                   "triplets": "relate-nli.csv"}, {"train": rows(32), "dev": rows(16)},
+                          ["a", "b", "score"])
+    (folder / "relate-nli.csv").write_text("sent0,sent1,hard_neg\n" + "".join(
+        f"the film was {CLASS_WORDS[i % 3]} {i},a {CLASS_WORDS[i % 3]} film,the film was not {CLASS_WORDS[i % 3]}\n"
+        for i in range(21)))  # 21 triplets: not the tiny data's nli-train.csv
+    flags = ["--task-file", str(task_file), "--tasks", "sst", "relate", "--nli", "--pair-encoding", "siamese",
+             "--objective", "mnr"]
+    cfg = config_for(flags)
+    assert cfg.entries.with_triplets(model_tasks(cfg.tasks)).name == "relate"
+    assert cfg.entries.with_triplets(model_tasks(("sst", "para"))).name == "sts"
+    run = tmp_path / "run"
+    cli.main([*tiny_flags(tiny_env, run), *flags])
+    records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    nli = records[0]["data"]["nli train"]
+    assert (nli["file"], nli["kept"]) == (str(folder / "relate-nli.csv"), 21)
+    assert "nli/mnr.loss" in records[0]["train"], sorted(records[0]["train"])
+
+
 @pytest.mark.parametrize("objective", ["rdrop", "smart", "rift", "knn_bert", "scl", "match_tuning",
                                        "label_smoothing", "simcse"])
 def test_an_objective_takes_a_users_declared_stream_by_its_tasks_kind(objective, tmp_path, tiny_env, one_thread):

@@ -16,7 +16,7 @@ import torch
 
 from tasks.evaluation.metrics import selected_metrics
 from tasks.predictions import Predictions, read_predictions, write_predictions
-from tasks.task import (COURSE_DIR, COURSE_KEYS, KINDS, PAIR_BINARY, TASK_FILE_KEYS, from_declaration, get_task,
+from tasks.task import (COURSE_DIR, KINDS, PAIR_BINARY, TASK_FILE_KEYS, from_declaration, get_task,
                         Tasks)
 from tasks.task_file import check_unchanged, inferred_note, read_task_file
 from tests.helpers import three_class_task, user_task
@@ -112,7 +112,7 @@ def test_declarations_override_the_inference(tmp_path):
     ({"output": "Predicted_Mine"}, "'output' is how its prediction files read: an object with its \"column\""),
     ({"output": {"column": "y", "part1": "always"}}, "'output' is how its prediction files read"),
     ({"output": {"column": "y", "zip": True}}, "'output' is how its prediction files read"),
-    ({"triplets": "nli-train.csv"}, "unknown key(s) ['triplets']"),  # the course's files' alone (COURSE_KEYS)
+    ({"triplets": 3}, "'triplets' is a file of NLI triplets"),
 ])
 def test_every_value_is_checked_before_any_data_is_read(tmp_path, spec, message):
     """A wrong type or value in a task file is one ValueError naming the key and what it may be, raised before a
@@ -377,5 +377,4 @@ def test_the_course_tasks_are_declared_by_the_packages_task_files():
     for name in ("sst", "para", "sts", "cfimdb"):
         spec = json.loads((COURSE_DIR / f"{name}.json").read_text())
         assert from_declaration(spec) == get_task(name) and spec["name"] == name
-    assert set().union(*(json.loads(p.read_text()) for p in COURSE_DIR.glob("*.json"))) <= {
-        *TASK_FILE_KEYS, *COURSE_KEYS}
+    assert set().union(*(json.loads(p.read_text()) for p in COURSE_DIR.glob("*.json"))) <= set(TASK_FILE_KEYS)

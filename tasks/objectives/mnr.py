@@ -57,7 +57,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from tasks.model import NLI
-from tasks.task import PACKAGE, Binary, Scores, Tasks
+from tasks.task import PACKAGE, Binary, Scores, Tasks, with_triplets
 from tasks.objectives import Objective, ObjectiveConfig, kind_rule
 from tasks.options import option
 
@@ -216,10 +216,10 @@ class MultipleNegativesRanking(Objective):
         if task == NLI:  # through the embeddings of the head whose entry declares the triplets (STS's: paper §4.2)
             sides = ["_1", "_2"] + (["_3"] if cfg.hard_negatives and "input_ids_3" in batch else [])
             pooled = _embed_sides(model, batch, sides)
-            head = next((t for t, e in model.entries.items() if e.triplets), None)
+            head = with_triplets(model.entries, model.tasks)
             if head is None:
                 raise ValueError(f"mnr: no task of the model ({', '.join(model.tasks)}) declares NLI triplets")
-            z = [model.pair_embeddings(head, e) for e in pooled]  # each (B, D)
+            z = [model.pair_embeddings(head.name, e) for e in pooled]  # each (B, D)
             return {"loss": mnr_loss(z[0], z[1], negatives=z[2:] or None, scale=cfg.scale)}
         return {"loss": kind_rule("mnr", PAIRS, task, model.kind_of(task))(cfg, model, task, batch, out)}
 
