@@ -26,7 +26,7 @@ import importlib.metadata
 import json
 import math
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,12 +255,7 @@ def per_task_settings(d: dict[str, Any]) -> dict[str, Any]:
         d = {**d, "model": {**{k: v for k, v in model.items() if k != field}, "spans": spans}}
     if "priors" not in d:
         return d
-    priors = d["priors"]
-    if not isinstance(priors, dict):
-        raise ValueError(f"priors: {json.dumps(priors)} is not an object of its settings")
-    unknown = sorted(set(priors) - set(PRIORS_5))
-    if unknown:
-        raise ValueError(f"priors.{unknown[0]} is not a setting (priors: {', '.join(PRIORS_5)})")
+    priors = _settings_object(d, "priors", PRIORS_5)
     if "prior_weights" in d or "prior_models" in d:
         raise ValueError("priors and prior_weights / prior_models set the same priors: give them one way")
     out = {k: v for k, v in d.items() if k != "priors"} | {"prior_weights": {}, "prior_models": {}}
@@ -269,6 +264,18 @@ def per_task_settings(d: dict[str, Any]) -> dict[str, Any]:
         if _checked(f"priors.{key}", value, number=key.endswith("_weight")) is not None:
             out[name][task] = value
     return out
+
+
+def _settings_object(d: dict[str, Any], name: str, known: Iterable[str]) -> dict[str, Any]:
+    """An old version's nested settings ``d[name]`` (version 5's "priors", version 6's "sst_phrases"): an object of
+    the ``known`` keys alone, else a ValueError naming the key."""
+    value = d[name]
+    if not isinstance(value, dict):
+        raise ValueError(f"{name}: {json.dumps(value)} is not an object of its settings")
+    unknown = sorted(set(value) - set(known))
+    if unknown:
+        raise ValueError(f"{name}.{unknown[0]} is not a setting ({name}: {', '.join(known)})")
+    return value
 
 
 def took_scale(d: dict[str, Any]) -> list[str]:
@@ -318,12 +325,7 @@ def per_stream_settings(d: dict[str, Any]) -> dict[str, Any]:
     defaults of the maps (MAPS_6, today's); one without "sst_phrases" is left as it is."""
     if "sst_phrases" not in d:
         return d
-    phrases = d["sst_phrases"]
-    if not isinstance(phrases, dict):
-        raise ValueError(f"sst_phrases: {json.dumps(phrases)} is not an object of its settings")
-    unknown = sorted(set(phrases) - set(PHRASES_6))
-    if unknown:
-        raise ValueError(f"sst_phrases.{unknown[0]} is not a setting (sst_phrases: {', '.join(PHRASES_6)})")
+    phrases = _settings_object(d, "sst_phrases", PHRASES_6)
     out = {k: v for k, v in d.items() if k != "sst_phrases"}
     for key, value in phrases.items():
         name = PER_STREAM_PHRASES[key]
