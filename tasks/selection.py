@@ -92,7 +92,8 @@ def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
     if not path.is_file():
         flag = own_flag(TrainConfig, "stream_files", stream)  # the SST phrases' --sst-phrases
         if flag is None or stream not in cfg.stream_files:
-            raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file")
+            raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file: put it there or correct the "
+                                    f"path, or train without the stream: --stream-files {stream}=none")
         raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file {path} (a name in --data-dir "
                                 f"{cfg.data_dir}, or a path): point --data-dir at the folder of the data files, build "
                                 f"it from the treebank's trees (python -m tasks.sst_phrases TREES --out {path}, "

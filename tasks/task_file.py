@@ -468,10 +468,7 @@ def read_task_file(path: str | os.PathLike[str]) -> Task:
     if "prior" in spec and spec["kind"] not in PRIOR_KINDS.values():
         raise _fail(where, f"'prior': a prior is a probe of a sentence classification or the cosine of a pair "
                            f"regression, and the task is a {spec['kind']}")
-    if "phrases" in spec:
-        own = spec["phrases"] if isinstance(spec["phrases"], dict) else {"file": spec["phrases"]}
-        if not (path.parent / own["file"]).is_file():
-            raise DataFileMissing(path.parent / own["file"], f"{about} as 'phrases', relative to its own folder")
+    # (its "phrases" file is looked for where a run trains them: a run may set another, or none, per stream)
     try:
         task = from_declaration(spec, path.parent, {"file": str(path), "declaration": declaration,
                                                     "inferred": inferred}, checks_range="range" not in inferred)

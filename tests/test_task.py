@@ -705,6 +705,12 @@ def test_a_users_stream_is_set_per_stream_as_the_sst_phrases_are(tmp_path):
     with pytest.raises(ValueError, match=r"--stream-min-words mood_phrases=\.\.\. only acts on a run that trains "
                                          r"stream mood_phrases \(--stream-files mood_phrases=FILE on a run with mood"):
         config_for([*run, "--stream-files", "mood_phrases=none", "--stream-min-words", "mood_phrases=2"])
+    (task_file.parent / "mood-phrases.csv").unlink()  # a declared stream's file gone: the stream may be turned off
+    assert list(config_for([*run, "--stream-files", "mood_phrases=none"]).extra_streams()) == ["phrases"]
+    with pytest.raises(FileNotFoundError, match=r"task file .*mood\.json's \"phrases\" .*mood-phrases\.csv: no such "
+                                                r"file: put it there or correct the path, or train without the stream: "
+                                                r"--stream-files mood_phrases=none"):
+        config_for(run)
     with pytest.raises(ValueError, match=r"--stream-files mood_phrases=\.\.\. sets stream mood_phrases, which no "
                                          r"task declares \(the tasks' extra streams: phrases\)"):
         config_for(["--stream-files", f"mood_phrases={other}"])
