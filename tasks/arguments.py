@@ -33,8 +33,8 @@ from tasks.config_versions import SCALE_5, took_scale
 from tasks.train_config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
 from tasks.model import ModelConfig
 from tasks.objectives import load_plugin, registered_objectives
-from tasks.options import (add_options, flag_of_path, fold_spelled, keeps_none, option, spelled_flag, spelled_flags,
-                           value_at)
+from tasks.options import (REMOVED, add_options, flag_of_path, fold_spelled, keeps_none, option, spelled_flag,
+                           spelled_flags, value_at)
 from tasks.storage import read_json
 from tasks.task_file import read_task_file
 from tasks.training.run import check_run
@@ -142,7 +142,7 @@ def set_path(cfg: TrainConfig, path: str, value: Any) -> None:
     if path in MAPPINGS:
         mapping = dict(get_path(cfg, path))
         for key, v in value:
-            if v is None and not keeps_none(TrainConfig, path):  # an int map's "all"; an X | None map keeps it
+            if v is REMOVED or v is None and not keeps_none(TrainConfig, path):  # "all"; an X | None map keeps None
                 mapping.pop(key, None)
             else:
                 mapping[key] = v

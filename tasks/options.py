@@ -147,8 +147,8 @@ def replace_at(obj: Any, path: str, value: Any) -> Any:
 
 
 def key_value(keys: Sequence[str], value_type: type, choices: Sequence[str] = ()) -> Callable[[str], tuple[str, Any]]:
-    """argparse type for KEY=VALUE items, KEY one of ``keys``; VALUE "all" (an int map's) removes the key; "none" is
-    the None of an ``X | None`` map's (a value it keeps: ``keeps_none``)."""
+    """argparse type for KEY=VALUE items, KEY one of ``keys``; VALUE "all" (an int map's) removes the key (REMOVED);
+    "none" is the None of an ``X | None`` map's (a value it keeps: ``keeps_none``)."""
     optional = _unwrap(value_type) is not value_type
     value_type = _unwrap(value_type)
 
@@ -159,7 +159,7 @@ def key_value(keys: Sequence[str], value_type: type, choices: Sequence[str] = ()
         if not isinstance(keys, AnyKey) and key not in keys:
             raise argparse.ArgumentTypeError(f"{key!r} is not a stream; streams: {', '.join(keys)}")
         if raw == "all" and value_type is int:
-            return key, None
+            return key, REMOVED
         if raw == "none" and optional:
             return key, None
         try:
@@ -174,6 +174,17 @@ def key_value(keys: Sequence[str], value_type: type, choices: Sequence[str] = ()
 
     parse.__name__ = f"{value_type.__name__} pair"
     return parse
+
+
+class Removed:
+    """The value of a KEY=VALUE item that removes its key from the map (an int map's "all": the cap, or batch size,
+    that the setting would have without it), where an ``X | None`` map's None is a value it keeps."""
+
+    def __repr__(self) -> str:
+        return "all"
+
+
+REMOVED = Removed()
 
 
 class MergeItems(argparse.Action):

@@ -24,7 +24,7 @@ from tasks.data.datasets import TripletDataset
 from tasks.data.readers import DataFileMissing, Example, Triplet, load_nli, log_report
 from tasks.model import NLI, PHRASES
 from tasks.options import own_flag, spelled_flag, value_at
-from tasks.task import ExtraStream, load_split, model_tasks
+from tasks.task import ExtraStream, load_split, model_tasks, with_triplets
 
 logger = logging.getLogger(__name__)
 
@@ -98,6 +98,20 @@ def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
                                 f"{cfg.data_dir}, or a path): point --data-dir at the folder of the data files, build "
                                 f"it from the treebank's trees (python -m tasks.sst_phrases TREES --out {path}, "
                                 f"data/README.md), or train without phrases: {flag} none")
+    return path
+
+
+def triplets_file(cfg: TrainConfig) -> Path | None:
+    """The NLI triplets a task file declares that a run with --nli trains on (``with_triplets``), a
+    FileNotFoundError naming its key when it is not there; None for STS's (data/nli-train.csv: a data file in
+    --data-dir, which its reader names so)."""
+    entry = with_triplets(cfg.entries, model_tasks(cfg.tasks))
+    if entry is None or not entry.origin.get("file"):
+        return None
+    path = Path(entry.triplets)
+    if not path.is_file():
+        raise FileNotFoundError(f"task file {entry.origin['file']}'s \"triplets\" {path}: no such file: put it there "
+                                f"or correct the path, or train without them: --no-nli")
     return path
 
 
@@ -182,7 +196,7 @@ def read_run_files(cfg: TrainConfig) -> RunFiles:
     nli = None
     if cfg.nli:
         nli, report = load_nli(cfg.data_dir, limit=cfg.limit,
-                               file=cfg.entries.with_triplets(model_tasks(cfg.tasks)).triplets)
+                               file=with_triplets(cfg.entries, model_tasks(cfg.tasks)).triplets)
         reports["nli train"] = report.to_dict()
     return RunFiles(train, nli, final, reports, time.perf_counter() - t0)
 

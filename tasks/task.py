@@ -840,7 +840,7 @@ class Task:
                              f"{self.kind.name} has one text")
         if self.output is None:  # a plain CSV of each id and its prediction: the user's label, or the score
             object.__setattr__(self, "output", Output("label" if self.kind.classification else "score"))
-        if self.triplets is not None and not isinstance(self.kind, Scores):
+        if self.triplets is not None and not (isinstance(self.kind, Scores) and self.kind.pair):
             raise ValueError(f"{where}: NLI triplets train the sentence embeddings whose cosine a pair regression "
                              f"scores, and the task is a {self.kind.name}")
         if not self.metrics:
@@ -1194,9 +1194,6 @@ class Tasks(Mapping[str, Task]):
         """The entry that declares the extra stream ``stream`` (its ``ExtraStream``: SST's phrases), or None."""
         return next((e for e in self._entries.values() if e.stream and e.stream.name == stream), None)
 
-    def with_triplets(self, tasks: Sequence[str]) -> Task | None:
-        """The entry whose NLI triplets a model of ``tasks`` trains on (``with_triplets``)."""
-        return with_triplets(self, tasks)
 
 
 def with_triplets(entries: Mapping[str, Task], tasks: Sequence[str]) -> Task | None:

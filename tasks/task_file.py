@@ -40,7 +40,8 @@ columns; the rest is inferred from the training file's labels unless declared:
   ``column``; as the CS224N starter's files: ``starter``, ``also_read``, ``submission``, ``part1``; tasks.task.Output);
   default: a plain CSV of each id and its label (``label``) or score (``score``). ``overall``: true, its main metric
   counts in the default overall score that selects the best epoch, as the course's tasks' do.
-  The course's own tasks are declared so (tasks/cs224n/), with these keys alone.
+  The course's own tasks are declared so (tasks/cs224n/), with these keys alone (and, in SST's ``phrases``, the
+  stream's own ``name``).
 - ``symmetric``: true for a pair task whose pairs have no order (paraphrase, similarity), scored as the mean of
   both orders (``--symmetric-eval``, as Quora and STS); by default a pair is scored in its files' order, the one
   it trained in (entailment: premise, then hypothesis).
@@ -600,8 +601,14 @@ def check_unchanged(saved: Task, given: str | os.PathLike[str] | None = None) ->
                          "what the file declared then; restore it, or train a new run on the file as it is")
     if given is None:
         return saved
-    files = {s: os.path.normpath(path.parent / os.path.relpath(f, Path(origin).parent)) for s, f in saved.files.items()}
-    return Task.from_dict({**saved.to_dict(), "files": files, "origin": {**saved.origin, "file": str(path)}})
+    def moved(f: str) -> str:
+        return os.path.normpath(path.parent / os.path.relpath(f, Path(origin).parent))
+    d = saved.to_dict()
+    stream, triplets = d["stream"], d["triplets"]  # its phrases' and NLI triplets' files move with it too
+    return Task.from_dict({**d, "files": {s: moved(f) for s, f in saved.files.items()},
+                           "stream": {**stream, "file": moved(stream["file"])} if stream else stream,
+                           "triplets": moved(triplets) if triplets else triplets,
+                           "origin": {**saved.origin, "file": str(path)}})
 
 
 __all__ = ("METRIC_NAMES", "check_declaration", "check_unchanged", "infer", "inferred_note", "read_task_file")

@@ -29,8 +29,8 @@ from tasks.config_versions import CONFIG_VERSION, VERSION_KEY, software_versions
 from tasks.data.schedule import SCHEDULES, SUBSETS
 from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, recorded_modules, registered_objectives
-from tasks.options import (AnyKey, given_flag, json_value, nested_config, option, replace_at, spelled_flag,
-                           value_at)
+from tasks.options import (REMOVED, AnyKey, given_flag, json_value, nested_config, option, replace_at,
+                           spelled_flag, value_at)
 from tasks.task import GLUE, MULTITASK, PACKAGE, ExtraStream, Prior, Task, Tasks, get_task
 from tasks.task_file import check_unchanged, read_declaration
 from minbert.config import DROPOUT_MASKS
@@ -127,8 +127,9 @@ class TrainConfig:
     freeze_encoder: bool = option(False, "train the heads alone on a frozen encoder (in eval mode) every epoch: the "
                                   "minBERT starter's part-1 '--option pretrain' (its predictions are named "
                                   "pretrain-*; fine-tuning's finetune-*)", group="data")
-    nli: bool = option(False, "add the nli-train.csv triplet stream (paper §4.2 'Additional AllNLI data'); it has no "
-                       "head loss, only its objectives train on it (B1: MNR)", group="data", negatable=True)
+    nli: bool = option(False, "add the NLI triplet stream (paper §4.2 'Additional AllNLI data': STS's nli-train.csv, "
+                       "or a task file's \"triplets\"); it has no head loss, only its objectives train on it (B1: "
+                       "MNR)", group="data", negatable=True)
     limit: int | None = option(None, "read at most N examples of every split of every task and NLI (smoke runs); "
                                "at least the batch size", group="data", metavar="N")
     max_length: int = option(128, "tokens per sequence, longer ones truncated (a cross-encoded pair is one sequence)",
@@ -140,7 +141,7 @@ class TrainConfig:
         factory=lambda: {"para": 23000}, group="data", keys=AnyKey(), metavar="STREAM=N", spelled={
             "--sst-phrases-per-epoch": (PHRASES, "with --sst-phrases: phrases trained an epoch, the next ones of a "
                                                  "seeded shuffle of the file (as --train-subsets says; "
-                                                 "default: 17088)")})
+                                                 "default: SST's entry's, tasks/cs224n/sst.json)")})
     dev_max_examples: dict[str, int] = option(
         help="per-task cap on dev examples scored between epochs (a fixed random subset; Quora dev has 20k pairs; "
              "the final evaluation uses the whole dev set unless --final-dev capped); TASK=N or TASK=all",
@@ -243,9 +244,9 @@ class TrainConfig:
              "extra stream left out takes its declared one (SST's phrases: 64), none: --batch-size",
         factory=dict, group="optimization", keys=AnyKey(), metavar="STREAM=B", spelled={
             "--sst-phrases-batch-size": (PHRASES, "with --sst-phrases: phrases per batch (none: --batch-size; "
-                                                  "default: 64); phrases are short, so a larger batch trains the "
-                                                  "same phrases in fewer, fuller optimizer steps (even batching "
-                                                  "keeps one size for the tasks)")})
+                                                  "default: SST's entry's); phrases are short, so a larger batch "
+                                                  "trains the same phrases in fewer, fuller optimizer steps (even "
+                                                  "batching keeps one size for the tasks)")})
     eval_batch_size: int = option(128, "examples per batch at evaluation", group="optimization", metavar="B")
     schedule: str = option("even", "which stream's batch comes next: sequential (the CS224N starter, the paper's "
                            "baseline §4.1), round_robin, even (§4.2 even batching: all batches shuffled together)",
@@ -754,7 +755,7 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
         if task not in cfg.priors_of():
             raise ValueError(f"{given_flag(TrainConfig, given, 'prior_models', task)} only acts on a run with {task} "
                              f"and its prior's weight above 0 ({spelled_flag(TrainConfig, 'prior_weights', task)})")
-    check_per_stream({path: {s: v for s, v in given[path] if v is not None}  # None: the key removed (STREAM=all)
+    check_per_stream({path: {s: v for s, v in given[path] if v is not None and v is not REMOVED}  # STREAM=all, none
                       for path in PER_STREAM if given.get(path)},
                      lambda path, stream, value: given_flag(TrainConfig, given, path, stream, value))
     declared = cfg.declared_streams()
@@ -797,9 +798,12 @@ def check_objectives(cfg: TrainConfig) -> None:
 
 
 def _what_tasks_are(d: dict[str, Any]) -> dict[str, Any]:
-    """``settings()`` with its user tasks' entries apart from where their files are (a run may move)."""
-    return {**d, "user_tasks": {name: {k: v for k, v in e.items() if k not in ("files", "origin")}
-                                for name, e in d["user_tasks"].items()}}
+    """``settings()`` with its user tasks' entries apart from where their files are (a run may move): its splits',
+    its stream's and its NLI triplets'."""
+    def what(e: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in e.items() if k not in ("files", "origin")} | {"triplets": bool(e.get("triplets"))}
+        return {**out, "stream": {k: v for k, v in e["stream"].items() if k != "file"}} if e.get("stream") else out
+    return {**d, "user_tasks": {name: what(e) for name, e in d["user_tasks"].items()}}
 
 
 def check_resume_config(saved: TrainConfig, cfg: TrainConfig) -> None:

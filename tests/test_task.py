@@ -721,7 +721,7 @@ def test_a_users_pair_regression_declares_nli_triplets_as_sts_does(tmp_path, tin
     regression may declare: "triplets", a file beside its task file; a run of it with --nli and MNR trains on its
     own triplets through its own head, before STS's (which every model has), and a run that declares none trains
     on STS's."""
-    from tasks.task import model_tasks
+    from tasks.task import model_tasks, with_triplets
 
     def rows(n: int) -> list[list]:
         return [[f"the film was {CLASS_WORDS[i % 3]}", f"a film {CLASS_WORDS[(i // 2) % 3]} {i}", i % 6]
@@ -736,14 +736,18 @@ def test_a_users_pair_regression_declares_nli_triplets_as_sts_does(tmp_path, tin
     flags = ["--task-file", str(task_file), "--tasks", "sst", "relate", "--nli", "--pair-encoding", "siamese",
              "--objective", "mnr"]
     cfg = config_for(flags)
-    assert cfg.entries.with_triplets(model_tasks(cfg.tasks)).name == "relate"
-    assert cfg.entries.with_triplets(model_tasks(("sst", "para"))).name == "sts"
+    assert with_triplets(cfg.entries, model_tasks(cfg.tasks)).name == "relate"
+    assert with_triplets(cfg.entries, model_tasks(("sst", "para"))).name == "sts"
     run = tmp_path / "run"
     cli.main([*tiny_flags(tiny_env, run), *flags])
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     nli = records[0]["data"]["nli train"]
     assert (nli["file"], nli["kept"]) == (str(folder / "relate-nli.csv"), 21)
     assert "nli/mnr.loss" in records[0]["train"], sorted(records[0]["train"])
+    (folder / "relate-nli.csv").unlink()
+    with pytest.raises(FileNotFoundError, match=r"task file .*relate\.json's \"triplets\" .*relate-nli\.csv: no such "
+                                                r"file: put it there or correct the path, or train without them"):
+        config_for(flags)
 
 
 @pytest.mark.parametrize("objective", ["rdrop", "smart", "rift", "knn_bert", "scl", "match_tuning",

@@ -378,3 +378,33 @@ def test_the_course_tasks_are_declared_by_the_packages_task_files():
         spec = json.loads((COURSE_DIR / f"{name}.json").read_text())
         assert from_declaration(spec) == get_task(name) and spec["name"] == name
     assert set().union(*(json.loads(p.read_text()) for p in COURSE_DIR.glob("*.json"))) <= set(TASK_FILE_KEYS)
+
+
+def test_a_task_file_moved_with_its_phrases_and_triplets_takes_them_where_it_is_now(tmp_path):
+    """--task-file on --resume or --eval-only tells where a run's task file is now: its splits', its phrases' and its
+    NLI triplets' files are taken beside it, and the run resumes as the same run (where files are is not what it
+    does); a sentence regression declares no triplets (they train the embeddings whose cosine a pair scores)."""
+    import shutil
+
+    from tasks.train_config import TrainConfig, check_resume_config
+
+    rows = {s: [[f"a film {i}", f"the film {i % 3}", i % 6] for i in range(12)] for s in ("train", "dev")}
+    task_file = user_task(tmp_path / "t", {"name": "relate", "text": ["a", "b"], "label": "score", "range": [0, 5],
+                                           "phrases": "relate-phrases.csv", "triplets": "relate-nli.csv"},
+                          rows, ["a", "b", "score"])
+    (task_file.parent / "relate-phrases.csv").write_text("a,b,score\nx,y,1\n")
+    (task_file.parent / "relate-nli.csv").write_text("sent0,sent1,hard_neg\nx,y,z\n")
+    saved = read_task_file(task_file)
+    moved = shutil.copytree(task_file.parent, tmp_path / "moved")
+    shutil.rmtree(task_file.parent)
+    now = check_unchanged(saved, moved / "relate.json")
+    assert (now.files["train"], now.stream.file, now.triplets) == tuple(
+        str(moved / f"relate-{x}.csv") for x in ("train", "phrases", "nli"))
+    check_resume_config(TrainConfig(tasks=("sts", "relate"), user_tasks=[saved]),
+                        TrainConfig(tasks=("sts", "relate"), user_tasks=[now]))
+    (moved / "s.json").write_text(json.dumps({"name": "s", "train": "relate-train.csv", "dev": "relate-dev.csv",
+                                              "text": "a", "label": "score", "kind": "sentence-regression",
+                                              "triplets": "relate-nli.csv"}))
+    with pytest.raises(ValueError, match="NLI triplets train the sentence embeddings whose cosine a pair regression "
+                                         "scores, and the task is a sentence-regression"):
+        read_task_file(moved / "s.json")

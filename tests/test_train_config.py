@@ -118,6 +118,7 @@ def test_the_phrases_take_ssts_declared_cap_and_batch_wherever_the_maps_leave_th
     assert config_for(["--sst-phrases-weight", "1"]).acting() == config_for([]).acting() == \
         config_for(["--task-batch-size", "phrases=64", "--max-train-examples", "phrases=17088"]).acting()
     assert config_for(["--max-train-examples", "phrases=all"]).train_caps()["phrases"] == 17088  # as before
+    assert config_for(["--task-batch-size", "phrases=all"]).batch_sizes()["phrases"] == 64  # as before: its own
 
 
 def test_a_run_of_a_glue_task_keeps_its_entry_and_loads_it_back():

@@ -63,7 +63,7 @@ from tasks.model import MultitaskBert
 from tasks.objectives import build_objectives
 from tasks.runtime import (autocast_dtype, configure_device, resolve_device, rng_state, seed_everything, set_rng_state,
                            set_threads, torchrun_env)
-from tasks.selection import RunFiles, read_run_files, stream_file, tokenize_run_data
+from tasks.selection import RunFiles, read_run_files, stream_file, tokenize_run_data, triplets_file
 from tasks.training import distributed
 from tasks.training.progress import duration
 from tasks.training.rundir import RunDir, check_out_dir
@@ -152,15 +152,17 @@ def read_inputs(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunInput
 
 def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
     """What a training config needs besides its directory, checked without reading data: the config itself
-    (``TrainConfig.validate``), its per-process batches under torchrun, its device, its extra streams' files and
-    reporters,
-    its encoder (``check_encoder``: ``checkpoint``'s when it resumes one) and the priors' (``check_prior_models``).
+    (``TrainConfig.validate``), its per-process batches under torchrun, its device, its extra streams' files, a
+    task file's NLI triplets and reporters, its encoder (``check_encoder``: ``checkpoint``'s when it resumes one)
+    and the priors' (``check_prior_models``).
     tasks.arguments.config_for checks an experiment's flags with it."""
     cfg.validate()
     distributed.check_config(cfg.batch_sizes(), cfg.device)
     resolve_device(cfg.device)
     for stream in cfg.extra_streams():
         stream_file(cfg, stream)
+    if cfg.nli:
+        triplets_file(cfg)
     check_available(cfg.report_to)
     check_encoder(cfg, checkpoint)
     check_prior_models(cfg)
