@@ -769,6 +769,9 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
     idle = cfg.idle_streams()
     for path in PER_STREAM:
         for stream in dict(given.get(path) or ()):
+            if path in EXTRA_STREAM_SETTINGS and stream not in (*declared, *idle):
+                raise ValueError(f"{given_flag(TrainConfig, given, path, stream)}: {stream} is no extra stream a task "
+                                 f"declares (the tasks' extra streams: {', '.join(declared) or 'none'})")
             if stream in idle:
                 raise ValueError(f"{given_flag(TrainConfig, given, path, stream)} only acts on a run that trains stream "
                                  f"{stream} ({spelled_flag(TrainConfig, 'stream_files', stream, 'FILE')} on a run "

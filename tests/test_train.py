@@ -112,8 +112,8 @@ REFUSED = [
     (["--prior-weights", "sst=1.5"], "--prior-weights sst=...: a weight in [0, 1], got 1.5"),
     (["--tasks", "para", "--prior-weights", "sts=0.3"], "--prior-weights sts=... only acts on STS's predictions"),
     (["--stream-orders", "phrases=last"], "'phrases=last': 'last' is not one of mixed, first"),
-    (["--stream-min-words", "sst=2"], "stream_min_words names ['sst'], which no task of the run declares as an extra "
-     "stream (the tasks' extra streams: phrases)"),
+    (["--stream-min-words", "sst=2"], "--stream-min-words sst=...: sst is no extra stream a task declares (the tasks' "
+     "extra streams: phrases)"),
     (["--sst-phrases-batch-size", "none", "--sst-phrases", "none"], "--sst-phrases-batch-size only acts on a run "
      "that trains stream phrases"),
     (["--sst-phrases-min-words", "0"], "--sst-phrases-min-words 0: at least 1 word"),
