@@ -476,10 +476,7 @@ def given_flag(cls: type, given: Mapping[str, Any], path: str, key: str, value: 
     (to ``value``): by its own flag where an item came so (``Spelled``: --sst-phrases-batch-size 0), else by the
     map's (--task-batch-size phrases=0)."""
     own = any(isinstance(item, Spelled) and item[0] == key for item in given.get(path) or ())
-    if own:
-        return spelled_flag(cls, path, key, value)
-    _, f, prefix = field_at(cls, path)
-    return f"{flag_name(f, prefix)} {key}={'...' if value is None else value}"
+    return spelled_flag(cls, path, key, value) if own else map_flag(cls, path, key, value)
 
 
 def spelled_flag(cls: type, path: str, key: str, value: str | None = None) -> str:
@@ -489,6 +486,12 @@ def spelled_flag(cls: type, path: str, key: str, value: str | None = None) -> st
     own = own_flag(cls, path, key)
     if own:
         return own if value is None else f"{own} {value}"
+    return map_flag(cls, path, key, value)
+
+
+def map_flag(cls: type, path: str, key: str, value: Any = None) -> str:
+    """The KEY=VALUE map's flag at ``path`` of dataclass ``cls`` with the item ``key`` (= ``value``): --prior-weights
+    mood=..., --task-batch-size phrases=16."""
     _, f, prefix = field_at(cls, path)
     return f"{flag_name(f, prefix)} {key}={'...' if value is None else value}"
 

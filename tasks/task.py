@@ -1195,7 +1195,6 @@ class Tasks(Mapping[str, Task]):
         return next((e for e in self._entries.values() if e.stream and e.stream.name == stream), None)
 
 
-
 def with_triplets(entries: Mapping[str, Task], tasks: Sequence[str]) -> Task | None:
     """The entry whose NLI triplets (``Task.triplets``) a model of ``tasks`` (``model_tasks``) trains on with --nli:
     the first of its tasks beyond the project's three that declares some (a task file's "triplets"), else STS's,

@@ -466,6 +466,11 @@ class TrainConfig:
         """Every extra stream the run's tasks declare, on or off."""
         return tuple(self.entries[t].stream.name for t in self.tasks if self.entries[t].stream is not None)
 
+    def stream_keys(self, path: str) -> set[str]:
+        """The streams the per-stream map at ``path`` may name: a stream of the run (an extra stream's own settings,
+        EXTRA_STREAM_SETTINGS: one its tasks declare, on or off), or one another run trains (``idle_streams``)."""
+        return {*(self.declared_streams() if path in EXTRA_STREAM_SETTINGS else self.streams()), *self.idle_streams()}
+
     def idle_streams(self) -> tuple[str, ...]:
         """The extra streams the tasks known to the run declare (the package's and its own) that it does not train:
         their settings are idle here."""
@@ -535,7 +540,8 @@ class TrainConfig:
         streams, extra = self.streams(), self.extra_streams()
         d["task_batch_size"] = self.batch_sizes()
         d["max_train_examples"] = {s: n for s, n in self.train_caps().items() if s in streams}
-        d["loss_weights"] = {s: self.stream_weights().get(s, 1.0) for s in streams}
+        weights = self.stream_weights()
+        d["loss_weights"] = {s: weights.get(s, 1.0) for s in streams}
         d["stream_files"] = {s: extra[s].file if s in extra else None for s in self.declared_streams()}
         d["stream_min_words"] = {s: e.min_words for s, e in extra.items()}
         d["stream_orders"] = {s: e.order for s, e in extra.items()}
@@ -560,11 +566,10 @@ class TrainConfig:
         # a stream another run trains (one a task declares: SST's phrases on a run without sst or with them off) is
         # idle here, as a prior's weight of a task the run leaves out; a command line naming it is refused
         # (refuse_idle_settings); a name that is no stream at all is an error
-        streams, idle, declared = self.streams(), self.idle_streams(), self.declared_streams()
+        streams, declared = self.streams(), self.declared_streams()
         for name in (*PER_STREAM, "stream_files"):
-            own = name in EXTRA_STREAM_SETTINGS  # an extra stream's alone (its file, fewest words, order)
-            extra = sorted(set(getattr(self, name)) - set(declared if own else streams) - set(idle))
-            if extra and own:
+            extra = sorted(set(getattr(self, name)) - self.stream_keys(name))
+            if extra and name in EXTRA_STREAM_SETTINGS:
                 raise ValueError(f"{name} names {extra}, which no task of the run declares as an extra stream "
                                  f"(the tasks' extra streams: {', '.join(declared) or 'none'})")
             if extra:
@@ -698,7 +703,7 @@ def _count(low: int) -> Callable[[Any], bool]:
     return lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= low
 
 
-# The per-stream settings' values (STREAM=VALUE maps), by path: what each must be, in words
+# The per-stream settings' values (STREAM=VALUE maps but the files), by path: what each must be, in words
 PER_STREAM: dict[str, tuple[Callable[[Any], bool], str]] = {
     "max_train_examples": (_count(1), "at least 1 example an epoch (all: every one)"),
     "task_batch_size": (lambda v: v is None or _count(1)(v), "at least 1 example a batch (none: --batch-size)"),
@@ -769,7 +774,7 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
     idle = cfg.idle_streams()
     for path in PER_STREAM:
         for stream in dict(given.get(path) or ()):
-            if path in EXTRA_STREAM_SETTINGS and stream not in (*declared, *idle):
+            if path in EXTRA_STREAM_SETTINGS and stream not in cfg.stream_keys(path):
                 raise ValueError(f"{given_flag(TrainConfig, given, path, stream)}: {stream} is no extra stream a task "
                                  f"declares (the tasks' extra streams: {', '.join(declared) or 'none'})")
             if stream in idle:
@@ -902,8 +907,8 @@ def check_runtime(cfg: TrainConfig) -> None:
         raise ValueError(f"threads must be at least 1 (default: torch's, one per core), got {cfg.threads}")
 
 
-# The per-stream settings that an extra stream a task declares takes alone (its file: on, or none; its fewest words
-# and order), beside those every stream takes (PER_STREAM)
+# The per-stream settings that only an extra stream a task declares takes (its file: on, or none; its fewest words
+# and order); the others (a cap, a batch size, a loss weight) every stream takes
 EXTRA_STREAM_SETTINGS = ("stream_files", "stream_min_words", "stream_orders")
 
 
