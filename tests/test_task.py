@@ -776,3 +776,111 @@ def test_a_declared_stream_of_a_kind_an_objective_does_not_take_is_refused_namin
                   "mood", "--objective", "mnr", "--mnr-tasks", "mood_phrases"])
     assert "objective 'mnr' supports pair-regression and pair-classification tasks, and stream 'mood_phrases' " \
            "trains task 'mood', which is a sentence-classification" in capsys.readouterr().err
+
+
+# ---- the course's tasks are their files: a renamed copy trains to the same predictions ---------------------------
+
+
+def _renamed_copy(task: str, name: str, data: Path) -> Path:
+    """The shipped task file of ``task`` (tasks/cs224n/) as a user's ``name``, beside its data files (``data``, a
+    folder of links to the tiny data): every key as shipped but its name and its extra stream's name (which the copy
+    takes from its own: ``<name>_phrases``)."""
+    spec = json.loads((ROOT / "tasks" / "cs224n" / f"{task}.json").read_text(encoding="utf-8"))
+    spec["name"] = name
+    if "phrases" in spec:
+        del spec["phrases"]["name"]
+    path = data / f"{name}.json"
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    return path
+
+
+def _same_start(monkeypatch, renamed: dict[str, str]):
+    """A model's heads start, and its run's task-keyed draws are made, as if each copy in ``renamed`` (copy ->
+    shipped task, streams too) were the shipped task. Two things of a run are a function of a task's name by design:
+    a model draws the project's three heads before the run's others (tasks.task.model_tasks), and a stream's
+    shuffles and subsets are seeded by its name (tasks.data.schedule). The first run records its heads' initial
+    weights and the RNG state after drawing them; the second starts from them (a copy's parts from its shipped
+    task's) and keys its streams' seeds by the shipped names. Records the first run; the function it returns
+    readies the second."""
+    from tasks.data import schedule
+
+    drawn = MultitaskBert._init_heads
+    start: dict = {}
+
+    def record(model):
+        drawn(model)
+        start["heads"] = {k: v.clone() for k, v in model.state_dict().items() if not k.startswith("encoder.")}
+        start["rng"] = torch.get_rng_state()
+
+    def replay(model):
+        drawn(model)
+        state = model.state_dict()
+        for key, value in start["heads"].items():
+            state[key].copy_(value)
+            for copy, task in renamed.items():
+                if key.startswith(f"{task}_"):
+                    state[copy + key[len(task):]].copy_(value)
+        torch.set_rng_state(start["rng"])
+
+    seeded = schedule._generator
+
+    def as_shipped(*key):
+        return seeded(*(renamed.get(k, k) if isinstance(k, str) else k for k in key))
+
+    def second_run():
+        monkeypatch.setattr(MultitaskBert, "_init_heads", replay)
+        monkeypatch.setattr(schedule, "_generator", as_shipped)
+
+    monkeypatch.setattr(MultitaskBert, "_init_heads", record)
+    return second_run
+
+
+TIMES = ("time_s", "elapsed_s", "per_s")  # metrics.jsonl's keys of seconds and speeds
+
+
+def _outputs(run_dir: Path, renamed: dict[str, str]) -> dict[str, bytes]:
+    """A run's predictions (every file under predictions/) and its metrics.jsonl without times, its folder's name
+    or its keys' order, a copy's (``renamed``) under its shipped task's name."""
+    def shipped(name: str) -> str:
+        for copy in sorted(renamed, key=len, reverse=True):  # my_sst_phrases before my_sst
+            name = name.replace(copy, renamed[copy])
+        return name
+    out = {shipped(p.name): p.read_bytes() for p in sorted((run_dir / "predictions").iterdir())}
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timeless = [{k: v for k, v in r.items() if not k.endswith(TIMES)} for r in records]
+    named = shipped(json.dumps(timeless).replace(str(run_dir), "RUN"))
+    out["metrics.jsonl"] = json.dumps(json.loads(named), sort_keys=True, indent=0).encode()
+    return out
+
+
+@pytest.mark.parametrize("task, extras", [
+    ("sst", {"prior_weights": {"sst": 0.5, "sts": 0.0}, "stream_files": {"phrases": "sst-phrases-train.csv"}}),
+    ("sts", {"prior_weights": {"sst": 0.0, "sts": 0.5}}),
+])
+def test_a_renamed_copy_of_a_shipped_task_file_trains_beside_the_others_to_its_predictions(
+        task, extras, tmp_path, tiny_env, one_thread, monkeypatch):
+    """The course's tasks are their task files: SST's (its phrases and probe prior) or STS's (its cosine prior,
+    its 0-5 span) copied under another name trains beside the other two to the shipped task's predictions, logits and
+    dev scores byte for byte, from the same start (``_same_start``: heads and name-seeded draws)."""
+    pretrained, tiny = tiny_env
+    data = tmp_path / "data"
+    data.mkdir()
+    for f in tiny.iterdir():
+        (data / f.name).symlink_to(f)
+    copy = f"my_{task}"
+    renamed = {copy: task} | ({f"{copy}_phrases": "phrases"} if task == "sst" else {})
+    task_file = _renamed_copy(task, copy, data)
+    second_run = _same_start(monkeypatch, renamed)
+    settings = dict(data_dir=str(data), stream_files={"phrases": None}, prior_models={task: str(pretrained)}) | extras
+    shipped = tiny_train_config(tiny_env, tmp_path / "shipped", **settings)
+    run(shipped)
+    second_run()
+    own = {k: ({copy if s == task else s: v for s, v in m.items()} if k.startswith("prior_") else m)
+           for k, m in settings.items() if k != "stream_files"}
+    copied = tiny_train_config(tiny_env, tmp_path / "copy", task_files=[str(task_file)],
+                               tasks=tuple(copy if t == task else t for t in MULTITASK), **own)
+    run(copied)
+    a, b = _outputs(tmp_path / "shipped", {}), _outputs(tmp_path / "copy", renamed)
+    assert sorted(a) == sorted(b)
+    for name in a:
+        assert a[name].decode().splitlines() == b[name].decode().splitlines(), name

@@ -208,9 +208,9 @@ def _metric_of(key: str, tasks: list[Task]) -> tuple[Task, str] | None:
 
 def selected_metrics(metrics: dict, select: Sequence[str] = (), tasks: Tasks | None = None) -> list[str]:
     """The keys of ``metrics`` the overall score averages: ``select``'s (a task: its main metric; or a metric's
-    own key), else the main metrics of the built-in tasks present (the CS224N overall), else of every task
-    present; the tasks are ``tasks`` (a run's entries; default: the package's). A selected metric that
-    ``metrics`` lacks is a ValueError naming it."""
+    own key), else the main metrics of the tasks present that declare they count (``"overall": true``: the CS224N
+    overall), else of every task present, in ``metrics``' order; the tasks are ``tasks`` (a run's entries; default:
+    the package's). A selected metric that ``metrics`` lacks is a ValueError naming it."""
     entries = _entries(tasks)
     by_name = {t.name: t for t in entries}
     if select:
@@ -220,7 +220,8 @@ def selected_metrics(metrics: dict, select: Sequence[str] = (), tasks: Tasks | N
             raise ValueError(f"the overall score selects {missing}, which the scores do not hold "
                              f"(they hold {sorted(k for k in metrics if _metric_of(k, entries))})")
         return keys
-    present = [t for t in entries if t.metric in metrics]
+    order = list(metrics)  # as the scores were recorded (a run's --tasks order), whoever declared the task
+    present = sorted((t for t in entries if t.metric in metrics), key=lambda t: order.index(t.metric))
     counted = [t for t in present if t.overall] or present
     return [t.metric for t in counted]
 
