@@ -276,7 +276,7 @@ def build_variant(base: Trainer, name: str, warmup: int, steps: int) -> Variant:
         raise ValueError(f"unknown variant {name!r}; variants: {', '.join(VARIANTS)}")
     datasets, schedule, trainer, patch = base.train_sets, base.schedule, base, contextlib.nullcontext
     if name in ("fixed", "nobucket"):
-        schedule = MultitaskSchedule({s: d.lengths for s, d in base.train_sets.items()}, cfg.batch_sizes(),
+        schedule = MultitaskSchedule({s: d.lengths for s, d in base.train_sets.items()}, dict(base.run.batch_sizes),
                                      cfg.schedule, seed=cfg.seed, max_examples_per_epoch=cfg.max_train_examples,
                                      bucket=False)
         trainer = clone_trainer(base, copy.deepcopy(base.model))

@@ -59,7 +59,7 @@ def sample_batches(trainer: Trainer, batch_sizes: Sequence[int], steps: int) -> 
     plans: dict[str, list[list[int]]] = {}
     for b in batch_sizes:
         at_b = dataclasses.replace(cfg, task_batch_size={**cfg.task_batch_size, PHRASES: b})
-        for stream, idx in build_schedule(at_b, sets).epoch_plan(0):
+        for stream, idx in build_schedule(at_b, at_b.resolve(), sets).epoch_plan(0):
             key = phrase_key(b) if stream == PHRASES else stream
             if stream == PHRASES or b == batch_sizes[0]:
                 plans.setdefault(key, []).append(idx)
@@ -102,7 +102,7 @@ def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), step
               log: Callable[[str], None] = lambda s: print(s, file=sys.stderr, flush=True)) -> dict[str, Any]:
     """Per-stream step seconds (medians over ``rounds``) and each phrase batch size's modelled epoch against
     no phrases; ``cfg`` must train phrases (its per-epoch count is the one modelled)."""
-    if PHRASES not in cfg.extra_streams():
+    if PHRASES not in cfg.resolve().extra:
         raise ValueError("the benchmark needs a config that trains the SST phrases (--sst-phrases FILE, sst)")
     if steps < 1 or rounds < 1 or not batch_sizes or min(batch_sizes) < 1:
         raise ValueError(f"need steps >= 1, rounds >= 1 and batch sizes >= 1 (got {steps}, {rounds}, "

@@ -85,7 +85,7 @@ def score_run(run: Path, cfg: TrainConfig, dev: dict[str, tuple[torch.Tensor, in
               probes: dict[float, dict[str, torch.Tensor]]) -> dict[str, float]:
     """{OWN: the run's dev SST accuracy as saved, "w": with probe w in place of its own} for one run directory
     and its configuration ``cfg``."""
-    prior = cfg.priors_of().get("sst")
+    prior = cfg.resolve().priors.get("sst")
     if prior is None:
         raise SystemExit(f"{run}: the run has no SST prior (weight {cfg.prior_weights.get('sst')}, tasks "
                          f"{list(cfg.tasks)})")
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict:
         ap.error(f"--runs: their SST priors use different encoders ({sorted(map(str, models))}); one at a time")
     cfg = TrainConfig(stream_files={PHRASES: args.phrases})  # today's data: the SST files and the phrases
     train, dev = load_examples("sst", "train", cfg), load_examples("sst", "dev", cfg)
-    phrases, _ = load_stream(cfg)
+    phrases, _ = load_stream(cfg, cfg.resolve().extra[PHRASES])
     encoder = FrozenEncoder(models.pop(), 0.5, "cpu")
     x_train, x_phrases, x_dev = (encoder.embed([e.text_a for e in ex]) for ex in (train, phrases, dev))
 

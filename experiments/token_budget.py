@@ -36,7 +36,7 @@ def example_tokens(dataset) -> list[int]:
 
 def training_tokens(cfg: TrainConfig, train_sets: dict) -> dict[str, int]:
     """Tokens per stream over all of ``cfg``'s training epochs (and SWA epochs), from its epoch plans."""
-    schedule = build_schedule(cfg, train_sets)  # the plans the Trainer itself follows
+    schedule = build_schedule(cfg, cfg.resolve(), train_sets)  # the plans the Trainer itself follows
     per_example = {s: example_tokens(d) for s, d in train_sets.items()}
     totals = dict.fromkeys(train_sets, 0)
     for epoch in range(cfg.epochs + cfg.swa.epochs):

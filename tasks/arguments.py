@@ -299,7 +299,7 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     twice = next((n for n in names if names.count(n) > 1 or n in kept), None)
     if twice is not None:
         raise ValueError(f"two --task-file files declare task {twice!r}: give each task one name")
-    # a task declared again keeps its place among the run's (the order its scores are averaged in)
+    # a task declared again keeps its place among the run's own (the order its config.json lists them in)
     again = {t.name: t.to_dict() for t in declared}
     user_tasks = {n: again.pop(n) if n in again else e for n, e in cfg.user_tasks.items() if n in kept or n in again}
     cfg = dataclasses.replace(cfg, user_tasks={**user_tasks, **again},
@@ -308,7 +308,8 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked. A prior's setting
     # of a task the run leaves out is idle, as before (TrainConfig.validate).
     # A declared stream's file (on, or off: none) follows the tasks that declare it.
-    streams, declared = set(cfg.streams()), set(cfg.declared_streams())
+    run = cfg.resolve()
+    streams, declared = set(run.streams), set(run.declared)
     for path in STREAM_MAPPINGS:
         given = {k for k, _ in explicit.get(path, ())}
         kept = declared if path == "stream_files" else streams

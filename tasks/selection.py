@@ -1,9 +1,10 @@
 """Which examples a run reads: the task files under its limit, the fixed dev subsets, tokenized datasets.
 
 Usage:
-    files = read_run_files(cfg)           # every file the run reads, read once, before its run directory is made
-    data = tokenize_run_data(files, cfg, tokenizer)  # what the trainer trains and scores on, and the final files
-    data = load_run_data(cfg, tokenizer)  # the two at once
+    run = cfg.resolve()                   # the run's tasks and streams (tasks.run_tasks.RunTasks)
+    files = read_run_files(cfg, run)      # every file the run reads, read once, before its run directory is made
+    data = tokenize_run_data(files, cfg, run, tokenizer)  # what the trainer trains and scores on, the final files
+    data = load_run_data(cfg, tokenizer)  # the three at once
     examples = load_examples("sts", "test", cfg)             # None when the file is absent
     dataset = make_dataset("sts", examples, tokenizer, cfg)  # SentenceDataset or PairDataset
 """
@@ -22,9 +23,10 @@ import torch
 from tasks.train_config import TrainConfig
 from tasks.data.datasets import TripletDataset
 from tasks.data.readers import DataFileMissing, Example, Triplet, load_nli, log_report
-from tasks.model import NLI, PHRASES
+from tasks.model import NLI
 from tasks.options import own_flag, spelled_flag, value_at
-from tasks.task import ExtraStream, load_split, model_tasks, with_triplets
+from tasks.run_tasks import RunTasks
+from tasks.task import ExtraStream, load_split
 
 logger = logging.getLogger(__name__)
 
@@ -82,11 +84,12 @@ def _named(cfg: TrainConfig, stream: ExtraStream, value: Any, path: str = "strea
     return f"task file {cfg.entries.declaring(stream.name).origin.get('file')}'s \"phrases\"{key} {value}"
 
 
-def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
-    """The file of an extra stream of the run (``TrainConfig.extra_streams``; the SST phrases' ``--sst-phrases``: a
-    bare name is in --data-dir, a path with a folder in it is that path); a FileNotFoundError naming where it was
-    named when it is not there (checked before a run reads anything: tasks.training.run.prepare_run)."""
-    spec = cfg.extra_streams()[stream]
+def stream_file(cfg: TrainConfig, spec: ExtraStream) -> Path:
+    """The file of an extra stream of the run (``spec``: as resolved, ``RunTasks.extra``; the SST phrases'
+    ``--sst-phrases``: a bare name is in --data-dir, a path with a folder in it is that path); a FileNotFoundError
+    naming where it was named when it is not there (checked before a run reads anything:
+    tasks.training.run.prepare_run)."""
+    stream = spec.name
     given = Path(spec.file).expanduser()
     path = Path(cfg.data_dir) / given if given.name == str(given) else given
     if not path.is_file():
@@ -101,11 +104,11 @@ def stream_file(cfg: TrainConfig, stream: str = PHRASES) -> Path:
     return path
 
 
-def triplets_file(cfg: TrainConfig) -> Path | None:
-    """The NLI triplets a task file declares that a run with --nli trains on (``with_triplets``), a
+def triplets_file(run: RunTasks) -> Path | None:
+    """The NLI triplets a task file declares that a run with --nli trains on (``RunTasks.triplets``), a
     FileNotFoundError naming its key when it is not there; None for STS's (data/nli-train.csv: a data file in
     --data-dir, which its reader names so)."""
-    entry = with_triplets(cfg.entries, model_tasks(cfg.tasks))
+    entry = run.triplets
     if entry is None or not entry.origin.get("file"):
         return None
     path = Path(entry.triplets)
@@ -115,13 +118,13 @@ def triplets_file(cfg: TrainConfig) -> Path | None:
     return path
 
 
-def load_stream(cfg: TrainConfig, stream: str = PHRASES) -> tuple[list[Example], dict]:
-    """The examples of an extra stream of the run (read as its task's training file, under ``cfg.limit``) with at
-    least its ``min_words`` words, and the file's report with the examples left out for their length counted."""
-    spec = cfg.extra_streams()[stream]
-    path = stream_file(cfg, stream)
+def load_stream(cfg: TrainConfig, spec: ExtraStream) -> tuple[list[Example], dict]:
+    """The examples of an extra stream of the run (``spec``: as resolved, ``RunTasks.extra``; read as its task's
+    training file, under ``cfg.limit``) with at least its ``min_words`` words, and the file's report with the
+    examples left out for their length counted."""
+    path = stream_file(cfg, spec)
     where = _named(cfg, spec, path)
-    rows, report = cfg.entries.declaring(stream).read("train", cfg.data_dir, cfg.limit, path=path)
+    rows, report = cfg.entries.declaring(spec.name).read("train", cfg.data_dir, cfg.limit, path=path)
     if not rows:
         raise ValueError(f"{where}: no valid row ({report.summary()})")
     kept = [p for p in rows if len(p.text_a.split()) >= spec.min_words]
@@ -179,10 +182,10 @@ def load_final_examples(cfg: TrainConfig, reports: dict[str, dict] | None = None
     return final
 
 
-def read_run_files(cfg: TrainConfig) -> RunFiles:
-    """Every file a run reads (each task's train, dev and test files, its extra streams', NLI's), read once, before
-    its run directory is made (tasks.training.run.prepare_run): a file the run cannot use, a test file too, is
-    refused before anything is written."""
+def read_run_files(cfg: TrainConfig, run: RunTasks) -> RunFiles:
+    """Every file a run reads (each task's train, dev and test files, its extra streams' as ``run`` resolves them,
+    NLI's), read once, before its run directory is made (tasks.training.run.prepare_run): a file the run cannot
+    use, a test file too, is refused before anything is written."""
     reports: dict[str, dict] = {}
     t0 = time.perf_counter()
     train: dict[str, list[Example]] = {}
@@ -191,17 +194,16 @@ def read_run_files(cfg: TrainConfig) -> RunFiles:
         train[task] = load_examples(task, "train", cfg, reports)
         final["dev"][task] = load_examples(task, "dev", cfg, reports)
         final["test"][task] = load_examples(task, "test", cfg, reports)
-    for stream in cfg.extra_streams():  # a task's extra labelled stream (SST's phrases), through its head
-        train[stream], reports[f"{cfg.entries.declaring(stream).name} {stream}"] = load_stream(cfg, stream)
+    for stream, spec in run.extra.items():  # a task's extra labelled stream (SST's phrases), through its head
+        train[stream], reports[f"{cfg.entries.declaring(stream).name} {stream}"] = load_stream(cfg, spec)
     nli = None
-    if cfg.nli:
-        nli, report = load_nli(cfg.data_dir, limit=cfg.limit,
-                               file=with_triplets(cfg.entries, model_tasks(cfg.tasks)).triplets)
+    if run.triplets is not None:
+        nli, report = load_nli(cfg.data_dir, limit=cfg.limit, file=run.triplets.triplets)
         reports["nli train"] = report.to_dict()
     return RunFiles(train, nli, final, reports, time.perf_counter() - t0)
 
 
-def tokenize_run_data(files: RunFiles, cfg: TrainConfig, tokenizer: Any) -> RunData:
+def tokenize_run_data(files: RunFiles, cfg: TrainConfig, run: RunTasks, tokenizer: Any) -> RunData:
     """The training and per-epoch dev sets of a run's files (``read_run_files``), tokenized."""
     t0 = time.perf_counter()
     train_sets: dict[str, Any] = {}
@@ -209,7 +211,7 @@ def tokenize_run_data(files: RunFiles, cfg: TrainConfig, tokenizer: Any) -> RunD
     for task in cfg.tasks:
         train_sets[task] = make_dataset(task, files.train[task], tokenizer, cfg)
         dev_sets[task] = make_dataset(task, capped_dev(task, files.final_examples["dev"][task], cfg), tokenizer, cfg)
-    for stream in cfg.extra_streams():
+    for stream in run.extra:
         train_sets[stream] = make_dataset(cfg.entries.declaring(stream).name, files.train[stream], tokenizer, cfg)
     if files.nli is not None:
         train_sets[NLI] = TripletDataset(files.nli, tokenizer, max_length=cfg.max_length)
@@ -220,5 +222,7 @@ def tokenize_run_data(files: RunFiles, cfg: TrainConfig, tokenizer: Any) -> RunD
 
 
 def load_run_data(cfg: TrainConfig, tokenizer: Any) -> RunData:
-    """Every file a run reads, read and tokenized once (``read_run_files``, ``tokenize_run_data``)."""
-    return tokenize_run_data(read_run_files(cfg), cfg, tokenizer)
+    """Every file a run reads, read and tokenized once (``read_run_files``, ``tokenize_run_data``), its tasks
+    resolved once (``TrainConfig.resolve``)."""
+    run = cfg.resolve()
+    return tokenize_run_data(read_run_files(cfg, run), cfg, run, tokenizer)

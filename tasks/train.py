@@ -145,8 +145,9 @@ def main(argv: list[str] | None = None) -> dict:
     with user_errors(parser.prog, then=after_disk_full):
         world = distributed.world_size()
         if world > 1:
-            logger.info("torchrun: %d processes, global batch %s = %s per process", world, cfg.batch_sizes(),
-                        {s: b // world for s, b in cfg.batch_sizes().items()})
+            batches = inv.plan.run.batch_sizes
+            logger.info("torchrun: %d processes, global batch %s = %s per process", world, dict(batches),
+                        {s: b // world for s, b in batches.items()})
         try:
             result = predict_checkpoint(inv.plan) if command.eval_only else run_plan(inv.plan)
         finally:

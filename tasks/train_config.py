@@ -31,7 +31,8 @@ from tasks.model import NLI, PHRASES, ModelConfig
 from tasks.objectives import objective_config, objective_values, recorded_modules, registered_objectives
 from tasks.options import (REMOVED, AnyKey, given_flag, json_value, nested_config, option, replace_at,
                            spelled_flag, value_at)
-from tasks.task import GLUE, MULTITASK, PACKAGE, ExtraStream, Prior, Task, Tasks, get_task
+from tasks.run_tasks import RunTasks
+from tasks.task import GLUE, MULTITASK, PACKAGE, Task, Tasks, get_task, model_tasks, with_triplets
 from tasks.task_file import check_unchanged, read_declaration
 from minbert.config import DROPOUT_MASKS
 from tasks.runtime import check_device_string
@@ -440,89 +441,43 @@ class TrainConfig:
         the run reads a task's entry from."""
         return self._entries
 
-    def streams(self) -> tuple[str, ...]:
-        """The schedule's streams: the tasks, then their extra streams (``extra_streams``: SST's "phrases") and
-        "nli" when on."""
-        return self.tasks + tuple(self.extra_streams()) + ((NLI,) if self.nli else ())
+    def resolve(self) -> RunTasks:
+        """The run's tasks, streams and priors, each setting resolved once (tasks.run_tasks.RunTasks), what the run
+        hands down to its data, model, training and evaluation.
 
-    def extra_streams(self) -> dict[str, ExtraStream]:
-        """The extra labelled streams the run trains, by name: each declared by a task of the run (its entry's
-        ``stream``: SST's phrases), with the file, fewest words and order that ``stream_files``, ``stream_min_words``
-        and ``stream_orders`` give where they name it (--sst-phrases FILE is the phrases' file), else as declared;
-        one without a file (STREAM=none) is off."""
-        out = {}
+        An extra stream is one a task of the run declares (its entry's ``stream``: SST's phrases) with the file,
+        fewest words and order that ``stream_files``, ``stream_min_words`` and ``stream_orders`` give where they name
+        it (--sst-phrases FILE is the phrases' file), else as declared; one without a file (STREAM=none) is off. A
+        prior is one a task of the run declares (its entry's ``prior``) with the weight and encoder that
+        ``prior_weights`` and ``prior_models`` give where they name the task (--sst-prior W is sst's weight), else as
+        declared; a weight of 0 is off. Every stream takes its item of ``task_batch_size``, ``max_train_examples``
+        and ``loss_weights`` where one is given (--sst-phrases-<x>: the phrases' item); an extra stream they leave
+        out, its declared batch size and cap (SST's phrases: 64, 17088); a batch size of None, --batch-size."""
+        extra, priors = {}, {}
         for task in self.tasks:
-            stream = self.entries[task].stream
-            if stream is None:
-                continue
-            stream = dataclasses.replace(stream, file=self.stream_files.get(stream.name, stream.file),
-                                         min_words=self.stream_min_words.get(stream.name, stream.min_words),
-                                         order=self.stream_orders.get(stream.name, stream.order))
-            if stream.file is not None:
-                out[stream.name] = stream
-        return out
-
-    def declared_streams(self) -> tuple[str, ...]:
-        """Every extra stream the run's tasks declare, on or off."""
-        return tuple(self.entries[t].stream.name for t in self.tasks if self.entries[t].stream is not None)
-
-    def stream_keys(self, path: str) -> set[str]:
-        """The streams the per-stream map at ``path`` may name: a stream of the run (an extra stream's own settings,
-        EXTRA_STREAM_SETTINGS: one its tasks declare, on or off), or one another run trains (``idle_streams``)."""
-        return {*(self.declared_streams() if path in EXTRA_STREAM_SETTINGS else self.streams()), *self.idle_streams()}
-
-    def idle_streams(self) -> tuple[str, ...]:
-        """The extra streams the tasks known to the run declare (the package's and its own) that it does not train:
-        their settings are idle here."""
-        on = self.extra_streams()
-        return tuple(e.stream.name for e in self.entries.values() if e.stream is not None and e.stream.name not in on)
-
-    @property
-    def trains_phrases(self) -> bool:
-        """Whether the run trains the SST entry's phrases (--sst-phrases FILE on a run with sst)."""
-        return PHRASES in self.extra_streams()
-
-    def priors_of(self) -> dict[str, Prior]:
-        """The priors the run blends in at evaluation, by task: each declared by a task of the run (its entry's
-        ``prior``), with its weight and encoder as ``prior_weights`` and ``prior_models`` say where they name it
-        (--sst-prior W is sst's weight), else as it declares; a weight of 0 is off."""
-        out = {}
-        for task in self.tasks:
-            prior = self.entries[task].prior
-            if prior is None:
-                continue
-            prior = dataclasses.replace(prior, weight=self.prior_weights.get(task, prior.weight),
-                                        model=self.prior_models.get(task, prior.model))
-            if prior.weight > 0:
-                out[task] = prior
-        return out
-
-    # Every stream takes the per-stream settings every stream has: its entry in task_batch_size,
-    # max_train_examples or loss_weights where one is given (--sst-phrases-<x>: the same entry of the phrases');
-    # an extra stream they leave out, its declared batch size and cap (SST's phrases: 64, 17088).
-    def batch_sizes(self) -> dict[str, int]:
-        """Examples per batch (a micro-batch under gradient accumulation), by stream: its own (None: the general
-        --batch-size), else an extra stream's declared one, else --batch-size."""
-        extra = self.extra_streams()
-        own = {s: self.task_batch_size.get(s, extra[s].batch_size if s in extra else None) for s in self.streams()}
-        return {s: self.batch_size if b is None else b for s, b in own.items()}
-
-    def step_batch_sizes(self) -> dict[str, int]:
-        """Examples per optimizer step, by stream: the batch times ``gradient_accumulation_steps``."""
-        return {s: b * self.gradient_accumulation_steps for s, b in self.batch_sizes().items()}
-
-    def train_caps(self) -> dict[str, int]:
-        """Training examples an epoch, by capped stream (``max_train_examples``, whose items of streams the run does
-        not train are idle, and the declared cap of an extra stream it leaves out)."""
-        out = dict(self.max_train_examples)
-        for stream, spec in self.extra_streams().items():
+            entry = self.entries[task]
+            if entry.stream is not None:
+                s = entry.stream
+                s = dataclasses.replace(s, file=self.stream_files.get(s.name, s.file),
+                                        min_words=self.stream_min_words.get(s.name, s.min_words),
+                                        order=self.stream_orders.get(s.name, s.order))
+                if s.file is not None:
+                    extra[s.name] = s
+            if entry.prior is not None:
+                p = dataclasses.replace(entry.prior, weight=self.prior_weights.get(task, entry.prior.weight),
+                                        model=self.prior_models.get(task, entry.prior.model))
+                if p.weight > 0:
+                    priors[task] = p
+        streams = self.tasks + tuple(extra) + ((NLI,) if self.nli else ())
+        own = {s: self.task_batch_size.get(s, extra[s].batch_size if s in extra else None) for s in streams}
+        caps = dict(self.max_train_examples)
+        for stream, spec in extra.items():
             if spec.per_epoch is not None:
-                out.setdefault(stream, spec.per_epoch)
-        return out
-
-    def stream_weights(self) -> dict[str, float]:
-        """Loss factors, by stream named (any other weighs 1)."""
-        return dict(self.loss_weights)
+                caps.setdefault(stream, spec.per_epoch)
+        triplets = with_triplets(self.entries, model_tasks(self.tasks)) if self.nli else None
+        return RunTasks(self.tasks, self.entries, extra, priors,
+                        {s: self.batch_size if b is None else b for s, b in own.items()}, caps,
+                        dict(self.loss_weights), triplets, self.gradient_accumulation_steps)
 
     def settings(self) -> dict[str, Any]:
         """``to_dict()`` with each nested config's fields by dotted path ("swa.epochs"): one entry a setting."""
@@ -537,19 +492,19 @@ class TrainConfig:
         train (the phrases' of a run without sst, or with --sst-phrases none). Two configs with equal ``acting()``
         make one run, however spelled."""
         d = self.settings()
-        streams, extra = self.streams(), self.extra_streams()
-        d["task_batch_size"] = self.batch_sizes()
-        d["max_train_examples"] = {s: n for s, n in self.train_caps().items() if s in streams}
-        weights = self.stream_weights()
-        d["loss_weights"] = {s: weights.get(s, 1.0) for s in streams}
-        d["stream_files"] = {s: extra[s].file if s in extra else None for s in self.declared_streams()}
-        d["stream_min_words"] = {s: e.min_words for s, e in extra.items()}
-        d["stream_orders"] = {s: e.order for s, e in extra.items()}
+        run = self.resolve()
+        d["task_batch_size"] = dict(run.batch_sizes)
+        d["max_train_examples"] = {s: n for s, n in run.caps.items() if s in run.streams}
+        d["loss_weights"] = {s: run.weights.get(s, 1.0) for s in run.streams}
+        d["stream_files"] = {s: run.extra[s].file if s in run.extra else None for s in run.declared}
+        d["stream_min_words"] = {s: e.min_words for s, e in run.extra.items()}
+        d["stream_orders"] = {s: e.order for s, e in run.extra.items()}
         return d
 
     # -- checks --
-    def validate(self) -> None:
-        """Raise ValueError with a sentence saying why when fields contradict each other or are out of range."""
+    def validate(self) -> RunTasks:
+        """Raise ValueError with a sentence saying why when fields contradict each other or are out of range;
+        return the run's tasks resolved (``resolve``), which the checks read: what a checked run hands down."""
         if not self.tasks:
             raise ValueError("tasks is empty: train at least one of sst, para, sts")
         unknown = [t for t in self.tasks if t not in self.entries]
@@ -566,15 +521,16 @@ class TrainConfig:
         # a stream another run trains (one a task declares: SST's phrases on a run without sst or with them off) is
         # idle here, as a prior's weight of a task the run leaves out; a command line naming it is refused
         # (refuse_idle_settings); a name that is no stream at all is an error
-        streams, declared = self.streams(), self.declared_streams()
+        run = self.resolve()
         for name in (*PER_STREAM, "stream_files"):
-            extra = sorted(set(getattr(self, name)) - self.stream_keys(name))
+            extra = sorted(set(getattr(self, name)) - stream_keys(name, run))
             if extra and name in EXTRA_STREAM_SETTINGS:
                 raise ValueError(f"{name} names {extra}, which no task of the run declares as an extra stream "
-                                 f"(the tasks' extra streams: {', '.join(declared) or 'none'})")
+                                 f"(the tasks' extra streams: {', '.join(run.declared) or 'none'})")
             if extra:
                 hint = " (add --nli for the nli stream)" if NLI in extra and not self.nli else ""
-                raise ValueError(f"{name} names {extra}, which this run does not train (streams: {list(streams)}){hint}")
+                raise ValueError(f"{name} names {extra}, which this run does not train (streams: "
+                                 f"{list(run.streams)}){hint}")
         bad = {s: f for s, f in self.stream_files.items() if not (f is None or isinstance(f, str) and f.strip())}
         if bad:
             raise ValueError(f"stream_files values are files (none: off), got {bad}")
@@ -615,10 +571,8 @@ class TrainConfig:
             raise ValueError(f"max_length={self.max_length} leaves no room for text ([CLS] a [SEP] b [SEP] needs 3 tokens)")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"unknown schedule {self.schedule!r}; schedules: {', '.join(SCHEDULES)}")
-        sizes = self.batch_sizes()
         # An extra stream (SST's phrases: short auxiliary examples) is batched by its own size.
-        extra = self.extra_streams()
-        task_sizes = {s: b for s, b in sizes.items() if s not in extra}
+        task_sizes = {s: b for s, b in run.batch_sizes.items() if s not in run.extra}
         if self.schedule == "even" and len(set(task_sizes.values())) > 1:
             raise ValueError(f"schedule 'even' (paper §4.2) splits every task into batches of one size, "
                              f"but the batch sizes differ: {task_sizes}")
@@ -670,7 +624,8 @@ class TrainConfig:
             raise ValueError("freeze_encoder freezes the whole encoder; freeze_layers its lowest layers: choose one")
         check_runtime(self)
         self.model.__post_init__()  # a ModelConfig edited after construction is re-checked
-        check_objectives(self)
+        check_objectives(self, run)
+        return run
 
 
 def _numbers(value: Any, where: str = "") -> Iterator[tuple[str, float]]:
@@ -756,14 +711,15 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
             raise ValueError(f"{given_flag(TrainConfig, given, 'prior_weights', task)} only acts on "
                              f"{entry.title if entry is not None and entry.title else task}'s predictions, and --tasks "
                              f"{' '.join(cfg.tasks)} has no {task}")
+    run = cfg.resolve()
     for task in dict(given.get("prior_models") or ()):
-        if task not in cfg.priors_of():
+        if task not in run.priors:
             raise ValueError(f"{given_flag(TrainConfig, given, 'prior_models', task)} only acts on a run with {task} "
                              f"and its prior's weight above 0 ({spelled_flag(TrainConfig, 'prior_weights', task)})")
     check_per_stream({path: {s: v for s, v in given[path] if v is not None and v is not REMOVED}  # STREAM=all, none
                       for path in PER_STREAM if given.get(path)},
                      lambda path, stream, value: given_flag(TrainConfig, given, path, stream, value))
-    declared = cfg.declared_streams()
+    declared = run.declared
     for stream, file in dict(given.get("stream_files") or ()).items():
         if stream not in declared and file is not None:  # (--sst-phrases none on a run without sst: nothing to do)
             by = cfg.entries.declaring(stream)
@@ -771,21 +727,28 @@ def refuse_idle_settings(cfg: TrainConfig, explicit: set[str] | dict[str, Any]) 
                              + (f"trains the {by.title or by.name} head, and --tasks {' '.join(cfg.tasks)} has no "
                                 f"{by.name}" if by is not None else
                                 f"no task declares (the tasks' extra streams: {', '.join(declared) or 'none'})"))
-    idle = cfg.idle_streams()
     for path in PER_STREAM:
         for stream in dict(given.get(path) or ()):
-            if path in EXTRA_STREAM_SETTINGS and stream not in cfg.stream_keys(path):
+            if path in EXTRA_STREAM_SETTINGS and stream not in stream_keys(path, run):
                 raise ValueError(f"{given_flag(TrainConfig, given, path, stream)}: {stream} is no extra stream a task "
                                  f"declares (the tasks' extra streams: {', '.join(declared) or 'none'})")
-            if stream in idle:
+            if stream in run.idle:
                 raise ValueError(f"{given_flag(TrainConfig, given, path, stream)} only acts on a run that trains stream "
                                  f"{stream} ({spelled_flag(TrainConfig, 'stream_files', stream, 'FILE')} on a run "
-                                 f"with {cfg.entries.declaring(stream).name}; streams: {', '.join(cfg.streams())})")
+                                 f"with {cfg.entries.declaring(stream).name}; streams: {', '.join(run.streams)})")
 
 
-def check_objectives(cfg: TrainConfig) -> None:
-    """Refuse objectives that are not registered, cannot be configured so, or would do nothing in this run."""
-    streams = cfg.streams()
+def stream_keys(path: str, run: RunTasks) -> set[str]:
+    """The streams the per-stream map at ``path`` may name in ``run`` (a config's resolution): a stream of the run
+    (an extra stream's own settings, EXTRA_STREAM_SETTINGS: one its tasks declare, on or off), or one another run
+    trains (``RunTasks.idle``)."""
+    return {*(run.declared if path in EXTRA_STREAM_SETTINGS else run.streams), *run.idle}
+
+
+def check_objectives(cfg: TrainConfig, run: RunTasks) -> None:
+    """Refuse objectives that are not registered, cannot be configured so, or would do nothing in this run (``run``:
+    its resolution)."""
+    streams = run.streams
     on_nli = []
     for name, overrides in cfg.objectives.items():
         cls, config = objective_config(name, overrides, cfg.entries)

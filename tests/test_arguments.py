@@ -160,8 +160,8 @@ def test_baseline_preset_is_paper_section_4_1():
     assert cfg.objectives == {} and not cfg.nli and cfg.loss_weights == {}
     assert cfg.max_train_examples == {} and cfg.dev_max_examples == {} and cfg.encoder_dropout == 0.3
     assert cfg.stream_files == {"phrases": None} and cfg.task_batch_size == {}
-    assert not any(_preset(name).trains_phrases for name in ("b1", "b2", "b3"))
-    assert _preset("b1", "--sst-phrases", "sst-phrases-train.csv").batch_sizes()["phrases"] == 64  # as before
+    assert not any("phrases" in _preset(name).resolve().extra for name in ("b1", "b2", "b3"))
+    assert _preset("b1", "--sst-phrases", "sst-phrases-train.csv").resolve().batch_sizes["phrases"] == 64  # as before
 
 
 def test_b_presets_are_paper_section_5_4():
@@ -234,18 +234,19 @@ def test_the_default_trains_the_sst_phrases_and_none_turns_them_off(tmp_path):
     batches of 64; a run without sst has no phrase stream (and needs no phrase file); ``--sst-phrases none`` turns
     them off."""
     default = arguments.config_for([])
-    assert default.stream_files == {"phrases": "sst-phrases-train.csv"} and default.train_caps()["phrases"] == 17088
-    assert default.batch_sizes() == {"sst": 32, "para": 32, "sts": 32, "phrases": 64}
-    assert default.trains_phrases and default.streams() == ("sst", "para", "sts", "phrases")
+    assert default.stream_files == {"phrases": "sst-phrases-train.csv"} and default.resolve().caps["phrases"] == 17088
+    assert default.resolve().batch_sizes == {"sst": 32, "para": 32, "sts": 32, "phrases": 64}
+    assert "phrases" in default.resolve().extra and default.resolve().streams == ("sst", "para", "sts", "phrases")
     pairs = arguments.config_for(["--tasks", "para", "sts"])
-    assert not pairs.trains_phrases and pairs.streams() == ("para", "sts")
+    assert "phrases" not in pairs.resolve().extra and pairs.resolve().streams == ("para", "sts")
     assert "phrases" not in {**pairs.stream_files, **pairs.max_train_examples, **pairs.task_batch_size}
     off = arguments.config_for(["--sst-phrases", "none"])
-    assert off.stream_files == {"phrases": None} and not off.trains_phrases and off.streams() == ("sst", "para", "sts")
+    assert off.stream_files == {"phrases": None} and "phrases" not in off.resolve().extra
+    assert off.resolve().streams == ("sst", "para", "sts")
     assert "phrases" not in {**off.max_train_examples, **off.task_batch_size}  # what acts on them alone goes too
     mine = tmp_path / "mine.csv"
     mine.write_text("id\tsentence\tsentiment\n")
-    assert arguments.config_for(["--sst-phrases", str(mine)]).extra_streams()["phrases"].file == str(mine)
+    assert arguments.config_for(["--sst-phrases", str(mine)]).resolve().extra["phrases"].file == str(mine)
 
 
 def test_config_reruns_a_saved_config_with_flags_overriding_it(tmp_path):
@@ -334,14 +335,15 @@ def test_none_in_a_config_file_turns_an_option_off_as_on_the_command_line(tmp_pa
     for doc in ('{"sst_phrases": "none"}', '{"stream_files": {"phrases": "none"}}'):
         (tmp_path / "off.json").write_text(doc)
         from_file = arguments.config_for(["--config", str(tmp_path / "off.json")])
-        assert from_file == arguments.config_for(["--sst-phrases", "none"]) and not from_file.trains_phrases
+        assert from_file == arguments.config_for(["--sst-phrases", "none"])
+        assert "phrases" not in from_file.resolve().extra
     (tmp_path / "batch.json").write_text('{"sst_phrases_batch_size": "none"}')
     from_file = arguments.config_for(["--config", str(tmp_path / "batch.json")])
     assert from_file == arguments.config_for(["--sst-phrases-batch-size", "none"])
-    assert from_file.batch_sizes()["phrases"] == from_file.batch_size and from_file.trains_phrases
+    assert from_file.resolve().batch_sizes["phrases"] == from_file.batch_size and "phrases" in from_file.resolve().extra
     for doc in ('{"sst_phrases": null}', '{"stream_files": {"phrases": null}}'):
         (tmp_path / "null.json").write_text(doc)
-        assert not arguments.config_for(["--config", str(tmp_path / "null.json")]).trains_phrases
+        assert "phrases" not in arguments.config_for(["--config", str(tmp_path / "null.json")]).resolve().extra
 
 
 def test_preset_help_shows_the_presets_values(capsys):

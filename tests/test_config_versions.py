@@ -210,7 +210,8 @@ def test_one_run_saved_by_each_version_since_the_last_unversioned_loads_to_one_c
     loaded = [TrainConfig.from_dict(_saved(SAVED / name, tiny_env, tmp_path), complete=True)
               for name in ("v0-15ee338.json", "v1.json", "v2.json")]
     assert loaded[0] == loaded[1] == loaded[2]
-    assert loaded[2].prior_weights["sts"] == 0.0 and not loaded[2].trains_phrases and loaded[2].swa.lr == 1e-5
+    assert loaded[2].prior_weights["sts"] == 0.0 and "phrases" not in loaded[2].resolve().extra
+    assert loaded[2].swa.lr == 1e-5
 
 
 def test_a_version_5_runs_priors_and_span_load_per_task(tiny_env, tmp_path):
@@ -244,7 +245,7 @@ def test_a_version_6_runs_phrases_load_per_stream(tiny_env, tmp_path):
     first; a file of some fields keeps the defaults of the maps it does not name."""
     v6, v7 = (TrainConfig.from_dict(_saved(SAVED / f"v{n}.json", tiny_env, tmp_path / "run"), complete=True)
               for n in (6, 7))
-    assert v6 == v7 and not v7.trains_phrases and v7.stream_files == {"phrases": None}
+    assert v6 == v7 and "phrases" not in v7.resolve().extra and v7.stream_files == {"phrases": None}
     saved = {**_saved(SAVED / "v6.json", tiny_env, tmp_path / "run"), "loss_weights": {"phrases": 3.0},
              "sst_phrases": {"file": "p.csv", "per_epoch": 100, "batch_size": None, "min_words": 2, "weight": 0.5,
                              "order": "first"}}
@@ -252,13 +253,13 @@ def test_a_version_6_runs_phrases_load_per_stream(tiny_env, tmp_path):
     assert (cfg.stream_files, cfg.max_train_examples, cfg.task_batch_size, cfg.loss_weights, cfg.stream_min_words,
             cfg.stream_orders) == ({"phrases": "p.csv"}, {"phrases": 100}, {"phrases": None}, {"phrases": 3.0},
                                    {"phrases": 2}, {"phrases": "first"})
-    assert cfg.batch_sizes()["phrases"] == cfg.batch_size
+    assert cfg.resolve().batch_sizes["phrases"] == cfg.batch_size
     same = {**saved["sst_phrases"], "per_epoch": 17088, "batch_size": 64, "min_words": 1, "weight": 1.0,
             "order": "mixed"}
     cfg = TrainConfig.from_dict({**saved, "loss_weights": {}, "sst_phrases": same}, complete=True)
     assert (cfg.max_train_examples, cfg.task_batch_size, cfg.loss_weights, cfg.stream_min_words,
             cfg.stream_orders) == ({}, {}, {}, {}, {})  # SST's declared (tasks/cs224n/sst.json), as then
-    assert (cfg.train_caps()["phrases"], cfg.batch_sizes()["phrases"]) == (17088, 64)
+    assert (cfg.resolve().caps["phrases"], cfg.resolve().batch_sizes["phrases"]) == (17088, 64)
     assert TrainConfig.from_dict({"sst_phrases": {"per_epoch": 5}}).max_train_examples == {"para": 23000,
                                                                                           "phrases": 5}
     assert TrainConfig.from_dict({"sst_phrases_batch_size": None}).task_batch_size == {"phrases": None}

@@ -59,7 +59,7 @@ def test_every_training_experiment_trains_on_its_perturbed_copy(tmp_path, monkey
     assert "plan: 2 training runs" in (out / "robustness.log").read_text()  # the command's log, beside its runs
     cfg, used, _ = calls[0]
     assert cfg.epochs == 1 and cfg.tasks == (("sst",) if command == "minority" else ("sst", "para"))
-    assert not cfg.trains_phrases  # the phrases' labels are not perturbed: the experiment trains none
+    assert "phrases" not in cfg.resolve().extra  # the phrases' labels are not perturbed: the experiment trains none
     for name, rows in changed.items():  # rewritten files with the perturbed number of rows, the rest linked
         assert not (used / name).is_symlink() and len((used / name).read_text().splitlines()) == rows + 1
     assert (used / "sts-train.csv").is_symlink() and (used / "ids-sst-dev.csv").is_symlink()

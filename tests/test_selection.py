@@ -52,24 +52,29 @@ def test_make_dataset_follows_the_task_and_the_models_pair_encoding():
         assert all(batch[k].shape[1] == 6 for k in keys)
 
 
+def _phrases(read, cfg):
+    """``read`` (``load_stream``, ``stream_file``) of the SST phrases as ``cfg`` resolves them."""
+    return read(cfg, cfg.resolve().extra["phrases"])
+
+
 def test_phrases_are_read_as_sst_rows_with_short_ones_left_out_and_counted(tiny_env):
     """--sst-phrases: a name is looked up in --data-dir; phrases of fewer than min-words words are dropped and
     counted in the file's report; a missing file names the flag and the path."""
     _, data = tiny_env
     cfg = TrainConfig(data_dir=str(data), stream_min_words={"phrases": 3})
-    phrases, report = load_stream(cfg)
+    phrases, report = _phrases(load_stream, cfg)
     everything, _ = get_task("sst").read("train", ".", path=data / "sst-phrases-train.csv")
     assert phrases == [p for p in everything if len(p.text_a.split()) >= 3] and 0 < len(phrases) < len(everything)
     assert report["kept"] == len(everything) and report["shorter_than_min_words"] == len(everything) - len(phrases)
     assert report["sha256"]
     absolute = replace_at(replace_at(cfg, "data_dir", "elsewhere"), "stream_files",
                           {"phrases": str(data / "sst-phrases-train.csv")})
-    assert load_stream(absolute)[0] == phrases
+    assert _phrases(load_stream, absolute)[0] == phrases
     with pytest.raises(FileNotFoundError, match=r"--sst-phrases nope.csv: no such file .*nope.csv.*build it from the "
                        r"treebank's trees \(python -m tasks.sst_phrases TREES --out .*nope.csv.*--sst-phrases none"):
-        load_stream(replace_at(cfg, "stream_files", {"phrases": "nope.csv"}))
+        _phrases(load_stream, replace_at(cfg, "stream_files", {"phrases": "nope.csv"}))
     with pytest.raises(ValueError, match="no phrase of 9 or more words"):
-        load_stream(replace_at(cfg, "stream_min_words", {"phrases": 9}))
+        _phrases(load_stream, replace_at(cfg, "stream_min_words", {"phrases": 9}))
 
 
 def test_a_phrase_file_is_a_name_in_data_dir_or_a_path(tiny_env, tmp_path, monkeypatch):
@@ -82,9 +87,10 @@ def test_a_phrase_file_is_a_name_in_data_dir_or_a_path(tiny_env, tmp_path, monke
     own.write_text((data / "sst-phrases-train.csv").read_text())
     monkeypatch.chdir(tmp_path)
     cfg = TrainConfig(data_dir=str(data))
-    assert stream_file(cfg) == data / "sst-phrases-train.csv"
-    assert stream_file(replace_at(cfg, "stream_files", {"phrases": "mine/phrases.csv"})) == Path("mine/phrases.csv")
-    assert stream_file(replace_at(cfg, "stream_files", {"phrases": str(own)})) == own
+    assert _phrases(stream_file, cfg) == data / "sst-phrases-train.csv"
+    mine = replace_at(cfg, "stream_files", {"phrases": "mine/phrases.csv"})
+    assert _phrases(stream_file, mine) == Path("mine/phrases.csv")
+    assert _phrases(stream_file, replace_at(cfg, "stream_files", {"phrases": str(own)})) == own
 
 
 def test_a_phrase_file_without_one_valid_row_says_why_each_was_skipped(tiny_env, tmp_path):
@@ -94,4 +100,4 @@ def test_a_phrase_file_without_one_valid_row_says_why_each_was_skipped(tiny_env,
     bad.write_text("\tid\tsentence\tsentiment\n0\tp0\ta fine film\t7\n1\tp1\tdull\tx\n")
     cfg = TrainConfig(data_dir=str(data), stream_files={"phrases": str(bad)}, limit=None)
     with pytest.raises(ValueError, match=r"no valid row.*line 2: label '7' out of range 0\.\.4.*line 3: label 'x'"):
-        load_stream(cfg)
+        _phrases(load_stream, cfg)

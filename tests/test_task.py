@@ -624,8 +624,8 @@ def test_a_users_sentiment_task_declares_phrases_and_a_prior_beside_sst(tmp_path
                         "--task-batch-size", "mood_phrases=8"])
     cfg = config_for([*flags, "--task-file", str(task_file), "--tasks", "sst", "mood", "--sst-phrases",
                       "sst-phrases-train.csv"])
-    assert list(cfg.extra_streams()) == ["phrases", "mood_phrases"] and set(cfg.priors_of()) == {"sst", "mood"}
-    assert cfg.priors_of()["mood"].kind == "probe"
+    assert list(cfg.resolve().extra) == ["phrases", "mood_phrases"] and set(cfg.resolve().priors) == {"sst", "mood"}
+    assert cfg.resolve().priors["mood"].kind == "probe"
     records = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert "mood_phrases/loss" in records[0]["train"] and "phrases/loss" in records[0]["train"]
     assert records[0]["data"]["mood mood_phrases"]["kept"] == 40
@@ -646,17 +646,17 @@ def test_a_users_prior_is_set_per_task_as_ssts_and_stss_are(tmp_path):
                           ["text", "y"])
     run = ["--task-file", str(task_file), "--tasks", "sst", "mood"]
     declared = config_for(run)
-    assert {t: (p.weight, p.model) for t, p in declared.priors_of().items()} == {"sst": (0.5, None),
+    assert {t: (p.weight, p.model) for t, p in declared.resolve().priors.items()} == {"sst": (0.5, None),
                                                                                  "mood": (0.3, None)}
     enc = str(write_tiny_model(tmp_path / "enc"))
     set_so = config_for([*run, "--sst-prior", "0.2", "--prior-weights", "mood=0.8", "--prior-models", f"mood={enc}"])
-    assert {t: (p.weight, p.model) for t, p in set_so.priors_of().items()} == {"sst": (0.2, None),
+    assert {t: (p.weight, p.model) for t, p in set_so.resolve().priors.items()} == {"sst": (0.2, None),
                                                                                "mood": (0.8, enc)}
     assert set_so == config_for([*run, "--prior-weights", "sst=0.2", "mood=0.8", "--prior-models", f"mood={enc}"])
     with pytest.raises(FileNotFoundError, match=r"--prior-models mood=.*gone: no such checkpoint directory .* name "
                                                 r"another, or pass --prior-weights mood=0"):
         config_for([*run, "--prior-models", f"mood={tmp_path / 'gone'}"])
-    assert set(config_for([*run, "--prior-weights", "mood=0"]).priors_of()) == {"sst"}
+    assert set(config_for([*run, "--prior-weights", "mood=0"]).resolve().priors) == {"sst"}
     with pytest.raises(SystemExit):  # the command's one line (tests/test_train.py: REFUSED)
         config_for([*run, "--sst-prior", "0.2", "--prior-weights", "sst=0.1"])
     with pytest.raises(ValueError, match=r"--prior-weights para=\.\.\.: para declares no prior \(tasks that do: "
@@ -689,24 +689,24 @@ def test_a_users_stream_is_set_per_stream_as_the_sst_phrases_are(tmp_path):
     of a stream the run does not train, are refused naming the flag."""
     task_file = _mood(tmp_path)
     run = ["--task-file", str(task_file), "--tasks", "sst", "mood"]
-    declared = config_for(run).extra_streams()
+    declared = config_for(run).resolve().extra
     assert declared["mood_phrases"].file == str(task_file.parent / "mood-phrases.csv")
     assert (declared["mood_phrases"].min_words, declared["mood_phrases"].order) == (1, "mixed")
     other = tmp_path / "other.csv"
     other.write_text((task_file.parent / "mood-phrases.csv").read_text())
     set_so = config_for([*run, "--stream-files", f"mood_phrases={other}", "--stream-min-words", "mood_phrases=2",
                          "--stream-orders", "mood_phrases=first", "--sst-phrases-min-words", "3"])
-    mood, sst = set_so.extra_streams()["mood_phrases"], set_so.extra_streams()["phrases"]
+    mood, sst = set_so.resolve().extra["mood_phrases"], set_so.resolve().extra["phrases"]
     assert (mood.file, mood.min_words, mood.order, sst.min_words) == (str(other), 2, "first", 3)
     assert set_so == config_for([*run, "--stream-files", f"mood_phrases={other}", "--stream-orders",
                                  "mood_phrases=first", "--stream-min-words", "mood_phrases=2", "phrases=3"])
     off = config_for([*run, "--stream-files", "mood_phrases=none"])
-    assert list(off.extra_streams()) == ["phrases"] and off.streams() == ("sst", "mood", "phrases")
+    assert list(off.resolve().extra) == ["phrases"] and off.resolve().streams == ("sst", "mood", "phrases")
     with pytest.raises(ValueError, match=r"--stream-min-words mood_phrases=\.\.\. only acts on a run that trains "
                                          r"stream mood_phrases \(--stream-files mood_phrases=FILE on a run with mood"):
         config_for([*run, "--stream-files", "mood_phrases=none", "--stream-min-words", "mood_phrases=2"])
     (task_file.parent / "mood-phrases.csv").unlink()  # a declared stream's file gone: the stream may be turned off
-    assert list(config_for([*run, "--stream-files", "mood_phrases=none"]).extra_streams()) == ["phrases"]
+    assert list(config_for([*run, "--stream-files", "mood_phrases=none"]).resolve().extra) == ["phrases"]
     with pytest.raises(FileNotFoundError, match=r"task file .*mood\.json's \"phrases\" .*mood-phrases\.csv: no such "
                                                 r"file: put it there or correct the path, or train without the stream: "
                                                 r"--stream-files mood_phrases=none"):

@@ -106,19 +106,19 @@ def test_the_phrases_take_ssts_declared_cap_and_batch_wherever_the_maps_leave_th
     for doc in ({"task_batch_size": {"sst": 16}, "schedule": "round_robin"}, {"max_train_examples": {"para": 100}}):
         (tmp_path / "some.json").write_text(json.dumps(doc))
         for cfg in (config_for(["--config", str(tmp_path / "some.json")]), TrainConfig(**doc)):
-            assert (cfg.train_caps()["phrases"], cfg.batch_sizes()["phrases"]) == (17088, 64), doc
+            assert (cfg.resolve().caps["phrases"], cfg.resolve().batch_sizes["phrases"]) == (17088, 64), doc
     for off in (["--sst-phrases", "none"], ["--preset", "baseline"], ["--tasks", "sts", "para"]):
         (tmp_path / "off.json").write_text(json.dumps(config_for(off).to_dict()))
         on = config_for(["--config", str(tmp_path / "off.json"), "--tasks", "sst", "para", "sts", "--sst-phrases",
                          "sst-phrases-train.csv"])
-        assert (on.train_caps()["phrases"], on.batch_sizes()["phrases"]) == (17088, 64), off
-    assert config_for(["--sst-phrases-batch-size", "none"]).batch_sizes()["phrases"] == 32
+        assert (on.resolve().caps["phrases"], on.resolve().batch_sizes["phrases"]) == (17088, 64), off
+    assert config_for(["--sst-phrases-batch-size", "none"]).resolve().batch_sizes["phrases"] == 32
     assert config_for(["--sst-phrases-batch-size", "none"]).acting() == \
         config_for(["--sst-phrases-batch-size", "32"]).acting()
     assert config_for(["--sst-phrases-weight", "1"]).acting() == config_for([]).acting() == \
         config_for(["--task-batch-size", "phrases=64", "--max-train-examples", "phrases=17088"]).acting()
-    assert config_for(["--max-train-examples", "phrases=all"]).train_caps()["phrases"] == 17088  # as before
-    assert config_for(["--task-batch-size", "phrases=all"]).batch_sizes()["phrases"] == 64  # as before: its own
+    assert config_for(["--max-train-examples", "phrases=all"]).resolve().caps["phrases"] == 17088  # as before
+    assert config_for(["--task-batch-size", "phrases=all"]).resolve().batch_sizes["phrases"] == 64  # as before: its own
 
 
 def test_a_run_of_a_glue_task_keeps_its_entry_and_loads_it_back():

@@ -1,7 +1,7 @@
 """The one path from a model to predictions: the trainer's dev scores, a run's files, --eval-only, the Predictor.
 
 Usage:
-    evaluator = Evaluator(cfg, objectives, device, amp_dtype)
+    evaluator = Evaluator(cfg, cfg.resolve(), objectives, device, amp_dtype)   # a run's: its RunTasks
     metrics, preds = evaluator.evaluate(model, {"sst": sst_dev, "sts": sts_dev})   # dev scores between epochs
     result = evaluator.write_all(model, tokenizer, Path("runs/try/predictions"))    # a run's prediction files
 
@@ -50,6 +50,7 @@ from tasks.selection import capped_dev, load_examples, load_final_examples, make
 from tasks.predictions import Predictions, write_logits, write_part1, write_predictions
 from tasks.evaluation.metrics import jsonable, overall_score, scores, selected_metrics
 from tasks.evaluation.priors import RunPriors, check_prior_models
+from tasks.run_tasks import RunTasks
 from tasks.model import MultitaskBert, TaskOutput
 from tasks.task import PACKAGE, Task, Tasks, get_task
 from tasks.objectives import Inference, Objective
@@ -176,11 +177,11 @@ class Evaluator:
     an objective's inference-time vote (KNN-BERT) for the files (usage: the module's docstring).
     """
 
-    def __init__(self, cfg: TrainConfig, objectives: Sequence[Objective], device: torch.device,
+    def __init__(self, cfg: TrainConfig, run: RunTasks, objectives: Sequence[Objective], device: torch.device,
                  amp_dtype: torch.dtype | None, checkpoint: Path | None = None,
                  probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
         self.cfg, self.objectives, self.device, self.amp_dtype = cfg, list(objectives), device, amp_dtype
-        self.priors = RunPriors(cfg, device, amp_dtype, probe_train)
+        self.priors = RunPriors(run, cfg, device, amp_dtype, probe_train)
         self.priors.checkpoint = checkpoint
 
     def options(self, batch_size: int | None = None) -> dict[str, Any]:
@@ -393,11 +394,12 @@ def incomplete_submission(reports: dict[str, dict]) -> list[str]:
 @dataclass(frozen=True)
 class EvalPlan:
     """An evaluation of a saved model checked before any data is read (``prepare_eval``): the checkpoint, the
-    config it is evaluated with (its own with the evaluation's changes) and where its predictions go (None: it
-    writes none, the Predictor)."""
+    config it is evaluated with (its own with the evaluation's changes), its tasks resolved (``run``:
+    ``TrainConfig.resolve``) and where its predictions go (None: it writes none, the Predictor)."""
 
     checkpoint: Path
     config: TrainConfig
+    run: RunTasks
     out_dir: Path | None
 
 
@@ -413,15 +415,16 @@ def prepare_eval(path: str | os.PathLike, overrides: dict[str, Any] | None = Non
     files the run recorded may be imported (``verify_checkpoint``; otherwise only those registered already)."""
     ckpt, saved = (Path(path), saved) if saved is not None else verify_checkpoint(path, trust_modules)
     cfg = eval_config(saved, dict(overrides or {}))
+    run = cfg.resolve()
     resolve_device(cfg.device)
     check_encoder(cfg, ckpt, eval_only=True)
-    check_prior_models(cfg)
+    check_prior_models(run, cfg)
     if not writes:
-        return EvalPlan(ckpt, cfg, None)
+        return EvalPlan(ckpt, cfg, run, None)
     out = Path(out_dir) if out_dir is not None else default_out_dir(ckpt, saved)
     check_writable_dir(out, "--out-dir")
     check_kind(out, _kind(ckpt, out), replaces=" (--eval-only never replaces another command's output)")
-    return EvalPlan(ckpt, dataclasses.replace(cfg, out_dir=str(out)), out)
+    return EvalPlan(ckpt, dataclasses.replace(cfg, out_dir=str(out)), run, out)
 
 
 def _kind(ckpt: Path, out: Path) -> str:
@@ -448,7 +451,7 @@ def predict_checkpoint(plan: EvalPlan) -> dict:
         if busy := busy_cpu_note(threads, device):
             logger.warning(busy)
         model, objectives, tokenizer, _ = load_model(plan.checkpoint, device, cfg)
-        evaluator = Evaluator(cfg, objectives, device, amp, checkpoint=plan.checkpoint)
+        evaluator = Evaluator(cfg, plan.run, objectives, device, amp, checkpoint=plan.checkpoint)
         result = evaluator.write_all(model, tokenizer, out / "predictions")
         logger.info("wrote %d files to %s in %.0f s%s", len(result["files"]), out / "predictions",
                     time.perf_counter() - t0, f" (dev overall {result['dev']['overall']:.4f})"
@@ -488,7 +491,7 @@ class Predictor:
     """
 
     def __init__(self, model: MultitaskBert, objectives: Sequence[Objective], tokenizer: BertTokenizer,
-                 cfg: TrainConfig, device: torch.device, batch_size: int | None = None,
+                 cfg: TrainConfig, run: RunTasks, device: torch.device, batch_size: int | None = None,
                  checkpoint: str | os.PathLike | None = None) -> None:
         self.model, self.tokenizer, self.cfg, self.device = model.eval(), tokenizer, cfg, device
         self.amp = autocast_dtype(cfg.bf16, device, fp16=cfg.fp16)
@@ -496,7 +499,7 @@ class Predictor:
                     precision_note(cfg.bf16, device, self.amp, fp16=cfg.fp16), count(torch.get_num_threads(), "thread"))
         self.batch_size = batch_size or cfg.eval_batch_size
         # the checkpoint's probes: no data needed; every prior built now, so a missing encoder fails here
-        self.evaluator = Evaluator(cfg, objectives, device, self.amp,
+        self.evaluator = Evaluator(cfg, run, objectives, device, self.amp,
                                    checkpoint=Path(checkpoint) if checkpoint is not None else None)
         self.evaluator.priors.build()
 
@@ -525,7 +528,7 @@ class Predictor:
         """The Predictor of a checked checkpoint (``plan``): its model loaded."""
         dev = resolve_device(plan.config.device)
         model, objectives, tokenizer, cfg = load_model(plan.checkpoint, dev, plan.config)
-        return cls(model, objectives, tokenizer, cfg, dev, batch_size, checkpoint=plan.checkpoint)
+        return cls(model, objectives, tokenizer, cfg, plan.run, dev, batch_size, checkpoint=plan.checkpoint)
 
     def predictions(self, task: str, inputs: Sequence[str] | Sequence[tuple[str, str]]) -> Predictions:
         """The model's ``Predictions`` of ``inputs`` (sentences, or (a, b) pairs for a pair task) in input order:

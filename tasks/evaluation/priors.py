@@ -43,7 +43,7 @@ Usage:
     scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order; prior(...) is the same
     probe = ProbePrior("sst", None, 0.5, device, train=(sentences, labels))   # or state=load_tensors(probe_file)
     logits = probe.blend(sst_dataset, head_logits)      # (N, 5) log of the mixed probabilities
-    priors = RunPriors(cfg, device, amp_dtype)           # a run's, by task, each built at its first use
+    priors = RunPriors(run, cfg, device, amp_dtype)      # a run's (run: cfg.resolve()), each built at its first use
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from minbert.pretrained import load_pretrained, resolve_model_dir
 from tasks.options import spelled_flag
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import DataFileMissing, Example
+from tasks.run_tasks import RunTasks
 from tasks.selection import load_examples
 from tasks.task import Task, get_task
 from tasks.checkpoint import prior_file
@@ -152,18 +153,19 @@ class CosinePrior(FrozenEncoder):
     __call__ = blend  # the ``prior(dataset, scores)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
-def check_prior_models(cfg) -> None:
-    """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.train_config.TrainConfig) exist:
-    refused before any work, naming what sets them, not found missing at the first evaluation."""
-    for task, prior in cfg.priors_of().items():
+def check_prior_models(run: RunTasks, cfg) -> None:
+    """The sentence encoders of the priors a run or an evaluation uses (``run``: its resolution; ``cfg``: a
+    tasks.train_config.TrainConfig) exist: refused before any work, naming what sets them, not found missing at the
+    first evaluation."""
+    for task, prior in run.priors.items():
         if prior.model is None:
             continue
         try:
             resolve_model_dir(prior.model)
         except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"{_where(cfg, cfg.entries[task], 'model', prior.model)}: no such checkpoint "
+            raise FileNotFoundError(f"{_where(cfg, run.entries[task], 'model', prior.model)}: no such checkpoint "
                                     "directory (a sentence encoder: config.json, weights, vocab.txt): name another, "
-                                    f"or {_off(cfg.entries[task])}") from None
+                                    f"or {_off(run.entries[task])}") from None
 
 
 def _where(cfg, task: Task, what: str, value: object) -> str:
@@ -263,16 +265,17 @@ class ProbePrior(FrozenEncoder):
     __call__ = blend  # the ``prior(dataset, logits)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
-def prior_of(task: str, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
+def prior_of(task: str, run: RunTasks, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
              checkpoint: str | Path | None = None, train: tuple[list[str], list[int]] | None = None
              ) -> CosinePrior | ProbePrior | None:
-    """``task``'s prior in the run of ``cfg`` (``TrainConfig.priors_of``), or None when it has none (or weight 0).
-    A probe: the one saved in ``checkpoint`` when that holds one, else fitted on the task's training sentences:
-    ``train`` (sentences, labels) when the caller has read them, else read from its training file."""
-    prior = cfg.priors_of().get(task)
+    """``task``'s prior in ``run`` (its resolution: ``RunTasks.priors``; ``cfg``: its evaluation's batch size and
+    length, its data), or None when it has none (or weight 0). A probe: the one saved in ``checkpoint`` when that
+    holds one, else fitted on the task's training sentences: ``train`` (sentences, labels) when the caller has read
+    them, else read from its training file."""
+    prior = run.priors.get(task)
     if prior is None:
         return None
-    entry = cfg.entries[task]
+    entry = run.entries[task]
     args = (prior.model, prior.weight, device, amp_dtype, cfg.eval_batch_size, cfg.max_length)
     if prior.kind == "cosine":
         return CosinePrior(entry, *args)
@@ -300,22 +303,23 @@ class RunPriors:
     checkpoint resumed from), else it is fitted, on ``probe_train[task]`` (the task's training sentences and
     labels) when given; ``states`` puts it in every checkpoint written after that."""
 
-    def __init__(self, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
+    def __init__(self, run: RunTasks, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
                  probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
-        self.cfg, self.device, self.amp, self.probe_train = cfg, device, amp_dtype, dict(probe_train or {})
+        self.run, self.cfg, self.device, self.amp = run, cfg, device, amp_dtype
+        self.probe_train = dict(probe_train or {})
         self.checkpoint: Path | None = None
         self._built: dict[str, CosinePrior | ProbePrior | None] = {}
 
     def get(self, task: str) -> CosinePrior | ProbePrior | None:
         """``task``'s prior, built at the first ask."""
         if task not in self._built:
-            self._built[task] = prior_of(task, self.cfg, self.device, self.amp, self.checkpoint,
+            self._built[task] = prior_of(task, self.run, self.cfg, self.device, self.amp, self.checkpoint,
                                          self.probe_train.get(task))
         return self._built[task]
 
     def build(self) -> None:
         """Every task's prior now (otherwise each is built at its first use)."""
-        for task in self.cfg.tasks:
+        for task in self.run.tasks:
             self.get(task)
 
     def states(self) -> dict[str, dict[str, torch.Tensor]]:

@@ -8,7 +8,7 @@ Usage:
     params, names, opt = adamw(model.named_parameters(), lr=2e-5, weight_decay=0.01,
                                lr_scale_of=lambda n: lr_scale(n, layers=6, layer_decay=0.9, head_scale=10))
     lr = warmup_linear(2e-5, t=step, total=1000, warm=100)
-    schedule = build_schedule(cfg, train_sets)          # the epochs' (stream, batch) steps
+    schedule = build_schedule(cfg, cfg.resolve(), train_sets)   # the epochs' (stream, batch) steps
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch import nn
 from minbert.optimizer import AdamW
 from tasks.train_config import TrainConfig
 from tasks.data.schedule import MultitaskSchedule
+from tasks.run_tasks import RunTasks
 
 
 def lr_scale(name: str, layers: int, layer_decay: float, head_scale: float) -> float:
@@ -84,12 +85,12 @@ def warmup_linear(peak: float, t: int, total: int, warm: int, decay: bool = True
     return peak * (total - t) / max(total - warm, 1) if decay else peak
 
 
-def build_schedule(cfg: TrainConfig, train_sets: dict) -> MultitaskSchedule:
-    """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says."""
-    first = tuple(name for name, stream in cfg.extra_streams().items()
-                  if stream.order == "first" and name in train_sets)
-    return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, cfg.step_batch_sizes(), cfg.schedule,
+def build_schedule(cfg: TrainConfig, run: RunTasks, train_sets: dict) -> MultitaskSchedule:
+    """The run's epoch plans (tasks/data/schedule.py) over its tokenized training sets, as ``cfg`` says and ``run``
+    (its tasks and streams resolved: ``TrainConfig.resolve``) batches and caps them."""
+    first = tuple(name for name, stream in run.extra.items() if stream.order == "first" and name in train_sets)
+    return MultitaskSchedule({s: d.lengths for s, d in train_sets.items()}, run.step_batch_sizes, cfg.schedule,
                              seed=cfg.seed, subsets=cfg.train_subsets,
-                             max_examples_per_epoch={s: n for s, n in cfg.train_caps().items() if s in train_sets},
-                             swap={t: cfg.pair_swap for t in cfg.tasks if cfg.entries[t].symmetric and t in train_sets},
+                             max_examples_per_epoch={s: n for s, n in run.caps.items() if s in train_sets},
+                             swap={t: cfg.pair_swap for t in run.tasks if run.entries[t].symmetric and t in train_sets},
                              first=first)

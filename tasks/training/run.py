@@ -63,6 +63,7 @@ from tasks.model import MultitaskBert
 from tasks.objectives import build_objectives
 from tasks.runtime import (autocast_dtype, configure_device, resolve_device, rng_state, seed_everything, set_rng_state,
                            set_threads, torchrun_env)
+from tasks.run_tasks import RunTasks
 from tasks.selection import RunFiles, read_run_files, stream_file, tokenize_run_data, triplets_file
 from tasks.training import distributed
 from tasks.training.progress import duration
@@ -79,10 +80,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RunInputs:
-    """What a run reads, read once before its run directory is made (``read_inputs``): the pretrained encoder and
-    its tokenizer, the global RNG states right after the encoder was built on the run's seed (where ``build_parts``
-    goes on from, so the heads start as they would have), and every data file (tasks/selection.py)."""
+    """What a run reads, read once before its run directory is made (``read_inputs``): its tasks resolved
+    (``TrainConfig.resolve``: what it reads, trains and blends), the pretrained encoder and its tokenizer, the global
+    RNG states right after the encoder was built on the run's seed (where ``build_parts`` goes on from, so the heads
+    start as they would have), and every data file (tasks/selection.py)."""
 
+    run: RunTasks
     encoder: torch.nn.Module
     tokenizer: Any
     rng: dict[str, Any]
@@ -105,6 +108,11 @@ class RunPlan:
     def checkpoint(self) -> Path | None:
         return self.resume.checkpoint if self.resume is not None else None
 
+    @property
+    def run(self) -> RunTasks:
+        """The run's tasks resolved (``RunInputs.run``), as an evaluation's plan holds its own."""
+        return self.inputs.run
+
 
 def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: bool = False) -> RunPlan:
     """Every check of a training run, once, and every read, before its run directory is made, whoever starts it
@@ -115,17 +123,17 @@ def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: 
     data file or encoder it cannot use is refused with nothing written (the command: exit status 2)."""
     if overwrite and resume is not None:
         raise ValueError("--overwrite is for a fresh training run; --resume never replaces checkpoints")
-    check_run(cfg, resume.checkpoint if resume is not None else None)
+    run = check_run(cfg, resume.checkpoint if resume is not None else None)
     if torchrun_env()[0] == 0:  # rank 0 alone owns the directory (RunDir)
         check_out_dir(Path(cfg.out_dir), resume=resume is not None, overwrite=overwrite)
     if resume is not None:
         check_resume_config(resume.config, cfg)
     with held_records() as log:  # a run from Python: for its train.log, which does not exist yet
-        inputs = read_inputs(cfg, resume)
+        inputs = read_inputs(cfg, run, resume)
     return RunPlan(cfg, dataclasses.replace(inputs, log=log), resume, overwrite)
 
 
-def read_inputs(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunInputs:
+def read_inputs(cfg: TrainConfig, run: RunTasks, resume: ResumePoint | None = None) -> RunInputs:
     """The encoder of --pretrained, built on the run's seed (its random parts, a pooler it lacks, are a function of
     the seed), and every data file the run reads (tasks.selection.read_run_files); a resume's files checked to be
     those its run started with (``check_same_data``). Weights that do not fit the encoder (or hold code) are a
@@ -144,28 +152,28 @@ def read_inputs(cfg: TrainConfig, resume: ResumePoint | None = None) -> RunInput
         text = str(e).removeprefix(f"{resolve_model_dir(cfg.pretrained)}: ")  # its directory, named once
         raise ValueError(f"--pretrained {cfg.pretrained}: {text}") from None
     rng = rng_state()
-    files = read_run_files(cfg)
+    files = read_run_files(cfg, run)
     if resume is not None:
         check_same_data(resume, files.reports)
-    return RunInputs(encoder, tokenizer, rng, files, [])
+    return RunInputs(run, encoder, tokenizer, rng, files, [])
 
 
-def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> None:
+def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> RunTasks:
     """What a training config needs besides its directory, checked without reading data: the config itself
     (``TrainConfig.validate``), its per-process batches under torchrun, its device, its extra streams' files, a
     task file's NLI triplets and reporters, its encoder (``check_encoder``: ``checkpoint``'s when it resumes one)
-    and the priors' (``check_prior_models``).
-    tasks.arguments.config_for checks an experiment's flags with it."""
-    cfg.validate()
-    distributed.check_config(cfg.batch_sizes(), cfg.device)
+    and the priors' (``check_prior_models``). Returns the run's tasks resolved (``TrainConfig.resolve``), what the
+    run hands down. tasks.arguments.config_for checks an experiment's flags with it."""
+    run = cfg.validate()
+    distributed.check_config(run.batch_sizes, cfg.device)
     resolve_device(cfg.device)
-    for stream in cfg.extra_streams():
-        stream_file(cfg, stream)
-    if cfg.nli:
-        triplets_file(cfg)
+    for spec in run.extra.values():
+        stream_file(cfg, spec)
+    triplets_file(run)
     check_available(cfg.report_to)
     check_encoder(cfg, checkpoint)
-    check_prior_models(cfg)
+    check_prior_models(run, cfg)
+    return run
 
 
 def trainer_for(cfg: TrainConfig, *, hooks: Sequence[Hook] = (), resume_from: str | os.PathLike | None = None,
@@ -219,14 +227,14 @@ def build_parts(cfg: TrainConfig, device: torch.device, inputs: RunInputs | None
     The global RNGs go on from where building the encoder on ``cfg.seed`` left them (``RunInputs.rng``): the heads'
     initial weights are a function of the seed alone (the same on every rank).
     """
-    inputs = inputs if inputs is not None else read_inputs(cfg)
+    inputs = inputs if inputs is not None else read_inputs(cfg, cfg.resolve())
     set_threads(cfg.threads)
     set_rng_state(inputs.rng)
     amp_dtype = autocast_dtype(cfg.bf16, device, fp16=cfg.fp16)
     configure_device(device, cfg.deterministic)
     tokenizer = inputs.tokenizer
-    data = tokenize_run_data(inputs.files, cfg, tokenizer)
-    model = MultitaskBert(inputs.encoder, cfg.model, cfg.tasks, cfg.entries)
+    data = tokenize_run_data(inputs.files, cfg, inputs.run, tokenizer)
+    model = MultitaskBert(inputs.encoder, cfg.model, inputs.run.tasks, inputs.run.entries)
     if cfg.reinit_layers:  # on the CPU's generator, so the weights are the same on every device
         model.encoder.reinit_top_layers(cfg.reinit_layers, pooler=cfg.model.pooling == "pooler")
     model = model.to(device)
@@ -235,7 +243,7 @@ def build_parts(cfg: TrainConfig, device: torch.device, inputs: RunInputs | None
             pairs = data.train_sets[task]
             model.init_offset(task, move_batch(pairs.collate(range(min(OFFSET_INIT_PAIRS, len(pairs)))), device))
     objectives = build_objectives(cfg.objectives, model)
-    return Parts(model, objectives, data.train_sets, data.dev_sets, tokenizer, amp_dtype, data.reports,
+    return Parts(model, objectives, data.train_sets, data.dev_sets, inputs.run, tokenizer, amp_dtype, data.reports,
                  data.final_examples)
 
 

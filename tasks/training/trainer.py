@@ -73,6 +73,7 @@ from tasks.evaluation.evaluator import Evaluator
 from tasks.evaluation.metrics import jsonable
 from tasks.model import MultitaskBert
 from tasks.objectives import Objective
+from tasks.run_tasks import RunTasks
 from tasks.training import distributed
 from tasks.training.stages import Stage, check_stages, stages_of
 from tasks.checkpoint import (
@@ -118,7 +119,7 @@ class Trainer(Loop):
                          scaler=loss_scaler(device, parts.amp_dtype), accumulation=cfg.gradient_accumulation_steps)
         self.stages = list(stages) if stages is not None else stages_of(cfg)
         check_stages(self.stages)
-        self.cfg, self.run_dir = cfg, run_dir
+        self.cfg, self.run_dir, self.run = cfg, run_dir, parts.run
         self.objectives = parts.objectives
         self.train_sets, self.dev_sets, self.data = parts.train_sets, parts.dev_sets, parts.data
         self.tokenizer, self.amp_dtype, self.final_examples = parts.tokenizer, parts.amp_dtype, parts.final_examples
@@ -133,23 +134,24 @@ class Trainer(Loop):
                            "(%s) as their batch, not the global one (fewer in-batch negatives, per-rank KNN "
                            "queues): this run is not the one a single process with the same batch size would make",
                            self.world_size, ", ".join(coupled),
-                           {s: b // self.world_size for s, b in cfg.batch_sizes().items()})
+                           {s: b // self.world_size for s, b in self.run.batch_sizes.items()})
         if coupled and self.accumulation > 1 and self.rank == 0:
             logger.info("gradient accumulation: objective(s) %s couple the examples of a batch and see each "
                         "micro-batch (%s) as their batch, not the optimizer step's %s", ", ".join(coupled),
-                        {s: b // self.world_size for s, b in cfg.batch_sizes().items()}, cfg.step_batch_sizes())
+                        {s: b // self.world_size for s, b in self.run.batch_sizes.items()},
+                        self.run.step_batch_sizes)
         # The stage of the position to start from decides which parameters the optimizer sees (one that starts from
         # the best checkpoint, SWA's, is entered when its first epoch starts: the run stands in the stage before).
         self.current = self.stage_at(min(resume.state["epoch"] if resume is not None else 0, self.training_epochs - 1))
         self.current.set_trainable(self.model)
         self.rebuild_optimizer()
-        self.schedule = build_schedule(cfg, self.train_sets)
+        self.schedule = build_schedule(cfg, self.run, self.train_sets)
         # a task's prior probe is fitted on its training sentences, read already
-        probes = {t: self.train_sets[t] for t, p in cfg.priors_of().items()
+        probes = {t: self.train_sets[t] for t, p in self.run.priors.items()
                   if p.kind == "probe" and t in self.train_sets}
-        self.evaluator = Evaluator(cfg, self.objectives, self.device, self.amp_dtype,  # priors: at the first use
+        self.evaluator = Evaluator(cfg, self.run, self.objectives, self.device, self.amp_dtype,  # priors: at first use
                                    probe_train={t: (d.texts, d.labels.tolist()) for t, d in probes.items()})
-        self.weights = LossWeights(cfg.stream_weights())
+        self.weights = LossWeights(dict(self.run.weights))
         self.log_every = cfg.log_every
         self.elapsed = 0.0  # training seconds before this process (resumed runs)
         if resume is not None:
@@ -283,7 +285,7 @@ class Trainer(Loop):
             if self.accumulation > 1:
                 logger.info("gradient accumulation: each optimizer step takes %d micro-batches (%s examples a "
                             "step, in micro-batches of %s); the learning rate schedule and the step counts count "
-                            "optimizer steps", self.accumulation, cfg.step_batch_sizes(), cfg.batch_sizes())
+                            "optimizer steps", self.accumulation, self.run.step_batch_sizes, dict(self.run.batch_sizes))
             if busy := busy_cpu_note(torch.get_num_threads(), self.device):
                 logger.warning(busy)
             for task in cfg.tasks:  # what a user's task file made of the task
@@ -452,6 +454,7 @@ class Parts:
     objectives: list[Objective]
     train_sets: dict[str, Any]
     dev_sets: dict[str, Any]
+    run: RunTasks  # the run's tasks, streams and priors resolved (TrainConfig.resolve)
     tokenizer: Any = None
     amp_dtype: torch.dtype | None = None
     data: dict[str, dict] | None = None  # ReadReport.to_dict() of every file read, by "<task> <split>"

@@ -316,7 +316,7 @@ def test_dev_predictions_of_one_class_are_warned_about_once_at_the_final_evaluat
     between epochs say nothing of it, and a model that predicts several classes (or dev labels of one class) none."""
     cfg = tiny_train_config(tiny_env, tmp_path / "run", tasks=("sst",))
     model = make_model("baseline", pooling="mean").eval()
-    evaluator = Evaluator(cfg, [], torch.device("cpu"), None)
+    evaluator = Evaluator(cfg, cfg.resolve(), [], torch.device("cpu"), None)
     rows = [Example(f"x{i}", text, None, i % 5) for i, text in enumerate(sentences(10, 3))]
     examples = {"dev": {"sst": rows}, "test": {"sst": None}}
     with caplog.at_level("WARNING", logger="tasks.evaluation.evaluator"):

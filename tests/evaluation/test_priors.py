@@ -25,6 +25,11 @@ PAIRS = [("A man is playing a guitar.", "A man plays the guitar."),
          ("UN chief welcomes elections in Guinea", "UN chief condemns attack against peacekeepers in Mali")]
 
 
+def _prior(task: str, cfg, **kw):
+    """``task``'s prior in the run of ``cfg`` (its RunTasks) on the CPU in fp32."""
+    return prior_of(task, cfg.resolve(), cfg, "cpu", None, **kw)
+
+
 @pytest.fixture(scope="module")
 def prior() -> CosinePrior:
     torch.set_num_threads(1)
@@ -118,9 +123,9 @@ def test_the_prior_is_the_sentence_encoder_whatever_pretrained_is(tmp_path):
     from tests.helpers import write_tiny_model
 
     tiny = write_tiny_model(tmp_path / "tiny")
-    fine_tuned_from_tiny = prior_of("sts", TrainConfig(pretrained=str(tiny)), "cpu", None)
+    fine_tuned_from_tiny = _prior("sts", TrainConfig(pretrained=str(tiny)))
     assert fine_tuned_from_tiny.encoder.config.hidden_size == 384  # all-MiniLM-L6-v2, not the tiny BERT
-    chosen = prior_of("sts", TrainConfig(prior_models={"sts": str(tiny)}), "cpu", None)
+    chosen = _prior("sts", TrainConfig(prior_models={"sts": str(tiny)}))
     assert chosen.encoder.config.hidden_size == json.loads((tiny / "config.json").read_text())["hidden_size"] != 384
 
 
@@ -201,14 +206,14 @@ def test_a_saved_probe_predicts_without_the_training_data(sst_prior, tmp_path):
     assert prior_file("sst") == "sst_prior.safetensors"
     save_tensors(tmp_path / prior_file("sst"), sst_prior.state_dict())
     cfg = TrainConfig(data_dir=str(tmp_path / "no-data"))
-    loaded = prior_of("sst", cfg, "cpu", None, checkpoint=tmp_path)
+    loaded = _prior("sst", cfg, checkpoint=tmp_path)
     for key in ("weight", "bias"):
         assert torch.equal(loaded.state_dict()[key], sst_prior.state_dict()[key])
     (tmp_path / prior_file("sst")).unlink()
     with pytest.raises(FileNotFoundError, match=r"no training file at .*no-data.*--sst-prior 0"):
-        prior_of("sst", cfg, "cpu", None, checkpoint=tmp_path)
-    assert prior_of("sst", TrainConfig(prior_weights={"sst": 0.0, "sts": 0.5}), "cpu", None) is None
-    assert prior_of("sst", TrainConfig(tasks=["para", "sts"]), "cpu", None) is None
+        _prior("sst", cfg, checkpoint=tmp_path)
+    assert _prior("sst", TrainConfig(prior_weights={"sst": 0.0, "sts": 0.5})) is None
+    assert _prior("sst", TrainConfig(tasks=["para", "sts"])) is None
 
 
 def test_a_probe_of_the_wrong_shape_is_refused(tmp_path):
@@ -228,14 +233,15 @@ def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp
     cfg = TrainConfig(prior_models={task: str(tmp_path / "gone")})
     with pytest.raises(FileNotFoundError, match=rf"--{task}-prior-model .*gone: no such checkpoint directory .*"
                                                 rf"name another, or pass --{task}-prior 0"):
-        check_prior_models(cfg)
-    check_prior_models(TrainConfig(prior_models={task: str(tmp_path / "gone")}, prior_weights={"sst": 0.0, "sts": 0.0}))
+        check_prior_models(cfg.resolve(), cfg)
+    off = TrainConfig(prior_models={task: str(tmp_path / "gone")}, prior_weights={"sst": 0.0, "sts": 0.0})
+    check_prior_models(off.resolve(), off)
 
 
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):
     """Both priors of a run are the embedded MiniLM by default: one copy in memory, loaded once."""
     from tasks.train_config import TrainConfig
 
-    sts = prior_of("sts", TrainConfig(), "cpu", None)
+    sts = _prior("sts", TrainConfig())
     assert sts.encoder is sst_prior.encoder and sts.tokenizer is sst_prior.tokenizer
     assert not any(p.requires_grad for p in sts.encoder.parameters()) and not sts.encoder.training

@@ -34,7 +34,7 @@ def test_every_ablation_row_parses_and_adds_to_the_row_above():
         cfg = configs[name] = cli.build_invocation(command, explicit).config
         assert cfg.epochs == 1 and cfg.max_train_examples["para"] == 2000 and cfg.max_train_examples["sst"] == 2000
         assert cfg.model.pooling == "mean" and cfg.head_lr_scale == 10
-        assert not cfg.trains_phrases and not cfg.priors_of()  # no additions of the CPU default's
+        assert "phrases" not in cfg.resolve().extra and not cfg.resolve().priors  # no additions of the CPU default's
         if previous is not None and name in dict((n, 0) for n, _, _ in LADDER):
             assert cfg.to_dict() != previous.to_dict(), name
         previous = cfg

@@ -95,14 +95,14 @@ def test_members_train_the_measured_recipe_and_flags_after_the_dashes_win():
     phrases (the default trains them, in two epochs; the ensemble was measured without them, in three);
     ``-- --sst-phrases FILE`` trains them."""
     members = arguments.config_for([*leaderboard.member_flags(0, []), "--out-dir", "unused"])
-    assert not members.trains_phrases and members.epochs == 3
+    assert "phrases" not in members.resolve().extra and members.epochs == 3
     phrases = ("stream_files", "max_train_examples", "task_batch_size", "epochs")  # the phrases' file, cap and batch
     assert {k: v for k, v in members.to_dict().items() if k not in phrases} == \
         {k: v for k, v in arguments.config_for(["--out-dir", "unused"]).to_dict().items() if k not in phrases}
     assert members.max_train_examples == {"para": 23000} and members.task_batch_size == {}
     on = arguments.config_for([*leaderboard.member_flags(0, ["--sst-phrases", "sst-phrases-train.csv"]),
                                "--out-dir", "unused"])
-    assert on.trains_phrases
+    assert "phrases" in on.resolve().extra
 
 
 def test_specialist_flags_reach_the_specialists_alone(tmp_path, capsys, monkeypatch):
@@ -113,7 +113,7 @@ def test_specialist_flags_reach_the_specialists_alone(tmp_path, capsys, monkeypa
     assert plan == {"seed0": (0, ""), "sst-only-seed0": (0, "--tasks sst --sst-phrases sst-phrases-train.csv")}
     configs = {name: arguments.config_for([*leaderboard.member_flags(seed, [], variant), "--out-dir", "unused"])
                for name, (seed, variant) in plan.items()}
-    assert configs["sst-only-seed0"].trains_phrases and not configs["seed0"].trains_phrases
+    assert "phrases" in configs["sst-only-seed0"].resolve().extra and "phrases" not in configs["seed0"].resolve().extra
 
     def no_training(*args, **kwargs):
         raise AssertionError("the command got past its checks: it would train the members")

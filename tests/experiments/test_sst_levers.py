@@ -16,13 +16,13 @@ def test_every_row_is_an_sst_specialist_scored_by_its_head_and_differs_from_base
     for name, cfg in configs.items():
         assert cfg.tasks == ("sst",) and cfg.prior_weights.get("sst") == 0, name
         assert name == "base" or cfg.to_dict() != configs["base"].to_dict(), name
-    assert not configs["base"].trains_phrases
-    assert configs["phrases"].extra_streams()["phrases"].file == "sst-phrases-train.csv"
-    assert configs["phrases"].train_caps()["phrases"] == 8544
-    assert configs["w0.25"].loss_weights["phrases"] == 0.25 and configs["n17k"].train_caps()["phrases"] == 17088
-    assert configs["min3"].extra_streams()["phrases"].min_words == 3
-    assert configs["first"].extra_streams()["phrases"].order == "first"
-    assert not configs["llrd"].trains_phrases and configs["llrd"].layer_lr_decay == 0.9
+    assert "phrases" not in configs["base"].resolve().extra
+    assert configs["phrases"].resolve().extra["phrases"].file == "sst-phrases-train.csv"
+    assert configs["phrases"].resolve().caps["phrases"] == 8544
+    assert configs["w0.25"].loss_weights["phrases"] == 0.25 and configs["n17k"].resolve().caps["phrases"] == 17088
+    assert configs["min3"].resolve().extra["phrases"].min_words == 3
+    assert configs["first"].resolve().extra["phrases"].order == "first"
+    assert "phrases" not in configs["llrd"].resolve().extra and configs["llrd"].layer_lr_decay == 0.9
 
 
 def test_the_table_pairs_each_row_with_base_by_seed(tmp_path):
@@ -51,8 +51,9 @@ def test_a_full_arm_is_the_default_plus_the_rows_own_flags_and_n17k_b64_is_the_d
     base = arguments.config_for([*sst_levers.full_flags("base"), "--out-dir", "unused"])
     n17k = arguments.config_for([*sst_levers.full_flags("n17k-b64"), "--out-dir", "unused"])
     assert n17k.acting() == default.acting()  # its --sst-phrases-per-epoch 17088 --sst-phrases-batch-size 64: SST's
-    assert arguments.config_for([*sst_levers.full_flags("n17k"), "--out-dir", "unused"]).batch_sizes()["phrases"] == 32
-    assert not base.trains_phrases and base.streams() == ("sst", "para", "sts")
+    n17k = arguments.config_for([*sst_levers.full_flags("n17k"), "--out-dir", "unused"])
+    assert n17k.resolve().batch_sizes["phrases"] == 32
+    assert "phrases" not in base.resolve().extra and base.resolve().streams == ("sst", "para", "sts")
     assert {k: v for k, v in base.to_dict().items() if k != "stream_files"} == \
         {k: v for k, v in default.to_dict().items() if k != "stream_files"}
 

@@ -70,4 +70,4 @@ def test_pair_swap_shows_only_pairs_without_order_in_the_other_order():
     cfg = TrainConfig(tasks=("sst", "para", "sts", "mrpc", "rte"), pair_swap=0.5, max_train_examples={},
                       dev_max_examples={}, stream_files={"phrases": None})
     sets = {t: SimpleNamespace(lengths=[8] * 16) for t in cfg.tasks}
-    assert build_schedule(cfg, sets).swap == {"para": 0.5, "sts": 0.5, "mrpc": 0.5}
+    assert build_schedule(cfg, cfg.resolve(), sets).swap == {"para": 0.5, "sts": 0.5, "mrpc": 0.5}
