@@ -190,12 +190,12 @@ def read_run_files(cfg: TrainConfig, run: RunTasks) -> RunFiles:
     t0 = time.perf_counter()
     train: dict[str, list[Example]] = {}
     final: dict[str, dict[str, list[Example] | None]] = {split: {} for split in FINAL_SPLITS}
-    for task in cfg.tasks:
+    for task in run.tasks:
         train[task] = load_examples(task, "train", cfg, reports)
         final["dev"][task] = load_examples(task, "dev", cfg, reports)
         final["test"][task] = load_examples(task, "test", cfg, reports)
     for stream, spec in run.extra.items():  # a task's extra labelled stream (SST's phrases), through its head
-        train[stream], reports[f"{cfg.entries.declaring(stream).name} {stream}"] = load_stream(cfg, spec)
+        train[stream], reports[f"{run.entries.declaring(stream).name} {stream}"] = load_stream(cfg, spec)
     nli = None
     if run.triplets is not None:
         nli, report = load_nli(cfg.data_dir, limit=cfg.limit, file=run.triplets.triplets)
@@ -208,11 +208,11 @@ def tokenize_run_data(files: RunFiles, cfg: TrainConfig, run: RunTasks, tokenize
     t0 = time.perf_counter()
     train_sets: dict[str, Any] = {}
     dev_sets: dict[str, Any] = {}
-    for task in cfg.tasks:
+    for task in run.tasks:
         train_sets[task] = make_dataset(task, files.train[task], tokenizer, cfg)
         dev_sets[task] = make_dataset(task, capped_dev(task, files.final_examples["dev"][task], cfg), tokenizer, cfg)
     for stream in run.extra:
-        train_sets[stream] = make_dataset(cfg.entries.declaring(stream).name, files.train[stream], tokenizer, cfg)
+        train_sets[stream] = make_dataset(run.entries.declaring(stream).name, files.train[stream], tokenizer, cfg)
     if files.nli is not None:
         train_sets[NLI] = TripletDataset(files.nli, tokenizer, max_length=cfg.max_length)
     logger.info("data: %s (read in %.1f s, tokenized in %.1f s)",

@@ -468,13 +468,13 @@ class TrainConfig:
                                         model=self.prior_models.get(task, entry.prior.model))
                 if p.weight > 0:
                     priors[task] = p
-        streams = self.tasks + tuple(extra) + ((NLI,) if self.nli else ())
+        triplets = with_triplets(self.entries, model_tasks(self.tasks)) if self.nli else None
+        streams = self.tasks + tuple(extra) + ((NLI,) if triplets is not None else ())  # RunTasks.streams
         own = {s: self.task_batch_size.get(s, extra[s].batch_size if s in extra else None) for s in streams}
         caps = dict(self.max_train_examples)
         for stream, spec in extra.items():
             if spec.per_epoch is not None:
                 caps.setdefault(stream, spec.per_epoch)
-        triplets = with_triplets(self.entries, model_tasks(self.tasks)) if self.nli else None
         return RunTasks(self.tasks, self.entries, extra, priors,
                         {s: self.batch_size if b is None else b for s, b in own.items()}, caps,
                         dict(self.loss_weights), triplets, self.gradient_accumulation_steps)

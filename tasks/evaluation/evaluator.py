@@ -181,7 +181,7 @@ class Evaluator:
                  amp_dtype: torch.dtype | None, checkpoint: Path | None = None,
                  probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
         self.cfg, self.objectives, self.device, self.amp_dtype = cfg, list(objectives), device, amp_dtype
-        self.priors = RunPriors(run, cfg, device, amp_dtype, probe_train)
+        self.priors = RunPriors(cfg, run, device, amp_dtype, probe_train)
         self.priors.checkpoint = checkpoint
 
     def options(self, batch_size: int | None = None) -> dict[str, Any]:
@@ -418,7 +418,7 @@ def prepare_eval(path: str | os.PathLike, overrides: dict[str, Any] | None = Non
     run = cfg.resolve()
     resolve_device(cfg.device)
     check_encoder(cfg, ckpt, eval_only=True)
-    check_prior_models(run, cfg)
+    check_prior_models(cfg, run)
     if not writes:
         return EvalPlan(ckpt, cfg, run, None)
     out = Path(out_dir) if out_dir is not None else default_out_dir(ckpt, saved)

@@ -43,7 +43,7 @@ Usage:
     scores = prior.blend(sts_dataset, head_scores)      # (N,) in dataset order; prior(...) is the same
     probe = ProbePrior("sst", None, 0.5, device, train=(sentences, labels))   # or state=load_tensors(probe_file)
     logits = probe.blend(sst_dataset, head_logits)      # (N, 5) log of the mixed probabilities
-    priors = RunPriors(run, cfg, device, amp_dtype)      # a run's (run: cfg.resolve()), each built at its first use
+    priors = RunPriors(cfg, run, device, amp_dtype)      # a run's (run: cfg.resolve()), each built at its first use
 """
 
 from __future__ import annotations
@@ -153,9 +153,9 @@ class CosinePrior(FrozenEncoder):
     __call__ = blend  # the ``prior(dataset, scores)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
-def check_prior_models(run: RunTasks, cfg) -> None:
-    """The sentence encoders of the priors a run or an evaluation uses (``run``: its resolution; ``cfg``: a
-    tasks.train_config.TrainConfig) exist: refused before any work, naming what sets them, not found missing at the
+def check_prior_models(cfg, run: RunTasks) -> None:
+    """The sentence encoders of the priors a run or an evaluation uses (``cfg``: a tasks.train_config.TrainConfig;
+    ``run``: its resolution) exist: refused before any work, naming what sets them, not found missing at the
     first evaluation."""
     for task, prior in run.priors.items():
         if prior.model is None:
@@ -265,7 +265,7 @@ class ProbePrior(FrozenEncoder):
     __call__ = blend  # the ``prior(dataset, logits)`` that tasks.evaluation.evaluator.predict_dataset takes
 
 
-def prior_of(task: str, run: RunTasks, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
+def prior_of(task: str, cfg, run: RunTasks, device: torch.device | str, amp_dtype: torch.dtype | None,
              checkpoint: str | Path | None = None, train: tuple[list[str], list[int]] | None = None
              ) -> CosinePrior | ProbePrior | None:
     """``task``'s prior in ``run`` (its resolution: ``RunTasks.priors``; ``cfg``: its evaluation's batch size and
@@ -303,7 +303,7 @@ class RunPriors:
     checkpoint resumed from), else it is fitted, on ``probe_train[task]`` (the task's training sentences and
     labels) when given; ``states`` puts it in every checkpoint written after that."""
 
-    def __init__(self, run: RunTasks, cfg, device: torch.device | str, amp_dtype: torch.dtype | None,
+    def __init__(self, cfg, run: RunTasks, device: torch.device | str, amp_dtype: torch.dtype | None,
                  probe_train: dict[str, tuple[list[str], list[int]]] | None = None) -> None:
         self.run, self.cfg, self.device, self.amp = run, cfg, device, amp_dtype
         self.probe_train = dict(probe_train or {})
@@ -313,7 +313,7 @@ class RunPriors:
     def get(self, task: str) -> CosinePrior | ProbePrior | None:
         """``task``'s prior, built at the first ask."""
         if task not in self._built:
-            self._built[task] = prior_of(task, self.run, self.cfg, self.device, self.amp, self.checkpoint,
+            self._built[task] = prior_of(task, self.cfg, self.run, self.device, self.amp, self.checkpoint,
                                          self.probe_train.get(task))
         return self._built[task]
 

@@ -123,21 +123,21 @@ def prepare_run(cfg: TrainConfig, resume: ResumePoint | None = None, overwrite: 
     data file or encoder it cannot use is refused with nothing written (the command: exit status 2)."""
     if overwrite and resume is not None:
         raise ValueError("--overwrite is for a fresh training run; --resume never replaces checkpoints")
-    run = check_run(cfg, resume.checkpoint if resume is not None else None)
+    resolved = check_run(cfg, resume.checkpoint if resume is not None else None)
     if torchrun_env()[0] == 0:  # rank 0 alone owns the directory (RunDir)
         check_out_dir(Path(cfg.out_dir), resume=resume is not None, overwrite=overwrite)
     if resume is not None:
         check_resume_config(resume.config, cfg)
     with held_records() as log:  # a run from Python: for its train.log, which does not exist yet
-        inputs = read_inputs(cfg, run, resume)
+        inputs = read_inputs(cfg, resolved, resume)
     return RunPlan(cfg, dataclasses.replace(inputs, log=log), resume, overwrite)
 
 
-def read_inputs(cfg: TrainConfig, run: RunTasks, resume: ResumePoint | None = None) -> RunInputs:
+def read_inputs(cfg: TrainConfig, resolved: RunTasks, resume: ResumePoint | None = None) -> RunInputs:
     """The encoder of --pretrained, built on the run's seed (its random parts, a pooler it lacks, are a function of
-    the seed), and every data file the run reads (tasks.selection.read_run_files); a resume's files checked to be
-    those its run started with (``check_same_data``). Weights that do not fit the encoder (or hold code) are a
-    ValueError naming --pretrained."""
+    the seed), and every data file the run reads (tasks.selection.read_run_files, as ``resolved``, its tasks
+    resolved, says); a resume's files checked to be those its run started with (``check_same_data``). Weights that
+    do not fit the encoder (or hold code) are a ValueError naming --pretrained."""
     set_threads(cfg.threads)
     seed_everything(cfg.seed)
     overrides: dict[str, Any] = {"gradient_checkpointing": cfg.gradient_checkpointing,
@@ -152,10 +152,10 @@ def read_inputs(cfg: TrainConfig, run: RunTasks, resume: ResumePoint | None = No
         text = str(e).removeprefix(f"{resolve_model_dir(cfg.pretrained)}: ")  # its directory, named once
         raise ValueError(f"--pretrained {cfg.pretrained}: {text}") from None
     rng = rng_state()
-    files = read_run_files(cfg, run)
+    files = read_run_files(cfg, resolved)
     if resume is not None:
         check_same_data(resume, files.reports)
-    return RunInputs(run, encoder, tokenizer, rng, files, [])
+    return RunInputs(resolved, encoder, tokenizer, rng, files, [])
 
 
 def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> RunTasks:
@@ -164,16 +164,16 @@ def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> RunTasks:
     task file's NLI triplets and reporters, its encoder (``check_encoder``: ``checkpoint``'s when it resumes one)
     and the priors' (``check_prior_models``). Returns the run's tasks resolved (``TrainConfig.resolve``), what the
     run hands down. tasks.arguments.config_for checks an experiment's flags with it."""
-    run = cfg.validate()
-    distributed.check_config(run.batch_sizes, cfg.device)
+    resolved = cfg.validate()
+    distributed.check_config(resolved.batch_sizes, cfg.device)
     resolve_device(cfg.device)
-    for spec in run.extra.values():
+    for spec in resolved.extra.values():
         stream_file(cfg, spec)
-    triplets_file(run)
+    triplets_file(resolved)
     check_available(cfg.report_to)
     check_encoder(cfg, checkpoint)
-    check_prior_models(run, cfg)
-    return run
+    check_prior_models(cfg, resolved)
+    return resolved
 
 
 def trainer_for(cfg: TrainConfig, *, hooks: Sequence[Hook] = (), resume_from: str | os.PathLike | None = None,

@@ -116,7 +116,7 @@ class Trainer(Loop):
                  stages: Sequence[Stage] | None = None) -> None:
         super().__init__(parts.model, device=device, hooks=hooks, grad_clip=cfg.grad_clip, seed=cfg.seed,
                          checkpoints=run_dir.checkpoints if run_dir is not None else None,
-                         scaler=loss_scaler(device, parts.amp_dtype), accumulation=cfg.gradient_accumulation_steps)
+                         scaler=loss_scaler(device, parts.amp_dtype), accumulation=parts.run.accumulation)
         self.stages = list(stages) if stages is not None else stages_of(cfg)
         check_stages(self.stages)
         self.cfg, self.run_dir, self.run = cfg, run_dir, parts.run

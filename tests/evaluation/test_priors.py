@@ -27,7 +27,7 @@ PAIRS = [("A man is playing a guitar.", "A man plays the guitar."),
 
 def _prior(task: str, cfg, **kw):
     """``task``'s prior in the run of ``cfg`` (its RunTasks) on the CPU in fp32."""
-    return prior_of(task, cfg.resolve(), cfg, "cpu", None, **kw)
+    return prior_of(task, cfg, cfg.resolve(), "cpu", None, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -233,9 +233,9 @@ def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp
     cfg = TrainConfig(prior_models={task: str(tmp_path / "gone")})
     with pytest.raises(FileNotFoundError, match=rf"--{task}-prior-model .*gone: no such checkpoint directory .*"
                                                 rf"name another, or pass --{task}-prior 0"):
-        check_prior_models(cfg.resolve(), cfg)
+        check_prior_models(cfg, cfg.resolve())
     off = TrainConfig(prior_models={task: str(tmp_path / "gone")}, prior_weights={"sst": 0.0, "sts": 0.0})
-    check_prior_models(off.resolve(), off)
+    check_prior_models(off, off.resolve())
 
 
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):
