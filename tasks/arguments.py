@@ -31,7 +31,7 @@ from typing import Any
 from tasks.cli import Parser
 from tasks.config_versions import SCALE_5, took_scale
 from tasks.train_config import NESTED, PRESETS, TrainConfig, apply_preset, check_eval_changes, refuse_idle_settings
-from tasks.model import ModelConfig
+from tasks.model import NLI, ModelConfig
 from tasks.objectives import load_plugin, registered_objectives
 from tasks.options import (REMOVED, add_options, flag_of_path, fold_spelled, keeps_none, option, spelled_flag,
                            spelled_flags, value_at)
@@ -308,11 +308,17 @@ def config_from_flags(command: Command, explicit: dict[str, Any]) -> TrainConfig
     # (the default Quora cap must not make "--tasks sst sts" an error); explicit ones are checked. A prior's setting
     # of a task the run leaves out is idle, as before (TrainConfig.validate).
     # A declared stream's file (on, or off: none) follows the tasks that declare it.
+    # A --config file's item of no task or stream at all (a typo) is refused, not dropped.
     run = cfg.resolve()
     streams, declared = set(run.streams), set(run.declared)
+    known = (*cfg.entries, *(e.stream.name for e in cfg.entries.values() if e.stream is not None), NLI)
     for path in STREAM_MAPPINGS:
         given = {k for k, _ in explicit.get(path, ())}
         kept = declared if path == "stream_files" else streams
+        unknown = [k for k in getattr(cfg, path) if k not in known and k not in given]
+        if unknown:
+            raise ValueError(f"--config {c.config}: {path} names {unknown[0]!r}, which is no task or stream (tasks: "
+                             f"{', '.join(cfg.entries)}; streams: {', '.join(known[len(cfg.entries):])})")
         setattr(cfg, path, {k: v for k, v in getattr(cfg, path).items() if k in kept or k in given})
     return cfg
 

@@ -294,6 +294,17 @@ def test_a_config_file_of_some_fields_takes_todays_defaults_for_the_others(tmp_p
     assert arguments.config_for(["--config", str(tmp_path / "saved.json")]).prior_weights["sst"] == 0.0
 
 
+def test_a_config_files_stream_setting_of_no_task_or_stream_is_refused_naming_the_file(tmp_path):
+    """A --config file's per-stream item for a stream of no task (a typo: "phrasez") is refused naming the file and
+    its key, not dropped as the items of a task the run leaves out are (those follow --tasks)."""
+    (tmp_path / "typo.json").write_text('{"loss_weights": {"phrasez": 0.5}, "max_train_examples": {"para": 100}}')
+    with pytest.raises(ValueError, match=r"--config .*typo\.json: loss_weights names 'phrasez', which is no task or "
+                                         r"stream \(tasks: sst, para, sts, .*; streams: .*phrases.*nli\)"):
+        arguments.config_for(["--config", str(tmp_path / "typo.json")])
+    (tmp_path / "other.json").write_text('{"loss_weights": {"para": 0.5, "phrases": 2.0}}')
+    assert arguments.config_for(["--config", str(tmp_path / "other.json"), "--tasks", "sts"]).loss_weights == {}
+
+
 def test_a_map_flag_given_twice_sets_every_item_it_names():
     """--max-train-examples para=100 --max-train-examples sst=50 sets both caps (the second use does not drop the
     first's, as argparse's store would); a spelled key and another key of its map combine the same way."""
