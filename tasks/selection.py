@@ -84,17 +84,24 @@ def _named(cfg: TrainConfig, stream: ExtraStream, value: Any, path: str = "strea
     return f"task file {cfg.entries.declaring(stream.name).origin.get('file')}'s \"phrases\"{key} {value}"
 
 
-def stream_file(cfg: TrainConfig, spec: ExtraStream) -> Path:
+def stream_file(cfg: TrainConfig, spec: ExtraStream, resuming: bool = False) -> Path:
     """The file of an extra stream of the run (``spec``: as resolved, ``RunTasks.extra``; the SST phrases'
     ``--sst-phrases``: a bare name is in --data-dir, a path with a folder in it is that path); a FileNotFoundError
     naming where it was named when it is not there (checked before a run reads anything:
-    tasks.training.run.prepare_run)."""
+    tasks.training.run.prepare_run), saying what to do: for a run ``resuming`` another, put it back (it trains on
+    the data it started with: --resume refuses the flag that turns the stream off)."""
     stream = spec.name
     given = Path(spec.file).expanduser()
-    path = Path(cfg.data_dir) / given if given.name == str(given) else given
+    bare = given.name == str(given)
+    path = Path(cfg.data_dir) / given if bare else given
     if not path.is_file():
         flag = own_flag(TrainConfig, "stream_files", stream)  # the SST phrases' --sst-phrases
-        if flag is None or stream not in cfg.stream_files:
+        declared = flag is None or stream not in cfg.stream_files  # by a task file, not by a flag
+        if resuming:
+            raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file {path}: {resumed_data(bare)}"
+                                    + (", or name the task file where it is now, its files beside it (--task-file)"
+                                       if declared else ""))
+        if declared:
             raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file: put it there or correct the "
                                     f"path, or train without the stream: --stream-files {stream}=none")
         raise FileNotFoundError(f"{_named(cfg, spec, spec.file)}: no such file {path} (a name in --data-dir "
@@ -104,17 +111,26 @@ def stream_file(cfg: TrainConfig, spec: ExtraStream) -> Path:
     return path
 
 
-def triplets_file(run: RunTasks) -> Path | None:
+def resumed_data(bare: bool = False) -> str:
+    """What to do about a file a resumed run cannot find: put it back (a ``bare`` name, in --data-dir: or point
+    --data-dir at it, which --resume may change)."""
+    return "the resumed run trains on the data it started with: put the file back" + (
+        ", or point --data-dir at the folder that holds it" if bare else "")
+
+
+def triplets_file(run: RunTasks, resuming: bool = False) -> Path | None:
     """The NLI triplets a task file declares that a run with --nli trains on (``RunTasks.triplets``), a
-    FileNotFoundError naming its key when it is not there; None for STS's (data/nli-train.csv: a data file in
-    --data-dir, which its reader names so)."""
+    FileNotFoundError naming its key when it is not there (``resuming``: saying to put it back, as ``stream_file``);
+    None for STS's (data/nli-train.csv: a data file in --data-dir, which its reader names so)."""
     entry = run.triplets
     if entry is None or not entry.origin.get("file"):
         return None
     path = Path(entry.triplets)
     if not path.is_file():
-        raise FileNotFoundError(f"task file {entry.origin['file']}'s \"triplets\" {path}: no such file: put it there "
-                                f"or correct the path, or train without them: --no-nli")
+        where = f"task file {entry.origin['file']}'s \"triplets\" {path}: no such file: "
+        raise FileNotFoundError(where + (f"{resumed_data()}, or name the task file where it is now, its files beside "
+                                         "it (--task-file)" if resuming else
+                                         "put it there or correct the path, or train without them: --no-nli"))
     return path
 
 

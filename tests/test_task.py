@@ -711,12 +711,19 @@ def test_a_users_stream_is_set_per_stream_as_the_sst_phrases_are(tmp_path):
                                                 r"file: put it there or correct the path, or train without the stream: "
                                                 r"--stream-files mood_phrases=none"):
         config_for(run)
+    from tasks.selection import stream_file
+    resumed = config_for([*run, "--stream-files", "mood_phrases=none"])
+    resumed.stream_files = {}  # the run as it started, its stream on: a resume says to put the file back
+    with pytest.raises(FileNotFoundError, match=r"mood-phrases\.csv: no such file .*: the resumed run trains on the "
+                                                r"data it started with: put the file back, or name the task file "
+                                                r"where it is now, its files beside it \(--task-file\)$"):
+        stream_file(resumed, resumed.resolve().extra["mood_phrases"], resuming=True)
     with pytest.raises(ValueError, match=r"--stream-files mood_phrases=\.\.\. sets stream mood_phrases, which no "
                                          r"task declares \(the tasks' extra streams: phrases\)"):
         config_for(["--stream-files", f"mood_phrases={other}"])
 
 
-def test_a_users_pair_regression_declares_nli_triplets_as_sts_does(tmp_path, tiny_env, one_thread):
+def test_a_users_pair_regression_declares_nli_triplets_as_sts_does(tmp_path, tiny_env, one_thread, capsys):
     """What STS has (NLI triplets that --nli streams through its sentence embeddings, paper §4.2) a user's pair
     regression may declare: "triplets", a file beside its task file; a run of it with --nli and MNR trains on its
     own triplets through its own head, before STS's (which every model has), and a run that declares none trains
@@ -748,6 +755,11 @@ def test_a_users_pair_regression_declares_nli_triplets_as_sts_does(tmp_path, tin
     with pytest.raises(FileNotFoundError, match=r"task file .*relate\.json's \"triplets\" .*relate-nli\.csv: no such "
                                                 r"file: put it there or correct the path, or train without them"):
         config_for(flags)
+    with pytest.raises(SystemExit) as refused:  # a resume trains on its own triplets: put back, never --no-nli
+        cli.main(["--resume", "--out-dir", str(run), "--epochs", "2"])
+    assert refused.value.code == 2 and capsys.readouterr().err.rstrip().endswith(
+        "relate-nli.csv: no such file: the resumed run trains on the data it started with: put the file back, or name "
+        "the task file where it is now, its files beside it (--task-file)")
 
 
 @pytest.mark.parametrize("objective", ["rdrop", "smart", "rift", "knn_bert", "scl", "match_tuning",

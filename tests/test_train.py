@@ -265,6 +265,23 @@ def _whole_and_resumed(env, tmp_path: Path, flags: list[str], epochs: int) -> Pa
     return whole
 
 
+def test_a_resume_whose_phrases_file_is_gone_says_to_put_it_back(tiny_env, tmp_path, capsys):
+    """A resumed run trains on the files it started with: a phrases file gone since is one line saying to put it
+    back (or, a name in --data-dir, to point --data-dir at it), not to turn the phrases off, which --resume
+    refuses as a change of the run."""
+    own = tmp_path / "ph.csv"
+    shutil.copy(tiny_env[1] / "sst-phrases-train.csv", own)
+    run_dir = tmp_path / "run"
+    cli.main([*_tiny_flags(tiny_env, run_dir), "--sst-phrases", str(own), "--epochs", "1", "--limit", "16",
+              "--lr-schedule", "constant"])
+    own.unlink()
+    with pytest.raises(SystemExit) as refused:
+        cli.main(["--resume", "--out-dir", str(run_dir), "--epochs", "2"])
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert refused.value.code == 2 and f"--sst-phrases {own}: no such file" in err
+    assert "the resumed run trains on the data it started with: put the file back" in err and "none" not in err
+
+
 def test_a_run_with_the_priors_resumes_to_the_uninterrupted_run(tiny_env, tmp_path):
     """The default's evaluation (both orders, the STS and SST priors, built at the first evaluation) does not
     change what training draws: a run cut after epoch 1 and resumed (which builds the STS prior again and takes

@@ -168,8 +168,8 @@ def check_run(cfg: TrainConfig, checkpoint: Path | None = None) -> RunTasks:
     distributed.check_config(resolved.batch_sizes, cfg.device)
     resolve_device(cfg.device)
     for spec in resolved.extra.values():
-        stream_file(cfg, spec)
-    triplets_file(resolved)
+        stream_file(cfg, spec, resuming=checkpoint is not None)
+    triplets_file(resolved, resuming=checkpoint is not None)
     check_available(cfg.report_to)
     check_encoder(cfg, checkpoint)
     check_prior_models(cfg, resolved)
