@@ -194,6 +194,11 @@ def hub_snapshot(name: str) -> Path:
     return snapshot
 
 
+def holds_model(model_dir: Path) -> bool:
+    """Whether a directory holds a checkpoint ``load_pretrained`` reads: config.json, vocab.txt and a weights file."""
+    return all((model_dir / f).is_file() for f in HUB_FILES) and any((model_dir / w).is_file() for w in WEIGHT_FILES)
+
+
 def weights_file(model_dir: Path) -> Path:
     """The weights file of a checkpoint directory, safetensors preferred."""
     for name in WEIGHT_FILES:

@@ -55,7 +55,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from minbert.pretrained import load_pretrained, resolve_model_dir
+from minbert.pretrained import holds_model, load_pretrained, resolve_model_dir
 from tasks.options import spelled_flag
 from tasks.data.datasets import SentenceDataset, length_bucketed_batches, move_batch
 from tasks.data.readers import DataFileMissing, Example
@@ -160,12 +160,15 @@ def check_prior_models(cfg, run: RunTasks) -> None:
     for task, prior in run.priors.items():
         if prior.model is None:
             continue
+        where = _where(cfg, run.entries[task], 'model', prior.model)
         try:
-            resolve_model_dir(prior.model)
+            found = resolve_model_dir(prior.model)
         except (FileNotFoundError, NotADirectoryError):
-            raise FileNotFoundError(f"{_where(cfg, run.entries[task], 'model', prior.model)}: no such checkpoint "
-                                    "directory (a sentence encoder: config.json, weights, vocab.txt): name another, "
-                                    f"or {_off(run.entries[task])}") from None
+            raise FileNotFoundError(f"{where}: no such checkpoint directory (a sentence encoder: config.json, weights, "
+                                    f"vocab.txt): name another, or {_off(run.entries[task])}") from None
+        if not holds_model(found):
+            raise FileNotFoundError(f"{where}: {found} holds no sentence encoder (config.json, weights, vocab.txt): "
+                                    f"name another, or {_off(run.entries[task])}")
 
 
 def _where(cfg, task: Task, what: str, value: object) -> str:

@@ -236,6 +236,13 @@ def test_a_saved_runs_prior_encoder_that_is_gone_is_named_with_the_fix(task, tmp
         check_prior_models(cfg, cfg.resolve())
     off = TrainConfig(prior_models={task: str(tmp_path / "gone")}, prior_weights={"sst": 0.0, "sts": 0.0})
     check_prior_models(off, off.resolve())
+    (tmp_path / "empty").mkdir()  # a directory, but no encoder's (and "", which is the working directory)
+    for where in (str(tmp_path / "empty"), ""):
+        cfg = TrainConfig(prior_models={task: where})
+        with pytest.raises(FileNotFoundError, match=rf"--{task}-prior-model {where}: .* holds no sentence encoder "
+                                                    rf"\(config\.json, weights, vocab\.txt\): name another, or "
+                                                    rf"pass --{task}-prior 0"):
+            check_prior_models(cfg, cfg.resolve())
 
 
 def test_the_sts_and_sst_priors_share_one_encoder(sst_prior):
