@@ -160,7 +160,7 @@ def check_prior_models(cfg, run: RunTasks) -> None:
     for task, prior in run.priors.items():
         if prior.model is None:
             continue
-        where = _where(cfg, run.entries[task], 'model', prior.model)
+        where = _where(cfg, run.entries[task], "model", prior.model)
         try:
             found = resolve_model_dir(prior.model)
         except (FileNotFoundError, NotADirectoryError):
