@@ -119,7 +119,7 @@ def benchmark(cfg: TrainConfig, batch_sizes: Sequence[int] = (32, 64, 128), step
     base = settings["none"]["train_s"]
     for s in settings.values():
         s["ratio"] = s["train_s"] / base
-    return {"machine": machine_info(torch.get_num_threads()), "per_epoch": cfg.max_train_examples[PHRASES],
+    return {"machine": machine_info(torch.get_num_threads()), "per_epoch": trainer.run.caps[PHRASES],
             "steps_timed": steps, "rounds": rounds, "step_s": per_step, "step_s_median": median,
             "settings": settings}
 

@@ -27,6 +27,14 @@ def test_each_phrase_batch_size_is_timed_and_its_epoch_modelled(tiny_env, tmp_pa
     assert settings["4"]["ratio"] > 1 and "| phrases@8 |" in bench.markdown(res)
 
 
+def test_the_modelled_epoch_takes_the_phrases_declared_cap_where_the_config_names_none(tiny_env, tmp_path):
+    """A config that leaves the phrases' count an epoch to SST's entry (17,088) models that count, as its run
+    trains it (the tiny file's 96 phrases, all of them)."""
+    cfg = tiny_train_config(tiny_env, tmp_path / "unused", **phrases())
+    res = bench.benchmark(cfg, batch_sizes=(32,), steps=1, rounds=1, log=lambda s: None)
+    assert res["per_epoch"] == 17088 and res["settings"]["32"]["steps"]["phrases@32"] == 3
+
+
 def test_the_sample_spans_the_batches_sizes():
     """A stratified sample takes batches from the smallest to the largest padded size, evenly spaced."""
     lengths = list(range(1, 11))
